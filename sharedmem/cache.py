@@ -1,0 +1,297 @@
+"""The client's plain-Markdown cache of the server's export, and the outbox of notes not yet sent."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sharedmem.core import (
+    MACHINES_DIR,
+    NOTES_DIR,
+    NoteError,
+    ProtocolError,
+    atomic_write,
+    check_note_filename,
+    name_problem,
+    path_problems,
+    sha256_text,
+    utc_now,
+)
+
+META_DIR = ".sharedmem"
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+NOTES_NAMESPACE = NOTES_DIR
+
+
+@dataclass
+class NamespaceInfo:
+    """What the cache holds of one server namespace, and which server generation it is."""
+
+    key: str
+    machine: str | None
+    source: str
+    kind: str
+    generation: int = 0
+    synced_at: str | None = None
+
+
+@dataclass
+class CachedFile:
+    """One cached file's provenance: its content address and its namespace."""
+
+    sha256: str
+    size: int
+    namespace: str
+
+
+@dataclass
+class Manifest:
+    """Everything the cache knows about itself; written last, after the files."""
+
+    namespaces: dict[str, NamespaceInfo] = field(default_factory=dict)
+    files: dict[str, CachedFile] = field(default_factory=dict)
+    last_sync: str | None = None
+    server: dict[str, Any] = field(default_factory=dict)
+
+
+def namespace_key(path: str) -> str:
+    """The namespace a published path belongs to: `machines/<m>/<s>` or the notes folder."""
+    parts = path.split("/")
+    if parts[0] == MACHINES_DIR and len(parts) >= 4:
+        return "/".join(parts[:3])
+    if path.startswith(NOTES_DIR + "/") and len(parts) == 4:
+        return NOTES_DIR
+    raise ProtocolError(
+        f"path {path!r} is outside the published layout (machines/<machine>/<source>/... or "
+        f"{NOTES_DIR}/<note>.md)"
+    )
+
+
+def published_path_problems(path: object) -> list[str]:
+    """The path rule plus the published layout: what a server may ask a client to write."""
+    problems = path_problems(path)
+    if problems:
+        return problems
+    assert isinstance(path, str)
+    try:
+        key = namespace_key(path)
+    except ProtocolError as exc:
+        return [str(exc)]
+    if key != NOTES_DIR:
+        _, machine, source = key.split("/")
+        for value, what in ((machine, "machine"), (source, "source")):
+            problem = name_problem(value, what)
+            if problem:
+                problems.append(f"path {path!r}: {problem}")
+    elif (problem := _note_problem(path.rsplit("/", 1)[1])) is not None:
+        problems.append(problem)
+    return problems
+
+
+def _note_problem(filename: str) -> str | None:
+    try:
+        check_note_filename(filename)
+    except NoteError as exc:
+        return str(exc)
+    return None
+
+
+class Cache:
+    """A folder of plain Markdown mirroring the server, with its manifest in a hidden folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.meta = self.root / META_DIR
+        self._loaded: tuple[float, Manifest] | None = None
+
+    @property
+    def manifest_path(self) -> Path:
+        """Where the manifest lives."""
+        return self.meta / MANIFEST_NAME
+
+    def exists(self) -> bool:
+        """Whether a sync has ever completed into this cache."""
+        return self.manifest_path.is_file()
+
+    def load(self) -> Manifest:
+        """The manifest, re-read only when its file changed (cheap for a long-lived MCP server)."""
+        try:
+            stamp = self.manifest_path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return Manifest()
+        if self._loaded and self._loaded[0] == stamp:
+            return self._loaded[1]
+        try:
+            raw = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+            manifest = Manifest(
+                namespaces={k: NamespaceInfo(**v) for k, v in raw["namespaces"].items()},
+                files={k: CachedFile(*v) for k, v in raw["files"].items()},
+                last_sync=raw.get("last_sync"),
+                server=raw.get("server", {}),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            manifest = Manifest()
+        self._loaded = (stamp, manifest)
+        return manifest
+
+    def file_path(self, relpath: str) -> Path:
+        """The on-disk path of a published path, refused if it breaks the rules or escapes."""
+        problems = published_path_problems(relpath)
+        if problems:
+            raise ProtocolError("; ".join(problems))
+        target = (self.root.resolve() / relpath).resolve()
+        if self.root.resolve() not in target.parents:
+            raise ProtocolError(f"path {relpath!r} escapes the cache {self.root}: refused")
+        return target
+
+    def tampered_namespaces(self) -> set[str]:
+        """Namespaces whose files no longer match the manifest by size, so they need a full pull."""
+        manifest = self.load()
+        bad: set[str] = set()
+        for path, meta in manifest.files.items():
+            if meta.namespace in bad:
+                continue
+            try:
+                if (self.root / path).stat().st_size != meta.size:
+                    bad.add(meta.namespace)
+            except OSError:
+                bad.add(meta.namespace)
+        return bad
+
+    def apply(
+        self,
+        upserts: list[tuple[str, str, str]],
+        removals: list[str],
+        namespaces: dict[str, NamespaceInfo],
+        *,
+        full: bool = False,
+        full_namespaces: set[str] | frozenset[str] = frozenset(),
+        server: dict[str, Any] | None = None,
+    ) -> dict[str, int]:
+        """Write a pull into the cache: every path checked first, then files, then the manifest.
+
+        `upserts` are (path, sha256, text); `namespaces` is the server's complete list, so a
+        namespace the server no longer has is removed. With `full`, every file not upserted is
+        removed too (a version 1 pull sends the whole export); `full_namespaces` does the same
+        for those namespaces only.
+        """
+        problems = []
+        for path, sha, text in upserts:
+            problems.extend(published_path_problems(path))
+            if sha256_text(text) != sha:
+                problems.append(f"path {path!r}: the text does not match its sha256 {sha}")
+        for path in removals:
+            problems.extend(published_path_problems(path))
+        for key in namespaces:
+            if key != NOTES_DIR and (len(key.split("/")) != 3 or key.split("/")[0] != MACHINES_DIR
+                                     or any(name_problem(p) for p in key.split("/")[1:])):
+                problems.append(f"namespace {key!r} is not machines/<machine>/<source>")
+        if problems:
+            raise ProtocolError(
+                "the server sent paths this client refuses to write, so the cache was left as "
+                "it was:\n  - " + "\n  - ".join(problems[:20])
+            )
+        manifest = self.load()
+        files = dict(manifest.files)
+        gone = set(removals)
+        if full:
+            gone |= set(files) - {p for p, _, _ in upserts}
+        elif full_namespaces:
+            sent = {p for p, _, _ in upserts}
+            gone |= {p for p, meta in files.items()
+                     if meta.namespace in full_namespaces and p not in sent}
+        gone |= {p for p, meta in files.items() if meta.namespace not in namespaces}
+        written = 0
+        for path, sha, text in upserts:
+            target = self.file_path(path)
+            old = files.get(path)
+            if old is None or old.sha256 != sha or not target.is_file():
+                atomic_write(target, text.encode("utf-8"), durable=False)
+                written += 1
+            files[path] = CachedFile(sha, len(text.encode("utf-8")), namespace_key(path))
+        removed = 0
+        for path in sorted(gone - {p for p, _, _ in upserts}):
+            files.pop(path, None)
+            target = self.file_path(path)
+            try:
+                target.unlink()
+                removed += 1
+            except FileNotFoundError:
+                pass
+            self._prune_dirs(target.parent)
+        new = Manifest(namespaces=dict(namespaces), files=files, last_sync=utc_now(),
+                       server=server or manifest.server)
+        self._write_manifest(new)
+        return {"written": written, "removed": removed, "files": len(files)}
+
+    def _prune_dirs(self, folder: Path) -> None:
+        root = self.root.resolve()
+        while folder != root and root in folder.parents:
+            try:
+                folder.rmdir()
+            except OSError:
+                return
+            folder = folder.parent
+
+    def _write_manifest(self, manifest: Manifest) -> None:
+        raw = {
+            "version": MANIFEST_VERSION,
+            "last_sync": manifest.last_sync,
+            "server": manifest.server,
+            "namespaces": {k: asdict(v) for k, v in sorted(manifest.namespaces.items())},
+            "files": {k: [v.sha256, v.size, v.namespace] for k, v in sorted(manifest.files.items())},
+        }
+        atomic_write(self.manifest_path, json.dumps(raw, ensure_ascii=False).encode("utf-8"))
+        self._loaded = None
+
+
+@dataclass
+class QueuedNote:
+    """A note waiting to be delivered; its id makes a retried delivery store it once."""
+
+    note_id: str
+    filename: str
+    text: str
+    created: str
+
+
+class Outbox:
+    """Notes written while the server was unreachable, one JSON file each, delivered in order."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+
+    def put(self, filename: str, text: str, note_id: str | None = None) -> QueuedNote:
+        """Queue a note atomically: it is either wholly in the outbox or not at all."""
+        check_note_filename(filename)
+        note = QueuedNote(note_id or uuid.uuid4().hex, filename, text, utc_now())
+        name = f"{note.created.replace(':', '-')}-{note.note_id}.json"
+        atomic_write(self.folder / name, json.dumps(asdict(note)).encode("utf-8"), mode=0o600)
+        return note
+
+    def pending(self) -> list[tuple[Path, QueuedNote]]:
+        """Queued notes, oldest first; unreadable entries are left in place for a person to see."""
+        out = []
+        if not self.folder.is_dir():
+            return out
+        for entry in sorted(os.scandir(self.folder), key=lambda e: e.name):
+            if not entry.name.endswith(".json") or entry.name.startswith("."):
+                continue
+            try:
+                out.append((Path(entry.path), QueuedNote(**json.loads(
+                    Path(entry.path).read_text(encoding="utf-8")))))
+            except (OSError, ValueError, TypeError):
+                continue
+        return out
+
+    def done(self, path: Path) -> None:
+        """Forget a note the server has acknowledged."""
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass

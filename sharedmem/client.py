@@ -1,0 +1,334 @@
+"""`sync`: snapshot each source, exchange it with the server, deliver notes, refresh the cache."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from sharedmem import redact, sources
+from sharedmem.cache import Cache, NamespaceInfo, Outbox
+from sharedmem.config import ClientConfig, SourceConfig
+from sharedmem.core import (
+    NOTE_MAX_BYTES,
+    LockError,
+    NoteError,
+    SharedMemoryError,
+    age_text,
+    atomic_write,
+    check_note_filename,
+    parse_utc,
+    utc_now,
+)
+from sharedmem.protocol import VERSIONS, PeerError, chunks
+from sharedmem.store import digest_of
+from sharedmem.transport import Connection
+
+Progress = Callable[[str], None]
+EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2
+
+
+@contextlib.contextmanager
+def sync_lock(state: Path, wait: float = 0.0) -> Iterator[None]:
+    """One sync per machine at a time; the OS drops the lock when its holder dies, so none go stale."""
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "sync.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + wait
+    try:
+        while not _try_lock(fd):
+            if time.monotonic() >= deadline:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                raise LockError(f"another sync of this machine is running (pid {holder}, lock "
+                                f"{path}); wait for it to finish")
+            time.sleep(0.1)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _try_lock(fd: int) -> bool:
+    if os.name == "nt":  # pragma: no cover - exercised on Windows only
+        import msvcrt
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            return True
+        except OSError:
+            return False
+    import fcntl
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+class Sync:
+    """One sync run; its `report` is what `sync --json` prints."""
+
+    def __init__(self, config: ClientConfig, max_version: int = max(VERSIONS),
+                 progress: Progress | None = None) -> None:
+        self.config = config
+        self.max_version = max_version
+        self.progress = progress or (lambda _msg: None)
+        self.cache = Cache(config.cache)
+        self.outbox = Outbox(config.state / "outbox")
+        self.have: dict[str, str] = {}
+        self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
+                                       "sources": [], "notes": {"delivered": 0, "refused": []}}
+
+    def run(self) -> dict[str, Any]:
+        """Publish, deliver, pull; any failure leaves the cache and the outbox as they were."""
+        started = time.monotonic()
+        try:
+            with sync_lock(self.config.state), Connection(self.config, self.max_version) as conn:
+                conn.hello()
+                self.report["protocol"] = conn.version
+                for spec in self.config.sources:
+                    self.report["sources"].append(self._publish(conn, spec))
+                self._deliver(conn)
+                self.report["pull"] = self._pull(conn)
+                self.report["bytes"] = {"sent": conn.channel.sent,
+                                        "received": conn.channel.received}
+        except SharedMemoryError as exc:
+            self.report.update(status="failed", error=str(exc))
+        else:
+            partial = any(s["status"] != "published" and s["status"] != "unchanged"
+                          or s["problems"] for s in self.report["sources"])
+            if partial or self.report["notes"]["refused"]:
+                self.report["status"] = "partial"
+        self.report["exit_code"] = {"ok": EXIT_OK, "partial": EXIT_PARTIAL,
+                                    "failed": EXIT_FAILED}[self.report["status"]]
+        self.report["seconds"] = round(time.monotonic() - started, 3)
+        self.report["finished_at"] = utc_now()
+        _write_json(self.config.state / "last-sync.json", {
+            k: self.report.get(k) for k in ("status", "error", "finished_at", "exit_code")})
+        return self.report
+
+    def _publish(self, conn: Connection, source: SourceConfig) -> dict[str, Any]:
+        spec = sources.SourceSpec(source.name, source.kind, source.path)
+        state_file = self.config.state / "sources" / f"{source.name}.json"
+        saved = _read_json(state_file)
+        snap = sources.snapshot(spec, self.config.limits, saved.get("record"))
+        result: dict[str, Any] = {
+            "source": source.name, "kind": source.kind, "path": str(source.path),
+            "files": len(snap.files), "skipped": [vars(s) for s in snap.skipped],
+            "problems": [vars(s) for s in snap.problems()], "refused": [], "redacted": {}}
+        if snap.status != "ok":
+            result.update(status="unreadable", message=snap.message +
+                          " (the server keeps what it already holds for this source)")
+            return result
+        self.progress(f"{source.name}: {len(snap.files)} files")
+        by_sha = {e.sha256: e for e in snap.files}
+        for entry in snap.files:
+            if entry.text is not None:
+                self.have[entry.sha256] = entry.text
+        digest = digest_of((e.path, e.sha256) for e in snap.files)
+        if conn.version == 1:
+            reply = self._publish_v1(conn, spec, snap)
+        else:
+            reply = self._publish_v2(conn, spec, snap, digest, saved.get("acked"), by_sha)
+        result.update(status="unchanged" if reply.get("unchanged") else "published",
+                      refused=reply.get("refused", []), redacted=reply.get("redacted", {}),
+                      generation=reply.get("generation"))
+        if result["refused"]:
+            result["problems"] += result["refused"]
+        acked = None
+        if reply.get("digest") == digest:
+            acked = {"digest": digest, "files": {e.path: e.sha256 for e in snap.files}}
+        _write_json(state_file, {"record": snap.record(), "acked": acked})
+        return result
+
+    def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
+                    snap: sources.Snapshot) -> dict[str, Any]:
+        conn.channel.send({"type": "publish", "source": spec.name, "kind": spec.kind})
+        items = [{"path": e.path, "text": _text(spec, e), "mtime_ns": e.mtime_ns}
+                 for e in snap.files]
+        for batch in chunks(items, lambda i: len(i["text"]) * 2 + len(i["path"]) + 40):
+            conn.channel.send({"type": "files", "files": batch})
+        conn.channel.send({"type": "commit"})
+        return conn.channel.expect("result")
+
+    def _publish_v2(self, conn: Connection, spec: sources.SourceSpec, snap: sources.Snapshot,
+                    digest: str, acked: Any, by_sha: dict[str, sources.Entry]) -> dict[str, Any]:
+        entries = {e.path: [e.path, e.sha256, e.size, e.mtime_ns] for e in snap.files}
+        message: dict[str, Any] = {"type": "manifest", "source": spec.name, "kind": spec.kind,
+                                   "digest": digest}
+        if isinstance(acked, dict) and isinstance(acked.get("files"), dict):
+            old = acked["files"]
+            message.update(base=acked.get("digest"), removed=sorted(set(old) - set(entries)),
+                           files=[v for p, v in entries.items() if old.get(p) != v[1]])
+        else:
+            message["files"] = list(entries.values())
+        try:
+            conn.channel.send(message)
+            reply = conn.channel.expect("need", "result")
+        except PeerError as exc:
+            if exc.code != "stale-base":
+                raise
+            message = {"type": "manifest", "source": spec.name, "kind": spec.kind,
+                       "digest": digest, "files": list(entries.values())}
+            conn.channel.send(message)
+            reply = conn.channel.expect("need", "result")
+        if reply["type"] == "result":
+            return reply
+        bodies = []
+        for sha in reply.get("sha256", []):
+            entry = by_sha.get(sha)
+            if entry is None:
+                continue
+            try:
+                bodies.append([sha, _text(spec, entry)])
+            except SharedMemoryError:
+                continue
+        self.progress(f"{spec.name}: sending {len(bodies)} changed files")
+        for batch in chunks(bodies, lambda b: len(b[1]) * 2 + 80):
+            conn.channel.send({"type": "bodies", "source": spec.name, "bodies": batch})
+        conn.channel.send({"type": "commit", "source": spec.name})
+        return conn.channel.expect("result")
+
+    def _deliver(self, conn: Connection) -> None:
+        for path, note in self.outbox.pending():
+            conn.channel.send({"type": "note", "note_id": note.note_id,
+                               "filename": note.filename, "text": note.text})
+            reply = conn.channel.expect("note_result")
+            if reply.get("status") == "refused":
+                self.report["notes"]["refused"].append(
+                    {"filename": note.filename, "message": reply.get("message", "")})
+                _quarantine(path)
+            else:
+                self.report["notes"]["delivered"] += reply.get("status") == "stored"
+                self.report["notes"].setdefault("paths", []).append(reply.get("path"))
+            self.outbox.done(path)
+
+    def _pull(self, conn: Connection) -> dict[str, Any]:
+        manifest = self.cache.load()
+        stale = self.cache.tampered_namespaces()
+        known = {k: (0 if k in stale else ns.generation) for k, ns in manifest.namespaces.items()}
+        if conn.version == 1:
+            conn.channel.send({"type": "export"})
+        else:
+            conn.channel.send({"type": "pull", "known": known, "have": sorted(self.have)})
+        head = conn.channel.expect("namespaces")
+        upserts: list[tuple[str, str, str]] = []
+        while (part := conn.channel.expect("files", "end"))["type"] == "files":
+            for path, sha, text in part.get("files", []):
+                upserts.append((path, sha, self.have[sha] if text is None else text))
+        namespaces = {str(n["key"]): NamespaceInfo(
+            str(n["key"]), n.get("machine"), str(n["source"]), str(n["kind"]),
+            int(n["generation"]), n.get("synced_at")) for n in head["namespaces"]}
+        self.progress(f"cache: {len(upserts)} files to write")
+        done = self.cache.apply(upserts, list(head.get("removed", [])), namespaces,
+                                full=conn.version == 1, full_namespaces=set(head.get("full", [])),
+                                server={"server": conn.server.get("server"),
+                                        "protocol": conn.version})
+        from sharedmem import search
+        search.refresh_index(self.cache)
+        return done
+
+
+def _text(spec: sources.SourceSpec, entry: sources.Entry) -> str:
+    return entry.text if entry.text is not None else sources.load_text(spec, entry)
+
+
+def _quarantine(path: Path) -> None:
+    """Keep a refused note's text for the user instead of dropping it."""
+    with contextlib.suppress(OSError):
+        target = path.parent.parent / "refused-notes" / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _write_json(path: Path, value: object) -> None:
+    atomic_write(path, json.dumps(value, ensure_ascii=False).encode("utf-8"), mode=0o600)
+
+
+def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
+         progress: Progress | None = None) -> dict[str, Any]:
+    """One whole sync; see Sync.run."""
+    return Sync(config, max_version, progress).run()
+
+
+def check_note(filename: str, text: str) -> str:
+    """Validate a note and return its redacted text; refuses before anything is written."""
+    check_note_filename(filename)
+    if not isinstance(text, str) or not text.strip():
+        raise NoteError(f"note {filename} is empty: write the note text")
+    if len(text.encode("utf-8", "surrogatepass")) > NOTE_MAX_BYTES:
+        raise NoteError(f"note {filename} is over {NOTE_MAX_BYTES} bytes: shorten it or split it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NoteError(f"note {filename} is not valid UTF-8 text") from None
+    return redact.redact(text)[0]
+
+
+def submit_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any]:
+    """Queue a note, then try to deliver it now; if the server is unreachable it stays queued."""
+    body = check_note(filename, text)
+    note = Outbox(config.state / "outbox").put(filename, body)
+    try:
+        with sync_lock(config.state, wait=30):
+            runner = Sync(config)
+            with Connection(config) as conn:
+                conn.hello()
+                runner._deliver(conn)
+                runner._pull(conn)
+    except SharedMemoryError as exc:
+        still = any(n.note_id == note.note_id for _, n in Outbox(config.state / "outbox").pending())
+        if not still and runner_refused(locals()):
+            raise NoteError(runner_refused(locals())) from None
+        return {"status": "queued", "filename": filename, "note_id": note.note_id,
+                "message": f"the server could not be reached ({exc}); the note waits in the "
+                           "outbox and the next sync delivers it"}
+    refused = runner.report["notes"]["refused"]
+    mine = [r for r in refused if r["filename"] == filename]
+    if mine:
+        raise NoteError(mine[0]["message"])
+    return {"status": "stored", "filename": filename, "note_id": note.note_id,
+            "path": f"extensions/ad_hoc/notes/{filename}"}
+
+
+def runner_refused(scope: dict[str, Any]) -> str:
+    """The server's refusal of the note, if the failed run got that far."""
+    runner = scope.get("runner")
+    refused = runner.report["notes"]["refused"] if runner else []
+    return refused[0]["message"] if refused else ""
+
+
+def status(config: ClientConfig) -> dict[str, Any]:
+    """What the cache holds, how old it is, and what waits in the outbox."""
+    cache = Cache(config.cache)
+    manifest = cache.load()
+    last = _read_json(config.state / "last-sync.json")
+    age = time.time() - parse_utc(manifest.last_sync) if manifest.last_sync else None
+    counts: dict[str, int] = {}
+    for meta in manifest.files.values():
+        counts[meta.namespace] = counts.get(meta.namespace, 0) + 1
+    return {
+        "machine": config.machine,
+        "cache": str(config.cache),
+        "last_sync": manifest.last_sync,
+        "age_seconds": None if age is None else int(age),
+        "age": None if age is None else age_text(age),
+        "last_attempt": last,
+        "pending_notes": [n.filename for _, n in Outbox(config.state / "outbox").pending()],
+        "namespaces": [
+            {"key": k, "machine": ns.machine, "source": ns.source, "kind": ns.kind,
+             "files": counts.get(k, 0), "synced_at": ns.synced_at}
+            for k, ns in sorted(manifest.namespaces.items())],
+    }

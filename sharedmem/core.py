@@ -1,0 +1,302 @@
+"""Names, the path rule, limits, errors, hashing and time: what every other module agrees on."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import time
+import unicodedata
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+KIB = 1024
+MIB = 1024 * KIB
+
+SOURCE_CODEX = "codex"
+SOURCE_CLAUDE = "claude-code"
+KIND_MARKDOWN = "markdown"
+SOURCE_KINDS = (SOURCE_CODEX, SOURCE_CLAUDE, KIND_MARKDOWN)
+RESERVED_SOURCE_NAMES = frozenset({SOURCE_CODEX, SOURCE_CLAUDE})
+
+MACHINES_DIR = "machines"
+NOTES_DIR = "extensions/ad_hoc/notes"
+NOTE_MAX_BYTES = 64 * KIB
+
+MAX_COMPONENT_BYTES = 255
+MAX_PATH_BYTES = 1024
+
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+_NOTE_FILENAME_RE = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})T(\d{2})-(\d{2})-(\d{2})-([a-z0-9][a-z0-9-]{0,79})\.md"
+)
+_FORBIDDEN_CHARS = frozenset('\\<>:"|?*')
+_RESERVED_WINDOWS = frozenset(
+    {"CON", "PRN", "AUX", "NUL"}
+    | {f"COM{i}" for i in range(1, 10)}
+    | {f"LPT{i}" for i in range(1, 10)}
+)
+
+
+class SharedMemoryError(Exception):
+    """Base of every error this project raises; the CLI turns it into a message and an exit code."""
+
+    exit_code = 2
+
+
+class ConfigError(SharedMemoryError):
+    """A configuration file or command-line value is invalid."""
+
+
+class NameRuleError(SharedMemoryError):
+    """A machine or source name breaks the name rule."""
+
+
+class PathRuleError(SharedMemoryError):
+    """A published path breaks the path rule."""
+
+
+class LimitError(SharedMemoryError):
+    """A file, namespace or message is over a configured limit."""
+
+
+class SourceError(SharedMemoryError):
+    """A memory source cannot be read."""
+
+
+class StoreError(SharedMemoryError):
+    """The server's SQLite store refused or failed an operation."""
+
+
+class ProtocolError(SharedMemoryError):
+    """A peer broke the sync protocol."""
+
+
+class TransportError(SharedMemoryError):
+    """The server cannot be reached, or the transport failed."""
+
+
+class NoteError(SharedMemoryError):
+    """An ad-hoc note is invalid."""
+
+
+class InstallError(SharedMemoryError):
+    """An installer step failed."""
+
+
+class BackupError(SharedMemoryError):
+    """A backup could not be made, verified or restored."""
+
+
+class LockError(SharedMemoryError):
+    """Another process holds a lock this one needs."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits; the defaults protect both ends from a runaway source."""
+
+    file_bytes: int = 1 * MIB
+    namespace_bytes: int = 64 * MIB
+    namespace_files: int = 20_000
+
+    def problems(self) -> list[str]:
+        """Every reason these limits are unusable."""
+        out = []
+        for name in ("file_bytes", "namespace_bytes", "namespace_files"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                out.append(f"limit {name} must be a positive integer, not {value!r}")
+        return out
+
+
+def name_problem(name: object, what: str = "name") -> str | None:
+    """Why `name` is not a valid machine or source name, or None."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        return (
+            f"{what} {name!r} is invalid: use 1-63 characters of lower-case letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit"
+        )
+    return None
+
+
+def check_machine_name(name: object) -> str:
+    """Return `name` if it is a valid machine name, else raise."""
+    problem = name_problem(name, "machine name")
+    if problem:
+        raise NameRuleError(problem)
+    return name  # type: ignore[return-value]
+
+
+def check_markdown_source_name(name: object) -> str:
+    """Return `name` if a `markdown` source may use it; codex and claude-code are reserved."""
+    problem = name_problem(name, "source name")
+    if problem:
+        raise NameRuleError(problem)
+    if name in RESERVED_SOURCE_NAMES:
+        raise NameRuleError(
+            f"source name {name!r} is reserved for the {name} source kind: pick another name "
+            "for this markdown folder"
+        )
+    return name  # type: ignore[return-value]
+
+
+def path_problems(path: object, *, folder: bool = False) -> list[str]:
+    """Every way `path` breaks the published path rule (empty when it is valid).
+
+    With `folder`, the path names a folder of published files and need not end in `.md`.
+    """
+    if not isinstance(path, str):
+        return [f"path {path!r} is not a string"]
+    shown = repr(path)
+    problems: list[str] = []
+    if not path:
+        return ["path is empty"]
+    if "\x00" in path:
+        problems.append(f"path {shown} contains a NUL character")
+    if any(ord(c) < 32 or ord(c) == 127 for c in path.replace("\x00", "")):
+        problems.append(f"path {shown} contains a control character")
+    if unicodedata.normalize("NFC", path) != path:
+        problems.append(f"path {shown} is not in Unicode NFC form")
+    if path.startswith("/"):
+        problems.append(f"path {shown} is absolute; published paths are relative")
+    if re.match(r"^[A-Za-z]:", path):
+        problems.append(f"path {shown} starts with a drive letter")
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:
+        return problems + [f"path {shown} is not valid Unicode (lone surrogate)"]
+    if len(encoded) > MAX_PATH_BYTES:
+        problems.append(f"path {shown} is longer than {MAX_PATH_BYTES} bytes")
+    bad_chars = sorted({c for c in path if c in _FORBIDDEN_CHARS})
+    if bad_chars:
+        problems.append(f"path {shown} contains forbidden characters {''.join(bad_chars)!r}")
+    for part in path.split("/"):
+        problems.extend(_component_problems(part, shown))
+    if not folder and not path.endswith(".md"):
+        problems.append(f"path {shown} does not end in .md")
+    return problems
+
+
+def _component_problems(part: str, shown: str) -> list[str]:
+    if part in ("", ".", ".."):
+        return [f"path {shown} has an empty, '.' or '..' component"]
+    out = []
+    if part.startswith("."):
+        out.append(f"path {shown} has a hidden component {part!r}")
+    if part.endswith((".", " ")):
+        out.append(f"path {shown} has a component ending in a dot or space: {part!r}")
+    if part.split(".", 1)[0].rstrip(" ").upper() in _RESERVED_WINDOWS:
+        out.append(f"path {shown} uses the Windows reserved name {part!r}")
+    if len(part.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES:
+        out.append(f"path {shown} has a component longer than {MAX_COMPONENT_BYTES} bytes")
+    return out
+
+
+def check_path(path: object, *, folder: bool = False) -> str:
+    """Return `path` if it obeys the path rule, else raise naming every problem."""
+    problems = path_problems(path, folder=folder)
+    if problems:
+        raise PathRuleError("; ".join(problems))
+    return path  # type: ignore[return-value]
+
+
+def collision_key(path: str) -> str:
+    """Key under which two paths would land on one file on macOS or Windows."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", path).casefold())
+
+
+def note_filename_problem(filename: object) -> str | None:
+    """Why `filename` is not a valid ad-hoc note filename, or None."""
+    if not isinstance(filename, str) or not _NOTE_FILENAME_RE.fullmatch(filename):
+        return (
+            f"note filename {filename!r} is invalid: use YYYY-MM-DDTHH-MM-SS-<slug>.md with a slug "
+            "of lower-case letters, digits and '-' (1-80 characters), e.g. "
+            "2026-01-31T09-30-00-release-checklist.md"
+        )
+    year, month, day, hour, minute, second = (int(g) for g in _NOTE_FILENAME_RE.fullmatch(
+        filename).groups()[:6])
+    try:
+        datetime(year, month, day, hour, minute, second)
+    except ValueError:
+        return f"note filename {filename!r} does not start with a real date and time"
+    return None
+
+
+def check_note_filename(filename: object) -> str:
+    """Return `filename` if it follows the note rule, else raise."""
+    problem = note_filename_problem(filename)
+    if problem:
+        raise NoteError(problem)
+    return filename  # type: ignore[return-value]
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex SHA-256 of `data`."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_text(text: str) -> str:
+    """Hex SHA-256 of `text` as UTF-8: the content address of a published file."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def utc_now() -> str:
+    """Current UTC time as ISO 8601 with a Z suffix, second precision."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_utc(stamp: str) -> float:
+    """Seconds since the epoch for a timestamp written by `utc_now`."""
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def age_text(seconds: float) -> str:
+    """A short human age such as '3m 12s' or '2d 4h'."""
+    seconds = max(0, int(seconds))
+    for unit, size, sub, subsize in (("d", 86400, "h", 3600), ("h", 3600, "m", 60),
+                                     ("m", 60, "s", 1)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} {(seconds % size) // subsize}{sub}"
+    return f"{seconds}s"
+
+
+def monotonic() -> float:
+    """Monotonic clock, for durations."""
+    return time.monotonic()
+
+
+def confine(root: Path, relpath: str, *, folder: bool = False) -> Path:
+    """Check `relpath` by the path rule, resolve it under `root`, refuse it if it lands outside."""
+    check_path(relpath, folder=folder)
+    base = root.resolve()
+    target = (base / relpath).resolve()
+    if target != base and base not in target.parents:
+        raise PathRuleError(f"path {relpath!r} escapes {base}: refusing to touch it")
+    return target
+
+
+def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: bool = True) -> None:
+    """Write `data` to `path` so readers see the old file or the new one, never a part.
+
+    `durable` also fsyncs the data first; a derived copy (the cache) may skip that cost.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

@@ -1,0 +1,145 @@
+"""The sync exchange: newline-delimited JSON messages, their shapes, and bounded line reading.
+
+docs/PROTOCOL.md is the contract; this module is its one implementation, used by both ends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import IO, Any
+
+from sharedmem.core import MIB, ProtocolError
+
+VERSIONS = (1, 2)
+MAX_LINE_BYTES = 32 * MIB
+CHUNK_BYTES = 4 * MIB
+
+# Client message types each version accepts once the hello is done.
+CLIENT_TYPES = {
+    1: frozenset({"publish", "files", "commit", "note", "export", "verify", "status", "bye"}),
+    2: frozenset({"manifest", "bodies", "commit", "note", "pull", "verify", "status", "bye"}),
+}
+
+ERROR_CODES = {
+    "bad-json": "a line is not one JSON object in UTF-8",
+    "line-too-long": f"a line is longer than {MAX_LINE_BYTES} bytes",
+    "unknown-type": "the message type is unknown for the negotiated version",
+    "out-of-order": "the message is not allowed at this point of the session",
+    "bad-field": "a field is missing or has the wrong type or value",
+    "version": "the two sides share no protocol version",
+    "machine-mismatch": "the client names a machine other than the one its key is pinned to",
+    "stale-base": "a delta manifest's base is not what the server holds; send the whole manifest",
+    "store": "the server's store refused or failed the operation",
+    "note": "a note was refused",
+}
+
+
+class PeerError(ProtocolError):
+    """The peer sent an error message; `code` is one of ERROR_CODES."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One message as one line of UTF-8 JSON."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def error(code: str, message: str) -> dict[str, Any]:
+    """An error message; the sender closes the session after a fatal one."""
+    return {"type": "error", "code": code, "message": message}
+
+
+class Channel:
+    """Both directions of one session over a pair of byte streams, counting bytes each way."""
+
+    def __init__(self, reader: IO[bytes], writer: IO[bytes], peer: str = "peer") -> None:
+        self.reader = reader
+        self.writer = writer
+        self.peer = peer
+        self.sent = 0
+        self.received = 0
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Write one message and flush, so the peer can act on it now."""
+        data = encode(message)
+        try:
+            self.writer.write(data)
+            self.writer.flush()
+        except (BrokenPipeError, ConnectionResetError, ValueError, OSError) as exc:
+            raise ProtocolError(f"the {self.peer} closed the connection ({exc})") from None
+        self.sent += len(data)
+
+    def receive(self) -> dict[str, Any] | None:
+        """Read one message; None at a clean end of input. Over-long lines are never held whole."""
+        line = self.reader.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return None
+        self.received += len(line)
+        if len(line) > MAX_LINE_BYTES:
+            raise PeerError("line-too-long", f"a message from the {self.peer} is longer than "
+                            f"{MAX_LINE_BYTES} bytes; refused")
+        try:
+            message = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise PeerError("bad-json", f"the {self.peer} sent a line that is not one UTF-8 JSON "
+                            "object") from None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise PeerError("bad-json", f"the {self.peer} sent a message that is not a JSON "
+                            "object with a string 'type'")
+        if message["type"] == "error":
+            raise PeerError(str(message.get("code", "error")), str(message.get("message", "")))
+        return message
+
+    def expect(self, *types: str) -> dict[str, Any]:
+        """Read one message that must be of one of `types`."""
+        message = self.receive()
+        if message is None:
+            raise ProtocolError(f"the {self.peer} ended the session while this side waited for "
+                                f"{' or '.join(types)}")
+        if message["type"] not in types:
+            raise PeerError("out-of-order", f"expected {' or '.join(types)} from the {self.peer}, "
+                            f"got {message['type']!r}")
+        return message
+
+
+def choose_version(mine: tuple[int, ...], theirs: object) -> int:
+    """The highest version both sides speak."""
+    if not isinstance(theirs, list) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                               for v in theirs):
+        raise PeerError("bad-field", "hello.versions must be a list of integers")
+    common = set(mine) & set(theirs)
+    if not common:
+        raise PeerError("version", f"no shared protocol version: this side speaks "
+                        f"{sorted(mine)}, the peer {sorted(theirs)}; upgrade the older side")
+    return max(common)
+
+
+def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...],
+          *, optional: bool = False) -> Any:
+    """A field of the required type, or a bad-field error naming it."""
+    if name not in message and optional:
+        return None
+    value = message.get(name)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, (int,))):
+        raise PeerError("bad-field", f"{message.get('type')}.{name} is missing or of the wrong "
+                        f"type ({type(value).__name__})")
+    return value
+
+
+def chunks(items: list[Any], size_of: Any) -> Iterator[list[Any]]:
+    """Split items into lists of at most CHUNK_BYTES (by `size_of`), so no line is too long."""
+    batch: list[Any] = []
+    total = 0
+    for item in items:
+        size = size_of(item)
+        if batch and total + size > CHUNK_BYTES:
+            yield batch
+            batch, total = [], 0
+        batch.append(item)
+        total += size
+    if batch:
+        yield batch

@@ -1,0 +1,268 @@
+"""`serve`: the stdio end of the sync exchange, over one store.
+
+Run by the client as a local child process or as the remote command of `ssh` (in an SSH forced
+command with `--machine`, which pins the key to one machine). Only protocol goes to stdout.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+from sharedmem import __version__
+from sharedmem.core import (
+    KIND_MARKDOWN,
+    SOURCE_KINDS,
+    Limits,
+    NoteError,
+    ProtocolError,
+    SharedMemoryError,
+    StoreError,
+    name_problem,
+    sha256_text,
+)
+from sharedmem.protocol import VERSIONS, Channel, PeerError, choose_version, chunks, error, field
+from sharedmem.store import IncomingFile, StaleBase, Store
+
+
+class Session:
+    """One client's session: hello, then namespaces, notes and a pull, in a checked order."""
+
+    def __init__(self, store_path: Path, channel: Channel, pinned: str | None,
+                 versions: tuple[int, ...] = VERSIONS, limits: Limits | None = None) -> None:
+        self.store_path = store_path
+        self.channel = channel
+        self.pinned = pinned
+        self.versions = versions
+        self.limits = limits or Limits()
+        self.store: Store | None = None
+        self.machine = ""
+        self.version = 0
+
+    def run(self) -> int:
+        """Serve until `bye` or end of input; a protocol error is answered, then ends the session."""
+        try:
+            self._hello()
+            while True:
+                message = self.channel.receive()
+                if message is None or message["type"] == "bye":
+                    return 0
+                self._dispatch(message)
+        except PeerError as exc:
+            self._fail(exc.code, str(exc))
+            return 1
+        except StoreError as exc:
+            self._fail("store", str(exc))
+            return 1
+        except SharedMemoryError as exc:
+            self._fail("bad-field", str(exc))
+            return 1
+        finally:
+            if self.store is not None:
+                self.store.close()
+
+    def _fail(self, code: str, message: str) -> None:
+        sys.stderr.write(f"serve: {message}\n")
+        try:
+            self.channel.send(error(code, message))
+        except ProtocolError:
+            pass
+
+    def _hello(self) -> None:
+        message = self.channel.expect("hello")
+        self.version = choose_version(self.versions, message.get("versions"))
+        machine = field(message, "machine", str)
+        if (problem := name_problem(machine, "machine")) is not None:
+            raise PeerError("bad-field", problem)
+        if self.pinned is not None and machine != self.pinned:
+            raise PeerError("machine-mismatch", f"this key is pinned to machine {self.pinned!r} "
+                            f"but the client says it is {machine!r}: nothing was written. Use the "
+                            f"key made for {machine!r}, or re-pin this key with install_server.py "
+                            f"--authorize {machine} --key ...")
+        self.machine = machine
+        self.store = Store.open(self.store_path)
+        self.channel.send({"type": "hello", "versions": list(self.versions),
+                           "version": self.version, "server": f"sharedmem/{__version__}",
+                           "machine": machine, "pinned": self.pinned is not None})
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        allowed = {1: ("publish", "note", "export", "verify", "status"),
+                   2: ("manifest", "note", "pull", "verify", "status")}[self.version]
+        if kind not in allowed:
+            known = {"files", "bodies", "commit"} | set(allowed)
+            code = "out-of-order" if kind in known else "unknown-type"
+            raise PeerError(code, f"message type {kind!r} is not allowed here in protocol "
+                            f"version {self.version}")
+        getattr(self, "_on_" + kind)(message)
+
+    def _namespace(self, message: dict[str, Any]) -> tuple[str, str]:
+        source = field(message, "source", str)
+        kind = field(message, "kind", str)
+        if kind not in SOURCE_KINDS:
+            raise PeerError("bad-field", f"source kind {kind!r} is unknown")
+        if (problem := name_problem(source, "source")) is not None:
+            raise PeerError("bad-field", problem)
+        if (kind == KIND_MARKDOWN) == (source in SOURCE_KINDS[:2]) or (
+                kind != KIND_MARKDOWN and source != kind):
+            raise PeerError("bad-field", f"source {source!r} does not match kind {kind!r}")
+        return source, kind
+
+    def _on_publish(self, message: dict[str, Any]) -> None:
+        """Version 1: the whole snapshot in `files` chunks, then `commit`."""
+        source, kind = self._namespace(message)
+        files: list[IncomingFile] = []
+        while True:
+            part = self.channel.expect("files", "commit")
+            if part["type"] == "commit":
+                break
+            for item in field(part, "files", list):
+                if not isinstance(item, dict):
+                    raise PeerError("bad-field", "files entries must be objects")
+                files.append(IncomingFile(field(item, "path", str), None, None,
+                                          _mtime(item.get("mtime_ns")),
+                                          field(item, "text", str)))
+        self._commit(source, kind, files)
+
+    def _on_manifest(self, message: dict[str, Any]) -> None:
+        """Version 2: a manifest or a delta; the server asks only for the bodies it lacks."""
+        assert self.store is not None
+        source, kind = self._namespace(message)
+        digest = field(message, "digest", str)
+        base = field(message, "base", str, optional=True)
+        current = self.store.namespace_digest(self.machine, source)
+        if current is not None and current == digest:
+            self.channel.send({"type": "result", "source": source, "unchanged": True,
+                               "generation": self.store.touch(self.machine, source),
+                               "digest": digest, "accepted": None, "refused": [],
+                               "redacted": {}, "stored": {}})
+            return
+        entries = _entries(field(message, "files", list, optional=True) or [])
+        removed = field(message, "removed", list, optional=True) or []
+        if not all(isinstance(p, str) for p in removed):
+            raise PeerError("bad-field", "manifest.removed must be a list of paths")
+        if base is not None and current != base:
+            self.channel.send(error("stale-base", f"namespace {self.machine}/{source} is not at "
+                                    "the base digest; send the whole manifest"))
+            return
+        if base is None and "files" not in message:
+            raise PeerError("bad-field", "manifest needs files (whole) or base (delta)")
+        need = self.store.missing({sha for _, sha, _, _ in entries})
+        self.channel.send({"type": "need", "source": source, "sha256": need})
+        bodies: dict[str, str] = {}
+        while True:
+            part = self.channel.expect("bodies", "commit")
+            if part["type"] == "commit":
+                break
+            for pair in field(part, "bodies", list):
+                if (not isinstance(pair, list) or len(pair) != 2
+                        or not all(isinstance(x, str) for x in pair)):
+                    raise PeerError("bad-field", "bodies entries must be [sha256, text]")
+                if pair[0] in need and sha256_text_safe(pair[1]) == pair[0]:
+                    bodies[pair[0]] = pair[1]
+        files = [IncomingFile(path, sha, size, mtime, bodies.get(sha))
+                 for path, sha, size, mtime in entries]
+        self._commit(source, kind, files, removed=removed if base else None, base=base)
+
+    def _commit(self, source: str, kind: str, files: list[IncomingFile], *,
+                removed: list[str] | None = None, base: str | None = None) -> None:
+        assert self.store is not None
+        try:
+            report = self.store.ingest(self.machine, source, kind, files, limits=self.limits,
+                                       removed=removed, base_digest=base)
+        except StaleBase as exc:
+            self.channel.send(error("stale-base", str(exc)))
+            return
+        self.channel.send({"type": "result", "source": source, "unchanged": report.unchanged,
+                           "generation": report.generation, "accepted": report.accepted,
+                           "refused": report.refused, "redacted": report.redacted,
+                           "stored": report.stored,
+                           "digest": self.store.namespace_digest(self.machine, source)})
+
+    def _on_note(self, message: dict[str, Any]) -> None:
+        assert self.store is not None
+        note_id = field(message, "note_id", str)
+        try:
+            path, stored = self.store.append_note(self.machine, field(message, "filename", str),
+                                                  field(message, "text", str), note_id)
+        except NoteError as exc:
+            self.channel.send({"type": "note_result", "note_id": note_id, "status": "refused",
+                               "message": str(exc)})
+            return
+        self.channel.send({"type": "note_result", "note_id": note_id,
+                           "status": "stored" if stored else "duplicate", "path": path})
+
+    def _on_pull(self, message: dict[str, Any]) -> None:
+        assert self.store is not None
+        known = field(message, "known", dict)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in known.values()):
+            raise PeerError("bad-field", "pull.known must map namespace keys to integers")
+        have = set(field(message, "have", list, optional=True) or [])
+        namespaces, full, upserts, removals = self.store.pull(known)
+        self.channel.send({"type": "namespaces", "namespaces": namespaces,
+                           "full": sorted(full), "removed": removals})
+        self._send_files((path, sha, None if sha in have else text)
+                         for path, sha, text in upserts)
+
+    def _on_export(self, message: dict[str, Any]) -> None:
+        assert self.store is not None
+        self.channel.send({"type": "namespaces", "namespaces": self.store.namespaces(),
+                           "full": [], "removed": []})
+        self._send_files(self.store.export())
+
+    def _send_files(self, items: Any) -> None:
+        for batch in chunks(list(items), lambda i: len(i[0]) + 80 + len(i[2] or "") * 2):
+            self.channel.send({"type": "files", "files": [list(i) for i in batch]})
+        self.channel.send({"type": "end"})
+
+    def _on_verify(self, message: dict[str, Any]) -> None:
+        assert self.store is not None
+        self.channel.send({"type": "verified", "problems": self.store.verify(),
+                           "schema": self.store.schema_version(), "counts": self.store.counts()})
+
+    def _on_status(self, message: dict[str, Any]) -> None:
+        assert self.store is not None
+        self.channel.send({"type": "status", "server": f"sharedmem/{__version__}",
+                           "schema": self.store.schema_version(),
+                           "namespaces": self.store.namespaces()})
+
+
+def sha256_text_safe(text: str) -> str | None:
+    """The content address of a received body, or None if it is not encodable UTF-8."""
+    try:
+        return sha256_text(text)
+    except UnicodeEncodeError:
+        return None
+
+
+def _mtime(value: object) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+        raise PeerError("bad-field", "mtime_ns must be a non-negative integer")
+    return value
+
+
+def _entries(raw: list[Any]) -> list[tuple[str, str, int, int]]:
+    out = []
+    for item in raw:
+        if (not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], str)
+                or not isinstance(item[1], str) or len(item[1]) != 64
+                or not isinstance(item[2], int) or isinstance(item[2], bool)):
+            raise PeerError("bad-field", "manifest entries must be [path, sha256, size, mtime_ns]")
+        out.append((item[0], item[1], item[2], _mtime(item[3])))
+    return out
+
+
+def serve(store: Path, pinned: str | None = None, *, max_version: int = max(VERSIONS),
+          stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None) -> int:
+    """Run one session on stdin/stdout; logs go to stderr, never to the protocol stream."""
+    if pinned is not None and (problem := name_problem(pinned, "--machine")) is not None:
+        raise ProtocolError(problem)
+    reader = stdin if stdin is not None else sys.stdin.buffer
+    writer = stdout if stdout is not None else sys.stdout.buffer
+    if stdout is None:
+        sys.stdout = sys.stderr
+    versions = tuple(v for v in VERSIONS if v <= max_version)
+    return Session(store, Channel(reader, writer, "client"), pinned, versions).run()

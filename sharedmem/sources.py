@@ -1,0 +1,572 @@
+"""The three source kinds and their allowlists: what this machine would publish, as a snapshot.
+
+Nothing below a source's root is ever followed through a link: every folder and file is opened
+relative to its parent with O_NOFOLLOW where the platform allows, so a symlink, junction or FIFO
+swapped in mid-walk is refused rather than read.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import unicodedata
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sharedmem.core import (
+    KIND_MARKDOWN,
+    SOURCE_CLAUDE,
+    SOURCE_CODEX,
+    SOURCE_KINDS,
+    ConfigError,
+    Limits,
+    SourceError,
+    collision_key,
+    path_problems,
+    sha256_text,
+)
+from sharedmem.redact import redact
+
+PROBLEM_REASONS = frozenset(
+    {"invalid-utf8", "too-large", "quota", "vanished", "unreadable", "bad-path", "collision"}
+)
+POLICY_REASONS = frozenset({"hidden", "symlink", "not-regular", "not-allowlisted", "too-deep"})
+
+CODEX_FILES = ("MEMORY.md", "memory_summary.md")
+CODEX_ROLLOUTS = "rollout_summaries"
+CLAUDE_MEMORY = "memory"
+MARKDOWN_MAX_PARTS = 5  # PATH/a/b/c/d/x.md: four folder levels, then the file
+
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
+_REPARSE = getattr(stat, "FILE_ATTRIBUTE_REPARSE_POINT", 0x400)
+_USE_FD = (
+    hasattr(os, "O_NOFOLLOW")
+    and hasattr(os, "O_DIRECTORY")
+    and os.open in os.supports_dir_fd
+    and os.scandir in os.supports_fd
+)
+_FILE_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_DEFAULT_LIMITS = Limits()  # frozen, so one shared default is safe
+_LINK_ERRNOS = {errno.ELOOP, getattr(errno, "EMLINK", -1), getattr(errno, "EFTYPE", -1)}
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One configured source: its name, its kind and the folder that is walked."""
+
+    name: str
+    kind: str
+    root: Path
+
+
+@dataclass
+class Entry:
+    """One published file; `text` is None when reused from the previous record unread."""
+
+    path: str
+    sha256: str
+    size: int
+    mtime_ns: int
+    disk_size: int
+    redactions: dict[str, int]
+    text: str | None
+    disk_path: str = field(default="", repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A file or folder that was not published, with a reason code and a message for people."""
+
+    path: str
+    reason: str
+    message: str
+
+
+@dataclass
+class Snapshot:
+    """What one source would publish right now, and what it left out."""
+
+    spec: SourceSpec
+    status: str
+    message: str
+    files: list[Entry]
+    skipped: list[Skipped]
+
+    def problems(self) -> list[Skipped]:
+        """Skipped entries that make a sync partial (policy exclusions are not problems)."""
+        return [s for s in self.skipped if s.reason in PROBLEM_REASONS]
+
+    def record(self) -> dict:
+        """JSON-serialisable record to pass as `previous` to the next snapshot."""
+        return {
+            e.path: [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)]
+            for e in self.files
+        }
+
+
+class _Skip(SourceError):
+    """Internal: one file cannot be published, for `reason`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def default_root(kind: str, env: Mapping[str, str]) -> Path:
+    """Folder a codex or claude-code source walks; honours HOME, CODEX_HOME, CLAUDE_CONFIG_DIR."""
+    home = env.get("HOME") or env.get("USERPROFILE")
+    home_path = Path(home) if home else Path.home()
+    if kind == SOURCE_CODEX:
+        codex_home = env.get("CODEX_HOME")
+        return (Path(codex_home) if codex_home else home_path / ".codex") / "memories"
+    if kind == SOURCE_CLAUDE:
+        config = env.get("CLAUDE_CONFIG_DIR")
+        return (Path(config) if config else home_path / ".claude") / "projects"
+    raise ConfigError(
+        f"source kind {kind!r} has no default folder: name the folder of a markdown source "
+        f"as NAME=PATH (known kinds: {', '.join(SOURCE_KINDS)})"
+    )
+
+
+def allowlist_problem(kind: str, path: str) -> str | None:
+    """Why a published `path` may not come from a `kind` source, or None; the server re-checks."""
+    problems = path_problems(path)
+    if problems:
+        return "; ".join(problems)
+    parts = path.split("/")
+    if kind == SOURCE_CODEX:
+        if path in CODEX_FILES or (len(parts) == 2 and parts[0] == CODEX_ROLLOUTS):
+            return None
+        return (
+            f"path {path!r} is not published by a codex source: only MEMORY.md, "
+            f"memory_summary.md and {CODEX_ROLLOUTS}/<name>.md are"
+        )
+    if kind == SOURCE_CLAUDE:
+        if len(parts) == 2:
+            return None
+        return (f"path {path!r} is not published by a claude-code source: "
+                "only <project>/<name>.md is")
+    if kind == KIND_MARKDOWN:
+        if len(parts) <= MARKDOWN_MAX_PARTS:
+            return None
+        return (
+            f"path {path!r} is too deep for a markdown source: at most four folder levels "
+            "above the file"
+        )
+    return f"source kind {kind!r} is unknown: use one of {', '.join(SOURCE_KINDS)}"
+
+
+def _display(text: str) -> str:
+    """A printable form of an on-disk name that may hold undecodable bytes."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _is_link(entry: os.DirEntry) -> bool:
+    """True for symlinks, and on Windows for junctions and other reparse points."""
+    if entry.is_symlink():
+        return True
+    if os.name == "nt":
+        attrs = getattr(entry.stat(follow_symlinks=False), "st_file_attributes", 0)
+        return bool(attrs & _REPARSE)
+    return False
+
+
+def _open_root(root: Path) -> int | str:
+    """Open the root folder (following a link the user named); an fd or, without dir_fd, a path."""
+    if _USE_FD:
+        return os.open(root, _DIR_FLAGS)
+    if not stat.S_ISDIR(os.stat(root).st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(root))
+    return str(root)
+
+
+def _open_child_dir(parent: int | str, name: str) -> int | str:
+    """Open folder `name` inside `parent`, refusing a link in its place."""
+    if isinstance(parent, int):
+        return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+    path = os.path.join(parent, name)
+    if not stat.S_ISDIR(_lstat_no_link(path).st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+    return path
+
+
+def _lstat_no_link(path: str) -> os.stat_result:
+    """Where dir_fd is missing (Windows): lstat `path`, refusing links and junctions."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or getattr(st, "st_file_attributes", 0) & _REPARSE:
+        raise OSError(errno.ELOOP, "is a link", path)
+    return st
+
+
+def _close(handle: int | str) -> None:
+    if isinstance(handle, int):
+        os.close(handle)
+
+
+def _list(handle: int | str) -> list[os.DirEntry]:
+    """Entries of a folder, sorted by name so every walk is deterministic."""
+    with os.scandir(handle) as it:
+        return sorted(it, key=lambda e: e.name)
+
+
+def _os_skip(exc: OSError, shown: str) -> _Skip:
+    """Turn an OS error met while opening or reading `shown` into a skip reason."""
+    if exc.errno in _LINK_ERRNOS:
+        return _Skip("symlink", f"{shown} is a symbolic link; links are never followed")
+    if isinstance(exc, FileNotFoundError):
+        return _Skip("vanished", f"{shown} disappeared while it was being read; sync again")
+    if isinstance(exc, NotADirectoryError):
+        return _Skip("vanished", f"a folder at or above {shown} was replaced; sync again")
+    why = exc.strerror or exc
+    return _Skip("unreadable", f"{shown} cannot be read ({why}); fix its permissions")
+
+
+def _read_file(parent: int | str, name: str, shown: str,
+               limits: Limits) -> tuple[str, os.stat_result]:
+    """Read one regular file as UTF-8 without following links or blocking; at most limit+1 bytes."""
+    try:
+        if isinstance(parent, int):
+            fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
+        else:
+            path = os.path.join(parent, name)
+            _lstat_no_link(path)
+            fd = os.open(path, _FILE_FLAGS)
+    except OSError as exc:
+        raise _os_skip(exc, shown) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or getattr(st, "st_file_attributes", 0) & _REPARSE:
+            raise _Skip("not-regular", f"{shown} is not a regular file; it is not published")
+        if st.st_size > limits.file_bytes:
+            raise _too_large(shown, st.st_size, limits)
+        chunks: list[bytes] = []
+        total = 0
+        while total <= limits.file_bytes:
+            chunk = os.read(fd, limits.file_bytes + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limits.file_bytes:
+            raise _too_large(shown, total, limits)
+    except OSError as exc:
+        raise _os_skip(exc, shown) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    try:
+        return data.decode("utf-8"), st
+    except UnicodeDecodeError as exc:
+        raise _Skip(
+            "invalid-utf8",
+            f"{shown} is not valid UTF-8 (bad byte at offset {exc.start}); save it as UTF-8",
+        ) from None
+
+
+def _too_large(shown: str, size: int, limits: Limits) -> _Skip:
+    return _Skip(
+        "too-large",
+        f"{shown} is {size} bytes, over the per-file limit of {limits.file_bytes} bytes; "
+        "shorten or split it",
+    )
+
+
+def _publish_text(raw: str, shown: str, limits: Limits) -> tuple[str, dict[str, int]]:
+    """Redact `raw`; the published text must still fit the per-file limit."""
+    text, counts = redact(raw)
+    size = len(text.encode("utf-8"))
+    if size > limits.file_bytes:
+        raise _too_large(shown, size, limits)
+    return text, dict(counts)
+
+
+def _valid_record(value: object) -> tuple[int, int, str, int, dict[str, int]] | None:
+    """One `previous` record entry, or None when it is malformed."""
+    if not isinstance(value, (list, tuple)) or len(value) != 5:
+        return None
+    disk_size, mtime_ns, sha, size, counts = value
+
+    def _nat(x: object) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    if not (_nat(disk_size) and isinstance(mtime_ns, int) and not isinstance(mtime_ns, bool)
+            and _nat(size) and isinstance(sha, str) and _SHA_RE.fullmatch(sha)
+            and isinstance(counts, dict)
+            and all(isinstance(k, str) and _nat(v) for k, v in counts.items())):
+        return None
+    return disk_size, mtime_ns, sha, size, dict(counts)
+
+
+class _Walker:
+    """Collects the files and skips of one snapshot, applying path, collision and quota rules."""
+
+    def __init__(self, spec: SourceSpec, limits: Limits, previous: Mapping | None) -> None:
+        self.spec = spec
+        self.limits = limits
+        self.previous = previous if isinstance(previous, Mapping) else {}
+        self.files: list[Entry] = []
+        self.skipped: list[Skipped] = []
+        self.keys: set[str] = set()
+        self.bytes = 0
+        self.full = False
+
+    def skip(self, shown: str, reason: str, message: str) -> None:
+        self.skipped.append(Skipped(_display(shown), reason, message))
+
+    def listing(self, handle: int | str, rel: str) -> list[os.DirEntry]:
+        """A folder's sorted entries; an unlistable subfolder is reported, the root raises."""
+        try:
+            return _list(handle)
+        except OSError as exc:
+            if not rel:
+                raise
+            skip = _os_skip(exc, _display(rel.rstrip("/")))
+            self.skip(rel.rstrip("/"), skip.reason, skip.detail)
+            return []
+
+    def entries(self, handle: int | str, rel: str) -> Iterator[os.DirEntry]:
+        """Entries of a folder that are neither hidden nor links (those are reported)."""
+        for entry in self.listing(handle, rel):
+            shown = f"{rel}{entry.name}"
+            if entry.name.startswith("."):
+                self.skip(shown, "hidden",
+                          f"{_display(shown)} is hidden; hidden names are never published")
+                continue
+            try:
+                link = _is_link(entry)
+            except OSError:
+                self.skip(shown, "vanished", f"{_display(shown)} disappeared during the walk")
+                continue
+            if link:
+                self.skip(shown, "symlink",
+                          f"{_display(shown)} is a link or junction; links are never followed")
+                continue
+            yield entry
+
+    def subdir(self, handle: int | str, name: str, shown: str) -> int | str | None:
+        """Open a child folder, reporting why not when it cannot be opened."""
+        try:
+            return _open_child_dir(handle, name)
+        except OSError as exc:
+            skip = _os_skip(exc, _display(shown))
+            self.skip(shown, skip.reason, skip.detail)
+            return None
+
+    def file(self, handle: int | str, entry: os.DirEntry, disk: str, published: str) -> None:
+        """Publish one candidate `.md` file found at `disk` (below the root) as `published`."""
+        shown = _display(disk)
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                self.skip(disk, "not-regular",
+                          f"{shown} is not a regular file; it is not published")
+                return
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            self.skip(disk, "vanished", f"{shown} disappeared during the walk; sync again")
+            return
+        published = unicodedata.normalize("NFC", published)
+        problems = allowlist_problem(self.spec.kind, published)
+        if problems:
+            self.skip(disk, "bad-path", f"{shown} cannot be published: {problems}; rename it")
+            return
+        key = collision_key(published)
+        if key in self.keys:
+            self.skip(disk, "collision", f"{shown} has the same name as another file once case and "
+                      "Unicode form are ignored; rename one of them")
+            return
+        self.keys.add(key)
+        if self.full or len(self.files) >= self.limits.namespace_files:
+            self.full = True
+            self.skip(disk, "quota", self._quota_message(shown))
+            return
+        try:
+            made = (self._reuse(published, disk, st)
+                    or self._read(handle, entry.name, disk, published))
+        except _Skip as skip:
+            self.skip(disk, skip.reason, skip.detail)
+            return
+        if self.bytes + made.size > self.limits.namespace_bytes:
+            self.full = True
+            self.skip(disk, "quota", self._quota_message(shown))
+            return
+        self.bytes += made.size
+        self.files.append(made)
+
+    def _quota_message(self, shown: str) -> str:
+        return (f"{shown} is past the quota of source {self.spec.name!r} "
+                f"({self.limits.namespace_files} files, {self.limits.namespace_bytes} bytes); "
+                "remove files or raise the limit")
+
+    def _reuse(self, published: str, disk: str, st: os.stat_result) -> Entry | None:
+        """The previous record's entry when size and mtime are unchanged, without reading."""
+        rec = _valid_record(self.previous.get(published))
+        if rec is None or (rec[0], rec[1]) != (st.st_size, st.st_mtime_ns):
+            return None
+        if rec[0] > self.limits.file_bytes or rec[3] > self.limits.file_bytes:
+            return None
+        return Entry(published, rec[2], rec[3], rec[1], rec[0], rec[4], None, disk)
+
+    def _read(self, handle: int | str, name: str, disk: str, published: str) -> Entry:
+        raw, st = _read_file(handle, name, _display(disk), self.limits)
+        text, counts = _publish_text(raw, _display(disk), self.limits)
+        return Entry(published, sha256_text(text), len(text.encode("utf-8")), st.st_mtime_ns,
+                     st.st_size, counts, text, disk)
+
+
+def _walk_codex(w: _Walker, root: int | str) -> None:
+    for entry in w.entries(root, ""):
+        name = entry.name
+        if name == CODEX_ROLLOUTS and entry.is_dir(follow_symlinks=False):
+            sub = w.subdir(root, name, name)
+            if sub is None:
+                continue
+            try:
+                _walk_flat(w, sub, f"{name}/", f"{name}/", "rollout summaries")
+            finally:
+                _close(sub)
+        elif name in CODEX_FILES:
+            w.file(root, entry, name, name)
+        elif entry.is_dir(follow_symlinks=False) or name.endswith(".md"):
+            w.skip(name, "not-allowlisted", f"{name} is not on the codex allowlist (MEMORY.md, "
+                   f"memory_summary.md, {CODEX_ROLLOUTS}/*.md); it is never published")
+
+
+def _walk_flat(w: _Walker, handle: int | str, disk: str, published: str, what: str) -> None:
+    """Publish the `.md` files directly in one folder; its subfolders are reported, not entered."""
+    for entry in w.entries(handle, disk):
+        shown = f"{disk}{entry.name}"
+        if entry.is_dir(follow_symlinks=False):
+            w.skip(shown, "not-allowlisted",
+                   f"{_display(shown)} is a subfolder; only files directly in the {what} "
+                   "folder are published")
+        elif entry.name.endswith(".md"):
+            w.file(handle, entry, shown, f"{published}{entry.name}")
+
+
+def _walk_claude(w: _Walker, root: int | str) -> None:
+    for project in w.entries(root, ""):
+        if not project.is_dir(follow_symlinks=False):
+            if project.name.endswith(".md"):
+                w.skip(project.name, "not-allowlisted", f"{_display(project.name)} is not inside "
+                       "<project>/memory/; it is not published")
+            continue
+        proj = w.subdir(root, project.name, project.name)
+        if proj is None:
+            continue
+        try:
+            for entry in w.listing(proj, f"{project.name}/"):
+                if entry.name != CLAUDE_MEMORY:
+                    continue
+                shown = f"{project.name}/{entry.name}"
+                if _is_link(entry):
+                    w.skip(shown, "symlink",
+                           f"{_display(shown)} is a symbolic link or junction; not followed")
+                elif entry.is_dir(follow_symlinks=False):
+                    mem = w.subdir(proj, entry.name, shown)
+                    if mem is not None:
+                        try:
+                            _walk_flat(w, mem, f"{shown}/", f"{project.name}/", "memory")
+                        finally:
+                            _close(mem)
+        finally:
+            _close(proj)
+
+
+def _walk_markdown(w: _Walker, handle: int | str, rel: str = "", depth: int = 0) -> None:
+    for entry in w.entries(handle, rel):
+        shown = f"{rel}{entry.name}"
+        if entry.is_dir(follow_symlinks=False):
+            if depth + 1 >= MARKDOWN_MAX_PARTS:
+                w.skip(shown, "too-deep", f"{_display(shown)} is more than four folder levels "
+                       "deep; its files are not published")
+                continue
+            sub = w.subdir(handle, entry.name, shown)
+            if sub is None:
+                continue
+            try:
+                _walk_markdown(w, sub, f"{shown}/", depth + 1)
+            finally:
+                _close(sub)
+        elif entry.name.endswith(".md"):
+            w.file(handle, entry, shown, shown)
+
+
+def snapshot(spec: SourceSpec, limits: Limits = _DEFAULT_LIMITS,
+             previous: Mapping | None = None) -> Snapshot:
+    """Walk one source and describe what it would publish; unchanged files are not re-read."""
+    if spec.kind not in SOURCE_KINDS:
+        raise ConfigError(f"source {spec.name!r} has unknown kind {spec.kind!r}: use one of "
+                          f"{', '.join(SOURCE_KINDS)}")
+    problems = limits.problems()
+    if problems:
+        raise ConfigError("; ".join(problems))
+    walker = _Walker(spec, limits, previous)
+    try:
+        root = _open_root(spec.root)
+    except OSError as exc:
+        return Snapshot(spec, "unreadable", _root_message(spec, exc), [], [])
+    try:
+        if spec.kind == SOURCE_CODEX:
+            _walk_codex(walker, root)
+        elif spec.kind == SOURCE_CLAUDE:
+            _walk_claude(walker, root)
+        else:
+            _walk_markdown(walker, root)
+    except OSError as exc:
+        return Snapshot(spec, "unreadable", _root_message(spec, exc), [], [])
+    finally:
+        _close(root)
+    return Snapshot(spec, "ok", "", walker.files, walker.skipped)
+
+
+def _root_message(spec: SourceSpec, exc: OSError) -> str:
+    why = exc.strerror or str(exc)
+    return (f"the folder {spec.root} of source {spec.name!r} ({spec.kind}) cannot be listed: "
+            f"{why}; create it or fix its permissions, or remove the source from the client "
+            "configuration")
+
+
+def load_text(spec: SourceSpec, entry: Entry) -> str:
+    """Re-read an entry reused unread; raise SourceError if it changed since the snapshot."""
+    if entry.text is not None:
+        return entry.text
+    disk = entry.disk_path or _disk_path(spec, entry.path)
+    shown = f"{disk} in {spec.root}"
+    parts = disk.split("/")
+    limits = Limits(file_bytes=max(_DEFAULT_LIMITS.file_bytes, entry.disk_size, entry.size))
+    opened: list[int | str] = []
+    try:
+        opened.append(_open_root(spec.root))
+        for part in parts[:-1]:
+            opened.append(_open_child_dir(opened[-1], part))
+        raw, _ = _read_file(opened[-1], parts[-1], shown, limits)
+        text, _ = _publish_text(raw, shown, limits)
+    except _Skip as skip:
+        raise SourceError(f"{skip.detail} (source {spec.name!r})") from None
+    except OSError as exc:
+        raise SourceError(_os_skip(exc, shown).detail) from None
+    finally:
+        for handle in reversed(opened):
+            _close(handle)
+    if sha256_text(text) != entry.sha256:
+        raise SourceError(f"{shown} changed since the snapshot of source {spec.name!r}; sync again")
+    return text
+
+
+def _disk_path(spec: SourceSpec, published: str) -> str:
+    """Where a published path lives below the source's root."""
+    if spec.kind == SOURCE_CLAUDE:
+        project, name = published.split("/", 1)
+        return f"{project}/{CLAUDE_MEMORY}/{name}"
+    return published

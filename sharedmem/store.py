@@ -1,0 +1,514 @@
+"""The server's SQLite store: schema, migrations, ingest of snapshots, notes, export and pulls."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sharedmem import redact, sources
+from sharedmem.core import (
+    KIND_MARKDOWN,
+    MACHINES_DIR,
+    NOTE_MAX_BYTES,
+    NOTES_DIR,
+    SOURCE_KINDS,
+    Limits,
+    NoteError,
+    StoreError,
+    check_machine_name,
+    check_markdown_source_name,
+    check_note_filename,
+    collision_key,
+    sha256_text,
+    utc_now,
+)
+
+GENESIS = "0" * 64
+BUSY_TIMEOUT_MS = 60_000
+
+MIGRATIONS: list[str] = [
+    # 1: the first schema.
+    """
+    CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE blobs(sha256 TEXT PRIMARY KEY, size INTEGER NOT NULL, body TEXT NOT NULL);
+    CREATE TABLE namespaces(
+        id INTEGER PRIMARY KEY,
+        machine TEXT NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL,
+        generation INTEGER NOT NULL, created_generation INTEGER NOT NULL,
+        synced_at TEXT NOT NULL, file_count INTEGER NOT NULL, byte_count INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        UNIQUE(machine, source));
+    CREATE TABLE files(
+        namespace_id INTEGER NOT NULL REFERENCES namespaces(id) ON DELETE CASCADE,
+        path TEXT NOT NULL, sha256 TEXT NOT NULL REFERENCES blobs(sha256),
+        size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, generation INTEGER NOT NULL,
+        PRIMARY KEY(namespace_id, path)) WITHOUT ROWID;
+    CREATE TABLE tombstones(
+        namespace_id INTEGER NOT NULL REFERENCES namespaces(id) ON DELETE CASCADE,
+        path TEXT NOT NULL, generation INTEGER NOT NULL,
+        PRIMARY KEY(namespace_id, path)) WITHOUT ROWID;
+    CREATE TABLE notes(
+        seq INTEGER PRIMARY KEY, note_id TEXT NOT NULL UNIQUE, filename TEXT NOT NULL,
+        machine TEXT NOT NULL, created_at TEXT NOT NULL, body TEXT NOT NULL,
+        prev_sha256 TEXT NOT NULL, sha256 TEXT NOT NULL);
+    CREATE INDEX notes_by_file ON notes(filename, seq);
+    CREATE TRIGGER notes_append_only_update BEFORE UPDATE ON notes
+        BEGIN SELECT RAISE(ABORT, 'notes are append-only: an entry is never changed'); END;
+    CREATE TRIGGER notes_append_only_delete BEFORE DELETE ON notes
+        BEGIN SELECT RAISE(ABORT, 'notes are append-only: an entry is never deleted'); END;
+    CREATE TABLE forgotten(
+        id INTEGER PRIMARY KEY, machine TEXT NOT NULL, source TEXT, files INTEGER NOT NULL,
+        forgotten_at TEXT NOT NULL, reason TEXT NOT NULL);
+    INSERT INTO meta VALUES ('generation', '0');
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class IncomingFile:
+    """A file a client publishes: its text, or only its sha256 when the server may have the body."""
+
+    path: str
+    sha256: str | None = None
+    size: int | None = None
+    mtime_ns: int = 0
+    text: str | None = None
+
+
+@dataclass
+class IngestReport:
+    """What one namespace ingest stored and refused."""
+
+    machine: str
+    source: str
+    generation: int
+    accepted: int = 0
+    unchanged: bool = False
+    refused: list[dict[str, str]] = field(default_factory=list)
+    redacted: dict[str, int] = field(default_factory=dict)
+    stored: dict[str, str] = field(default_factory=dict)
+
+
+class StaleBase(StoreError):
+    """A delta was based on a namespace digest the server no longer holds."""
+
+
+def digest_of(entries: Iterable[tuple[str, str]]) -> str:
+    """Order-independent digest of a namespace's (path, sha256) pairs, computed alike on both ends."""
+    return sha256_text("".join(f"{p}\0{s}\n" for p, s in sorted(entries)))
+
+
+def render_note(entries: Sequence[tuple[str, str, str]]) -> str:
+    """A note file: every (created_at, machine, body) entry in order, each under its own heading."""
+    parts = [f"## {created} · {machine}\n\n{body.rstrip()}\n" for created, machine, body in entries]
+    return "\n".join(parts)
+
+
+def chain_hash(prev: str, note_id: str, filename: str, machine: str, created: str,
+               body: str) -> str:
+    """The hash that links a note entry to its predecessor, so a rewrite is detectable."""
+    return sha256_text("\n".join((prev, note_id, filename, machine, created, body)))
+
+
+class Store:
+    """One SQLite file; every write goes through `transaction`."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self.conn = conn
+
+    @classmethod
+    def open(cls, path: Path | str, *, create: bool = True,
+             before_migrate: Callable[[Path, int], None] | None = None) -> Store:
+        """Open (or create) a store, migrating an older schema after `before_migrate` backs it up."""
+        path = Path(path)
+        if not create and not path.is_file():
+            raise StoreError(f"store {path} does not exist: create it with install_server.py or "
+                             "pass the right --store")
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000,
+                                   check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"store {path} cannot be opened as SQLite ({exc}): restore it from "
+                             "a backup (see docs/OPERATIONS.md)") from None
+        store = cls(path, conn)
+        if version > SCHEMA_VERSION:
+            conn.close()
+            raise StoreError(f"store {path} has schema version {version}, newer than this "
+                             f"software ({SCHEMA_VERSION}): upgrade codex-shared-memory")
+        if version < SCHEMA_VERSION:
+            if version > 0 and before_migrate is not None:
+                before_migrate(path, version)
+            store._migrate(version)
+        return store
+
+    def _migrate(self, version: int) -> None:
+        for number in range(version + 1, SCHEMA_VERSION + 1):
+            with self.transaction() as conn:
+                for statement in _statements(MIGRATIONS[number - 1]):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={number}")
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """The only write path: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK on any error."""
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"store {self.path} is busy or unwritable ({exc}); try again") from None
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def schema_version(self) -> int:
+        """The schema version recorded in the file."""
+        return self.conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def missing(self, shas: Iterable[str]) -> list[str]:
+        """Which of these content addresses the store has no body for."""
+        wanted = sorted(set(shas))
+        have: set[str] = set()
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i:i + 500]
+            marks = ",".join("?" * len(chunk))
+            have.update(r[0] for r in self.conn.execute(
+                f"SELECT sha256 FROM blobs WHERE sha256 IN ({marks})", chunk))
+        return [s for s in wanted if s not in have]
+
+    def namespace_digest(self, machine: str, source: str) -> str | None:
+        """The digest of a namespace as stored, or None when it does not exist."""
+        row = self.conn.execute("SELECT digest FROM namespaces WHERE machine=? AND source=?",
+                                (machine, source)).fetchone()
+        return row[0] if row else None
+
+    def touch(self, machine: str, source: str) -> int | None:
+        """Record an unchanged sync of a namespace; returns its generation."""
+        with self.transaction() as conn:
+            conn.execute("UPDATE namespaces SET synced_at=? WHERE machine=? AND source=?",
+                         (utc_now(), machine, source))
+            row = conn.execute("SELECT generation FROM namespaces WHERE machine=? AND source=?",
+                               (machine, source)).fetchone()
+        return row[0] if row else None
+
+    def ingest(self, machine: str, source: str, kind: str, files: Sequence[IncomingFile], *,
+               limits: Limits | None = None, removed: Sequence[str] | None = None,
+               base_digest: str | None = None) -> IngestReport:
+        """Replace exactly one namespace in one transaction, re-checking every rule first.
+
+        With `base_digest`, `files` and `removed` are a delta against that stored digest.
+        """
+        limits = limits or Limits()
+        _check_namespace(machine, source, kind)
+        with self.transaction() as conn:
+            row = conn.execute("SELECT id, digest, generation FROM namespaces WHERE machine=? "
+                               "AND source=?", (machine, source)).fetchone()
+            current = {p: (s, z, m) for p, s, z, m in conn.execute(
+                "SELECT path, sha256, size, mtime_ns FROM files WHERE namespace_id=?",
+                (row[0],))} if row else {}
+            if base_digest is not None:
+                if row is None or row[1] != base_digest:
+                    raise StaleBase(f"namespace {machine}/{source} changed since the client's "
+                                    "last sync; send the whole manifest")
+                drop = set(removed or ()) | {f.path for f in files}
+                keep = [IncomingFile(p, s, z, m) for p, (s, z, m) in current.items()
+                        if p not in drop]
+                files = keep + list(files)
+            report = IngestReport(machine, source, 0)
+            accepted = self._check_files(conn, kind, files, limits, report)
+            digest = digest_of((p, s) for p, (s, _, _) in accepted.items())
+            if row is not None and row[1] == digest and row[2]:
+                conn.execute("UPDATE namespaces SET synced_at=? WHERE id=?", (utc_now(), row[0]))
+                report.generation, report.unchanged = row[2], True
+                report.accepted = len(accepted)
+                return report
+            generation = int(conn.execute("SELECT value FROM meta WHERE key='generation'")
+                             .fetchone()[0]) + 1
+            conn.execute("UPDATE meta SET value=? WHERE key='generation'", (str(generation),))
+            size = sum(z for _, z, _ in accepted.values())
+            if row is None:
+                ns_id = conn.execute(
+                    "INSERT INTO namespaces(machine, source, kind, generation, created_generation,"
+                    " synced_at, file_count, byte_count, digest) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (machine, source, kind, generation, generation, utc_now(), len(accepted),
+                     size, digest)).lastrowid
+            else:
+                ns_id = row[0]
+                conn.execute("UPDATE namespaces SET kind=?, generation=?, synced_at=?, "
+                             "file_count=?, byte_count=?, digest=? WHERE id=?",
+                             (kind, generation, utc_now(), len(accepted), size, digest, ns_id))
+            gone = [p for p in current if p not in accepted]
+            conn.executemany("DELETE FROM files WHERE namespace_id=? AND path=?",
+                             [(ns_id, p) for p in gone])
+            conn.executemany("INSERT OR REPLACE INTO tombstones VALUES (?,?,?)",
+                             [(ns_id, p, generation) for p in gone])
+            changed = [(ns_id, p, s, z, m, generation) for p, (s, z, m) in accepted.items()
+                       if current.get(p, (None,))[0] != s]
+            conn.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?)", changed)
+            conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
+                             [(ns_id, c[1]) for c in changed])
+            report.generation, report.accepted = generation, len(accepted)
+        return report
+
+    def _check_files(self, conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
+                     limits: Limits, report: IngestReport) -> dict[str, tuple[str, int, int]]:
+        """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted."""
+        accepted: dict[str, tuple[str, int, int]] = {}
+        keys: set[str] = set()
+        total = 0
+
+        def refuse(path: object, reason: str, message: str) -> None:
+            report.refused.append({"path": str(path), "reason": reason, "message": message})
+
+        for item in sorted(files, key=lambda f: str(f.path)):
+            problem = sources.allowlist_problem(kind, item.path)
+            if problem:
+                refuse(item.path, "bad-path", problem)
+                continue
+            if collision_key(item.path) in keys:
+                refuse(item.path, "collision", f"{item.path!r} collides with another path that "
+                       "differs only by case or Unicode form; rename one of them")
+                continue
+            if item.text is not None:
+                try:
+                    text, counts = redact.redact(item.text)
+                    body = text.encode("utf-8")
+                except UnicodeEncodeError:
+                    refuse(item.path, "invalid-utf8", f"{item.path!r} is not valid UTF-8 text")
+                    continue
+                sha, size = sha256_text(text), len(body)
+                if size > limits.file_bytes:
+                    refuse(item.path, "too-large", f"{item.path!r} is {size} bytes, over the "
+                           f"{limits.file_bytes}-byte file limit")
+                    continue
+                for name, count in counts.items():
+                    report.redacted[name] = report.redacted.get(name, 0) + count
+                conn.execute("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", (sha, size, text))
+                if sha != item.sha256:
+                    report.stored[item.path] = sha
+            else:
+                found = conn.execute("SELECT size FROM blobs WHERE sha256=?",
+                                     (item.sha256,)).fetchone()
+                if found is None:
+                    refuse(item.path, "missing-body", f"{item.path!r}: the server has no body "
+                           f"for sha256 {item.sha256}; send it")
+                    continue
+                sha, size = str(item.sha256), found[0]
+            if len(accepted) >= limits.namespace_files or total + size > limits.namespace_bytes:
+                refuse(item.path, "quota", f"{item.path!r} is past the namespace quota "
+                       f"({limits.namespace_files} files, {limits.namespace_bytes} bytes)")
+                continue
+            keys.add(collision_key(item.path))
+            total += size
+            accepted[item.path] = (sha, size, int(item.mtime_ns or 0))
+        return accepted
+
+    def append_note(self, machine: str, filename: str, text: str,
+                    note_id: str | None = None) -> tuple[str, bool]:
+        """Append one entry to a note file; returns (published path, stored now or already)."""
+        check_machine_name(machine)
+        check_note_filename(filename)
+        note_id = note_id or uuid.uuid4().hex
+        if not isinstance(note_id, str) or not 8 <= len(note_id) <= 128:
+            raise NoteError(f"note id {note_id!r} must be a string of 8 to 128 characters")
+        body, _ = redact.redact(text)
+        if not body.strip():
+            raise NoteError(f"note {filename} is empty: write some text")
+        if len(body.encode("utf-8", "surrogatepass")) > NOTE_MAX_BYTES:
+            raise NoteError(f"note {filename} is over {NOTE_MAX_BYTES} bytes: shorten it")
+        try:
+            body.encode("utf-8")
+        except UnicodeEncodeError:
+            raise NoteError(f"note {filename} is not valid UTF-8 text") from None
+        path = f"{NOTES_DIR}/{filename}"
+        with self.transaction() as conn:
+            if conn.execute("SELECT 1 FROM notes WHERE note_id=?", (note_id,)).fetchone():
+                return path, False
+            last = conn.execute("SELECT sha256 FROM notes ORDER BY seq DESC LIMIT 1").fetchone()
+            prev = last[0] if last else GENESIS
+            created = utc_now()
+            conn.execute(
+                "INSERT INTO notes(note_id, filename, machine, created_at, body, prev_sha256,"
+                " sha256) VALUES (?,?,?,?,?,?,?)",
+                (note_id, filename, machine, created, body, prev,
+                 chain_hash(prev, note_id, filename, machine, created, body)))
+        return path, True
+
+    def note_generation(self) -> int:
+        """The sequence number of the newest note: the notes namespace's generation."""
+        return self.conn.execute("SELECT coalesce(max(seq), 0) FROM notes").fetchone()[0]
+
+    def _note_files(self, since: int = 0) -> Iterator[tuple[str, str, str]]:
+        names = [r[0] for r in self.conn.execute(
+            "SELECT filename FROM notes GROUP BY filename HAVING max(seq) > ? ORDER BY filename",
+            (since,))]
+        for name in names:
+            entries = self.conn.execute("SELECT created_at, machine, body FROM notes WHERE "
+                                        "filename=? ORDER BY seq", (name,)).fetchall()
+            text = render_note(entries)
+            yield f"{NOTES_DIR}/{name}", sha256_text(text), text
+
+    def namespaces(self) -> list[dict[str, object]]:
+        """Every namespace with its counts; the notes folder is listed as one more."""
+        rows = self.conn.execute(
+            "SELECT machine, source, kind, generation, created_generation, synced_at, "
+            "file_count, byte_count, digest FROM namespaces ORDER BY machine, source").fetchall()
+        out: list[dict[str, object]] = [
+            {"key": f"{MACHINES_DIR}/{r[0]}/{r[1]}", "machine": r[0], "source": r[1],
+             "kind": r[2], "generation": r[3], "created_generation": r[4], "synced_at": r[5],
+             "files": r[6], "bytes": r[7], "digest": r[8]} for r in rows]
+        notes = self.conn.execute("SELECT count(DISTINCT filename), coalesce(max(seq), 0), "
+                                  "max(created_at) FROM notes").fetchone()
+        out.append({"key": NOTES_DIR, "machine": None, "source": "ad_hoc", "kind": "notes",
+                    "generation": notes[1], "created_generation": 0, "synced_at": notes[2],
+                    "files": notes[0], "bytes": 0, "digest": ""})
+        return out
+
+    def export(self) -> Iterator[tuple[str, str, str]]:
+        """Every published file as (path, sha256, text), namespaces first, then notes."""
+        for path, sha, text, _ in self.changes({}):
+            yield path, sha, text
+        yield from self._note_files()
+
+    def manifest(self) -> dict[str, str]:
+        """Published path -> sha256, without reading bodies of namespace files."""
+        out = {f"{MACHINES_DIR}/{m}/{s}/{p}": sha for m, s, p, sha in self.conn.execute(
+            "SELECT n.machine, n.source, f.path, f.sha256 FROM files f JOIN namespaces n "
+            "ON n.id = f.namespace_id")}
+        out.update({p: s for p, s, _ in self._note_files()})
+        return out
+
+    def changes(self, known: Mapping[str, int]) -> Iterator[tuple[str, str, str, str]]:
+        """Files of machine namespaces changed since the client's generations: (path, sha, text, ns)."""
+        for ns in self.namespaces()[:-1]:
+            since = known.get(str(ns["key"]), 0)
+            if since == ns["generation"]:
+                continue
+            if not int(ns["created_generation"]) <= since <= int(ns["generation"]):  # type: ignore[arg-type]
+                since = 0
+            for path, sha, body in self.conn.execute(
+                    "SELECT f.path, f.sha256, b.body FROM files f JOIN namespaces n ON "
+                    "n.id=f.namespace_id JOIN blobs b ON b.sha256=f.sha256 WHERE n.machine=? "
+                    "AND n.source=? AND f.generation > ? ORDER BY f.path",
+                    (ns["machine"], ns["source"], since)):
+                yield f"{ns['key']}/{path}", sha, body, str(ns["key"])
+
+    def pull(self, known: Mapping[str, int]) -> tuple[list[dict[str, object]], set[str],
+                                                      Iterator[tuple[str, str, str]], list[str]]:
+        """What a client with these generations lacks: (namespaces, full keys, upserts, removals).
+
+        A namespace is sent whole ("full") when the client's generation predates its creation
+        (it was forgotten and re-created) or is from the future (the store was restored).
+        """
+        namespaces = self.namespaces()
+        full: set[str] = set()
+        removals: list[str] = []
+        for ns in namespaces[:-1]:
+            since = known.get(str(ns["key"]), 0)
+            if since == ns["generation"]:
+                continue
+            if not int(ns["created_generation"]) <= since <= int(ns["generation"]):  # type: ignore[arg-type]
+                full.add(str(ns["key"]))
+                continue
+            removals.extend(f"{ns['key']}/{r[0]}" for r in self.conn.execute(
+                "SELECT t.path FROM tombstones t JOIN namespaces n ON n.id=t.namespace_id "
+                "WHERE n.machine=? AND n.source=? AND t.generation > ?",
+                (ns["machine"], ns["source"], since)))
+        since_notes = known.get(NOTES_DIR, 0)
+
+        def upserts() -> Iterator[tuple[str, str, str]]:
+            for path, sha, body, _ in self.changes(known):
+                yield path, sha, body
+            if since_notes != namespaces[-1]["generation"]:
+                yield from self._note_files(since_notes if since_notes <= int(
+                    namespaces[-1]["generation"]) else 0)  # type: ignore[arg-type]
+
+        return namespaces, full, upserts(), removals
+
+    def forget(self, machine: str, source: str | None = None, reason: str = "") -> int:
+        """Remove a machine's namespaces (all, or one source) in one transaction; notes stay."""
+        check_machine_name(machine)
+        with self.transaction() as conn:
+            where, args = "machine=?", [machine]
+            if source is not None:
+                where, args = where + " AND source=?", args + [source]
+            count = conn.execute(f"SELECT coalesce(sum(file_count), 0), count(*) FROM namespaces "
+                                 f"WHERE {where}", args).fetchone()
+            if count[1] == 0:
+                raise StoreError(f"store {self.path} holds nothing for machine {machine!r}"
+                                 + (f" source {source!r}" if source else "")
+                                 + ": check the name with `status` or `doctor --store`")
+            conn.execute(f"DELETE FROM namespaces WHERE {where}", args)
+            conn.execute("INSERT INTO forgotten(machine, source, files, forgotten_at, reason) "
+                         "VALUES (?,?,?,?,?)", (machine, source, count[0], utc_now(), reason))
+            conn.execute("DELETE FROM blobs WHERE sha256 NOT IN (SELECT sha256 FROM files)")
+        return int(count[0])
+
+    def verify(self) -> list[str]:
+        """Problems found by `integrity_check`, foreign keys and the note chain (empty = sound)."""
+        problems = [r[0] for r in self.conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
+        problems += [f"foreign key broken in {r[0]} row {r[1]}"
+                     for r in self.conn.execute("PRAGMA foreign_key_check")]
+        prev = GENESIS
+        for seq, note_id, filename, machine, created, body, prev_sha, sha in self.conn.execute(
+                "SELECT seq, note_id, filename, machine, created_at, body, prev_sha256, sha256 "
+                "FROM notes ORDER BY seq"):
+            if prev_sha != prev or sha != chain_hash(prev, note_id, filename, machine, created,
+                                                     body):
+                problems.append(f"note chain broken at entry {seq} ({filename}): the history "
+                                "was rewritten; restore from a verified backup")
+                break
+            prev = sha
+        return problems
+
+    def counts(self) -> dict[str, int]:
+        """Sizes for reports and backup manifests."""
+        row = self.conn.execute(
+            "SELECT (SELECT count(*) FROM namespaces), (SELECT count(*) FROM files), "
+            "(SELECT count(*) FROM blobs), (SELECT count(*) FROM notes)").fetchone()
+        return {"namespaces": row[0], "files": row[1], "blobs": row[2], "notes": row[3]}
+
+
+def _check_namespace(machine: str, source: str, kind: str) -> None:
+    check_machine_name(machine)
+    if kind not in SOURCE_KINDS:
+        raise StoreError(f"source kind {kind!r} is unknown; use one of {', '.join(SOURCE_KINDS)}")
+    if kind == KIND_MARKDOWN:
+        check_markdown_source_name(source)
+    elif source != kind:
+        raise StoreError(f"a {kind} source must be named {kind!r}, not {source!r}")
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration into statements, keeping trigger bodies whole."""
+    out, buf = [], ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            out.append(buf.strip())
+            buf = ""
+    return [s for s in out if s]

@@ -1,0 +1,175 @@
+"""How a client reaches `serve`: a local child process, or `ssh` to the server.
+
+Either way the session is the same newline-delimited JSON over the child's stdin and stdout.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from sharedmem import __version__
+from sharedmem.config import ClientConfig, Transport
+from sharedmem.core import ProtocolError, TransportError
+from sharedmem.protocol import VERSIONS, Channel, PeerError
+
+LAUNCHER = Path(__file__).resolve().parent.parent / "shared_memory.py"
+SSH_BASE = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15")
+
+
+def remote_words(command: tuple[str, ...] | list[str]) -> str:
+    """Quote a remote command for the server's shell, leaving a leading `~/` to expand there."""
+    words = []
+    for word in command:
+        if word.startswith("~/"):
+            words.append("~/" + shlex.quote(word[2:]))
+        else:
+            words.append(shlex.quote(word))
+    return " ".join(words)
+
+
+def ssh_command(transport: Transport) -> list[str]:
+    """The ssh invocation for a transport; OpenSSH reads its own files, so options pass through."""
+    argv = list(SSH_BASE)
+    if transport.port is not None:
+        argv += ["-p", str(transport.port)]
+    if transport.identity is not None:
+        argv += ["-i", str(transport.identity), "-o", "IdentitiesOnly=yes"]
+    for option in transport.options:
+        argv += ["-o", option]
+    argv += ["--", str(transport.host), remote_words(transport.remote_command)]
+    return argv
+
+
+def server_command(config: ClientConfig, max_version: int | None = None) -> list[str]:
+    """The argv that starts the server end for this configuration."""
+    if config.transport.kind == "local":
+        argv = [sys.executable, str(LAUNCHER), "serve", "--store", str(config.transport.store)]
+        if max_version is not None:
+            argv += ["--max-protocol", str(max_version)]
+        return argv
+    return ssh_command(config.transport)
+
+
+def explain_ssh(stderr: str, transport: Transport) -> str:
+    """Turn ssh's complaint into a sentence that says how to fix it."""
+    host = transport.host
+    port = f" -p {transport.port}" if transport.port else ""
+    text = stderr.strip().splitlines()[-1] if stderr.strip() else "ssh exited with no message"
+    if "Host key verification failed" in stderr or "No ED25519 host key is known" in stderr \
+            or "host key for" in stderr.lower() and "not known" in stderr.lower():
+        return (f"the host key of {host} is not known (or changed), and strict checking is on: "
+                f"run `ssh{port} {host} true` once by hand to check and accept the key, or add it "
+                f"to ~/.ssh/known_hosts with ssh-keyscan{port} {host}")
+    if "Permission denied" in stderr:
+        return (f"{host} refused this client's key ({text}): non-interactive SSH needs a key in "
+                f"the server's ~/.ssh/authorized_keys (install_server.py --authorize NAME --key "
+                f"PUBKEY prints the line), or pass --ssh-identity with the right private key")
+    if "Connection refused" in stderr or "Could not resolve" in stderr or "timed out" in stderr:
+        return f"cannot reach {host}{port} ({text}): check the host name, port and that sshd runs"
+    return f"ssh to {host} failed: {text}"
+
+
+class Connection:
+    """A running server end and the channel to it; closing it ends the child cleanly."""
+
+    def __init__(self, config: ClientConfig, max_version: int = max(VERSIONS)) -> None:
+        self.config = config
+        self.versions = [v for v in VERSIONS if v <= max_version]
+        argv = server_command(config, max_version if max_version < max(VERSIONS) else None)
+        self.where = (f"ssh {config.transport.host}" if config.transport.kind == "ssh"
+                      else f"the local store {config.transport.store}")
+        try:
+            self.process = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=_child_env(), start_new_session=True)
+        except OSError as exc:
+            raise TransportError(f"cannot start {argv[0]!r} to reach {self.where}: {exc}; "
+                                 "install OpenSSH's client or fix the transport") from None
+        self._stderr: list[bytes] = []
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.channel = Channel(self.process.stdout, self.process.stdin, "server")
+        self.version = 0
+        self.server: dict[str, Any] = {}
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            if sum(map(len, self._stderr)) < 64 * 1024:
+                self._stderr.append(line)
+
+    def stderr(self) -> str:
+        """What the server end (or ssh) said on stderr so far."""
+        return b"".join(self._stderr).decode("utf-8", "replace")
+
+    def hello(self) -> dict[str, Any]:
+        """Open the session; a dead transport becomes a TransportError that says how to fix it."""
+        try:
+            self.channel.send({"type": "hello", "versions": self.versions,
+                               "client": f"sharedmem/{__version__}",
+                               "machine": self.config.machine})
+            reply = self.channel.expect("hello")
+        except PeerError:
+            raise
+        except ProtocolError:
+            raise self.failure() from None
+        version = reply.get("version")
+        if version not in self.versions:
+            raise ProtocolError(f"the server chose protocol version {version!r}, which this "
+                                f"client does not speak ({self.versions})")
+        self.version = int(version)
+        self.server = reply
+        return reply
+
+    def failure(self) -> TransportError:
+        """Why the server end went away, as an error with a fix."""
+        try:
+            code = self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        self._reader.join(timeout=5)
+        said = self.stderr()
+        if self.config.transport.kind == "ssh" and code == 255:
+            return TransportError(explain_ssh(said, self.config.transport))
+        last = said.strip().splitlines()[-1] if said.strip() else f"exit status {code}"
+        return TransportError(f"the server end at {self.where} stopped: {last}")
+
+    def close(self) -> None:
+        """Say bye and reap the child; kill it if it does not go."""
+        try:
+            self.channel.send({"type": "bye"})
+        except ProtocolError:
+            pass
+        for stream in (self.process.stdin,):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONIOENCODING", "utf-8")
+    return env

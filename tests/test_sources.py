@@ -1,0 +1,557 @@
+"""Tests for sharedmem.sources: allowlists, link and FIFO refusal, limits, records, load_text."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from sharedmem.core import (
+    KIND_MARKDOWN,
+    MIB,
+    SOURCE_CLAUDE,
+    SOURCE_CODEX,
+    ConfigError,
+    Limits,
+    SourceError,
+    sha256_text,
+)
+from sharedmem.sources import (
+    PROBLEM_REASONS,
+    Entry,
+    SourceSpec,
+    allowlist_problem,
+    default_root,
+    load_text,
+    snapshot,
+)
+
+GITHUB_TOKEN = "ghp_" + "a" * 36
+
+
+def write(path: Path, data: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.write_bytes(data)
+    return path
+
+
+def spec(kind: str, root: Path, name: str | None = None) -> SourceSpec:
+    return SourceSpec(name or ("notes" if kind == KIND_MARKDOWN else kind), kind, root)
+
+
+def published(snap) -> list[str]:
+    return [e.path for e in snap.files]
+
+
+def reasons(snap) -> dict[str, str]:
+    return {s.path: s.reason for s in snap.skipped}
+
+
+def run_with_timeout(func, seconds: float = 20.0):
+    """Run `func` in a daemon thread; fail (instead of hanging the suite) if it does not finish."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = func()
+        except BaseException as exc:  # re-raised in the test thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"call did not finish within {seconds}s (blocked on a read?)"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+# --- allowlists, on real trees ------------------------------------------------------------------
+
+def test_codex_publishes_exactly_its_allowlist(tmp_path):
+    root = tmp_path / "memories"
+    write(root / "MEMORY.md", "# memory\n")
+    write(root / "memory_summary.md", "summary\n")
+    write(root / "rollout_summaries" / "x.md", "rollout\n")
+    write(root / "raw_memories.md", "raw conversation\n")
+    write(root / "skills" / "s.md", "skill\n")
+    write(root / "extensions" / "ad_hoc" / "e.md", "ext\n")
+    write(root / "rollout_summaries" / "a" / "b.md", "nested\n")
+    write(root / "rollout_summaries" / "y.json", "{}")
+    write(root / "other.md", "other\n")
+    write(root / "config.toml", "x = 1\n")
+    snap = snapshot(spec(SOURCE_CODEX, root))
+    assert snap.status == "ok"
+    assert snap.message == ""
+    assert published(snap) == ["MEMORY.md", "memory_summary.md", "rollout_summaries/x.md"]
+    got = reasons(snap)
+    assert got == {
+        "raw_memories.md": "not-allowlisted",
+        "skills": "not-allowlisted",
+        "extensions": "not-allowlisted",
+        "other.md": "not-allowlisted",
+        "rollout_summaries/a": "not-allowlisted",
+    }
+    assert snap.problems() == []
+    texts = {e.path: e.text for e in snap.files}
+    assert texts["MEMORY.md"] == "# memory\n"
+    entry = snap.files[0]
+    assert entry.sha256 == sha256_text("# memory\n")
+    assert entry.size == len(b"# memory\n") == entry.disk_size
+    assert entry.mtime_ns == (root / "MEMORY.md").stat().st_mtime_ns
+    assert entry.redactions == {} or sum(entry.redactions.values()) == 0
+
+
+def test_claude_publishes_project_memory_files_only(tmp_path):
+    root = tmp_path / "claude" / "projects"
+    project = root / "-home-alice-src-app"
+    write(project / "memory" / "x.md", "remember this\n")
+    write(project / "memory" / "MEMORY.md", "index\n")
+    write(project / "session.jsonl", '{"role": "user"}\n')
+    write(project / "memory" / "sub" / "x.md", "too deep\n")
+    write(project / "memory" / "notes.txt", "not markdown\n")
+    write(project / "loose.md", "beside memory\n")
+    write(root / "other" / "memory" / "y.md", "second project\n")
+    write(root / "empty-project" / "s.jsonl", "{}\n")
+    snap = snapshot(spec(SOURCE_CLAUDE, root))
+    assert snap.status == "ok"
+    assert published(snap) == [
+        "-home-alice-src-app/MEMORY.md",
+        "-home-alice-src-app/x.md",
+        "other/y.md",
+    ]
+    assert reasons(snap) == {"-home-alice-src-app/memory/sub": "not-allowlisted"}
+    assert all("role" not in (e.text or "") for e in snap.files)
+
+
+def test_markdown_depth_four_in_five_out(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "top.md", "top\n")
+    write(root / "a" / "b" / "c" / "d" / "x.md", "deep but in\n")
+    write(root / "a" / "b" / "c" / "d" / "e" / "x.md", "too deep\n")
+    write(root / "a" / "image.png", b"\x89PNG")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["a/b/c/d/x.md", "top.md"]
+    assert reasons(snap) == {"a/b/c/d/e": "too-deep"}
+    assert snap.problems() == []
+
+
+# --- links, FIFOs, hidden names -----------------------------------------------------------------
+
+def test_symlink_to_outside_file_is_reported_not_read(tmp_path):
+    root = tmp_path / "docs"
+    secret = write(tmp_path / "outside" / "secret.md", "TOP SECRET\n")
+    write(root / "ok.md", "fine\n")
+    (root / "link.md").symlink_to(secret)
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["ok.md"]
+    assert reasons(snap) == {"link.md": "symlink"}
+    assert "link.md" in snap.skipped[0].message
+    assert snap.problems() == []
+
+
+def test_symlinked_directory_is_not_descended(tmp_path):
+    outside = tmp_path / "outside"
+    write(outside / "x.md", "outside\n")
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "linked").symlink_to(outside, target_is_directory=True)
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == []
+    assert reasons(snap) == {"linked": "symlink"}
+
+
+def test_symlink_as_middle_component_in_every_kind(tmp_path):
+    outside = tmp_path / "outside"
+    write(outside / "b" / "x.md", "outside\n")
+    write(outside / "y.md", "outside\n")
+    md = tmp_path / "docs"
+    md.mkdir()
+    (md / "a").symlink_to(outside)
+    assert published(snapshot(spec(KIND_MARKDOWN, md))) == []
+    codex = tmp_path / "memories"
+    codex.mkdir()
+    (codex / "rollout_summaries").symlink_to(outside)
+    snap = snapshot(spec(SOURCE_CODEX, codex))
+    assert published(snap) == [] and reasons(snap) == {"rollout_summaries": "symlink"}
+    claude = tmp_path / "projects"
+    (claude / "P").mkdir(parents=True)
+    (claude / "P" / "memory").symlink_to(outside)
+    (claude / "Q").symlink_to(outside)
+    snap = snapshot(spec(SOURCE_CLAUDE, claude))
+    assert published(snap) == []
+    assert reasons(snap) == {"P/memory": "symlink", "Q": "symlink"}
+
+
+def test_root_reached_through_a_symlink_is_walked(tmp_path):
+    real = tmp_path / "real"
+    write(real / "x.md", "x\n")
+    (tmp_path / "alias").symlink_to(real)
+    snap = snapshot(spec(KIND_MARKDOWN, tmp_path / "alias"))
+    assert snap.status == "ok" and published(snap) == ["x.md"]
+
+
+def test_load_text_refuses_a_folder_swapped_for_a_symlink(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "a" / "x.md", "same text\n")
+    first = snapshot(spec(KIND_MARKDOWN, root))
+    again = snapshot(spec(KIND_MARKDOWN, root), previous=first.record())
+    entry = again.files[0]
+    assert entry.text is None
+    assert load_text(again.spec, entry) == "same text\n"
+    # Swap the middle folder for a link to an identical copy elsewhere: following it would
+    # return the right bytes, so only refusing the link makes this raise.
+    outside = tmp_path / "outside"
+    shutil.copytree(root / "a", outside, copy_function=shutil.copy2)
+    shutil.rmtree(root / "a")
+    (root / "a").symlink_to(outside)
+    with pytest.raises(SourceError, match="x.md"):
+        load_text(again.spec, entry)
+
+
+def test_fifo_is_reported_and_never_blocks(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "ok.md", "ok\n")
+    os.mkfifo(root / "pipe.md")
+    snap = run_with_timeout(lambda: snapshot(spec(KIND_MARKDOWN, root)))
+    assert published(snap) == ["ok.md"]
+    assert reasons(snap) == {"pipe.md": "not-regular"}
+
+
+def test_fifo_swapped_in_before_load_text_does_not_hang(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "x.md", "text\n")
+    first = snapshot(spec(KIND_MARKDOWN, root))
+    entry = snapshot(spec(KIND_MARKDOWN, root), previous=first.record()).files[0]
+    assert entry.text is None
+    (root / "x.md").unlink()
+    os.mkfifo(root / "x.md")
+    with pytest.raises(SourceError, match="not a regular file"):
+        run_with_timeout(lambda: load_text(first.spec, entry))
+
+
+def test_hidden_files_and_folders_are_reported_not_descended(tmp_path):
+    root = tmp_path / "docs"
+    write(root / ".hidden" / "x.md", "hidden folder\n")
+    write(root / ".secret.md", "hidden file\n")
+    write(root / "sub" / ".also.md", "hidden file in sub\n")
+    write(root / "visible.md", "visible\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["visible.md"]
+    assert reasons(snap) == {".hidden": "hidden", ".secret.md": "hidden", "sub/.also.md": "hidden"}
+    assert snap.problems() == []
+
+
+# --- content rules ------------------------------------------------------------------------------
+
+def test_invalid_utf8_is_a_problem_and_the_walk_goes_on(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "bad.md", b"caf\xe9 latin-1\n")
+    write(root / "bom.md", b"\xef\xbb\xbfwith bom\n")
+    write(root / "good.md", "good\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["bom.md", "good.md"]
+    assert reasons(snap) == {"bad.md": "invalid-utf8"}
+    assert [p.path for p in snap.problems()] == ["bad.md"]
+    assert "bad.md" in snap.problems()[0].message
+    assert snap.files[0].text == "\ufeffwith bom\n"
+
+
+def test_two_mib_file_is_too_large_and_fits_a_larger_limit(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "big.md", "x" * (2 * MIB))
+    write(root / "small.md", "small\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["small.md"]
+    assert reasons(snap) == {"big.md": "too-large"}
+    assert "big.md" in snap.skipped[0].message
+    roomy = snapshot(spec(KIND_MARKDOWN, root), Limits(file_bytes=3 * MIB))
+    assert published(roomy) == ["big.md", "small.md"]
+    assert roomy.files[0].size == 2 * MIB
+
+
+def test_oversized_file_is_not_read(tmp_path):
+    """A 1 TiB sparse file: reading it would take far longer than the timeout."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    try:
+        with open(root / "huge.md", "wb") as handle:
+            handle.truncate(1 << 40)
+    except OSError as exc:
+        pytest.skip(f"this filesystem cannot hold a sparse 1 TiB file: {exc}")
+    snap = run_with_timeout(lambda: snapshot(spec(KIND_MARKDOWN, root)), 10)
+    assert reasons(snap) == {"huge.md": "too-large"}
+
+
+def test_redaction_is_applied_and_counted(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "creds.md", f"token: {GITHUB_TOKEN}\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    entry = snap.files[0]
+    assert GITHUB_TOKEN not in entry.text
+    assert sum(entry.redactions.values()) >= 1
+    assert entry.sha256 == sha256_text(entry.text)
+    assert entry.size == len(entry.text.encode("utf-8"))
+    assert entry.disk_size == len(f"token: {GITHUB_TOKEN}\n")
+    again = snapshot(snap.spec, previous=json.loads(json.dumps(snap.record())))
+    assert again.files[0].text is None
+    assert again.files[0].redactions == entry.redactions
+    assert load_text(again.spec, again.files[0]) == entry.text
+
+
+# --- names --------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS normalises names itself")
+def test_nfd_names_are_published_as_nfc(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "cafe\u0301" / "re\u0301sume\u0301.md", "nfd\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["caf\u00e9/r\u00e9sum\u00e9.md"]
+    again = snapshot(snap.spec, previous=snap.record())
+    assert again.files[0].text is None
+    assert load_text(again.spec, again.files[0]) == "nfd\n"
+
+
+@pytest.mark.skipif(sys.platform in ("darwin", "win32"), reason="needs a case-sensitive filesystem")
+def test_case_and_unicode_collisions(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "A.md", "upper\n")
+    write(root / "a.md", "lower\n")
+    write(root / "\u00e9.md", "nfc\n")
+    write(root / "e\u0301.md", "nfd\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    # Sorted by on-disk name: "e\u0301" sorts before "\u00e9", so the NFD file wins.
+    assert published(snap) == ["A.md", "\u00e9.md"]
+    assert [e.text for e in snap.files] == ["upper\n", "nfd\n"]
+    assert reasons(snap) == {"a.md": "collision", "\u00e9.md": "collision"}
+    assert {p.reason for p in snap.problems()} == {"collision"}
+
+
+def test_names_breaking_the_path_rule_are_bad_paths(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "a:b.md", "colon\n")
+    write(root / "nul.md", "reserved\n")
+    write(root / "trailing " / "x.md", "space\n")
+    write(root / "fine.md", "fine\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["fine.md"]
+    assert reasons(snap) == {"a:b.md": "bad-path", "nul.md": "bad-path",
+                             "trailing /x.md": "bad-path"}
+
+
+# --- quota --------------------------------------------------------------------------------------
+
+def test_quota_by_count(tmp_path):
+    root = tmp_path / "docs"
+    for i in range(5):
+        write(root / f"{i}.md", f"file {i}\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root), Limits(namespace_files=3))
+    assert published(snap) == ["0.md", "1.md", "2.md"]
+    assert reasons(snap) == {"3.md": "quota", "4.md": "quota"}
+    assert len(snap.problems()) == 2
+
+
+def test_quota_by_bytes(tmp_path):
+    root = tmp_path / "docs"
+    for i in range(4):
+        write(root / f"{i}.md", "123456789\n")  # 10 bytes each
+    snap = snapshot(spec(KIND_MARKDOWN, root), Limits(namespace_bytes=25))
+    assert published(snap) == ["0.md", "1.md"]
+    assert reasons(snap) == {"2.md": "quota", "3.md": "quota"}
+    exact = snapshot(spec(KIND_MARKDOWN, root), Limits(namespace_bytes=40))
+    assert len(exact.files) == 4 and exact.problems() == []
+
+
+# --- unreadable roots and folders ---------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", [SOURCE_CODEX, SOURCE_CLAUDE, KIND_MARKDOWN])
+def test_missing_root_is_unreadable_not_empty(tmp_path, kind):
+    root = tmp_path / "does-not-exist"
+    snap = snapshot(spec(kind, root))
+    assert snap.status == "unreadable"
+    assert str(root) in snap.message
+    assert snap.files == [] and snap.skipped == []
+
+
+def test_root_that_is_a_file_is_unreadable(tmp_path):
+    root = write(tmp_path / "file.md", "not a folder\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert snap.status == "unreadable"
+    assert str(root) in snap.message
+
+
+def test_empty_root_is_ok(tmp_path):
+    snap = snapshot(spec(SOURCE_CODEX, tmp_path))
+    assert snap.status == "ok" and snap.files == [] and snap.skipped == []
+
+
+def test_unreadable_folder_is_reported(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "locked" / "x.md", "x\n")
+    write(root / "open.md", "open\n")
+    (root / "locked").chmod(0)
+    try:
+        snap = snapshot(spec(KIND_MARKDOWN, root))
+    finally:
+        (root / "locked").chmod(0o755)
+    assert snap.status == "ok"
+    assert "open.md" in published(snap)
+    if os.geteuid() == 0:
+        pytest.skip("running as root: chmod 000 does not deny root, so 'locked' was readable")
+    assert reasons(snap) == {"locked": "unreadable"}
+
+
+# --- records, unchanged files, load_text --------------------------------------------------------
+
+def test_unchanged_files_are_not_read_again(tmp_path):
+    root = tmp_path / "docs"
+    path = write(root / "x.md", "original\n")
+    first = snapshot(spec(KIND_MARKDOWN, root))
+    record = json.loads(json.dumps(first.record()))
+    old_sha = first.files[0].sha256
+    st = path.stat()
+    path.write_bytes(b"replaced\n")  # same size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = snapshot(first.spec, previous=record)
+    entry = again.files[0]
+    assert entry.text is None
+    assert entry.sha256 == old_sha  # the old sha: the file was not read
+    assert entry.size == first.files[0].size
+    with pytest.raises(SourceError, match="changed"):
+        load_text(again.spec, entry)
+    fresh = snapshot(first.spec)
+    assert fresh.files[0].sha256 == sha256_text("replaced\n")
+
+
+def test_changed_mtime_is_read_again(tmp_path):
+    root = tmp_path / "docs"
+    path = write(root / "x.md", "original\n")
+    first = snapshot(spec(KIND_MARKDOWN, root))
+    path.write_bytes(b"replaced\n")
+    os.utime(path, ns=(1, first.files[0].mtime_ns + 1_000_000_000))
+    again = snapshot(first.spec, previous=first.record())
+    assert again.files[0].text == "replaced\n"
+
+
+@pytest.mark.parametrize("previous", [
+    "garbage", [1, 2], {"x.md": "bad"}, {"x.md": [1, 2]}, {"x.md": None},
+    {"x.md": [10, 1, "not-a-sha", 10, {}]}, {"x.md": [True, 1, "0" * 64, 1, {}]},
+    {"x.md": [9, 1, "0" * 64, 9, {"k": "v"}]}, {1: 2},
+])
+def test_malformed_previous_is_ignored(tmp_path, previous):
+    root = tmp_path / "docs"
+    write(root / "x.md", "content\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root), previous=previous)
+    assert snap.files[0].text == "content\n"
+
+
+def test_load_text_when_file_vanished(tmp_path):
+    root = tmp_path / "docs"
+    path = write(root / "x.md", "content\n")
+    first = snapshot(spec(KIND_MARKDOWN, root))
+    entry = snapshot(first.spec, previous=first.record()).files[0]
+    path.unlink()
+    with pytest.raises(SourceError, match="x.md"):
+        load_text(first.spec, entry)
+
+
+def test_load_text_for_claude_entry_built_from_published_path(tmp_path):
+    root = tmp_path / "projects"
+    write(root / "-home-a" / "memory" / "n.md", "note\n")
+    entry = Entry("-home-a/n.md", sha256_text("note\n"), 5, 0, 5, {}, None)
+    assert load_text(spec(SOURCE_CLAUDE, root), entry) == "note\n"
+
+
+def test_record_round_trips_through_json(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "x.md", "x\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    entry = snap.files[0]
+    assert json.loads(json.dumps(snap.record())) == {
+        "x.md": [entry.disk_size, entry.mtime_ns, entry.sha256, entry.size, entry.redactions]
+    }
+
+
+def test_problem_reasons_set():
+    assert PROBLEM_REASONS == {"invalid-utf8", "too-large", "quota", "vanished", "unreadable",
+                               "bad-path", "collision"}
+
+
+def test_unknown_kind_and_bad_limits_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown kind"):
+        snapshot(SourceSpec("x", "dropbox", tmp_path))
+    with pytest.raises(ConfigError, match="file_bytes"):
+        snapshot(spec(KIND_MARKDOWN, tmp_path), Limits(file_bytes=0))
+
+
+# --- allowlist_problem: what the server re-checks -----------------------------------------------
+
+ALLOWLIST_CASES = [
+    (SOURCE_CODEX, "MEMORY.md", True),
+    (SOURCE_CODEX, "memory_summary.md", True),
+    (SOURCE_CODEX, "rollout_summaries/2025-01-01-x.md", True),
+    (SOURCE_CODEX, "raw_memories.md", False),
+    (SOURCE_CODEX, "memory.md", False),
+    (SOURCE_CODEX, "skills/x.md", False),
+    (SOURCE_CODEX, "extensions/ad_hoc/notes/x.md", False),
+    (SOURCE_CODEX, "rollout_summaries/a/b.md", False),
+    (SOURCE_CODEX, "rollout_summaries/.x.md", False),
+    (SOURCE_CODEX, "rollout_summaries/x.txt", False),
+    (SOURCE_CODEX, "rollout_summaries", False),
+    (SOURCE_CLAUDE, "-home-alice-src-app/x.md", True),
+    (SOURCE_CLAUDE, "P/memory/x.md", False),
+    (SOURCE_CLAUDE, "x.md", False),
+    (SOURCE_CLAUDE, "P/session.jsonl", False),
+    (SOURCE_CLAUDE, "P/sub/x.md", False),
+    (KIND_MARKDOWN, "x.md", True),
+    (KIND_MARKDOWN, "a/b/c/d/x.md", True),
+    (KIND_MARKDOWN, "a/b/c/d/e/x.md", False),
+    (KIND_MARKDOWN, "caf\u00e9.md", True),
+    (KIND_MARKDOWN, "cafe\u0301.md", False),
+    ("dropbox", "x.md", False),
+]
+HOSTILE = ["../x.md", "/etc/x.md", "a/../../x.md", "./x.md", "a//x.md", "C:/x.md", "a\\x.md",
+           "x.md\x00", "a\nb.md", ".hidden/x.md", "", "CON.md", "a /x.md", "x.md/", "\ud800.md"]
+
+
+@pytest.mark.parametrize(("kind", "path", "allowed"), ALLOWLIST_CASES)
+def test_allowlist_problem_table(kind, path, allowed):
+    problem = allowlist_problem(kind, path)
+    assert (problem is None) == allowed, problem
+
+
+@pytest.mark.parametrize("kind", [SOURCE_CODEX, SOURCE_CLAUDE, KIND_MARKDOWN])
+@pytest.mark.parametrize("path", HOSTILE)
+def test_allowlist_problem_refuses_hostile_paths(kind, path):
+    assert allowlist_problem(kind, path)
+    for prefix in ("rollout_summaries/", "P/"):
+        assert allowlist_problem(kind, prefix + path)
+
+
+def test_allowlist_problem_refuses_non_strings():
+    assert allowlist_problem(KIND_MARKDOWN, None)  # type: ignore[arg-type]
+    assert allowlist_problem(KIND_MARKDOWN, 42)  # type: ignore[arg-type]
+
+
+# --- default_root -------------------------------------------------------------------------------
+
+def test_default_root_honours_environment(tmp_path):
+    home = tmp_path / "home"
+    assert default_root(SOURCE_CODEX, {"HOME": str(home)}) == home / ".codex" / "memories"
+    assert default_root(SOURCE_CLAUDE, {"HOME": str(home)}) == home / ".claude" / "projects"
+    env = {"HOME": str(home), "CODEX_HOME": str(tmp_path / "cx"),
+           "CLAUDE_CONFIG_DIR": str(tmp_path / "cl")}
+    assert default_root(SOURCE_CODEX, env) == tmp_path / "cx" / "memories"
+    assert default_root(SOURCE_CLAUDE, env) == tmp_path / "cl" / "projects"
+    empty = {"HOME": str(home), "CODEX_HOME": "", "CLAUDE_CONFIG_DIR": ""}
+    assert default_root(SOURCE_CODEX, empty) == home / ".codex" / "memories"
+    assert default_root(SOURCE_CLAUDE, empty) == home / ".claude" / "projects"
+    with pytest.raises(ConfigError, match="markdown"):
+        default_root(KIND_MARKDOWN, env)
