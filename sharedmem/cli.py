@@ -192,7 +192,10 @@ def build_tools(sub: Any) -> None:
 
 
 def run_tool(args: Any) -> int:
-    from sharedmem import tools
+    from functools import partial
+
+    from sharedmem import client, tools
+    from sharedmem.cache import Cache
     config = _load_config(args.config)
     if args.tool == "list":
         params = {"path": args.path, "cursor": args.cursor, "max_results": args.max_results}
@@ -207,7 +210,8 @@ def run_tool(args: Any) -> int:
         text = args.text if args.text is not None else sys.stdin.read()
         params = {"filename": args.filename, "note": text}
     params = {k: v for k, v in params.items() if v is not None}
-    result = tools.call(config, args.tool, params)
+    result = tools.call(args.tool, params, Cache(config.cache),
+                        lambda: partial(client.submit_note, config))
     _emit(result, args.json, tools.format_text(args.tool, result))
     return 0
 

@@ -144,18 +144,19 @@ class Store:
             raise StoreError(f"store {path} cannot be opened as SQLite ({exc}): restore it from "
                              "a backup (see docs/OPERATIONS.md)") from None
         store = cls(path, conn)
-        if version > SCHEMA_VERSION:
+        latest = len(MIGRATIONS)
+        if version > latest:
             conn.close()
             raise StoreError(f"store {path} has schema version {version}, newer than this "
-                             f"software ({SCHEMA_VERSION}): upgrade codex-shared-memory")
-        if version < SCHEMA_VERSION:
+                             f"software ({latest}): upgrade codex-shared-memory")
+        if version < latest:
             if version > 0 and before_migrate is not None:
                 before_migrate(path, version)
             store._migrate(version)
         return store
 
     def _migrate(self, version: int) -> None:
-        for number in range(version + 1, SCHEMA_VERSION + 1):
+        for number in range(version + 1, len(MIGRATIONS) + 1):
             with self.transaction() as conn:
                 for statement in _statements(MIGRATIONS[number - 1]):
                     conn.execute(statement)

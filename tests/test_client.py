@@ -1,0 +1,260 @@
+"""Sync end to end: the real launcher, real `serve`, real SQLite, and a real sshd on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import LAUNCHER, REPO, run_cli, write_config
+
+from sharedmem import config as config_mod
+from sharedmem.client import status, submit_note, sync, sync_lock
+from sharedmem.core import LockError
+from sharedmem.store import Store
+
+
+def make_memories(home: Path, files: int = 20) -> Path:
+    """A codex memory folder and a markdown notes folder for one machine."""
+    mem = home / ".codex" / "memories"
+    (mem / "rollout_summaries").mkdir(parents=True)
+    (mem / "MEMORY.md").write_text("# Memory\n- build with uv\n", encoding="utf-8")
+    (mem / "memory_summary.md").write_text("summary of memory\n", encoding="utf-8")
+    (mem / "raw_memories.md").write_text("never published\n", encoding="utf-8")
+    notes = home / "notes"
+    for i in range(files):
+        target = notes / f"d{i % 4}" / f"note-{i:03}.md"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(f"# note {i}\nbody {i} café\n", encoding="utf-8")
+    return notes
+
+
+def config_for(tmp: Path, home: Path, machine: str, transport: dict) -> Path:
+    return write_config(tmp / machine / "client.json", machine, transport, [
+        {"name": "codex", "kind": "codex", "path": str(home / ".codex" / "memories")},
+        {"name": "notes", "kind": "markdown", "path": str(home / "notes")},
+    ], tmp / machine / "cache")
+
+
+def cache_files(cache: Path) -> dict[str, str]:
+    return {str(p.relative_to(cache)): p.read_text(encoding="utf-8")
+            for p in sorted(cache.rglob("*.md")) if ".sharedmem" not in p.parts}
+
+
+def sync_json(cfg: Path, *extra: str) -> tuple[int, dict]:
+    proc = run_cli("sync", "--config", str(cfg), "--json", *extra)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_ssh_first_nochange_changed_and_deleted(tmp_path, sshd):
+    home = tmp_path / "laptop-home"
+    notes = make_memories(home)
+    cfg = config_for(tmp_path, home, "laptop", sshd.transport())
+    code, report = sync_json(cfg)
+    assert code == 0, report
+    assert report["protocol"] == 2
+    cache = tmp_path / "laptop" / "cache"
+    files = cache_files(cache)
+    assert "machines/laptop/codex/MEMORY.md" in files
+    assert "machines/laptop/notes/d1/note-001.md" in files
+    assert not any("raw_memories" in p for p in files)
+    assert len(files) == 22
+
+    code, again = sync_json(cfg)
+    assert code == 0 and all(s["status"] == "unchanged" for s in again["sources"])
+    assert again["pull"]["written"] == 0
+    assert again["bytes"]["sent"] < 2000
+
+    (notes / "d1" / "note-001.md").write_text("changed text\n", encoding="utf-8")
+    (notes / "d2" / "note-002.md").unlink()
+    code, third = sync_json(cfg)
+    assert code == 0
+    files = cache_files(cache)
+    assert files["machines/laptop/notes/d1/note-001.md"] == "changed text\n"
+    assert "machines/laptop/notes/d2/note-002.md" not in files
+    assert third["pull"] == {"written": 1, "removed": 1, "files": 21}
+    with Store.open(sshd.store, create=False) as store:
+        assert store.verify() == []
+        assert "machines/laptop/notes/d2/note-002.md" not in store.manifest()
+
+
+def test_two_machines_share_one_store(tmp_path, sshd):
+    for machine in ("laptop", "desktop"):
+        home = tmp_path / f"{machine}-home"
+        make_memories(home, files=3)
+        (home / ".codex" / "memories" / "MEMORY.md").write_text(f"I am {machine}\n")
+    laptop = config_for(tmp_path, tmp_path / "laptop-home", "laptop", sshd.transport())
+    desktop = config_for(tmp_path, tmp_path / "desktop-home", "desktop",
+                         sshd.transport(pinned=False))
+    assert sync_json(laptop)[0] == 0
+    assert sync_json(desktop)[0] == 0
+    assert sync_json(laptop)[0] == 0
+    for machine in ("laptop", "desktop"):
+        files = cache_files(tmp_path / machine / "cache")
+        assert files["machines/laptop/codex/MEMORY.md"] == "I am laptop\n"
+        assert files["machines/desktop/codex/MEMORY.md"] == "I am desktop\n"
+
+
+def test_pinned_key_claiming_another_machine_is_refused(tmp_path, sshd):
+    home = tmp_path / "h"
+    make_memories(home, files=2)
+    cfg = config_for(tmp_path, home, "intruder", sshd.transport(pinned=True))
+    code, report = sync_json(cfg)
+    assert code == 2
+    assert "pinned to machine 'laptop'" in report["error"]
+    assert not (tmp_path / "intruder" / "cache" / "machines").exists()
+    with Store.open(sshd.store) as store:
+        assert store.counts()["files"] == 0
+
+
+def test_unreachable_server_keeps_cache_and_queues_note(tmp_path, sshd):
+    home = tmp_path / "h"
+    make_memories(home, files=2)
+    cfg = config_for(tmp_path, home, "laptop", sshd.transport())
+    assert sync_json(cfg)[0] == 0
+    cache = tmp_path / "laptop" / "cache"
+    before = cache_files(cache)
+    manifest_before = (cache / ".sharedmem" / "manifest.json").read_bytes()
+    sshd.stop()
+    code, report = sync_json(cfg)
+    assert code == 2 and "cannot reach" in report["error"]
+    assert cache_files(cache) == before
+    assert (cache / ".sharedmem" / "manifest.json").read_bytes() == manifest_before
+    note = run_cli("note", "--config", str(cfg), "2026-11-30T10-00-00-offline-idea.md",
+                   "remember the offline idea", "--json")
+    assert note.returncode == 0, note.stderr
+    assert json.loads(note.stdout)["status"] == "queued"
+    info = json.loads(run_cli("status", "--config", str(cfg), "--json").stdout)
+    assert info["pending_notes"] == ["2026-11-30T10-00-00-offline-idea.md"]
+    assert info["age_seconds"] is not None and info["last_attempt"]["status"] == "failed"
+    sshd.start()
+    code, report = sync_json(cfg)
+    assert code == 0, report
+    assert report["notes"]["delivered"] == 1
+    assert sync_json(cfg)[1]["notes"]["delivered"] == 0
+    with Store.open(sshd.store) as store:
+        assert store.counts()["notes"] == 1
+    text = cache_files(cache)["extensions/ad_hoc/notes/2026-11-30T10-00-00-offline-idea.md"]
+    assert "remember the offline idea" in text and "laptop" in text
+
+
+def test_server_killed_mid_sync_leaves_store_consistent(tmp_path, sshd):
+    home = tmp_path / "h"
+    notes = make_memories(home, files=0)
+    for i in range(1500):
+        target = notes / f"d{i % 10}" / f"big-{i:04}.md"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(f"# {i}\n" + ("lorem ipsum dolor sit amet\n" * 400), encoding="utf-8")
+    cfg = config_for(tmp_path, home, "laptop", sshd.transport())
+    proc = subprocess.Popen([sys.executable, str(LAUNCHER), "sync", "--config", str(cfg),
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    killed = False
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None and not killed:
+        try:
+            with sqlite3.connect(f"file:{sshd.store}?mode=ro", uri=True) as probe:
+                ready = probe.execute("SELECT count(*) FROM namespaces").fetchone()[0] >= 1
+        except sqlite3.Error:
+            ready = False
+        if ready:
+            pids = subprocess.run(["pgrep", "-f", f"serve --store {sshd.store}"],
+                                  capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed = True
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.01)
+    proc.wait(timeout=60)
+    assert killed
+    assert proc.returncode == 2
+    conn = sqlite3.connect(sshd.store)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    rows = conn.execute("SELECT source, file_count FROM namespaces").fetchall()
+    counts = dict(rows)
+    assert counts.get("notes") in (None, 1500)
+    conn.close()
+    code, report = sync_json(cfg)
+    assert code == 0, report
+    assert len(cache_files(tmp_path / "laptop" / "cache")) == 1502
+
+
+@pytest.mark.parametrize("server_max,client_max", [(1, 2), (2, 1)])
+def test_version_one_fallback_both_directions(tmp_path, sshd, server_max, client_max):
+    home = tmp_path / "h"
+    notes = make_memories(home, files=5)
+    store = tmp_path / "store.sqlite3"
+    command = [sys.executable, str(LAUNCHER), "serve", "--store", str(store),
+               "--max-protocol", str(server_max)]
+    cfg = config_for(tmp_path, home, "laptop",
+                     sshd.transport(pinned=False, remote_command=command))
+    extra = ("--max-protocol", str(client_max))
+    code, report = sync_json(cfg, *extra)
+    assert code == 0, report
+    assert report["protocol"] == 1
+    (notes / "d0" / "note-000.md").unlink()
+    (notes / "d1" / "note-001.md").write_text("v1 change\n", encoding="utf-8")
+    code, report = sync_json(cfg, *extra)
+    assert code == 0 and report["protocol"] == 1
+    files = cache_files(tmp_path / "laptop" / "cache")
+    assert "machines/laptop/notes/d0/note-000.md" not in files and len(files) == 6
+    assert files["machines/laptop/notes/d1/note-001.md"] == "v1 change\n"
+    code, report = sync_json(cfg)
+    assert code == 0 and report["protocol"] == server_max
+
+
+def test_lock_refuses_overlap_and_takes_over_stale(tmp_path):
+    state = tmp_path / "state"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, %r)\n"
+        "from pathlib import Path\nfrom sharedmem.client import sync_lock\n"
+        "with sync_lock(Path(%r)):\n    print('held', flush=True); time.sleep(60)\n")
+        % (str(REPO), str(state))], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(LockError, match="another sync"):
+        with sync_lock(state):
+            pass
+    holder.kill()
+    holder.wait()
+    with sync_lock(state):
+        assert (state / "sync.lock").read_text() == str(os.getpid())
+
+
+def test_submit_note_stores_then_is_idempotent(tmp_path):
+    home = tmp_path / "h"
+    make_memories(home, files=1)
+    store = tmp_path / "store.sqlite3"
+    cfg = config_mod.load(config_for(tmp_path, home, "laptop",
+                                     {"kind": "local", "store": str(store)}))
+    result = submit_note(cfg, "2026-11-30T09-00-00-decision.md", "we chose SQLite")
+    assert result["status"] == "stored"
+    assert result["path"] == "extensions/ad_hoc/notes/2026-11-30T09-00-00-decision.md"
+    assert (cfg.cache / result["path"]).read_text().count("we chose SQLite") == 1
+    assert status(cfg)["pending_notes"] == []
+
+
+def test_unreadable_source_leaves_namespace_untouched(tmp_path):
+    home = tmp_path / "h"
+    notes = make_memories(home, files=2)
+    store = tmp_path / "store.sqlite3"
+    cfg = config_for(tmp_path, home, "laptop", {"kind": "local", "store": str(store)})
+    assert sync_json(cfg)[0] == 0
+    notes.rename(tmp_path / "moved-away")
+    code, report = sync_json(cfg)
+    assert code == 1
+    src = {s["source"]: s for s in report["sources"]}
+    assert src["notes"]["status"] == "unreadable"
+    assert len([p for p in cache_files(tmp_path / "laptop" / "cache") if "/notes/" in p]) == 2
+    (tmp_path / "moved-away").rename(notes)
+    for p in notes.rglob("*.md"):
+        p.unlink()
+    code, report = sync_json(cfg)
+    assert code == 0
+    assert not [p for p in cache_files(tmp_path / "laptop" / "cache") if "/notes/" in p]

@@ -1,0 +1,464 @@
+"""Registration and guidance, on real files in a temporary home."""
+
+from __future__ import annotations
+
+import json
+import stat
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sharedmem import harnesses as h
+from sharedmem.core import InstallError
+
+CMD = ["/usr/bin/python3", "/home/u/.local/share/codex-shared-memory/shared_memory.py", "mcp",
+       "--config", "/home/u/.local/share/codex-shared-memory/client.json"]
+ODD = ["C:\\Program Files\\Python\\python.exe", 'say "hi"', "tab\there", "ünï cödé", "#[x]"]
+
+TOML = """# my codex settings
+model = "o3"  # trailing comment
+profile = { name = "work", tags = ["a", "b"] }
+
+[features]
+web_search = true
+
+[[hooks]]
+name = "one"
+
+[mcp_servers.other]
+command = "npx"
+args = ["-y", "other-server"]
+
+[mcp_servers.other.env]
+TOKEN_FILE = "/tmp/x"
+
+[[hooks]]
+name = "two"
+"""
+
+OURS_ELSEWHERE = """[mcp_servers.shared_memories]
+command = "/old/python"
+args = ["/old/shared_memory.py", "mcp"]
+startup_timeout_sec = 10
+
+[mcp_servers.shared_memories.env]
+FOO = "bar"
+"""
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def env(home: Path) -> dict[str, str]:
+    return {"HOME": str(home)}
+
+
+# --- Codex -------------------------------------------------------------------------------------
+
+def codex_file(home: Path) -> Path:
+    return home / ".codex" / "config.toml"
+
+
+def test_codex_from_absent(home: Path, env: dict[str, str]) -> None:
+    change = h.register("codex", CMD, env)
+    path = codex_file(home)
+    assert change.action == "added" and change.path == path and str(path) in change.message
+    data = tomllib.loads(path.read_text())
+    assert data == {"mcp_servers": {"shared_memories": {
+        "command": CMD[0], "args": CMD[1:], "startup_timeout_sec": 30}}}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not h.backup_path(path).exists()
+    assert h.registered_command("codex", env) == CMD
+    assert h.unregister("codex", env).action == "removed"
+    assert not path.exists()
+
+
+def test_codex_codex_home_and_escaping(tmp_path: Path, env: dict[str, str]) -> None:
+    env = {**env, "CODEX_HOME": str(tmp_path / "ch")}
+    h.register("codex", ODD, env)
+    entry = tomllib.loads((tmp_path / "ch" / "config.toml").read_text())["mcp_servers"]
+    assert entry["shared_memories"]["command"] == ODD[0]
+    assert entry["shared_memories"]["args"] == ODD[1:]
+    assert h.registered_command("codex", env) == ODD
+
+
+def test_codex_merge_keeps_everything(home: Path, env: dict[str, str]) -> None:
+    path = codex_file(home)
+    path.parent.mkdir()
+    path.write_text(TOML)
+    path.chmod(0o640)
+    change = h.register("codex", CMD, env)
+    assert change.action == "added"
+    text = path.read_text()
+    assert text.startswith(TOML)  # every original byte kept, our table appended
+    data = tomllib.loads(text)
+    ours = data["mcp_servers"].pop("shared_memories")
+    assert ours == {"command": CMD[0], "args": CMD[1:], "startup_timeout_sec": 30}
+    assert data == tomllib.loads(TOML)
+    assert h.backup_path(path).read_text() == TOML
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+    before = snapshot(home)
+    again = h.register("codex", CMD, env)
+    assert again.action == "unchanged"
+    assert snapshot(home) == before
+
+    removed = h.unregister("codex", env)
+    assert removed.action == "removed"
+    assert path.read_text() == TOML  # byte-identical
+    assert h.unregister("codex", env).action == "unchanged"
+
+
+def test_codex_table_in_middle_is_updated_in_place(home: Path, env: dict[str, str]) -> None:
+    head, tail = TOML.split("[mcp_servers.other]")
+    original = head + OURS_ELSEWHERE + "\n[mcp_servers.other]" + tail
+    path = codex_file(home)
+    path.parent.mkdir()
+    path.write_text(original)
+    change = h.register("codex", CMD, env)
+    assert change.action == "updated"
+    assert "/old/python" in change.message
+    assert path.read_text() == head + h.codex_table(CMD) + "\n[mcp_servers.other]" + tail
+    data = tomllib.loads(path.read_text())
+    assert data["mcp_servers"]["shared_memories"]["command"] == CMD[0]
+    assert "env" not in data["mcp_servers"]["shared_memories"]
+    assert h.backup_path(path).read_text() == original
+    h.unregister("codex", env)
+    assert tomllib.loads(path.read_text()) == tomllib.loads(TOML)
+
+
+def test_codex_dry_run_writes_nothing(home: Path, env: dict[str, str]) -> None:
+    path = codex_file(home)
+    path.parent.mkdir()
+    path.write_text(TOML)
+    before = snapshot(home)
+    change = h.register("codex", CMD, env, dry_run=True)
+    assert change.action == "added" and "dry run" in change.message
+    assert change.before == TOML and change.after.startswith(TOML)
+    assert snapshot(home) == before
+    h.register("codex", CMD, env)
+    before = snapshot(home)
+    assert h.unregister("codex", env, dry_run=True).after == TOML
+    assert snapshot(home) == before
+
+
+@pytest.mark.parametrize("bad", ["model = \n", "[mcp_servers\ncommand = 1\n"])
+def test_codex_corrupt_refused(home: Path, env: dict[str, str], bad: str) -> None:
+    path = codex_file(home)
+    path.parent.mkdir()
+    path.write_text(bad)
+    with pytest.raises(InstallError, match="config.toml.*not valid TOML"):
+        h.register("codex", CMD, env)
+    assert path.read_text() == bad
+    assert not h.backup_path(path).exists()
+
+
+def test_codex_inline_definition_refused(home: Path, env: dict[str, str]) -> None:
+    original = 'mcp_servers = { shared_memories = { command = "x" } }\n'
+    path = codex_file(home)
+    path.parent.mkdir()
+    path.write_text(original)
+    with pytest.raises(InstallError, match="by hand"):
+        h.register("codex", CMD, env)
+    assert path.read_text() == original
+    assert h.registered_command("codex", env) == ["x"]
+
+
+# --- JSON harnesses ----------------------------------------------------------------------------
+
+JSON_CASES = {
+    "claude-code": (".claude.json", ("mcpServers",),
+                    {"type": "stdio", "command": CMD[0], "args": CMD[1:]}),
+    "cursor": (".cursor/mcp.json", ("mcpServers",), {"command": CMD[0], "args": CMD[1:]}),
+    "opencode": (".config/opencode/opencode.json", ("mcp",),
+                 {"type": "local", "command": CMD, "enabled": True}),
+}
+
+
+def dig(data: dict, keys: tuple[str, ...]) -> dict:
+    for key in keys:
+        data = data[key]
+    return data
+
+
+def existing_json(keys: tuple[str, ...]) -> dict:
+    servers = {"alpha": {"command": "a", "args": []}, "zeta": {"command": "z"}}
+    data: dict = {"numStartups": 7, "theme": "dark"}
+    data[keys[0]] = servers
+    data["projects"] = {"/x": {"allowedTools": ["ünï"]}}
+    return data
+
+
+@pytest.mark.parametrize("harness", sorted(JSON_CASES))
+def test_json_from_absent(home: Path, env: dict[str, str], harness: str) -> None:
+    rel, keys, entry = JSON_CASES[harness]
+    change = h.register(harness, CMD, env)
+    path = home / rel
+    assert change.action == "added" and change.path == path
+    data = json.loads(path.read_text())
+    assert dig(data, keys) == {"shared_memories": entry}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert h.registered_command(harness, env) == CMD
+    assert h.unregister(harness, env).action == "removed"
+    assert not path.exists()
+    assert h.registered_command(harness, env) is None
+
+
+@pytest.mark.parametrize("harness", sorted(JSON_CASES))
+def test_json_merge_update_unregister(home: Path, env: dict[str, str], harness: str) -> None:
+    rel, keys, entry = JSON_CASES[harness]
+    path = home / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    original = existing_json(keys)
+    original_text = json.dumps(original, indent=4, ensure_ascii=False)
+    path.write_text(original_text)
+
+    assert h.register(harness, CMD, env).action == "added"
+    data = json.loads(path.read_text())
+    assert list(data) == list(original)
+    assert list(dig(data, keys)) == ["alpha", "zeta", "shared_memories"]
+    assert dig(data, keys).pop("shared_memories") == entry
+    assert data == original
+    assert h.backup_path(path).read_text() == original_text
+
+    before = snapshot(home)
+    assert h.register(harness, CMD, env).action == "unchanged"
+    assert snapshot(home) == before
+
+    moved = [*CMD[:1], "/elsewhere/shared_memory.py", *CMD[2:]]
+    change = h.register(harness, moved, env)
+    assert change.action == "updated" and "/elsewhere" in change.message
+    assert h.registered_command(harness, env) == moved
+    assert h.backup_path(path).read_text() == original_text  # first backup kept
+
+    assert h.unregister(harness, env).action == "removed"
+    assert json.loads(path.read_text()) == original
+    assert h.registered_command(harness, env) is None
+
+
+@pytest.mark.parametrize("harness", sorted(JSON_CASES))
+def test_json_unchanged_entry_means_no_write(home: Path, env: dict[str, str],
+                                             harness: str) -> None:
+    rel, keys, entry = JSON_CASES[harness]
+    path = home / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = existing_json(keys)
+    dig(data, keys)["shared_memories"] = entry
+    text = json.dumps(data, indent=8)  # formatting we would not produce
+    path.write_text(text)
+    assert h.register(harness, CMD, env).action == "unchanged"
+    assert path.read_text() == text
+    assert not h.backup_path(path).exists()
+
+
+@pytest.mark.parametrize("harness", sorted(JSON_CASES))
+def test_json_dry_run_and_corrupt(home: Path, env: dict[str, str], harness: str) -> None:
+    rel, _, _ = JSON_CASES[harness]
+    change = h.register(harness, CMD, env, dry_run=True)
+    assert change.action == "added" and change.before is None and "shared_memories" in change.after
+    assert snapshot(home) == {}
+    path = home / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"mcpServers": {,}')
+    with pytest.raises(InstallError, match=f"{path.name} is not valid JSON"):
+        h.register(harness, CMD, env)
+    assert path.read_text() == '{"mcpServers": {,}'
+    assert not h.backup_path(path).exists()
+
+
+def test_claude_config_dir(tmp_path: Path, env: dict[str, str]) -> None:
+    env = {**env, "CLAUDE_CONFIG_DIR": str(tmp_path / "cc")}
+    assert h.register("claude-code", CMD, env).path == tmp_path / "cc" / ".claude.json"
+    assert h.registered_command("claude-code", env) == CMD
+
+
+def test_opencode_servers_shape_and_xdg(tmp_path: Path, env: dict[str, str]) -> None:
+    env = {**env, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    path = tmp_path / "xdg" / "opencode" / "opencode.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"mcp": {"servers": {"x": {"type": "remote", "url": "u"}}}}))
+    h.register("opencode", CMD, env)
+    servers = json.loads(path.read_text())["mcp"]["servers"]
+    assert servers["shared_memories"] == {"type": "local", "command": CMD, "enabled": True}
+    assert list(json.loads(path.read_text())["mcp"]) == ["servers"]
+    assert h.registered_command("opencode", env) == CMD
+
+
+def test_opencode_jsonc(home: Path, env: dict[str, str]) -> None:
+    path = home / ".config" / "opencode" / "opencode.jsonc"
+    path.parent.mkdir(parents=True)
+    commented = '{\n  // my servers\n  "mcp": {},\n}\n'
+    path.write_text(commented)
+    change = h.register("opencode", CMD, env)
+    assert change.action == "manual" and change.path == path
+    assert '"shared_memories"' in change.message and '"local"' in change.message
+    assert path.read_text() == commented
+    assert h.unregister("opencode", env).action == "manual"
+    assert h.registered_command("opencode", env) is None
+    added_by_hand = commented.replace('"mcp": {}', '"mcp": {/* ours */ "shared_memories": {\n'
+                                      '"type": "local", // "http://x"\n"command": '
+                                      + json.dumps(CMD) + ",},}")
+    path.write_text(added_by_hand)
+    assert h.registered_command("opencode", env) == CMD  # read back despite the comments
+    path.write_text('{"mcp": {}}')  # a .jsonc without comments is edited normally
+    assert h.register("opencode", CMD, env).action == "added"
+    assert not (path.parent / "opencode.json").exists()
+    assert h.registered_command("opencode", env) == CMD
+
+
+def test_detect(tmp_path: Path, home: Path, env: dict[str, str]) -> None:
+    assert h.detect(env) == []
+    (home / ".claude.json").write_text("{}")
+    (home / ".cursor").mkdir()
+    assert h.detect(env) == ["claude-code", "cursor"]
+    (tmp_path / "ch").mkdir()
+    (tmp_path / "xdg" / "opencode").mkdir(parents=True)
+    env = {**env, "CODEX_HOME": str(tmp_path / "ch"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    assert h.detect(env) == list(h.HARNESSES)
+
+
+def test_unknown_harness_and_bad_command(env: dict[str, str]) -> None:
+    with pytest.raises(InstallError, match="unknown harness"):
+        h.register("vim", CMD, env)
+    with pytest.raises(InstallError, match="non-empty list"):
+        h.register("codex", [], env)
+    with pytest.raises(InstallError, match="HOME"):
+        h.detect({})
+
+
+# --- guidance ----------------------------------------------------------------------------------
+
+CACHE = Path("/home/u/.local/share/codex-shared-memory/cache")
+
+
+def test_guidance_block_comes_from_doc() -> None:
+    block = h.guidance_block(CACHE)
+    assert block.startswith(h.BEGIN_MARK) and block.endswith(h.END_MARK)
+    for needed in ("shared_memories", "add_ad_hoc_note", "memory_summary.md", "MEMORY.md",
+                   "untrusted", "machine, source, sync time", str(CACHE)):
+        assert needed in block
+    assert "<cache>" not in block
+    doc = h.GUIDANCE_DOC.read_text()
+    assert h.extract_block(doc).replace("<cache>", str(CACHE)) == block
+    assert doc.count(h.BEGIN_MARK) == 1
+
+
+GUIDE_FILES = {"codex": ".codex/AGENTS.md", "claude-code": ".claude/CLAUDE.md",
+               "opencode": ".config/opencode/AGENTS.md"}
+
+
+@pytest.mark.parametrize("harness", sorted(GUIDE_FILES))
+def test_guidance_absent_file(home: Path, env: dict[str, str], harness: str) -> None:
+    path = home / GUIDE_FILES[harness]
+    change = h.add_guidance(harness, CACHE, env)
+    assert change.action == "added" and change.path == path
+    assert path.read_text() == h.guidance_block(CACHE) + "\n"
+    assert h.add_guidance(harness, CACHE, env).action == "unchanged"
+    assert h.remove_guidance(harness, env).action == "removed"
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("harness", sorted(GUIDE_FILES))
+@pytest.mark.parametrize("original", ["# Mine\n\n- be terse\n", "no newline at end"])
+def test_guidance_merge(home: Path, env: dict[str, str], harness: str, original: str) -> None:
+    path = home / GUIDE_FILES[harness]
+    path.parent.mkdir(parents=True)
+    path.write_text(original)
+    assert h.add_guidance(harness, CACHE, env, dry_run=True).action == "added"
+    assert path.read_text() == original
+    assert h.add_guidance(harness, CACHE, env).action == "added"
+    text = path.read_text()
+    assert text.startswith(original) and h.guidance_block(CACHE) in text
+    assert h.backup_path(path).read_text() == original
+
+    before = snapshot(home)
+    assert h.add_guidance(harness, CACHE, env).action == "unchanged"
+    assert snapshot(home) == before
+
+    path.write_text(text + "\nlater text\n")
+    change = h.add_guidance(harness, Path("/other/cache"), env)
+    assert change.action == "updated"
+    assert path.read_text() == text.replace(str(CACHE), "/other/cache") + "\nlater text\n"
+
+    assert h.remove_guidance(harness, env).action == "removed"
+    # the block is no longer last: exactly it and its line end go
+    assert path.read_text() == text[:text.index(h.BEGIN_MARK)] + "\nlater text\n"
+    assert h.BEGIN_MARK not in path.read_text()
+
+
+def test_guidance_removed_byte_identical(home: Path, env: dict[str, str]) -> None:
+    path = home / ".codex" / "AGENTS.md"
+    path.parent.mkdir()
+    for original in ("# Rules\r\n\r\nkeep CRLF\r\n", "a\n\n\n", "a\n"):
+        path.write_text(original, newline="")
+        h.add_guidance("codex", CACHE, env)
+        assert h.remove_guidance("codex", env).action == "removed"
+        assert path.read_bytes() == original.encode()
+
+
+def test_guidance_override_file(home: Path, env: dict[str, str]) -> None:
+    folder = home / ".codex"
+    folder.mkdir()
+    (folder / "AGENTS.md").write_text("base\n")
+    (folder / "AGENTS.override.md").write_text("override\n")
+    change = h.add_guidance("codex", CACHE, env)
+    assert change.path == folder / "AGENTS.override.md"
+    assert h.BEGIN_MARK in (folder / "AGENTS.override.md").read_text()
+    assert (folder / "AGENTS.md").read_text() == "base\n"
+    h.remove_guidance("codex", env)
+    assert (folder / "AGENTS.override.md").read_text() == "override\n"
+
+
+@pytest.mark.parametrize("policy", ["Use the shared_memories tools first.\n",
+                                    "## Shared Memory\nnever consult it\n"])
+def test_guidance_skipped_when_policy_exists(home: Path, env: dict[str, str],
+                                             policy: str) -> None:
+    path = home / ".claude" / "CLAUDE.md"
+    path.parent.mkdir()
+    path.write_text(policy)
+    change = h.add_guidance("claude-code", CACHE, env)
+    assert change.action == "skipped" and str(path) in change.message
+    assert path.read_text() == policy
+    assert h.remove_guidance("claude-code", env).action == "unchanged"
+    assert path.read_text() == policy
+
+
+def test_guidance_damaged_block_refused(home: Path, env: dict[str, str]) -> None:
+    path = home / ".codex" / "AGENTS.md"
+    path.parent.mkdir()
+    path.write_text(f"x\n{h.BEGIN_MARK}\nhalf\n")
+    with pytest.raises(InstallError, match="AGENTS.md"):
+        h.add_guidance("codex", CACHE, env)
+
+
+def test_guidance_cursor_is_manual(home: Path, env: dict[str, str]) -> None:
+    change = h.add_guidance("cursor", CACHE, env)
+    assert change.action == "manual" and change.after == h.guidance_block(CACHE)
+    assert "User Rules" in change.message
+    assert h.remove_guidance("cursor", env).action == "manual"
+    assert snapshot(home) == {}
+
+
+def test_codex_quoted_header_and_trick_string(home: Path, env: dict[str, str]) -> None:
+    path = codex_file(home)
+    path.parent.mkdir()
+    path.write_text('a = 1\n\n[ mcp_servers . "shared_memories" ]  # ours\ncommand = "old"\n')
+    assert h.register("codex", CMD, env).action == "updated"
+    assert path.read_text() == "a = 1\n\n" + h.codex_table(CMD)
+    # a header-like line inside a multi-line string must not be edited: refused, untouched
+    tricky = 'note = """\n[mcp_servers.shared_memories]\n"""\n'
+    path.write_text(tricky)
+    with pytest.raises(InstallError, match="nothing was written"):
+        h.register("codex", CMD, env)
+    assert path.read_text() == tricky
