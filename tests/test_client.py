@@ -15,7 +15,7 @@ import pytest
 from conftest import LAUNCHER, REPO, run_cli, write_config
 
 from sharedmem import config as config_mod
-from sharedmem.client import status, submit_note, sync, sync_lock
+from sharedmem.client import status, submit_note, sync_lock
 from sharedmem.core import LockError
 from sharedmem.store import Store
 
@@ -212,11 +212,10 @@ def test_version_one_fallback_both_directions(tmp_path, sshd, server_max, client
 
 def test_lock_refuses_overlap_and_takes_over_stale(tmp_path):
     state = tmp_path / "state"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, %r)\n"
-        "from pathlib import Path\nfrom sharedmem.client import sync_lock\n"
-        "with sync_lock(Path(%r)):\n    print('held', flush=True); time.sleep(60)\n")
-        % (str(REPO), str(state))], stdout=subprocess.PIPE, text=True)
+    code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r})\n"
+            "from pathlib import Path\nfrom sharedmem.client import sync_lock\n"
+            f"with sync_lock(Path({str(state)!r})):\n    print('held', flush=True); time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(LockError, match="another sync"):
         with sync_lock(state):
