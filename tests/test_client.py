@@ -257,3 +257,53 @@ def test_unreadable_source_leaves_namespace_untouched(tmp_path):
     code, report = sync_json(cfg)
     assert code == 0
     assert not [p for p in cache_files(tmp_path / "laptop" / "cache") if "/notes/" in p]
+
+
+HOSTILE_SERVER = r'''
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+evil = sys.argv[1]
+for line in sys.stdin:
+    m = json.loads(line)
+    t = m["type"]
+    if t == "hello":
+        send({"type": "hello", "version": 2, "versions": [2]})
+    elif t == "manifest":
+        send({"type": "result", "source": m["source"], "unchanged": True, "digest": m["digest"]})
+    elif t == "pull":
+        send({"type": "namespaces", "namespaces": [{"key": "machines/evil/notes", "machine": "evil",
+              "source": "notes", "kind": "markdown", "generation": 1}], "full": [],
+              "removed": [evil]})
+        import hashlib
+        body = "pwned"
+        sha = hashlib.sha256(body.encode()).hexdigest()
+        send({"type": "files", "files": [["machines/evil/notes/fine.md", sha, body], [evil, sha, body]]})
+        send({"type": "end"})
+    elif t == "bye":
+        break
+'''
+
+
+@pytest.mark.parametrize("evil", [
+    "../../outside.md", "/tmp/absolute-evil.md", "machines/evil/notes/../../../../outside.md",
+    "machines/evil/notes/.hidden.md", "extensions/ad_hoc/notes/../../x.md", "machines/evil/x\\..\\y.md",
+])
+def test_hostile_server_paths_are_refused(tmp_path, sshd, evil):
+    script = tmp_path / "hostile.py"
+    script.write_text(HOSTILE_SERVER)
+    home = tmp_path / "h"
+    make_memories(home, files=1)
+    cfg = config_for(tmp_path, home, "laptop", sshd.transport(
+        pinned=False, remote_command=[sys.executable, str(script), evil]))
+    victim = tmp_path / "laptop" / "keep.md"
+    victim.write_text("mine")
+    code, report = sync_json(cfg)
+    assert code == 2
+    assert "refuses to write" in report["error"]
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")
+                     if p.is_file() and ("outside" in p.name or "evil" in str(p) or "pwned" in
+                                         (p.read_text(errors="ignore") if p.suffix == ".md" else "")))
+    assert written == []
+    assert victim.read_text() == "mine"
+    assert not (tmp_path / "laptop" / "cache" / "machines").exists()

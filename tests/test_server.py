@@ -1,0 +1,139 @@
+"""`serve` against a hostile client: raw lines on the real server's stdin, nothing stored."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import LAUNCHER
+
+from sharedmem.core import sha256_text
+from sharedmem.protocol import MAX_LINE_BYTES
+from sharedmem.store import Store, digest_of
+
+HELLO = {"type": "hello", "versions": [1, 2], "machine": "laptop"}
+
+
+def talk(store: Path, lines: list[bytes], *args: str) -> list[dict]:
+    """Send raw lines to a real `serve` and return every message it wrote."""
+    proc = subprocess.run([sys.executable, str(LAUNCHER), "serve", "--store", str(store), *args],
+                          input=b"".join(lines), capture_output=True, timeout=60)
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def enc(message: object) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+def stored(store: Path) -> dict:
+    with Store.open(store) as s:
+        return {"files": s.counts()["files"], "notes": s.counts()["notes"]}
+
+
+def manifest(source: str, kind: str, files: list[tuple[str, str]]) -> list[bytes]:
+    entries = [[p, sha256_text(t), len(t.encode()), 0] for p, t in files]
+    return [enc({"type": "manifest", "source": source, "kind": kind,
+                 "digest": digest_of((e[0], e[1]) for e in entries), "files": entries}),
+            enc({"type": "bodies", "source": source,
+                 "bodies": [[sha256_text(t), t] for _, t in files]}),
+            enc({"type": "commit", "source": source})]
+
+
+BAD_SESSIONS = {
+    "malformed json": [b"{not json\n"],
+    "not an object": [b"[1, 2, 3]\n"],
+    "no type": [enc({"versions": [2]})],
+    "invalid utf-8": [b"\xff\xfe{}\n"],
+    "unknown type first": [enc({"type": "gimme"})],
+    "publish before hello": [enc({"type": "manifest", "source": "codex", "kind": "codex"})],
+    "no shared version": [enc({"type": "hello", "versions": [7], "machine": "laptop"})],
+    "bad machine name": [enc({"type": "hello", "versions": [2], "machine": "../etc"})],
+    "unknown type after hello": [enc(HELLO), enc({"type": "drop_tables"})],
+    "v1 message in v2": [enc(HELLO), enc({"type": "publish", "source": "codex", "kind": "codex"})],
+    "commit out of order": [enc(HELLO), enc({"type": "commit", "source": "codex"})],
+    "bodies out of order": [enc(HELLO), enc({"type": "bodies", "bodies": []})],
+    "kind mismatch": [enc(HELLO), enc({"type": "manifest", "source": "codex",
+                                       "kind": "markdown", "digest": "x", "files": []})],
+    "bad manifest entry": [enc(HELLO), enc({"type": "manifest", "source": "notes",
+                                            "kind": "markdown", "digest": "x",
+                                            "files": [["a.md", 5, 1, 0]]})],
+    "oversized line": [enc(HELLO), b'{"type":"note","text":"' + b"x" * (MAX_LINE_BYTES + 10)
+                       + b'"}\n'],
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_SESSIONS))
+def test_hostile_client_is_refused(tmp_path, name):
+    store = tmp_path / "store.sqlite3"
+    replies = talk(store, BAD_SESSIONS[name] + manifest("notes", "markdown",
+                                                        [("after.md", "must not land")]))
+    assert replies, "the server must answer with an error"
+    assert replies[-1]["type"] == "error", replies
+    assert replies[-1]["code"] in {"bad-json", "out-of-order", "unknown-type", "version",
+                                   "bad-field", "line-too-long"}
+    assert replies[-1]["message"]
+    if store.exists():
+        assert stored(store) == {"files": 0, "notes": 0}
+
+
+def test_rule_breaking_paths_are_refused_and_not_stored(tmp_path):
+    store = tmp_path / "store.sqlite3"
+    files = [("MEMORY.md", "ok"), ("raw_memories.md", "raw"), ("../escape.md", "x"),
+             ("/abs.md", "x"), ("skills/s.md", "x"), ("CON.md", "x"), ("a\\b.md", "x"),
+             ("rollout_summaries/deep/x.md", "x")]
+    replies = talk(store, [enc(HELLO)] + manifest("codex", "codex", files) + [enc({"type": "bye"})])
+    result = replies[-1]
+    assert result["type"] == "result" and result["accepted"] == 1
+    refused = {r["path"] for r in result["refused"]}
+    assert refused == {p for p, _ in files} - {"MEMORY.md"}
+    with Store.open(store) as s:
+        assert list(s.manifest()) == ["machines/laptop/codex/MEMORY.md"]
+
+
+def test_pinned_machine_mismatch_writes_nothing(tmp_path):
+    store = tmp_path / "store.sqlite3"
+    replies = talk(store, [enc({**HELLO, "machine": "desktop"})]
+                   + manifest("notes", "markdown", [("a.md", "x")]), "--machine", "laptop")
+    assert replies == [replies[0]] and replies[0]["code"] == "machine-mismatch"
+    assert "pinned to machine 'laptop'" in replies[0]["message"]
+    assert not store.exists() or stored(store)["files"] == 0
+
+
+def test_disconnect_mid_namespace_leaves_nothing_partial(tmp_path):
+    store = tmp_path / "store.sqlite3"
+    first = manifest("notes", "markdown", [("a.md", "one"), ("b.md", "two")])
+    talk(store, [enc(HELLO)] + first + [enc({"type": "bye"})])
+    second = manifest("notes", "markdown", [("a.md", "ONE"), ("c.md", "three")])
+    talk(store, [enc(HELLO)] + second[:2])
+    with Store.open(store) as s:
+        assert sorted(s.manifest()) == ["machines/laptop/notes/a.md", "machines/laptop/notes/b.md"]
+        assert s.verify() == []
+
+
+def test_body_with_wrong_hash_is_not_stored(tmp_path):
+    store = tmp_path / "store.sqlite3"
+    sha = sha256_text("real")
+    lines = [enc(HELLO), enc({"type": "manifest", "source": "notes", "kind": "markdown",
+                              "digest": digest_of([("a.md", sha)]),
+                              "files": [["a.md", sha, 4, 0]]}),
+             enc({"type": "bodies", "bodies": [[sha, "forged"]]}),
+             enc({"type": "commit"})]
+    result = talk(store, lines)[-1]
+    assert result["accepted"] == 0 and result["refused"][0]["reason"] == "missing-body"
+
+
+def test_v1_publish_and_export(tmp_path):
+    store = tmp_path / "store.sqlite3"
+    lines = [enc({**HELLO, "versions": [1]}),
+             enc({"type": "publish", "source": "notes", "kind": "markdown"}),
+             enc({"type": "files", "files": [{"path": "x.md", "text": "hello", "mtime_ns": 1}]}),
+             enc({"type": "commit"}), enc({"type": "export"}), enc({"type": "bye"})]
+    replies = talk(store, lines)
+    assert replies[0]["version"] == 1
+    assert replies[1]["type"] == "result" and replies[1]["accepted"] == 1
+    files = [f for r in replies if r["type"] == "files" for f in r["files"]]
+    assert files == [["machines/laptop/notes/x.md", sha256_text("hello"), "hello"]]
+    assert replies[-1]["type"] == "end"
