@@ -206,18 +206,22 @@ class Cache:
             gone |= {p for p, meta in files.items()
                      if meta.namespace in full_namespaces and p not in sent}
         gone |= {p for p, meta in files.items() if meta.namespace not in namespaces}
+        folders = _Folders(self.root)
         written = 0
         for path, sha, text in upserts:
-            target = self.file_path(path)
+            data = text.encode("utf-8")
+            target = folders.target(path, create=True)
             old = files.get(path)
             if old is None or old.sha256 != sha or not target.is_file():
-                atomic_write(target, text.encode("utf-8"), durable=False)
+                atomic_write(target, data, durable=False)
                 written += 1
-            files[path] = CachedFile(sha, len(text.encode("utf-8")), namespace_key(path))
+            files[path] = CachedFile(sha, len(data), namespace_key(path))
         removed = 0
         for path in sorted(gone - {p for p, _, _ in upserts}):
             files.pop(path, None)
-            target = self.file_path(path)
+            target = folders.target(path, create=False)
+            if target is None:
+                continue
             try:
                 target.unlink()
                 removed += 1
@@ -248,6 +252,31 @@ class Cache:
         }
         atomic_write(self.manifest_path, json.dumps(raw, ensure_ascii=False).encode("utf-8"))
         self._loaded = None
+
+
+class _Folders:
+    """Resolves each folder of a pull once: a symlinked folder planted in the cache is refused."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.seen: dict[str, Path | None] = {}
+
+    def target(self, path: str, *, create: bool) -> Any:
+        """The on-disk file for an already-checked published path, confined to the cache."""
+        folder, _, name = path.rpartition("/")
+        real = self.seen.get(folder)
+        if real is None:
+            lexical = self.root / folder
+            if create:
+                lexical.mkdir(parents=True, exist_ok=True)
+            elif not lexical.is_dir():
+                return None
+            real = lexical.resolve()
+            if real != lexical or self.root not in real.parents:
+                raise ProtocolError(f"cache folder {lexical} is a link or escapes the cache "
+                                    f"{self.root}: remove it, then sync again")
+            self.seen[folder] = real
+        return real / name
 
 
 @dataclass

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import getpass
 import json
-import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-LAUNCHER = REPO / "shared_memory.py"
-SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, start_sshd  # noqa: E402
+
+__all__ = ["LAUNCHER", "REPO", "Sshd", "pinned_line", "run_cli", "write_config"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
@@ -48,112 +45,14 @@ def write_config(path: Path, machine: str, transport: dict, sources: list[dict],
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _keygen(path: Path, kind: str = "ed25519") -> str:
-    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", path.name, "-f", str(path)],
-                   check=True, capture_output=True)
-    return path.with_suffix(".pub").read_text().strip()
-
-
-@dataclass
-class Sshd:
-    """A running sshd on 127.0.0.1 with a pinned key and an unpinned key made for the test."""
-
-    root: Path
-    port: int
-    user: str
-    store: Path
-    pinned_key: Path
-    free_key: Path
-    known_hosts: Path
-    config_file: Path
-    process: subprocess.Popen | None = None
-    log: Path = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.log = self.root / "sshd.log"
-
-    def start(self) -> None:
-        """Start sshd and wait until it accepts connections."""
-        self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config_file)],
-                                        stdout=subprocess.DEVNULL,
-                                        stderr=self.log.open("ab"))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"sshd exited: {self.log.read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("sshd did not start listening in 10 s")
-
-    def stop(self) -> None:
-        """Stop sshd (connections already open end too)."""
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-        self.process = None
-
-    def transport(self, *, pinned: bool = True, store: Path | None = None,
-                  remote_command: list[str] | None = None) -> dict:
-        """A client.json transport section that reaches this sshd."""
-        command = remote_command or [sys.executable, str(LAUNCHER), "serve", "--store",
-                                     str(store or self.store)]
-        return {"kind": "ssh", "host": f"{self.user}@127.0.0.1", "port": self.port,
-                "identity": str(self.pinned_key if pinned else self.free_key),
-                "options": [f"UserKnownHostsFile={self.known_hosts}",
-                            "GlobalKnownHostsFile=/dev/null", "LogLevel=ERROR"],
-                "remote_command": command}
-
-
-def pinned_line(store: Path, machine: str, key: str) -> str:
-    """The authorized_keys line that pins `key` to `machine`, as install_server.py writes it."""
-    return (f'restrict,command="{sys.executable} {LAUNCHER} serve --store {store} '
-            f'--machine {machine}" {key}')
-
-
 @pytest.fixture
-def sshd(tmp_path: Path) -> Sshd:
+def sshd(tmp_path: Path) -> Iterator[Sshd]:
     """A real OpenSSH server for this test only, stopped afterwards."""
-    if not Path(SSHD).exists():
-        pytest.skip(f"OpenSSH server not installed ({SSHD}); .ci/run installs openssh-server")
-    if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
-        pytest.skip("OpenSSH client (ssh, ssh-keygen) not installed")
-    root = tmp_path / "sshd"
-    root.mkdir()
-    root.chmod(0o700)
-    if os.geteuid() == 0:
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    host_pub = _keygen(root / "host_ed25519")
-    pinned_pub = _keygen(root / "pinned")
-    free_pub = _keygen(root / "free")
-    port = _free_port()
     store = tmp_path / "server" / "store.sqlite3"
     store.parent.mkdir()
-    authorized = root / "authorized_keys"
-    authorized.write_text(pinned_line(store, "laptop", pinned_pub) + "\n" + free_pub + "\n")
-    authorized.chmod(0o600)
-    known = root / "known_hosts"
-    known.write_text(f"[127.0.0.1]:{port} {host_pub}\n")
-    config = root / "sshd_config"
-    config.write_text("\n".join([
-        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {root / 'host_ed25519'}",
-        f"AuthorizedKeysFile {authorized}", f"PidFile {root / 'sshd.pid'}",
-        "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-        "PubkeyAuthentication yes", "PermitRootLogin prohibit-password", "UsePAM no",
-        "LogLevel ERROR", "MaxStartups 50", "MaxSessions 50", ""]))
-    server = Sshd(root, port, getpass.getuser(), store, root / "pinned", root / "free", known,
-                  config)
     try:
-        server.start()
-    except RuntimeError as exc:
-        pytest.skip(f"sshd cannot start here: {exc}")
+        server = start_sshd(tmp_path / "sshd", store)
+    except SshdUnavailable as exc:
+        pytest.skip(str(exc))
     yield server
     server.stop()

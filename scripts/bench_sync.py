@@ -1,0 +1,161 @@
+"""`bench.py sync`: our sync against `rsync -a`, over the same real sshd on loopback, same corpus.
+
+For each tool it measures the first sync, a no-change re-sync and a re-sync after changing 1% of
+the files: the median wall time of several runs and the bytes each tool's protocol sent and
+received (our channel's counters; rsync's --stats totals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import corpus  # noqa: E402
+from loopback_sshd import LAUNCHER, Sshd, start_sshd  # noqa: E402
+
+PHASES = ("first", "nochange", "changed1pct")
+
+
+def _ssh_e(server: Sshd) -> str:
+    return (f"ssh -p {server.port} -i {server.free_key} -o IdentitiesOnly=yes -o BatchMode=yes "
+            f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={server.known_hosts} "
+            "-o GlobalKnownHostsFile=/dev/null -o LogLevel=ERROR")
+
+
+def _change(root: Path, percent: float, round_no: int) -> int:
+    files = sorted(root.rglob("*.md"))
+    step = max(1, int(100 / percent))
+    changed = 0
+    for path in files[round_no % step::step]:
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write(f"\nchanged in round {round_no}\n")
+        changed += 1
+    return changed
+
+
+def _ours(work: Path, server: Sshd, source: Path, run: int) -> dict[str, dict[str, float]]:
+    cfg = work / f"client-{run}" / "client.json"
+    cfg.parent.mkdir(parents=True)
+    transport = server.transport()
+    cfg.write_text(json.dumps({
+        "machine": "laptop", "transport": transport,
+        "sources": [{"name": "corpus", "kind": "markdown", "path": str(source)}],
+        "cache": str(cfg.parent / "cache"), "state": str(cfg.parent / "state")}))
+    out: dict[str, dict[str, float]] = {}
+    for phase in PHASES:
+        if phase == "changed1pct":
+            _change(source, 1.0, run)
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, str(LAUNCHER), "sync", "--config", str(cfg),
+                               "--json"], capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        report = json.loads(proc.stdout)
+        if proc.returncode != 0:
+            raise SystemExit(f"sync failed in phase {phase}: {report.get('error')}")
+        out[phase] = {"seconds": seconds, "sent": report["bytes"]["sent"],
+                      "received": report["bytes"]["received"]}
+    return out
+
+
+def _rsync_stats(text: str) -> tuple[int, int]:
+    sent = re.search(r"Total bytes sent: ([\d,]+)", text)
+    received = re.search(r"Total bytes received: ([\d,]+)", text)
+    if not sent or not received:
+        raise SystemExit(f"cannot read rsync --stats output:\n{text[-800:]}")
+    return int(sent.group(1).replace(",", "")), int(received.group(1).replace(",", ""))
+
+
+def _rsync(work: Path, server: Sshd, source: Path, run: int) -> dict[str, dict[str, float]]:
+    dest = work / f"rsync-dest-{run}"
+    out: dict[str, dict[str, float]] = {}
+    for phase in PHASES:
+        if phase == "changed1pct":
+            _change(source, 1.0, run + 1000)
+        started = time.perf_counter()
+        proc = subprocess.run(["rsync", "-a", "--stats", "-e", _ssh_e(server), f"{source}/",
+                               f"{server.user}@127.0.0.1:{dest}/"], capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        if proc.returncode != 0:
+            raise SystemExit(f"rsync failed: {proc.stderr[-800:]}")
+        sent, received = _rsync_stats(proc.stdout)
+        out[phase] = {"seconds": seconds, "sent": sent, "received": received}
+    return out
+
+
+def _median(runs: list[dict[str, dict[str, float]]], phase: str, key: str) -> float:
+    return statistics.median(r[phase][key] for r in runs)
+
+
+def main(args: argparse.Namespace | None = None) -> int:
+    """Run the comparison and print a table (and JSON with --json)."""
+    files = getattr(args, "files", None) or 10_000
+    runs = getattr(args, "runs", None) or 3
+    as_json = bool(getattr(args, "json", False))
+    if shutil.which("rsync") is None:
+        raise SystemExit("rsync is not installed: apt-get install -y rsync")
+    work = Path(tempfile.mkdtemp(prefix="sharedmem-bench-sync-"))
+    try:
+        source = work / "corpus"
+        stats = corpus.generate(source, files=files)
+        print(f"corpus: {stats['files']} files, {stats['bytes'] / 1e6:.1f} MB", file=sys.stderr)
+        server = start_sshd(work / "sshd", work / "server" / "store.sqlite3")
+        ours, theirs = [], []
+        try:
+            for run in range(runs):
+                for path in (work / "server").glob("store.sqlite3*"):
+                    path.unlink()
+                print(f"run {run + 1}/{runs}: sharedmem", file=sys.stderr)
+                ours.append(_ours(work, server, source, run))
+                print(f"run {run + 1}/{runs}: rsync", file=sys.stderr)
+                theirs.append(_rsync(work, server, source, run))
+        finally:
+            server.stop()
+        rows = []
+        for phase in PHASES:
+            row: dict[str, Any] = {"phase": phase}
+            for name, data in (("sharedmem", ours), ("rsync", theirs)):
+                row[name] = {"seconds": round(_median(data, phase, "seconds"), 3),
+                             "bytes": int(_median(data, phase, "sent")
+                                          + _median(data, phase, "received"))}
+            limit = 1.5 if phase == "first" else 1.0
+            row["time_ratio"] = round(row["sharedmem"]["seconds"] / row["rsync"]["seconds"], 2)
+            row["bytes_ratio"] = round(row["sharedmem"]["bytes"] / max(1, row["rsync"]["bytes"]), 3)
+            row["target"] = f"time <= {limit}x rsync" + ("" if phase == "first" else
+                                                          ", bytes <= rsync")
+            row["pass"] = row["time_ratio"] <= limit and (phase == "first"
+                                                           or row["bytes_ratio"] <= 1.0)
+            rows.append(row)
+        print(f"{'phase':<12} {'sharedmem s':>12} {'rsync s':>9} {'ratio':>6} "
+              f"{'sharedmem B':>13} {'rsync B':>11} {'ratio':>6}  target")
+        for r in rows:
+            print(f"{r['phase']:<12} {r['sharedmem']['seconds']:>12.3f} "
+                  f"{r['rsync']['seconds']:>9.3f} {r['time_ratio']:>6.2f} "
+                  f"{r['sharedmem']['bytes']:>13,} {r['rsync']['bytes']:>11,} "
+                  f"{r['bytes_ratio']:>6.3f}  {r['target']}: {'PASS' if r['pass'] else 'FAIL'}")
+        if as_json:
+            print(json.dumps({"corpus": stats, "runs": runs, "rows": rows}, indent=2))
+        return 0 if all(r["pass"] for r in rows) else 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "")
+    sys.exit(main(parser.parse_args()))
