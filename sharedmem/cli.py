@@ -216,9 +216,62 @@ def run_tool(args: Any) -> int:
     return 0
 
 
+# forget and export --------------------------------------------------------------------------------
+
+def build_forget(sub: Any) -> None:
+    p = sub.add_parser("forget", help="remove a machine's published files from the store",
+                       description="Remove a machine's namespaces (all, or one source) from the "
+                       "store in one transaction and record it. Notes are append-only and stay. "
+                       "The machine's next sync publishes again unless its key is removed.")
+    p.add_argument("--store", required=True, help="path of the SQLite store")
+    p.add_argument("--machine", required=True, help="machine name to forget")
+    p.add_argument("--source", help="forget only this source of the machine")
+    p.add_argument("--reason", default="", help="free text recorded with the removal")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=run_forget)
+
+
+def run_forget(args: Any) -> int:
+    from sharedmem.store import Store
+    with Store.open(Path(args.store).expanduser(), create=False) as store:
+        removed = store.forget(args.machine, args.source, args.reason)
+    what = f"{args.machine}" + (f"/{args.source}" if args.source else "")
+    _emit({"machine": args.machine, "source": args.source, "files_removed": removed}, args.json,
+          f"forgot {what}: {removed} files removed; notes are append-only and were kept")
+    return 0
+
+
+def build_export(sub: Any) -> None:
+    p = sub.add_parser("export", help="write the store's published tree as plain Markdown",
+                       description="Write every published file and note as plain Markdown in the "
+                       "same layout as a client cache, for moving to another server or leaving.")
+    p.add_argument("--store", required=True, help="path of the SQLite store")
+    p.add_argument("--out", required=True, help="folder to write (created; must be empty or an "
+                   "earlier export)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=run_export)
+
+
+def run_export(args: Any) -> int:
+    from sharedmem.cache import Cache, NamespaceInfo
+    from sharedmem.core import SharedMemoryError as Refused
+    from sharedmem.store import Store
+    out = Path(args.out).expanduser()
+    if out.exists() and any(out.iterdir()) and not (out / ".sharedmem").is_dir():
+        raise Refused(f"export folder {out} is not empty: pass a new or empty folder")
+    with Store.open(Path(args.store).expanduser(), create=False) as store:
+        namespaces = {str(n["key"]): NamespaceInfo(str(n["key"]), n["machine"], str(n["source"]),
+                                                   str(n["kind"]), int(n["generation"]),
+                                                   n["synced_at"]) for n in store.namespaces()}
+        done = Cache(out).apply(list(store.export()), [], namespaces, full=True)
+    _emit({"out": str(out), **done}, args.json, f"exported {done['files']} files to {out}")
+    return 0
+
+
 # the parser --------------------------------------------------------------------------------------
 
-BUILDERS = [build_serve, build_sync, build_mcp, build_status, build_tools]
+BUILDERS = [build_serve, build_sync, build_mcp, build_status, build_tools, build_forget,
+            build_export]
 
 
 def parser() -> Any:
