@@ -35,9 +35,8 @@ _NOTE_FILENAME_RE = re.compile(
 _FORBIDDEN_CHARS = frozenset('\\<>:"|?*')
 _RESERVED_WINDOWS = frozenset(
     {"CON", "PRN", "AUX", "NUL"}
-    | {f"COM{i}" for i in range(1, 10)}
-    | {f"LPT{i}" for i in range(1, 10)}
-)
+    | {f"{port}{i}" for port in ("COM", "LPT") for i in (*"123456789", "\u00b9", "\u00b2", "\u00b3")}
+)  # Windows also treats the superscript digits 1-3 as port numbers
 
 
 class SharedMemoryError(Exception):

@@ -60,6 +60,9 @@ MIGRATIONS: list[str] = [
         BEGIN SELECT RAISE(ABORT, 'notes are append-only: an entry is never changed'); END;
     CREATE TRIGGER notes_append_only_delete BEFORE DELETE ON notes
         BEGIN SELECT RAISE(ABORT, 'notes are append-only: an entry is never deleted'); END;
+    CREATE TRIGGER notes_append_only_replace BEFORE INSERT ON notes
+        WHEN EXISTS (SELECT 1 FROM notes WHERE seq = NEW.seq OR note_id = NEW.note_id)
+        BEGIN SELECT RAISE(ABORT, 'notes are append-only: an entry is never replaced'); END;
     CREATE TABLE forgotten(
         id INTEGER PRIMARY KEY, machine TEXT NOT NULL, source TEXT, files INTEGER NOT NULL,
         forgotten_at TEXT NOT NULL, reason TEXT NOT NULL);
@@ -158,6 +161,8 @@ class Store:
     def _migrate(self, version: int) -> None:
         for number in range(version + 1, len(MIGRATIONS) + 1):
             with self.transaction() as conn:
+                if conn.execute("PRAGMA user_version").fetchone()[0] >= number:
+                    continue  # another process migrated while this one waited for the lock
                 for statement in _statements(MIGRATIONS[number - 1]):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={number}")
@@ -181,10 +186,11 @@ class Store:
             raise StoreError(f"store {self.path} is busy or unwritable ({exc}); try again") from None
         try:
             yield self.conn
+            self.conn.execute("COMMIT")
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:  # SQLite may have rolled back already (full disk, I/O)
+                self.conn.execute("ROLLBACK")
             raise
-        self.conn.execute("COMMIT")
 
     def schema_version(self) -> int:
         """The schema version recorded in the file."""
@@ -308,9 +314,6 @@ class Store:
                     continue
                 for name, count in counts.items():
                     report.redacted[name] = report.redacted.get(name, 0) + count
-                conn.execute("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", (sha, size, text))
-                if sha != item.sha256:
-                    report.stored[item.path] = sha
             else:
                 found = conn.execute("SELECT size FROM blobs WHERE sha256=?",
                                      (item.sha256,)).fetchone()
@@ -323,6 +326,10 @@ class Store:
                 refuse(item.path, "quota", f"{item.path!r} is past the namespace quota "
                        f"({limits.namespace_files} files, {limits.namespace_bytes} bytes)")
                 continue
+            if item.text is not None:  # only now: a body refused by the quota is not stored
+                conn.execute("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", (sha, size, text))
+                if sha != item.sha256:
+                    report.stored[item.path] = sha
             keys.add(collision_key(item.path))
             total += size
             accepted[item.path] = (sha, size, int(item.mtime_ns or 0))

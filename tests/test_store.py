@@ -1,0 +1,688 @@
+"""Tests for sharedmem.store on real SQLite files: schema, ingest rules, notes, pulls, crashes, locks."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sharedmem import store as store_module
+from sharedmem.core import (
+    NOTES_DIR,
+    Limits,
+    NameRuleError,
+    NoteError,
+    SharedMemoryError,
+    StoreError,
+    sha256_text,
+)
+from sharedmem.store import (
+    GENESIS,
+    SCHEMA_VERSION,
+    IncomingFile,
+    StaleBase,
+    Store,
+    digest_of,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+GITHUB_TOKEN = "ghp_" + "a" * 36
+NOTE = "2026-01-31T09-30-00-release-checklist.md"
+
+
+@pytest.fixture
+def st(tmp_path: Path) -> Store:
+    s = Store.open(tmp_path / "store.sqlite3")
+    yield s
+    s.close()
+
+
+def files(mapping: dict[str, str]) -> list[IncomingFile]:
+    return [IncomingFile(p, sha256_text(t), len(t.encode()), 0, t) for p, t in mapping.items()]
+
+
+def exported(st: Store, prefix: str = "") -> dict[str, str]:
+    return {p: t for p, _, t in st.export() if p.startswith(prefix)}
+
+
+def raw_rows(st: Store, machine: str, source: str) -> tuple:
+    ns = st.conn.execute("SELECT * FROM namespaces WHERE machine=? AND source=?",
+                         (machine, source)).fetchone()
+    rows = st.conn.execute("SELECT * FROM files WHERE namespace_id=? ORDER BY path",
+                           (ns[0],)).fetchall()
+    tombs = st.conn.execute("SELECT * FROM tombstones WHERE namespace_id=? ORDER BY path",
+                            (ns[0],)).fetchall()
+    return ns, rows, tombs
+
+
+def child(code: str, *args: str, timeout: float = 60) -> subprocess.Popen:
+    """A real Python process that can import the package from this checkout."""
+    prelude = f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
+    return subprocess.Popen([sys.executable, "-c", prelude + code, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# --- schema ------------------------------------------------------------------------------------
+
+def test_schema_pragmas(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "store.sqlite3"
+    with Store.open(path) as st:
+        assert st.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert st.conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+        assert st.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert st.conn.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
+        assert st.schema_version() == SCHEMA_VERSION == len(store_module.MIGRATIONS)
+        assert st.verify() == []
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persisted in the file
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    raw.close()
+
+
+def test_open_refuses_missing_corrupt_and_newer(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="does not exist"):
+        Store.open(tmp_path / "absent.sqlite3", create=False)
+    assert not (tmp_path / "absent.sqlite3").exists()
+    garbage = tmp_path / "garbage.sqlite3"
+    garbage.write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(StoreError, match="cannot be opened"):
+        Store.open(garbage)
+    newer = tmp_path / "newer.sqlite3"
+    Store.open(newer).close()
+    raw = sqlite3.connect(newer)
+    raw.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    raw.close()
+    with pytest.raises(StoreError, match="newer than this software.*upgrade"):
+        Store.open(newer)
+
+
+def test_migration_calls_backup_hook_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "store.sqlite3"
+    calls: list[tuple[Path, int]] = []
+    with Store.open(path, before_migrate=lambda p, v: calls.append((p, v))) as st:
+        st.append_note("m1", NOTE, "kept across the migration")
+    assert calls == []  # a fresh store has nothing to back up
+    monkeypatch.setattr(store_module, "MIGRATIONS",
+                        [*store_module.MIGRATIONS, "CREATE TABLE extra(x TEXT);"])
+
+    def refuse(p: Path, v: int) -> None:
+        raise StoreError("backup failed")
+
+    with pytest.raises(StoreError, match="backup failed"):
+        Store.open(path, before_migrate=refuse)
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # not migrated
+    raw.close()
+    with Store.open(path, before_migrate=lambda p, v: calls.append((p, v))) as st:
+        assert st.schema_version() == SCHEMA_VERSION + 1
+        st.conn.execute("SELECT x FROM extra")
+        assert st.counts()["notes"] == 1
+    assert calls == [(path, SCHEMA_VERSION)]
+
+
+def test_transaction_rolls_back_on_error(st: Store) -> None:
+    with pytest.raises(RuntimeError, match="boom"), st.transaction() as conn:
+        conn.execute("INSERT INTO meta VALUES ('probe', 'x')")
+        raise RuntimeError("boom")
+    assert not st.conn.in_transaction
+    assert st.conn.execute("SELECT count(*) FROM meta WHERE key='probe'").fetchone()[0] == 0
+    with pytest.raises(sqlite3.IntegrityError), st.transaction() as conn:
+        conn.execute("INSERT INTO meta VALUES ('probe', 'x')")
+        conn.execute("INSERT INTO meta VALUES ('generation', 'dup')")
+    assert st.conn.execute("SELECT count(*) FROM meta WHERE key='probe'").fetchone()[0] == 0
+    with st.transaction() as conn:
+        conn.execute("INSERT INTO meta VALUES ('probe', 'y')")
+    assert st.conn.execute("SELECT value FROM meta WHERE key='probe'").fetchone()[0] == "y"
+
+
+def test_transaction_keeps_the_real_error_when_sqlite_already_rolled_back(st: Store) -> None:
+    st.conn.execute("CREATE TEMP TABLE boom(x)")
+    st.conn.execute("CREATE TEMP TRIGGER boom_rb BEFORE INSERT ON boom "
+                    "BEGIN SELECT RAISE(ROLLBACK, 'rolled back by sqlite'); END")
+    with pytest.raises(sqlite3.IntegrityError, match="rolled back by sqlite"), \
+            st.transaction() as conn:
+        conn.execute("INSERT INTO meta VALUES ('probe', 'x')")
+        conn.execute("INSERT INTO boom VALUES (1)")
+    assert not st.conn.in_transaction
+    with st.transaction() as conn:  # the store is usable afterwards
+        conn.execute("INSERT INTO meta VALUES ('after', 'x')")
+    assert st.conn.execute("SELECT count(*) FROM meta WHERE key='probe'").fetchone()[0] == 0
+
+
+def test_transaction_reports_a_busy_store(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    with Store.open(path) as st:
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        st.conn.execute("PRAGMA busy_timeout=50")
+        with pytest.raises(StoreError, match="busy"):
+            st.append_note("m1", NOTE, "x")
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+# --- ingest ------------------------------------------------------------------------------------
+
+def test_ingest_replaces_exactly_one_namespace(st: Store) -> None:
+    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "one", "memory_summary.md": "sum"}))
+    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b/c.md": "C"}))
+    st.ingest("m2", "codex", "codex", files({"MEMORY.md": "two"}))
+    st.ingest("m2", "claude-code", "claude-code", files({"proj/x.md": "X", "proj/y.md": "one"}))
+    st.append_note("m1", NOTE, "a note")
+    others = [("m1", "codex"), ("m2", "codex"), ("m2", "claude-code")]
+    before_rows = {ns: raw_rows(st, *ns) for ns in others}
+    before_export = {ns: exported(st, f"machines/{ns[0]}/{ns[1]}/") for ns in others}
+    before_notes = exported(st, NOTES_DIR)
+    report = st.ingest("m1", "notes", "markdown", files({"a.md": "A2", "d.md": "D"}))
+    assert report.accepted == 2 and not report.refused and not report.unchanged
+    assert exported(st, "machines/m1/notes/") == {"machines/m1/notes/a.md": "A2",
+                                                   "machines/m1/notes/d.md": "D"}
+    for ns in others:
+        assert raw_rows(st, *ns) == before_rows[ns], ns
+        assert exported(st, f"machines/{ns[0]}/{ns[1]}/") == before_export[ns], ns
+    assert exported(st, NOTES_DIR) == before_notes
+    assert st.verify() == []
+
+
+def test_a_reader_sees_the_old_snapshot_or_the_new_one(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    with Store.open(path) as writer, Store.open(path) as reader:
+        writer.ingest("m1", "notes", "markdown", files({f"f{i}.md": "old" for i in range(20)}))
+        reader.conn.execute("BEGIN")
+        seen_before = sorted(reader.manifest().items())
+        writer.ingest("m1", "notes", "markdown", files({f"f{i}.md": "new" for i in range(10, 30)}))
+        assert sorted(reader.manifest().items()) == seen_before  # still the old snapshot
+        reader.conn.execute("COMMIT")
+        assert set(reader.manifest().values()) == {sha256_text("new")}
+        assert len(reader.manifest()) == 20
+
+
+@pytest.mark.parametrize(("kind", "source", "path"), [
+    ("codex", "codex", "raw_memories.md"),
+    ("codex", "codex", "skills/x.md"),
+    ("codex", "codex", "rollout_summaries/a/b.md"),
+    ("codex", "codex", "notes.md"),
+    ("claude-code", "claude-code", "x.md"),
+    ("claude-code", "claude-code", "p/q/x.md"),
+    ("markdown", "notes", "a/b/c/d/e/x.md"),
+    ("markdown", "notes", "../x.md"),
+    ("markdown", "notes", "/etc/x.md"),
+    ("markdown", "notes", "a\\b.md"),
+    ("markdown", "notes", "CON.md"),
+    ("markdown", "notes", ".hidden.md"),
+    ("markdown", "notes", "e\u0301.md"),
+    ("markdown", "notes", "a//b.md"),
+    ("markdown", "notes", "x.txt"),
+    ("markdown", "notes", "a\x00.md"),
+])
+def test_ingest_rechecks_the_path_rule_and_allowlist(st: Store, kind: str, source: str,
+                                                     path: str) -> None:
+    good = {"codex": "MEMORY.md", "claude-code": "proj/ok.md", "markdown": "a/b/c/d/ok.md"}[kind]
+    report = st.ingest("m1", source, kind, files({good: "fine", path: "hostile"}))
+    assert [r["path"] for r in report.refused] == [path]
+    assert report.refused[0]["reason"] == "bad-path"
+    assert report.accepted == 1
+    assert st.manifest() == {f"machines/m1/{source}/{good}": sha256_text("fine")}
+    assert st.conn.execute("SELECT count(*) FROM blobs WHERE body='hostile'").fetchone()[0] == 0
+
+
+def test_allowlist_accepts_what_each_kind_publishes(st: Store) -> None:
+    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "a", "memory_summary.md": "b",
+                                             "rollout_summaries/r.md": "c"}))
+    st.ingest("m1", "claude-code", "claude-code", files({"-home-u-app/x.md": "d"}))
+    st.ingest("m1", "notes", "markdown", files({"a/b/c/d/x.md": "e", "top.md": "f"}))
+    assert sorted(st.manifest()) == [
+        "machines/m1/claude-code/-home-u-app/x.md", "machines/m1/codex/MEMORY.md",
+        "machines/m1/codex/memory_summary.md", "machines/m1/codex/rollout_summaries/r.md",
+        "machines/m1/notes/a/b/c/d/x.md", "machines/m1/notes/top.md"]
+
+
+def test_ingest_limits_utf8_and_collisions(st: Store) -> None:
+    limits = Limits(file_bytes=10, namespace_bytes=25, namespace_files=3)
+    report = st.ingest("m1", "notes", "markdown", [
+        *files({"a.md": "a" * 10, "b.md": "b" * 11, "c.md": "c" * 10, "d.md": "d" * 10,
+                "e.md": "e", "f.md": "f", "A.md": "upper"}),
+        IncomingFile("bad.md", text="broken \ud800 text"),
+        IncomingFile("STRASSE.md", text="x"), IncomingFile("straße.md", text="y"),
+    ], limits=limits)
+    reasons = {r["path"]: r["reason"] for r in report.refused}
+    # Sorted order: A.md, STRASSE.md, a.md(collides), b.md, bad.md, c.md, d.md, e.md, f.md, straße.md
+    assert reasons == {"a.md": "collision", "straße.md": "collision", "b.md": "too-large",
+                       "bad.md": "invalid-utf8", "d.md": "quota", "e.md": "quota", "f.md": "quota"}
+    assert sorted(st.manifest()) == ["machines/m1/notes/A.md", "machines/m1/notes/STRASSE.md",
+                                     "machines/m1/notes/c.md"]
+    for r in report.refused:
+        assert r["path"] in r["message"]
+    bodies = {r[0] for r in st.conn.execute("SELECT body FROM blobs")}
+    assert bodies == {"upper", "x", "c" * 10}  # nothing refused was stored
+
+
+def test_ingest_refuses_odd_items(st: Store) -> None:
+    report = st.ingest("m1", "notes", "markdown", [
+        IncomingFile("a.md", text="first"), IncomingFile("a.md", text="second"),
+        IncomingFile(None, text="no path"), IncomingFile(b"b.md", text="bytes path"),  # type: ignore[arg-type]
+        IncomingFile("c.md"),
+    ])
+    assert sorted((r["path"], r["reason"]) for r in report.refused) == [
+        ("None", "bad-path"), ("a.md", "collision"), ("b'b.md'", "bad-path"), ("c.md", "missing-body")]
+    assert exported(st) == {"machines/m1/notes/a.md": "first"}
+
+
+def test_namespace_byte_quota(st: Store) -> None:
+    report = st.ingest("m1", "notes", "markdown", files({"a.md": "a" * 6, "b.md": "b" * 6}),
+                       limits=Limits(file_bytes=100, namespace_bytes=10, namespace_files=100))
+    assert [(r["path"], r["reason"]) for r in report.refused] == [("b.md", "quota")]
+    assert report.accepted == 1
+
+
+def test_ingest_redacts_again(st: Store) -> None:
+    text = f"deploy with {GITHUB_TOKEN} please\n"
+    report = st.ingest("m1", "notes", "markdown", files({"secret.md": text}))
+    stored = exported(st)["machines/m1/notes/secret.md"]
+    assert GITHUB_TOKEN not in stored and "ghp_" not in stored
+    assert stored == "deploy with [REDACTED:github-token] please\n"
+    assert report.redacted == {"github-token": 1}
+    assert report.stored == {"secret.md": sha256_text(stored)}
+    dump = "\n".join(st.conn.iterdump())
+    assert GITHUB_TOKEN not in dump
+    path, _ = st.append_note("m1", NOTE, f"note with {GITHUB_TOKEN}")
+    assert GITHUB_TOKEN not in exported(st)[path]
+    assert GITHUB_TOKEN not in "\n".join(st.conn.iterdump())
+
+
+@pytest.mark.parametrize(("machine", "source", "kind", "error"), [
+    ("m1", "notes", "codex", StoreError),
+    ("m1", "codex", "claude-code", StoreError),
+    ("m1", "claude-code", "codex", StoreError),
+    ("m1", "codex", "markdown", NameRuleError),
+    ("m1", "claude-code", "markdown", NameRuleError),
+    ("m1", "Bad Name", "markdown", NameRuleError),
+    ("m1", "notes", "html", StoreError),
+    ("M1", "codex", "codex", NameRuleError),
+    ("../m1", "codex", "codex", NameRuleError),
+])
+def test_source_and_kind_must_match(st: Store, machine: str, source: str, kind: str,
+                                    error: type[Exception]) -> None:
+    with pytest.raises(error) as caught:
+        st.ingest(machine, source, kind, files({"MEMORY.md": "x"}))
+    assert isinstance(caught.value, SharedMemoryError)
+    assert st.counts() == {"namespaces": 0, "files": 0, "blobs": 0, "notes": 0}
+
+
+def test_delta_ingest_and_stale_base(st: Store) -> None:
+    first = st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B", "c.md": "C"}))
+    base = st.namespace_digest("m1", "notes")
+    assert base == digest_of([("a.md", sha256_text("A")), ("b.md", sha256_text("B")),
+                              ("c.md", sha256_text("C"))])
+    report = st.ingest("m1", "notes", "markdown", files({"b.md": "B2", "d.md": "D"}),
+                       removed=["c.md"], base_digest=base)
+    assert report.generation > first.generation
+    assert exported(st) == {"machines/m1/notes/a.md": "A", "machines/m1/notes/b.md": "B2",
+                            "machines/m1/notes/d.md": "D"}
+    with pytest.raises(StaleBase, match="send the whole manifest"):
+        st.ingest("m1", "notes", "markdown", files({"e.md": "E"}), base_digest=base)
+    with pytest.raises(StaleBase):
+        st.ingest("m1", "other", "markdown", files({"e.md": "E"}), base_digest=base)
+    assert "machines/m1/notes/e.md" not in st.manifest()
+    assert issubclass(StaleBase, StoreError)
+
+
+def test_unchanged_reingest_keeps_the_generation(st: Store) -> None:
+    first = st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
+    st.ingest("m2", "notes", "markdown", files({"a.md": "A"}))
+    again = st.ingest("m1", "notes", "markdown", files({"b.md": "B", "a.md": "A"}))
+    assert again.unchanged and again.generation == first.generation and again.accepted == 2
+    delta = st.ingest("m1", "notes", "markdown", [], base_digest=st.namespace_digest("m1", "notes"))
+    assert delta.unchanged and delta.generation == first.generation
+    assert st.touch("m1", "notes") == first.generation
+    assert st.touch("m9", "notes") is None
+    changed = st.ingest("m1", "notes", "markdown", files({"a.md": "A"}))
+    assert not changed.unchanged and changed.generation > first.generation
+
+
+def test_content_addressed_bodies(st: Store) -> None:
+    shared = "the same text on two machines"
+    st.ingest("m1", "notes", "markdown", files({"x.md": shared}))
+    st.ingest("m2", "codex", "codex", files({"MEMORY.md": shared}))
+    sha = sha256_text(shared)
+    assert st.conn.execute("SELECT count(*) FROM blobs WHERE sha256=?", (sha,)).fetchone()[0] == 1
+    assert st.counts()["blobs"] == 1 and st.counts()["files"] == 2
+    unknown = sha256_text("never sent")
+    assert st.missing([sha, unknown, unknown]) == [unknown]
+    assert st.missing([]) == []
+    many = [sha256_text(str(i)) for i in range(1200)]  # more than one query chunk
+    assert st.missing([*many, sha]) == sorted(many)
+    report = st.ingest("m3", "notes", "markdown",
+                       [IncomingFile("y.md", sha, len(shared)), IncomingFile("z.md", unknown, 3)])
+    assert [(r["path"], r["reason"]) for r in report.refused] == [("z.md", "missing-body")]
+    assert exported(st)["machines/m3/notes/y.md"] == shared
+    assert st.counts()["blobs"] == 1
+
+
+# --- notes -------------------------------------------------------------------------------------
+
+def test_notes_are_append_only(st: Store) -> None:
+    st.append_note("m1", NOTE, "first")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        st.conn.execute("UPDATE notes SET body='changed'")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        st.conn.execute("DELETE FROM notes")
+    # REPLACE deletes without firing delete triggers: it must be refused before it gets there.
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        st.conn.execute("INSERT OR REPLACE INTO notes SELECT seq, note_id, filename, machine, "
+                        "created_at, 'rewritten', prev_sha256, sha256 FROM notes")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        st.conn.execute("INSERT OR REPLACE INTO notes(note_id, filename, machine, created_at, body, "
+                        "prev_sha256, sha256) SELECT note_id, filename, machine, created_at, "
+                        "'rewritten', prev_sha256, sha256 FROM notes")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        st.conn.execute("INSERT INTO notes SELECT * FROM notes WHERE true ON CONFLICT DO UPDATE SET body='x'")
+    assert st.conn.execute("SELECT seq, body FROM notes").fetchall() == [(1, "first")]
+    st.append_note("m1", NOTE, "second")  # appending still works
+    assert st.verify() == []
+
+
+def test_note_chain_and_tamper_detection(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    with Store.open(path) as st:
+        for i in range(5):
+            st.append_note(f"m{i % 2}", NOTE, f"entry {i}")
+        rows = st.conn.execute("SELECT prev_sha256, sha256 FROM notes ORDER BY seq").fetchall()
+        assert rows[0][0] == GENESIS
+        assert all(rows[i][0] == rows[i - 1][1] for i in range(1, 5))
+        assert st.verify() == []
+    tampered = tmp_path / "tampered.sqlite3"
+    shutil.copy(path, tampered)
+    raw = sqlite3.connect(tampered)
+    raw.execute("DROP TRIGGER notes_append_only_update")
+    raw.execute("UPDATE notes SET body='rewritten' WHERE seq=3")
+    raw.commit()
+    raw.close()
+    with Store.open(tampered) as st:
+        problems = st.verify()
+        assert len(problems) == 1 and "entry 3" in problems[0] and NOTE in problems[0]
+    # A forger who also recomputes the row's own hash is caught at the next link.
+    forged = tmp_path / "forged.sqlite3"
+    shutil.copy(path, forged)
+    raw = sqlite3.connect(forged)
+    raw.execute("DROP TRIGGER notes_append_only_update")
+    prev, note_id, fn, machine, created = raw.execute(
+        "SELECT prev_sha256, note_id, filename, machine, created_at FROM notes WHERE seq=2").fetchone()
+    raw.execute("UPDATE notes SET body='forged', sha256=? WHERE seq=2", (
+        store_module.chain_hash(prev, note_id, fn, machine, created, "forged"),))
+    raw.commit()
+    raw.close()
+    with Store.open(forged) as st:
+        assert ["entry 3" in p for p in st.verify()] == [True]
+    deleted = tmp_path / "deleted.sqlite3"
+    shutil.copy(path, deleted)
+    raw = sqlite3.connect(deleted)
+    raw.execute("DROP TRIGGER notes_append_only_delete")
+    raw.execute("DELETE FROM notes WHERE seq=4")
+    raw.commit()
+    raw.close()
+    with Store.open(deleted) as st:
+        assert ["entry 5" in p for p in st.verify()] == [True]
+
+
+def test_note_id_idempotency_and_refusals(st: Store) -> None:
+    path, stored = st.append_note("m1", NOTE, "once", note_id="note-0001")
+    assert (path, stored) == (f"{NOTES_DIR}/{NOTE}", True)
+    assert st.append_note("m1", NOTE, "once", note_id="note-0001") == (path, False)
+    assert st.append_note("m2", NOTE, "other text", note_id="note-0001") == (path, False)
+    assert st.counts()["notes"] == 1
+    for bad in ("notes.md", "2026-02-30T00-00-00-x.md", "../" + NOTE, "2026-01-31T09-30-00-X.md"):
+        with pytest.raises(NoteError):
+            st.append_note("m1", bad, "text")
+    with pytest.raises(NameRuleError):
+        st.append_note("Bad Machine", NOTE, "text")
+    for bad_id in ("short", "x" * 129):
+        with pytest.raises(NoteError, match="note id"):
+            st.append_note("m1", NOTE, "text", note_id=bad_id)
+    with pytest.raises(NoteError, match="empty"):
+        st.append_note("m1", NOTE, "  \n ")
+    with pytest.raises(NoteError, match="over"):
+        st.append_note("m1", NOTE, "x" * (64 * 1024 + 1))
+    with pytest.raises(NoteError, match="UTF-8"):
+        st.append_note("m1", NOTE, "bad \udc80 text")
+    assert st.counts()["notes"] == 1
+
+
+def test_note_file_renders_every_entry_in_order(st: Store) -> None:
+    other = "2026-02-01T00-00-00-other.md"
+    st.append_note("laptop", NOTE, "first entry\n\n")
+    st.append_note("desktop", other, "elsewhere")
+    st.append_note("desktop", NOTE, "second entry")
+    st.append_note("laptop", NOTE, "third entry")
+    text = exported(st)[f"{NOTES_DIR}/{NOTE}"]
+    heads = re.findall(r"^## (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) · ([a-z]+)$", text, re.M)
+    assert [m for _, m in heads] == ["laptop", "desktop", "laptop"]
+    assert [t for t, _ in heads] == sorted(t for t, _ in heads)
+    assert text.index("first entry") < text.index("second entry") < text.index("third entry")
+    assert "elsewhere" not in text
+    assert re.fullmatch(r"## \S+ · laptop\n\nfirst entry\n\n## \S+ · desktop\n\nsecond entry\n\n"
+                        r"## \S+ · laptop\n\nthird entry\n", text)
+    assert exported(st)[f"{NOTES_DIR}/{other}"].endswith("· desktop\n\nelsewhere\n")
+    assert st.note_generation() == 4
+
+
+# --- export, manifest, pull, forget ------------------------------------------------------------
+
+def test_export_and_manifest_paths(st: Store) -> None:
+    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "a", "rollout_summaries/r.md": "b"}))
+    st.ingest("m2", "claude-code", "claude-code", files({"proj/x.md": "c"}))
+    st.append_note("m1", NOTE, "n")
+    out = list(st.export())
+    assert [p for p, _, _ in out] == [
+        "machines/m1/codex/MEMORY.md", "machines/m1/codex/rollout_summaries/r.md",
+        "machines/m2/claude-code/proj/x.md", f"{NOTES_DIR}/{NOTE}"]
+    assert all(sha == sha256_text(text) for _, sha, text in out)
+    assert st.manifest() == {p: s for p, s, _ in out}
+    keys = [ns["key"] for ns in st.namespaces()]
+    assert keys == ["machines/m1/codex", "machines/m2/claude-code", NOTES_DIR]
+
+
+def test_pull_sends_only_changes_and_removals(st: Store) -> None:
+    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B", "c.md": "C"}))
+    st.ingest("m2", "notes", "markdown", files({"x.md": "X"}))
+    st.append_note("m1", NOTE, "one")
+    namespaces, full, upserts, removals = st.pull({})
+    assert full == {"machines/m1/notes", "machines/m2/notes"} and removals == []
+    assert sorted(p for p, _, _ in upserts) == sorted(st.manifest())
+    known = {str(ns["key"]): int(ns["generation"]) for ns in namespaces}
+    _, full, upserts, removals = st.pull(known)
+    assert (full, list(upserts), removals) == (set(), [], [])
+    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B2", "d.md": "D"}))
+    st.append_note("m2", NOTE, "two")
+    namespaces, full, upserts, removals = st.pull(known)
+    assert full == set()
+    assert {p: t for p, _, t in upserts} == {
+        "machines/m1/notes/b.md": "B2", "machines/m1/notes/d.md": "D",
+        f"{NOTES_DIR}/{NOTE}": exported(st)[f"{NOTES_DIR}/{NOTE}"]}
+    assert removals == ["machines/m1/notes/c.md"]
+    # A path that comes back is no longer a removal.
+    middle = {str(ns["key"]): int(ns["generation"]) for ns in namespaces}
+    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B2", "c.md": "C3", "d.md": "D"}))
+    _, _, upserts, removals = st.pull(known)
+    assert removals == [] and "machines/m1/notes/c.md" in {p for p, _, _ in upserts}
+    _, _, upserts, removals = st.pull(middle)
+    assert [p for p, _, _ in upserts] == ["machines/m1/notes/c.md"] and removals == []
+
+
+def test_forget_then_recreate_is_full(st: Store) -> None:
+    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
+    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "M"}))
+    st.ingest("m2", "notes", "markdown", files({"a.md": "other"}))
+    st.append_note("m1", NOTE, "stays")
+    known = {str(ns["key"]): int(ns["generation"]) for ns in st.namespaces()}
+    notes_before = exported(st, NOTES_DIR)
+    assert st.forget("m1", reason="laptop retired") == 3
+    assert sorted(st.manifest()) == [f"{NOTES_DIR}/{NOTE}", "machines/m2/notes/a.md"]
+    assert exported(st, NOTES_DIR) == notes_before
+    assert st.conn.execute("SELECT count(*) FROM blobs WHERE body IN ('A','B','M')").fetchone()[0] == 0
+    assert st.conn.execute("SELECT count(*) FROM files f LEFT JOIN namespaces n ON "
+                           "n.id=f.namespace_id WHERE n.id IS NULL").fetchone()[0] == 0
+    row = st.conn.execute("SELECT machine, source, files, reason FROM forgotten").fetchall()
+    assert row == [("m1", None, 3, "laptop retired")]
+    with pytest.raises(StoreError, match="holds nothing"):
+        st.forget("m1")
+    st.ingest("m1", "notes", "markdown", files({"a.md": "A"}))
+    namespaces, full, upserts, removals = st.pull(known)
+    assert full == {"machines/m1/notes"}
+    assert [p for p, _, _ in upserts] == ["machines/m1/notes/a.md"]
+    assert removals == []
+    assert "machines/m1/codex" not in {ns["key"] for ns in namespaces}
+    assert st.verify() == []
+
+
+def test_forget_one_source_and_restored_store(st: Store) -> None:
+    st.ingest("m1", "notes", "markdown", files({"a.md": "A"}))
+    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "M"}))
+    assert st.forget("m1", "notes") == 1
+    assert sorted(st.manifest()) == ["machines/m1/codex/MEMORY.md"]
+    assert st.conn.execute("SELECT machine, source FROM forgotten").fetchall() == [("m1", "notes")]
+    future = {"machines/m1/codex": 999}  # a client ahead of a store restored from backup
+    _, full, upserts, _ = st.pull(future)
+    assert full == {"machines/m1/codex"}
+    assert [p for p, _, _ in upserts] == ["machines/m1/codex/MEMORY.md"]
+
+
+# --- crash safety ------------------------------------------------------------------------------
+
+CRASH_CHILD = """
+import json, os, signal
+from sharedmem.store import IncomingFile, Store
+db, data, limit, step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+new = [IncomingFile(p, text=t) for p, t in json.loads(open(data).read()).items()]
+st = Store.open(db)
+calls = 0
+def tick():
+    global calls
+    calls += 1
+    if calls >= limit:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 0
+st.conn.set_progress_handler(tick, step)
+st.ingest("m1", "notes", "markdown", new)
+for _ in range(100000):  # keep counting after the commit, so late limits die there
+    st.conn.execute("SELECT sum(size + length(path)) FROM files").fetchone()
+sys.exit(3)
+"""
+STEP = 50
+
+
+def crash_data() -> tuple[dict[str, str], dict[str, str]]:
+    old = {f"d{i % 4}/f{i:03d}.md": f"old body {i}\n" * 20 for i in range(150)}
+    new = {f"d{i % 4}/f{i:03d}.md": f"new body {i}\n" * 20 for i in range(60, 240)}
+    new.update({f"d{i % 4}/f{i:03d}.md": old[f"d{i % 4}/f{i:03d}.md"] for i in range(60, 90)})
+    return old, new
+
+
+def test_sigkill_mid_ingest_leaves_old_or_new(tmp_path: Path) -> None:
+    old, new = crash_data()
+    base = tmp_path / "base.sqlite3"
+    with Store.open(base) as st:
+        st.ingest("m1", "notes", "markdown", files(old))
+        st.ingest("m2", "notes", "markdown", files({"keep.md": "untouched"}))
+        st.append_note("m2", NOTE, "a note")
+        old_manifest = st.manifest()
+    calibrate = tmp_path / "calibrate.sqlite3"
+    shutil.copy(base, calibrate)
+    with Store.open(calibrate) as st:
+        calls = [0]
+
+        def tick() -> int:
+            calls[0] += 1
+            return 0
+
+        st.conn.set_progress_handler(tick, STEP)
+        st.ingest("m1", "notes", "markdown", [IncomingFile(p, text=t) for p, t in new.items()])
+        st.conn.set_progress_handler(None, STEP)
+        new_manifest = st.manifest()
+    total = calls[0]
+    assert total >= 40, total  # enough progress callbacks to spread 20 kill points over
+    assert old_manifest != new_manifest
+    data = tmp_path / "new.json"
+    data.write_text(json.dumps(new))
+    # 16 points inside the transaction (before its COMMIT ran), 4 after it committed.
+    limits = sorted({max(1, round(total * k / 17)) for k in range(1, 17)} |
+                    {total + 1, total + 2, total + 5, total + 20})
+    assert len(limits) == 20
+    outcomes = []
+    for n, limit in enumerate(limits):
+        db = tmp_path / f"crash{n}.sqlite3"
+        shutil.copy(base, db)
+        proc = child(CRASH_CHILD, str(db), str(data), str(limit), str(STEP))
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, (limit, proc.returncode, err)
+        with Store.open(db) as st:
+            assert st.conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            assert st.verify() == []
+            manifest = st.manifest()
+        assert manifest in (old_manifest, new_manifest), limit
+        outcomes.append("old" if manifest == old_manifest else "new")
+    assert outcomes == ["old"] * 16 + ["new"] * 4, list(zip(limits, outcomes, strict=True))
+
+
+# --- concurrency -------------------------------------------------------------------------------
+
+NOTES_CHILD = """
+import os, time
+from sharedmem.store import Store
+db, go, me, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+while not os.path.exists(go):
+    time.sleep(0.005)
+st = Store.open(db)
+for j in range(count):
+    name = f"2026-01-0{1 + j % 3}T00-00-00-shared-{j % 3}.md"
+    path, stored = st.append_note(f"m{me}", name, f"process {me} note {j}", note_id=f"p{me}-n{j:04d}")
+    assert stored
+st.append_note(f"m{me}", "2026-01-01T00-00-00-race.md", "everyone sends this", note_id="same-id-for-all")
+st.close()
+"""
+
+
+def run_note_writers(tmp_path: Path, db: Path, processes: int, count: int) -> None:
+    go = tmp_path / "go"
+    procs = [child(NOTES_CHILD, str(db), str(go), str(i), str(count)) for i in range(processes)]
+    time.sleep(0.3)
+    go.touch()
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert "locked" not in err and "busy" not in err
+
+
+def test_concurrent_note_writers(tmp_path: Path) -> None:
+    db = tmp_path / "store.sqlite3"
+    Store.open(db).close()
+    run_note_writers(tmp_path, db, 8, 50)
+    with Store.open(db) as st:
+        ids = [r[0] for r in st.conn.execute("SELECT note_id FROM notes WHERE note_id LIKE 'p%'")]
+        assert len(ids) == 400 and len(set(ids)) == 400
+        assert st.conn.execute("SELECT count(*) FROM notes").fetchone()[0] == 401
+        assert st.verify() == []
+        for me in range(8):  # each writer's entries are in its own order
+            seqs = [r[0] for r in st.conn.execute(
+                "SELECT note_id FROM notes WHERE machine=? AND note_id LIKE 'p%' ORDER BY seq",
+                (f"m{me}",))]
+            assert seqs == [f"p{me}-n{j:04d}" for j in range(50)]
+        shared = exported(st)[f"{NOTES_DIR}/2026-01-01T00-00-00-shared-0.md"]
+        assert shared.count("## ") == 8 * 17
+
+
+def test_concurrent_first_open_of_a_new_store(tmp_path: Path) -> None:
+    db = tmp_path / "fresh" / "store.sqlite3"
+    run_note_writers(tmp_path, db, 8, 3)
+    with Store.open(db) as st:
+        assert st.schema_version() == SCHEMA_VERSION
+        assert st.counts()["notes"] == 8 * 3 + 1
+        assert st.verify() == []
