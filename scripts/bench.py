@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""Maintainer benchmarks: `bench.py mcp` (the MCP server) and `bench.py sync` (the sync exchange)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    import bench_mcp
+    bench_mcp.add_arguments(sub.add_parser("mcp", help="cold start, read and search latency, "
+                                                       "memory of the MCP server"))
+    sync = sub.add_parser("sync", help="the sync benchmark (scripts/bench_sync.py)")
+    sync.add_argument("--files", type=int, default=10_000, help="corpus size (default 10000)")
+    sync.add_argument("--runs", type=int, default=3, help="repetitions (default 3)")
+    sync.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    args = parser.parse_args(argv)
+    if args.command == "mcp":
+        return bench_mcp.main(args)
+    import bench_sync
+    return bench_sync.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

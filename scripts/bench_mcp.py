@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Benchmark of the MCP server over a generated cache, each figure beside its reference."""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SCRIPTS = Path(__file__).resolve().parent
+REPO = SCRIPTS.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(SCRIPTS))
+
+import corpus  # noqa: E402
+
+from sharedmem.cache import Cache, NamespaceInfo  # noqa: E402
+from sharedmem.core import sha256_text  # noqa: E402
+
+NAMESPACE = "machines/bench/notes"
+QUERIES = [  # (label, arguments, rg flags)
+    ("common word", {"queries": ["session"]}, []),
+    ("rare identifier", {"queries": ["RareIdent0007"]}, []),
+    ("non-ASCII word", {"queries": ["Привет"]}, []),
+    ("three-word phrase", {"queries": ["rotate the signing"]}, []),
+    ("accented, normalized", {"queries": ["décision"], "normalized": True}, ["-i"]),
+]
+
+
+def build(work: Path, files: int, seed: int) -> tuple[Path, dict[str, Any]]:
+    """Corpus -> cache (via Cache.apply) -> client.json; returns the config path and stats."""
+    src, root = work / "src", work / "cache"
+    stats = corpus.generate(src, files, seed)
+    upserts = []
+    for path in sorted(src.rglob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        upserts.append((f"{NAMESPACE}/{path.relative_to(src).as_posix()}", sha256_text(text), text))
+    info = NamespaceInfo(NAMESPACE, "bench", "notes", "markdown", 1, "2026-01-01T00:00:00Z")
+    Cache(root).apply(upserts, [], {NAMESPACE: info})
+    shutil.rmtree(src)
+    config = work / "client.json"
+    config.write_text(json.dumps({
+        "machine": "bench", "transport": {"kind": "local", "store": str(work / "store.sqlite3")},
+        "sources": [], "cache": str(root), "state": str(work / "state")}), encoding="utf-8")
+    return config, stats
+
+
+def server_command(config: Path) -> list[str]:
+    """The launcher when cli.py wires `mcp`, else the module entry point."""
+    cli = REPO / "sharedmem" / "cli.py"
+    if cli.is_file() and '"mcp"' in cli.read_text(encoding="utf-8"):
+        return [sys.executable, str(REPO / "shared_memory.py"), "mcp", "--config", str(config)]
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+            "from sharedmem.mcp import main; sys.exit(main(sys.argv[1]))", str(config)]
+
+
+def first_output(cmd: list[str], line: bytes = b"") -> float:
+    """Seconds from spawn to the first line of output."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    assert proc.stdin and proc.stdout
+    proc.stdin.write(line)
+    proc.stdin.flush()
+    proc.stdout.readline()
+    elapsed = time.perf_counter() - start
+    proc.stdin.close()
+    proc.wait()
+    return elapsed
+
+
+class Session:
+    """A running server and a request/response helper."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL)
+        self.next_id = 0
+        self.ask("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                "clientInfo": {"name": "bench", "version": "0"}})
+
+    def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self.next_id += 1
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method,
+                                          "params": params}).encode() + b"\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def timed_call(self, name: str, arguments: dict[str, Any]) -> float:
+        start = time.perf_counter()
+        reply = self.ask("tools/call", {"name": name, "arguments": arguments})
+        elapsed = time.perf_counter() - start
+        assert not reply["result"]["isError"], reply
+        return elapsed
+
+    def rss_kib(self) -> tuple[int, int]:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+    def close(self) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build, measure, print the table; exit 1 if any target is missed."""
+    from sharedmem.search import refresh_index
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-mcp-"))
+    work.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    config, stats = build(work, args.files, args.seed)
+    built = time.perf_counter() - start
+    compileall.compile_dir(str(REPO / "sharedmem"), quiet=1)
+    start = time.perf_counter()
+    refresh_index(Cache(work / "cache"))
+    indexed = time.perf_counter() - start
+    print(f"corpus: {stats['files']} files, {stats['bytes'] / 1e6:.1f} MB; cache built in "
+          f"{built:.1f}s, index built in {indexed:.1f}s")
+    rows: list[tuple[str, str, str, str, bool]] = []
+    cmd = server_command(config)
+    init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                       "params": {"protocolVersion": "2025-06-18"}}).encode() + b"\n"
+    pairs = [(first_output(cmd, init), first_output([sys.executable, "-c", "print(1)"]))
+             for _ in range(args.runs)]  # interleaved, so background load hits both alike
+    cold = statistics.median(p[0] for p in pairs)
+    ref = statistics.median(p[1] for p in pairs)
+    rows.append(("cold start (spawn to initialize reply)", f"{cold * 1e3:.1f} ms", "<= 2x ref",
+                 f"{ref * 1e3:.1f} ms (python -c print(1))", cold <= 2 * ref))
+    session = Session(cmd)
+    files = sorted(Cache(work / "cache").load().files)
+    reads = [session.timed_call("read", {"path": files[i * 37 % len(files)]})
+             for i in range(args.runs * 20)]
+    rows.append(("read round trip p50", f"{pct(reads, 0.5) * 1e3:.2f} ms", "< 1 ms", "",
+                 pct(reads, 0.5) < 0.001))
+    for label, arguments, flags in QUERIES:
+        times = [session.timed_call("search", arguments) for _ in range(args.runs * 4)]
+        rg = statistics.median(_rg(flags, arguments["queries"][0], work / "cache")
+                               for _ in range(args.runs))
+        p50, p95 = pct(times, 0.5), pct(times, 0.95)
+        rows.append((f"search {label} p50/p95", f"{p50 * 1e3:.2f} / {p95 * 1e3:.2f} ms",
+                     "p50 <= 10 ms, >= 4x rg", f"rg {rg * 1e3:.1f} ms ({rg / p50:.0f}x)",
+                     p50 <= 0.010 and rg >= 4 * p50))
+    for i in range(1000):
+        label, arguments, _ = QUERIES[i % len(QUERIES)]
+        session.timed_call("search", {**arguments, "max_results": 50})
+    rss, hwm = session.rss_kib()
+    rows.append(("server memory after 1,000 searches (VmRSS)", f"{rss / 1024:.1f} MB",
+                 "<= 64 MB", f"peak {hwm / 1024:.1f} MB", rss <= 64 * 1024))
+    session.close()
+    width = [max(len(str(r[i])) for r in rows) for i in range(4)]
+    print(" | ".join(h.ljust(w) for h, w in zip(("figure", "value", "target", "reference"), width,
+                                               strict=True)) + " | result")
+    for row in rows:
+        print(" | ".join(str(c).ljust(w) for c, w in zip(row[:4], width, strict=True))
+              + (" | pass" if row[4] else " | FAIL"))
+    if not args.work and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(r[4] for r in rows) else 1
+
+
+def _rg(flags: list[str], query: str, root: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run(["rg", "-F", "-n", *flags, "--", query, str(root)], stdout=subprocess.DEVNULL,
+                   check=False)
+    return time.perf_counter() - start
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--files", type=int, default=10000, help="corpus size (default 10000)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=11, help="repetitions per figure")
+    parser.add_argument("--work", help="folder to build in (kept); default a temporary one")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+
+
+def main(args: argparse.Namespace | None = None) -> int:
+    if args is None:
+        parser = argparse.ArgumentParser(description=__doc__)
+        add_arguments(parser)
+        args = parser.parse_args()
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Deterministic Markdown corpus for benchmarks and tests: same seed, same bytes, every time.
+
+Files are 200 B to 20 KB in folders up to four deep, mostly English-like prose with some
+accented words (NFC, and a few NFD), some non-Latin text, and rare identifiers
+(`RareIdent0000`...) that each appear in only a few files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import unicodedata
+from pathlib import Path
+
+WORDS = (
+    "the memory session agent build release deploy config cache server client sync note "
+    "search index file folder machine source project team review test error fix change "
+    "update plan decision context summary rollout branch commit merge docs script install "
+    "policy token backup store query result page cursor limit path rule module function "
+    "value default option command output input stream format schema version network"
+).split()
+ACCENTED = ("décision", "café", "résumé", "naïve", "façade", "Zürich", "jalapeño", "coöperate",
+            "élève", "Ångström", "crème", "déjà")
+FOREIGN = ("日本語のメモ", "Привет мир", "Ελληνικά", "مرحبا", "한국어 메모", "ไทย")
+PHRASE = "rotate the signing key"
+COMMON = "session"
+
+
+def _line(rng: random.Random, rare: list[str]) -> str:
+    words = [rng.choice(WORDS) for _ in range(rng.randint(4, 14))]
+    roll = rng.random()
+    if roll < 0.08:
+        word = rng.choice(ACCENTED)
+        words.insert(rng.randrange(len(words)), unicodedata.normalize(
+            "NFD" if rng.random() < 0.3 else "NFC", word))
+    elif roll < 0.11:
+        words.insert(rng.randrange(len(words)), rng.choice(FOREIGN))
+    elif roll < 0.112:
+        words.insert(rng.randrange(len(words)), rng.choice(rare))
+    elif roll < 0.115:
+        words.append(PHRASE)
+    if rng.random() < 0.2:
+        words[0] = words[0].capitalize()
+    prefix = rng.choice(("", "", "", "- ", "* ", "  - ", "## "))
+    return prefix + " ".join(words)
+
+
+def generate(root: Path, files: int = 10000, seed: int = 1) -> dict[str, int]:
+    """Write `files` Markdown files under `root`; return counts (files, bytes, lines, folders)."""
+    rng = random.Random(seed)
+    root = Path(root)
+    rare = [f"RareIdent{i:04d}" for i in range(max(1, files // 50))]
+    folders = [""]
+    for depth in range(1, 5):
+        for i in range(max(1, files // (40 * depth))):
+            parent = rng.choice([f for f in folders if f.count("/") == depth - 2] or [""])
+            name = f"{rng.choice(WORDS)}-{i:03d}"
+            folders.append(f"{parent}/{name}".lstrip("/") if parent else name)
+    total_bytes = total_lines = 0
+    for n in range(files):
+        folder = rng.choice(folders)
+        target = root / folder / f"{rng.choice(WORDS)}-{n:05d}.md"
+        size = int(min(20_000, max(200, rng.lognormvariate(7.6, 0.8))))
+        lines = [f"# {rng.choice(WORDS).capitalize()} {n}", ""]
+        length = len(lines[0]) + 2
+        while length < size:
+            line = _line(rng, rare)
+            lines.append(line)
+            length += len(line.encode("utf-8")) + 1
+        text = "\n".join(lines) + "\n"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = text.encode("utf-8")
+        target.write_bytes(data)
+        total_bytes += len(data)
+        total_lines += len(lines)
+    return {"files": files, "bytes": total_bytes, "lines": total_lines,
+            "folders": len(folders), "seed": seed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="folder to fill (created if absent)")
+    parser.add_argument("--files", type=int, default=10000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    print(json.dumps(generate(args.root, args.files, args.seed)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

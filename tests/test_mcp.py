@@ -1,0 +1,361 @@
+"""The real MCP server as a child process: lifecycle per revision, malformed input, tools, exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharedmem.cache import Cache, NamespaceInfo
+from sharedmem.core import sha256_text
+
+REPO = Path(__file__).resolve().parent.parent
+LAUNCHER = REPO / "shared_memory.py"
+NS = "machines/lab/codex"
+VERSIONS = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"]
+
+
+class Server:
+    """A running `shared_memory.py mcp` with line-level helpers and a read timeout."""
+
+    def __init__(self, config: Path, cmd: list[str] | None = None, env: dict | None = None) -> None:
+        self.proc = subprocess.Popen(
+            cmd or [sys.executable, str(LAUNCHER), "mcp", "--config", str(config)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.next_id = 100
+
+    def _pump(self) -> None:
+        assert self.proc.stdout
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(b"")
+
+    def send(self, data: bytes | str | Any) -> None:
+        if not isinstance(data, bytes | str):
+            data = json.dumps(data)
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        assert self.proc.stdin
+        self.proc.stdin.write(data if data.endswith(b"\n") else data + b"\n")
+        self.proc.stdin.flush()
+
+    def reply(self, timeout: float = 20) -> Any:
+        line = self.lines.get(timeout=timeout)
+        assert line, "the server closed its output"
+        return json.loads(line)
+
+    def ask(self, method: str, params: Any = None, **extra: Any) -> Any:
+        self.next_id += 1
+        msg = {"jsonrpc": "2.0", "id": self.next_id, "method": method, **extra}
+        if params is not None:
+            msg["params"] = params
+        self.send(msg)
+        answer = self.reply()
+        assert answer["id"] == self.next_id, answer
+        return answer
+
+    def call(self, name: str, **arguments: Any) -> dict[str, Any]:
+        result = self.ask("tools/call", {"name": name, "arguments": arguments})["result"]
+        if not result["isError"]:
+            assert json.loads(result["content"][0]["text"]) == result.get(
+                "structuredContent", json.loads(result["content"][0]["text"]))
+        return result
+
+    def init(self, version: str = "2025-06-18") -> dict[str, Any]:
+        answer = self.ask("initialize", {"protocolVersion": version, "capabilities": {},
+                                         "clientInfo": {"name": "pytest", "version": "1"}})
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return answer["result"]
+
+    def alive(self) -> None:
+        assert self.ask("ping")["result"] == {}
+
+    def close(self) -> int:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        code = self.proc.wait(timeout=20)
+        self.stderr = self.proc.stderr.read().decode() if self.proc.stderr else ""
+        return code
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    files = {"MEMORY.md": "# Memory\nuse SessionManager for sessions\n",
+             "memory_summary.md": "summary: Décision prise\n"}
+    files.update({f"notes/n{i:02d}.md": f"note {i} session\n" for i in range(12)})
+    info = NamespaceInfo(NS, "lab", "codex", "codex", 1, "2026-01-01T00:00:00Z")
+    Cache(tmp_path / "cache").apply(
+        [(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [], {NS: info})
+    path = tmp_path / "client.json"
+    path.write_text(json.dumps({
+        "machine": "lab", "transport": {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
+        "sources": [], "cache": str(tmp_path / "cache"), "state": str(tmp_path / "state")}))
+    return path
+
+
+@pytest.fixture
+def server(config: Path) -> Any:
+    proc = Server(config)
+    yield proc
+    if proc.proc.poll() is None:
+        proc.proc.kill()
+        proc.proc.wait()
+
+
+@pytest.mark.parametrize("version", VERSIONS + ["1999-01-01"])
+def test_transcript_per_revision(config: Path, version: str) -> None:
+    srv = Server(config)
+    result = srv.init(version)
+    expected = version if version in VERSIONS else "2025-11-25"
+    assert result["protocolVersion"] == expected
+    assert result["capabilities"] == {"tools": {"listChanged": False}}
+    assert result["serverInfo"]["name"] == "shared_memories" and result["instructions"]
+    modern = expected >= "2025-06-18"
+    assert ("title" in result["serverInfo"]) == modern
+    srv.alive()
+    tools = srv.ask("tools/list")["result"]["tools"]
+    assert [t["name"] for t in tools] == ["list", "read", "search", "add_ad_hoc_note"]
+    for tool in tools:
+        assert ("outputSchema" in tool) == modern and ("title" in tool) == modern
+        assert ("annotations" in tool) == (expected >= "2025-03-26")
+    listed = srv.call("list", path=NS)
+    assert ("structuredContent" in listed) == modern and listed["isError"] is False
+    assert [e["name"] for e in json.loads(listed["content"][0]["text"])["entries"]] == [
+        "MEMORY.md", "memory_summary.md", "notes"]
+    read = json.loads(srv.call("read", path=f"{NS}/MEMORY.md")["content"][0]["text"])
+    assert read["lines"] == ["# Memory", "use SessionManager for sessions"]
+    found = json.loads(srv.call("search", queries=["decision"], normalized=True)[
+        "content"][0]["text"])
+    assert [r["path"] for r in found["results"]] == [f"{NS}/memory_summary.md"]
+    note = srv.call("add_ad_hoc_note", filename="bad name.md", note="x")
+    assert note["isError"] and "YYYY-MM-DD" in note["content"][0]["text"]
+    srv.alive()
+    assert srv.close() == 0
+    assert "Traceback" not in srv.stderr
+
+
+def test_batches_only_in_2025_03_26(config: Path) -> None:
+    srv = Server(config)
+    srv.init("2025-03-26")
+    srv.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"},
+              {"jsonrpc": "2.0", "method": "notifications/whatever"},
+              {"jsonrpc": "2.0", "id": 2, "method": "nope"}])
+    replies = srv.reply()
+    assert [r["id"] for r in replies] == [1, 2] and replies[1]["error"]["code"] == -32601
+    srv.send("[]")
+    assert srv.reply()["error"]["code"] == -32600
+    srv.alive()
+    assert srv.close() == 0
+    other = Server(config)
+    other.init("2025-06-18")
+    other.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"}])
+    assert other.reply()["error"]["code"] == -32600
+    assert other.close() == 0
+
+
+def test_before_initialize(server: Server) -> None:
+    server.send({"jsonrpc": "2.0", "id": "d", "method": "server/discover"})
+    answer = server.reply(timeout=5)
+    assert answer["id"] == "d" and answer["error"]["code"] == -32601
+    server.send({"jsonrpc": "2.0", "id": 7, "method": "tools/list"})
+    assert server.reply(timeout=5)["error"]["code"] == -32601
+    server.alive()
+    server.init()
+    assert server.ask("initialize", {"protocolVersion": "2025-06-18"})["error"]["code"] == -32600
+
+
+BAD_INPUTS: list[tuple[bytes, int | None]] = [
+    (b"{not json", -32700),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "pi', -32700),
+    (b"42", -32600),
+    (b'"just a string"', -32600),
+    (b"null", -32600),
+    (b"[]", -32600),
+    (b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]', -32600),
+    (b'{"jsonrpc": "1.0", "id": 1, "method": "ping"}', -32600),
+    (b'{"id": 1, "method": "ping"}', -32600),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": 5}', -32600),
+    (b'{"jsonrpc": "2.0", "id": 1}', -32600),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": "x"}', -32600),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": [1]}', -32602),
+    (b'{"jsonrpc": "2.0", "id": null, "method": "ping"}', -32600),
+    (b'{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', -32600),
+    (b'{"jsonrpc": "2.0", "id": true, "method": "ping"}', -32600),
+    (b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}', -32600),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "resources/list"}', -32601),
+    (b'{"jsonrpc": "2.0", "method": "notifications/unknown"}', None),
+    (b'{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3}}',
+     None),
+    (b'{"jsonrpc": "2.0", "id": 9, "result": {}}', None),
+    (b"\xff\xfe{}", -32700),
+    (b'{"jsonrpc": "2.0", "id": "\xc3\x28", "method": "ping"}', -32700),
+    (b"[" * 100_000 + b"]" * 100_000, -32700),
+    (b'{"jsonrpc": "2.0", "id": ' + b"9" * 5000 + b', "method": "ping"}', -32700),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": ' + b"1" * 5000 + b"}}",
+     -32700),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "rm"}}', -32602),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {}}', -32602),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", '
+     b'"params": {"name": "read", "arguments": "x"}}', -32602),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"cursor": "zzz"}}',
+     -32602),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"cursor": 3}}', -32602),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}', -32600),
+]
+
+
+def test_malformed_inputs_each_answered_and_server_survives(server: Server) -> None:
+    server.init("2025-06-18")
+    for data, code in BAD_INPUTS:
+        server.send(data)
+        if code is None:
+            server.alive()
+            continue
+        answer = server.reply()
+        assert answer["error"]["code"] == code, (data[:80], answer)
+        if code in (-32700,) or data.startswith((b"4", b"n", b'"', b"[")):
+            assert answer["id"] is None
+        server.alive()
+    server.send(b"x" * (5 * 1024 * 1024))
+    assert server.reply()["error"]["code"] == -32600
+    server.alive()
+    server.send(b"   ")
+    server.alive()
+    assert server.close() == 0
+    assert "Traceback" not in server.stderr
+
+
+TOOL_ERRORS = [
+    ("read", {}, "needs the argument 'path'"),
+    ("read", {"path": 3}, "must be a string"),
+    ("read", {"path": "../../../etc/passwd.md"}, "component"),
+    ("read", {"path": "/etc/passwd.md"}, "absolute"),
+    ("read", {"path": ".sharedmem/manifest.json"}, "hidden"),
+    ("read", {"path": "machines/CON.md"}, "reserved"),
+    ("read", {"path": f"{NS}/missing.md"}, "no file"),
+    ("list", {"path": "machines/../.."}, "component"),
+    ("list", {"cursor": "garbage"}, "cursor"),
+    ("list", {"max_results": 0}, "max_results"),
+    ("search", {"queries": []}, "1 to 16"),
+    ("search", {"queries": "x"}, "list of strings"),
+    ("search", {"queries": ["x"], "match_mode": 1}, "must be a string"),
+    ("search", {"queries": ["x"], "extra": True}, "no argument"),
+    ("add_ad_hoc_note", {"filename": "2026-01-01T00-00-00-x.md"}, "needs the argument 'note'"),
+]
+
+
+def test_tool_failures_are_results(server: Server) -> None:
+    server.init("2025-11-25")
+    for name, args, message in TOOL_ERRORS:
+        result = server.call(name, **args)
+        assert result["isError"] is True, (name, args)
+        assert "structuredContent" not in result
+        assert message in result["content"][0]["text"], (message, result)
+    server.alive()
+
+
+def test_pagination_over_the_protocol(server: Server) -> None:
+    server.init()
+    names, cursor = [], None
+    while True:
+        args: dict[str, Any] = {"path": f"{NS}/notes", "max_results": 5}
+        if cursor:
+            args["cursor"] = cursor
+        page = server.call("list", **args)["structuredContent"]
+        names += [e["name"] for e in page["entries"]]
+        if not (cursor := page["next_cursor"]):
+            break
+    assert names == [f"n{i:02d}.md" for i in range(12)]
+    hits, cursor = [], None
+    while True:
+        args = {"queries": ["session"], "max_results": 4}
+        if cursor:
+            args["cursor"] = cursor
+        page = server.call("search", **args)["structuredContent"]
+        hits += [(r["path"], r["line_number"]) for r in page["results"]]
+        if not (cursor := page["next_cursor"]):
+            break
+    assert hits == [(f"{NS}/MEMORY.md", 2)] + [(f"{NS}/notes/n{i:02d}.md", 1) for i in range(12)]
+
+
+def test_sigterm_and_closed_stdin_end_quietly(config: Path) -> None:
+    srv = Server(config)
+    srv.init()
+    srv.call("search", queries=["x"])
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=20) == 0
+    assert b"Traceback" not in srv.proc.stderr.read()
+    other = Server(config)
+    assert other.close() == 0 and other.stderr == ""
+
+
+def test_closed_stdout_ends_quietly(config: Path) -> None:
+    proc = subprocess.Popen([sys.executable, str(LAUNCHER), "mcp", "--config", str(config)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    ping = b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n'
+    try:
+        proc.stdin.write(ping * 20_000)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    assert proc.wait(timeout=20) == 0
+    assert b"Traceback" not in proc.stderr.read()
+
+
+def test_stray_output_cannot_reach_stdout(config: Path) -> None:
+    noisy = (
+        "import os, sys; sys.path.insert(0, REPO_PATH)\n"
+        "from sharedmem import tools\n"
+        "real = tools.read_file\n"
+        "def loud(*a, **k):\n"
+        "    print('STRAY PRINT'); os.system('echo STRAY CHILD'); os.write(1, b'STRAY FD\\n')\n"
+        "    return real(*a, **k)\n"
+        "tools.read_file = loud\n"
+        "from sharedmem.mcp import main\n"
+        "sys.exit(main(sys.argv[1]))\n").replace("REPO_PATH", repr(str(REPO)))
+    srv = Server(config, cmd=[sys.executable, "-c", noisy, str(config)])
+    srv.init()
+    assert srv.call("read", path=f"{NS}/MEMORY.md")["isError"] is False
+    srv.alive()
+    assert srv.close() == 0
+    assert "STRAY PRINT" in srv.stderr and "STRAY CHILD" in srv.stderr
+    assert "STRAY FD" in srv.stderr
+
+
+def test_lazy_imports_until_first_tool_call(config: Path) -> None:
+    probe = (
+        "import sys; sys.path.insert(0, REPO_PATH)\n"
+        "import sharedmem.mcp as m\n"
+        "s = m.Server(sys.argv[1])\n"
+        "s.handle(b'{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{}}')\n"
+        "print(sorted(n for n in ('sqlite3', 'argparse', 'sharedmem.search', 'sharedmem.tools',"
+        " 'sharedmem.cache', 'sharedmem.config', 'sharedmem.redact') if n in sys.modules))\n"
+    ).replace("REPO_PATH", repr(str(REPO)))
+    out = subprocess.run([sys.executable, "-c", probe, str(config)], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_note_end_to_end_with_the_client(tmp_path: Path, config: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path)}
+    srv = Server(config, env=env)
+    srv.init()
+    result = srv.call("add_ad_hoc_note", filename="2026-01-31T09-30-00-e2e.md",
+                      note="remember the e2e path")
+    assert result["isError"] is False, result
+    outcome = result["structuredContent"]
+    assert outcome["status"] == "stored", outcome
+    read = srv.call("read", path="extensions/ad_hoc/notes/2026-01-31T09-30-00-e2e.md")
+    assert "remember the e2e path" in read["content"][0]["text"]
+    assert srv.close() == 0

@@ -1,0 +1,199 @@
+"""Search over a real cache tree: results equal a straightforward scan, with or without the index."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from sharedmem import search as search_mod
+from sharedmem import tools
+from sharedmem.cache import Cache, NamespaceInfo
+from sharedmem.core import sha256_text
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import corpus  # noqa: E402
+
+NS = "machines/lab/notes"
+
+
+def make_cache(root: Path, files: dict[str, str]) -> Cache:
+    cache = Cache(root)
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 1, "2026-01-02T03:04:05Z")
+    cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [],
+                {NS: info})
+    return cache
+
+
+@pytest.fixture(scope="module")
+def corpus_cache(tmp_path_factory: pytest.TempPathFactory) -> Cache:
+    src = tmp_path_factory.mktemp("src")
+    corpus.generate(src, files=150, seed=7)
+    files = {p.relative_to(src).as_posix(): p.read_text(encoding="utf-8")
+             for p in src.rglob("*.md")}
+    return make_cache(tmp_path_factory.mktemp("cache"), files)
+
+
+def ref_fold(text: str, case_sensitive: bool, normalized: bool) -> str:
+    """The documented semantics, written out slowly."""
+    if normalized:
+        text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text).casefold())
+        text = "".join(c for c in text if not unicodedata.combining(c))
+        return re.sub(r"[^\S\n]+", " ", text)
+    return text if case_sensitive else text.casefold()
+
+
+def reference(cache: Cache, queries: list[str], mode: str = "any", case_sensitive: bool = True,
+              normalized: bool = False) -> list[tuple[str, int]]:
+    """(path, line) of every match in the documented order, by brute force."""
+    folded = [ref_fold(q, case_sensitive, normalized) for q in queries]
+    per_file = {}
+    for path in sorted(cache.load().files):
+        lines = (cache.root / path).read_text(encoding="utf-8").split("\n")
+        hits = {}
+        for number, line in enumerate(lines, 1):
+            which = {i for i, q in enumerate(folded) if q in ref_fold(line, case_sensitive,
+                                                                      normalized)}
+            if which:
+                hits[number] = which
+        matched = set().union(*hits.values()) if hits else set()
+        if hits and (mode == "any" or len(matched) == len(queries)):
+            per_file[path] = (hits, matched)
+    freq = [sum(i in m for _, m in per_file.values()) for i in range(len(queries))]
+    keyed = []
+    for path, (hits, matched) in per_file.items():
+        rank = (0, 0) if len(queries) == 1 or mode == "all" else (
+            -len(matched), sum(freq[i] for i in matched))
+        keyed.extend((rank, path, n) for n in hits)
+    return [(p, n) for _, p, n in sorted(keyed)]
+
+
+def all_pages(cache: Cache, **args: object) -> list[dict]:
+    out, cursor, pages = [], None, 0
+    while True:
+        page = tools.search(cache, cursor=cursor, **args)
+        out.extend(page["results"])
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return out
+        assert pages < 10_000
+
+
+CASES = [
+    dict(queries=["session"]),
+    dict(queries=["Session"], case_sensitive=False),
+    dict(queries=["RareIdent0001", "RareIdent0002"]),
+    dict(queries=["décision"], normalized=True),
+    dict(queries=["cafe"], normalized=True),
+    dict(queries=["Привет"]),
+    dict(queries=["rotate the signing"]),
+    dict(queries=["deploy", "merge"], match_mode="all"),
+    dict(queries=["deploy", "RareIdent0003", "zzz-nothing"]),
+    dict(queries=["ZÜRICH", "crème"], case_sensitive=False),
+    dict(queries=["ab"]),
+]
+
+
+@pytest.mark.parametrize("index", ["fresh", "missing"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c["queries"]))
+def test_search_equals_reference_scan(corpus_cache: Cache, case: dict, index: str) -> None:
+    if index == "fresh":
+        search_mod.refresh_index(corpus_cache)
+    else:
+        search_mod.index_path(corpus_cache).unlink(missing_ok=True)
+        search_mod._SEARCHERS.clear()
+        search_mod.AUTO_REFRESH_STALE, saved = 10**9, search_mod.AUTO_REFRESH_STALE
+    try:
+        got = all_pages(corpus_cache, max_results=7, **case)
+    finally:
+        if index == "missing":
+            search_mod.AUTO_REFRESH_STALE = saved
+    expected = reference(corpus_cache, case["queries"], case.get("match_mode", "any"),
+                         case.get("case_sensitive", True), case.get("normalized", False))
+    assert [(r["path"], r["line_number"]) for r in got] == expected
+    if case["queries"] != ["zzz-nothing"]:
+        assert expected or case["queries"] == ["ab"]
+
+
+def test_same_order_every_time_and_pages_join(corpus_cache: Cache) -> None:
+    args = dict(queries=["deploy", "RareIdent0004"], context_lines=2)
+    whole = tools.search(corpus_cache, max_results=200, **args)["results"]
+    assert whole == tools.search(corpus_cache, max_results=200, **args)["results"]
+    assert all_pages(corpus_cache, max_results=3, **args)[:len(whole)] == whole
+
+
+def test_ranking_more_queries_then_rarer_terms(tmp_path: Path) -> None:
+    files = {f"c{i}.md": "common\n" for i in range(4)}
+    files.update({"z-rare.md": "rare\n", "zz-both.md": "common rare\n"})
+    cache = make_cache(tmp_path, files)
+    got = [r["path"].rsplit("/", 1)[1] for r in tools.search(cache, ["common", "rare"])[
+        "results"]]
+    assert got == ["zz-both.md", "z-rare.md", "c0.md", "c1.md", "c2.md", "c3.md"]
+
+
+def test_context_lines_and_provenance(tmp_path: Path) -> None:
+    text = "\n".join(f"line {i}" for i in range(1, 11)) + "\nneedle here\nafter 1\nafter 2\n"
+    cache = make_cache(tmp_path, {"a.md": text})
+    hit = tools.search(cache, ["needle"], context_lines=3)["results"][0]
+    assert hit["line_number"] == 11
+    assert hit["context_before"] == ["line 8", "line 9", "line 10"]
+    assert hit["context_after"] == ["after 1", "after 2"]
+    assert (hit["machine"], hit["source"], hit["synced_at"]) == ("lab", "notes",
+                                                                 "2026-01-02T03:04:05Z")
+    assert hit["sha256"] == sha256_text(text)
+
+
+def test_substring_and_case_rules(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path, {"a.md": "class SessionManager:\n", "b.md": "no match\n"})
+    assert [r["path"] for r in tools.search(cache, ["Session"])["results"]] == [f"{NS}/a.md"]
+    assert tools.search(cache, ["session"])["results"] == []
+    assert len(tools.search(cache, ["session"], case_sensitive=False)["results"]) == 1
+
+
+def test_normalization_matches_accents_and_nfd(tmp_path: Path) -> None:
+    nfd = unicodedata.normalize("NFD", "café au lait")
+    cache = make_cache(tmp_path, {"a.md": "Décision  prise\n", "b.md": nfd + "\n"})
+    search_mod.refresh_index(cache)
+    assert [r["line"] for r in tools.search(cache, ["decision prise"], normalized=True)[
+        "results"]] == ["Décision  prise"]
+    assert tools.search(cache, ["decision"])["results"] == []
+    assert [r["path"] for r in tools.search(cache, ["café"], normalized=True)["results"]] == [
+        f"{NS}/b.md"]
+
+
+def test_stale_index_still_correct(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path, {"a.md": "alpha\n", "b.md": "beta\n"})
+    search_mod.refresh_index(cache)
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    cache.apply([(f"{NS}/c.md", sha256_text("gamma alpha\n"), "gamma alpha\n"),
+                 (f"{NS}/a.md", sha256_text("changed\n"), "changed\n")], [], {NS: info})
+    got = [r["path"] for r in tools.search(cache, ["alpha"])["results"]]
+    assert got == [f"{NS}/c.md"]
+    search_mod.refresh_index(cache)
+    conn = sqlite3.connect(search_mod.index_path(cache))
+    assert sorted(p for (p,) in conn.execute("SELECT path FROM files")) == [
+        f"{NS}/{n}.md" for n in "abc"]
+    conn.close()
+    assert [r["path"] for r in tools.search(cache, ["alpha"])["results"]] == [f"{NS}/c.md"]
+
+
+def test_corrupt_index_is_rebuilt(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path, {"a.md": "alpha\n"})
+    path = search_mod.index_path(cache)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"this is not a database" * 100)
+    assert tools.search(cache, ["alpha"])["results"][0]["line"] == "alpha"
+    search_mod.refresh_index(cache)
+    assert tools.search(cache, ["alpha"])["results"][0]["line"] == "alpha"
+
+
+def test_path_limits_to_subtree(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path, {"x/a.md": "word\n", "y/a.md": "word\n"})
+    got = tools.search(cache, ["word"], path=f"{NS}/y")["results"]
+    assert [r["path"] for r in got] == [f"{NS}/y/a.md"]

@@ -1,0 +1,206 @@
+"""The tools as plain functions over a real cache tree: list, read, search arguments, notes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sharedmem import tools
+from sharedmem.cache import Cache, NamespaceInfo
+from sharedmem.core import NOTE_MAX_BYTES, SharedMemoryError, sha256_text
+
+NS = "machines/lab/codex"
+
+
+def make_cache(root: Path, files: dict[str, str]) -> Cache:
+    cache = Cache(root)
+    info = NamespaceInfo(NS, "lab", "codex", "codex", 3, "2026-02-03T04:05:06Z")
+    cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [],
+                {NS: info})
+    return cache
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Cache:
+    files = {f"rollout_summaries/r{i:03d}.md": f"summary {i}\n" for i in range(25)}
+    files["MEMORY.md"] = "".join(f"line {i}\n" for i in range(1, 1001))
+    files["memory_summary.md"] = "short\r\nwindows endings\r\n"
+    return make_cache(tmp_path / "cache", files)
+
+
+def test_list_root_then_folders_with_provenance(cache: Cache) -> None:
+    top = tools.list_files(cache)
+    assert [(e["name"], e["type"], e["files"]) for e in top["entries"]] == [
+        ("machines", "folder", 27)]
+    inner = tools.list_files(cache, NS)
+    assert [e["name"] for e in inner["entries"]] == ["MEMORY.md", "memory_summary.md",
+                                                     "rollout_summaries"]
+    entry = inner["entries"][0]
+    assert entry["machine"] == "lab" and entry["source"] == "codex"
+    assert entry["size"] == len(cache.root.joinpath(NS, "MEMORY.md").read_bytes())
+    assert entry["modified"].endswith("Z") and entry["sha256"]
+
+
+def test_list_pages_through_everything(cache: Cache) -> None:
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = tools.list_files(cache, f"{NS}/rollout_summaries", cursor, max_results=4)
+        seen += [e["name"] for e in page["entries"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 7 and seen == [f"r{i:03d}.md" for i in range(25)]
+    with pytest.raises(SharedMemoryError, match="cursor"):
+        tools.list_files(cache, NS, page_cursor(cache))
+    with pytest.raises(SharedMemoryError, match="cursor"):
+        tools.list_files(cache, NS, "not-base64!")
+
+
+def page_cursor(cache: Cache) -> str:
+    return tools.list_files(cache, f"{NS}/rollout_summaries", max_results=1)["next_cursor"]
+
+
+@pytest.mark.parametrize("path", ["../x", "/etc", ".sharedmem", f"{NS}/../../..", "a\\b",
+                                  "machines/CON", "machines/x.", "C:/x"])
+def test_list_refuses_bad_paths(cache: Cache, path: str) -> None:
+    with pytest.raises(SharedMemoryError):
+        tools.list_files(cache, path)
+
+
+def test_list_missing_folder_and_empty_cache(cache: Cache, tmp_path: Path) -> None:
+    with pytest.raises(SharedMemoryError, match="no folder"):
+        tools.list_files(cache, "machines/other")
+    with pytest.raises(SharedMemoryError, match="is a file"):
+        tools.list_files(cache, f"{NS}/MEMORY.md")
+    empty = tools.list_files(Cache(tmp_path / "empty"))
+    assert empty["entries"] == [] and "sync" in empty["hint"]
+
+
+def test_read_windows(cache: Cache) -> None:
+    first = tools.read_file(cache, f"{NS}/MEMORY.md")
+    assert first["lines"][0] == "line 1" and len(first["lines"]) == 400
+    assert first["total_lines"] == 1000 and first["truncated"] and first["next_offset"] == 401
+    assert first["machine"] == "lab" and first["synced_at"] == "2026-02-03T04:05:06Z"
+    last = tools.read_file(cache, f"{NS}/MEMORY.md", line_offset=990, max_lines=2000)
+    assert last["lines"][-1] == "line 1000" and not last["truncated"]
+    assert last["next_offset"] is None
+    crlf = tools.read_file(cache, f"{NS}/memory_summary.md")
+    assert crlf["lines"] == ["short", "windows endings"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"path": "machines/lab/codex/nope.md"}, "no file"),
+    ({"path": "../../etc/passwd.md"}, "component"),
+    ({"path": ".sharedmem/manifest.json"}, "hidden"),
+    ({"path": f"{NS}/MEMORY.md", "line_offset": 5000}, "past the end"),
+    ({"path": f"{NS}/MEMORY.md", "max_lines": 0}, "max_lines"),
+    ({"path": f"{NS}/MEMORY.md", "max_lines": 2001}, "max_lines"),
+    ({"path": NS}, r"\.md"),
+])
+def test_read_refusals(cache: Cache, kwargs: dict, message: str) -> None:
+    with pytest.raises(SharedMemoryError, match=message):
+        tools.read_file(cache, **kwargs)
+
+
+def test_read_symlink_escape_refused(cache: Cache, tmp_path: Path) -> None:
+    outside = tmp_path / "secret.md"
+    outside.write_text("secret\n")
+    (cache.root / NS / "link.md").symlink_to(outside)
+    with pytest.raises(SharedMemoryError, match="escapes"):
+        tools.read_file(cache, f"{NS}/link.md")
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"queries": []}, "1 to 16"),
+    ({"queries": ["x"] * 17}, "1 to 16"),
+    ({"queries": [""]}, "non-empty"),
+    ({"queries": ["a\nb"]}, "line break"),
+    ({"queries": ["\u0301"], "normalized": True}, "empty once normalized"),
+    ({"queries": ["x"], "match_mode": "most"}, "match_mode"),
+    ({"queries": ["x"], "context_lines": 11}, "context_lines"),
+    ({"queries": ["x"], "max_results": 201}, "max_results"),
+    ({"queries": ["x"], "cursor": "e30="}, "cursor"),
+    ({"queries": ["x"], "path": "../up"}, "component"),
+])
+def test_search_argument_refusals(cache: Cache, args: dict, message: str) -> None:
+    with pytest.raises(SharedMemoryError, match=message):
+        tools.search(cache, **args)
+
+
+def test_search_cursor_is_bound_to_its_query(cache: Cache) -> None:
+    page = tools.search(cache, ["summary"], max_results=2)
+    assert page["next_cursor"]
+    with pytest.raises(SharedMemoryError, match="cursor"):
+        tools.search(cache, ["other"], cursor=page["next_cursor"])
+
+
+def test_call_checks_types_and_names(cache: Cache) -> None:
+    never = lambda: pytest.fail("submit must not be built")  # noqa: E731
+    for name, args, message in [
+        ("read", {}, "needs the argument 'path'"),
+        ("read", {"path": 5}, "must be a string"),
+        ("read", {"path": f"{NS}/MEMORY.md", "max_lines": True}, "must be an integer"),
+        ("search", {"queries": "x"}, "list of strings"),
+        ("search", {"queries": [1]}, "list of strings"),
+        ("list", {"bogus": 1}, "no argument 'bogus'"),
+        ("delete", {}, "unknown tool"),
+    ]:
+        with pytest.raises(SharedMemoryError, match=message):
+            tools.call(name, args, cache, never)
+    assert tools.call("list", {"path": NS}, cache, never)["total"] == 3
+
+
+def test_note_redacts_and_submits(cache: Cache) -> None:
+    sent: list[tuple[str, str]] = []
+
+    def submit(filename: str, text: str) -> dict:
+        sent.append((filename, text))
+        return {"status": "stored", "path": f"extensions/ad_hoc/notes/{filename}"}
+
+    secret = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+    result = tools.call("add_ad_hoc_note", {"filename": "2026-01-31T09-30-00-token.md",
+                                            "note": f"use token {secret} for CI"},
+                        cache, lambda: submit)
+    assert result["status"] == "stored" and result["redactions"]
+    assert len(sent) == 1 and secret not in sent[0][1] and "[REDACTED:" in sent[0][1]
+    json.dumps(result)
+    assert "stored" in tools.format_text("add_ad_hoc_note", result)
+
+
+@pytest.mark.parametrize("filename, note, message", [
+    ("notes.md", "x", "invalid"),
+    ("2026-02-30T09-30-00-x.md", "x", "real date"),
+    ("2026-01-31T09-30-00-x.md", "   ", "non-empty"),
+    ("2026-01-31T09-30-00-x.md", "x" * (NOTE_MAX_BYTES + 1), "longer"),
+])
+def test_note_refusals(filename: str, note: str, message: str) -> None:
+    def submit(filename: str, text: str) -> dict:
+        raise AssertionError("must not be called")
+    with pytest.raises(SharedMemoryError, match=message):
+        tools.add_ad_hoc_note(filename, note, submit)
+
+
+def test_format_text_for_people(cache: Cache) -> None:
+    assert "rollout_summaries/" in tools.format_text("list", tools.list_files(cache, NS))
+    text = tools.format_text("read", tools.read_file(cache, f"{NS}/MEMORY.md", max_lines=2))
+    assert "     1  line 1" in text and "more from line 3" in text
+    found = tools.search(cache, ["line 7"], context_lines=1, max_results=1)
+    out = tools.format_text("search", found)
+    assert f"{NS}/MEMORY.md:7:line 7" in out and f"{NS}/MEMORY.md-6-line 6" in out
+    assert "--cursor" in out
+    assert tools.format_text("search", tools.search(cache, ["zzz"])) == "no matches"
+
+
+def test_tool_specs_are_well_formed() -> None:
+    assert [t["name"] for t in tools.TOOLS] == ["list", "read", "search", "add_ad_hoc_note"]
+    for spec in tools.TOOLS:
+        assert spec["inputSchema"]["type"] == "object"
+        assert spec["outputSchema"]["type"] == "object"
+        assert spec["description"] and spec["title"]
+    hints = {t["name"]: t["annotations"] for t in tools.TOOLS}
+    assert all(hints[n]["readOnlyHint"] for n in ("list", "read", "search"))
+    assert hints["add_ad_hoc_note"]["readOnlyHint"] is False
+    assert hints["add_ad_hoc_note"]["idempotentHint"] is False
