@@ -1,0 +1,227 @@
+"""`doctor` against real setups in a temporary HOME: a real store, real sync, real MCP children."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import LAUNCHER, run_cli, write_config
+
+from sharedmem import backup, client, guidance, harnesses
+from sharedmem import config as config_mod
+from sharedmem.doctor import FAIL, OK, WARN, doctor, doctor_store, format_text
+
+
+def make_client(tmp_path: Path, home: Path, transport: dict | None = None) -> tuple[Path, dict]:
+    """A synced client with codex and claude-code registered and guided, as the installer does."""
+    memories = home / ".codex" / "memories"
+    (memories / "rollout_summaries").mkdir(parents=True)
+    (memories / "MEMORY.md").write_text("# Memory\n- build with uv, café\n", encoding="utf-8")
+    (memories / "rollout_summaries" / "r1.md").write_text("rollout\n", encoding="utf-8")
+    (memories / ".hidden.md").write_text("hidden\n", encoding="utf-8")
+    (home / ".claude").mkdir()
+    base = tmp_path / "client"
+    cfg = write_config(base / "client.json", "laptop",
+                       transport or {"kind": "local", "store": str(base / "store.sqlite3")},
+                       [{"name": "codex", "kind": "codex", "path": str(memories)}],
+                       base / "cache")
+    env = dict(os.environ, HOME=str(home))
+    loaded = config_mod.load(cfg, env)
+    report = client.sync(loaded)
+    assert report["status"] == "ok", report
+    command = [sys.executable, str(LAUNCHER), "mcp", "--config", str(cfg)]
+    for name in ("codex", "claude-code"):
+        harnesses.register(name, command, env)
+        guidance.add_guidance(name, loaded.cache, env)
+    return cfg, env
+
+
+def by_name(report: object) -> dict:
+    return {c.name: c for c in report.checks}  # type: ignore[attr-defined]
+
+
+def test_good_local_setup_passes(tmp_path: Path, home: Path) -> None:
+    cfg, env = make_client(tmp_path, home)
+    report = doctor(cfg, env)
+    checks = by_name(report)
+    assert report.exit_code == 0, format_text(report)
+    assert report.failed() == []
+    for name in ("config", "source codex", "transport", "server", "cache", "registration codex",
+                 "mcp codex", "guidance codex", "registration claude-code", "mcp claude-code",
+                 "guidance claude-code"):
+        assert checks[name].status == OK, (name, checks[name])
+    assert checks["schedule"].status in (OK, WARN)
+    assert checks["source codex"].details["files"] == 2
+    assert [(s["path"], s["reason"]) for s in checks["source codex"].details["skipped"]] == [
+        (".hidden.md", "hidden")]
+    assert checks["server"].details["counts"]["files"] == 2
+    text = format_text(report)
+    assert "all good" in text and "mcp claude-code" in text
+    assert json.loads(json.dumps(report.to_json()))["exit_code"] == 0
+
+
+def test_ssh_setup_passes_then_names_transport_when_sshd_stops(tmp_path: Path, home: Path,
+                                                               sshd: object) -> None:
+    cfg, env = make_client(tmp_path, home, sshd.transport())  # type: ignore[attr-defined]
+    report = doctor(cfg, env)
+    assert report.exit_code == 0, format_text(report)
+    assert by_name(report)["server"].details["protocol"] == 2
+    sshd.stop()  # type: ignore[attr-defined]
+    report = doctor(cfg, env)
+    assert report.exit_code == 1
+    assert report.failed() == ["transport"]
+    transport = by_name(report)["transport"]
+    assert "cannot reach" in transport.message and transport.fix
+    assert "server" not in by_name(report)
+    assert by_name(report)["mcp codex"].status == OK  # the cache still serves agents offline
+
+
+def test_deleted_cache_fails(tmp_path: Path, home: Path) -> None:
+    cfg, env = make_client(tmp_path, home)
+    shutil.rmtree(tmp_path / "client" / "cache")
+    report = doctor(cfg, env)
+    assert report.exit_code == 1
+    assert "cache" in report.failed()
+    assert "missing" in by_name(report)["cache"].message
+    assert "fail  cache" in format_text(report)
+
+
+@pytest.mark.parametrize(("age", "status"), [(3600, WARN), (3 * 86400, FAIL)])
+def test_old_cache_warns_then_fails(tmp_path: Path, home: Path, age: int, status: str) -> None:
+    cfg, env = make_client(tmp_path, home)
+    manifest = tmp_path / "client" / "cache" / ".sharedmem" / "manifest.json"
+    raw = json.loads(manifest.read_text(encoding="utf-8"))
+    raw["last_sync"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - age))
+    manifest.write_text(json.dumps(raw), encoding="utf-8")
+    assert by_name(doctor(cfg, env))["cache"].status == status
+
+
+def test_corrupt_harness_file_fails_naming_it(tmp_path: Path, home: Path) -> None:
+    cfg, env = make_client(tmp_path, home)
+    broken = home / ".claude.json"
+    broken.write_text('{"mcpServers": {', encoding="utf-8")
+    report = doctor(cfg, env)
+    assert report.exit_code == 1
+    assert report.failed() == ["registration claude-code"]
+    assert str(broken) in by_name(report)["registration claude-code"].message
+    assert by_name(report)["mcp codex"].status == OK
+
+
+def test_registered_command_pointing_to_missing_file_fails(tmp_path: Path, home: Path) -> None:
+    cfg, env = make_client(tmp_path, home)
+    gone = tmp_path / "old-prefix" / "shared_memory.py"
+    harnesses.register("codex", [sys.executable, str(gone), "mcp", "--config", str(cfg)], env)
+    report = doctor(cfg, env)
+    assert report.exit_code == 1
+    assert report.failed() == ["mcp codex"]
+    check = by_name(report)["mcp codex"]
+    assert str(gone) in check.message and "install_client.py" in check.fix
+
+
+def test_mcp_server_that_dies_at_start_fails(tmp_path: Path, home: Path) -> None:
+    cfg, env = make_client(tmp_path, home)
+    harnesses.register("claude-code", [sys.executable, "-c",
+                                       "import sys; sys.stderr.write('boom at start'); "
+                                       "sys.exit(3)"], env)
+    report = doctor(cfg, env)
+    assert report.failed() == ["mcp claude-code"]
+    assert "boom at start" in by_name(report)["mcp claude-code"].message
+
+
+def test_registration_for_another_config_and_missing_ones_warn(tmp_path: Path,
+                                                               home: Path) -> None:
+    cfg, env = make_client(tmp_path, home)
+    other = write_config(tmp_path / "other" / "client.json", "laptop",
+                         {"kind": "local", "store": str(tmp_path / "other" / "s.sqlite3")}, [],
+                         tmp_path / "other" / "cache")
+    harnesses.register("codex", [sys.executable, str(LAUNCHER), "mcp", "--config", str(other)],
+                       env)
+    (home / ".cursor").mkdir()
+    (home / ".claude" / "CLAUDE.md").write_text("# my rules\n", encoding="utf-8")
+    checks = by_name(doctor(cfg, env))
+    assert checks["registration codex"].status == WARN
+    assert str(other) in checks["registration codex"].message
+    assert checks["registration cursor"].status == WARN
+    assert checks["guidance claude-code"].status == WARN
+
+
+def test_invalid_config_fails_but_harnesses_are_still_checked(tmp_path: Path,
+                                                              home: Path) -> None:
+    cfg, env = make_client(tmp_path, home)
+    cfg.write_text("{not json", encoding="utf-8")
+    report = doctor(cfg, env)
+    assert report.failed()[0] == "config"
+    assert "not valid JSON" in by_name(report)["config"].message
+    assert "transport" not in by_name(report)
+    assert "mcp codex" in by_name(report)
+
+
+def test_doctor_store_checks_store_schema_and_backups(tmp_path: Path, home: Path) -> None:
+    make_client(tmp_path, home)
+    store = tmp_path / "client" / "store.sqlite3"
+    report = doctor_store(store)
+    checks = by_name(report)
+    assert checks["store"].status == OK and checks["schema"].status == OK
+    assert checks["backups"].status == WARN and report.exit_code == 0
+    backup.create(store)
+    checks = by_name(doctor_store(store))
+    assert checks["backups"].status == OK and checks["backups"].details["count"] == 1
+    assert checks["store"].details["counts"]["files"] == 2
+
+
+def test_doctor_store_fails_on_missing_or_corrupt_store(tmp_path: Path) -> None:
+    report = doctor_store(tmp_path / "nope.sqlite3")
+    assert report.failed() == ["store"] and report.exit_code == 1
+    junk = tmp_path / "junk.sqlite3"
+    junk.write_bytes(b"this is not a database\n" * 200)
+    report = doctor_store(junk)
+    assert report.failed() == ["store"]
+    assert "cannot be read as SQLite" in by_name(report)["store"].message
+
+
+def test_doctor_through_the_launcher(tmp_path: Path, home: Path) -> None:
+    if run_cli("doctor", "--help").returncode != 0:
+        pytest.skip("doctor is not wired into the CLI yet")
+    cfg, env = make_client(tmp_path, home)
+    proc = run_cli("doctor", "--config", str(cfg), "--json", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["exit_code"] == 0
+    shutil.rmtree(tmp_path / "client" / "cache")
+    proc = run_cli("doctor", "--config", str(cfg), env=env)
+    assert proc.returncode != 0
+    assert "cache" in proc.stdout and "missing" in proc.stdout
+    store = run_cli("doctor", "--store", str(tmp_path / "client" / "store.sqlite3"), "--json",
+                    env=env)
+    assert store.returncode == 0, store.stderr
+    assert {c["name"] for c in json.loads(store.stdout)["checks"]} >= {"store", "backups"}
+
+
+def test_no_harness_at_all_warns_once(tmp_path: Path, home: Path) -> None:
+    cfg, env = make_client(tmp_path, home)
+    for name in (".codex", ".claude", ".claude.json"):
+        shutil.rmtree(home / name) if (home / name).is_dir() else (home / name).unlink()
+    checks = by_name(doctor(cfg, env))
+    assert checks["registrations"].status == WARN
+    assert not any(name.startswith(("mcp ", "registration ")) for name in checks)
+
+
+def test_rewritten_note_history_fails_server_and_store(tmp_path: Path, home: Path) -> None:
+    cfg, env = make_client(tmp_path, home)
+    loaded = config_mod.load(cfg, env)
+    assert client.submit_note(loaded, "2026-01-02T03-04-05-decision.md",
+                              "we ship on fridays")["status"] == "stored"
+    store = tmp_path / "client" / "store.sqlite3"
+    with sqlite3.connect(store) as conn:  # someone edits the history behind the store's back
+        conn.execute("DROP TRIGGER notes_append_only_update")
+        conn.execute("UPDATE notes SET body = 'we never ship on fridays'")
+    conn.close()
+    report = doctor(cfg, env)
+    assert report.failed() == ["server"]
+    assert "note chain broken" in by_name(report)["server"].message
+    assert doctor_store(store).failed() == ["store"]
