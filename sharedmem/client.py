@@ -134,8 +134,14 @@ class Sync:
             reply = self._publish_v1(conn, spec, snap)
         else:
             reply = self._publish_v2(conn, spec, snap, digest, saved.get("acked"), by_sha)
+        redacted: dict[str, int] = {}
+        for entry in snap.files:
+            for kind, count in entry.redactions.items():
+                redacted[kind] = redacted.get(kind, 0) + count
+        for kind, count in reply.get("redacted", {}).items():
+            redacted[kind] = redacted.get(kind, 0) + count
         result.update(status="unchanged" if reply.get("unchanged") else "published",
-                      refused=reply.get("refused", []), redacted=reply.get("redacted", {}),
+                      refused=reply.get("refused", []), redacted=redacted,
                       generation=reply.get("generation"))
         if result["refused"]:
             result["problems"] += result["refused"]
