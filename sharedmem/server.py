@@ -81,7 +81,8 @@ class Session:
                             f"key made for {machine!r}, or re-pin this key with install_server.py "
                             f"--authorize {machine} --key ...")
         self.machine = machine
-        self.store = Store.open(self.store_path)
+        from sharedmem.backup import migration_hook
+        self.store = Store.open(self.store_path, before_migrate=migration_hook)
         self.channel.send({"type": "hello", "versions": list(self.versions),
                            "version": self.version, "server": f"sharedmem/{__version__}",
                            "machine": machine, "pinned": self.pinned is not None})

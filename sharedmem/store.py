@@ -154,7 +154,11 @@ class Store:
                              f"software ({latest}): upgrade codex-shared-memory")
         if version < latest:
             if version > 0 and before_migrate is not None:
-                before_migrate(path, version)
+                try:
+                    before_migrate(path, version)
+                except BaseException:
+                    conn.close()
+                    raise
             store._migrate(version)
         return store
 

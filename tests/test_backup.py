@@ -1,0 +1,417 @@
+"""Backups on real stores: create, verify, list, prune, restore, the migration hook, the v1 fixture."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from sharedmem import backup, store
+from sharedmem.core import BackupError
+from sharedmem.store import IncomingFile, Store
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "store-v1.sql"
+
+
+def make_store(path: Path) -> Path:
+    with Store.open(path) as s:
+        s.ingest("alpha", "codex", "codex", [
+            IncomingFile("MEMORY.md", text="# Alpha\n\n- likes ruff\n"),
+            IncomingFile("rollout_summaries/one.md", text="rollout one\n")])
+        s.ingest("beta", "team", "markdown", [IncomingFile("a/b.md", text="team file\n")])
+        s.append_note("alpha", "2026-01-31T09-30-00-release.md", "tag after CI")
+        s.append_note("beta", "2026-01-31T09-30-00-release.md", "bump the version")
+    return path
+
+
+def flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def child(code: str, store_path: Path, *args: str) -> subprocess.Popen:
+    """A separate process running `code` against the store (a stand-in for a running sync)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(store_path), *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+HOLD_OPEN = """
+    import sys
+    from sharedmem.store import Store
+    s = Store.open(sys.argv[1])
+    s.counts()
+    if sys.argv[2] == "write":
+        with s.transaction() as conn:
+            conn.execute("INSERT INTO meta VALUES ('uncommitted', 'x')")
+            print("ready", flush=True)
+            sys.stdin.readline()
+    else:
+        print("ready", flush=True)
+        sys.stdin.readline()
+    s.close()
+"""
+
+WRITE_LOOP = """
+    import sys, pathlib
+    from sharedmem.store import IncomingFile, Store
+    s = Store.open(sys.argv[1])
+    stop = pathlib.Path(sys.argv[2])
+    n = 0
+    while not stop.exists():
+        n += 1
+        s.append_note("writer", "2026-02-01T00-00-00-loop.md", f"entry {n}")
+        s.ingest("writer", "codex", "codex", [IncomingFile("MEMORY.md", text=f"version {n}")])
+        if n == 5:
+            print("ready", flush=True)
+    print(n, flush=True)
+"""
+
+
+def stop(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate("\n", timeout=30)
+    assert proc.returncode == 0
+    return out
+
+
+def manifest(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())["backups"]
+
+
+def test_create_makes_a_checked_self_contained_archive(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite3")
+    info = backup.create(path)
+    folder = tmp_path / "backups"
+    assert info.path.parent == folder and info.state == "ok" and not info.protected
+    assert info.path.name.startswith("store-") and info.path.name.endswith("Z.sqlite3")
+    assert sorted(p.name for p in folder.iterdir()) == sorted([info.path.name, "manifest.json"])
+    data = info.path.read_bytes()
+    assert data[18:20] == b"\x01\x01"  # rollback-journal mode: no -wal/-shm when opened
+    entry = manifest(folder)[info.path.name]
+    assert entry["sha256"] == hashlib.sha256(data).hexdigest() == info.sha256
+    assert entry["size"] == len(data)
+    with Store.open(path) as s:
+        assert entry["counts"] == s.counts() == {"namespaces": 2, "files": 3, "blobs": 3, "notes": 2}
+    assert entry["schema_version"] == store.SCHEMA_VERSION
+    assert backup.verify(info.path) == []
+    assert sorted(p.name for p in folder.iterdir()) == sorted([info.path.name, "manifest.json"])
+
+
+def test_create_names_are_unique_and_labels_checked(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite3")
+    infos = [backup.create(path, label="nightly", dest=tmp_path / "elsewhere") for _ in range(3)]
+    assert len({i.path for i in infos}) == 3
+    assert all(i.path.name.endswith("-nightly.sqlite3") for i in infos)
+    assert len(manifest(tmp_path / "elsewhere")) == 3
+    assert all(backup.verify(i.path) == [] for i in infos)
+    with pytest.raises(BackupError, match="backup label"):
+        backup.create(path, label="Bad Label")
+    with pytest.raises(BackupError, match="absent.sqlite3"):
+        backup.create(tmp_path / "absent.sqlite3")
+
+
+def test_concurrent_creates_all_reach_the_manifest(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite3")
+    with ThreadPoolExecutor(4) as pool:
+        infos = list(pool.map(lambda _: backup.create(path), range(8)))
+    assert len({i.path for i in infos}) == 8
+    assert sorted(manifest(tmp_path / "backups")) == sorted(i.path.name for i in infos)
+    assert not (tmp_path / "backups" / ".manifest.lock").exists()
+    assert all(i.state == "ok" for i in backup.list_backups(tmp_path / "backups"))
+
+
+def test_verify_reports_a_flipped_byte_anywhere(tmp_path: Path) -> None:
+    info = backup.create(make_store(tmp_path / "store.sqlite3"))
+    size = info.path.stat().st_size
+    for offset in (0, 18, 100, 4096 + 10, size // 2, size - 1):
+        flip(info.path, offset)
+        problems = backup.verify(info.path)
+        assert any("SHA-256" in p for p in problems), (offset, problems)
+        assert all(str(info.path) in p for p in problems)
+        flip(info.path, offset)
+        assert backup.verify(info.path) == []
+    assert not list(info.path.parent.glob("*-wal")) and not list(info.path.parent.glob("*-shm"))
+
+
+def test_verify_rechecks_the_note_chain_even_when_the_checksum_was_updated(tmp_path: Path) -> None:
+    info = backup.create(make_store(tmp_path / "store.sqlite3"))
+    conn = sqlite3.connect(info.path)
+    conn.execute("DROP TRIGGER notes_append_only_update")
+    conn.execute("UPDATE notes SET body='rewritten' WHERE seq=1")
+    conn.commit()
+    conn.close()
+    entries = manifest(info.path.parent)
+    entries[info.path.name]["sha256"] = hashlib.sha256(info.path.read_bytes()).hexdigest()
+    entries[info.path.name]["size"] = info.path.stat().st_size
+    (info.path.parent / "manifest.json").write_text(json.dumps({"format": 1, "backups": entries}))
+    problems = backup.verify(info.path)
+    assert any("note chain broken" in p for p in problems), problems
+
+
+def test_verify_missing_and_unlisted(tmp_path: Path) -> None:
+    info = backup.create(make_store(tmp_path / "store.sqlite3"))
+    stray = info.path.with_name("store-20200101T000000Z.sqlite3")
+    shutil.copyfile(info.path, stray)
+    assert any("not listed" in p for p in backup.verify(stray))
+    assert "does not exist" in backup.verify(tmp_path / "nope.sqlite3")[0]
+
+
+def test_backup_while_a_sync_holds_a_write_transaction(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite3")
+    proc = child(HOLD_OPEN, path, "write")
+    try:
+        started = time.monotonic()
+        info = backup.create(path)
+        assert time.monotonic() - started < 20
+    finally:
+        stop(proc)
+    assert backup.verify(info.path) == []
+    conn = sqlite3.connect(info.path)
+    assert conn.execute("SELECT count(*) FROM meta WHERE key='uncommitted'").fetchone()[0] == 0
+    conn.close()
+    with Store.open(path) as s:  # the writer committed after the backup was taken
+        assert s.conn.execute("SELECT count(*) FROM meta WHERE key='uncommitted'").fetchone()[0] == 1
+
+
+def test_backup_during_continuous_writes_is_consistent(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite3")
+    flag = tmp_path / "stop"
+    proc = child(WRITE_LOOP, path, str(flag))
+    try:
+        infos = [backup.create(path) for _ in range(3)]
+    finally:
+        flag.touch()
+        written = int(stop(proc).split()[-1])
+    notes = [i.counts["notes"] for i in infos]
+    assert notes == sorted(notes) and 2 + 5 <= notes[0] and notes[-1] <= 2 + written
+    for info in infos:
+        assert backup.verify(info.path) == []
+    assert not list((tmp_path / "backups").glob("*-wal"))
+
+
+def test_list_states(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite3")
+    good, damaged, gone = (backup.create(path, label=label) for label in ("good", "bad", "gone"))
+    flip(damaged.path, damaged.size // 2)
+    gone.path.unlink()
+    stray = good.path.with_name("store-20200101T000000Z.sqlite3")
+    shutil.copyfile(good.path, stray)
+    states = {i.path.name: i.state for i in backup.list_backups(tmp_path / "backups")}
+    assert states == {good.path.name: "ok", damaged.path.name: "mismatch",
+                      gone.path.name: "missing", stray.name: "unlisted"}
+    listed = backup.list_backups(tmp_path / "backups")
+    assert listed[0].path == stray and listed[0].created == "2020-01-01T00:00:00Z"
+    assert json.dumps([i.to_json() for i in listed])
+    assert backup.list_backups(tmp_path / "no-such-folder") == []
+    (tmp_path / "backups" / "manifest.json").write_text("{not json")
+    with pytest.raises(BackupError, match="move it aside"):
+        backup.list_backups(tmp_path / "backups")
+
+
+def series(folder: Path, source: Path, stamps: dict[str, str], protected: set[str]) -> None:
+    """Real archives whose creation times the test controls, listed in the manifest."""
+    template = backup.create(source, dest=folder / "tmpl")
+    entry = manifest(folder / "tmpl")[template.path.name]
+    entries = {}
+    for key, stamp in stamps.items():
+        name = f"store-{stamp.replace('-', '').replace(':', '')}-{key}.sqlite3"
+        shutil.copyfile(template.path, folder / name)
+        entries[name] = dict(entry, created=stamp, label=key, protected=key in protected)
+    (folder / "manifest.json").write_text(json.dumps({"format": 1, "backups": entries}))
+
+
+STAMPS = {  # now is Sunday 2026-03-15 12:00Z, ISO week 11
+    "a": "2026-03-15T11:00:00Z",  # newest
+    "b": "2026-03-15T10:00:00Z",  # same day as a
+    "c": "2026-03-14T23:00:00Z",  # newest of the 14th
+    "d": "2026-03-14T01:00:00Z",
+    "e": "2026-03-09T05:00:00Z",  # seventh day back
+    "f": "2026-03-08T05:00:00Z",  # newest of week 10
+    "g": "2026-03-03T05:00:00Z",
+    "h": "2026-02-25T00:00:00Z",  # week 9
+    "i": "2026-02-18T00:00:00Z",  # week 8
+    "j": "2026-02-10T00:00:00Z",  # week 7: outside four weeks
+    "k": "2026-01-01T00:00:00Z",  # protected
+}
+NOW = datetime(2026, 3, 15, 12, 0, tzinfo=UTC)
+
+
+def test_prune_policy_and_dry_run(tmp_path: Path) -> None:
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    series(folder, make_store(tmp_path / "store.sqlite3"), STAMPS, {"k"})
+    expected = sorted(folder / f"store-{STAMPS[k].replace('-', '').replace(':', '')}-{k}.sqlite3"
+                      for k in "bdgj")
+    before = sorted(folder.iterdir())
+    assert backup.prune(folder, dry_run=True, now=NOW) == expected
+    assert sorted(folder.iterdir()) == before
+    assert backup.prune(folder, now=NOW) == expected
+    assert not any(p.exists() for p in expected)
+    left = backup.list_backups(folder)
+    assert sorted(i.label for i in left) == list("acefhik")
+    assert all(i.state == "ok" for i in left)
+    assert backup.prune(folder, now=NOW) == []
+
+
+def test_prune_is_configurable_and_never_removes_protected(tmp_path: Path) -> None:
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    series(folder, make_store(tmp_path / "store.sqlite3"), STAMPS, {"k", "j"})
+    removed = backup.prune(folder, keep_last=3, daily=0, weekly=0, now=NOW)
+    assert sorted(p.name.split("-")[-1][0] for p in removed) == list("defghi")
+    assert sorted(i.label for i in backup.list_backups(folder)) == list("abcjk")
+    with pytest.raises(BackupError, match="keep-last"):
+        backup.prune(folder, keep_last=0)
+    with pytest.raises(BackupError, match="daily"):
+        backup.prune(folder, daily=-1)
+
+
+def test_restore_refuses_a_store_in_use_even_with_force(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite3")
+    info = backup.create(path)
+    for mode in ("idle", "write"):
+        proc = child(HOLD_OPEN, path, mode)
+        try:
+            for force in (False, True):
+                with pytest.raises(BackupError, match="in use"):
+                    backup.restore(info.path, path, force=force)
+        finally:
+            stop(proc)
+    assert [i.label for i in backup.list_backups(tmp_path / "backups")] == [""]
+
+
+def test_restore_refuses_a_newer_store_unless_forced_and_keeps_it(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite3")
+    info = backup.create(path)
+    with Store.open(path) as s:
+        s.append_note("alpha", "2026-02-02T00-00-00-later.md", "written after the backup")
+        newer = s.counts()
+    with pytest.raises(BackupError, match="newer than the backup"):
+        backup.restore(info.path, path)
+    with Store.open(path) as s:
+        assert s.counts() == newer
+    kept = backup.restore(info.path, path, force=True)
+    assert kept is not None and kept.parent == tmp_path / "backups"
+    assert not (tmp_path / "store.sqlite3-wal").exists()
+    assert not (tmp_path / "store.sqlite3-shm").exists()
+    with Store.open(path) as s:
+        assert s.counts() == info.counts and s.verify() == []
+    listed = {i.path: i for i in backup.list_backups(tmp_path / "backups")}
+    assert listed[kept].protected and listed[kept].state == "ok" and listed[kept].label == "replaced"
+    assert listed[kept].counts == newer
+    assert backup.verify(kept) == []
+    assert backup.restore(kept, path) is not None  # the kept store restores back, not newer
+    with Store.open(path) as s:
+        assert s.counts() == newer
+
+
+def test_restore_never_uses_a_damaged_archive(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite3")
+    info = backup.create(path)
+    flip(info.path, info.size - 1)
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(BackupError, match="failed verification"):
+        backup.restore(info.path, path, force=True)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_restore_into_a_missing_or_unreadable_store(tmp_path: Path) -> None:
+    info = backup.create(make_store(tmp_path / "store.sqlite3"))
+    fresh = tmp_path / "new" / "store.sqlite3"
+    assert backup.restore(info.path, fresh) is None
+    with Store.open(fresh, create=False) as s:
+        assert s.counts() == info.counts
+    broken = tmp_path / "broken" / "store.sqlite3"
+    broken.parent.mkdir()
+    broken.write_bytes(b"this is not sqlite" * 300)
+    with pytest.raises(BackupError, match="cannot be read"):
+        backup.restore(info.path, broken)
+    (broken.parent / "store.sqlite3-wal").write_bytes(b"stale wal")
+    (broken.parent / "store.sqlite3-shm").write_bytes(b"stale shm")
+    kept = backup.restore(info.path, broken, force=True)
+    assert kept is not None and kept.read_bytes() == b"this is not sqlite" * 300
+    assert kept.with_name(kept.name + "-wal").read_bytes() == b"stale wal"  # kept beside, not lost
+    assert sorted(p.name for p in broken.parent.iterdir()) == ["backups", "store.sqlite3"]
+    with Store.open(broken, create=False) as s:
+        assert s.verify() == []
+
+
+def test_migration_hook_takes_a_protected_verified_backup(tmp_path: Path) -> None:
+    path = make_store(tmp_path / "store.sqlite3")
+    backup.migration_hook(path, 1)
+    [info] = backup.list_backups(tmp_path / "backups")
+    assert info.protected and info.label == "pre-migrate-v1" and info.state == "ok"
+    assert info.path.name.endswith("-pre-migrate-v1.sqlite3")
+    assert backup.verify(info.path) == []
+    folder = tmp_path / "backups"
+    assert backup.prune(folder, keep_last=1, daily=0, weekly=0) == []
+
+
+def load_fixture(path: Path) -> tuple[list[tuple], list[tuple]]:
+    conn = sqlite3.connect(path)
+    conn.executescript(FIXTURE.read_text(encoding="utf-8"))
+    conn.execute("PRAGMA user_version=1")
+    conn.close()
+    return contents(path)
+
+
+def contents(path: Path) -> tuple[list[tuple], list[tuple]]:
+    conn = sqlite3.connect(path)
+    files = conn.execute("SELECT n.machine, n.source, f.path, b.body FROM files f JOIN namespaces n "
+                         "ON n.id=f.namespace_id JOIN blobs b ON b.sha256=f.sha256 ORDER BY 1,2,3"
+                         ).fetchall()
+    notes = conn.execute("SELECT * FROM notes ORDER BY seq").fetchall()
+    conn.close()
+    return files, notes
+
+
+def test_v1_fixture_opens_intact(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    files, notes = load_fixture(path)
+    assert len(files) == 7 and len(notes) == 3
+    assert ("beta", "team-notes", "ops/deploy/checklist.md", "1. backup\n2. migrate\n3. verify\n") in files
+    with Store.open(path, before_migrate=backup.migration_hook) as s:
+        assert s.schema_version() == 1 and s.verify() == []
+    assert contents(path) == (files, notes)
+    assert not (tmp_path / "backups").exists()  # nothing to migrate today: no backup taken
+
+
+def test_migration_from_the_v1_fixture_backs_up_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    path = tmp_path / "store.sqlite3"
+    files, notes = load_fixture(path)
+    calls: list[tuple[Path, int]] = []
+
+    def hook(p: Path, old: int) -> None:
+        calls.append((p, old))
+        backup.migration_hook(p, old)
+
+    monkeypatch.setattr(store, "MIGRATIONS", [*store.MIGRATIONS, "CREATE TABLE t_probe(x);"])
+    monkeypatch.setattr(store, "SCHEMA_VERSION", 2)
+    with Store.open(path, before_migrate=hook) as s:
+        assert s.schema_version() == 2 and s.verify() == []
+        assert s.conn.execute("SELECT count(*) FROM t_probe").fetchone() == (0,)
+    assert calls == [(path, 1)]
+    assert contents(path) == (files, notes)
+    [info] = backup.list_backups(tmp_path / "backups")
+    assert info.protected and info.label == "pre-migrate-v1" and info.schema_version == 1
+    assert backup.verify(info.path) == []
+    assert contents(info.path) == (files, notes)
