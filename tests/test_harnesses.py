@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sharedmem import guidance as g
 from sharedmem import harnesses as h
 from sharedmem.core import InstallError
 
@@ -343,15 +344,15 @@ CACHE = Path("/home/u/.local/share/codex-shared-memory/cache")
 
 
 def test_guidance_block_comes_from_doc() -> None:
-    block = h.guidance_block(CACHE)
-    assert block.startswith(h.BEGIN_MARK) and block.endswith(h.END_MARK)
+    block = g.guidance_block(CACHE)
+    assert block.startswith(g.BEGIN_MARK) and block.endswith(g.END_MARK)
     for needed in ("shared_memories", "add_ad_hoc_note", "memory_summary.md", "MEMORY.md",
                    "untrusted", "machine, source, sync time", str(CACHE)):
         assert needed in block
     assert "<cache>" not in block
-    doc = h.GUIDANCE_DOC.read_text()
-    assert h.extract_block(doc).replace("<cache>", str(CACHE)) == block
-    assert doc.count(h.BEGIN_MARK) == 1
+    doc = g.GUIDANCE_DOC.read_text()
+    assert g.extract_block(doc).replace("<cache>", str(CACHE)) == block
+    assert doc.count(g.BEGIN_MARK) == 1
 
 
 GUIDE_FILES = {"codex": ".codex/AGENTS.md", "claude-code": ".claude/CLAUDE.md",
@@ -361,11 +362,11 @@ GUIDE_FILES = {"codex": ".codex/AGENTS.md", "claude-code": ".claude/CLAUDE.md",
 @pytest.mark.parametrize("harness", sorted(GUIDE_FILES))
 def test_guidance_absent_file(home: Path, env: dict[str, str], harness: str) -> None:
     path = home / GUIDE_FILES[harness]
-    change = h.add_guidance(harness, CACHE, env)
+    change = g.add_guidance(harness, CACHE, env)
     assert change.action == "added" and change.path == path
-    assert path.read_text() == h.guidance_block(CACHE) + "\n"
-    assert h.add_guidance(harness, CACHE, env).action == "unchanged"
-    assert h.remove_guidance(harness, env).action == "removed"
+    assert path.read_text() == g.guidance_block(CACHE) + "\n"
+    assert g.add_guidance(harness, CACHE, env).action == "unchanged"
+    assert g.remove_guidance(harness, env).action == "removed"
     assert not path.exists()
 
 
@@ -375,26 +376,26 @@ def test_guidance_merge(home: Path, env: dict[str, str], harness: str, original:
     path = home / GUIDE_FILES[harness]
     path.parent.mkdir(parents=True)
     path.write_text(original)
-    assert h.add_guidance(harness, CACHE, env, dry_run=True).action == "added"
+    assert g.add_guidance(harness, CACHE, env, dry_run=True).action == "added"
     assert path.read_text() == original
-    assert h.add_guidance(harness, CACHE, env).action == "added"
+    assert g.add_guidance(harness, CACHE, env).action == "added"
     text = path.read_text()
-    assert text.startswith(original) and h.guidance_block(CACHE) in text
+    assert text.startswith(original) and g.guidance_block(CACHE) in text
     assert h.backup_path(path).read_text() == original
 
     before = snapshot(home)
-    assert h.add_guidance(harness, CACHE, env).action == "unchanged"
+    assert g.add_guidance(harness, CACHE, env).action == "unchanged"
     assert snapshot(home) == before
 
     path.write_text(text + "\nlater text\n")
-    change = h.add_guidance(harness, Path("/other/cache"), env)
+    change = g.add_guidance(harness, Path("/other/cache"), env)
     assert change.action == "updated"
     assert path.read_text() == text.replace(str(CACHE), "/other/cache") + "\nlater text\n"
 
-    assert h.remove_guidance(harness, env).action == "removed"
+    assert g.remove_guidance(harness, env).action == "removed"
     # the block is no longer last: exactly it and its line end go
-    assert path.read_text() == text[:text.index(h.BEGIN_MARK)] + "\nlater text\n"
-    assert h.BEGIN_MARK not in path.read_text()
+    assert path.read_text() == text[:text.index(g.BEGIN_MARK)] + "\nlater text\n"
+    assert g.BEGIN_MARK not in path.read_text()
 
 
 def test_guidance_removed_byte_identical(home: Path, env: dict[str, str]) -> None:
@@ -402,8 +403,8 @@ def test_guidance_removed_byte_identical(home: Path, env: dict[str, str]) -> Non
     path.parent.mkdir()
     for original in ("# Rules\r\n\r\nkeep CRLF\r\n", "a\n\n\n", "a\n"):
         path.write_text(original, newline="")
-        h.add_guidance("codex", CACHE, env)
-        assert h.remove_guidance("codex", env).action == "removed"
+        g.add_guidance("codex", CACHE, env)
+        assert g.remove_guidance("codex", env).action == "removed"
         assert path.read_bytes() == original.encode()
 
 
@@ -412,11 +413,11 @@ def test_guidance_override_file(home: Path, env: dict[str, str]) -> None:
     folder.mkdir()
     (folder / "AGENTS.md").write_text("base\n")
     (folder / "AGENTS.override.md").write_text("override\n")
-    change = h.add_guidance("codex", CACHE, env)
+    change = g.add_guidance("codex", CACHE, env)
     assert change.path == folder / "AGENTS.override.md"
-    assert h.BEGIN_MARK in (folder / "AGENTS.override.md").read_text()
+    assert g.BEGIN_MARK in (folder / "AGENTS.override.md").read_text()
     assert (folder / "AGENTS.md").read_text() == "base\n"
-    h.remove_guidance("codex", env)
+    g.remove_guidance("codex", env)
     assert (folder / "AGENTS.override.md").read_text() == "override\n"
 
 
@@ -427,26 +428,26 @@ def test_guidance_skipped_when_policy_exists(home: Path, env: dict[str, str],
     path = home / ".claude" / "CLAUDE.md"
     path.parent.mkdir()
     path.write_text(policy)
-    change = h.add_guidance("claude-code", CACHE, env)
+    change = g.add_guidance("claude-code", CACHE, env)
     assert change.action == "skipped" and str(path) in change.message
     assert path.read_text() == policy
-    assert h.remove_guidance("claude-code", env).action == "unchanged"
+    assert g.remove_guidance("claude-code", env).action == "unchanged"
     assert path.read_text() == policy
 
 
 def test_guidance_damaged_block_refused(home: Path, env: dict[str, str]) -> None:
     path = home / ".codex" / "AGENTS.md"
     path.parent.mkdir()
-    path.write_text(f"x\n{h.BEGIN_MARK}\nhalf\n")
+    path.write_text(f"x\n{g.BEGIN_MARK}\nhalf\n")
     with pytest.raises(InstallError, match="AGENTS.md"):
-        h.add_guidance("codex", CACHE, env)
+        g.add_guidance("codex", CACHE, env)
 
 
 def test_guidance_cursor_is_manual(home: Path, env: dict[str, str]) -> None:
-    change = h.add_guidance("cursor", CACHE, env)
-    assert change.action == "manual" and change.after == h.guidance_block(CACHE)
+    change = g.add_guidance("cursor", CACHE, env)
+    assert change.action == "manual" and change.after == g.guidance_block(CACHE)
     assert "User Rules" in change.message
-    assert h.remove_guidance("cursor", env).action == "manual"
+    assert g.remove_guidance("cursor", env).action == "manual"
     assert snapshot(home) == {}
 
 

@@ -1,0 +1,394 @@
+"""The installers end to end: real files in a temporary HOME, a real sshd on loopback."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import stat
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from sharedmem import authkeys, harnesses
+from sharedmem.core import InstallError
+from sharedmem.install import client_main
+from sharedmem.store import Store
+
+PREFIX = Path(".local/share/codex-shared-memory")
+TOML = '# my settings\nmodel = "o3"\n\n[mcp_servers.other]\ncommand = "npx"\nargs = ["x"]\n'
+CLAUDE = {"numStartups": 3, "projects": {"/src": {"allowedTools": []}}}
+OPENCODE = {"$schema": "https://opencode.ai/config.json", "theme": "dark"}
+CURSOR = {"mcpServers": {"other": {"command": "npx", "args": ["y"]}}}
+ED25519_BLOB = base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + bytes(32)).decode()
+AGENTS = "# My rules\n\nAlways run the tests.\n"
+
+
+def keygen(path: Path) -> str:
+    """A fresh ed25519 key pair; returns the public line."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f",
+                    str(path)], check=True, capture_output=True)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def env_for(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CODEX_HOME", "CLAUDE_CONFIG_DIR", "XDG_CONFIG_HOME")}
+    env.update(HOME=str(home), SHAREDMEM_SCHEDULER_DRYRUN="1", **extra)
+    return env
+
+
+def run(script: str, *args: str, home: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """Run an installer from another working directory, as a user would."""
+    return subprocess.run([sys.executable, str(REPO / script), *args], capture_output=True,
+                          text=True, env=env_for(home), cwd=cwd, timeout=180)
+
+
+def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes | None]:
+    """Every path under `root` with its bytes (None for folders)."""
+    out: dict[str, bytes | None] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if any(rel == s or rel.startswith(s + "/") for s in skip):
+            continue
+        out[rel] = None if path.is_dir() else path.read_bytes()
+    return out
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def make_client_home(root: Path) -> Path:
+    """A home with all four harnesses configured already, and some Codex memory."""
+    home = root / "client-home"
+    mem = home / ".codex" / "memories"
+    (mem / "rollout_summaries").mkdir(parents=True)
+    (mem / "MEMORY.md").write_text("# Memory\n- deploy with make\n", encoding="utf-8")
+    (mem / "rollout_summaries" / "r1.md").write_text("rollout one\n", encoding="utf-8")
+    (home / ".codex" / "config.toml").write_text(TOML, encoding="utf-8")
+    (home / ".codex" / "AGENTS.md").write_text(AGENTS, encoding="utf-8")
+    (home / ".claude").mkdir()
+    (home / ".claude.json").write_text(json.dumps(CLAUDE), encoding="utf-8")
+    (home / ".config" / "opencode").mkdir(parents=True)
+    (home / ".config" / "opencode" / "opencode.json").write_text(json.dumps(OPENCODE))
+    (home / ".cursor").mkdir()
+    (home / ".cursor" / "mcp.json").write_text(json.dumps(CURSOR), encoding="utf-8")
+    return home
+
+
+def without_ours(data: dict, *keys: str) -> dict:
+    node = data
+    for key in keys:
+        node = node[key]
+    del node[harnesses.SERVER_NAME]
+    return data
+
+
+# --- the server --------------------------------------------------------------------------------
+
+def test_server_install_pins_key_once_and_refuses_another_machine(tmp_path):
+    home = tmp_path / "server-home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh").chmod(0o755)
+    keys = home / ".ssh" / "authorized_keys"
+    keys.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBBBB old@box\n")
+    keys.chmod(0o644)
+    pub = keygen(tmp_path / "laptop_key")
+    prefix = home / PREFIX
+    proc = run("install_server.py", "--authorize", "laptop", "--key",
+               str(tmp_path / "laptop_key.pub"), home=home, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    store = prefix / "store.sqlite3"
+    line = (f'restrict,command="{sys.executable} {prefix}/shared_memory.py serve --store '
+            f'{store} --machine laptop" {pub}')
+    assert keys.read_text() == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBBBB old@box\n" + line + "\n"
+    assert mode(home / ".ssh") == 0o700 and mode(keys) == 0o600
+    assert keys.stat().st_uid == os.getuid()
+    backups = sorted((home / ".ssh").glob("authorized_keys.bak-*"))
+    assert [b.read_text() for b in backups] == ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBBBB old@box\n"]
+    assert "install_client.py --machine laptop --ssh-host USER@HOST" in proc.stdout
+    assert "--remote-prefix" not in proc.stdout
+    assert list((prefix / "sharedmem" / "__pycache__").glob("core.cpython-*.pyc"))
+    assert (prefix / "docs" / "AGENT-GUIDANCE.md").is_file()
+    with Store.open(store, create=False) as opened:
+        assert opened.verify() == []
+
+    before = tree(home)
+    again = run("install_server.py", "--authorize", "laptop", "--key", pub, home=home,
+                cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert tree(home, skip=(str(PREFIX / "store.sqlite3"),)) == {
+        k: v for k, v in before.items() if k != str(PREFIX / "store.sqlite3")}
+    assert keys.read_text().count(pub.split()[1]) == 1
+
+    refused = run("install_server.py", "--authorize", "desktop", "--key", pub, home=home,
+                  cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "pinned to machine 'laptop'" in refused.stderr
+    assert "--authorize desktop --key ... --repin" in refused.stderr
+    assert keys.read_text().count(pub.split()[1]) == 1 and "--machine laptop" in keys.read_text()
+
+    moved = run("install_server.py", "--authorize", "desktop", "--key", pub, "--repin",
+                home=home, cwd=tmp_path)
+    assert moved.returncode == 0, moved.stderr
+    text = keys.read_text()
+    assert text.count(pub.split()[1]) == 1 and "--machine desktop" in text
+    assert "old@box" in text
+
+
+def test_server_upgrade_removes_stale_files_and_custom_prefix_hint(tmp_path):
+    home = tmp_path / "h"
+    home.mkdir()
+    prefix = tmp_path / "srv"
+    assert run("install_server.py", "--prefix", str(prefix), home=home, cwd=tmp_path).returncode == 0
+    stale = prefix / "sharedmem" / "retired.py"
+    stale.write_text("x = 1\n")
+    (prefix / "sharedmem" / "__pycache__" / "retired.cpython-311.pyc").write_bytes(b"old")
+    (prefix / "sharedmem" / "core.py").write_text("# damaged\n")
+    proc = run("install_server.py", "--prefix", str(prefix), home=home, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not stale.exists()
+    assert not list((prefix / "sharedmem" / "__pycache__").glob("retired.*"))
+    assert (prefix / "sharedmem" / "core.py").read_bytes() == (REPO / "sharedmem" / "core.py").read_bytes()
+    assert f"--remote-prefix {prefix}" in proc.stdout
+    assert not (home / ".ssh").exists()
+
+
+def test_server_argument_and_key_problems(tmp_path):
+    home = tmp_path / "h"
+    home.mkdir()
+    private = tmp_path / "k"
+    keygen(private)
+    proc = run("install_server.py", "--authorize", "Bad Name", "--key", str(private),
+               "--repin", home=home, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "2 problem(s)" in proc.stderr
+    assert "--authorize 'Bad Name' is invalid" in proc.stderr
+    assert "PRIVATE key" in proc.stderr
+    assert not (home / PREFIX).exists()
+    lone = run("install_server.py", "--key", str(private) + ".pub", home=home, cwd=tmp_path)
+    assert lone.returncode == 2 and "go together" in lone.stderr
+    assert run("install_server.py", "--help", home=home, cwd=tmp_path).stdout.count("--authorize")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("ssh-ed25519 not*base64", "damaged"),
+    ("ssh-rsa " + ED25519_BLOB, "does not match its type"),
+    ("ssh-ed25519 " + ED25519_BLOB[:-8], "damaged"),
+    ("hello world", "no such file"),
+    ("ssh-ed25519 AAAA\nssh-ed25519 AAAA", "exactly one"),
+])
+def test_parse_key_refuses_bad_keys(text, needle, tmp_path):
+    good = authkeys.parse_key(f"ssh-ed25519 {ED25519_BLOB} me@pc", {"HOME": str(tmp_path)})
+    assert good.text == f"ssh-ed25519 {ED25519_BLOB} me@pc"
+    with pytest.raises(InstallError, match=needle):
+        authkeys.parse_key(text if "world" not in text else "/no/such.pub",
+                           {"HOME": str(tmp_path)})
+
+
+def test_split_line_reads_options_with_quoted_spaces():
+    line = 'restrict,command="py /a b/shared_memory.py serve --machine pc" ssh-ed25519 AAAB c'
+    options, blob = authkeys.split_line(line)
+    assert blob == "AAAB" and authkeys.pinned_machine(options) == "pc"
+    assert authkeys.split_line("# comment") is None
+    assert authkeys.pinned_machine(authkeys.split_line("ssh-rsa AAAA x")[0]) is None
+
+
+# --- the client over SSH ---------------------------------------------------------------------
+
+def ssh_args(sshd, key: Path | None = None, known: Path | None = None) -> list[str]:
+    return ["--ssh-host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port),
+            "--ssh-identity", str(key or sshd.pinned_key),
+            "--ssh-option", f"UserKnownHostsFile={known or sshd.known_hosts}",
+            "--ssh-option", "GlobalKnownHostsFile=/dev/null", "--ssh-option", "LogLevel=ERROR"]
+
+
+def test_client_over_ssh_end_to_end(tmp_path, sshd):
+    server_home = tmp_path / "server-home"
+    server_home.mkdir()
+    proc = run("install_server.py", "--authorize", "laptop", "--key",
+               str(sshd.pinned_key) + ".pub", home=server_home, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (sshd.root / "authorized_keys").write_bytes((server_home / ".ssh" / "authorized_keys")
+                                                 .read_bytes())
+    home = make_client_home(tmp_path)
+    args = ["--machine", "laptop", *ssh_args(sshd), "--remote-prefix", "/ignored/by/pin"]
+    originals = tree(home)
+
+    dry = run("install_client.py", *args, "--dry-run", home=home, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert tree(home) == originals
+    assert "+[mcp_servers.shared_memories]" in dry.stdout and "client.json (after)" in dry.stdout
+
+    first = run("install_client.py", *args, home=home, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr + first.stdout
+    prefix = home / PREFIX
+    cache = prefix / "cache" / "machines" / "laptop" / "codex"
+    assert (cache / "MEMORY.md").read_text() == "# Memory\n- deploy with make\n"
+    assert (cache / "rollout_summaries" / "r1.md").is_file()
+    assert "first sync: ok" in first.stdout
+    with Store.open(server_home / PREFIX / "store.sqlite3", create=False) as store:
+        assert "machines/laptop/codex/MEMORY.md" in store.manifest()
+    cfg = json.loads((prefix / "client.json").read_text())
+    assert cfg["transport"]["remote_command"][1] == "/ignored/by/pin/shared_memory.py"
+    assert mode(prefix / "client.json") == 0o600
+    assert list((prefix / "sharedmem" / "__pycache__").glob("client.cpython-*.pyc"))
+
+    mcp = [sys.executable, str(prefix / "shared_memory.py"), "mcp", "--config",
+           str(prefix / "client.json")]
+    env = {"HOME": str(home)}
+    for name in harnesses.HARNESSES:
+        assert harnesses.registered_command(name, env) == mcp, name
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"}}}
+    served = subprocess.run(mcp, input=json.dumps(hello) + "\n", capture_output=True,
+                            text=True, env=env_for(home), cwd=tmp_path, timeout=60)
+    assert json.loads(served.stdout.splitlines()[0])["result"]["protocolVersion"] == "2025-06-18"
+    toml = tomllib.loads((home / ".codex" / "config.toml").read_text())
+    assert without_ours(toml, "mcp_servers") == tomllib.loads(TOML)
+    claude = json.loads((home / ".claude.json").read_text())
+    assert without_ours(claude, "mcpServers") == {**CLAUDE, "mcpServers": {}}
+    opencode = json.loads((home / ".config" / "opencode" / "opencode.json").read_text())
+    assert without_ours(opencode, "mcp") == {**OPENCODE, "mcp": {}}
+    cursor = json.loads((home / ".cursor" / "mcp.json").read_text())
+    assert without_ours(cursor, "mcpServers") == CURSOR
+    agents = (home / ".codex" / "AGENTS.md").read_text()
+    assert agents.startswith(AGENTS) and agents.count("BEGIN codex-shared-memory") == 1
+    assert str(prefix / "cache") in (home / ".claude" / "CLAUDE.md").read_text()
+    assert "Cursor Settings > Rules > User Rules" in first.stdout
+
+    skip = (str(PREFIX / "cache"), str(PREFIX / "state"))
+    installed = tree(home, skip)
+    second = run("install_client.py", *args, home=home, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert tree(home, skip) == installed
+
+    gone = run("install_client.py", "--uninstall", home=home, cwd=tmp_path)
+    assert gone.returncode == 0, gone.stderr
+    assert (home / ".codex" / "config.toml").read_text() == TOML
+    assert (home / ".codex" / "AGENTS.md").read_text() == AGENTS
+    assert json.loads((home / ".claude.json").read_text()) == {**CLAUDE, "mcpServers": {}}
+    assert json.loads((home / ".cursor" / "mcp.json").read_text()) == CURSOR
+    assert not (home / ".claude" / "CLAUDE.md").exists()
+    assert (cache / "MEMORY.md").is_file()
+
+    purged = run("install_client.py", "--uninstall", "--purge", home=home, cwd=tmp_path)
+    assert purged.returncode == 0, purged.stderr
+    assert not (prefix / "client.json").exists() and not (prefix / "cache").exists()
+    assert not (prefix / "sharedmem").exists()
+
+
+def test_client_ssh_failures_name_the_fix(tmp_path, sshd):
+    home = make_client_home(tmp_path)
+    originals = tree(home)
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    unknown = run("install_client.py", "--machine", "laptop", *ssh_args(sshd, known=empty),
+                  home=home, cwd=tmp_path)
+    assert unknown.returncode == 2
+    assert "host key" in unknown.stderr and "ssh-keyscan" in unknown.stderr
+    assert "Nothing was installed" in unknown.stderr
+
+    stranger = tmp_path / "stranger"
+    keygen(stranger)
+    refused = run("install_client.py", "--machine", "laptop", *ssh_args(sshd, key=stranger),
+                  home=home, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "refused this client's key" in refused.stderr
+    assert "install_server.py --authorize" in refused.stderr
+
+    other = run("install_client.py", "--machine", "desktop", *ssh_args(sshd), home=home,
+                cwd=tmp_path)
+    assert other.returncode == 2 and "pinned to machine 'laptop'" in other.stderr
+    assert tree(home) == originals
+
+
+def test_client_argument_problems_are_listed_together(tmp_path):
+    home = tmp_path / "h"
+    home.mkdir()
+    proc = run("install_client.py", "--machine", "Laptop", "--local", "--ssh-port", "99999",
+               "--harness", "vim", "--source", "notes", "--markdown", "x=/no/such/dir",
+               "--schedule", "daily", "--purge", home=home, cwd=tmp_path)
+    assert proc.returncode == 2
+    for needle in ("8 problem(s)", "--harness vim", "--schedule 'daily'", "--purge only",
+                   "--machine 'Laptop'", "--ssh-port", "--source 'notes'", "is not a folder"):
+        assert needle in proc.stderr, needle
+    assert not any(home.iterdir())
+    helped = run("install_client.py", "--help", home=home, cwd=tmp_path)
+    assert helped.returncode == 0 and "--ssh-host HOST" in helped.stdout
+    assert "SHAREDMEM_SCHEDULER_DRYRUN" in helped.stdout
+
+
+# --- the client, local, in process: guidance choices and the schedule ---------------------------
+
+class Recorder:
+    """Stands in for systemctl and crontab: records each command and reports success."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+        self.calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+def test_local_install_override_policy_and_schedule(home):
+    (home / ".codex").mkdir()
+    override = home / ".codex" / "AGENTS.override.md"
+    override.write_text("# override\n")
+    (home / ".claude").mkdir()
+    policy = "# Rules\nUse the shared memory MCP server with care.\n"
+    (home / ".claude" / "CLAUDE.md").write_text(policy)
+    notes = home / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("alpha\n")
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "")}
+    recorder, out, err = Recorder(), io.StringIO(), io.StringIO()
+    code = client_main(["--machine", "pc", "--local", "--markdown", f"notes={notes}",
+                        "--harness", "codex", "--harness", "claude-code"], env,
+                       run=recorder, platform="linux", out=out, err=err)
+    assert code == 0, err.getvalue() + out.getvalue()
+    prefix = home / PREFIX
+    assert (prefix / "cache" / "machines" / "pc" / "notes" / "a.md").read_text() == "alpha\n"
+    assert (prefix / "store.sqlite3").is_file()
+    assert "BEGIN codex-shared-memory" in override.read_text()
+    assert not (home / ".codex" / "AGENTS.md").exists()
+    assert (home / ".claude" / "CLAUDE.md").read_text() == policy
+    assert not (home / ".cursor").exists()
+    units = home / ".config" / "systemd" / "user"
+    service = (units / "codex-shared-memory-sync.service").read_text()
+    assert f'"{prefix}/shared_memory.py" "sync" "--config" "{prefix}/client.json"' in service
+    assert f"append:{prefix}/sync.log" in service
+    assert ["systemctl", "--user", "enable", "--now", "codex-shared-memory-sync.timer"] \
+        in recorder.calls
+    cfg = json.loads((prefix / "client.json").read_text())
+    assert [s["name"] for s in cfg["sources"]] == ["notes"]
+    assert cfg["transport"] == {"kind": "local", "store": str(prefix / "store.sqlite3")}
+
+    recorder.calls.clear()
+    assert client_main(["--uninstall"], env, run=recorder, platform="linux", out=out,
+                       err=err) == 0
+    assert not (units / "codex-shared-memory-sync.timer").exists()
+    assert override.read_text() == "# override\n"
+    assert harnesses.registered_command("codex", env) is None
+    assert ["systemctl", "--user", "disable", "--now", "codex-shared-memory-sync.timer"] \
+        in recorder.calls
+
+
+def test_server_warns_when_home_is_writable_by_others(tmp_path):
+    home = tmp_path / "shared-home"
+    home.mkdir()
+    home.chmod(0o777)
+    keygen(tmp_path / "k")
+    proc = run("install_server.py", "--authorize", "pc", "--key", str(tmp_path / "k.pub"),
+               home=home, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert f"chmod go-w {home}" in proc.stderr
+    assert "--machine pc" in (home / ".ssh" / "authorized_keys").read_text()
