@@ -24,6 +24,7 @@ from sharedmem.core import (
 
 META_DIR = ".sharedmem"
 MANIFEST_NAME = "manifest.json"
+NAMESPACES_NAME = "namespaces.json"
 MANIFEST_VERSION = 1
 NOTES_NAMESPACE = NOTES_DIR
 
@@ -107,7 +108,8 @@ class Cache:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.meta = self.root / META_DIR
-        self._loaded: tuple[float, Manifest] | None = None
+        self._loaded: tuple[tuple[int, int], Manifest] | None = None
+        self._files_cache: tuple[int, dict[str, CachedFile]] | None = None
 
     @property
     def manifest_path(self) -> Path:
@@ -116,27 +118,36 @@ class Cache:
 
     def exists(self) -> bool:
         """Whether a sync has ever completed into this cache."""
-        return self.manifest_path.is_file()
+        return self.manifest_path.is_file() and self.namespaces_path.is_file()
+
+    @property
+    def namespaces_path(self) -> Path:
+        """The small file rewritten by every sync: namespaces, last sync time, server."""
+        return self.meta / NAMESPACES_NAME
 
     def load(self) -> Manifest:
-        """The manifest, re-read only when its file changed (cheap for a long-lived MCP server)."""
+        """The manifest; each of its two files is re-read only when it changed on disk."""
         try:
-            stamp = self.manifest_path.stat().st_mtime_ns
+            stamps = (self.manifest_path.stat().st_mtime_ns,
+                      self.namespaces_path.stat().st_mtime_ns)
         except FileNotFoundError:
             return Manifest()
-        if self._loaded and self._loaded[0] == stamp:
+        if self._loaded and self._loaded[0] == stamps:
             return self._loaded[1]
         try:
-            raw = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+            files = self._files_cache[1] if self._files_cache and \
+                self._files_cache[0] == stamps[0] else None
+            if files is None:
+                raw_files = json.loads(self.manifest_path.read_text(encoding="utf-8"))["files"]
+                files = {k: CachedFile(*v) for k, v in raw_files.items()}
+                self._files_cache = (stamps[0], files)
+            raw = json.loads(self.namespaces_path.read_text(encoding="utf-8"))
             manifest = Manifest(
                 namespaces={k: NamespaceInfo(**v) for k, v in raw["namespaces"].items()},
-                files={k: CachedFile(*v) for k, v in raw["files"].items()},
-                last_sync=raw.get("last_sync"),
-                server=raw.get("server", {}),
-            )
+                files=files, last_sync=raw.get("last_sync"), server=raw.get("server", {}))
         except (OSError, ValueError, KeyError, TypeError):
             manifest = Manifest()
-        self._loaded = (stamp, manifest)
+        self._loaded = (stamps, manifest)
         return manifest
 
     def file_path(self, relpath: str) -> Path:
@@ -153,11 +164,12 @@ class Cache:
         """Namespaces whose files no longer match the manifest by size, so they need a full pull."""
         manifest = self.load()
         bad: set[str] = set()
+        root = str(self.root) + os.sep
         for path, meta in manifest.files.items():
             if meta.namespace in bad:
                 continue
             try:
-                if (self.root / path).stat().st_size != meta.size:
+                if os.stat(root + path).st_size != meta.size:
                     bad.add(meta.namespace)
             except OSError:
                 bad.add(meta.namespace)
@@ -230,7 +242,8 @@ class Cache:
             self._prune_dirs(target.parent)
         new = Manifest(namespaces=dict(namespaces), files=files, last_sync=utc_now(),
                        server=server or manifest.server)
-        self._write_manifest(new)
+        self._write_manifest(new, files_changed=bool(written or removed)
+                             or files != manifest.files)
         return {"written": written, "removed": removed, "files": len(files)}
 
     def _prune_dirs(self, folder: Path) -> None:
@@ -242,15 +255,19 @@ class Cache:
                 return
             folder = folder.parent
 
-    def _write_manifest(self, manifest: Manifest) -> None:
+    def _write_manifest(self, manifest: Manifest, *, files_changed: bool = True) -> None:
+        """Files first, then the namespaces file, whose presence marks a complete cache."""
+        if files_changed or not self.manifest_path.is_file():
+            files = {k: [v.sha256, v.size, v.namespace] for k, v in sorted(manifest.files.items())}
+            atomic_write(self.manifest_path, json.dumps(
+                {"version": MANIFEST_VERSION, "files": files}, ensure_ascii=False).encode("utf-8"))
         raw = {
             "version": MANIFEST_VERSION,
             "last_sync": manifest.last_sync,
             "server": manifest.server,
             "namespaces": {k: asdict(v) for k, v in sorted(manifest.namespaces.items())},
-            "files": {k: [v.sha256, v.size, v.namespace] for k, v in sorted(manifest.files.items())},
         }
-        atomic_write(self.manifest_path, json.dumps(raw, ensure_ascii=False).encode("utf-8"))
+        atomic_write(self.namespaces_path, json.dumps(raw, ensure_ascii=False).encode("utf-8"))
         self._loaded = None
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sharedmem import redact, sources
+from sharedmem import __version__, redact, sources
 from sharedmem.cache import Cache, NamespaceInfo, Outbox
 from sharedmem.config import ClientConfig, SourceConfig
 from sharedmem.core import (
@@ -115,7 +115,10 @@ class Sync:
         spec = sources.SourceSpec(source.name, source.kind, source.path)
         state_file = self.config.state / "sources" / f"{source.name}.json"
         saved = _read_json(state_file)
-        snap = sources.snapshot(spec, self.config.limits, saved.get("record"))
+        limits = self.config.limits
+        rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
+        previous = saved.get("record") if saved.get("rules") == rules else None
+        snap = sources.snapshot(spec, limits, previous)
         result: dict[str, Any] = {
             "source": source.name, "kind": source.kind, "path": str(source.path),
             "files": len(snap.files), "skipped": [vars(s) for s in snap.skipped],
@@ -148,7 +151,9 @@ class Sync:
         acked = None
         if reply.get("digest") == digest:
             acked = {"digest": digest, "files": {e.path: e.sha256 for e in snap.files}}
-        _write_json(state_file, {"record": snap.record(), "acked": acked})
+        state = {"rules": rules, "record": snap.record(), "acked": acked}
+        if state != saved:
+            _write_json(state_file, state)
         return result
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,

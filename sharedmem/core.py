@@ -33,6 +33,12 @@ _NOTE_FILENAME_RE = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})T(\d{2})-(\d{2})-(\d{2})-([a-z0-9][a-z0-9-]{0,79})\.md"
 )
 _FORBIDDEN_CHARS = frozenset('\\<>:"|?*')
+# Fast path: plain ASCII names that obviously pass every rule below (checked against the full rule
+# in the tests); anything else takes the full check.
+_SAFE_PART = r"[A-Za-z0-9_-](?:[A-Za-z0-9_.-]{0,253}[A-Za-z0-9_-])?"
+_SAFE_FILE = re.compile(rf"(?:{_SAFE_PART}/)*[A-Za-z0-9_-][A-Za-z0-9_.-]{{0,249}}\.md")
+_SAFE_FOLDER = re.compile(rf"{_SAFE_PART}(?:/{_SAFE_PART})*")
+_RESERVED_RE = re.compile(r"(?:^|/)(?:con|prn|aux|nul|com[1-9]|lpt[1-9])(?:[./]|$)", re.IGNORECASE)
 _RESERVED_WINDOWS = frozenset(
     {"CON", "PRN", "AUX", "NUL"}
     | {f"{port}{i}" for port in ("COM", "LPT") for i in (*"123456789", "\u00b9", "\u00b2", "\u00b3")}
@@ -149,6 +155,9 @@ def path_problems(path: object, *, folder: bool = False) -> list[str]:
     """
     if not isinstance(path, str):
         return [f"path {path!r} is not a string"]
+    if (len(path) <= MAX_PATH_BYTES and (_SAFE_FOLDER if folder else _SAFE_FILE).fullmatch(path)
+            and not _RESERVED_RE.search(path)):
+        return []
     shown = repr(path)
     problems: list[str] = []
     if not path:

@@ -246,11 +246,11 @@ class Store:
                     raise StaleBase(f"namespace {machine}/{source} changed since the client's "
                                     "last sync; send the whole manifest")
                 drop = set(removed or ()) | {f.path for f in files}
-                keep = [IncomingFile(p, s, z, m) for p, (s, z, m) in current.items()
-                        if p not in drop]
-                files = keep + list(files)
+                kept = {p: v for p, v in current.items() if p not in drop}
+            else:
+                kept = {}
             report = IngestReport(machine, source, 0)
-            accepted = self._check_files(conn, kind, files, limits, report)
+            accepted = self._check_files(conn, kind, files, limits, report, kept)
             digest = digest_of((p, s) for p, (s, _, _) in accepted.items())
             if row is not None and row[1] == digest and row[2]:
                 conn.execute("UPDATE namespaces SET synced_at=? WHERE id=?", (utc_now(), row[0]))
@@ -286,11 +286,15 @@ class Store:
         return report
 
     def _check_files(self, conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
-                     limits: Limits, report: IngestReport) -> dict[str, tuple[str, int, int]]:
-        """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted."""
-        accepted: dict[str, tuple[str, int, int]] = {}
-        keys: set[str] = set()
-        total = 0
+                     limits: Limits, report: IngestReport,
+                     kept: Mapping[str, tuple[str, int, int]]) -> dict[str, tuple[str, int, int]]:
+        """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted.
+
+        `kept` are files a delta leaves as they are: they passed these checks when stored.
+        """
+        accepted: dict[str, tuple[str, int, int]] = dict(kept)
+        keys: set[str] = {collision_key(p) for p in kept}
+        total = sum(size for _, size, _ in kept.values())
 
         def refuse(path: object, reason: str, message: str) -> None:
             report.refused.append({"path": str(path), "reason": reason, "message": message})

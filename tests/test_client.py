@@ -120,12 +120,12 @@ def test_unreachable_server_keeps_cache_and_queues_note(tmp_path, sshd):
     assert sync_json(cfg)[0] == 0
     cache = tmp_path / "laptop" / "cache"
     before = cache_files(cache)
-    manifest_before = (cache / ".sharedmem" / "manifest.json").read_bytes()
+    meta_before = {p.name: p.read_bytes() for p in (cache / ".sharedmem").glob("*.json")}
     sshd.stop()
     code, report = sync_json(cfg)
     assert code == 2 and "cannot reach" in report["error"]
     assert cache_files(cache) == before
-    assert (cache / ".sharedmem" / "manifest.json").read_bytes() == manifest_before
+    assert {p.name: p.read_bytes() for p in (cache / ".sharedmem").glob("*.json")} == meta_before
     note = run_cli("note", "--config", str(cfg), "2026-11-30T10-00-00-offline-idea.md",
                    "remember the offline idea", "--json")
     assert note.returncode == 0, note.stderr

@@ -387,3 +387,21 @@ def test_hashing_and_time() -> None:
     assert core.age_text(192) == "3m 12s"
     assert core.age_text(2 * 86400 + 4 * 3600) == "2d 4h"
     assert core.age_text(-5) == "0s"
+
+
+def test_fast_path_never_accepts_what_the_full_rule_refuses(monkeypatch):
+    import random
+    import re
+
+    from sharedmem import core
+    rng = random.Random(5)
+    alphabet = "aZ09_-. /.:\\CONcon1é"
+    samples = []
+    for _ in range(20000):
+        path = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 20)))
+        samples.append(path + (".md" if rng.random() < 0.5 else ""))
+    fast = {(p, f): core.path_problems(p, folder=f) for p in samples for f in (False, True)}
+    monkeypatch.setattr(core, "_SAFE_FILE", re.compile(r"(?!)"))
+    monkeypatch.setattr(core, "_SAFE_FOLDER", re.compile(r"(?!)"))
+    for (path, folder), problems in fast.items():
+        assert bool(problems) == bool(core.path_problems(path, folder=folder)), (path, folder)

@@ -95,7 +95,7 @@ def test_deleted_cache_fails(tmp_path: Path, home: Path) -> None:
 @pytest.mark.parametrize(("age", "status"), [(3600, WARN), (3 * 86400, FAIL)])
 def test_old_cache_warns_then_fails(tmp_path: Path, home: Path, age: int, status: str) -> None:
     cfg, env = make_client(tmp_path, home)
-    manifest = tmp_path / "client" / "cache" / ".sharedmem" / "manifest.json"
+    manifest = tmp_path / "client" / "cache" / ".sharedmem" / "namespaces.json"
     raw = json.loads(manifest.read_text(encoding="utf-8"))
     raw["last_sync"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - age))
     manifest.write_text(json.dumps(raw), encoding="utf-8")
