@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,6 +62,15 @@ class Manifest:
     server: dict[str, Any] = field(default_factory=dict)
 
 
+Stamp = tuple[int, int, int]
+
+
+def _stamp(path: Path) -> Stamp:
+    """What tells a rewritten manifest file from the one already read: mtime, inode, size."""
+    info = path.stat()
+    return info.st_mtime_ns, info.st_ino, info.st_size
+
+
 def namespace_key(path: str) -> str:
     """The namespace a published path belongs to: `machines/<m>/<s>` or the notes folder."""
     parts = path.split("/")
@@ -108,8 +119,8 @@ class Cache:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.meta = self.root / META_DIR
-        self._loaded: tuple[tuple[int, int], Manifest] | None = None
-        self._files_cache: tuple[int, dict[str, CachedFile]] | None = None
+        self._loaded: tuple[tuple[Stamp, Stamp], Manifest] | None = None
+        self._files_cache: tuple[Stamp, dict[str, CachedFile]] | None = None
 
     @property
     def manifest_path(self) -> Path:
@@ -128,8 +139,7 @@ class Cache:
     def load(self) -> Manifest:
         """The manifest; each of its two files is re-read only when it changed on disk."""
         try:
-            stamps = (self.manifest_path.stat().st_mtime_ns,
-                      self.namespaces_path.stat().st_mtime_ns)
+            stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
         except FileNotFoundError:
             return Manifest()
         if self._loaded and self._loaded[0] == stamps:
@@ -219,6 +229,8 @@ class Cache:
                      if meta.namespace in full_namespaces and p not in sent}
         gone |= {p for p, meta in files.items() if meta.namespace not in namespaces}
         folders = _Folders(self.root)
+        for path, _, _ in upserts:
+            folders.target(path, create=False)  # refuse a planted link before writing anything
         written = 0
         for path, sha, text in upserts:
             data = text.encode("utf-8")
@@ -261,6 +273,7 @@ class Cache:
             files = {k: [v.sha256, v.size, v.namespace] for k, v in sorted(manifest.files.items())}
             atomic_write(self.manifest_path, json.dumps(
                 {"version": MANIFEST_VERSION, "files": files}, ensure_ascii=False).encode("utf-8"))
+            self._files_cache = None  # a rewrite within one mtime tick must not look unchanged
         raw = {
             "version": MANIFEST_VERSION,
             "last_sync": manifest.last_sync,
@@ -279,19 +292,30 @@ class _Folders:
         self.seen: dict[str, Path | None] = {}
 
     def target(self, path: str, *, create: bool) -> Any:
-        """The on-disk file for an already-checked published path, confined to the cache."""
+        """The on-disk file for an already-checked published path, confined to the cache.
+
+        Each folder is walked one component at a time without following links, so a link
+        planted in the cache is refused before anything (even a folder) is made through it.
+        Without `create`, a folder that is missing (or a file) gives None.
+        """
         folder, _, name = path.rpartition("/")
         real = self.seen.get(folder)
         if real is None:
-            lexical = self.root / folder
-            if create:
-                lexical.mkdir(parents=True, exist_ok=True)
-            elif not lexical.is_dir():
-                return None
-            real = lexical.resolve()
-            if real != lexical or self.root not in real.parents:
-                raise ProtocolError(f"cache folder {lexical} is a link or escapes the cache "
-                                    f"{self.root}: remove it, then sync again")
+            real = self.root
+            for part in folder.split("/"):
+                real = real / part
+                try:
+                    info = os.lstat(real)
+                except FileNotFoundError:
+                    if not create:
+                        return None
+                    real.mkdir()
+                    continue
+                if stat.S_ISLNK(info.st_mode) or (create and not stat.S_ISDIR(info.st_mode)):
+                    raise ProtocolError(f"cache folder {real} is a link or not a folder, inside "
+                                        f"the cache {self.root}: remove it, then sync again")
+                if not stat.S_ISDIR(info.st_mode):
+                    return None
             self.seen[folder] = real
         return real / name
 
@@ -316,7 +340,8 @@ class Outbox:
         """Queue a note atomically: it is either wholly in the outbox or not at all."""
         check_note_filename(filename)
         note = QueuedNote(note_id or uuid.uuid4().hex, filename, text, utc_now())
-        name = f"{note.created.replace(':', '-')}-{note.note_id}.json"
+        # The nanosecond clock keeps notes queued within one second in the order they came.
+        name = f"{note.created.replace(':', '-')}-{time.time_ns():020d}-{note.note_id}.json"
         atomic_write(self.folder / name, json.dumps(asdict(note)).encode("utf-8"), mode=0o600)
         return note
 

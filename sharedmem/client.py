@@ -88,10 +88,11 @@ class Sync:
         started = time.monotonic()
         try:
             with sync_lock(self.config.state), Connection(self.config, self.max_version) as conn:
-                conn.hello()
+                snapshots: list[tuple[Any, ...]] = []
+                conn.hello(lambda: snapshots.extend(map(self._snapshot, self.config.sources)))
                 self.report["protocol"] = conn.version
-                for spec in self.config.sources:
-                    self.report["sources"].append(self._publish(conn, spec))
+                for prepared in snapshots:
+                    self.report["sources"].append(self._publish(conn, prepared))
                 self._deliver(conn)
                 self.report["pull"] = self._pull(conn)
                 self.report["bytes"] = {"sent": conn.channel.sent,
@@ -111,14 +112,18 @@ class Sync:
             k: self.report.get(k) for k in ("status", "error", "finished_at", "exit_code")})
         return self.report
 
-    def _publish(self, conn: Connection, source: SourceConfig) -> dict[str, Any]:
+    def _snapshot(self, source: SourceConfig) -> tuple[Any, ...]:
+        """Walk one source; done while ssh is still connecting, so the two overlap."""
         spec = sources.SourceSpec(source.name, source.kind, source.path)
         state_file = self.config.state / "sources" / f"{source.name}.json"
         saved = _read_json(state_file)
         limits = self.config.limits
         rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
         previous = saved.get("record") if saved.get("rules") == rules else None
-        snap = sources.snapshot(spec, limits, previous)
+        return source, spec, state_file, saved, rules, sources.snapshot(spec, limits, previous)
+
+    def _publish(self, conn: Connection, prepared: tuple[Any, ...]) -> dict[str, Any]:
+        source, spec, state_file, saved, rules, snap = prepared
         result: dict[str, Any] = {
             "source": source.name, "kind": source.kind, "path": str(source.path),
             "files": len(snap.files), "skipped": [vars(s) for s in snap.skipped],

@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +111,18 @@ class Connection:
         """What the server end (or ssh) said on stderr so far."""
         return b"".join(self._stderr).decode("utf-8", "replace")
 
-    def hello(self) -> dict[str, Any]:
-        """Open the session; a dead transport becomes a TransportError that says how to fix it."""
+    def hello(self, meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
+        """Open the session; a dead transport becomes a TransportError that says how to fix it.
+
+        `meanwhile` runs after the hello is sent and before the answer is read, so local work
+        overlaps the SSH handshake.
+        """
         try:
             self.channel.send({"type": "hello", "versions": self.versions,
                                "client": f"sharedmem/{__version__}",
                                "machine": self.config.machine})
+            if meanwhile is not None:
+                meanwhile()
             reply = self.channel.expect("hello")
         except PeerError:
             raise
