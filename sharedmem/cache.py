@@ -230,7 +230,7 @@ class Cache:
         gone |= {p for p, meta in files.items() if meta.namespace not in namespaces}
         folders = _Folders(self.root)
         for path, _, _ in upserts:
-            folders.target(path, create=False)  # refuse a planted link before writing anything
+            folders.target(path, create=False, strict=True)  # refuse links before any write
         written = 0
         for path, sha, text in upserts:
             data = text.encode("utf-8")
@@ -291,17 +291,20 @@ class _Folders:
         self.root = root.resolve()
         self.seen: dict[str, Path | None] = {}
 
-    def target(self, path: str, *, create: bool) -> Any:
+    def target(self, path: str, *, create: bool, strict: bool = False) -> Any:
         """The on-disk file for an already-checked published path, confined to the cache.
 
         Each folder is walked one component at a time without following links, so a link
         planted in the cache is refused before anything (even a folder) is made through it.
-        Without `create`, a folder that is missing (or a file) gives None.
+        Without `create`, a missing folder gives None, and so does a file in the way unless
+        `strict` (checking a write before it is made) refuses it.
         """
         folder, _, name = path.rpartition("/")
         real = self.seen.get(folder)
         if real is None:
             real = self.root
+            if create:
+                real.mkdir(parents=True, exist_ok=True)
             for part in folder.split("/"):
                 real = real / part
                 try:
@@ -311,7 +314,8 @@ class _Folders:
                         return None
                     real.mkdir()
                     continue
-                if stat.S_ISLNK(info.st_mode) or (create and not stat.S_ISDIR(info.st_mode)):
+                if stat.S_ISLNK(info.st_mode) or ((create or strict)
+                                                  and not stat.S_ISDIR(info.st_mode)):
                     raise ProtocolError(f"cache folder {real} is a link or not a folder, inside "
                                         f"the cache {self.root}: remove it, then sync again")
                 if not stat.S_ISDIR(info.st_mode):

@@ -20,6 +20,8 @@ from sharedmem.core import (
 
 CONFIG_VERSION = 1
 TRANSPORTS = ("local", "ssh")
+TRANSPORT_KEYS = frozenset({"kind", "store", "host", "port", "identity", "options",
+                            "remote_command"})
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ def _transport(raw: object, base: Path, env: Mapping[str, str], problems: list[s
     if not isinstance(raw, dict) or raw.get("kind") not in TRANSPORTS:
         problems.append("transport must be an object whose kind is 'local' or 'ssh'")
         return Transport("local")
+    problems.extend(f"unknown key transport.{key!r}" for key in raw if key not in TRANSPORT_KEYS)
     if raw["kind"] == "local":
         return Transport("local", store=_path(raw.get("store"), "transport.store", base, env,
                                              problems))
@@ -198,6 +201,8 @@ def _sources(raw: object, base: Path, env: Mapping[str, str],
         if not isinstance(item, dict):
             problems.append(f"sources[{i}] must be an object with name, kind and path")
             continue
+        problems.extend(f"unknown key sources[{i}].{key!r}" for key in item
+                        if key not in ("name", "kind", "path"))
         kind, name = item.get("kind"), item.get("name")
         if kind not in SOURCE_KINDS:
             problems.append(f"sources[{i}].kind must be one of {', '.join(SOURCE_KINDS)}, "

@@ -124,7 +124,8 @@ def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...],
     if name not in message and optional:
         return None
     value = message.get(name)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, (int,))):
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in kinds):
         raise PeerError("bad-field", f"{message.get('type')}.{name} is missing or of the wrong "
                         f"type ({type(value).__name__})")
     return value
