@@ -14,13 +14,13 @@ from sharedmem import __version__, redact, sources
 from sharedmem.cache import Cache, NamespaceInfo, Outbox
 from sharedmem.config import ClientConfig, SourceConfig
 from sharedmem.core import (
-    NOTE_MAX_BYTES,
     LockError,
     NoteError,
     SharedMemoryError,
     age_text,
     atomic_write,
     check_note_filename,
+    check_note_text,
     parse_utc,
     utc_now,
 )
@@ -282,15 +282,7 @@ def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
 def check_note(filename: str, text: str) -> str:
     """Validate a note and return its redacted text; refuses before anything is written."""
     check_note_filename(filename)
-    if not isinstance(text, str) or not text.strip():
-        raise NoteError(f"note {filename} is empty: write the note text")
-    if len(text.encode("utf-8", "surrogatepass")) > NOTE_MAX_BYTES:
-        raise NoteError(f"note {filename} is over {NOTE_MAX_BYTES} bytes: shorten it or split it")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise NoteError(f"note {filename} is not valid UTF-8 text") from None
-    return redact.redact(text)[0]
+    return redact.redact(check_note_text(filename, text))[0]
 
 
 def submit_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any]:

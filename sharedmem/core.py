@@ -241,6 +241,19 @@ def check_note_filename(filename: object) -> str:
     return filename  # type: ignore[return-value]
 
 
+def check_note_text(filename: str, text: object) -> str:
+    """Return a note's text if it can be stored: non-empty, valid UTF-8, at most NOTE_MAX_BYTES."""
+    if not isinstance(text, str) or not text.strip():
+        raise NoteError(f"note {filename} is empty: write the note text")
+    if len(text.encode("utf-8", "surrogatepass")) > NOTE_MAX_BYTES:
+        raise NoteError(f"note {filename} is over {NOTE_MAX_BYTES} bytes: shorten it or split it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NoteError(f"note {filename} is not valid UTF-8 text") from None
+    return text
+
+
 def sha256_bytes(data: bytes) -> str:
     """Hex SHA-256 of `data`."""
     return hashlib.sha256(data).hexdigest()

@@ -13,7 +13,6 @@ from sharedmem import redact, sources
 from sharedmem.core import (
     KIND_MARKDOWN,
     MACHINES_DIR,
-    NOTE_MAX_BYTES,
     NOTES_DIR,
     SOURCE_KINDS,
     Limits,
@@ -22,6 +21,7 @@ from sharedmem.core import (
     check_machine_name,
     check_markdown_source_name,
     check_note_filename,
+    check_note_text,
     collision_key,
     sha256_text,
     utc_now,
@@ -351,15 +351,7 @@ class Store:
         note_id = note_id or uuid.uuid4().hex
         if not isinstance(note_id, str) or not 8 <= len(note_id) <= 128:
             raise NoteError(f"note id {note_id!r} must be a string of 8 to 128 characters")
-        body, _ = redact.redact(text)
-        if not body.strip():
-            raise NoteError(f"note {filename} is empty: write some text")
-        if len(body.encode("utf-8", "surrogatepass")) > NOTE_MAX_BYTES:
-            raise NoteError(f"note {filename} is over {NOTE_MAX_BYTES} bytes: shorten it")
-        try:
-            body.encode("utf-8")
-        except UnicodeEncodeError:
-            raise NoteError(f"note {filename} is not valid UTF-8 text") from None
+        body = check_note_text(filename, redact.redact(check_note_text(filename, text))[0])
         path = f"{NOTES_DIR}/{filename}"
         with self.transaction() as conn:
             if conn.execute("SELECT 1 FROM notes WHERE note_id=?", (note_id,)).fetchone():
