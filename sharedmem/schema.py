@@ -1,0 +1,61 @@
+"""The store's schema: one list of migrations, applied in order, each in its own transaction.
+
+A store records how many it has applied in `PRAGMA user_version`. To change the schema, append a
+migration here; never edit one that has shipped (tests/fixtures holds a store of each version).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+MIGRATIONS: list[str] = [
+    # 1: the first schema.
+    """
+    CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE blobs(sha256 TEXT PRIMARY KEY, size INTEGER NOT NULL, body TEXT NOT NULL);
+    CREATE TABLE namespaces(
+        id INTEGER PRIMARY KEY,
+        machine TEXT NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL,
+        generation INTEGER NOT NULL, created_generation INTEGER NOT NULL,
+        synced_at TEXT NOT NULL, file_count INTEGER NOT NULL, byte_count INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        UNIQUE(machine, source));
+    CREATE TABLE files(
+        namespace_id INTEGER NOT NULL REFERENCES namespaces(id) ON DELETE CASCADE,
+        path TEXT NOT NULL, sha256 TEXT NOT NULL REFERENCES blobs(sha256),
+        size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, generation INTEGER NOT NULL,
+        PRIMARY KEY(namespace_id, path)) WITHOUT ROWID;
+    CREATE TABLE tombstones(
+        namespace_id INTEGER NOT NULL REFERENCES namespaces(id) ON DELETE CASCADE,
+        path TEXT NOT NULL, generation INTEGER NOT NULL,
+        PRIMARY KEY(namespace_id, path)) WITHOUT ROWID;
+    CREATE TABLE notes(
+        seq INTEGER PRIMARY KEY, note_id TEXT NOT NULL UNIQUE, filename TEXT NOT NULL,
+        machine TEXT NOT NULL, created_at TEXT NOT NULL, body TEXT NOT NULL,
+        prev_sha256 TEXT NOT NULL, sha256 TEXT NOT NULL);
+    CREATE INDEX notes_by_file ON notes(filename, seq);
+    CREATE TRIGGER notes_append_only_update BEFORE UPDATE ON notes
+        BEGIN SELECT RAISE(ABORT, 'notes are append-only: an entry is never changed'); END;
+    CREATE TRIGGER notes_append_only_delete BEFORE DELETE ON notes
+        BEGIN SELECT RAISE(ABORT, 'notes are append-only: an entry is never deleted'); END;
+    CREATE TRIGGER notes_append_only_replace BEFORE INSERT ON notes
+        WHEN EXISTS (SELECT 1 FROM notes WHERE seq = NEW.seq OR note_id = NEW.note_id)
+        BEGIN SELECT RAISE(ABORT, 'notes are append-only: an entry is never replaced'); END;
+    CREATE TABLE forgotten(
+        id INTEGER PRIMARY KEY, machine TEXT NOT NULL, source TEXT, files INTEGER NOT NULL,
+        forgotten_at TEXT NOT NULL, reason TEXT NOT NULL);
+    INSERT INTO meta VALUES ('generation', '0');
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def statements(script: str) -> list[str]:
+    """Split a migration into statements, keeping trigger bodies whole."""
+    out, buf = [], ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            out.append(buf.strip())
+            buf = ""
+    return [s for s in out if s]
