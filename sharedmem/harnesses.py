@@ -1,29 +1,29 @@
 """Register the `shared_memories` MCP server with each coding-agent harness (guidance: see `guidance`).
 
 Every edit is a merge: only our entry (or our guidance block) changes; every other byte of a
-TOML file, and every other key (in its order) of a JSON file, stays as it was. Before the first
-change to an existing file, a copy of it is kept beside it as `<file>.bak-shared-memory`; that
-copy is never overwritten, so it always holds the file as it was before this project first
-touched it. Re-running with the same inputs writes nothing, and `dry_run` only reports.
+TOML file (edited by `codex_toml`), and every other key (in its order) of a JSON file, stays as
+it was. Before the first change to an existing file, a copy of it is kept beside it as
+`<file>.bak-shared-memory`; that copy is never overwritten, so it always holds the file as it
+was before this project first touched it. Re-running with the same inputs writes nothing, and
+`dry_run` only reports.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import stat
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sharedmem import codex_toml
 from sharedmem.core import InstallError, atomic_write
 
 HARNESSES = ("codex", "claude-code", "opencode", "cursor")
 SERVER_NAME = "shared_memories"
 BACKUP_SUFFIX = ".bak-shared-memory"
-CODEX_STARTUP_TIMEOUT_SEC = 30
+CODEX_STARTUP_TIMEOUT_SEC = codex_toml.STARTUP_TIMEOUT_SEC
 OPENCODE_SCHEMA = "https://opencode.ai/config.json"
 CONFIG_MODE = 0o600
 _WRITES = ("added", "updated", "removed")
@@ -155,133 +155,9 @@ def _check_command(command: list[str]) -> None:
         raise InstallError(f"MCP server command {command!r} must be a non-empty list of strings")
 
 
-# --- Codex: TOML, edited as text ----------------------------------------------------------------
-
-_TOML_ESCAPES = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r",
-                 '"': '\\"', "\\": "\\\\"}
-
-
-def _toml_str(value: str) -> str:
-    out = []
-    for ch in value:
-        if ch in _TOML_ESCAPES:
-            out.append(_TOML_ESCAPES[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04X}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def _codex_entry(command: list[str]) -> dict[str, object]:
-    return {"command": command[0], "args": list(command[1:]),
-            "startup_timeout_sec": CODEX_STARTUP_TIMEOUT_SEC}
-
-
 def codex_table(command: list[str], newline: str = "\n") -> str:
     """The `[mcp_servers.shared_memories]` table, with documented keys only."""
-    lines = [f"[mcp_servers.{SERVER_NAME}]", f"command = {_toml_str(command[0])}",
-             "args = [" + ", ".join(_toml_str(arg) for arg in command[1:]) + "]",
-             f"startup_timeout_sec = {CODEX_STARTUP_TIMEOUT_SEC}"]
-    return newline.join(lines) + newline
-
-
-def _header_keys(line: str) -> tuple[str, ...] | None:
-    """The key path of a table header line (`[a.b]`, `[[a.b]]`), or None for any other line."""
-    stripped = line.strip()
-    if not stripped.startswith("["):
-        return None
-    try:
-        node: object = tomllib.loads(stripped)
-    except tomllib.TOMLDecodeError:
-        return None
-    keys: list[str] = []
-    while isinstance(node, dict) and len(node) == 1:
-        key, node = next(iter(node.items()))
-        keys.append(key)
-        if isinstance(node, list) and node:
-            node = node[-1]
-    return tuple(keys) if keys and node == {} else None
-
-
-def _trivia(line: str) -> bool:
-    return not line.strip() or line.lstrip().startswith("#")
-
-
-def _our_spans(lines: list[str]) -> list[tuple[int, int]]:
-    """Line spans of our table and its sub-tables; trailing blank/comment lines stay outside."""
-    heads = [(i, keys[:2] == ("mcp_servers", SERVER_NAME))
-             for i, line in enumerate(lines) if (keys := _header_keys(line))]
-    heads.append((len(lines), False))
-    spans = []
-    for (start, ours), (end, next_ours) in zip(heads, heads[1:], strict=False):
-        if ours:
-            while not next_ours and end > start + 1 and _trivia(lines[end - 1]):
-                end -= 1
-            spans.append((start, end))
-    return spans
-
-
-def _toml_without_ours(data: dict) -> dict:
-    data = copy.deepcopy(data)
-    servers = data.get("mcp_servers")
-    if isinstance(servers, dict):
-        servers.pop(SERVER_NAME, None)
-        if not servers:
-            del data["mcp_servers"]
-    return data
-
-
-def _toml_load(path: Path, text: str) -> dict:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InstallError(f"{path} is not valid TOML ({exc}); fix it or move it aside, then "
-                           "re-run -- it was left untouched") from exc
-
-
-def _toml_entry(data: dict) -> object:
-    servers = data.get("mcp_servers")
-    return servers.get(SERVER_NAME) if isinstance(servers, dict) else None
-
-
-def _toml_edit(path: Path, text: str, command: list[str] | None) -> str:
-    """`text` with our table replaced by (or appended as) `command`'s, or removed when None.
-
-    The result is checked with tomllib: it must hold exactly our entry and everything else
-    unchanged; otherwise nothing is written and the user is told what to edit by hand.
-    """
-    newline = "\r\n" if "\r\n" in text else "\n"
-    lines = text.splitlines(keepends=True)
-    spans = _our_spans(lines)
-    for start, end in reversed(spans):
-        del lines[start:end]
-        if command is None and start and not lines[start - 1].strip() and (
-                start == len(lines) or not lines[start].strip()):
-            del lines[start - 1]
-    if command is not None:
-        table = codex_table(command, newline)
-        if spans:
-            lines.insert(spans[0][0], table)
-        elif lines:
-            lines.append(("" if text.endswith("\n") else newline) + newline + table)
-        else:
-            lines.append(table)
-    result = "".join(lines)
-    wanted = _codex_entry(command) if command else None
-    table_text = codex_table(command) if command else f"[mcp_servers.{SERVER_NAME}]"
-    how = (f"add this table by hand:\n{table_text}" if command
-           else f"remove the {table_text} table by hand")
-    try:
-        new = tomllib.loads(result)
-    except tomllib.TOMLDecodeError as exc:
-        raise InstallError(f"editing {path} safely is not possible ({exc}); nothing was "
-                           f"written: {how}") from exc
-    if _toml_entry(new) != wanted or _toml_without_ours(new) != _toml_without_ours(
-            tomllib.loads(text)):
-        raise InstallError(f"{path} defines {SERVER_NAME} in a form this installer cannot "
-                           f"edit safely; nothing was written: {how}")
-    return result
+    return codex_toml.table(SERVER_NAME, command, newline)
 
 
 # --- JSON harnesses -------------------------------------------------------------------------------
@@ -367,8 +243,8 @@ def _entry_command(harness: str, entry: object) -> list[str] | None:
 def _load(harness: str, path: Path, text: str) -> tuple[dict, object]:
     """The parsed file and our entry in it (None when absent)."""
     if harness == "codex":
-        data = _toml_load(path, text)
-        return data, _toml_entry(data)
+        data = codex_toml.load(path, text)
+        return data, codex_toml.server_entry(data, SERVER_NAME)
     data = _json_load(path, text)
     node = _container(path, data, _json_keys(harness, data), create=False)
     return data, (node or {}).get(SERVER_NAME)
@@ -389,12 +265,12 @@ def register(harness: str, command: list[str], env: Mapping[str, str], *,
     if before is None and harness != "codex":
         text = _dump({"$schema": OPENCODE_SCHEMA} if harness == "opencode" else {})
     data, old = _load(harness, path, text)
-    wanted = _codex_entry(command) if harness == "codex" else _json_entry(harness, command)
+    wanted = codex_toml.entry(command) if harness == "codex" else _json_entry(harness, command)
     if old == wanted:
         return Change(harness, path, "unchanged", f"{SERVER_NAME} already registered in {path}",
                       before, before)
     if harness == "codex":
-        after = _toml_edit(path, text, command)
+        after = codex_toml.edit(path, text, SERVER_NAME, command)
     else:
         node = _container(path, data, _json_keys(harness, data), create=True)
         assert node is not None
@@ -425,7 +301,7 @@ def unregister(harness: str, env: Mapping[str, str], *, dry_run: bool = False) -
         return Change(harness, path, "unchanged", f"{SERVER_NAME} is not registered in {path}",
                       before, before)
     if harness == "codex":
-        after: str | None = _toml_edit(path, before, None)
+        after: str | None = codex_toml.edit(path, before, SERVER_NAME, None)
         empty = not (after or "").strip()
     else:
         node = _container(path, data, _json_keys(harness, data), create=False)

@@ -1,16 +1,13 @@
 """The three source kinds and their allowlists: what this machine would publish, as a snapshot.
 
 Nothing below a source's root is ever followed through a link: every folder and file is opened
-relative to its parent with O_NOFOLLOW where the platform allows, so a symlink, junction or FIFO
-swapped in mid-walk is refused rather than read.
+through `sharedmem.nofollow`, so a symlink, junction or FIFO swapped in mid-walk is refused.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import stat
 import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +25,19 @@ from sharedmem.core import (
     path_problems,
     sha256_text,
 )
+from sharedmem.nofollow import (
+    Handle,
+    Refused,
+    close,
+    is_link,
+    list_dir,
+    open_child_dir,
+    open_root,
+    read_below,
+    read_text,
+    refusal,
+    too_large,
+)
 from sharedmem.redact import redact
 
 PROBLEM_REASONS = frozenset(
@@ -41,23 +51,7 @@ CLAUDE_MEMORY = "memory"
 MARKDOWN_MAX_PARTS = 5  # PATH/a/b/c/d/x.md: four folder levels, then the file
 
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
-_REPARSE = getattr(stat, "FILE_ATTRIBUTE_REPARSE_POINT", 0x400)
-_USE_FD = (
-    hasattr(os, "O_NOFOLLOW")
-    and hasattr(os, "O_DIRECTORY")
-    and os.open in os.supports_dir_fd
-    and os.scandir in os.supports_fd
-)
-_FILE_FLAGS = (
-    os.O_RDONLY
-    | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_NONBLOCK", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-    | getattr(os, "O_BINARY", 0)
-)
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _DEFAULT_LIMITS = Limits()  # frozen, so one shared default is safe
-_LINK_ERRNOS = {errno.ELOOP, getattr(errno, "EMLINK", -1), getattr(errno, "EFTYPE", -1)}
 
 
 @dataclass(frozen=True)
@@ -114,15 +108,6 @@ class Snapshot:
         }
 
 
-class _Skip(SourceError):
-    """Internal: one file cannot be published, for `reason`."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
 def default_root(kind: str, env: Mapping[str, str]) -> Path:
     """Folder a codex or claude-code source walks; honours HOME, CODEX_HOME, CLAUDE_CONFIG_DIR."""
     home = env.get("HOME") or env.get("USERPROFILE")
@@ -172,122 +157,12 @@ def _display(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def _is_link(entry: os.DirEntry) -> bool:
-    """True for symlinks, and on Windows for junctions and other reparse points."""
-    if entry.is_symlink():
-        return True
-    if os.name == "nt":
-        attrs = getattr(entry.stat(follow_symlinks=False), "st_file_attributes", 0)
-        return bool(attrs & _REPARSE)
-    return False
-
-
-def _open_root(root: Path) -> int | str:
-    """Open the root folder (following a link the user named); an fd or, without dir_fd, a path."""
-    if _USE_FD:
-        return os.open(root, _DIR_FLAGS)
-    if not stat.S_ISDIR(os.stat(root).st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(root))
-    return str(root)
-
-
-def _open_child_dir(parent: int | str, name: str) -> int | str:
-    """Open folder `name` inside `parent`, refusing a link in its place."""
-    if isinstance(parent, int):
-        return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
-    path = os.path.join(parent, name)
-    if not stat.S_ISDIR(_lstat_no_link(path).st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
-    return path
-
-
-def _lstat_no_link(path: str) -> os.stat_result:
-    """Where dir_fd is missing (Windows): lstat `path`, refusing links and junctions."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or getattr(st, "st_file_attributes", 0) & _REPARSE:
-        raise OSError(errno.ELOOP, "is a link", path)
-    return st
-
-
-def _close(handle: int | str) -> None:
-    if isinstance(handle, int):
-        os.close(handle)
-
-
-def _list(handle: int | str) -> list[os.DirEntry]:
-    """Entries of a folder, sorted by name so every walk is deterministic."""
-    with os.scandir(handle) as it:
-        return sorted(it, key=lambda e: e.name)
-
-
-def _os_skip(exc: OSError, shown: str) -> _Skip:
-    """Turn an OS error met while opening or reading `shown` into a skip reason."""
-    if exc.errno in _LINK_ERRNOS:
-        return _Skip("symlink", f"{shown} is a symbolic link; links are never followed")
-    if isinstance(exc, FileNotFoundError):
-        return _Skip("vanished", f"{shown} disappeared while it was being read; sync again")
-    if isinstance(exc, NotADirectoryError):
-        return _Skip("vanished", f"a folder at or above {shown} was replaced; sync again")
-    why = exc.strerror or exc
-    return _Skip("unreadable", f"{shown} cannot be read ({why}); fix its permissions")
-
-
-def _read_file(parent: int | str, name: str, shown: str,
-               limits: Limits) -> tuple[str, os.stat_result]:
-    """Read one regular file as UTF-8 without following links or blocking; at most limit+1 bytes."""
-    try:
-        if isinstance(parent, int):
-            fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
-        else:
-            path = os.path.join(parent, name)
-            _lstat_no_link(path)
-            fd = os.open(path, _FILE_FLAGS)
-    except OSError as exc:
-        raise _os_skip(exc, shown) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or getattr(st, "st_file_attributes", 0) & _REPARSE:
-            raise _Skip("not-regular", f"{shown} is not a regular file; it is not published")
-        if st.st_size > limits.file_bytes:
-            raise _too_large(shown, st.st_size, limits)
-        chunks: list[bytes] = []
-        total = 0
-        while total <= limits.file_bytes:
-            chunk = os.read(fd, limits.file_bytes + 1 - total)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > limits.file_bytes:
-            raise _too_large(shown, total, limits)
-    except OSError as exc:
-        raise _os_skip(exc, shown) from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    try:
-        return data.decode("utf-8"), st
-    except UnicodeDecodeError as exc:
-        raise _Skip(
-            "invalid-utf8",
-            f"{shown} is not valid UTF-8 (bad byte at offset {exc.start}); save it as UTF-8",
-        ) from None
-
-
-def _too_large(shown: str, size: int, limits: Limits) -> _Skip:
-    return _Skip(
-        "too-large",
-        f"{shown} is {size} bytes, over the per-file limit of {limits.file_bytes} bytes; "
-        "shorten or split it",
-    )
-
-
 def _publish_text(raw: str, shown: str, limits: Limits) -> tuple[str, dict[str, int]]:
     """Redact `raw`; the published text must still fit the per-file limit."""
     text, counts = redact(raw)
     size = len(text.encode("utf-8"))
     if size > limits.file_bytes:
-        raise _too_large(shown, size, limits)
+        raise too_large(shown, size, limits.file_bytes)
     return text, dict(counts)
 
 
@@ -324,18 +199,18 @@ class _Walker:
     def skip(self, shown: str, reason: str, message: str) -> None:
         self.skipped.append(Skipped(_display(shown), reason, message))
 
-    def listing(self, handle: int | str, rel: str) -> list[os.DirEntry]:
+    def listing(self, handle: Handle, rel: str) -> list[os.DirEntry]:
         """A folder's sorted entries; an unlistable subfolder is reported, the root raises."""
         try:
-            return _list(handle)
+            return list_dir(handle)
         except OSError as exc:
             if not rel:
                 raise
-            skip = _os_skip(exc, _display(rel.rstrip("/")))
+            skip = refusal(exc, _display(rel.rstrip("/")))
             self.skip(rel.rstrip("/"), skip.reason, skip.detail)
             return []
 
-    def entries(self, handle: int | str, rel: str) -> Iterator[os.DirEntry]:
+    def entries(self, handle: Handle, rel: str) -> Iterator[os.DirEntry]:
         """Entries of a folder that are neither hidden nor links (those are reported)."""
         for entry in self.listing(handle, rel):
             shown = f"{rel}{entry.name}"
@@ -344,7 +219,7 @@ class _Walker:
                           f"{_display(shown)} is hidden; hidden names are never published")
                 continue
             try:
-                link = _is_link(entry)
+                link = is_link(entry)
             except OSError:
                 self.skip(shown, "vanished", f"{_display(shown)} disappeared during the walk")
                 continue
@@ -354,16 +229,16 @@ class _Walker:
                 continue
             yield entry
 
-    def subdir(self, handle: int | str, name: str, shown: str) -> int | str | None:
+    def subdir(self, handle: Handle, name: str, shown: str) -> Handle | None:
         """Open a child folder, reporting why not when it cannot be opened."""
         try:
-            return _open_child_dir(handle, name)
+            return open_child_dir(handle, name)
         except OSError as exc:
-            skip = _os_skip(exc, _display(shown))
+            skip = refusal(exc, _display(shown))
             self.skip(shown, skip.reason, skip.detail)
             return None
 
-    def file(self, handle: int | str, entry: os.DirEntry, disk: str, published: str) -> None:
+    def file(self, handle: Handle, entry: os.DirEntry, disk: str, published: str) -> None:
         """Publish one candidate `.md` file found at `disk` (below the root) as `published`."""
         shown = _display(disk)
         try:
@@ -393,7 +268,7 @@ class _Walker:
         try:
             made = (self._reuse(published, disk, st)
                     or self._read(handle, entry.name, disk, published))
-        except _Skip as skip:
+        except Refused as skip:
             self.skip(disk, skip.reason, skip.detail)
             return
         if self.bytes + made.size > self.limits.namespace_bytes:
@@ -417,14 +292,14 @@ class _Walker:
             return None
         return Entry(published, rec[2], rec[3], rec[1], rec[0], rec[4], None, disk)
 
-    def _read(self, handle: int | str, name: str, disk: str, published: str) -> Entry:
-        raw, st = _read_file(handle, name, _display(disk), self.limits)
+    def _read(self, handle: Handle, name: str, disk: str, published: str) -> Entry:
+        raw, st = read_text(handle, name, _display(disk), self.limits.file_bytes)
         text, counts = _publish_text(raw, _display(disk), self.limits)
         return Entry(published, sha256_text(text), len(text.encode("utf-8")), st.st_mtime_ns,
                      st.st_size, counts, text, disk)
 
 
-def _walk_codex(w: _Walker, root: int | str) -> None:
+def _walk_codex(w: _Walker, root: Handle) -> None:
     for entry in w.entries(root, ""):
         name = entry.name
         if name == CODEX_ROLLOUTS and entry.is_dir(follow_symlinks=False):
@@ -434,7 +309,7 @@ def _walk_codex(w: _Walker, root: int | str) -> None:
             try:
                 _walk_flat(w, sub, f"{name}/", f"{name}/", "rollout summaries")
             finally:
-                _close(sub)
+                close(sub)
         elif name in CODEX_FILES:
             w.file(root, entry, name, name)
         elif entry.is_dir(follow_symlinks=False) or name.endswith(".md"):
@@ -442,7 +317,7 @@ def _walk_codex(w: _Walker, root: int | str) -> None:
                    f"memory_summary.md, {CODEX_ROLLOUTS}/*.md); it is never published")
 
 
-def _walk_flat(w: _Walker, handle: int | str, disk: str, published: str, what: str) -> None:
+def _walk_flat(w: _Walker, handle: Handle, disk: str, published: str, what: str) -> None:
     """Publish the `.md` files directly in one folder; its subfolders are reported, not entered."""
     for entry in w.entries(handle, disk):
         shown = f"{disk}{entry.name}"
@@ -454,7 +329,7 @@ def _walk_flat(w: _Walker, handle: int | str, disk: str, published: str, what: s
             w.file(handle, entry, shown, f"{published}{entry.name}")
 
 
-def _walk_claude(w: _Walker, root: int | str) -> None:
+def _walk_claude(w: _Walker, root: Handle) -> None:
     for project in w.entries(root, ""):
         if not project.is_dir(follow_symlinks=False):
             if project.name.endswith(".md"):
@@ -469,7 +344,7 @@ def _walk_claude(w: _Walker, root: int | str) -> None:
                 if entry.name != CLAUDE_MEMORY:
                     continue
                 shown = f"{project.name}/{entry.name}"
-                if _is_link(entry):
+                if is_link(entry):
                     w.skip(shown, "symlink",
                            f"{_display(shown)} is a symbolic link or junction; not followed")
                 elif entry.is_dir(follow_symlinks=False):
@@ -478,12 +353,12 @@ def _walk_claude(w: _Walker, root: int | str) -> None:
                         try:
                             _walk_flat(w, mem, f"{shown}/", f"{project.name}/", "memory")
                         finally:
-                            _close(mem)
+                            close(mem)
         finally:
-            _close(proj)
+            close(proj)
 
 
-def _walk_markdown(w: _Walker, handle: int | str, rel: str = "", depth: int = 0) -> None:
+def _walk_markdown(w: _Walker, handle: Handle, rel: str = "", depth: int = 0) -> None:
     for entry in w.entries(handle, rel):
         shown = f"{rel}{entry.name}"
         if entry.is_dir(follow_symlinks=False):
@@ -497,7 +372,7 @@ def _walk_markdown(w: _Walker, handle: int | str, rel: str = "", depth: int = 0)
             try:
                 _walk_markdown(w, sub, f"{shown}/", depth + 1)
             finally:
-                _close(sub)
+                close(sub)
         elif entry.name.endswith(".md"):
             w.file(handle, entry, shown, shown)
 
@@ -513,7 +388,7 @@ def snapshot(spec: SourceSpec, limits: Limits = _DEFAULT_LIMITS,
         raise ConfigError("; ".join(problems))
     walker = _Walker(spec, limits, previous)
     try:
-        root = _open_root(spec.root)
+        root = open_root(spec.root)
     except OSError as exc:
         return Snapshot(spec, "unreadable", _root_message(spec, exc), [], [])
     try:
@@ -526,7 +401,7 @@ def snapshot(spec: SourceSpec, limits: Limits = _DEFAULT_LIMITS,
     except OSError as exc:
         return Snapshot(spec, "unreadable", _root_message(spec, exc), [], [])
     finally:
-        _close(root)
+        close(root)
     return Snapshot(spec, "ok", "", walker.files, walker.skipped)
 
 
@@ -543,22 +418,14 @@ def load_text(spec: SourceSpec, entry: Entry) -> str:
         return entry.text
     disk = entry.disk_path or _disk_path(spec, entry.path)
     shown = f"{disk} in {spec.root}"
-    parts = disk.split("/")
     limits = Limits(file_bytes=max(_DEFAULT_LIMITS.file_bytes, entry.disk_size, entry.size))
-    opened: list[int | str] = []
     try:
-        opened.append(_open_root(spec.root))
-        for part in parts[:-1]:
-            opened.append(_open_child_dir(opened[-1], part))
-        raw, _ = _read_file(opened[-1], parts[-1], shown, limits)
+        raw, _ = read_below(spec.root, disk, shown, limits.file_bytes)
         text, _ = _publish_text(raw, shown, limits)
-    except _Skip as skip:
+    except Refused as skip:
         raise SourceError(f"{skip.detail} (source {spec.name!r})") from None
     except OSError as exc:
-        raise SourceError(_os_skip(exc, shown).detail) from None
-    finally:
-        for handle in reversed(opened):
-            _close(handle)
+        raise SourceError(refusal(exc, shown).detail) from None
     if sha256_text(text) != entry.sha256:
         raise SourceError(f"{shown} changed since the snapshot of source {spec.name!r}; sync again")
     return text
