@@ -1,0 +1,327 @@
+"""The client cache and the note outbox, on real files: layout rules, refusals, removals, manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from sharedmem.cache import (
+    NOTES_NAMESPACE,
+    Cache,
+    NamespaceInfo,
+    Outbox,
+    namespace_key,
+    published_path_problems,
+)
+from sharedmem.core import NoteError, ProtocolError, sha256_text
+
+NOTE = "extensions/ad_hoc/notes/2026-01-31T09-30-00-release-checklist.md"
+
+
+def up(path: str, text: str) -> tuple[str, str, str]:
+    """One upsert as a pull carries it: path, sha256, text."""
+    return path, sha256_text(text), text
+
+
+def spaces(*keys: str) -> dict[str, NamespaceInfo]:
+    """The server's namespace list for these keys."""
+    out = {}
+    for key in keys:
+        if key == NOTES_NAMESPACE:
+            out[key] = NamespaceInfo(key, None, "ad_hoc", "notes", 1)
+        else:
+            _, machine, source = key.split("/")
+            out[key] = NamespaceInfo(key, machine, source, "markdown", 1)
+    return out
+
+
+def tree(root: Path) -> dict[str, bytes | str | None]:
+    """Everything under `root`: file bytes, link targets (prefixed), None for folders."""
+    out: dict[str, bytes | str | None] = {}
+    if not root.exists():
+        return out
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            rel = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                out[rel] = "link:" + os.readlink(path)
+            elif path.is_dir():
+                out[rel] = None
+            else:
+                out[rel] = path.read_bytes()
+    return out
+
+
+def files_under(root: Path) -> dict[str, str]:
+    """The published files of a cache, without its hidden metadata."""
+    return {p.relative_to(root).as_posix(): p.read_text(encoding="utf-8")
+            for p in sorted(root.rglob("*.md")) if ".sharedmem" not in p.parts}
+
+
+A, B = "machines/laptop/notes", "machines/desktop/codex"
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Cache:
+    """A cache that already holds one sync of two namespaces and a note."""
+    cache = Cache(tmp_path / "cache")
+    cache.apply([up(f"{A}/a.md", "alpha\n"), up(f"{A}/deep/er/b.md", "beta\n"),
+                 up(f"{B}/MEMORY.md", "desk\n"), up(NOTE, "note\n")], [],
+                spaces(A, B, NOTES_NAMESPACE))
+    return cache
+
+
+# --- the published layout -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", [
+    "machines/laptop/codex/MEMORY.md",
+    "machines/laptop/claude-code/my-project/notes.md",
+    "machines/a.b_c-1/notes/x/y/z.md",
+    NOTE,
+])
+def test_published_path_accepts_the_layout(path: str) -> None:
+    assert published_path_problems(path) == []
+
+
+@pytest.mark.parametrize("path,needle", [
+    ("machines/laptop/MEMORY.md", "outside the published layout"),
+    ("machines/laptop", "does not end in .md"),
+    ("other/laptop/codex/a.md", "outside the published layout"),
+    ("machines/Laptop/codex/a.md", "machine 'Laptop' is invalid"),
+    ("machines/laptop/My_Notes/a.md", "source 'My_Notes' is invalid"),
+    ("extensions/ad_hoc/notes/sub/2026-01-31T09-30-00-x.md", "outside the published layout"),
+    ("extensions/ad_hoc/notes/hello.md", "note filename 'hello.md' is invalid"),
+    ("extensions/ad_hoc/notes/2026-02-30T09-30-00-x.md", "real date"),
+    ("extensions/ad_hoc/notes/2026-01-31T09-30-00-Upper.md", "is invalid"),
+    ("../machines/laptop/codex/a.md", "'..'"),
+    ("/machines/laptop/codex/a.md", "absolute"),
+    ("machines/laptop/codex/a.txt", "does not end in .md"),
+    (5, "not a string"),
+])
+def test_published_path_refuses(path: object, needle: str) -> None:
+    problems = published_path_problems(path)
+    assert problems and any(needle in p for p in problems), problems
+
+
+def test_namespace_key() -> None:
+    assert namespace_key("machines/m/s/x/y.md") == "machines/m/s"
+    assert namespace_key(NOTE) == NOTES_NAMESPACE
+    with pytest.raises(ProtocolError, match="outside the published layout"):
+        namespace_key("machines/m/x.md")
+
+
+# --- refusals: nothing is written -----------------------------------------------------------------
+
+HOSTILE = {
+    "dot-dot": ([up("../../outside.md", "x")], [], {}),
+    "dot-dot inside": ([up(f"{A}/../../../../outside.md", "x")], [], {}),
+    "absolute": ([up("/tmp/absolute-evil.md", "x")], [], {}),
+    "too short": ([up("machines/x", "x")], [], {}),
+    "bad machine": ([up("machines/Evil Box/notes/a.md", "x")], [], {}),
+    "hidden": ([up(f"{A}/.hidden.md", "x")], [], {}),
+    "backslash": ([up("machines/evil/x\\..\\y.md", "x")], [], {}),
+    "bad note name": ([up("extensions/ad_hoc/notes/evil.md", "x")], [], {}),
+    "note subfolder": ([up("extensions/ad_hoc/notes/a/2026-01-31T09-30-00-x.md", "x")], [], {}),
+    "sha mismatch": ([(f"{A}/a.md", sha256_text("something else"), "pwned")], [], {}),
+    "bad removal": ([], ["../../victim.md"], {}),
+    "bad namespace": ([], [], {"machines/x": NamespaceInfo("machines/x", "x", "", "markdown")}),
+    "bad namespace name": ([], [], spaces("machines/Evil/notes")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_apply_refuses_hostile_input_and_writes_nothing(tmp_path: Path, cache: Cache,
+                                                        name: str) -> None:
+    upserts, removals, extra = HOSTILE[name]
+    victim = tmp_path / "victim.md"
+    victim.write_text("mine")
+    before_cache, before_all = tree(cache.root), tree(tmp_path)
+    good = [up(f"{A}/new.md", "fine\n")]
+    with pytest.raises(ProtocolError, match="refuses to write"):
+        cache.apply(good + upserts, removals, {**spaces(A, B, NOTES_NAMESPACE), **extra})
+    assert tree(cache.root) == before_cache
+    assert tree(tmp_path) == before_all
+    assert victim.read_text() == "mine"
+
+
+@pytest.mark.parametrize("where", ["machines", "machines/laptop", f"{A}/deep"])
+def test_apply_refuses_a_planted_link_to_outside(tmp_path: Path, cache: Cache, where: str) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    planted = cache.root / where
+    real = planted.with_name(planted.name + "-moved")
+    planted.rename(real)
+    planted.symlink_to(elsewhere, target_is_directory=True)
+    before = tree(cache.root)
+    upserts = [up(f"{B}/first.md", "written before the link is reached?\n"),
+               up(f"{A}/deep/er/b.md", "through the link\n"), up(f"{A}/deep/c.md", "c\n")]
+    with pytest.raises(ProtocolError, match="is a link"):
+        cache.apply(upserts, [], spaces(A, B, NOTES_NAMESPACE))
+    assert tree(elsewhere) == {}
+    assert tree(cache.root) == before
+
+
+def test_removal_through_a_planted_link_is_refused(tmp_path: Path, cache: Cache) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "er").mkdir(parents=True)
+    (elsewhere / "er" / "b.md").write_text("keep me")
+    deep = cache.root / A / "deep"
+    deep.rename(tmp_path / "old-deep")
+    deep.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(ProtocolError, match="is a link"):
+        cache.apply([], [f"{A}/deep/er/b.md"], spaces(A, B, NOTES_NAMESPACE))
+    assert (elsewhere / "er" / "b.md").read_text() == "keep me"
+
+
+def test_a_file_in_the_way_is_refused_before_any_write(cache: Cache) -> None:
+    (cache.root / "machines" / "server").write_text("a file where a folder goes")
+    before = tree(cache.root)
+    with pytest.raises(ProtocolError, match="not a folder"):
+        cache.apply([up(f"{B}/x.md", "x\n"), up("machines/server/codex/y.md", "y\n")], [],
+                    spaces(A, B, NOTES_NAMESPACE, "machines/server/codex"))
+    assert tree(cache.root) == before
+
+
+def test_file_path_refuses_escapes(cache: Cache) -> None:
+    assert cache.file_path(f"{A}/a.md") == (cache.root / A / "a.md").resolve()
+    for bad in ("../x.md", "machines/x", f"{A}/../../../x.md"):
+        with pytest.raises(ProtocolError):
+            cache.file_path(bad)
+
+
+# --- removals, full pulls, pruning ------------------------------------------------------------
+
+def test_namespaces_no_longer_listed_are_removed_and_folders_pruned(cache: Cache) -> None:
+    done = cache.apply([], [], spaces(A))
+    assert done == {"written": 0, "removed": 2, "files": 2}
+    assert set(files_under(cache.root)) == {f"{A}/a.md", f"{A}/deep/er/b.md"}
+    assert not (cache.root / "machines" / "desktop").exists()
+    assert not (cache.root / "extensions").exists()
+    assert set(cache.load().namespaces) == {A}
+    assert {m.namespace for m in cache.load().files.values()} == {A}
+
+
+def test_delta_keeps_unsent_files_full_removes_them(cache: Cache) -> None:
+    everything = spaces(A, B, NOTES_NAMESPACE)
+    assert cache.apply([up(f"{A}/a.md", "alpha\n")], [], everything)["removed"] == 0
+    assert len(files_under(cache.root)) == 4
+
+    done = cache.apply([up(f"{A}/a.md", "alpha 2\n")], [], everything, full_namespaces={A})
+    assert done == {"written": 1, "removed": 1, "files": 3}
+    assert set(files_under(cache.root)) == {f"{A}/a.md", f"{B}/MEMORY.md", NOTE}
+    assert not (cache.root / A / "deep").exists()
+    assert (cache.root / A).is_dir()
+
+    done = cache.apply([up(f"{B}/MEMORY.md", "desk\n")], [], everything, full=True)
+    assert done == {"written": 0, "removed": 2, "files": 1}
+    assert files_under(cache.root) == {f"{B}/MEMORY.md": "desk\n"}
+    assert not (cache.root / "machines" / "laptop").exists()
+
+
+def test_explicit_removal_and_rewrite_of_a_missing_file(cache: Cache) -> None:
+    (cache.root / B / "MEMORY.md").unlink()
+    done = cache.apply([up(f"{B}/MEMORY.md", "desk\n")], [f"{A}/deep/er/b.md"],
+                       spaces(A, B, NOTES_NAMESPACE))
+    assert done == {"written": 1, "removed": 1, "files": 3}
+    assert (cache.root / B / "MEMORY.md").read_text() == "desk\n"
+    assert not (cache.root / A / "deep").exists()
+
+
+# --- the manifest ------------------------------------------------------------------------------------
+
+def test_manifest_rewritten_only_when_files_change(cache: Cache) -> None:
+    files_before = cache.manifest_path.stat()
+    names_before = cache.namespaces_path.stat()
+    data_before = cache.manifest_path.read_bytes()
+    same = [up(f"{A}/a.md", "alpha\n"), up(f"{A}/deep/er/b.md", "beta\n"),
+            up(f"{B}/MEMORY.md", "desk\n"), up(NOTE, "note\n")]
+    server = {"server": "sharedmem/x", "protocol": 2}
+    assert cache.apply(same, [], spaces(A, B, NOTES_NAMESPACE), server=server)["written"] == 0
+    assert cache.manifest_path.stat().st_ino == files_before.st_ino
+    assert cache.manifest_path.read_bytes() == data_before
+    assert cache.namespaces_path.stat().st_ino != names_before.st_ino
+    raw = json.loads(cache.namespaces_path.read_text())
+    assert raw["server"] == server and set(raw["namespaces"]) == {A, B, NOTES_NAMESPACE}
+
+    cache.apply([up(f"{A}/a.md", "alpha changed\n")], [], spaces(A, B, NOTES_NAMESPACE))
+    assert cache.manifest_path.stat().st_ino != files_before.st_ino
+    assert cache.load().files[f"{A}/a.md"].sha256 == sha256_text("alpha changed\n")
+    assert cache.load().server == server
+
+
+def test_a_rewrite_within_one_timestamp_tick_is_still_seen(cache: Cache) -> None:
+    reader = Cache(cache.root)
+    assert set(reader.load().files) == set(cache.load().files)
+    stamps = [(p, p.stat().st_mtime_ns) for p in (cache.manifest_path, cache.namespaces_path)]
+    cache.apply([up(f"{A}/new.md", "new\n")], [], spaces(A, B, NOTES_NAMESPACE))
+    for path, mtime in stamps:  # as on a file system with coarse timestamps
+        os.utime(path, ns=(mtime, mtime))
+    assert f"{A}/new.md" in cache.load().files
+    assert f"{A}/new.md" in reader.load().files
+
+
+def test_load_of_a_missing_or_damaged_manifest_is_empty(tmp_path: Path, cache: Cache) -> None:
+    assert cache.exists()
+    assert not Cache(tmp_path / "nowhere").exists()
+    assert Cache(tmp_path / "nowhere").load().files == {}
+    cache.manifest_path.write_text("{not json")
+    assert Cache(cache.root).load().files == {}
+
+
+def test_tampered_namespaces(cache: Cache) -> None:
+    assert cache.tampered_namespaces() == set()
+    (cache.root / A / "a.md").write_text("alpha, edited by hand\n")
+    assert cache.tampered_namespaces() == {A}
+    (cache.root / B / "MEMORY.md").unlink()
+    assert cache.tampered_namespaces() == {A, B}
+    cache.apply([up(f"{A}/a.md", "alpha\n"), up(f"{B}/MEMORY.md", "desk\n")], [],
+                spaces(A, B, NOTES_NAMESPACE), full_namespaces={A, B})
+    assert (cache.root / B / "MEMORY.md").read_text() == "desk\n"
+
+
+# --- the outbox --------------------------------------------------------------------------------------
+
+def note_name(i: int) -> str:
+    return f"2026-01-31T09-30-{i:02}-idea-{i}.md"
+
+
+def test_outbox_put_is_whole_and_private(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path / "outbox")
+    note = outbox.put(note_name(1), "text with\nlines and café", note_id="fixed-id")
+    entries = list((tmp_path / "outbox").iterdir())
+    assert len(entries) == 1 and entries[0].suffix == ".json"
+    assert not entries[0].name.startswith(".")
+    assert stat.S_IMODE(entries[0].stat().st_mode) == 0o600
+    assert json.loads(entries[0].read_text()) == {
+        "note_id": "fixed-id", "filename": note_name(1), "text": "text with\nlines and café",
+        "created": note.created}
+    with pytest.raises(NoteError, match="invalid"):
+        outbox.put("../escape.md", "x")
+    assert list((tmp_path / "outbox").iterdir()) == entries
+
+
+def test_outbox_pending_order_junk_and_done(tmp_path: Path) -> None:
+    folder = tmp_path / "outbox"
+    outbox = Outbox(folder)
+    assert outbox.pending() == []
+    ids = [outbox.put(note_name(i), f"note {i}").note_id for i in range(20)]
+    (folder / "README.txt").write_text("not a note")
+    (folder / ".tmp-abc.part").write_text("{}")
+    (folder / ".hidden.json").write_text(json.dumps({"note_id": "h", "filename": note_name(1),
+                                                     "text": "x", "created": "c"}))
+    (folder / "0-broken.json").write_text("{half")
+    (folder / "0-list.json").write_text("[1, 2]")
+    (folder / "0-fields.json").write_text(json.dumps({"note_id": "x"}))
+    (folder / "0-dir.json").mkdir()
+    pending = outbox.pending()
+    assert [n.note_id for _, n in pending] == ids
+    assert [n.text for _, n in pending] == [f"note {i}" for i in range(20)]
+    outbox.done(pending[0][0])
+    outbox.done(pending[0][0])
+    assert [n.note_id for _, n in outbox.pending()] == ids[1:]
+    assert (folder / "0-broken.json").exists() and (folder / "README.txt").exists()

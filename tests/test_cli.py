@@ -1,0 +1,195 @@
+"""The command line in process: every --help, errors on stderr, JSON output, argv only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import write_config
+
+from sharedmem import cli
+from sharedmem.cache import Cache, NamespaceInfo, Outbox
+from sharedmem.core import sha256_text
+
+
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path in the argparse tree, e.g. ('backup', 'create')."""
+    out = [path]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += commands(sub, (*path, name))
+    return out
+
+
+ALL = commands(cli.parser())
+
+
+def test_the_tree_has_every_documented_command() -> None:
+    names = {c[0] for c in ALL if c}
+    assert {"serve", "sync", "mcp", "doctor", "status", "list", "read", "search", "note",
+            "backup", "forget", "export", "demo"} <= names
+    assert {c for c in ALL if c[:1] == ("backup",) and len(c) == 2} == {
+        ("backup", a) for a in ("create", "list", "verify", "prune", "restore")}
+
+
+@pytest.mark.parametrize("command", ALL, ids=lambda c: " ".join(c) or "top")
+def test_help_of_every_command(command: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*command, "--help"])
+    assert exc.value.code == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"usage: shared_memory.py {' '.join(command)}".rstrip())
+    assert "--help" in out and err == ""
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from sharedmem import __version__
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"shared_memory.py {__version__}"
+
+
+def test_usage_errors_exit_2_with_usage_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["status"], ["frobnicate"], [], ["backup"], ["sync", "--config", "x",
+                                                             "--max-protocol", "3"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and "usage: shared_memory.py" in err, argv
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["status", "--config", "{tmp}/missing/client.json"], "configuration {tmp}/missing/client.json "
+     "does not exist"),
+    (["export", "--store", "{tmp}/none.sqlite3", "--out", "{tmp}/out"], "store {tmp}/none.sqlite3 "
+     "does not exist"),
+    (["forget", "--store", "{tmp}/none.sqlite3", "--machine", "pc"], "does not exist"),
+    (["read", "--config", "{tmp}/bad.json", "machines/a/b/c.md"], "is not valid JSON (line 1"),
+])
+def test_errors_name_the_command_on_stderr(tmp_path: Path, home: Path,
+                                           capsys: pytest.CaptureFixture[str], argv: list[str],
+                                           needle: str) -> None:
+    (tmp_path / "bad.json").write_text("{oops")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"shared_memory.py {argv[0]}: error: ")
+    assert needle.replace("{tmp}", str(tmp_path)) in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def status_config(tmp_path: Path) -> Path:
+    cfg = write_config(tmp_path / "client" / "client.json", "laptop",
+                       {"kind": "local", "store": str(tmp_path / "store.sqlite3")}, [],
+                       tmp_path / "cache")
+    key = "machines/desk/notes"
+    Cache(tmp_path / "cache").apply(
+        [(f"{key}/a.md", sha256_text("a\n"), "a\n"), (f"{key}/b.md", sha256_text("b\n"), "b\n")],
+        [], {key: NamespaceInfo(key, "desk", "notes", "markdown", 3, "2026-01-01T00:00:00Z")})
+    Outbox(tmp_path / "client" / "state" / "outbox").put("2026-01-31T09-30-00-idea.md", "idea")
+    return cfg
+
+
+def test_status_json_is_valid_json(tmp_path: Path, home: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = status_config(tmp_path)
+    assert cli.main(["status", "--config", str(cfg), "--json"]) == 0
+    out, err = capsys.readouterr()
+    info = json.loads(out)
+    assert err == ""
+    assert info["machine"] == "laptop" and info["cache"] == str(tmp_path / "cache")
+    assert info["pending_notes"] == ["2026-01-31T09-30-00-idea.md"]
+    assert info["namespaces"] == [{"key": "machines/desk/notes", "machine": "desk",
+                                   "source": "notes", "kind": "markdown", "files": 2,
+                                   "synced_at": "2026-01-01T00:00:00Z"}]
+    assert info["last_sync"] and info["age_seconds"] >= 0
+
+    assert cli.main(["status", "--config", str(cfg)]) == 0
+    text = capsys.readouterr().out
+    assert "machine laptop" in text and "machines/desk/notes: 2 files" in text
+    assert "pending notes: 1" in text
+
+
+def test_main_reads_only_its_argv(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = status_config(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["garbage-prog", "--no-such-flag", "serve", "--bogus"])
+    assert cli.main(["status", "--config", str(cfg), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["machine"] == "laptop"
+    assert cli.main(("list", "--config", str(cfg), "machines", "--json")) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert "machines/desk" in json.dumps(listed)
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: shared_memory.py ")
+
+
+# forget and export, through the real launcher, on a real store ------------------------------------
+
+def _store_with_two_machines(tmp_path):
+    from sharedmem.store import IncomingFile, Store
+    path = tmp_path / "store.sqlite3"
+    with Store.open(path) as st:
+        st.ingest("laptop", "codex", "codex", [IncomingFile("MEMORY.md", text="laptop memory")])
+        st.ingest("laptop", "notes", "markdown", [IncomingFile("a/b.md", text="laptop note")])
+        st.ingest("desktop", "notes", "markdown", [IncomingFile("x.md", text="desktop note")])
+        st.append_note("laptop", "2026-11-30T10-00-00-kept.md", "a note survives forget", "note-0001")
+    return path
+
+
+def test_forget_one_source_then_machine_keeps_notes(tmp_path):
+    import json
+
+    from conftest import run_cli
+
+    from sharedmem.store import Store
+    store = _store_with_two_machines(tmp_path)
+    proc = run_cli("forget", "--store", str(store), "--machine", "laptop", "--source", "notes",
+                   "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["files_removed"] == 1
+    with Store.open(store) as st:
+        paths = set(st.manifest())
+    assert "machines/laptop/notes/a/b.md" not in paths
+    assert "machines/laptop/codex/MEMORY.md" in paths
+    assert "machines/desktop/notes/x.md" in paths
+    proc = run_cli("forget", "--store", str(store), "--machine", "laptop", "--reason", "sold")
+    assert proc.returncode == 0 and "notes are append-only" in proc.stdout
+    with Store.open(store) as st:
+        paths = set(st.manifest())
+        forgotten = st.conn.execute("SELECT machine, source, reason FROM forgotten").fetchall()
+        assert st.verify() == []
+    assert not any(p.startswith("machines/laptop/") for p in paths)
+    assert "extensions/ad_hoc/notes/2026-11-30T10-00-00-kept.md" in paths
+    assert forgotten == [("laptop", "notes", ""), ("laptop", None, "sold")]
+    proc = run_cli("forget", "--store", str(store), "--machine", "laptop")
+    assert proc.returncode == 2 and "holds nothing for machine 'laptop'" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_export_writes_the_published_tree(tmp_path):
+    from conftest import run_cli
+    store = _store_with_two_machines(tmp_path)
+    out = tmp_path / "export"
+    proc = run_cli("export", "--store", str(store), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    files = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*.md")
+             if ".sharedmem" not in p.parts}
+    assert files["machines/laptop/codex/MEMORY.md"] == "laptop memory"
+    assert files["machines/desktop/notes/x.md"] == "desktop note"
+    assert "a note survives forget" in files["extensions/ad_hoc/notes/2026-11-30T10-00-00-kept.md"]
+    assert len(files) == 4
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "mine.txt").write_text("keep")
+    proc = run_cli("export", "--store", str(store), "--out", str(busy))
+    assert proc.returncode == 2 and "not empty" in proc.stderr
+    assert [p.name for p in busy.iterdir()] == ["mine.txt"]

@@ -1,0 +1,118 @@
+"""install_client.py's steps, directly: the configuration it builds and the connection check.
+
+tests/test_install.py runs the whole installer (over SSH and locally); these check the pieces
+it is made of, in process, on real files in a temporary home.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from sharedmem import client_install as ci
+from sharedmem import config as config_mod
+from sharedmem.core import ConfigError, InstallError, Limits
+from sharedmem.install import Console
+
+
+def build(argv: list[str], home: Path, prefix: Path) -> tuple[config_mod.ClientConfig, str]:
+    err = io.StringIO()
+    cfg = ci.build_config(ci.parser().parse_args(argv), {"HOME": str(home)}, prefix,
+                          Console(io.StringIO(), err))
+    return cfg, err.getvalue()
+
+
+def test_ssh_configuration(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".codex" / "memories").mkdir(parents=True)
+    prefix = tmp_path / "prefix"
+    cfg, warnings = build(["--machine", "laptop", "--ssh-host", "me@srv", "--ssh-port", "2222",
+                           "--ssh-identity", "~/.ssh/id_ed25519", "--ssh-option",
+                           "ConnectTimeout=5", "--remote-prefix", "/srv/cm/",
+                           "--remote-python", "/usr/bin/python3.12"], home, prefix)
+    assert warnings == ""
+    assert cfg.path == prefix / "client.json" and cfg.machine == "laptop"
+    assert cfg.transport == config_mod.Transport(
+        "ssh", host="me@srv", port=2222, identity=home / ".ssh" / "id_ed25519",
+        options=("ConnectTimeout=5",), remote_command=(
+            "/usr/bin/python3.12", "/srv/cm/shared_memory.py", "serve", "--store",
+            "/srv/cm/store.sqlite3"))
+    assert [(s.name, s.kind, s.path) for s in cfg.sources] == [
+        ("codex", "codex", home / ".codex" / "memories")]  # claude-code has no folder here
+    assert cfg.cache == prefix / "cache" and cfg.state == prefix / "state"
+    default, _ = build(["--machine", "laptop", "--ssh-host", "srv"], home, prefix)
+    assert default.transport.remote_command == (
+        "python3", "~/.local/share/codex-shared-memory/shared_memory.py", "serve", "--store",
+        "~/.local/share/codex-shared-memory/store.sqlite3")  # ~ is the server's home
+    assert default.transport.port is None and default.transport.identity is None
+
+
+def test_named_sources_and_a_missing_default_folder(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "notes").mkdir(parents=True)
+    cfg, warnings = build(["--machine", "pc", "--local", "--source", "claude-code", "--markdown",
+                           "notes=~/notes", "--markdown", "notes=~/notes"], home,
+                          tmp_path / "prefix")
+    assert [(s.name, s.kind, s.path) for s in cfg.sources] == [
+        ("claude-code", "claude-code", home / ".claude" / "projects"),
+        ("notes", "markdown", home / "notes")]
+    assert "claude-code folder" in warnings and "does not exist yet" in warnings
+    assert cfg.transport == config_mod.Transport("local", store=tmp_path / "prefix" /
+                                                 "store.sqlite3")
+
+
+def test_existing_limits_are_kept_and_a_broken_file_is_replaced(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    prefix = tmp_path / "prefix"
+    argv = ["--machine", "pc", "--local", "--store", str(tmp_path / "s.sqlite3")]
+    cfg, _ = build(argv, home, prefix)
+    tuned = cfg.to_json()
+    tuned["limits"] = {"file_bytes": 4096, "namespace_bytes": 8192, "namespace_files": 3}
+    prefix.mkdir()
+    cfg.path.write_text(json.dumps(tuned))
+    again, warnings = build(argv, home, prefix)
+    assert again.limits == Limits(4096, 8192, 3) and warnings == ""
+    assert config_mod.dumps(again) == config_mod.dumps(config_mod.load(
+        cfg.path, {"HOME": str(home)}))
+    cfg.path.write_text("{broken")
+    replaced, warnings = build(argv, home, prefix)
+    assert replaced.limits == Limits()
+    assert f"the existing {cfg.path} is replaced" in warnings and "not valid JSON" in warnings
+
+
+def test_check_connection(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    store = tmp_path / "server" / "store.sqlite3"
+    cfg, _ = build(["--machine", "pc", "--local", "--store", str(store)], home, tmp_path / "p")
+    err = io.StringIO()
+    hello = ci.check_connection(cfg, Console(io.StringIO(), err))
+    assert hello["type"] == "hello" and hello["machine"] == "pc"
+    assert "checking the connection to the local store" in err.getvalue()
+    (tmp_path / "blocker").write_text("a file in the way")
+    blocked, _ = build(["--machine", "pc", "--local", "--store",
+                        str(tmp_path / "blocker" / "store.sqlite3")], home, tmp_path / "p")
+    with pytest.raises(InstallError, match="the connection check failed") as exc:
+        ci.check_connection(blocked, Console(io.StringIO(), io.StringIO()))
+    assert "Nothing was installed" in str(exc.value) and str(tmp_path / "blocker") in str(exc.value)
+
+
+def test_body_refuses_bad_arguments_before_writing(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(ConfigError) as exc:
+        ci.body(["--machine", "pc", "--ssh-host=-oProxyCommand=touch x", "--local",
+                 "--ssh-option=-F/etc/evil"], {"HOME": str(home)}, Console(out, err),
+                None, "linux")
+    text = str(exc.value)
+    for needle in ("exactly one of --ssh-host", "--ssh-host '-oProxyCommand=touch x' is not a "
+                   "host name", "--ssh-option: only for --ssh-host",
+                   "--ssh-option '-F/etc/evil' must look like Name=value"):
+        assert needle in text, needle
+    assert "4 problem(s)" in text
+    assert list(home.iterdir()) == [] and out.getvalue() == ""

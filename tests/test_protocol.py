@@ -1,0 +1,178 @@
+"""The exchange's framing: bounded line reading, message checks, versions, fields, chunks."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import pytest
+
+from sharedmem.core import ProtocolError
+from sharedmem.protocol import (
+    CHUNK_BYTES,
+    MAX_LINE_BYTES,
+    Channel,
+    PeerError,
+    choose_version,
+    chunks,
+    encode,
+    error,
+    field,
+)
+
+
+class Endless(io.RawIOBase):
+    """A peer that would send `total` bytes without a newline; counts what was actually read."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.delivered = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        n = min(len(buffer), self.total - self.delivered)
+        buffer[:n] = b"a" * n
+        self.delivered += n
+        return n
+
+
+def channel_over(data: bytes) -> Channel:
+    return Channel(io.BufferedReader(io.BytesIO(data)), io.BytesIO(), "server")
+
+
+def test_over_long_line_is_refused_without_reading_the_rest() -> None:
+    raw = Endless(100 * 1024 * 1024)
+    channel = Channel(io.BufferedReader(raw), io.BytesIO(), "server")
+    with pytest.raises(PeerError, match="longer than") as exc:
+        channel.receive()
+    assert exc.value.code == "line-too-long"
+    assert "server" in str(exc.value)
+    assert MAX_LINE_BYTES < raw.delivered <= MAX_LINE_BYTES + 1024 * 1024
+    assert channel.received == MAX_LINE_BYTES + 1
+
+
+def test_a_line_of_exactly_the_limit_is_read() -> None:
+    head, tail = b'{"type":"files","pad":"', b'"}\n'
+    line = head + b"x" * (MAX_LINE_BYTES - len(head) - len(tail)) + tail
+    assert len(line) == MAX_LINE_BYTES
+    channel = channel_over(line + encode({"type": "end"}))
+    assert len(channel.receive()["pad"]) == MAX_LINE_BYTES - len(head) - len(tail)
+    assert channel.receive() == {"type": "end"}
+    assert channel.receive() is None
+
+
+@pytest.mark.parametrize("line", [
+    b"\xff\xfe{}\n", b'{"type": "hello", "x": "\xc3"}\n', b"not json\n", b"\n", b"[1, 2]\n",
+    b'"hello"\n', b'{"no": "type"}\n', b'{"type": 5}\n', b"[" * 100_000 + b"\n",
+])
+def test_bad_lines_are_bad_json(line: bytes) -> None:
+    with pytest.raises(PeerError) as exc:
+        channel_over(line).receive()
+    assert exc.value.code == "bad-json"
+
+
+def test_error_message_raises_its_code() -> None:
+    channel = channel_over(encode(error("store", "the disk is full")))
+    with pytest.raises(PeerError, match="the disk is full") as exc:
+        channel.receive()
+    assert exc.value.code == "store"
+    assert isinstance(exc.value, ProtocolError)
+
+
+def test_expect() -> None:
+    channel = channel_over(encode({"type": "hello", "version": 2}) + encode({"type": "bye"}))
+    assert channel.expect("hello", "namespaces")["version"] == 2
+    with pytest.raises(PeerError, match="expected files or end from the server, got 'bye'") as exc:
+        channel.expect("files", "end")
+    assert exc.value.code == "out-of-order"
+    with pytest.raises(ProtocolError, match="ended the session while this side waited for hello") \
+            as ended:
+        channel.expect("hello")
+    assert not isinstance(ended.value, PeerError)
+
+
+def test_byte_counters_and_encoding() -> None:
+    writer = io.BytesIO()
+    messages = [{"type": "note", "text": "two\nlines, café ✓"}, {"type": "bye"}]
+    channel = Channel(io.BufferedReader(io.BytesIO()), writer)
+    for message in messages:
+        channel.send(message)
+    data = writer.getvalue()
+    assert channel.sent == len(data)
+    assert data.count(b"\n") == 2 and "café ✓".encode() in data
+    reader = channel_over(data)
+    assert [reader.receive(), reader.receive(), reader.receive()] == [*messages, None]
+    assert reader.received == len(data) and reader.sent == 0
+
+
+def test_send_to_a_closed_peer_is_a_protocol_error() -> None:
+    writer = io.BytesIO()
+    writer.close()
+    channel = Channel(io.BufferedReader(io.BytesIO()), writer, "client")
+    with pytest.raises(ProtocolError, match="the client closed the connection"):
+        channel.send({"type": "bye"})
+    assert channel.sent == 0
+
+
+@pytest.mark.parametrize("mine,theirs,chosen", [
+    ((1, 2), [1, 2], 2), ((1, 2), [1, 2, 3], 2), ((1, 2), [1], 1), ((1,), [2, 1], 1),
+    ((1, 2), [2, 5, 9], 2),
+])
+def test_choose_version_picks_the_highest_shared(mine: tuple[int, ...], theirs: list[int],
+                                                 chosen: int) -> None:
+    assert choose_version(mine, theirs) == chosen
+
+
+def test_choose_version_refusals() -> None:
+    with pytest.raises(PeerError, match="no shared protocol version") as exc:
+        choose_version((1, 2), [3, 4])
+    assert exc.value.code == "version"
+    with pytest.raises(PeerError) as none:
+        choose_version((1, 2), [])
+    assert none.value.code == "version"
+    for bad in (None, "2", 2, [True], [1.0], [[1]], ["1"], {"1": 1}):
+        with pytest.raises(PeerError) as exc:
+            choose_version((1, 2), bad)
+        assert exc.value.code == "bad-field", bad
+
+
+def test_field_types() -> None:
+    message = {"type": "pull", "n": 3, "flag": True, "name": "x", "items": [], "none": None}
+    assert field(message, "n", int) == 3
+    assert field(message, "name", str) == "x"
+    assert field(message, "items", list) == []
+    assert field(message, "flag", bool) is True
+    assert field(message, "missing", str, optional=True) is None
+    assert field(message, "n", (int, str)) == 3
+    for name, kind in (("flag", int), ("flag", (int,)), ("flag", (int, float)), ("n", str),
+                       ("name", int), ("missing", str), ("none", str), ("none", str),
+                       ("items", dict)):
+        with pytest.raises(PeerError, match=f"pull.{name} is missing or of the wrong type") as exc:
+            field(message, name, kind)
+        assert exc.value.code == "bad-field"
+    with pytest.raises(PeerError):
+        field(message, "none", str, optional=True)  # present but null is not absent
+
+
+def test_chunks_stay_under_the_batch_size() -> None:
+    rng = random.Random(7)
+    items = [rng.randint(1, CHUNK_BYTES // 3) for _ in range(200)]
+    items[50] = CHUNK_BYTES * 3  # one item bigger than a batch travels alone
+    batches = list(chunks(items, lambda size: size))
+    assert [i for b in batches for i in b] == items
+    for batch in batches:
+        assert sum(batch) <= CHUNK_BYTES or len(batch) == 1
+    assert [CHUNK_BYTES * 3] in batches
+    assert all(a and sum(a) + b[0] > CHUNK_BYTES for a, b in zip(batches, batches[1:], strict=False))
+    assert list(chunks([], len)) == []
+    assert list(chunks(["ab", "cd"], len)) == [["ab", "cd"]]
+
+
+def test_encode_is_one_compact_line() -> None:
+    line = encode({"type": "files", "files": [["a.md", "x\ny"]]})
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line) == {"type": "files", "files": [["a.md", "x\ny"]]}
+    assert b", " not in line and b": " not in line

@@ -1,0 +1,150 @@
+"""Reaching `serve`: remote quoting, the ssh command line, ssh's errors, and real child processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sharedmem import config as config_mod
+from sharedmem.config import ClientConfig, Transport
+from sharedmem.core import TransportError
+from sharedmem.transport import Connection, explain_ssh, remote_words, ssh_command
+
+SSH = Transport("ssh", host="me@srv", port=2222, identity=Path("/keys/id ed25519"),
+                options=("ConnectTimeout=5", "UserKnownHostsFile=/k/known"),
+                remote_command=("python3", "~/.local/share/c m/shared_memory.py", "serve"))
+
+
+def test_remote_words_quote_for_the_server_shell(tmp_path: Path) -> None:
+    words = ["python3", "~/dir with space/shared_memory.py", "it's \"quoted\"", "$HOME/x",
+             "`id`", "~/", "~notme", "a;b", "plain-word_1.0"]
+    line = remote_words(words)
+    assert line.startswith("python3 ~/'dir with space/shared_memory.py' ")
+    assert "'$HOME/x'" in line and "'`id`'" in line
+    home = tmp_path / "remote home"
+    out = subprocess.run(["sh", "-c", f"printf '%s\\n' {line}"], capture_output=True, text=True,
+                         env={"HOME": str(home), "PATH": os.environ["PATH"]}, check=True).stdout
+    assert out.splitlines() == [
+        "python3", f"{home}/dir with space/shared_memory.py", "it's \"quoted\"", "$HOME/x",
+        "`id`", f"{home}/", "~notme", "a;b", "plain-word_1.0"]
+
+
+def test_ssh_command_is_strict_and_passes_options_through() -> None:
+    argv = ssh_command(SSH)
+    assert argv[0] == "ssh"
+    pairs = list(zip(argv, argv[1:], strict=False))
+    for option in ("BatchMode=yes", "StrictHostKeyChecking=yes", "ConnectTimeout=5",
+                   "UserKnownHostsFile=/k/known", "IdentitiesOnly=yes"):
+        assert ("-o", option) in pairs, option
+    assert ("-p", "2222") in pairs and ("-i", "/keys/id ed25519") in pairs
+    end = argv.index("--")
+    assert argv[end + 1:] == ["me@srv", "python3 ~/'.local/share/c m/shared_memory.py' serve"]
+    assert all(argv.index(flag) < end for flag in ("-p", "-i"))
+    assert argv.index("ConnectTimeout=5") < end
+
+
+def test_ssh_command_without_port_or_identity() -> None:
+    argv = ssh_command(Transport("ssh", host="-oProxyCommand=x", remote_command=("serve",)))
+    assert "-p" not in argv and "-i" not in argv and "IdentitiesOnly=yes" not in argv
+    assert argv[-3:] == ["--", "-oProxyCommand=x", "serve"]  # a hostile host is never an option
+
+
+@pytest.mark.parametrize("stderr,needles", [
+    ("Host key verification failed.\n",
+     ["host key of me@srv is not known", "ssh -p 2222 me@srv true", "ssh-keyscan -p 2222 me@srv"]),
+    ("No ED25519 host key is known for [127.0.0.1]:2222 and you have requested strict checking.\n"
+     "Host key verification failed.\n", ["host key", "known_hosts"]),
+    ("me@srv: Permission denied (publickey).\n",
+     ["me@srv refused this client's key (me@srv: Permission denied (publickey).)",
+      "install_server.py --authorize NAME --key", "--ssh-identity"]),
+    ("ssh: connect to host srv port 2222: Connection refused\n",
+     ["cannot reach me@srv -p 2222 (ssh: connect to host srv port 2222: Connection refused)",
+      "sshd runs"]),
+    ("ssh: Could not resolve hostname srv: Name or service not known\n", ["cannot reach me@srv"]),
+    ("kex_exchange_identification: read: Connection reset by peer\n",
+     ["ssh to me@srv failed: kex_exchange_identification"]),
+    ("", ["ssh to me@srv failed: ssh exited with no message"]),
+])
+def test_explain_ssh(stderr: str, needles: list[str]) -> None:
+    text = explain_ssh(stderr, SSH)
+    for needle in needles:
+        assert needle in text, (needle, text)
+
+
+def local_config(tmp_path: Path, store: Path, machine: str = "laptop") -> ClientConfig:
+    path = tmp_path / "client" / "client.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config_mod.dumps(ClientConfig(
+        path, machine, Transport("local", store=store), (), tmp_path / "cache",
+        tmp_path / "state")))
+    return config_mod.load(path, {"HOME": str(tmp_path)})
+
+
+@pytest.mark.parametrize("max_version", [2, 1])
+def test_local_connection_to_a_real_serve(tmp_path: Path, max_version: int) -> None:
+    store = tmp_path / "server" / "store.sqlite3"
+    with Connection(local_config(tmp_path, store), max_version) as conn:
+        reply = conn.hello()
+        assert conn.version == max_version == reply["version"]
+        assert reply["machine"] == "laptop" and reply["pinned"] is False
+        assert str(reply["server"]).startswith("sharedmem/")
+        assert conn.channel.sent > 0 and conn.channel.received > 0
+    assert conn.process.returncode == 0
+    assert store.is_file()
+
+
+def test_server_end_that_exits_at_once(tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the store's folder should be")
+    conn = Connection(local_config(tmp_path, blocker / "sub" / "store.sqlite3"))
+    try:
+        with pytest.raises(TransportError) as exc:
+            conn.hello()
+    finally:
+        conn.close()
+    message = str(exc.value)
+    assert f"the server end at the local store {blocker / 'sub' / 'store.sqlite3'} stopped" \
+        in message
+    assert str(blocker) in message
+    assert conn.process.returncode not in (None, 0)
+    assert blocker.read_text().startswith("a file")
+
+
+def fake_ssh(folder: Path, stderr: str, code: int) -> Path:
+    """A stand-in `ssh` on PATH that fails the way OpenSSH does."""
+    folder.mkdir()
+    script = folder / "ssh"
+    script.write_text(f"#!{sys.executable}\nimport sys\n"
+                      f"sys.stderr.write({stderr!r})\nsys.exit({code})\n")
+    script.chmod(0o755)
+    return folder
+
+
+def ssh_config(tmp_path: Path) -> ClientConfig:
+    return ClientConfig(tmp_path / "client.json", "laptop", SSH, (), tmp_path / "c",
+                        tmp_path / "s")
+
+
+def test_ssh_failure_is_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = fake_ssh(tmp_path / "bin", "me@srv: Permission denied (publickey).\n", 255)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    conn = Connection(ssh_config(tmp_path))
+    try:
+        with pytest.raises(TransportError, match="refused this client's key"):
+            conn.hello()
+    finally:
+        conn.close()
+    assert conn.process.returncode == 255
+
+
+def test_missing_ssh_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(TransportError, match="cannot start 'ssh' to reach ssh me@srv") as exc:
+        Connection(ssh_config(tmp_path))
+    assert "install OpenSSH" in str(exc.value)
