@@ -95,8 +95,13 @@ class Store:
         if not create and not path.is_file():
             raise StoreError(f"store {path} does not exist: create it with install_server.py or "
                              "pass the right --store")
-        if create:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if create:
+                path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"store {path} cannot be created: its folder {path.parent} cannot "
+                             f"be made ({exc.strerror}); fix the path or the folder's "
+                             "permissions") from None
         try:
             conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000,
                                    check_same_thread=False)
@@ -105,6 +110,10 @@ class Store:
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"store {path} cannot be opened ({exc}): check that the path is "
+                             "right and that this account may read and write it and its "
+                             "folder") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"store {path} cannot be opened as SQLite ({exc}): restore it from "
                              "a backup (see docs/OPERATIONS.md)") from None

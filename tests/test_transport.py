@@ -12,6 +12,7 @@ import pytest
 from sharedmem import config as config_mod
 from sharedmem.config import ClientConfig, Transport
 from sharedmem.core import TransportError
+from sharedmem.protocol import PeerError
 from sharedmem.transport import Connection, explain_ssh, remote_words, ssh_command
 
 SSH = Transport("ssh", host="me@srv", port=2222, identity=Path("/keys/id ed25519"),
@@ -102,13 +103,13 @@ def test_server_end_that_exits_at_once(tmp_path: Path) -> None:
     blocker.write_text("a file where the store's folder should be")
     conn = Connection(local_config(tmp_path, blocker / "sub" / "store.sqlite3"))
     try:
-        with pytest.raises(TransportError) as exc:
+        with pytest.raises(PeerError) as exc:
             conn.hello()
     finally:
         conn.close()
     message = str(exc.value)
-    assert f"the server end at the local store {blocker / 'sub' / 'store.sqlite3'} stopped" \
-        in message
+    assert exc.value.code == "store"
+    assert f"store {blocker / 'sub' / 'store.sqlite3'} cannot be created" in message
     assert str(blocker) in message
     assert conn.process.returncode not in (None, 0)
     assert blocker.read_text().startswith("a file")
