@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Codex Shared Memory launcher: its path stays stable for existing registrations."""
 
+import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 
 from sharedmem.cli import main  # noqa: E402
 

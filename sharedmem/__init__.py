@@ -3,13 +3,11 @@
 `SharedMemoryError` is loaded on first use, so the MCP server starts without the rest.
 """
 
-from typing import Any
-
 __version__ = "0.1.0"
 __all__ = ["SharedMemoryError", "__version__"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name == "SharedMemoryError":
         from sharedmem.core import SharedMemoryError
         return SharedMemoryError

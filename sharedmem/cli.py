@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
 
-Handler = Callable[[Any], int]
+TYPE_CHECKING = False  # typing and pathlib cost milliseconds that `mcp` start-up does not pay
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from pathlib import Path
+    from typing import Any
+
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
@@ -27,6 +29,11 @@ def _progress(enabled: bool) -> Callable[[str], None] | None:
     if not enabled:
         return None
     return lambda message: print(f"... {message}", file=sys.stderr, flush=True)
+
+
+def _path(value: str) -> Path:
+    from pathlib import Path
+    return Path(value).expanduser()
 
 
 def _load_config(path: str) -> Any:
@@ -49,7 +56,7 @@ def build_serve(sub: Any) -> None:
 
 def run_serve(args: Any) -> int:
     from sharedmem import server
-    return server.serve(Path(args.store).expanduser(), args.machine,
+    return server.serve(_path(args.store), args.machine,
                         max_version=args.max_protocol)
 
 
@@ -260,8 +267,8 @@ def build_backup(sub: Any) -> None:
 
 def run_backup(args: Any) -> int:
     from sharedmem import backup
-    store = Path(args.store).expanduser()
-    folder = Path(args.dest).expanduser() if getattr(args, "dest", None) else \
+    store = _path(args.store)
+    folder = _path(args.dest) if getattr(args, "dest", None) else \
         backup.backups_folder(store)
     if args.action == "create":
         info = backup.create(store, dest=folder, protect=args.protect, label=args.label)
@@ -275,7 +282,7 @@ def run_backup(args: Any) -> int:
             f"{i.path.name}" for i in items) or f"no backups in {folder}")
         return 0
     if args.action == "verify":
-        targets = [Path(a).expanduser() for a in args.archives] or [
+        targets = [_path(a) for a in args.archives] or [
             i.path for i in backup.list_backups(folder)]
         results = {str(t): backup.verify(t) for t in targets}
         _emit(results, args.json, "\n".join(
@@ -289,7 +296,7 @@ def run_backup(args: Any) -> int:
         _emit([str(p) for p in removed], args.json,
               "\n".join(f"{verb} {p}" for p in removed) or "nothing to remove")
         return 0
-    kept = backup.restore(Path(args.archive).expanduser(), store, force=args.force)
+    kept = backup.restore(_path(args.archive), store, force=args.force)
     _emit({"store": str(store), "replaced_store_kept_at": str(kept) if kept else None}, args.json,
           f"restored {store} from {args.archive}"
           + (f"; the replaced store is kept at {kept}" if kept else ""))
@@ -313,7 +320,7 @@ def build_forget(sub: Any) -> None:
 
 def run_forget(args: Any) -> int:
     from sharedmem.store import Store
-    with Store.open(Path(args.store).expanduser(), create=False) as store:
+    with Store.open(_path(args.store), create=False) as store:
         removed = store.forget(args.machine, args.source, args.reason)
     what = f"{args.machine}" + (f"/{args.source}" if args.source else "")
     _emit({"machine": args.machine, "source": args.source, "files_removed": removed}, args.json,
@@ -336,10 +343,10 @@ def run_export(args: Any) -> int:
     from sharedmem.cache import Cache, NamespaceInfo
     from sharedmem.core import SharedMemoryError as Refused
     from sharedmem.store import Store
-    out = Path(args.out).expanduser()
+    out = _path(args.out)
     if out.exists() and any(out.iterdir()) and not (out / ".sharedmem").is_dir():
         raise Refused(f"export folder {out} is not empty: pass a new or empty folder")
-    with Store.open(Path(args.store).expanduser(), create=False) as store:
+    with Store.open(_path(args.store), create=False) as store:
         namespaces = {str(n["key"]): NamespaceInfo(str(n["key"]), n["machine"], str(n["source"]),
                                                    str(n["kind"]), int(n["generation"]),
                                                    n["synced_at"]) for n in store.namespaces()}
@@ -369,8 +376,8 @@ def build_doctor(sub: Any) -> None:
 
 def run_doctor(args: Any) -> int:
     from sharedmem import doctor
-    report = (doctor.doctor_store(Path(args.store).expanduser()) if args.store
-              else doctor.doctor(Path(args.config).expanduser(), os.environ))
+    report = (doctor.doctor_store(_path(args.store)) if args.store
+              else doctor.doctor(_path(args.config), os.environ))
     _emit(report.to_json(), args.json, doctor.format_text(report))
     return report.exit_code
 
@@ -390,7 +397,7 @@ def build_demo(sub: Any) -> None:
 
 def run_demo(args: Any) -> int:
     from sharedmem import demo
-    result = demo.demo(Path(args.dir) if args.dir else None,
+    result = demo.demo(_path(args.dir) if args.dir else None,
                        progress=_progress(sys.stderr.isatty() and not args.json))
     _emit(result, args.json, demo.format_text(result))
     return 0 if result["ok"] else 1
