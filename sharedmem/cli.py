@@ -5,7 +5,6 @@ Handlers import what they need when they run, so `mcp` starts without loading th
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -20,6 +19,7 @@ if TYPE_CHECKING:
 def _emit(data: Any, as_json: bool, text: str) -> None:
     """Data to stdout: JSON for scripts, or the readable text."""
     if as_json:
+        import json
         print(json.dumps(data, indent=2, ensure_ascii=False))
     elif text:
         print(text)
