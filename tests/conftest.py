@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, start_sshd  # noqa: E402
 
-__all__ = ["LAUNCHER", "REPO", "Sshd", "pinned_line", "run_cli", "write_config"]
+__all__ = ["LAUNCHER", "REPO", "Sshd", "pinned_line", "run_cli", "run_with_timeout", "write_config"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
@@ -22,6 +23,25 @@ def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = N
     """Run the real launcher in a child process."""
     return subprocess.run([sys.executable, str(LAUNCHER), *args], capture_output=True, text=True,
                           env=env, input=input, timeout=timeout)
+
+
+def run_with_timeout(func, seconds: float = 20.0):
+    """Run `func` in a daemon thread; fail (instead of hanging the suite) if it does not finish."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = func()
+        except BaseException as exc:  # re-raised in the test thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"call did not finish within {seconds}s (blocked on a read?)"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 @pytest.fixture

@@ -3,35 +3,16 @@
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
+from conftest import run_with_timeout
 
 from sharedmem import nofollow
 from sharedmem.core import SourceError
 
 needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt",
                                     reason="needs POSIX symlinks")
-
-
-def run_with_timeout(func, seconds: float = 20.0):
-    """Run `func` in a daemon thread; fail (instead of hanging the suite) if it does not finish."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = func()
-        except BaseException as exc:  # re-raised in the test thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"call did not finish within {seconds}s (blocked on a read?)"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 @pytest.fixture

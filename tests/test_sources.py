@@ -6,10 +6,10 @@ import json
 import os
 import shutil
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+from conftest import run_with_timeout
 
 from sharedmem.core import (
     KIND_MARKDOWN,
@@ -52,25 +52,6 @@ def published(snap) -> list[str]:
 
 def reasons(snap) -> dict[str, str]:
     return {s.path: s.reason for s in snap.skipped}
-
-
-def run_with_timeout(func, seconds: float = 20.0):
-    """Run `func` in a daemon thread; fail (instead of hanging the suite) if it does not finish."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = func()
-        except BaseException as exc:  # re-raised in the test thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"call did not finish within {seconds}s (blocked on a read?)"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 # --- allowlists, on real trees ------------------------------------------------------------------
