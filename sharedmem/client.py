@@ -216,7 +216,8 @@ class Sync:
             reply = conn.channel.expect("note_result")
             if reply.get("status") == "refused":
                 self.report["notes"]["refused"].append(
-                    {"filename": note.filename, "message": reply.get("message", "")})
+                    {"filename": note.filename, "note_id": note.note_id,
+                     "message": reply.get("message", "")})
                 _quarantine(path)
             else:
                 self.report["notes"]["delivered"] += reply.get("status") == "stored"
@@ -288,34 +289,29 @@ def check_note(filename: str, text: str) -> str:
 def submit_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any]:
     """Queue a note, then try to deliver it now; if the server is unreachable it stays queued."""
     body = check_note(filename, text)
-    note = Outbox(config.state / "outbox").put(filename, body)
+    outbox = Outbox(config.state / "outbox")
+    note = outbox.put(filename, body)
+    runner = Sync(config)
+    failure = None
     try:
-        with sync_lock(config.state, wait=30):
-            runner = Sync(config)
-            with Connection(config) as conn:
-                conn.hello()
-                runner._deliver(conn)
-                runner._pull(conn)
+        with sync_lock(config.state, wait=30), Connection(config) as conn:
+            conn.hello()
+            runner._deliver(conn)
+            runner._pull(conn)
     except SharedMemoryError as exc:
-        still = any(n.note_id == note.note_id for _, n in Outbox(config.state / "outbox").pending())
-        if not still and runner_refused(locals()):
-            raise NoteError(runner_refused(locals())) from None
+        failure = exc
+    refused = [r for r in runner.report["notes"]["refused"] if r["note_id"] == note.note_id]
+    if refused:
+        raise NoteError(refused[0]["message"])
+    if failure is not None and any(n.note_id == note.note_id for _, n in outbox.pending()):
         return {"status": "queued", "filename": filename, "note_id": note.note_id,
-                "message": f"the server could not be reached ({exc}); the note waits in the "
-                           "outbox and the next sync delivers it"}
-    refused = runner.report["notes"]["refused"]
-    mine = [r for r in refused if r["filename"] == filename]
-    if mine:
-        raise NoteError(mine[0]["message"])
-    return {"status": "stored", "filename": filename, "note_id": note.note_id,
-            "path": f"extensions/ad_hoc/notes/{filename}"}
-
-
-def runner_refused(scope: dict[str, Any]) -> str:
-    """The server's refusal of the note, if the failed run got that far."""
-    runner = scope.get("runner")
-    refused = runner.report["notes"]["refused"] if runner else []
-    return refused[0]["message"] if refused else ""
+                "message": f"the server could not be reached ({failure}); the note waits in "
+                           "the outbox and the next sync delivers it"}
+    result = {"status": "stored", "filename": filename, "note_id": note.note_id,
+              "path": f"extensions/ad_hoc/notes/{filename}"}
+    if failure is not None:
+        result["message"] = f"stored, but the cache was not refreshed ({failure})"
+    return result
 
 
 def status(config: ClientConfig) -> dict[str, Any]:

@@ -381,14 +381,14 @@ class Store:
         out.update({p: s for p, s, _ in self._note_files()})
         return out
 
-    def changes(self, known: Mapping[str, int]) -> Iterator[tuple[str, str, str, str]]:
+    def changes(self, known: Mapping[str, int],
+                namespaces: list[dict[str, object]] | None = None
+                ) -> Iterator[tuple[str, str, str, str]]:
         """Files of machine namespaces changed since the client's generations: (path, sha, text, ns)."""
-        for ns in self.namespaces()[:-1]:
-            since = known.get(str(ns["key"]), 0)
-            if since == ns["generation"]:
+        for ns in (namespaces or self.namespaces())[:-1]:
+            since = _since(ns, known)
+            if since is None:
                 continue
-            if not int(ns["created_generation"]) <= since <= int(ns["generation"]):  # type: ignore[arg-type]
-                since = 0
             for path, sha, body in self.conn.execute(
                     "SELECT f.path, f.sha256, b.body FROM files f JOIN namespaces n ON "
                     "n.id=f.namespace_id JOIN blobs b ON b.sha256=f.sha256 WHERE n.machine=? "
@@ -407,24 +407,22 @@ class Store:
         full: set[str] = set()
         removals: list[str] = []
         for ns in namespaces[:-1]:
-            since = known.get(str(ns["key"]), 0)
-            if since == ns["generation"]:
-                continue
-            if not int(ns["created_generation"]) <= since <= int(ns["generation"]):  # type: ignore[arg-type]
+            since = _since(ns, known)
+            if since == 0:
                 full.add(str(ns["key"]))
-                continue
-            removals.extend(f"{ns['key']}/{r[0]}" for r in self.conn.execute(
-                "SELECT t.path FROM tombstones t JOIN namespaces n ON n.id=t.namespace_id "
-                "WHERE n.machine=? AND n.source=? AND t.generation > ?",
-                (ns["machine"], ns["source"], since)))
+            elif since is not None:
+                removals.extend(f"{ns['key']}/{r[0]}" for r in self.conn.execute(
+                    "SELECT t.path FROM tombstones t JOIN namespaces n ON n.id=t.namespace_id "
+                    "WHERE n.machine=? AND n.source=? AND t.generation > ?",
+                    (ns["machine"], ns["source"], since)))
         since_notes = known.get(NOTES_DIR, 0)
+        newest_note = int(namespaces[-1]["generation"])  # type: ignore[call-overload]
 
         def upserts() -> Iterator[tuple[str, str, str]]:
-            for path, sha, body, _ in self.changes(known):
+            for path, sha, body, _ in self.changes(known, namespaces):
                 yield path, sha, body
-            if since_notes != namespaces[-1]["generation"]:
-                yield from self._note_files(since_notes if since_notes <= int(
-                    namespaces[-1]["generation"]) else 0)  # type: ignore[arg-type]
+            if since_notes != newest_note:
+                yield from self._note_files(since_notes if since_notes <= newest_note else 0)
 
         return namespaces, full, upserts(), removals
 
@@ -470,6 +468,19 @@ class Store:
             "SELECT (SELECT count(*) FROM namespaces), (SELECT count(*) FROM files), "
             "(SELECT count(*) FROM blobs), (SELECT count(*) FROM notes)").fetchone()
         return {"namespaces": row[0], "files": row[1], "blobs": row[2], "notes": row[3]}
+
+
+def _since(ns: Mapping[str, object], known: Mapping[str, int]) -> int | None:
+    """The generation a client's copy of a namespace is at: None when current, 0 to send it whole.
+
+    0 also covers a generation from before the namespace was (re)created or after its newest.
+    """
+    since = known.get(str(ns["key"]), 0)
+    if since == ns["generation"]:
+        return None
+    if not int(ns["created_generation"]) <= since <= int(ns["generation"]):  # type: ignore[call-overload]
+        return 0
+    return since
 
 
 def _check_namespace(machine: str, source: str, kind: str) -> None:

@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, start_sshd  # noqa: E402
 
-__all__ = ["LAUNCHER", "REPO", "Sshd", "pinned_line", "run_cli", "run_with_timeout", "write_config"]
+__all__ = ["LAUNCHER", "REPO", "Sshd", "pinned_line", "cache_of", "run_cli", "run_with_timeout",
+           "write_config"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
@@ -42,6 +43,19 @@ def run_with_timeout(func, seconds: float = 20.0):
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def cache_of(root: Path, namespace: str, files: dict[str, str], *, kind: str = "markdown",
+             generation: int = 1, synced_at: str = "2026-01-02T03:04:05Z"):
+    """A real cache holding one namespace `machines/<machine>/<source>` with these files."""
+    from sharedmem.cache import Cache, NamespaceInfo
+    from sharedmem.core import sha256_text
+    _, machine, source = namespace.split("/")
+    cache = Cache(root)
+    info = NamespaceInfo(namespace, machine, source, kind, generation, synced_at)
+    cache.apply([(f"{namespace}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [],
+                {namespace: info})
+    return cache
 
 
 @pytest.fixture

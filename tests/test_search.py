@@ -9,6 +9,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from conftest import cache_of
 
 from sharedmem import search as search_mod
 from sharedmem import tools
@@ -23,11 +24,7 @@ NS = "machines/lab/notes"
 
 
 def make_cache(root: Path, files: dict[str, str]) -> Cache:
-    cache = Cache(root)
-    info = NamespaceInfo(NS, "lab", "notes", "markdown", 1, "2026-01-02T03:04:05Z")
-    cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [],
-                {NS: info})
-    return cache
+    return cache_of(root, NS, files)
 
 
 @pytest.fixture(scope="module")

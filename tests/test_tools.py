@@ -6,20 +6,18 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import cache_of
 
 from sharedmem import tools
-from sharedmem.cache import Cache, NamespaceInfo
-from sharedmem.core import NOTE_MAX_BYTES, SharedMemoryError, sha256_text
+from sharedmem.cache import Cache
+from sharedmem.core import NOTE_MAX_BYTES, SharedMemoryError
 
 NS = "machines/lab/codex"
 
 
 def make_cache(root: Path, files: dict[str, str]) -> Cache:
-    cache = Cache(root)
-    info = NamespaceInfo(NS, "lab", "codex", "codex", 3, "2026-02-03T04:05:06Z")
-    cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [],
-                {NS: info})
-    return cache
+    return cache_of(root, NS, files, kind="codex", generation=3,
+                    synced_at="2026-02-03T04:05:06Z")
 
 
 @pytest.fixture
