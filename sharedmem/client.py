@@ -7,10 +7,11 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sharedmem import __version__, redact, sources
+from sharedmem import __version__, sources
 from sharedmem.cache import Cache, NamespaceInfo, Outbox
 from sharedmem.config import ClientConfig, SourceConfig
 from sharedmem.core import (
@@ -69,6 +70,24 @@ def _try_lock(fd: int) -> bool:
         return False
 
 
+@dataclass
+class _Prepared:
+    """One source's snapshot and the messages that publish it, built before the session starts."""
+
+    source: SourceConfig
+    spec: sources.SourceSpec
+    state_file: Path
+    saved: dict[str, Any]
+    rules: list[Any]
+    snap: sources.Snapshot
+    digest: str
+    by_sha: dict[str, sources.Entry] = field(default_factory=dict)
+    redacted: dict[str, int] = field(default_factory=dict)
+    whole: dict[str, Any] = field(default_factory=dict)
+    delta: dict[str, Any] | None = None
+    acked: bool = False
+
+
 class Sync:
     """One sync run; its `report` is what `sync --json` prints."""
 
@@ -80,6 +99,7 @@ class Sync:
         self.cache = Cache(config.cache)
         self.outbox = Outbox(config.state / "outbox")
         self.have: dict[str, str] = {}
+        self.published: list[_Prepared] = []
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                                        "sources": [], "notes": {"delivered": 0, "refused": []}}
 
@@ -88,13 +108,20 @@ class Sync:
         started = time.monotonic()
         try:
             with sync_lock(self.config.state), Connection(self.config, self.max_version) as conn:
-                snapshots: list[tuple[Any, ...]] = []
-                conn.hello(lambda: snapshots.extend(map(self._snapshot, self.config.sources)))
+                snapshots: list[_Prepared] = []
+                known: dict[str, int] = {}
+
+                def meanwhile() -> None:
+                    snapshots.extend(map(self._snapshot, self.config.sources))
+                    known.update(self._known())
+
+                conn.hello(meanwhile)
                 self.report["protocol"] = conn.version
                 for prepared in snapshots:
                     self.report["sources"].append(self._publish(conn, prepared))
                 self._deliver(conn)
-                self.report["pull"] = self._pull(conn)
+                self.report["pull"] = self._pull(conn, known)
+                self._save_states()
                 self.report["bytes"] = {"sent": conn.channel.sent,
                                         "received": conn.channel.received}
         except SharedMemoryError as exc:
@@ -112,18 +139,36 @@ class Sync:
             k: self.report.get(k) for k in ("status", "error", "finished_at", "exit_code")})
         return self.report
 
-    def _snapshot(self, source: SourceConfig) -> tuple[Any, ...]:
-        """Walk one source; done while ssh is still connecting, so the two overlap."""
+    def _snapshot(self, source: SourceConfig) -> _Prepared:
+        """Walk one source and build its manifest; done while ssh connects, so the two overlap."""
         spec = sources.SourceSpec(source.name, source.kind, source.path)
         state_file = self.config.state / "sources" / f"{source.name}.json"
         saved = _read_json(state_file)
         limits = self.config.limits
         rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
         previous = saved.get("record") if saved.get("rules") == rules else None
-        return source, spec, state_file, saved, rules, sources.snapshot(spec, limits, previous)
+        snap = sources.snapshot(spec, limits, previous)
+        prepared = _Prepared(source, spec, state_file, saved, rules, snap,
+                             digest_of((e.path, e.sha256) for e in snap.files))
+        for entry in snap.files:
+            prepared.by_sha[entry.sha256] = entry
+            if entry.text is not None:
+                self.have[entry.sha256] = entry.text
+            for kind, count in entry.redactions.items():
+                prepared.redacted[kind] = prepared.redacted.get(kind, 0) + count
+        entries = {e.path: [e.path, e.sha256, e.size, e.mtime_ns] for e in snap.files}
+        prepared.whole = {"type": "manifest", "source": spec.name, "kind": spec.kind,
+                          "digest": prepared.digest, "files": list(entries.values())}
+        acked = saved.get("acked")
+        if isinstance(acked, dict) and isinstance(acked.get("files"), dict):
+            old = acked["files"]
+            prepared.delta = {**prepared.whole, "base": acked.get("digest"),
+                              "removed": sorted(set(old) - set(entries)),
+                              "files": [v for p, v in entries.items() if old.get(p) != v[1]]}
+        return prepared
 
-    def _publish(self, conn: Connection, prepared: tuple[Any, ...]) -> dict[str, Any]:
-        source, spec, state_file, saved, rules, snap = prepared
+    def _publish(self, conn: Connection, prepared: _Prepared) -> dict[str, Any]:
+        source, snap = prepared.source, prepared.snap
         result: dict[str, Any] = {
             "source": source.name, "kind": source.kind, "path": str(source.path),
             "files": len(snap.files), "skipped": [vars(s) for s in snap.skipped],
@@ -133,19 +178,11 @@ class Sync:
                           " (the server keeps what it already holds for this source)")
             return result
         self.progress(f"{source.name}: {len(snap.files)} files")
-        by_sha = {e.sha256: e for e in snap.files}
-        for entry in snap.files:
-            if entry.text is not None:
-                self.have[entry.sha256] = entry.text
-        digest = digest_of((e.path, e.sha256) for e in snap.files)
         if conn.version == 1:
-            reply = self._publish_v1(conn, spec, snap)
+            reply = self._publish_v1(conn, prepared.spec, snap)
         else:
-            reply = self._publish_v2(conn, spec, snap, digest, saved.get("acked"), by_sha)
-        redacted: dict[str, int] = {}
-        for entry in snap.files:
-            for kind, count in entry.redactions.items():
-                redacted[kind] = redacted.get(kind, 0) + count
+            reply = self._publish_v2(conn, prepared)
+        redacted = dict(prepared.redacted)
         for kind, count in reply.get("redacted", {}).items():
             redacted[kind] = redacted.get(kind, 0) + count
         result.update(status="unchanged" if reply.get("unchanged") else "published",
@@ -153,13 +190,20 @@ class Sync:
                       generation=reply.get("generation"))
         if result["refused"]:
             result["problems"] += result["refused"]
-        acked = None
-        if reply.get("digest") == digest:
-            acked = {"digest": digest, "files": {e.path: e.sha256 for e in snap.files}}
-        state = {"rules": rules, "record": snap.record(), "acked": acked}
-        if state != saved:
-            _write_json(state_file, state)
+        prepared.acked = reply.get("digest") == prepared.digest
+        self.published.append(prepared)
         return result
+
+    def _save_states(self) -> None:
+        """Remember what each source published, for the next snapshot and delta; after the pull."""
+        for prepared in self.published:
+            acked = None
+            if prepared.acked:
+                acked = {"digest": prepared.digest,
+                         "files": {e.path: e.sha256 for e in prepared.snap.files}}
+            state = {"rules": prepared.rules, "record": prepared.snap.record(), "acked": acked}
+            if state != prepared.saved:
+                _write_json(prepared.state_file, state)
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
                     snap: sources.Snapshot) -> dict[str, Any]:
@@ -171,26 +215,15 @@ class Sync:
         conn.channel.send({"type": "commit"})
         return conn.channel.expect("result")
 
-    def _publish_v2(self, conn: Connection, spec: sources.SourceSpec, snap: sources.Snapshot,
-                    digest: str, acked: Any, by_sha: dict[str, sources.Entry]) -> dict[str, Any]:
-        entries = {e.path: [e.path, e.sha256, e.size, e.mtime_ns] for e in snap.files}
-        message: dict[str, Any] = {"type": "manifest", "source": spec.name, "kind": spec.kind,
-                                   "digest": digest}
-        if isinstance(acked, dict) and isinstance(acked.get("files"), dict):
-            old = acked["files"]
-            message.update(base=acked.get("digest"), removed=sorted(set(old) - set(entries)),
-                           files=[v for p, v in entries.items() if old.get(p) != v[1]])
-        else:
-            message["files"] = list(entries.values())
+    def _publish_v2(self, conn: Connection, prepared: _Prepared) -> dict[str, Any]:
+        spec, by_sha = prepared.spec, prepared.by_sha
         try:
-            conn.channel.send(message)
+            conn.channel.send(prepared.delta or prepared.whole)
             reply = conn.channel.expect("need", "result")
         except PeerError as exc:
             if exc.code != "stale-base":
                 raise
-            message = {"type": "manifest", "source": spec.name, "kind": spec.kind,
-                       "digest": digest, "files": list(entries.values())}
-            conn.channel.send(message)
+            conn.channel.send(prepared.whole)
             reply = conn.channel.expect("need", "result")
         if reply["type"] == "result":
             return reply
@@ -224,10 +257,14 @@ class Sync:
                 self.report["notes"].setdefault("paths", []).append(reply.get("path"))
             self.outbox.done(path)
 
-    def _pull(self, conn: Connection) -> dict[str, Any]:
+    def _known(self) -> dict[str, int]:
+        """The server generation of each cached namespace; 0 where the cache was tampered with."""
         manifest = self.cache.load()
         stale = self.cache.tampered_namespaces()
-        known = {k: (0 if k in stale else ns.generation) for k, ns in manifest.namespaces.items()}
+        return {k: (0 if k in stale else ns.generation) for k, ns in manifest.namespaces.items()}
+
+    def _pull(self, conn: Connection, known: dict[str, int] | None = None) -> dict[str, Any]:
+        known = self._known() if known is None else known
         if conn.version == 1:
             conn.channel.send({"type": "export"})
         else:
@@ -246,7 +283,8 @@ class Sync:
                                 server={"server": conn.server.get("server"),
                                         "protocol": conn.version})
         from sharedmem import search
-        search.refresh_index(self.cache)
+        if done["written"] or done["removed"] or not search.index_path(self.cache).exists():
+            search.refresh_index(self.cache)
         return done
 
 
@@ -283,7 +321,8 @@ def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
 def check_note(filename: str, text: str) -> str:
     """Validate a note and return its redacted text; refuses before anything is written."""
     check_note_filename(filename)
-    return redact.redact(check_note_text(filename, text))[0]
+    from sharedmem.redact import redact
+    return redact(check_note_text(filename, text))[0]
 
 
 def submit_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any]:

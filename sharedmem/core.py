@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import time
 import unicodedata
 from dataclasses import dataclass
@@ -305,6 +304,7 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: b
     `durable` also fsyncs the data first; a derived copy (the cache) may skip that cost.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    import tempfile
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -38,7 +38,6 @@ from sharedmem.nofollow import (
     refusal,
     too_large,
 )
-from sharedmem.redact import redact
 
 PROBLEM_REASONS = frozenset(
     {"invalid-utf8", "too-large", "quota", "vanished", "unreadable", "bad-path", "collision"}
@@ -159,6 +158,7 @@ def _display(text: str) -> str:
 
 def _publish_text(raw: str, shown: str, limits: Limits) -> tuple[str, dict[str, int]]:
     """Redact `raw`; the published text must still fit the per-file limit."""
+    from sharedmem.redact import redact  # its patterns compile on first use, not at start-up
     text, counts = redact(raw)
     size = len(text.encode("utf-8"))
     if size > limits.file_bytes:

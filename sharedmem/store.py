@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sharedmem import redact, sources
+from sharedmem import sources
 from sharedmem.core import (
     KIND_MARKDOWN,
     MACHINES_DIR,
@@ -281,7 +281,8 @@ class Store:
                 continue
             if item.text is not None:
                 try:
-                    text, counts = redact.redact(item.text)
+                    from sharedmem.redact import redact  # compiled only when bodies come
+                    text, counts = redact(item.text)
                     body = text.encode("utf-8")
                 except UnicodeEncodeError:
                     refuse(item.path, "invalid-utf8", f"{item.path!r} is not valid UTF-8 text")
@@ -322,7 +323,8 @@ class Store:
         note_id = note_id or uuid.uuid4().hex
         if not isinstance(note_id, str) or not 8 <= len(note_id) <= 128:
             raise NoteError(f"note id {note_id!r} must be a string of 8 to 128 characters")
-        body = check_note_text(filename, redact.redact(check_note_text(filename, text))[0])
+        from sharedmem.redact import redact
+        body = check_note_text(filename, redact(check_note_text(filename, text))[0])
         path = f"{NOTES_DIR}/{filename}"
         with self.transaction() as conn:
             if conn.execute("SELECT 1 FROM notes WHERE note_id=?", (note_id,)).fetchone():

@@ -161,6 +161,16 @@ class Connection:
                 stream.close()  # type: ignore[union-attr]
             except OSError:
                 pass
+        if self.process.poll() is None:
+            threading.Thread(target=self._reap, daemon=True).start()
+        else:
+            self._reap()
+
+    def _reap(self) -> None:
+        """Wait for the child to finish its exit (everything is committed by now); kill a hung one.
+
+        Runs in the background, so a sync does not wait for the far end's interpreter shutdown.
+        """
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
