@@ -268,11 +268,16 @@ class Cache:
             folder = folder.parent
 
     def _write_manifest(self, manifest: Manifest, *, files_changed: bool = True) -> None:
-        """Files first, then the namespaces file, whose presence marks a complete cache."""
+        """Files first, then the namespaces file, whose presence marks a complete cache.
+
+        Not fsynced: the cache is a copy of the server, and a manifest damaged by a power loss
+        reads as empty, so the next sync pulls everything again.
+        """
         if files_changed or not self.manifest_path.is_file():
             files = {k: [v.sha256, v.size, v.namespace] for k, v in sorted(manifest.files.items())}
             atomic_write(self.manifest_path, json.dumps(
-                {"version": MANIFEST_VERSION, "files": files}, ensure_ascii=False).encode("utf-8"))
+                {"version": MANIFEST_VERSION, "files": files}, ensure_ascii=False).encode("utf-8"),
+                durable=False)
             self._files_cache = None  # a rewrite within one mtime tick must not look unchanged
         raw = {
             "version": MANIFEST_VERSION,
@@ -280,8 +285,11 @@ class Cache:
             "server": manifest.server,
             "namespaces": {k: asdict(v) for k, v in sorted(manifest.namespaces.items())},
         }
-        atomic_write(self.namespaces_path, json.dumps(raw, ensure_ascii=False).encode("utf-8"))
-        self._loaded = None
+        atomic_write(self.namespaces_path, json.dumps(raw, ensure_ascii=False).encode("utf-8"),
+                     durable=False)
+        stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
+        self._files_cache = (stamps[0], manifest.files)  # what was just written: no re-read
+        self._loaded = (stamps, manifest)
 
 
 class _Folders:

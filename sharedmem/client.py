@@ -309,7 +309,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _write_json(path: Path, value: object) -> None:
-    atomic_write(path, json.dumps(value, ensure_ascii=False).encode("utf-8"), mode=0o600)
+    atomic_write(path, json.dumps(value, ensure_ascii=False).encode("utf-8"), mode=0o600,
+                 durable=False)
 
 
 def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
