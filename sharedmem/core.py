@@ -31,6 +31,9 @@ _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _NOTE_FILENAME_RE = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})T(\d{2})-(\d{2})-(\d{2})-([a-z0-9][a-z0-9-]{0,79})\.md"
 )
+# C1 controls (Cc), format characters such as bidi overrides and zero-width marks (Cf), and
+# line/paragraph separators: they make a path display as something it is not.
+_INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
 _FORBIDDEN_CHARS = frozenset('\\<>:"|?*')
 # Fast path: plain ASCII names that obviously pass every rule below (checked against the full rule
 # in the tests); anything else takes the full check.
@@ -165,6 +168,9 @@ def path_problems(path: object, *, folder: bool = False) -> list[str]:
         problems.append(f"path {shown} contains a NUL character")
     if any(ord(c) < 32 or ord(c) == 127 for c in path.replace("\x00", "")):
         problems.append(f"path {shown} contains a control character")
+    elif any(unicodedata.category(c) in _INVISIBLE for c in path):
+        problems.append(f"path {shown} contains an invisible control, direction or separator "
+                        "character (such as U+0085, U+202E or U+2028): rename the file")
     if unicodedata.normalize("NFC", path) != path:
         problems.append(f"path {shown} is not in Unicode NFC form")
     if path.startswith("/"):

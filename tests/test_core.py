@@ -405,3 +405,10 @@ def test_fast_path_never_accepts_what_the_full_rule_refuses(monkeypatch):
     monkeypatch.setattr(core, "_SAFE_FOLDER", re.compile(r"(?!)"))
     for (path, folder), problems in fast.items():
         assert bool(problems) == bool(core.path_problems(path, folder=folder)), (path, folder)
+
+
+@pytest.mark.parametrize("path", ["a\u0085b.md", "invoice\u202egpj.md", "x\u2028y.md",
+                                  "a/\u200bzero.md", "x\u2066y.md", "\u009fz.md"])
+def test_invisible_characters_are_refused(path):
+    problems = path_problems(path)
+    assert problems and "invisible" in " ".join(problems)
