@@ -107,6 +107,34 @@ def _sync_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# index -------------------------------------------------------------------------------------------
+
+def build_index(sub: Any) -> None:
+    p = sub.add_parser("index", help="bring the cache's search index up to date",
+                       description="Re-index the cached files whose content changed since the "
+                       "last refresh. A sync that changes the cache starts this in the "
+                       "background; searches stay correct while it runs (they scan what the "
+                       "index does not cover).")
+    p.add_argument("--config", required=True, help="path of client.json")
+    p.add_argument("--background", action="store_true",
+                   help="run at low CPU priority and print nothing (how sync starts it)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=run_index)
+
+
+def run_index(args: Any) -> int:
+    from sharedmem import search
+    from sharedmem.cache import Cache
+    config = _load_config(args.config)
+    if args.background and hasattr(os, "nice"):
+        os.nice(10)
+    result = search.refresh_index(Cache(config.cache))
+    if not args.background:
+        _emit(result, args.json, f"index: {result['changed']} files refreshed, "
+                                 f"{result['files']} indexed")
+    return 0
+
+
 # status ------------------------------------------------------------------------------------------
 
 def build_status(sub: Any) -> None:
@@ -405,7 +433,7 @@ def run_demo(args: Any) -> int:
 
 # the parser --------------------------------------------------------------------------------------
 
-BUILDERS = [build_serve, build_sync, build_mcp, build_status, build_tools, build_doctor,
+BUILDERS = [build_serve, build_sync, build_index, build_mcp, build_status, build_tools, build_doctor,
             build_backup, build_forget, build_export, build_demo]
 
 

@@ -9,6 +9,7 @@ missing or broken index means a full scan, so results never depend on the index 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sqlite3
@@ -65,22 +66,24 @@ _SCHEMA = (
 )
 
 
-def refresh_index(cache: Cache) -> None:
+def refresh_index(cache: Cache) -> dict[str, int]:
     """Bring the index in line with the cache manifest; only changed files are re-read.
 
-    Called by the sync client after each pull; safe to call concurrently (one writer waits).
+    Run by `index` (which a sync starts in the background) and by a search that finds many
+    stale files; safe to run concurrently (one writer waits). Returns files re-indexed or
+    dropped (`changed`) and files indexed in all (`files`).
     """
     path = index_path(cache)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        _refresh(cache, path)
+        return _refresh(cache, path)
     except sqlite3.DatabaseError:
         for suffix in ("", "-journal", "-wal", "-shm"):
             Path(str(path) + suffix).unlink(missing_ok=True)
-        _refresh(cache, path)
+        return _refresh(cache, path)
 
 
-def _refresh(cache: Cache, path: Path) -> None:
+def _refresh(cache: Cache, path: Path) -> dict[str, int]:
     conn = _connect(path)
     try:
         conn.execute("BEGIN IMMEDIATE")
@@ -105,9 +108,12 @@ def _refresh(cache: Cache, path: Path) -> None:
             if old is not None and old[1] == meta.sha256:
                 continue
             try:
-                text = (cache.root / relpath).read_bytes().decode("utf-8", "replace")
+                data = (cache.root / relpath).read_bytes()
             except OSError:
                 continue
+            if hashlib.sha256(data).hexdigest() != meta.sha256:
+                continue  # a sync is rewriting it: left unindexed, so searches scan it
+            text = data.decode("utf-8", "replace")
             row_id = conn.execute("INSERT INTO files(path, sha256) VALUES (?, ?)",
                                   (relpath, meta.sha256)).lastrowid
             conn.execute("INSERT INTO grams(rowid, body) VALUES (?, ?)", (row_id, normalize(text)))
@@ -116,7 +122,9 @@ def _refresh(cache: Cache, path: Path) -> None:
         number = int(generation[0]) + (1 if changed else 0) if generation else 1
         conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                          [("version", INDEX_VERSION), ("generation", str(number))])
+        indexed_now = conn.execute("SELECT count(*) FROM files").fetchone()[0]
         conn.execute("COMMIT")
+        return {"changed": changed, "files": indexed_now}
     finally:
         conn.close()
 

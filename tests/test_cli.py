@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_config
+from conftest import run_cli, write_config
 
 from sharedmem import cli
 from sharedmem.cache import Cache, NamespaceInfo, Outbox
@@ -116,6 +116,18 @@ def test_status_json_is_valid_json(tmp_path: Path, home: Path,
     text = capsys.readouterr().out
     assert "machine laptop" in text and "machines/desk/notes: 2 files" in text
     assert "pending notes: 1" in text
+
+
+def test_index_refreshes_and_reports(tmp_path: Path, home: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = status_config(tmp_path)
+    assert cli.main(["index", "--config", str(cfg), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"changed": 2, "files": 2} and err == ""
+    assert cli.main(["index", "--config", str(cfg)]) == 0
+    assert capsys.readouterr().out == "index: 0 files refreshed, 2 indexed\n"
+    quiet = run_cli("index", "--config", str(cfg), "--background")  # a child: it lowers its priority
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
 
 
 def test_main_reads_only_its_argv(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch,

@@ -84,6 +84,44 @@ def test_ssh_first_nochange_changed_and_deleted(tmp_path, sshd):
         assert "machines/laptop/notes/d2/note-002.md" not in store.manifest()
 
 
+def indexed_paths(cache: Path, want: int, timeout: float = 30.0) -> set[str]:
+    """Wait for the background index refresh a sync started to cover `want` files."""
+    path = cache / ".sharedmem" / "index" / "search.sqlite3"
+    deadline = time.monotonic() + timeout
+    found: set[str] = set()
+    while time.monotonic() < deadline:
+        if path.is_file():
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+            try:
+                found = {p for (p,) in conn.execute("SELECT path FROM files")}
+            except sqlite3.Error:
+                found = set()
+            finally:
+                conn.close()
+            if len(found) == want:
+                return found
+        time.sleep(0.05)
+    return found
+
+
+def test_sync_refreshes_the_index_in_the_background(tmp_path):
+    home = tmp_path / "laptop-home"
+    notes = make_memories(home, files=5)
+    store = tmp_path / "server" / "store.sqlite3"
+    cfg = config_for(tmp_path, home, "laptop", {"kind": "local", "store": str(store)})
+    code, report = sync_json(cfg)
+    assert code == 0 and report["index"] == "refreshing in the background"
+    cache = tmp_path / "laptop" / "cache"
+    assert indexed_paths(cache, 7) == set(cache_files(cache))
+
+    code, again = sync_json(cfg)
+    assert code == 0 and "index" not in again  # nothing changed: no refresh started
+    (notes / "d0" / "note-000.md").unlink()
+    code, third = sync_json(cfg)
+    assert code == 0 and third["index"] == "refreshing in the background"
+    assert "machines/laptop/notes/d0/note-000.md" not in indexed_paths(cache, 6)
+
+
 def test_two_machines_share_one_store(tmp_path, sshd):
     for machine in ("laptop", "desktop"):
         home = tmp_path / f"{machine}-home"

@@ -180,6 +180,16 @@ def test_stale_index_still_correct(tmp_path: Path) -> None:
     assert [r["path"] for r in tools.search(cache, ["alpha"])["results"]] == [f"{NS}/c.md"]
 
 
+def test_refresh_skips_a_file_being_rewritten(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path, {"a.md": "alpha\n", "b.md": "beta\n"})
+    (cache.root / NS / "b.md").write_text("beta rewritten\n", encoding="utf-8")
+    assert search_mod.refresh_index(cache) == {"changed": 1, "files": 1}
+    assert [r["path"] for r in tools.search(cache, ["rewritten"])["results"]] == [f"{NS}/b.md"]
+    (cache.root / NS / "b.md").write_text("beta\n", encoding="utf-8")
+    assert search_mod.refresh_index(cache) == {"changed": 1, "files": 2}
+    assert search_mod.refresh_index(cache) == {"changed": 0, "files": 2}
+
+
 def test_corrupt_index_is_rebuilt(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {"a.md": "alpha\n"})
     path = search_mod.index_path(cache)
