@@ -24,6 +24,10 @@ from sharedmem.core import (
     utc_now,
 )
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sharedmem.staging import Staging
+
 META_DIR = ".sharedmem"
 MANIFEST_NAME = "manifest.json"
 NAMESPACES_NAME = "namespaces.json"
@@ -194,13 +198,15 @@ class Cache:
         full: bool = False,
         full_namespaces: set[str] | frozenset[str] = frozenset(),
         server: dict[str, Any] | None = None,
+        staged: Staging | None = None,
     ) -> dict[str, int]:
         """Write a pull into the cache: every path checked first, then files, then the manifest.
 
         `upserts` are (path, sha256, text); `namespaces` is the server's complete list, so a
         namespace the server no longer has is removed. With `full`, every file not upserted is
         removed too (a version 1 pull sends the whole export); `full_namespaces` does the same
-        for those namespaces only.
+        for those namespaces only. `staged` holds files written ahead (staging.py): one whose
+        path and sha256 match is moved into place instead of written.
         """
         problems = []
         for path, sha, text in upserts:
@@ -237,7 +243,8 @@ class Cache:
             target = folders.target(path, create=True)
             old = files.get(path)
             if old is None or old.sha256 != sha or not target.is_file():
-                atomic_write(target, data, durable=False)
+                if staged is None or not staged.move(path, sha, target):
+                    atomic_write(target, data, durable=False)
                 written += 1
             files[path] = CachedFile(sha, len(data), namespace_key(path))
         removed = 0

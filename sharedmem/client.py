@@ -15,6 +15,7 @@ from sharedmem import __version__, sources
 from sharedmem.cache import Cache, NamespaceInfo, Outbox
 from sharedmem.config import ClientConfig, SourceConfig
 from sharedmem.core import (
+    MACHINES_DIR,
     LockError,
     NoteError,
     SharedMemoryError,
@@ -26,6 +27,7 @@ from sharedmem.core import (
     utc_now,
 )
 from sharedmem.protocol import VERSIONS, PeerError, chunks
+from sharedmem.staging import Staging
 from sharedmem.store import digest_of
 from sharedmem.transport import Connection
 
@@ -99,6 +101,8 @@ class Sync:
         self.cache = Cache(config.cache)
         self.outbox = Outbox(config.state / "outbox")
         self.have: dict[str, str] = {}
+        self.cached: dict[str, str] = {}
+        self.staging = Staging(self.cache.meta)
         self.published: list[_Prepared] = []
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                                        "sources": [], "notes": {"delivered": 0, "refused": []}}
@@ -112,8 +116,9 @@ class Sync:
                 known: dict[str, int] = {}
 
                 def meanwhile() -> None:
-                    snapshots.extend(map(self._snapshot, self.config.sources))
                     known.update(self._known())
+                    snapshots.extend(map(self._snapshot, self.config.sources))
+                    self.staging.flush()
 
                 conn.hello(meanwhile)
                 self.report["protocol"] = conn.version
@@ -131,6 +136,8 @@ class Sync:
                           or s["problems"] for s in self.report["sources"])
             if partial or self.report["notes"]["refused"]:
                 self.report["status"] = "partial"
+        finally:
+            self.staging.discard()
         self.report["exit_code"] = {"ok": EXIT_OK, "partial": EXIT_PARTIAL,
                                     "failed": EXIT_FAILED}[self.report["status"]]
         self.report["seconds"] = round(time.monotonic() - started, 3)
@@ -147,7 +154,14 @@ class Sync:
         limits = self.config.limits
         rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
         previous = saved.get("record") if saved.get("rules") == rules else None
-        snap = sources.snapshot(spec, limits, previous)
+        prefix = f"{MACHINES_DIR}/{self.config.machine}/{source.name}/"
+
+        def stage(entry: sources.Entry) -> None:
+            """A file read this time that the cache lacks: the helper writes it ahead."""
+            if self.cached.get(prefix + entry.path) != entry.sha256 and entry.text is not None:
+                self.staging.add(prefix + entry.path, entry.sha256, entry.text)
+
+        snap = sources.snapshot(spec, limits, previous, stage)
         prepared = _Prepared(source, spec, state_file, saved, rules, snap,
                              digest_of((e.path, e.sha256) for e in snap.files))
         for entry in snap.files:
@@ -260,6 +274,7 @@ class Sync:
     def _known(self) -> dict[str, int]:
         """The server generation of each cached namespace; 0 where the cache was tampered with."""
         manifest = self.cache.load()
+        self.cached = {path: meta.sha256 for path, meta in manifest.files.items()}
         stale = self.cache.tampered_namespaces()
         return {k: (0 if k in stale else ns.generation) for k, ns in manifest.namespaces.items()}
 
@@ -278,10 +293,11 @@ class Sync:
             str(n["key"]), n.get("machine"), str(n["source"]), str(n["kind"]),
             int(n["generation"]), n.get("synced_at")) for n in head["namespaces"]}
         self.progress(f"cache: {len(upserts)} files to write")
+        self.staging.wait()
         done = self.cache.apply(upserts, list(head.get("removed", [])), namespaces,
                                 full=conn.version == 1, full_namespaces=set(head.get("full", [])),
                                 server={"server": conn.server.get("server"),
-                                        "protocol": conn.version})
+                                        "protocol": conn.version}, staged=self.staging)
         from sharedmem import search
         if done["written"] or done["removed"] or not search.index_path(self.cache).exists():
             self.report["index"] = index_in_background(self.config)

@@ -83,6 +83,7 @@ class Session:
         self.machine = machine
         from sharedmem.backup import migration_hook
         self.store = Store.open(self.store_path, before_migrate=migration_hook)
+        self.store.checkpoint_at_close()
         self.channel.send({"type": "hello", "versions": list(self.versions),
                            "version": self.version, "server": f"sharedmem/{__version__}",
                            "machine": machine, "pinned": self.pinned is not None})
@@ -151,7 +152,8 @@ class Session:
             raise PeerError("bad-field", "manifest needs files (whole) or base (delta)")
         need = self.store.missing({sha for _, sha, _, _ in entries})
         self.channel.send({"type": "need", "source": source, "sha256": need})
-        bodies: dict[str, str] = {}
+        bodies: dict[str, tuple[str, dict[str, int]]] = {}
+        wanted = set(need)
         while True:
             part = self.channel.expect("bodies", "commit")
             if part["type"] == "commit":
@@ -160,9 +162,11 @@ class Session:
                 if (not isinstance(pair, list) or len(pair) != 2
                         or not all(isinstance(x, str) for x in pair)):
                     raise PeerError("bad-field", "bodies entries must be [sha256, text]")
-                if pair[0] in need and sha256_text_safe(pair[1]) == pair[0]:
-                    bodies[pair[0]] = pair[1]
-        files = [IncomingFile(path, sha, size, mtime, bodies.get(sha))
+                if pair[0] in wanted and sha256_text_safe(pair[1]) == pair[0]:
+                    # Redacted now, while the client is still sending the next chunk.
+                    from sharedmem.redact import redact
+                    bodies[pair[0]] = redact(pair[1])
+        files = [IncomingFile(path, sha, size, mtime, *bodies.get(sha, (None, None)))
                  for path, sha, size, mtime in entries]
         self._commit(source, kind, files, removed=removed if base else None, base=base)
 

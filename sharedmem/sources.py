@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,9 +186,11 @@ def _valid_record(value: object) -> tuple[int, int, str, int, dict[str, int]] | 
 class _Walker:
     """Collects the files and skips of one snapshot, applying path, collision and quota rules."""
 
-    def __init__(self, spec: SourceSpec, limits: Limits, previous: Mapping | None) -> None:
+    def __init__(self, spec: SourceSpec, limits: Limits, previous: Mapping | None,
+                 on_read: Callable[[Entry], None] | None = None) -> None:
         self.spec = spec
         self.limits = limits
+        self.on_read = on_read
         self.previous = previous if isinstance(previous, Mapping) else {}
         self.files: list[Entry] = []
         self.skipped: list[Skipped] = []
@@ -277,6 +279,8 @@ class _Walker:
             return
         self.bytes += made.size
         self.files.append(made)
+        if made.text is not None and self.on_read is not None:
+            self.on_read(made)
 
     def _quota_message(self, shown: str) -> str:
         return (f"{shown} is past the quota of source {self.spec.name!r} "
@@ -378,15 +382,19 @@ def _walk_markdown(w: _Walker, handle: Handle, rel: str = "", depth: int = 0) ->
 
 
 def snapshot(spec: SourceSpec, limits: Limits = _DEFAULT_LIMITS,
-             previous: Mapping | None = None) -> Snapshot:
-    """Walk one source and describe what it would publish; unchanged files are not re-read."""
+             previous: Mapping | None = None,
+             on_read: Callable[[Entry], None] | None = None) -> Snapshot:
+    """Walk one source and describe what it would publish; unchanged files are not re-read.
+
+    `on_read` sees each file read (and redacted) this time, as soon as it is accepted.
+    """
     if spec.kind not in SOURCE_KINDS:
         raise ConfigError(f"source {spec.name!r} has unknown kind {spec.kind!r}: use one of "
                           f"{', '.join(SOURCE_KINDS)}")
     problems = limits.problems()
     if problems:
         raise ConfigError("; ".join(problems))
-    walker = _Walker(spec, limits, previous)
+    walker = _Walker(spec, limits, previous, on_read)
     try:
         root = open_root(spec.root)
     except OSError as exc:

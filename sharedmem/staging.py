@@ -1,0 +1,156 @@
+"""Cache files written ahead by a helper process, while the sync is still reading and sending.
+
+A sync knows the text of every file it publishes. Writing those files into the cache is the
+slowest part of a large sync (creating a file costs the kernel more than reading and redacting
+it), and it has to wait for the server's answer, because a failed sync must leave the cache as
+it was. So a helper process (this file, run as a script: it needs only the standard library)
+writes them into `<cache>/.sharedmem/staging/` on the other CPU while the sync walks, redacts
+and sends; `Cache.apply` then moves each one into place with one rename, and only when the pull
+says that very path holds that very sha256. A thread would not do: the walk holds the GIL.
+
+What is not used is deleted. A sync that was killed leaves the folder; the next one empties it
+before staging anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from queue import SimpleQueue
+
+STAGING_DIR = "staging"
+BATCH_BYTES = 1 << 20  # texts go to the helper in batches: one GIL hand-off per batch
+
+
+class Staging:
+    """The staged files of one sync, keyed by (cache path, sha256)."""
+
+    def __init__(self, meta: Path) -> None:
+        self.folder = meta / STAGING_DIR
+        self.numbers: dict[tuple[str, str], int] = {}
+        self.written: set[int] = set()
+        self._batch: list[bytes] = []
+        self._size = 0
+        self._child: subprocess.Popen[bytes] | None = None
+        self._queue: SimpleQueue[bytes | None] = SimpleQueue()
+        self._feeder: threading.Thread | None = None
+        self._failed = False
+
+    def add(self, path: str, sha: str, text: str) -> None:
+        """Queue one file; the helper starts with the first."""
+        if self._failed or (path, sha) in self.numbers:
+            return
+        if self._child is None and not self._start():
+            return
+        number = len(self.numbers)
+        self.numbers[(path, sha)] = number
+        data = text.encode("utf-8")
+        self._batch += (b"%d %d\n" % (number, len(data)), data)
+        self._size += len(data)
+        if self._size >= BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand what is queued to the helper now (the caller is about to wait on the server)."""
+        if self._batch:
+            self._queue.put(b"".join(self._batch))
+            self._batch, self._size = [], 0
+
+    def _start(self) -> bool:
+        self.discard()
+        self._queue = SimpleQueue()
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._child = subprocess.Popen(
+                [sys.executable, "-I", os.path.abspath(__file__), str(self.folder)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        except OSError:
+            self._failed = True  # nothing staged: apply writes every file itself
+            return False
+        self._feeder = threading.Thread(target=self._feed, daemon=True, name="sharedmem-staging")
+        self._feeder.start()
+        return True
+
+    def _feed(self) -> None:
+        assert self._child is not None and self._child.stdin is not None
+        pipe = self._child.stdin
+        try:
+            while (chunk := self._queue.get()) is not None:
+                pipe.write(chunk)
+            pipe.close()
+        except OSError:
+            pass  # the helper stopped (a full disk?): what it did not write is written by apply
+
+    def wait(self) -> None:
+        """Let the helper finish; afterwards `move` may take any file it wrote."""
+        if self._child is None:
+            return
+        self.flush()
+        self._queue.put(None)
+        assert self._feeder is not None and self._child.stdout is not None
+        self._feeder.join()
+        report = self._child.stdout.read()
+        self._child.wait()
+        self.written = {int(n) for n in report.split() if n.isdigit()}
+
+    def move(self, path: str, sha: str, target: Path) -> bool:
+        """Rename the staged text of `path` at `sha` onto `target`; False when there is none."""
+        number = self.numbers.pop((path, sha), None)
+        if number is None or number not in self.written:
+            return False
+        try:
+            os.replace(self.folder / f"{number}.part", target)
+        except OSError:
+            return False
+        return True
+
+    def discard(self) -> None:
+        """Stop the helper and remove every staged file, also those a killed sync left."""
+        if self._child is not None and self._child.poll() is None:
+            self._child.kill()
+            self._child.wait()
+        if self._feeder is not None:
+            self._queue.put(None)
+            self._feeder.join()
+        self._child, self._feeder = None, None
+        self.numbers.clear()
+        self.written.clear()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _helper(folder: str) -> int:
+    """Write each record (a `<number> <size>` line, then the bytes) to `<folder>/<number>.part`.
+
+    Prints the numbers written, so the sync moves only whole files.
+    """
+    source = sys.stdin.buffer
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    written: list[str] = []
+    status = 0
+    while header := source.readline():
+        number, size = (int(x) for x in header.split())
+        data = source.read(size)
+        if len(data) != size:
+            status = 1
+            break
+        try:
+            fd = os.open(os.path.join(folder, f"{number}.part"), flags, 0o600)
+            try:
+                if os.write(fd, data) != size:
+                    raise OSError("short write")
+            finally:
+                os.close(fd)
+        except OSError:
+            status = 1
+            break
+        written.append(str(number))
+    sys.stdout.write("\n".join(written))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(_helper(sys.argv[1]))
