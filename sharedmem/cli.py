@@ -112,12 +112,14 @@ def _sync_text(report: dict[str, Any]) -> str:
 def build_index(sub: Any) -> None:
     p = sub.add_parser("index", help="bring the cache's search index up to date",
                        description="Re-index the cached files whose content changed since the "
-                       "last refresh. A sync that changes the cache starts this in the "
-                       "background; searches stay correct while it runs (they scan what the "
-                       "index does not cover).")
-    p.add_argument("--config", required=True, help="path of client.json")
+                       "last refresh. A search that finds many files the index does not cover "
+                       "starts this in the background and scans those files meanwhile, so "
+                       "results never depend on the index.")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config", help="path of client.json (its cache is indexed)")
+    where.add_argument("--cache", help="the cache folder itself")
     p.add_argument("--background", action="store_true",
-                   help="run at low CPU priority and print nothing (how sync starts it)")
+                   help="run only on idle CPU time and print nothing (how search starts it)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run_index)
 
@@ -125,14 +127,27 @@ def build_index(sub: Any) -> None:
 def run_index(args: Any) -> int:
     from sharedmem import search
     from sharedmem.cache import Cache
-    config = _load_config(args.config)
-    if args.background and hasattr(os, "nice"):
-        os.nice(10)
-    result = search.refresh_index(Cache(config.cache))
+    from sharedmem.core import ConfigError
+    root = _load_config(args.config).cache if args.config else _path(args.cache)
+    if not Cache(root).exists():
+        raise ConfigError(f"{root} is not a synced cache (no .sharedmem/manifest.json): run "
+                          "`shared_memory.py sync --config PATH` first")
+    if args.background:
+        _lowest_priority()
+    result = search.refresh_index(Cache(root))
     if not args.background:
         _emit(result, args.json, f"index: {result['changed']} files refreshed, "
                                  f"{result['files']} indexed")
     return 0
+
+
+def _lowest_priority() -> None:
+    """Run only on CPU time nothing else wants (SCHED_IDLE on Linux, else the highest nice)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        if hasattr(os, "nice"):
+            os.nice(19)
 
 
 # status ------------------------------------------------------------------------------------------

@@ -298,32 +298,7 @@ class Sync:
                                 full=conn.version == 1, full_namespaces=set(head.get("full", [])),
                                 server={"server": conn.server.get("server"),
                                         "protocol": conn.version}, staged=self.staging)
-        from sharedmem import search
-        if done["written"] or done["removed"] or not search.index_path(self.cache).exists():
-            self.report["index"] = index_in_background(self.config)
         return done
-
-
-def index_in_background(config: ClientConfig) -> str:
-    """Start `index` detached and at low priority, so a sync never waits for the search index.
-
-    The index is derived data: until it catches up, searches scan the files it does not vouch
-    for, so results never depend on it. Returns what the report says about it.
-    """
-    import subprocess
-    import sys
-
-    from sharedmem.transport import LAUNCHER
-    command = [sys.executable, str(LAUNCHER), "index", "--config", str(config.path),
-               "--background"]
-    flags = 0x00000008 | 0x00000200 if os.name == "nt" else 0  # DETACHED, NEW_PROCESS_GROUP
-    try:
-        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, close_fds=True, creationflags=flags,
-                         start_new_session=os.name != "nt")
-    except OSError as exc:
-        return f"not started ({exc}); searches scan until `index --config` runs"
-    return "refreshing in the background"
 
 
 def _text(spec: sources.SourceSpec, entry: sources.Entry) -> str:

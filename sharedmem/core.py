@@ -46,6 +46,7 @@ _RESERVED_WINDOWS = frozenset(
     | {f"{port}{i}" for port in ("COM", "LPT") for i in (*"123456789", "\u00b9", "\u00b2", "\u00b3")}
 )  # Windows also treats the superscript digits 1-3 as port numbers
 
+LAUNCHER = Path(__file__).resolve().parent.parent / "shared_memory.py"  # beside the package
 
 class SharedMemoryError(Exception):
     """Base of every error this project raises; the CLI turns it into a message and an exit code."""

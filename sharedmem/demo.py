@@ -22,10 +22,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sharedmem.core import ConfigError, ProtocolError, TransportError
+from sharedmem.core import LAUNCHER, ConfigError, ProtocolError, TransportError
 
 Progress = Callable[[str], None]
-LAUNCHER = Path(__file__).resolve().parent.parent / "shared_memory.py"
 MARKER = ".shared-memory-demo"
 MCP_TIMEOUT = 20.0
 MCP_PROTOCOL = "2025-06-18"

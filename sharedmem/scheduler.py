@@ -81,7 +81,6 @@ def systemd_units(command: list[str], log: Path) -> tuple[str, str]:
     service = (
         "[Unit]\nDescription=Codex Shared Memory sync\n\n"
         "[Service]\nType=oneshot\n"
-        "KillMode=process\n"  # the search index refresh a sync starts outlives the sync
         f"ExecStart={' '.join(_systemd_quote(a) for a in command)}\n"
         f"StandardOutput=append:{target}\nStandardError=append:{target}\n")
     timer = (

@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from sharedmem.cache import META_DIR, Cache, Manifest
+from sharedmem.core import LAUNCHER
 
 INDEX_VERSION = "1"
 INDEX_FILE = "search.sqlite3"
 LINE_CHARS = 1000
-AUTO_REFRESH_STALE = 64
+AUTO_REFRESH_STALE = 64  # more stale files than this and a search starts a background refresh
+_DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 _MAX_GRAMS = 8
 _DENSE = 0.3  # above this share of files, scanning in path order beats the index
 _SPACES = re.compile(r" [^\S\n]+|[^\S\n ][^\S\n]*")
@@ -69,9 +71,9 @@ _SCHEMA = (
 def refresh_index(cache: Cache) -> dict[str, int]:
     """Bring the index in line with the cache manifest; only changed files are re-read.
 
-    Run by `index` (which a sync starts in the background) and by a search that finds many
-    stale files; safe to run concurrently (one writer waits). Returns files re-indexed or
-    dropped (`changed`) and files indexed in all (`files`).
+    Run by `index` (which a search that finds many stale files starts in the background);
+    safe to run concurrently (one writer waits). Returns files re-indexed or dropped
+    (`changed`) and files indexed in all (`files`).
     """
     path = index_path(cache)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,6 +83,26 @@ def refresh_index(cache: Cache) -> dict[str, int]:
         for suffix in ("", "-journal", "-wal", "-shm"):
             Path(str(path) + suffix).unlink(missing_ok=True)
         return _refresh(cache, path)
+
+
+def refresh_in_background(cache: Cache) -> bool:
+    """Start `index --cache DIR --background` detached; False when it could not be started.
+
+    A search that finds many stale files calls this instead of refreshing in its own time, so
+    no request (and no sync) waits for the index; the refresh runs on idle CPU time.
+    """
+    import subprocess
+    import sys
+    command = [sys.executable, str(LAUNCHER), "index", "--cache", str(cache.root),
+               "--background"]
+    try:
+        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, close_fds=True,
+                         creationflags=_DETACHED if os.name == "nt" else 0,
+                         start_new_session=os.name != "nt")
+    except OSError:
+        return False
+    return True
 
 
 def _refresh(cache: Cache, path: Path) -> dict[str, int]:
@@ -217,12 +239,7 @@ class Searcher:
             stale = {p for p, m in manifest.files.items() if indexed.get(p) != m.sha256}
             if len(stale) > AUTO_REFRESH_STALE and self._refreshed_for != id(manifest):
                 self._refreshed_for = id(manifest)
-                try:
-                    refresh_index(self.cache)
-                except (OSError, sqlite3.Error):
-                    pass
-                else:
-                    return self._files(manifest)
+                refresh_in_background(self.cache)  # meanwhile the stale files are scanned
             self._state = (*stamp, sorted(manifest.files), stale)
         return self._state[2], self._state[3]
 

@@ -11,15 +11,13 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from sharedmem import __version__
 from sharedmem.config import ClientConfig, Transport
-from sharedmem.core import ProtocolError, TransportError
+from sharedmem.core import LAUNCHER, ProtocolError, TransportError
 from sharedmem.protocol import VERSIONS, Channel, PeerError
 
-LAUNCHER = Path(__file__).resolve().parent.parent / "shared_memory.py"
 SSH_BASE = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
             "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15")
 

@@ -126,8 +126,10 @@ def test_index_refreshes_and_reports(tmp_path: Path, home: Path,
     assert json.loads(out) == {"changed": 2, "files": 2} and err == ""
     assert cli.main(["index", "--config", str(cfg)]) == 0
     assert capsys.readouterr().out == "index: 0 files refreshed, 2 indexed\n"
-    quiet = run_cli("index", "--config", str(cfg), "--background")  # a child: it lowers its priority
-    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
+    quiet = run_cli("index", "--cache", str(tmp_path / "cache"), "--background")  # a child:
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")  # it lowers its priority
+    assert cli.main(["index", "--cache", str(tmp_path)]) == 2
+    assert "is not a synced cache" in capsys.readouterr().err
 
 
 def test_main_reads_only_its_argv(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch,

@@ -104,22 +104,31 @@ def indexed_paths(cache: Path, want: int, timeout: float = 30.0) -> set[str]:
     return found
 
 
-def test_sync_refreshes_the_index_in_the_background(tmp_path):
+def test_sync_leaves_the_index_to_search(tmp_path):
     home = tmp_path / "laptop-home"
-    notes = make_memories(home, files=5)
+    notes = make_memories(home, files=70)
     store = tmp_path / "server" / "store.sqlite3"
     cfg = config_for(tmp_path, home, "laptop", {"kind": "local", "store": str(store)})
     code, report = sync_json(cfg)
-    assert code == 0 and report["index"] == "refreshing in the background"
     cache = tmp_path / "laptop" / "cache"
-    assert indexed_paths(cache, 7) == set(cache_files(cache))
+    assert code == 0 and not (cache / ".sharedmem" / "index").exists()
+    assert not (cache / ".sharedmem" / "staging").exists()  # staged files were all moved in
 
-    code, again = sync_json(cfg)
-    assert code == 0 and "index" not in again  # nothing changed: no refresh started
-    (notes / "d0" / "note-000.md").unlink()
-    code, third = sync_json(cfg)
-    assert code == 0 and third["index"] == "refreshing in the background"
-    assert "machines/laptop/notes/d0/note-000.md" not in indexed_paths(cache, 6)
+    # 72 files the index does not cover: the search scans them and starts the refresh.
+    found = run_cli("search", "--config", str(cfg), "--json", "body 3 café")
+    assert found.returncode == 0, found.stderr
+    assert {r["path"] for r in json.loads(found.stdout)["results"]} == {
+        "machines/laptop/notes/d3/note-003.md"}
+    assert indexed_paths(cache, 72) == set(cache_files(cache))
+
+    for i in range(65):  # past the threshold again: the next search refreshes what changed
+        (notes / f"d{i % 4}" / f"note-{i:03}.md").write_text(f"# note {i}\nnew {i}\n")
+    (notes / "d0" / "note-068.md").unlink()
+    assert sync_json(cfg)[0] == 0
+    found = run_cli("search", "--config", str(cfg), "--json", "new 64")
+    assert [r["path"] for r in json.loads(found.stdout)["results"]] == [
+        "machines/laptop/notes/d0/note-064.md"]
+    assert "machines/laptop/notes/d0/note-068.md" not in indexed_paths(cache, 71)
 
 
 def test_two_machines_share_one_store(tmp_path, sshd):

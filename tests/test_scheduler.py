@@ -98,7 +98,6 @@ def test_systemd_units_content() -> None:
     service, timer = s.systemd_units(tricky, Path("/var/log/50%.log"))
     lines = service.splitlines()
     assert "Type=oneshot" in lines
-    assert "KillMode=process" in lines  # the background index refresh outlives the sync
     assert ('ExecStart="/opt/py thon/python3" "say \\"hi\\"" "50%% of $$HOME" "back\\\\slash"'
             in lines)
     assert "StandardOutput=append:/var/log/50%%.log" in lines
