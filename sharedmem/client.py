@@ -88,6 +88,8 @@ class _Prepared:
     whole: dict[str, Any] = field(default_factory=dict)
     delta: dict[str, Any] | None = None
     acked: bool = False
+    record_json: str | None = None
+    unchanged: bool = False
 
 
 class Sync:
@@ -173,10 +175,9 @@ class Sync:
         entries = {e.path: [e.path, e.sha256, e.size, e.mtime_ns] for e in snap.files}
         prepared.whole = {"type": "manifest", "source": spec.name, "kind": spec.kind,
                           "digest": prepared.digest, "files": list(entries.values())}
-        acked = saved.get("acked")
-        if isinstance(acked, dict) and isinstance(acked.get("files"), dict):
-            old = acked["files"]
-            prepared.delta = {**prepared.whole, "base": acked.get("digest"),
+        old = _acked_files(saved)
+        if old is not None:
+            prepared.delta = {**prepared.whole, "base": saved["acked"].get("digest"),
                               "removed": sorted(set(old) - set(entries)),
                               "files": [v for p, v in entries.items() if old.get(p) != v[1]]}
         return prepared
@@ -205,19 +206,32 @@ class Sync:
         if result["refused"]:
             result["problems"] += result["refused"]
         prepared.acked = reply.get("digest") == prepared.digest
-        self.published.append(prepared)
+        if prepared not in self.published:
+            self.published.append(prepared)
         return result
 
-    def _save_states(self) -> None:
-        """Remember what each source published, for the next snapshot and delta; after the pull."""
+    def _prepare_states(self) -> None:
+        """Encode each snapshot record while the server stores what was sent: it waits anyway."""
         for prepared in self.published:
-            acked = None
-            if prepared.acked:
-                acked = {"digest": prepared.digest,
-                         "files": {e.path: e.sha256 for e in prepared.snap.files}}
-            state = {"rules": prepared.rules, "record": prepared.snap.record(), "acked": acked}
-            if state != prepared.saved:
-                _write_json(prepared.state_file, state)
+            if prepared.record_json is None:
+                record = prepared.snap.record()
+                prepared.unchanged = (prepared.saved.get("rules") == prepared.rules
+                                      and prepared.saved.get("record") == record)
+                prepared.record_json = json.dumps(record, ensure_ascii=False)
+
+    def _save_states(self) -> None:
+        """Remember what each source published, for the next snapshot and delta; after the pull.
+
+        `acked` names the digest the server confirmed; its files are those of the record.
+        """
+        self._prepare_states()
+        for prepared in self.published:
+            acked = {"digest": prepared.digest} if prepared.acked else None
+            if prepared.unchanged and acked == prepared.saved.get("acked"):
+                continue
+            text = (f'{{"rules": {json.dumps(prepared.rules)}, "record": {prepared.record_json}, '
+                    f'"acked": {json.dumps(acked)}}}')
+            atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600, durable=False)
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
                     snap: sources.Snapshot) -> dict[str, Any]:
@@ -254,6 +268,8 @@ class Sync:
         for batch in chunks(bodies, lambda b: len(b[1]) * 2 + 80):
             conn.channel.send({"type": "bodies", "source": spec.name, "bodies": batch})
         conn.channel.send({"type": "commit", "source": spec.name})
+        self.published.append(prepared)
+        self._prepare_states()  # while the server redacts and commits
         return conn.channel.expect("result")
 
     def _deliver(self, conn: Connection) -> None:
@@ -311,6 +327,23 @@ def _quarantine(path: Path) -> None:
         target = path.parent.parent / "refused-notes" / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(path.read_bytes())
+
+
+def _acked_files(saved: dict[str, Any]) -> dict[str, str] | None:
+    """Path -> sha256 the server confirmed last time; None when there is nothing to delta from.
+
+    The confirmed files are those of the saved record (older state files held an explicit map).
+    """
+    acked = saved.get("acked")
+    if not isinstance(acked, dict):
+        return None
+    files = acked.get("files")
+    if isinstance(files, dict):
+        return files
+    record = saved.get("record")
+    if not isinstance(record, dict):
+        return None
+    return {p: r[2] for p, r in record.items() if isinstance(r, list) and len(r) == 5}
 
 
 def _read_json(path: Path) -> dict[str, Any]:
