@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -358,7 +357,10 @@ class Outbox:
     def put(self, filename: str, text: str, note_id: str | None = None) -> QueuedNote:
         """Queue a note atomically: it is either wholly in the outbox or not at all."""
         check_note_filename(filename)
-        note = QueuedNote(note_id or uuid.uuid4().hex, filename, text, utc_now())
+        if note_id is None:
+            import uuid
+            note_id = uuid.uuid4().hex
+        note = QueuedNote(note_id, filename, text, utc_now())
         # The nanosecond clock keeps notes queued within one second in the order they came.
         name = f"{note.created.replace(':', '-')}-{time.time_ns():020d}-{note.note_id}.json"
         atomic_write(self.folder / name, json.dumps(asdict(note)).encode("utf-8"), mode=0o600)

@@ -23,12 +23,12 @@ from sharedmem.core import (
     atomic_write,
     check_note_filename,
     check_note_text,
+    digest_of,
     parse_utc,
     utc_now,
 )
 from sharedmem.protocol import VERSIONS, PeerError, chunks
 from sharedmem.staging import Staging
-from sharedmem.store import digest_of
 from sharedmem.transport import Connection
 
 Progress = Callable[[str], None]

@@ -7,8 +7,8 @@ import os
 import re
 import time
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 KIB = 1024
@@ -232,6 +232,7 @@ def note_filename_problem(filename: object) -> str | None:
         )
     year, month, day, hour, minute, second = (int(g) for g in _NOTE_FILENAME_RE.fullmatch(
         filename).groups()[:6])
+    from datetime import datetime
     try:
         datetime(year, month, day, hour, minute, second)
     except ValueError:
@@ -270,13 +271,19 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def digest_of(entries: Iterable[tuple[str, str]]) -> str:
+    """Order-independent digest of a namespace's (path, sha256) pairs, computed alike on both ends."""
+    return sha256_text("".join(f"{p}\0{s}\n" for p, s in sorted(entries)))
+
+
 def utc_now() -> str:
     """Current UTC time as ISO 8601 with a Z suffix, second precision."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def parse_utc(stamp: str) -> float:
     """Seconds since the epoch for a timestamp written by `utc_now`."""
+    from datetime import UTC, datetime
     return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 

@@ -81,8 +81,7 @@ class Session:
                             f"key made for {machine!r}, or re-pin this key with install_server.py "
                             f"--authorize {machine} --key ...")
         self.machine = machine
-        from sharedmem.backup import migration_hook
-        self.store = Store.open(self.store_path, before_migrate=migration_hook)
+        self.store = Store.open(self.store_path, before_migrate=_backup_first)
         self.store.checkpoint_at_close()
         self.channel.send({"type": "hello", "versions": list(self.versions),
                            "version": self.version, "server": f"sharedmem/{__version__}",
@@ -231,6 +230,12 @@ class Session:
         self.channel.send({"type": "status", "server": f"sharedmem/{__version__}",
                            "schema": self.store.schema_version(),
                            "namespaces": self.store.namespaces()})
+
+
+def _backup_first(path: Path, old_version: int) -> None:
+    """A verified backup before a migration; backup.py loads only when one is due."""
+    from sharedmem.backup import migration_hook
+    migration_hook(path, old_version)
 
 
 def sha256_text_safe(text: str) -> str | None:

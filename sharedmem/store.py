@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from sharedmem.core import (
     check_note_filename,
     check_note_text,
     collision_key,
+    digest_of,
     sha256_text,
     utc_now,
 )
@@ -63,11 +63,6 @@ class IngestReport:
 
 class StaleBase(StoreError):
     """A delta was based on a namespace digest the server no longer holds."""
-
-
-def digest_of(entries: Iterable[tuple[str, str]]) -> str:
-    """Order-independent digest of a namespace's (path, sha256) pairs, computed alike on both ends."""
-    return sha256_text("".join(f"{p}\0{s}\n" for p, s in sorted(entries)))
 
 
 def render_note(entries: Sequence[tuple[str, str, str]]) -> str:
@@ -333,7 +328,9 @@ class Store:
         """Append one entry to a note file; returns (published path, stored now or already)."""
         check_machine_name(machine)
         check_note_filename(filename)
-        note_id = note_id or uuid.uuid4().hex
+        if note_id is None:
+            import uuid
+            note_id = uuid.uuid4().hex
         if not isinstance(note_id, str) or not 8 <= len(note_id) <= 128:
             raise NoteError(f"note id {note_id!r} must be a string of 8 to 128 characters")
         from sharedmem.redact import redact
