@@ -10,6 +10,8 @@ cost stays linear in the length of the text.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -340,3 +342,47 @@ def redact(text: str) -> tuple[str, dict[str, int]]:
             pos = end
         parts.append(text[pos:])
         text = "".join(parts)
+
+
+def redact_many(texts: list[str]) -> list[tuple[str, dict[str, int]]]:
+    """`redact` of each text, the same results, at a fraction of the cost for many small texts.
+
+    Every rule's leads (ASCII patterns) are searched once, as bytes, over all the texts in UTF-8
+    joined by line breaks (no lead can span one), so a text none of them touches is returned as
+    it is without a pass of its own. Bytes keep the scan at one byte a character; lower-casing
+    bytes agrees with `str.lower` on ASCII, and the only two characters whose `lower()` is ASCII
+    (the Kelvin sign, and capital I with dot, whose lower form is longer) send the whole batch
+    the slow way.
+    """
+    try:
+        if any("\u212a" in t or "\u0130" in t for t in texts):
+            raise UnicodeError
+        encoded = [t.encode("utf-8") for t in texts]
+    except UnicodeError:
+        return [redact(t) for t in texts]
+    joined = b"\n".join(encoded)
+    lowered = joined.lower()
+    starts = list(itertools.accumulate((len(b) + 1 for b in encoded[:-1]), initial=0))
+    hits: list[int] = []
+    for hay, lead in _byte_leads():
+        hits.extend(m.start() for m in lead.finditer(lowered if hay else joined))
+    for needle in (b"-----BEGIN", MARKER_PREFIX.encode()):
+        at = joined.find(needle)
+        while at != -1:
+            hits.append(at)
+            at = joined.find(needle, at + 1)
+    dirty = {bisect.bisect_right(starts, at) - 1 for at in hits}
+    return [redact(t) if i in dirty else (t, {}) for i, t in enumerate(texts)]
+
+
+_BYTE_LEADS: list[tuple[bool, re.Pattern[bytes]]] = []
+
+
+def _byte_leads() -> list[tuple[bool, re.Pattern[bytes]]]:
+    """(folded, pattern) for every rule's leads, compiled for bytes on first use."""
+    if not _BYTE_LEADS:
+        for rule in _RULES:
+            for lead in rule.lead:
+                assert lead.pattern.isascii() and not lead.flags & re.IGNORECASE
+                _BYTE_LEADS.append((rule.folded, re.compile(lead.pattern.encode("ascii"))))
+    return _BYTE_LEADS

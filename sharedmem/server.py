@@ -157,14 +157,16 @@ class Session:
             part = self.channel.expect("bodies", "commit")
             if part["type"] == "commit":
                 break
+            fresh: dict[str, str] = {}
             for pair in field(part, "bodies", list):
                 if (not isinstance(pair, list) or len(pair) != 2
                         or not all(isinstance(x, str) for x in pair)):
                     raise PeerError("bad-field", "bodies entries must be [sha256, text]")
                 if pair[0] in wanted and sha256_text_safe(pair[1]) == pair[0]:
-                    # Redacted now, while the client is still sending the next chunk.
-                    from sharedmem.redact import redact
-                    bodies[pair[0]] = redact(pair[1])
+                    fresh[pair[0]] = pair[1]
+            if fresh:  # redacted now, while the client is still sending the next chunk
+                from sharedmem.redact import redact_many
+                bodies.update(zip(fresh, redact_many(list(fresh.values())), strict=True))
         files = [IncomingFile(path, sha, size, mtime, *bodies.get(sha, (None, None)))
                  for path, sha, size, mtime in entries]
         self._commit(source, kind, files, removed=removed if base else None, base=base)

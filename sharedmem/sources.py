@@ -48,6 +48,7 @@ CODEX_FILES = ("MEMORY.md", "memory_summary.md")
 CODEX_ROLLOUTS = "rollout_summaries"
 CLAUDE_MEMORY = "memory"
 MARKDOWN_MAX_PARTS = 5  # PATH/a/b/c/d/x.md: four folder levels, then the file
+REDACT_BATCH_BYTES = 1 << 20  # files read are redacted in batches of about this many bytes
 
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _DEFAULT_LIMITS = Limits()  # frozen, so one shared default is safe
@@ -197,9 +198,45 @@ class _Walker:
         self.keys: set[str] = set()
         self.bytes = 0
         self.full = False
+        # Files waiting for the next flush, in walk order: (disk path, reused entry or None,
+        # (published path, stat) and raw text of a file read this time). Redaction runs over a
+        # whole batch at once (redact.redact_many), which costs half as much as file by file.
+        self.queue: list[tuple[str, Entry | None, tuple[str, os.stat_result] | None,
+                               str | None]] = []
+        self.queued_bytes = 0
 
     def skip(self, shown: str, reason: str, message: str) -> None:
+        self.flush()  # decisions on earlier files come first, as if each were taken at once
         self.skipped.append(Skipped(_display(shown), reason, message))
+
+    def flush(self) -> None:
+        """Redact the queued files in one batch, then accept or refuse each in walk order."""
+        queue, self.queue, self.queued_bytes = self.queue, [], 0
+        if not queue:
+            return
+        from sharedmem.redact import redact_many  # its patterns compile on first use
+        redacted = iter(redact_many([raw for _, _, _, raw in queue if raw is not None]))
+        for disk, made, read, _ in queue:
+            shown = _display(disk)
+            if read is not None:
+                text, counts = next(redacted)
+                size = len(text.encode("utf-8"))
+                if size > self.limits.file_bytes:
+                    skip = too_large(shown, size, self.limits.file_bytes)
+                    self.skipped.append(Skipped(shown, skip.reason, skip.detail))
+                    continue
+                published, st = read
+                made = Entry(published, sha256_text(text), size, st.st_mtime_ns, st.st_size,
+                             dict(counts), text, disk)
+            assert made is not None
+            if self.full or self.bytes + made.size > self.limits.namespace_bytes:
+                self.full = True
+                self.skipped.append(Skipped(shown, "quota", self._quota_message(shown)))
+                continue
+            self.bytes += made.size
+            self.files.append(made)
+            if read is not None and self.on_read is not None:
+                self.on_read(made)
 
     def listing(self, handle: Handle, rel: str) -> list[os.DirEntry]:
         """A folder's sorted entries; an unlistable subfolder is reported, the root raises."""
@@ -263,24 +300,25 @@ class _Walker:
                       "Unicode form are ignored; rename one of them")
             return
         self.keys.add(key)
+        if len(self.files) + len(self.queue) >= self.limits.namespace_files:
+            self.flush()  # the file-count quota is decided on accepted files only
         if self.full or len(self.files) >= self.limits.namespace_files:
             self.full = True
             self.skip(disk, "quota", self._quota_message(shown))
             return
+        reused = self._reuse(published, disk, st)
+        if reused is not None:
+            self.queue.append((disk, reused, None, None))
+            return
         try:
-            made = (self._reuse(published, disk, st)
-                    or self._read(handle, entry.name, disk, published))
+            raw, st = read_text(handle, entry.name, shown, self.limits.file_bytes)
         except Refused as skip:
             self.skip(disk, skip.reason, skip.detail)
             return
-        if self.bytes + made.size > self.limits.namespace_bytes:
-            self.full = True
-            self.skip(disk, "quota", self._quota_message(shown))
-            return
-        self.bytes += made.size
-        self.files.append(made)
-        if made.text is not None and self.on_read is not None:
-            self.on_read(made)
+        self.queue.append((disk, None, (published, st), raw))
+        self.queued_bytes += len(raw)
+        if self.queued_bytes >= REDACT_BATCH_BYTES:
+            self.flush()
 
     def _quota_message(self, shown: str) -> str:
         return (f"{shown} is past the quota of source {self.spec.name!r} "
@@ -295,12 +333,6 @@ class _Walker:
         if rec[0] > self.limits.file_bytes or rec[3] > self.limits.file_bytes:
             return None
         return Entry(published, rec[2], rec[3], rec[1], rec[0], rec[4], None, disk)
-
-    def _read(self, handle: Handle, name: str, disk: str, published: str) -> Entry:
-        raw, st = read_text(handle, name, _display(disk), self.limits.file_bytes)
-        text, counts = _publish_text(raw, _display(disk), self.limits)
-        return Entry(published, sha256_text(text), len(text.encode("utf-8")), st.st_mtime_ns,
-                     st.st_size, counts, text, disk)
 
 
 def _walk_codex(w: _Walker, root: Handle) -> None:
@@ -410,6 +442,7 @@ def snapshot(spec: SourceSpec, limits: Limits = _DEFAULT_LIMITS,
         return Snapshot(spec, "unreadable", _root_message(spec, exc), [], [])
     finally:
         close(root)
+    walker.flush()
     return Snapshot(spec, "ok", "", walker.files, walker.skipped)
 
 

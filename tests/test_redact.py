@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from sharedmem.redact import Finding, find, redact
+from sharedmem.redact import Finding, find, redact, redact_many
 
 _RNG = random.Random(20240611)
 UPPER_DIGITS = string.ascii_uppercase + string.digits
@@ -418,3 +418,25 @@ def test_fuzzed_mixtures_converge_in_one_call() -> None:
         assert find(out) == []
         assert redact(out) == (out, {})
         assert sum(counts.values()) == out.count("[REDACTED:") - "".join(parts).count("[REDACTED:")
+
+
+def test_redact_many_equals_redact_of_each() -> None:
+    # The batch only skips texts no lead touches; any difference from one call per text is a bug.
+    rng = random.Random(11)
+    fragments = ([p[1] + p[2] + p[3] for p in POSITIVES] + NEGATIVES + [pem(x) for x in PEM_LABELS]
+                 + ["plain prose with no secret at all", "to", "ken = 'hunter2hunter2'", "",
+                    "note [REDACTED:jwt] stays", "-----BEGIN", "\u212a" + "ey=abc", "sk-",
+                    "Ünïcödé ≠ ascii 🙂", "AKIA"])
+    batches = [[p[1] + p[2] + p[3] for p in POSITIVES], NEGATIVES, [], [""], ["a", "", "b"]]
+    for _ in range(150):
+        batches.append(["".join(rng.choice(fragments) for _ in range(rng.randint(0, 4)))
+                        for _ in range(rng.randint(1, 12))])
+    for texts in batches:
+        assert redact_many(texts) == [redact(t) for t in texts]
+
+
+@pytest.mark.parametrize("odd", ["TO\u212aEN = 'hunter2hunter2'", "İ password = 'hunter2hunter2'",
+                                 "lone \ud800 surrogate"])
+def test_redact_many_falls_back_for_characters_that_break_the_byte_scan(odd: str) -> None:
+    texts = ["clean text", odd, "api_key = 'zq8Xw2Lp0Rt7'"]
+    assert redact_many(texts) == [redact(t) for t in texts]
