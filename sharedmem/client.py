@@ -214,10 +214,14 @@ class Sync:
         """Encode each snapshot record while the server stores what was sent: it waits anyway."""
         for prepared in self.published:
             if prepared.record_json is None:
-                record = prepared.snap.record()
+                saved = prepared.saved.get("record")
+                files = prepared.snap.files
+                # Every file reused from the saved record, and as many: the record is unchanged.
                 prepared.unchanged = (prepared.saved.get("rules") == prepared.rules
-                                      and prepared.saved.get("record") == record)
-                prepared.record_json = json.dumps(record, ensure_ascii=False)
+                                      and isinstance(saved, dict) and len(saved) == len(files)
+                                      and all(e.text is None for e in files))
+                prepared.record_json = "" if prepared.unchanged else json.dumps(
+                    prepared.snap.record(), ensure_ascii=False)
 
     def _save_states(self) -> None:
         """Remember what each source published, for the next snapshot and delta; after the pull.
@@ -229,7 +233,8 @@ class Sync:
             acked = {"digest": prepared.digest} if prepared.acked else None
             if prepared.unchanged and acked == prepared.saved.get("acked"):
                 continue
-            text = (f'{{"rules": {json.dumps(prepared.rules)}, "record": {prepared.record_json}, '
+            record = prepared.record_json or json.dumps(prepared.snap.record(), ensure_ascii=False)
+            text = (f'{{"rules": {json.dumps(prepared.rules)}, "record": {record}, '
                     f'"acked": {json.dumps(acked)}}}')
             atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600, durable=False)
 

@@ -131,6 +131,30 @@ def test_sync_leaves_the_index_to_search(tmp_path):
     assert "machines/laptop/notes/d0/note-068.md" not in indexed_paths(cache, 71)
 
 
+def test_state_of_an_older_client_is_read_and_rewritten(tmp_path):
+    home = tmp_path / "laptop-home"
+    notes = make_memories(home, files=4)
+    store = tmp_path / "server" / "store.sqlite3"
+    cfg = config_for(tmp_path, home, "laptop", {"kind": "local", "store": str(store)})
+    assert sync_json(cfg)[0] == 0
+    state_file = tmp_path / "laptop" / "state" / "sources" / "notes.json"
+    state = json.loads(state_file.read_text())
+    assert set(state["acked"]) == {"digest"}  # the files are those of the record
+    state["acked"]["files"] = {p: r[2] for p, r in state["record"].items()}  # the older form
+    state_file.write_text(json.dumps(state))
+
+    code, again = sync_json(cfg)  # nothing changed on disk: only the state is rewritten
+    assert code == 0 and again["bytes"]["sent"] < 2000
+    rewritten = json.loads(state_file.read_text())
+    assert rewritten == {**state, "acked": {"digest": state["acked"]["digest"]}}
+
+    (notes / "d1" / "note-001.md").write_text("changed\n", encoding="utf-8")
+    code, third = sync_json(cfg)  # a delta against the acknowledged files: one body goes
+    assert code == 0 and third["bytes"]["sent"] < 2000
+    assert cache_files(tmp_path / "laptop" / "cache")["machines/laptop/notes/d1/note-001.md"] == (
+        "changed\n")
+
+
 def test_two_machines_share_one_store(tmp_path, sshd):
     for machine in ("laptop", "desktop"):
         home = tmp_path / f"{machine}-home"
