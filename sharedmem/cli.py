@@ -474,6 +474,17 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) == 3 and argv[0] == "mcp" and argv[1] == "--config":
         from sharedmem import mcp
         return mcp.main(argv[2])
+    if argv[:1] == ["sync"] and "--config" in argv[:-1]:
+        from sharedmem import prestart  # ssh's handshake overlaps loading the rest
+        prestart.start(argv[argv.index("--config") + 1])
+    try:
+        return _run(argv)
+    finally:
+        if "sharedmem.prestart" in sys.modules:
+            sys.modules["sharedmem.prestart"].discard()
+
+
+def _run(argv: list[str]) -> int:
     from sharedmem.core import SharedMemoryError
     args = parser().parse_args(argv)
     try:

@@ -5,8 +5,6 @@ Either way the session is the same newline-delimited JSON over the child's stdin
 
 from __future__ import annotations
 
-import os
-import shlex
 import subprocess
 import sys
 import threading
@@ -16,34 +14,17 @@ from typing import Any
 from sharedmem import __version__
 from sharedmem.config import ClientConfig, Transport
 from sharedmem.core import LAUNCHER, ProtocolError, TransportError
+from sharedmem.prestart import SSH_BASE as SSH_BASE
+from sharedmem.prestart import remote_words as remote_words
+from sharedmem.prestart import spawn, ssh_argv, take
 from sharedmem.protocol import VERSIONS, Channel, PeerError
-
-SSH_BASE = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15")
-
-
-def remote_words(command: tuple[str, ...] | list[str]) -> str:
-    """Quote a remote command for the server's shell, leaving a leading `~/` to expand there."""
-    words = []
-    for word in command:
-        if word.startswith("~/"):
-            words.append("~/" + shlex.quote(word[2:]))
-        else:
-            words.append(shlex.quote(word))
-    return " ".join(words)
 
 
 def ssh_command(transport: Transport) -> list[str]:
     """The ssh invocation for a transport; OpenSSH reads its own files, so options pass through."""
-    argv = list(SSH_BASE)
-    if transport.port is not None:
-        argv += ["-p", str(transport.port)]
-    if transport.identity is not None:
-        argv += ["-i", str(transport.identity), "-o", "IdentitiesOnly=yes"]
-    for option in transport.options:
-        argv += ["-o", option]
-    argv += ["--", str(transport.host), remote_words(transport.remote_command)]
-    return argv
+    return ssh_argv(str(transport.host), transport.port,
+                    None if transport.identity is None else str(transport.identity),
+                    transport.options, transport.remote_command)
 
 
 def server_command(config: ClientConfig, max_version: int | None = None) -> list[str]:
@@ -85,9 +66,7 @@ class Connection:
         self.where = (f"ssh {config.transport.host}" if config.transport.kind == "ssh"
                       else f"the local store {config.transport.store}")
         try:
-            self.process = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=_child_env(), start_new_session=True)
+            self.process = take(argv) or spawn(argv)  # ssh may have started before we loaded
         except OSError as exc:
             raise TransportError(f"cannot start {argv[0]!r} to reach {self.where}: {exc}; "
                                  "install OpenSSH's client or fix the transport") from None
@@ -182,9 +161,3 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("PYTHONIOENCODING", "utf-8")
-    return env
