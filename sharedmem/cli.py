@@ -484,9 +484,28 @@ def main(argv: Sequence[str]) -> int:
             sys.modules["sharedmem.prestart"].discard()
 
 
+def _quick_args(argv: list[str]) -> Any:
+    """`serve --store S [--machine M]`, as forced commands run it, parsed without argparse.
+
+    Anything else (other options, help, a missing value) gives None and goes to argparse.
+    """
+    if argv[:2] != ["serve", "--store"] or len(argv) not in (3, 5) or any(
+            a.startswith("-") for a in argv[2::2]) or len(argv) == 5 and argv[3] != "--machine":
+        return None
+    return _Args(command="serve", handler=run_serve, store=argv[2],
+                 machine=argv[4] if len(argv) == 5 else None, max_protocol=2)
+
+
+class _Args:
+    """The parsed arguments of a command parsed without argparse."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
+
+
 def _run(argv: list[str]) -> int:
     from sharedmem.core import SharedMemoryError
-    args = parser().parse_args(argv)
+    args = _quick_args(argv) or parser().parse_args(argv)
     try:
         return args.handler(args)
     except SharedMemoryError as exc:

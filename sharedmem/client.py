@@ -186,8 +186,8 @@ class Sync:
         source, snap = prepared.source, prepared.snap
         result: dict[str, Any] = {
             "source": source.name, "kind": source.kind, "path": str(source.path),
-            "files": len(snap.files), "skipped": [vars(s) for s in snap.skipped],
-            "problems": [vars(s) for s in snap.problems()], "refused": [], "redacted": {}}
+            "files": len(snap.files), "skipped": [s._asdict() for s in snap.skipped],
+            "problems": [s._asdict() for s in snap.problems()], "refused": [], "redacted": {}}
         if snap.status != "ok":
             result.update(status="unreadable", message=snap.message +
                           " (the server keeps what it already holds for this source)")

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import IO, Any
 
 from sharedmem.core import MIB, ProtocolError
+
+TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 VERSIONS = (1, 2)
 MAX_LINE_BYTES = 32 * MIB

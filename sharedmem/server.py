@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import IO, Any
 
 from sharedmem import __version__
 from sharedmem.core import (
@@ -24,6 +23,10 @@ from sharedmem.core import (
 )
 from sharedmem.protocol import VERSIONS, Channel, PeerError, choose_version, chunks, error, field
 from sharedmem.store import IncomingFile, StaleBase, Store
+
+TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 
 class Session:

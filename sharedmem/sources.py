@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
+from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharedmem.core import (
@@ -54,47 +54,36 @@ _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _DEFAULT_LIMITS = Limits()  # frozen, so one shared default is safe
 
 
-@dataclass(frozen=True)
-class SourceSpec:
-    """One configured source: its name, its kind and the folder that is walked."""
+# Plain named tuples, not dataclasses: `serve` loads this module, and the dataclasses module
+# alone (it loads `inspect`) costs every sync's server end about 10 ms before it can answer.
+class SourceSpec(namedtuple("SourceSpec", "name kind root")):
+    """One configured source: its name, its kind and the folder (a Path) that is walked."""
 
-    name: str
-    kind: str
-    root: Path
-
-
-@dataclass
-class Entry:
-    """One published file; `text` is None when reused from the previous record unread."""
-
-    path: str
-    sha256: str
-    size: int
-    mtime_ns: int
-    disk_size: int
-    redactions: dict[str, int]
-    text: str | None
-    disk_path: str = field(default="", repr=False, compare=False)
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
-class Skipped:
+class Entry(namedtuple("Entry", "path sha256 size mtime_ns disk_size redactions text disk_path",
+                       defaults=("",))):
+    """One published file.
+
+    Its published path, the sha256 and size of its redacted text, the file's mtime_ns and size
+    on disk, redaction counts, the text (None when reused from the previous record unread) and
+    where it lies below the source's root.
+    """
+
+    __slots__ = ()
+
+
+class Skipped(namedtuple("Skipped", "path reason message")):
     """A file or folder that was not published, with a reason code and a message for people."""
 
-    path: str
-    reason: str
-    message: str
+    __slots__ = ()
 
 
-@dataclass
-class Snapshot:
-    """What one source would publish right now, and what it left out."""
+class Snapshot(namedtuple("Snapshot", "spec status message files skipped")):
+    """What one source would publish right now (`files`), and what it left out (`skipped`)."""
 
-    spec: SourceSpec
-    status: str
-    message: str
-    files: list[Entry]
-    skipped: list[Skipped]
+    __slots__ = ()
 
     def problems(self) -> list[Skipped]:
         """Skipped entries that make a sync partial (policy exclusions are not problems)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharedmem import sources
@@ -35,30 +35,26 @@ BUSY_TIMEOUT_MS = 60_000
 
 
 
-@dataclass(frozen=True)
-class IncomingFile:
-    """A file a client publishes: its text, or only its sha256 when the server may have the body."""
+class IncomingFile(namedtuple("IncomingFile", "path sha256 size mtime_ns text redactions",
+                               defaults=(None, None, 0, None, None))):
+    """A file a client publishes: its text, or only its sha256 when the server may have the body.
 
-    path: str
-    sha256: str | None = None
-    size: int | None = None
-    mtime_ns: int = 0
-    text: str | None = None
-    redactions: dict[str, int] | None = None  # set when the server redacted `text` as it arrived
+    `redactions` is set when the server already redacted `text` as it arrived.
+    """
+
+    __slots__ = ()
 
 
-@dataclass
 class IngestReport:
     """What one namespace ingest stored and refused."""
 
-    machine: str
-    source: str
-    generation: int
-    accepted: int = 0
-    unchanged: bool = False
-    refused: list[dict[str, str]] = field(default_factory=list)
-    redacted: dict[str, int] = field(default_factory=dict)
-    stored: dict[str, str] = field(default_factory=dict)
+    def __init__(self, machine: str, source: str, generation: int) -> None:
+        self.machine, self.source, self.generation = machine, source, generation
+        self.accepted = 0
+        self.unchanged = False
+        self.refused: list[dict[str, str]] = []
+        self.redacted: dict[str, int] = {}
+        self.stored: dict[str, str] = {}
 
 
 class StaleBase(StoreError):

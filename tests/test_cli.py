@@ -207,3 +207,24 @@ def test_export_writes_the_published_tree(tmp_path):
     proc = run_cli("export", "--store", str(store), "--out", str(busy))
     assert proc.returncode == 2 and "not empty" in proc.stderr
     assert [p.name for p in busy.iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize("argv,quick", [
+    (["serve", "--store", "/s.db"], {"store": "/s.db", "machine": None}),
+    (["serve", "--store", "/s.db", "--machine", "laptop"], {"store": "/s.db", "machine": "laptop"}),
+    (["serve", "--store"], None),
+    (["serve", "--store", "--machine", "laptop"], None),
+    (["serve", "--store", "/s.db", "--max-protocol", "1"], None),
+    (["serve", "--store", "/s.db", "--machine"], None),
+    (["serve", "--machine", "laptop", "--store", "/s.db"], None),
+    (["sync", "--store", "/s.db"], None),
+])
+def test_forced_command_serve_is_parsed_without_argparse(argv: list[str], quick: dict | None) -> None:
+    args = cli._quick_args(argv)
+    if quick is None:
+        assert args is None  # argparse parses it, and explains what is wrong
+    else:
+        full = cli.parser().parse_args(argv)
+        assert {k: getattr(args, k) for k in ("store", "machine", "max_protocol", "handler")} == {
+            k: getattr(full, k) for k in ("store", "machine", "max_protocol", "handler")}
+        assert (args.store, args.machine) == (quick["store"], quick["machine"])
