@@ -13,21 +13,20 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
+from collections import namedtuple
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 MARKER_PREFIX = "[REDACTED:"
 _MARKER = re.compile(r"\[REDACTED:[a-z-]{1,40}\]")
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One credential: its kind and where it sits (never its text), so reports cannot leak it."""
+class Finding(namedtuple("Finding", "kind start end line")):
+    """One credential: its kind and where it sits (never its text), so reports cannot leak it.
 
-    kind: str
-    start: int
-    end: int
-    line: int
+    `start` and `end` are offsets in the text, `line` is 1-based.
+    """
+
+    __slots__ = ()
 
 
 def marker(kind: str) -> str:
@@ -39,14 +38,16 @@ Span = tuple[int, int]
 _Check = Callable[[re.Match[str]], Span | None]
 
 
-@dataclass(frozen=True)
-class _Rule:
-    kind: str
-    lead: tuple[re.Pattern[str], ...]  # `regex` can only start where one of these matches
-    regex: re.Pattern[str]  # tried with .match() at each lead position only
-    priority: int  # lower is more specific and names a merged span
-    check: _Check | None = None  # None: take group "s" (or the whole match) as it is
-    folded: bool = False  # leads are lower-case and run over the lower-cased text
+class _Rule(namedtuple("_Rule", "kind lead regex priority check folded")):
+    """One rule, written as strings and compiled by `_rules` on first need.
+
+    `regex` (tried with .match) can only start where one of the `lead` patterns matches; a
+    lower `priority` is more specific and names a merged span; `check` accepts a match (None:
+    take group "s" or the whole match as it is); `folded` leads are lower-case and run over the
+    lower-cased text.
+    """
+
+    __slots__ = ()
 
 
 _NB = r"(?<![A-Za-z0-9])"  # a token must not start inside a longer word
@@ -147,16 +148,18 @@ _B64 = r"A-Za-z0-9/+"
 
 def _rule(kind: str, lead: str | tuple[str, ...], pattern: str, priority: int = 1,
           check: _Check | None = None, folded: bool = False) -> _Rule:
-    """Compile one rule at import time.
+    """One rule, as text; `_rules` compiles them all the first time a text needs them.
 
     Each `lead` pattern starts with a literal, so the regex engine skips to it as fast as
-    str.find; the full pattern is then tried only at those places.
+    str.find; the full pattern is then tried only at those places. Most texts match no lead at
+    all (`redact_many` finds that out with the leads alone), so compiling the full patterns is
+    left until one does.
     """
-    leads = tuple(re.compile(x) for x in ((lead,) if isinstance(lead, str) else lead))
-    return _Rule(kind, leads, re.compile(pattern), priority, check, folded)
+    return _Rule(kind, (lead,) if isinstance(lead, str) else lead, pattern, priority, check,
+                 folded)
 
 
-_RULES: tuple[_Rule, ...] = (
+_RULE_TEXT: tuple[_Rule, ...] = (
     _rule("aws-access-key", r"A(?:KIA|SIA|BIA|CCA)",
           _NB + r"(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
     _rule("aws-secret-key", "secret",
@@ -193,11 +196,18 @@ _RULES: tuple[_Rule, ...] = (
     _rule("generic-secret", tuple(k + _NEAR_OPERATOR for k in _KEYWORD_STARTS), _GENERIC, 3,
           _check_generic, folded=True),
 )
-_FOLDED_LEADS = {
-    r.kind: re.compile("|".join(x.pattern for x in r.lead), re.IGNORECASE)
-    for r in _RULES
-    if r.folded
-}
+_COMPILED: list[tuple[tuple[_Rule, ...], dict[str, re.Pattern[str]]]] = []
+
+
+def _rules() -> tuple[tuple[_Rule, ...], dict[str, re.Pattern[str]]]:
+    """The rules compiled, and each folded rule's leads as one case-insensitive pattern."""
+    if not _COMPILED:
+        rules = tuple(r._replace(lead=tuple(re.compile(x) for x in r.lead),
+                                 regex=re.compile(r.regex)) for r in _RULE_TEXT)
+        folded = {r.kind: re.compile("|".join(r.lead), re.IGNORECASE)
+                  for r in _RULE_TEXT if r.folded}
+        _COMPILED.append((rules, folded))
+    return _COMPILED[0]
 
 _PEM_BEGIN = re.compile(r"-----BEGIN (?P<label>[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?)-----")
 _PEM_TAIL = re.compile(r"[^\r\n]*(?:\r?\n[^\r\n]+)*")  # an unterminated block: up to a blank line
@@ -227,7 +237,7 @@ def _pem_spans(text: str) -> Iterator[Span]:
 def _lead_positions(rule: _Rule, text: str, lowered: str | None) -> list[int]:
     """Where the rule's leads match, in order: the only places its full pattern can start."""
     if rule.folded and lowered is None:  # lower() changed the length: offsets would not line up
-        return [m.start() for m in _FOLDED_LEADS[rule.kind].finditer(text)]
+        return [m.start() for m in _rules()[1][rule.kind].finditer(text)]
     hay = lowered if rule.folded and lowered is not None else text
     found: list[int] = []
     for lead in rule.lead:
@@ -265,7 +275,7 @@ def _candidates(text: str) -> list[tuple[int, int, int, str]]:
     if len(lowered) != len(text):
         lowered = None
     found = [(s, e, 0, "private-key") for s, e in _pem_spans(text)]
-    for rule in _RULES:
+    for rule in _rules()[0]:
         found.extend((s, e, rule.priority, rule.kind) for s, e in _scan(rule, text, lowered))
     return found
 
@@ -381,8 +391,7 @@ _BYTE_LEADS: list[tuple[bool, re.Pattern[bytes]]] = []
 def _byte_leads() -> list[tuple[bool, re.Pattern[bytes]]]:
     """(folded, pattern) for every rule's leads, compiled for bytes on first use."""
     if not _BYTE_LEADS:
-        for rule in _RULES:
+        for rule in _RULE_TEXT:
             for lead in rule.lead:
-                assert lead.pattern.isascii() and not lead.flags & re.IGNORECASE
-                _BYTE_LEADS.append((rule.folded, re.compile(lead.pattern.encode("ascii"))))
+                _BYTE_LEADS.append((rule.folded, re.compile(lead.encode("ascii"))))
     return _BYTE_LEADS
