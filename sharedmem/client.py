@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sharedmem import __version__, sources
-from sharedmem.cache import Cache, NamespaceInfo, Outbox
+from sharedmem.cache import Cache, CachedFile, NamespaceInfo, Outbox
 from sharedmem.config import ClientConfig, SourceConfig
 from sharedmem.core import (
     MACHINES_DIR,
@@ -104,6 +104,8 @@ class Sync:
         self.outbox = Outbox(config.state / "outbox")
         self.have: dict[str, str] = {}
         self.cached: dict[str, str] = {}
+        self.snapshots: list[_Prepared] = []
+        self.last_to_publish: _Prepared | None = None
         self.staging = Staging(self.cache.meta)
         self.published: list[_Prepared] = []
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
@@ -124,6 +126,9 @@ class Sync:
 
                 conn.hello(meanwhile)
                 self.report["protocol"] = conn.version
+                self.snapshots = snapshots
+                ok = [p for p in snapshots if p.snap.status == "ok"]
+                self.last_to_publish = ok[-1] if ok else None
                 for prepared in snapshots:
                     self.report["sources"].append(self._publish(conn, prepared))
                 self._deliver(conn)
@@ -223,6 +228,16 @@ class Sync:
                 prepared.record_json = "" if prepared.unchanged else json.dumps(
                     prepared.snap.record(), ensure_ascii=False)
 
+    def _expect_cache(self) -> None:
+        """The cache's files after this sync if the server takes every file as it was sent."""
+        own = {f"{MACHINES_DIR}/{self.config.machine}/{p.source.name}": p.snap.files
+               for p in self.snapshots if p.snap.status == "ok"}
+        files = {k: v for k, v in self.cache.load().files.items() if v.namespace not in own}
+        for key, entries in own.items():
+            for e in entries:
+                files[f"{key}/{e.path}"] = CachedFile(e.sha256, e.size, key)
+        self.cache.expect(files)
+
     def _save_states(self) -> None:
         """Remember what each source published, for the next snapshot and delta; after the pull.
 
@@ -275,6 +290,8 @@ class Sync:
         conn.channel.send({"type": "commit", "source": spec.name})
         self.published.append(prepared)
         self._prepare_states()  # while the server redacts and commits
+        if prepared is self.last_to_publish:
+            self._expect_cache()
         return conn.channel.expect("result")
 
     def _deliver(self, conn: Connection) -> None:

@@ -12,6 +12,7 @@ import pytest
 from sharedmem.cache import (
     NOTES_NAMESPACE,
     Cache,
+    CachedFile,
     NamespaceInfo,
     Outbox,
     namespace_key,
@@ -252,6 +253,29 @@ def test_manifest_rewritten_only_when_files_change(cache: Cache) -> None:
     assert cache.manifest_path.stat().st_ino != files_before.st_ino
     assert cache.load().files[f"{A}/a.md"].sha256 == sha256_text("alpha changed\n")
     assert cache.load().server == server
+
+
+def test_an_expected_manifest_is_used_only_when_the_pull_matches_it(cache: Cache) -> None:
+    fresh = Cache(cache.root)
+    change = [up(f"{A}/a.md", "alpha 2\n")]
+    wanted = dict(cache.load().files)
+    wanted[f"{A}/a.md"] = CachedFile(sha256_text("alpha 2\n"), 8, A)
+    wrong = {**wanted, f"{A}/ghost.md": CachedFile("0" * 64, 1, A)}  # a different guess
+
+    cache.expect(wrong)
+    cache.apply(change, [], spaces(A, B, NOTES_NAMESPACE))
+    assert fresh.load().files == wanted  # encoded afresh: the guess did not match
+
+    cache.expect(dict(wanted))
+    cache.apply([up(f"{A}/a.md", "alpha 2\n")], [], spaces(A, B, NOTES_NAMESPACE))
+    assert Cache(cache.root).load().files == wanted
+
+    again = {**wanted, f"{A}/a.md": CachedFile(sha256_text("alpha 3\n"), 8, A)}
+    cache.expect(again)
+    cache.apply([up(f"{A}/a.md", "alpha 3\n")], [], spaces(A, B, NOTES_NAMESPACE))
+    assert Cache(cache.root).load().files == again
+    assert json.loads(cache.manifest_path.read_text())["files"][f"{A}/a.md"] == [
+        sha256_text("alpha 3\n"), 8, A]
 
 
 def test_a_rewrite_within_one_timestamp_tick_is_still_seen(cache: Cache) -> None:
