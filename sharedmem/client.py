@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sharedmem import __version__, sources
-from sharedmem.cache import Cache, CachedFile, NamespaceInfo, Outbox
+from sharedmem.cache import Cache, CachedFile, NamespaceInfo, Outbox, QueuedNote
 from sharedmem.config import ClientConfig, SourceConfig
 from sharedmem.core import (
     MACHINES_DIR,
@@ -105,6 +105,8 @@ class Sync:
         self.have: dict[str, str] = {}
         self.cached: dict[str, str] = {}
         self.snapshots: list[_Prepared] = []
+        self.known: dict[str, int] = {}
+        self.sent_notes: list[tuple[Path, QueuedNote]] | None = None
         self.last_to_publish: _Prepared | None = None
         self.staging = Staging(self.cache.meta)
         self.published: list[_Prepared] = []
@@ -117,10 +119,9 @@ class Sync:
         try:
             with sync_lock(self.config.state), Connection(self.config, self.max_version) as conn:
                 snapshots: list[_Prepared] = []
-                known: dict[str, int] = {}
 
                 def meanwhile() -> None:
-                    known.update(self._known())
+                    self.known = self._known()
                     snapshots.extend(map(self._snapshot, self.config.sources))
                     self.staging.flush()
 
@@ -132,7 +133,7 @@ class Sync:
                 for prepared in snapshots:
                     self.report["sources"].append(self._publish(conn, prepared))
                 self._deliver(conn)
-                self.report["pull"] = self._pull(conn, known)
+                self.report["pull"] = self._pull(conn)
                 self._save_states()
                 self.report["bytes"] = {"sent": conn.channel.sent,
                                         "received": conn.channel.received}
@@ -289,15 +290,32 @@ class Sync:
             conn.channel.send({"type": "bodies", "source": spec.name, "bodies": batch})
         conn.channel.send({"type": "commit", "source": spec.name})
         self.published.append(prepared)
-        self._prepare_states()  # while the server redacts and commits
         if prepared is self.last_to_publish:
+            self._request(conn)
             self._expect_cache()
+        self._prepare_states()  # while the server redacts and commits
         return conn.channel.expect("result")
 
-    def _deliver(self, conn: Connection) -> None:
-        for path, note in self.outbox.pending():
+    def _request(self, conn: Connection) -> None:
+        """Send the queued notes and the pull request without waiting for the answers.
+
+        The server answers in order. After the last commit a sync sends these at once, so the
+        server goes on to them while this side prepares its records.
+        """
+        if self.sent_notes is not None:
+            return
+        self.sent_notes = self.outbox.pending()
+        for _, note in self.sent_notes:
             conn.channel.send({"type": "note", "note_id": note.note_id,
                                "filename": note.filename, "text": note.text})
+        if conn.version == 1:
+            conn.channel.send({"type": "export"})
+        else:
+            conn.channel.send({"type": "pull", "known": self.known, "have": sorted(self.have)})
+
+    def _deliver(self, conn: Connection) -> None:
+        self._request(conn)
+        for path, note in self.sent_notes or []:
             reply = conn.channel.expect("note_result")
             if reply.get("status") == "refused":
                 self.report["notes"]["refused"].append(
@@ -316,12 +334,8 @@ class Sync:
         stale = self.cache.tampered_namespaces()
         return {k: (0 if k in stale else ns.generation) for k, ns in manifest.namespaces.items()}
 
-    def _pull(self, conn: Connection, known: dict[str, int] | None = None) -> dict[str, Any]:
-        known = self._known() if known is None else known
-        if conn.version == 1:
-            conn.channel.send({"type": "export"})
-        else:
-            conn.channel.send({"type": "pull", "known": known, "have": sorted(self.have)})
+    def _pull(self, conn: Connection) -> dict[str, Any]:
+        self._request(conn)
         head = conn.channel.expect("namespaces")
         upserts: list[tuple[str, str, str]] = []
         while (part := conn.channel.expect("files", "end"))["type"] == "files":
@@ -404,6 +418,7 @@ def submit_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any
     try:
         with sync_lock(config.state, wait=30), Connection(config) as conn:
             conn.hello()
+            runner.known = runner._known()
             runner._deliver(conn)
             runner._pull(conn)
     except SharedMemoryError as exc:
