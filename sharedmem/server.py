@@ -154,6 +154,8 @@ class Session:
             raise PeerError("bad-field", "manifest needs files (whole) or base (delta)")
         need = self.store.missing({sha for _, sha, _, _ in entries})
         self.channel.send({"type": "need", "source": source, "sha256": need})
+        if need and "sharedmem.redact" not in sys.modules:
+            _load_redactor_meanwhile()
         bodies: dict[str, tuple[str, dict[str, int]]] = {}
         wanted = set(need)
         while True:
@@ -235,6 +237,17 @@ class Session:
         self.channel.send({"type": "status", "server": f"sharedmem/{__version__}",
                            "schema": self.store.schema_version(),
                            "namespaces": self.store.namespaces()})
+
+
+def _load_redactor_meanwhile() -> None:
+    """Load and compile the redactor on a thread while the client sends the bodies it needs."""
+    import threading
+
+    def load() -> None:
+        from sharedmem.redact import prepare
+        prepare()
+
+    threading.Thread(target=load, daemon=True, name="sharedmem-redact").start()
 
 
 def _backup_first(path: Path, old_version: int) -> None:

@@ -93,8 +93,7 @@ class Staging:
         self._queue.put(None)
         assert self._feeder is not None and self._child.stdout is not None
         self._feeder.join()
-        report = self._child.stdout.read()
-        self._child.wait()
+        report = self._child.stdout.read()  # ends when the helper closes it, before it exits
         self.written = {int(n) for n in report.split() if n.isdigit()}
 
     def move(self, path: str, sha: str, target: Path) -> bool:
@@ -110,8 +109,9 @@ class Staging:
 
     def discard(self) -> None:
         """Stop the helper and remove every staged file, also those a killed sync left."""
-        if self._child is not None and self._child.poll() is None:
-            self._child.kill()
+        if self._child is not None:
+            if self._child.poll() is None:
+                self._child.kill()
             self._child.wait()
         if self._feeder is not None:
             self._queue.put(None)
@@ -149,8 +149,9 @@ def _helper(folder: str) -> int:
             break
         written.append(str(number))
     sys.stdout.write("\n".join(written))
+    sys.stdout.close()  # the sync goes on as soon as it has read this; it reaps us later
     return status
 
 
 if __name__ == "__main__":
-    sys.exit(_helper(sys.argv[1]))
+    os._exit(_helper(sys.argv[1]))  # nothing left to flush or close
