@@ -15,7 +15,6 @@ before staging anything.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -119,7 +118,13 @@ class Staging:
         self._child, self._feeder = None, None
         self.numbers.clear()
         self.written.clear()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        try:
+            os.rmdir(self.folder)  # the usual end: every staged file was moved into place
+        except FileNotFoundError:
+            pass
+        except OSError:
+            import shutil
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _helper(folder: str) -> int:

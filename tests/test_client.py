@@ -193,9 +193,11 @@ def test_unreachable_server_keeps_cache_and_queues_note(tmp_path, sshd):
     before = cache_files(cache)
     meta_before = {p.name: p.read_bytes() for p in (cache / ".sharedmem").glob("*.json")}
     sshd.stop()
-    code, report = sync_json(cfg)
+    (home / "notes" / "d1" / "note-001.md").write_text("changed offline\n", encoding="utf-8")
+    code, report = sync_json(cfg)  # the changed file was staged, then the sync failed
     assert code == 2 and "cannot reach" in report["error"]
     assert cache_files(cache) == before
+    assert not (cache / ".sharedmem" / "staging").exists()
     assert {p.name: p.read_bytes() for p in (cache / ".sharedmem").glob("*.json")} == meta_before
     note = run_cli("note", "--config", str(cfg), "2026-11-30T10-00-00-offline-idea.md",
                    "remember the offline idea", "--json")

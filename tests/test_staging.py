@@ -1,0 +1,102 @@
+"""Files written ahead by the staging helper: moved in only for the same path and sha256."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sharedmem import staging as staging_mod
+from sharedmem.cache import Cache, NamespaceInfo
+from sharedmem.core import sha256_text
+from sharedmem.staging import Staging
+
+NS = "machines/laptop/notes"
+
+
+def items(count: int, tag: str = "") -> list[tuple[str, str, str]]:
+    texts = [f"# note {i}{tag}\n" + "body ü\n" * i for i in range(count)]
+    return [(f"{NS}/d{i % 3}/n{i}.md", sha256_text(t), t) for i, t in enumerate(texts)]
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Cache:
+    return Cache(tmp_path / "cache")
+
+
+def staged(cache: Cache, batch: list[tuple[str, str, str]]) -> Staging:
+    stage = Staging(cache.meta)
+    for path, sha, text in batch:
+        stage.add(path, sha, text)
+    stage.flush()
+    stage.wait()
+    return stage
+
+
+def test_staged_files_are_moved_in_by_apply(cache: Cache) -> None:
+    batch = items(40)
+    stage = staged(cache, batch)
+    assert stage.written == set(range(40))
+    assert len(list(stage.folder.iterdir())) == 40
+    info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
+    done = cache.apply(batch, [], info, staged=stage)
+    assert done["written"] == 40
+    assert list(stage.folder.iterdir()) == []  # every one moved, none copied
+    for path, _, text in batch:
+        assert (cache.root / path).read_text(encoding="utf-8") == text
+    stage.discard()
+    assert not stage.folder.exists()
+
+
+def test_only_the_same_path_and_sha_is_moved(cache: Cache) -> None:
+    batch = items(3)
+    stage = staged(cache, batch)
+    other = "# the server redacted this one differently\n"
+    pulled = [batch[0], (batch[1][0], sha256_text(other), other)]  # and batch[2] not pulled
+    cache.apply(pulled, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
+                staged=stage)
+    assert (cache.root / batch[1][0]).read_text(encoding="utf-8") == other
+    assert not (cache.root / batch[2][0]).exists()
+    assert sorted(p.name for p in stage.folder.iterdir()) == ["1.part", "2.part"]  # for discard
+    stage.discard()
+    assert not stage.folder.exists()
+
+
+def test_discard_stops_the_helper_and_removes_leftovers(cache: Cache) -> None:
+    leftover = cache.meta / "staging" / "7.part"  # what a killed sync left
+    leftover.parent.mkdir(parents=True)
+    leftover.write_text("old")
+    stage = Staging(cache.meta)
+    stage.add(*items(1)[0])  # starting the helper empties the folder first
+    assert not leftover.exists()
+    stage.discard()  # before wait(): the helper is stopped, nothing is left
+    assert not stage.folder.exists() and stage.numbers == {}
+
+
+def test_a_helper_that_could_not_write_leaves_the_writing_to_apply(cache: Cache) -> None:
+    batch = items(5)
+    stage = Staging(cache.meta)
+    stage.add(*batch[0])
+    (stage.folder / "1.part").mkdir()  # the helper's second file cannot be created
+    for item in batch[1:]:
+        stage.add(*item)
+    stage.flush()
+    stage.wait()
+    assert stage.written == {0}
+    cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
+                staged=stage)
+    for path, _, text in batch:
+        assert (cache.root / path).read_text(encoding="utf-8") == text
+    stage.discard()
+
+
+def test_the_helper_refuses_a_short_record(tmp_path: Path) -> None:
+    folder = tmp_path / "staging"
+    folder.mkdir()
+    proc = subprocess.run([sys.executable, "-I", staging_mod.__file__, str(folder)],
+                          input=b"0 3\nabc1 10\nshort", capture_output=True, timeout=30)
+    assert proc.returncode == 1 and proc.stdout == b"0"
+    assert [p.name for p in folder.iterdir()] == ["0.part"]
+    assert (folder / "0.part").read_bytes() == b"abc"
