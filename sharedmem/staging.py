@@ -23,13 +23,16 @@ from queue import SimpleQueue
 
 STAGING_DIR = "staging"
 BATCH_BYTES = 1 << 20  # texts go to the helper in batches: one GIL hand-off per batch
+MIN_FILES = 256  # below this, starting a helper costs more than apply's own writes
 
 
 class Staging:
     """The staged files of one sync, keyed by (cache path, sha256)."""
 
-    def __init__(self, meta: Path) -> None:
+    def __init__(self, meta: Path, min_files: int = MIN_FILES) -> None:
         self.folder = meta / STAGING_DIR
+        self.min_files = min_files
+        self._count = 0
         self.numbers: dict[tuple[str, str], int] = {}
         self.written: set[int] = set()
         self._batch: list[bytes] = []
@@ -40,27 +43,28 @@ class Staging:
         self._failed = False
 
     def add(self, path: str, sha: str, text: str) -> None:
-        """Queue one file; the helper starts with the first."""
+        """Queue one file; the helper starts once there are `min_files` of them."""
         if self._failed or (path, sha) in self.numbers:
             return
-        if self._child is None and not self._start():
-            return
-        number = len(self.numbers)
+        number = self._count
+        self._count += 1
         self.numbers[(path, sha)] = number
         data = text.encode("utf-8")
         self._batch += (b"%d %d\n" % (number, len(data)), data)
         self._size += len(data)
+        if self._child is None and (number + 1 < self.min_files or not self._start()):
+            return
         if self._size >= BATCH_BYTES:
             self.flush()
 
     def flush(self) -> None:
         """Hand what is queued to the helper now (the caller is about to wait on the server)."""
-        if self._batch:
+        if self._batch and self._child is not None:
             self._queue.put(b"".join(self._batch))
             self._batch, self._size = [], 0
 
     def _start(self) -> bool:
-        self.discard()
+        self._remove_folder()  # what a killed sync left
         self._queue = SimpleQueue()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -69,6 +73,7 @@ class Staging:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except OSError:
             self._failed = True  # nothing staged: apply writes every file itself
+            self._batch, self._size = [], 0
             return False
         self._feeder = threading.Thread(target=self._feed, daemon=True, name="sharedmem-staging")
         self._feeder.start()
@@ -118,6 +123,10 @@ class Staging:
         self._child, self._feeder = None, None
         self.numbers.clear()
         self.written.clear()
+        self._batch, self._size, self._count = [], 0, 0
+        self._remove_folder()
+
+    def _remove_folder(self) -> None:
         try:
             os.rmdir(self.folder)  # the usual end: every staged file was moved into place
         except FileNotFoundError:

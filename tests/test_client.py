@@ -193,8 +193,10 @@ def test_unreachable_server_keeps_cache_and_queues_note(tmp_path, sshd):
     before = cache_files(cache)
     meta_before = {p.name: p.read_bytes() for p in (cache / ".sharedmem").glob("*.json")}
     sshd.stop()
-    (home / "notes" / "d1" / "note-001.md").write_text("changed offline\n", encoding="utf-8")
-    code, report = sync_json(cfg)  # the changed file was staged, then the sync failed
+    for i in range(300):  # enough new files to start the staging helper
+        (home / "notes" / "new" / f"n{i}.md").parent.mkdir(parents=True, exist_ok=True)
+        (home / "notes" / "new" / f"n{i}.md").write_text(f"new {i}\n", encoding="utf-8")
+    code, report = sync_json(cfg)  # the new files were staged, then the sync failed
     assert code == 2 and "cannot reach" in report["error"]
     assert cache_files(cache) == before
     assert not (cache / ".sharedmem" / "staging").exists()

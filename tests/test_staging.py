@@ -27,7 +27,7 @@ def cache(tmp_path: Path) -> Cache:
 
 
 def staged(cache: Cache, batch: list[tuple[str, str, str]]) -> Staging:
-    stage = Staging(cache.meta)
+    stage = Staging(cache.meta, min_files=1)
     for path, sha, text in batch:
         stage.add(path, sha, text)
     stage.flush()
@@ -64,11 +64,30 @@ def test_only_the_same_path_and_sha_is_moved(cache: Cache) -> None:
     assert not stage.folder.exists()
 
 
+def test_a_few_files_are_left_to_apply_without_a_helper(cache: Cache) -> None:
+    batch = items(3)
+    stage = Staging(cache.meta, min_files=4)
+    for item in batch:
+        stage.add(*item)
+    stage.flush()
+    stage.wait()
+    assert stage.written == set() and not stage.folder.exists()  # no helper was started
+    cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
+                staged=stage)
+    for path, _, text in batch:
+        assert (cache.root / path).read_text(encoding="utf-8") == text
+    stage.add(*items(5, "b")[4])  # the fourth file starts the helper with all four
+    stage.flush()
+    stage.wait()
+    assert stage.written == {0, 1, 2, 3}
+    stage.discard()
+
+
 def test_discard_stops_the_helper_and_removes_leftovers(cache: Cache) -> None:
     leftover = cache.meta / "staging" / "7.part"  # what a killed sync left
     leftover.parent.mkdir(parents=True)
     leftover.write_text("old")
-    stage = Staging(cache.meta)
+    stage = Staging(cache.meta, min_files=1)
     stage.add(*items(1)[0])  # starting the helper empties the folder first
     assert not leftover.exists()
     stage.discard()  # before wait(): the helper is stopped, nothing is left
@@ -77,7 +96,7 @@ def test_discard_stops_the_helper_and_removes_leftovers(cache: Cache) -> None:
 
 def test_a_helper_that_could_not_write_leaves_the_writing_to_apply(cache: Cache) -> None:
     batch = items(5)
-    stage = Staging(cache.meta)
+    stage = Staging(cache.meta, min_files=1)
     stage.add(*batch[0])
     (stage.folder / "1.part").mkdir()  # the helper's second file cannot be created
     for item in batch[1:]:
