@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import time
@@ -313,14 +314,25 @@ def confine(root: Path, relpath: str, *, folder: bool = False) -> Path:
     return target
 
 
+_TEMP_NUMBERS = itertools.count()
+
+
 def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: bool = True) -> None:
     """Write `data` to `path` so readers see the old file or the new one, never a part.
 
-    `durable` also fsyncs the data first; a derived copy (the cache) may skip that cost.
+    `durable` also fsyncs the data first; a derived copy (the cache) may skip that cost. The
+    temporary name is unique to this process (pid and a counter, created exclusively), which
+    spares every sync loading `tempfile` and `random` for it.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    import tempfile
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=path.parent)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = path.parent / f".tmp-{os.getpid()}-{next(_TEMP_NUMBERS)}.part"
+        try:
+            fd = os.open(tmp, flags, 0o600)
+            break
+        except FileExistsError:  # left by a dead process that had our pid
+            continue
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
