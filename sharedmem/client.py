@@ -292,6 +292,7 @@ class Sync:
         self.published.append(prepared)
         if prepared is self.last_to_publish:
             self._request(conn)
+            self.staging.write_ahead()
             self._expect_cache()
         self._prepare_states()  # while the server redacts and commits
         return conn.channel.expect("result")

@@ -32,36 +32,61 @@ class Staging:
     def __init__(self, meta: Path, min_files: int = MIN_FILES) -> None:
         self.folder = meta / STAGING_DIR
         self.min_files = min_files
-        self._count = 0
         self.numbers: dict[tuple[str, str], int] = {}
         self.written: set[int] = set()
-        self._batch: list[bytes] = []
+        self._pending: list[tuple[int, bytes]] = []  # not yet handed to the helper or a thread
         self._size = 0
         self._child: subprocess.Popen[bytes] | None = None
         self._queue: SimpleQueue[bytes | None] = SimpleQueue()
         self._feeder: threading.Thread | None = None
+        self._writer: threading.Thread | None = None
+        self._stop = threading.Event()
         self._failed = False
 
     def add(self, path: str, sha: str, text: str) -> None:
         """Queue one file; the helper starts once there are `min_files` of them."""
         if self._failed or (path, sha) in self.numbers:
             return
-        number = self._count
-        self._count += 1
+        number = len(self.numbers)
         self.numbers[(path, sha)] = number
         data = text.encode("utf-8")
-        self._batch += (b"%d %d\n" % (number, len(data)), data)
+        self._pending.append((number, data))
         self._size += len(data)
-        if self._child is None and (number + 1 < self.min_files or not self._start()):
+        if self._child is None and (len(self.numbers) < self.min_files or not self._start()):
             return
         if self._size >= BATCH_BYTES:
             self.flush()
 
     def flush(self) -> None:
         """Hand what is queued to the helper now (the caller is about to wait on the server)."""
-        if self._batch and self._child is not None:
-            self._queue.put(b"".join(self._batch))
-            self._batch, self._size = [], 0
+        if self._pending and self._child is not None:
+            self._queue.put(b"".join(b"%d %d\n%s" % (n, len(d), d) for n, d in self._pending))
+            self._pending, self._size = [], 0
+
+    def write_ahead(self) -> None:
+        """Write files too few for the helper on a thread, while this process waits on the server.
+
+        Called after the last commit: the main thread then mostly waits on a pipe, so the
+        writes cost the sync nothing (a thread would slow the walk, which holds the GIL).
+        """
+        if self._child is not None or self._writer is not None or not self._pending:
+            return
+        items, self._pending, self._size = self._pending, [], 0
+        self._remove_folder()
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return
+        self._stop.clear()
+        self._writer = threading.Thread(target=self._write, args=(items,), daemon=True,
+                                        name="sharedmem-staging")
+        self._writer.start()
+
+    def _write(self, items: list[tuple[int, bytes]]) -> None:
+        for number, data in items:
+            if self._stop.is_set() or not _write_new(self.folder / f"{number}.part", data):
+                return
+            self.written.add(number)
 
     def _start(self) -> bool:
         self._remove_folder()  # what a killed sync left
@@ -73,7 +98,7 @@ class Staging:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except OSError:
             self._failed = True  # nothing staged: apply writes every file itself
-            self._batch, self._size = [], 0
+            self._pending, self._size = [], 0
             return False
         self._feeder = threading.Thread(target=self._feed, daemon=True, name="sharedmem-staging")
         self._feeder.start()
@@ -90,29 +115,37 @@ class Staging:
             pass  # the helper stopped (a full disk?): what it did not write is written by apply
 
     def wait(self) -> None:
-        """Let the helper finish; afterwards `move` may take any file it wrote."""
-        if self._child is None:
+        """Let the helper (or the thread) finish; then `move` may take any file written."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._child is None or self._feeder is None:
             return
         self.flush()
         self._queue.put(None)
-        assert self._feeder is not None and self._child.stdout is not None
+        assert self._child.stdout is not None
         self._feeder.join()
+        self._feeder = None
         report = self._child.stdout.read()  # ends when the helper closes it, before it exits
         self.written = {int(n) for n in report.split() if n.isdigit()}
 
     def move(self, path: str, sha: str, target: Path) -> bool:
         """Rename the staged text of `path` at `sha` onto `target`; False when there is none."""
-        number = self.numbers.pop((path, sha), None)
+        number = self.numbers.get((path, sha))
         if number is None or number not in self.written:
             return False
         try:
             os.replace(self.folder / f"{number}.part", target)
         except OSError:
             return False
+        self.written.discard(number)
         return True
 
     def discard(self) -> None:
-        """Stop the helper and remove every staged file, also those a killed sync left."""
+        """Stop the helper or thread and remove every staged file, also a killed sync's."""
+        self._stop.set()
+        if self._writer is not None:
+            self._writer.join()
         if self._child is not None:
             if self._child.poll() is None:
                 self._child.kill()
@@ -120,10 +153,10 @@ class Staging:
         if self._feeder is not None:
             self._queue.put(None)
             self._feeder.join()
-        self._child, self._feeder = None, None
+        self._child, self._feeder, self._writer = None, None, None
         self.numbers.clear()
         self.written.clear()
-        self._batch, self._size, self._count = [], 0, 0
+        self._pending, self._size = [], 0
         self._remove_folder()
 
     def _remove_folder(self) -> None:
@@ -136,29 +169,33 @@ class Staging:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def _write_new(path: Path | str, data: bytes) -> bool:
+    """Create `path` (it must not exist) holding `data`; False if that failed."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                     0o600)
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError("short write")
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return True
+
+
 def _helper(folder: str) -> int:
     """Write each record (a `<number> <size>` line, then the bytes) to `<folder>/<number>.part`.
 
     Prints the numbers written, so the sync moves only whole files.
     """
     source = sys.stdin.buffer
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     written: list[str] = []
     status = 0
     while header := source.readline():
         number, size = (int(x) for x in header.split())
         data = source.read(size)
-        if len(data) != size:
-            status = 1
-            break
-        try:
-            fd = os.open(os.path.join(folder, f"{number}.part"), flags, 0o600)
-            try:
-                if os.write(fd, data) != size:
-                    raise OSError("short write")
-            finally:
-                os.close(fd)
-        except OSError:
+        if len(data) != size or not _write_new(os.path.join(folder, f"{number}.part"), data):
             status = 1
             break
         written.append(str(number))

@@ -83,6 +83,24 @@ def test_a_few_files_are_left_to_apply_without_a_helper(cache: Cache) -> None:
     stage.discard()
 
 
+def test_a_few_files_are_written_ahead_on_a_thread(cache: Cache) -> None:
+    batch = items(12)
+    stage = Staging(cache.meta)  # far fewer than min_files: no helper process
+    for item in batch:
+        stage.add(*item)
+    stage.flush()
+    stage.write_ahead()  # what a sync does once its last commit is sent
+    stage.wait()
+    assert stage.written == set(range(12))
+    cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
+                staged=stage)
+    assert list(stage.folder.iterdir()) == []  # all moved in
+    for path, _, text in batch:
+        assert (cache.root / path).read_text(encoding="utf-8") == text
+    stage.discard()
+    assert not stage.folder.exists()
+
+
 def test_discard_stops_the_helper_and_removes_leftovers(cache: Cache) -> None:
     leftover = cache.meta / "staging" / "7.part"  # what a killed sync left
     leftover.parent.mkdir(parents=True)
