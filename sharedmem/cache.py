@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sharedmem import linejson
 from sharedmem.core import (
     MACHINES_DIR,
     NOTES_DIR,
@@ -125,7 +126,7 @@ class Cache:
         self.meta = self.root / META_DIR
         self._loaded: tuple[tuple[Stamp, Stamp], Manifest] | None = None
         self._files_cache: tuple[Stamp, dict[str, CachedFile]] | None = None
-        self._expected: tuple[dict[str, CachedFile], bytes] | None = None
+        self._lines: linejson.Old = {}  # manifest.json's entry lines, reused by the next write
 
     @property
     def manifest_path(self) -> Path:
@@ -153,8 +154,10 @@ class Cache:
             files = self._files_cache[1] if self._files_cache and \
                 self._files_cache[0] == stamps[0] else None
             if files is None:
-                raw_files = json.loads(self.manifest_path.read_text(encoding="utf-8"))["files"]
-                files = {k: CachedFile(*v) for k, v in raw_files.items()}
+                raw, lines = linejson.decode(self.manifest_path.read_text(encoding="utf-8"),
+                                             "files")
+                files = {k: CachedFile(*v) for k, v in raw["files"].items()}
+                self._lines = {k: (files[k], line) for k, (_, line) in lines.items()}
                 self._files_cache = (stamps[0], files)
             raw = json.loads(self.namespaces_path.read_text(encoding="utf-8"))
             manifest = Manifest(
@@ -189,14 +192,6 @@ class Cache:
             except OSError:
                 bad.add(meta.namespace)
         return bad
-
-    def expect(self, files: dict[str, CachedFile]) -> None:
-        """Encode now the file list the next `apply` is expected to leave.
-
-        A sync calls this while the server commits; if the pull turns out as expected, writing
-        the manifest is then only a write. Anything else is encoded afresh, as without it.
-        """
-        self._expected = (files, _files_json(files))
 
     def apply(
         self,
@@ -289,11 +284,13 @@ class Cache:
         Not fsynced: the cache is a copy of the server, and a manifest damaged by a power loss
         reads as empty, so the next sync pulls everything again.
         """
-        expected, self._expected = self._expected, None
         if files_changed or not self.manifest_path.is_file():
-            data = (expected[1] if expected is not None and expected[0] == manifest.files
-                    else _files_json(manifest.files))
-            atomic_write(self.manifest_path, data, durable=False)
+            files = manifest.files
+            order = (self._lines.keys() if files.keys() == self._lines.keys()
+                     else sorted(files))  # path order, as before, when paths came or went
+            text, self._lines = linejson.encode({"version": MANIFEST_VERSION}, "files",
+                                                ((k, files[k]) for k in order), self._lines)
+            atomic_write(self.manifest_path, text.encode("utf-8"), durable=False)
             self._files_cache = None  # a rewrite within one mtime tick must not look unchanged
         raw = {
             "version": MANIFEST_VERSION,
@@ -306,12 +303,6 @@ class Cache:
         stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
         self._files_cache = (stamps[0], manifest.files)  # what was just written: no re-read
         self._loaded = (stamps, manifest)
-
-
-def _files_json(files: dict[str, CachedFile]) -> bytes:
-    """manifest.json: every file's [sha256, size, namespace] by path, in path order."""
-    return json.dumps({"version": MANIFEST_VERSION, "files": dict(sorted(files.items()))},
-                      ensure_ascii=False).encode("utf-8")
 
 
 class _Folders:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sharedmem import __version__, sources
-from sharedmem.cache import Cache, CachedFile, NamespaceInfo, Outbox, QueuedNote
+from sharedmem import __version__, linejson, sources
+from sharedmem.cache import Cache, NamespaceInfo, Outbox, QueuedNote
 from sharedmem.config import ClientConfig, SourceConfig
 from sharedmem.core import (
     MACHINES_DIR,
@@ -88,8 +88,7 @@ class _Prepared:
     whole: dict[str, Any] = field(default_factory=dict)
     delta: dict[str, Any] | None = None
     acked: bool = False
-    record_json: str | None = None
-    unchanged: bool = False
+    lines: linejson.Old = field(default_factory=dict)  # the saved record's lines, for reuse
 
 
 class Sync:
@@ -158,7 +157,7 @@ class Sync:
         """Walk one source and build its manifest; done while ssh connects, so the two overlap."""
         spec = sources.SourceSpec(source.name, source.kind, source.path)
         state_file = self.config.state / "sources" / f"{source.name}.json"
-        saved = _read_json(state_file)
+        saved, lines = _read_state(state_file)
         limits = self.config.limits
         rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
         previous = saved.get("record") if saved.get("rules") == rules else None
@@ -171,7 +170,7 @@ class Sync:
 
         snap = sources.snapshot(spec, limits, previous, stage)
         prepared = _Prepared(source, spec, state_file, saved, rules, snap,
-                             digest_of((e.path, e.sha256) for e in snap.files))
+                             digest_of((e.path, e.sha256) for e in snap.files), lines=lines)
         for entry in snap.files:
             prepared.by_sha[entry.sha256] = entry
             if entry.text is not None:
@@ -216,42 +215,24 @@ class Sync:
             self.published.append(prepared)
         return result
 
-    def _prepare_states(self) -> None:
-        """Encode each snapshot record while the server stores what was sent: it waits anyway."""
-        for prepared in self.published:
-            if prepared.record_json is None:
-                saved = prepared.saved.get("record")
-                files = prepared.snap.files
-                # Every file reused from the saved record, and as many: the record is unchanged.
-                prepared.unchanged = (prepared.saved.get("rules") == prepared.rules
-                                      and isinstance(saved, dict) and len(saved) == len(files)
-                                      and all(e.text is None for e in files))
-                prepared.record_json = "" if prepared.unchanged else json.dumps(
-                    prepared.snap.record(), ensure_ascii=False)
-
-    def _expect_cache(self) -> None:
-        """The cache's files after this sync if the server takes every file as it was sent."""
-        own = {f"{MACHINES_DIR}/{self.config.machine}/{p.source.name}": p.snap.files
-               for p in self.snapshots if p.snap.status == "ok"}
-        files = {k: v for k, v in self.cache.load().files.items() if v.namespace not in own}
-        for key, entries in own.items():
-            for e in entries:
-                files[f"{key}/{e.path}"] = CachedFile(e.sha256, e.size, key)
-        self.cache.expect(files)
-
     def _save_states(self) -> None:
         """Remember what each source published, for the next snapshot and delta; after the pull.
 
-        `acked` names the digest the server confirmed; its files are those of the record.
+        `acked` names the digest the server confirmed; its files are those of the record. The
+        record is written one file a line, and the lines of files reused unread are kept.
         """
-        self._prepare_states()
         for prepared in self.published:
+            saved, files = prepared.saved, prepared.snap.files
             acked = {"digest": prepared.digest} if prepared.acked else None
-            if prepared.unchanged and acked == prepared.saved.get("acked"):
-                continue
-            record = prepared.record_json or json.dumps(prepared.snap.record(), ensure_ascii=False)
-            text = (f'{{"rules": {json.dumps(prepared.rules)}, "record": {record}, '
-                    f'"acked": {json.dumps(acked)}}}')
+            record = saved.get("record")
+            if (acked == saved.get("acked") and saved.get("rules") == prepared.rules
+                    and isinstance(record, dict) and len(record) == len(files)
+                    and all(e.text is None for e in files)):
+                continue  # every file reused from the saved record, and as many: unchanged
+            text, _ = linejson.encode(
+                {"rules": prepared.rules, "acked": acked}, "record",
+                ((e.path, [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)])
+                 for e in files), prepared.lines)
             atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600, durable=False)
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
@@ -290,11 +271,9 @@ class Sync:
             conn.channel.send({"type": "bodies", "source": spec.name, "bodies": batch})
         conn.channel.send({"type": "commit", "source": spec.name})
         self.published.append(prepared)
-        if prepared is self.last_to_publish:
+        if prepared is self.last_to_publish:  # while the server redacts and commits:
             self._request(conn)
             self.staging.write_ahead()
-            self._expect_cache()
-        self._prepare_states()  # while the server redacts and commits
         return conn.channel.expect("result")
 
     def _request(self, conn: Connection) -> None:
@@ -381,6 +360,15 @@ def _acked_files(saved: dict[str, Any]) -> dict[str, str] | None:
     if not isinstance(record, dict):
         return None
     return {p: r[2] for p, r in record.items() if isinstance(r, list) and len(r) == 5}
+
+
+def _read_state(path: Path) -> tuple[dict[str, Any], linejson.Old]:
+    """A source's saved state, and its record's lines; empty when missing or unreadable."""
+    try:
+        value, lines = linejson.decode(path.read_text(encoding="utf-8"), "record")
+    except (OSError, ValueError):
+        return {}, {}
+    return (value, lines) if isinstance(value, dict) else ({}, {})
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -255,27 +255,28 @@ def test_manifest_rewritten_only_when_files_change(cache: Cache) -> None:
     assert cache.load().server == server
 
 
-def test_an_expected_manifest_is_used_only_when_the_pull_matches_it(cache: Cache) -> None:
-    fresh = Cache(cache.root)
-    change = [up(f"{A}/a.md", "alpha 2\n")]
-    wanted = dict(cache.load().files)
-    wanted[f"{A}/a.md"] = CachedFile(sha256_text("alpha 2\n"), 8, A)
-    wrong = {**wanted, f"{A}/ghost.md": CachedFile("0" * 64, 1, A)}  # a different guess
+def test_manifest_lines_are_reused_only_for_unchanged_files(cache: Cache) -> None:
+    text = cache.manifest_path.read_text(encoding="utf-8")
+    assert text.count("\n") == len(cache.load().files) + 1  # one file a line
+    fresh = Cache(cache.root)  # as the next sync process reads it
+    before = dict(fresh.load().files)
+    fresh.apply([up(f"{A}/a.md", "alpha 2\n"), up(f"{A}/new.md", "new\n")], [],
+                spaces(A, B, NOTES_NAMESPACE))
+    after = Cache(cache.root).load().files
+    assert after == {**before, f"{A}/a.md": CachedFile(sha256_text("alpha 2\n"), 8, A),
+                     f"{A}/new.md": CachedFile(sha256_text("new\n"), 4, A)}
+    assert list(after) == sorted(after)  # still in path order with a path added
+    assert json.loads(cache.manifest_path.read_text(encoding="utf-8"))["files"] == {
+        k: list(v) for k, v in after.items()}
 
-    cache.expect(wrong)
-    cache.apply(change, [], spaces(A, B, NOTES_NAMESPACE))
-    assert fresh.load().files == wanted  # encoded afresh: the guess did not match
 
-    cache.expect(dict(wanted))
-    cache.apply([up(f"{A}/a.md", "alpha 2\n")], [], spaces(A, B, NOTES_NAMESPACE))
-    assert Cache(cache.root).load().files == wanted
-
-    again = {**wanted, f"{A}/a.md": CachedFile(sha256_text("alpha 3\n"), 8, A)}
-    cache.expect(again)
-    cache.apply([up(f"{A}/a.md", "alpha 3\n")], [], spaces(A, B, NOTES_NAMESPACE))
-    assert Cache(cache.root).load().files == again
-    assert json.loads(cache.manifest_path.read_text())["files"][f"{A}/a.md"] == [
-        sha256_text("alpha 3\n"), 8, A]
+def test_a_one_line_manifest_of_an_older_version_is_read_and_rewritten(cache: Cache) -> None:
+    files = json.loads(cache.manifest_path.read_text(encoding="utf-8"))
+    cache.manifest_path.write_text(json.dumps(files), encoding="utf-8")  # the older form
+    older = Cache(cache.root)
+    assert older.load().files == cache.load().files
+    older.apply([up(f"{A}/a.md", "alpha 3\n")], [], spaces(A, B, NOTES_NAMESPACE))
+    assert Cache(cache.root).load().files[f"{A}/a.md"].sha256 == sha256_text("alpha 3\n")
 
 
 def test_a_rewrite_within_one_timestamp_tick_is_still_seen(cache: Cache) -> None:

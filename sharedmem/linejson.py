@@ -1,0 +1,53 @@
+"""JSON with one large mapping written an entry a line: a rewrite reuses unchanged entries' text.
+
+The cache manifest and each source's snapshot record hold one entry per file (10,000 for a big
+memory folder) and are rewritten by every sync that changes a file; encoding them whole cost a
+sync more than anything else it did for a one-percent change. The files stay plain JSON:
+`{"version": 1, "files": {` on the first line, then one `"key": value` a line, then `}}`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+Old = Mapping[str, tuple[Any, str]]  # key -> (value, its line as last read or written)
+
+
+def encode(head: Mapping[str, Any], key: str, items: Iterable[tuple[str, Any]],
+           old: Old) -> tuple[str, dict[str, tuple[Any, str]]]:
+    """`head` plus `key` mapping to `items` (in their order), one item a line.
+
+    An item whose value equals its `old` value keeps its old line. Returns the text and what
+    to pass as `old` next time.
+    """
+    lines: dict[str, tuple[Any, str]] = {}
+    for name, value in items:
+        known = old.get(name)
+        if known is None or known[0] != value:
+            known = (value, f"{json.dumps(name, ensure_ascii=False)}: "
+                            f"{json.dumps(value, ensure_ascii=False)}")
+        lines[name] = known
+    first = json.dumps({**head, key: {}}, ensure_ascii=False)[:-2]  # ends in `"key": {`
+    body = ",\n".join(line for _, line in lines.values())
+    return f"{first}\n{body}\n}}}}", lines
+
+
+def decode(text: str, key: str) -> tuple[dict[str, Any], Old]:
+    """The object, and the lines of its `key` mapping when the text is in this module's form.
+
+    The lines are empty otherwise: a file from an older version, or edited by hand, is read all
+    the same, and its next rewrite encodes every entry.
+    """
+    value = json.loads(text)
+    entries = value.get(key) if isinstance(value, dict) else None
+    if not isinstance(entries, dict):
+        return value, {}
+    lines = text.split("\n")
+    if len(lines) != len(entries) + 2 or not entries:
+        return value, {}
+    out = {}
+    for (name, item), line in zip(entries.items(), lines[1:-1], strict=True):
+        out[name] = (item, line[:-1] if line.endswith(",") else line)
+    return value, out
