@@ -127,6 +127,7 @@ class Cache:
         self._loaded: tuple[tuple[Stamp, Stamp], Manifest] | None = None
         self._files_cache: tuple[Stamp, dict[str, CachedFile]] | None = None
         self._lines: linejson.Old = {}  # manifest.json's entry lines, reused by the next write
+        self._expected: tuple[dict[str, CachedFile], str, linejson.Old] | None = None
 
     @property
     def manifest_path(self) -> Path:
@@ -192,6 +193,21 @@ class Cache:
             except OSError:
                 bad.add(meta.namespace)
         return bad
+
+    def _encode(self, files: dict[str, CachedFile]) -> tuple[str, linejson.Old]:
+        """manifest.json's text for `files`, reusing the lines of unchanged entries."""
+        order = (self._lines.keys() if files.keys() == self._lines.keys()
+                 else sorted(files))  # path order, as before, when paths came or went
+        return linejson.encode({"version": MANIFEST_VERSION}, "files",
+                               ((k, files[k]) for k in order), self._lines)
+
+    def expect(self, files: dict[str, CachedFile]) -> None:
+        """Encode now the file list the next `apply` is expected to leave.
+
+        A sync calls this on a thread while the server commits; when the pull turns out as
+        expected, writing the manifest is then only a write. Anything else is encoded afresh.
+        """
+        self._expected = (files, *self._encode(files))
 
     def apply(
         self,
@@ -284,12 +300,12 @@ class Cache:
         Not fsynced: the cache is a copy of the server, and a manifest damaged by a power loss
         reads as empty, so the next sync pulls everything again.
         """
+        expected, self._expected = self._expected, None
         if files_changed or not self.manifest_path.is_file():
-            files = manifest.files
-            order = (self._lines.keys() if files.keys() == self._lines.keys()
-                     else sorted(files))  # path order, as before, when paths came or went
-            text, self._lines = linejson.encode({"version": MANIFEST_VERSION}, "files",
-                                                ((k, files[k]) for k in order), self._lines)
+            if expected is not None and expected[0] == manifest.files:
+                text, self._lines = expected[1], expected[2]
+            else:
+                text, self._lines = self._encode(manifest.files)
             atomic_write(self.manifest_path, text.encode("utf-8"), durable=False)
             self._files_cache = None  # a rewrite within one mtime tick must not look unchanged
         raw = {

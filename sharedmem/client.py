@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sharedmem import __version__, linejson, sources
-from sharedmem.cache import Cache, NamespaceInfo, Outbox, QueuedNote
+from sharedmem.cache import Cache, CachedFile, NamespaceInfo, Outbox, QueuedNote
 from sharedmem.config import ClientConfig, SourceConfig
 from sharedmem.core import (
     MACHINES_DIR,
@@ -89,6 +89,7 @@ class _Prepared:
     delta: dict[str, Any] | None = None
     acked: bool = False
     lines: linejson.Old = field(default_factory=dict)  # the saved record's lines, for reuse
+    state_text: str = ""  # the state as acknowledged, encoded while the server committed
 
 
 class Sync:
@@ -229,11 +230,16 @@ class Sync:
                     and isinstance(record, dict) and len(record) == len(files)
                     and all(e.text is None for e in files)):
                 continue  # every file reused from the saved record, and as many: unchanged
-            text, _ = linejson.encode(
-                {"rules": prepared.rules, "acked": acked}, "record",
-                ((e.path, [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)])
-                 for e in files), prepared.lines)
+            text = (prepared.state_text if acked is not None and prepared.state_text
+                    else self._state_text(prepared, acked))
             atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600, durable=False)
+
+    @staticmethod
+    def _state_text(prepared: _Prepared, acked: dict[str, str] | None) -> str:
+        return linejson.encode(
+            {"rules": prepared.rules, "acked": acked}, "record",
+            ((e.path, [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)])
+             for e in prepared.snap.files), prepared.lines)[0]
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
                     snap: sources.Snapshot) -> dict[str, Any]:
@@ -273,8 +279,24 @@ class Sync:
         self.published.append(prepared)
         if prepared is self.last_to_publish:  # while the server redacts and commits:
             self._request(conn)
-            self.staging.write_ahead()
+            self.staging.write_ahead(then=self._encode_ahead)
         return conn.channel.expect("result")
+
+    def _encode_ahead(self) -> None:
+        """Encode, on the staging thread, what this sync will write if all goes as sent.
+
+        The cache manifest with every source's files as published, and each source's state as
+        acknowledged; `apply` and `_save_states` use them only if that is how it turned out.
+        """
+        own = {f"{MACHINES_DIR}/{self.config.machine}/{p.source.name}": p.snap.files
+               for p in self.snapshots if p.snap.status == "ok"}
+        files = {k: v for k, v in self.cache.load().files.items() if v.namespace not in own}
+        for key, entries in own.items():
+            for e in entries:
+                files[f"{key}/{e.path}"] = CachedFile(e.sha256, e.size, key)
+        self.cache.expect(files)
+        for prepared in list(self.published):
+            prepared.state_text = self._state_text(prepared, {"digest": prepared.digest})
 
     def _request(self, conn: Connection) -> None:
         """Send the queued notes and the pull request without waiting for the answers.

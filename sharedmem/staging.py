@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from queue import SimpleQueue
 
@@ -63,30 +64,38 @@ class Staging:
             self._queue.put(b"".join(b"%d %d\n%s" % (n, len(d), d) for n, d in self._pending))
             self._pending, self._size = [], 0
 
-    def write_ahead(self) -> None:
-        """Write files too few for the helper on a thread, while this process waits on the server.
+    def write_ahead(self, then: Callable[[], object] | None = None) -> None:
+        """On a thread, write the files too few for the helper, then run `then`.
 
-        Called after the last commit: the main thread then mostly waits on a pipe, so the
-        writes cost the sync nothing (a thread would slow the walk, which holds the GIL).
+        Called after the last commit: the main thread then mostly waits on a pipe, so this work
+        costs the sync nothing (a thread would slow the walk, which holds the GIL). `wait`
+        returns only when it is done.
         """
-        if self._child is not None or self._writer is not None or not self._pending:
-            return
-        items, self._pending, self._size = self._pending, [], 0
-        self._remove_folder()
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError:
+        items: list[tuple[int, bytes]] = []
+        if self._child is None and self._pending:
+            items, self._pending, self._size = self._pending, [], 0
+            self._remove_folder()
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                items = []
+        if self._writer is not None or not (items or then):
             return
         self._stop.clear()
-        self._writer = threading.Thread(target=self._write, args=(items,), daemon=True,
+        self._writer = threading.Thread(target=self._write, args=(items, then), daemon=True,
                                         name="sharedmem-staging")
         self._writer.start()
 
-    def _write(self, items: list[tuple[int, bytes]]) -> None:
+    def _write(self, items: list[tuple[int, bytes]], then: Callable[[], object] | None) -> None:
         for number, data in items:
             if self._stop.is_set() or not _write_new(self.folder / f"{number}.part", data):
-                return
+                break
             self.written.add(number)
+        if then is not None and not self._stop.is_set():
+            try:
+                then()
+            except Exception:  # work done ahead only saves time: the sync redoes it itself
+                pass
 
     def _start(self) -> bool:
         self._remove_folder()  # what a killed sync left
