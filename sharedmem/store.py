@@ -210,9 +210,11 @@ class Store:
         with self.transaction() as conn:
             row = conn.execute("SELECT id, digest, generation FROM namespaces WHERE machine=? "
                                "AND source=?", (machine, source)).fetchone()
-            current = {p: (s, z, m) for p, s, z, m in conn.execute(
-                "SELECT path, sha256, size, mtime_ns FROM files WHERE namespace_id=?",
+            # mtime_ns is not read: a kept file's row is never rewritten, only changed ones.
+            current = {p: (s, z, 0) for p, s, z in conn.execute(
+                "SELECT path, sha256, size FROM files WHERE namespace_id=?",
                 (row[0],))} if row else {}
+            drop: set[str] = set()
             if base_digest is not None:
                 if row is None or row[1] != base_digest:
                     raise StaleBase(f"namespace {machine}/{source} changed since the client's "
@@ -249,7 +251,9 @@ class Store:
                              [(ns_id, p) for p in gone])
             conn.executemany("INSERT OR REPLACE INTO tombstones VALUES (?,?,?)",
                              [(ns_id, p, generation) for p in gone])
-            changed = [(ns_id, p, s, z, m, generation) for p, (s, z, m) in accepted.items()
+            sent = accepted if base_digest is None else {
+                p: accepted[p] for p in drop if p in accepted}  # kept files did not change
+            changed = [(ns_id, p, s, z, m, generation) for p, (s, z, m) in sent.items()
                        if current.get(p, (None,))[0] != s]
             conn.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?)", changed)
             conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
