@@ -6,7 +6,7 @@ import contextlib
 import sqlite3
 import time
 from collections import namedtuple
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from sharedmem import sources
@@ -224,7 +224,7 @@ class Store:
             else:
                 kept = {}
             report = IngestReport(machine, source, 0)
-            accepted = self._check_files(conn, kind, files, limits, report, kept)
+            accepted = self._check_files(conn, kind, files, limits, report, kept, current)
             digest = digest_of((p, s) for p, (s, _, _) in accepted.items())
             if row is not None and row[1] == digest and row[2]:
                 conn.execute("UPDATE namespaces SET synced_at=? WHERE id=?", (utc_now(), row[0]))
@@ -263,13 +263,16 @@ class Store:
 
     def _check_files(self, conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
                      limits: Limits, report: IngestReport,
-                     kept: Mapping[str, tuple[str, int, int]]) -> dict[str, tuple[str, int, int]]:
+                     kept: Mapping[str, tuple[str, int, int]],
+                     existing: Container[str] = ()) -> dict[str, tuple[str, int, int]]:
         """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted.
 
-        `kept` are files a delta leaves as they are: they passed these checks when stored.
+        `kept` are files a delta leaves as they are: they passed these checks when stored;
+        `existing` are the names stored now.
         """
         accepted: dict[str, tuple[str, int, int]] = dict(kept)
-        keys: set[str] = {collision_key(p) for p in kept}
+        keys: set[str] = set()  # of the files accepted from `files`
+        kept_keys: set[str] | None = None  # of the kept ones, made when a new name comes
         total = sum(size for _, size, _ in kept.values())
 
         def refuse(path: object, reason: str, message: str) -> None:
@@ -280,7 +283,15 @@ class Store:
             if problem:
                 refuse(item.path, "bad-path", problem)
                 continue
-            if collision_key(item.path) in keys:
+            key = collision_key(item.path)
+            clash = key in keys
+            if not clash and item.path not in existing:
+                # A stored name never clashes with those stored beside it (every ingest refuses
+                # such pairs), so only a new name is checked against the kept files.
+                if kept_keys is None:
+                    kept_keys = {collision_key(p) for p in kept}
+                clash = key in kept_keys
+            if clash:
                 refuse(item.path, "collision", f"{item.path!r} collides with another path that "
                        "differs only by case or Unicode form; rename one of them")
                 continue
@@ -318,7 +329,7 @@ class Store:
                 conn.execute("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", (sha, size, text))
                 if sha != item.sha256:
                     report.stored[item.path] = sha
-            keys.add(collision_key(item.path))
+            keys.add(key)
             total += size
             accepted[item.path] = (sha, size, int(item.mtime_ns or 0))
         return accepted

@@ -335,6 +335,21 @@ def test_delta_ingest_and_stale_base(st: Store) -> None:
     assert issubclass(StaleBase, StoreError)
 
 
+def test_delta_refuses_a_new_name_that_clashes_with_a_kept_one(st: Store) -> None:
+    st.ingest("m1", "notes", "markdown", files({"Readme.md": "R", "b.md": "B", "straße.md": "S"}))
+    base = st.namespace_digest("m1", "notes")
+    report = st.ingest("m1", "notes", "markdown",
+                       files({"README.md": "new", "STRASSE.md": "new", "b.md": "B2",
+                              "c.md": "C", "C.md": "C2"}), base_digest=base)
+    assert {r["path"]: r["reason"] for r in report.refused} == {
+        "README.md": "collision", "STRASSE.md": "collision", "c.md": "collision"}
+    assert exported(st) == {"machines/m1/notes/Readme.md": "R", "machines/m1/notes/b.md": "B2",
+                            "machines/m1/notes/straße.md": "S", "machines/m1/notes/C.md": "C2"}
+    again = st.namespace_digest("m1", "notes")
+    report = st.ingest("m1", "notes", "markdown", files({"b.md": "B3"}), base_digest=again)
+    assert report.refused == [] and exported(st)["machines/m1/notes/b.md"] == "B3"
+
+
 def test_unchanged_reingest_keeps_the_generation(st: Store) -> None:
     first = st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
     st.ingest("m2", "notes", "markdown", files({"a.md": "A"}))
