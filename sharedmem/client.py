@@ -121,6 +121,7 @@ class Sync:
                 snapshots: list[_Prepared] = []
 
                 def meanwhile() -> None:
+                    self.staging.clear_replaced()
                     self.known = self._known()
                     snapshots.extend(map(self._snapshot, self.config.sources))
                     self.staging.flush()

@@ -23,6 +23,7 @@ from pathlib import Path
 from queue import SimpleQueue
 
 STAGING_DIR = "staging"
+REPLACED_DIR = "replaced"  # cache files a sync replaced, deleted by the next one
 BATCH_BYTES = 1 << 20  # texts go to the helper in batches: one GIL hand-off per batch
 MIN_FILES = 256  # below this, starting a helper costs more than apply's own writes
 
@@ -32,6 +33,7 @@ class Staging:
 
     def __init__(self, meta: Path, min_files: int = MIN_FILES) -> None:
         self.folder = meta / STAGING_DIR
+        self.replaced = meta / REPLACED_DIR
         self.min_files = min_files
         self.numbers: dict[tuple[str, str], int] = {}
         self.written: set[int] = set()
@@ -143,12 +145,36 @@ class Staging:
         number = self.numbers.get((path, sha))
         if number is None or number not in self.written:
             return False
+        self._keep_old(target, number)
         try:
             os.replace(self.folder / f"{number}.part", target)
         except OSError:
             return False
         self.written.discard(number)
         return True
+
+    def _keep_old(self, target: Path, number: int) -> None:
+        """Link the version about to be replaced into `replaced/`, so the replace frees nothing.
+
+        This sync then does not wait for the file system to release the old file; the next one
+        deletes it while ssh connects.
+        """
+        old = self.replaced / f"{number}.md"
+        try:
+            os.link(target, old)
+        except FileNotFoundError:  # a new file, or no `replaced/` folder yet
+            if os.path.lexists(target) and not self.replaced.is_dir():
+                try:
+                    self.replaced.mkdir(exist_ok=True)
+                    os.link(target, old)
+                except OSError:
+                    pass
+        except OSError:
+            pass  # no hard links here, or a leftover of that name: a plain replace
+
+    def clear_replaced(self) -> None:
+        """Delete the versions the last sync replaced; a sync does it while ssh connects."""
+        _remove(self.replaced)
 
     def discard(self) -> None:
         """Stop the helper or thread and remove every staged file, also a killed sync's."""
@@ -169,13 +195,18 @@ class Staging:
         self._remove_folder()
 
     def _remove_folder(self) -> None:
-        try:
-            os.rmdir(self.folder)  # the usual end: every staged file was moved into place
-        except FileNotFoundError:
-            pass
-        except OSError:
-            import shutil
-            shutil.rmtree(self.folder, ignore_errors=True)
+        _remove(self.folder)
+
+
+def _remove(folder: Path) -> None:
+    """Remove a folder of ours and what is in it; gone already is fine."""
+    try:
+        os.rmdir(folder)  # the usual case: it is empty
+    except FileNotFoundError:
+        pass
+    except OSError:
+        import shutil
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _write_new(path: Path | str, data: bytes) -> bool:

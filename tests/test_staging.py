@@ -101,6 +101,23 @@ def test_a_few_files_are_written_ahead_on_a_thread(cache: Cache) -> None:
     assert not stage.folder.exists()
 
 
+def test_replaced_versions_are_kept_until_cleared(cache: Cache) -> None:
+    info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
+    first = items(4)
+    cache.apply(first, [], info)
+    second = items(4, " v2")
+    stage = staged(cache, second)
+    cache.apply(second, [], info, staged=stage)
+    stage.discard()
+    kept = sorted((cache.meta / "replaced").iterdir())
+    assert sorted(p.read_text(encoding="utf-8") for p in kept) == sorted(t for _, _, t in first)
+    for path, _, text in second:
+        assert (cache.root / path).read_text(encoding="utf-8") == text
+    stage.clear_replaced()  # what the next sync does while ssh connects
+    assert not (cache.meta / "replaced").exists()
+    stage.clear_replaced()  # and again: nothing there is fine
+
+
 def test_discard_stops_the_helper_and_removes_leftovers(cache: Cache) -> None:
     leftover = cache.meta / "staging" / "7.part"  # what a killed sync left
     leftover.parent.mkdir(parents=True)
