@@ -5,60 +5,30 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections import namedtuple
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from sharedmem import sources
 from sharedmem.core import (
-    KIND_MARKDOWN,
     MACHINES_DIR,
     NOTES_DIR,
-    SOURCE_KINDS,
     Limits,
     NoteError,
     StoreError,
     check_machine_name,
-    check_markdown_source_name,
     check_note_filename,
     check_note_text,
-    collision_key,
-    digest_of,
     sha256_text,
     utc_now,
 )
+from sharedmem.ingest import IncomingFile as IncomingFile
+from sharedmem.ingest import IngestReport as IngestReport
+from sharedmem.ingest import StaleBase as StaleBase
 from sharedmem.schema import MIGRATIONS, statements
 from sharedmem.schema import SCHEMA_VERSION as SCHEMA_VERSION
 
 GENESIS = "0" * 64
 BUSY_TIMEOUT_MS = 60_000
 
-
-
-class IncomingFile(namedtuple("IncomingFile", "path sha256 size mtime_ns text redactions",
-                               defaults=(None, None, 0, None, None))):
-    """A file a client publishes: its text, or only its sha256 when the server may have the body.
-
-    `redactions` is set when the server already redacted `text` as it arrived.
-    """
-
-    __slots__ = ()
-
-
-class IngestReport:
-    """What one namespace ingest stored and refused."""
-
-    def __init__(self, machine: str, source: str, generation: int) -> None:
-        self.machine, self.source, self.generation = machine, source, generation
-        self.accepted = 0
-        self.unchanged = False
-        self.refused: list[dict[str, str]] = []
-        self.redacted: dict[str, int] = {}
-        self.stored: dict[str, str] = {}
-
-
-class StaleBase(StoreError):
-    """A delta was based on a namespace digest the server no longer holds."""
 
 
 def render_note(entries: Sequence[tuple[str, str, str]]) -> str:
@@ -201,138 +171,10 @@ class Store:
     def ingest(self, machine: str, source: str, kind: str, files: Sequence[IncomingFile], *,
                limits: Limits | None = None, removed: Sequence[str] | None = None,
                base_digest: str | None = None) -> IngestReport:
-        """Replace exactly one namespace in one transaction, re-checking every rule first.
-
-        With `base_digest`, `files` and `removed` are a delta against that stored digest.
-        """
-        limits = limits or Limits()
-        _check_namespace(machine, source, kind)
-        with self.transaction() as conn:
-            row = conn.execute("SELECT id, digest, generation FROM namespaces WHERE machine=? "
-                               "AND source=?", (machine, source)).fetchone()
-            # mtime_ns is not read: a kept file's row is never rewritten, only changed ones.
-            current = {p: (s, z, 0) for p, s, z in conn.execute(
-                "SELECT path, sha256, size FROM files WHERE namespace_id=?",
-                (row[0],))} if row else {}
-            drop: set[str] = set()
-            if base_digest is not None:
-                if row is None or row[1] != base_digest:
-                    raise StaleBase(f"namespace {machine}/{source} changed since the client's "
-                                    "last sync; send the whole manifest")
-                drop = set(removed or ()) | {f.path for f in files}
-                kept = {p: v for p, v in current.items() if p not in drop}
-            else:
-                kept = {}
-            report = IngestReport(machine, source, 0)
-            accepted = self._check_files(conn, kind, files, limits, report, kept, current)
-            digest = digest_of((p, s) for p, (s, _, _) in accepted.items())
-            if row is not None and row[1] == digest and row[2]:
-                conn.execute("UPDATE namespaces SET synced_at=? WHERE id=?", (utc_now(), row[0]))
-                report.generation, report.unchanged = row[2], True
-                report.accepted = len(accepted)
-                return report
-            generation = int(conn.execute("SELECT value FROM meta WHERE key='generation'")
-                             .fetchone()[0]) + 1
-            conn.execute("UPDATE meta SET value=? WHERE key='generation'", (str(generation),))
-            size = sum(z for _, z, _ in accepted.values())
-            if row is None:
-                ns_id = conn.execute(
-                    "INSERT INTO namespaces(machine, source, kind, generation, created_generation,"
-                    " synced_at, file_count, byte_count, digest) VALUES (?,?,?,?,?,?,?,?,?)",
-                    (machine, source, kind, generation, generation, utc_now(), len(accepted),
-                     size, digest)).lastrowid
-            else:
-                ns_id = row[0]
-                conn.execute("UPDATE namespaces SET kind=?, generation=?, synced_at=?, "
-                             "file_count=?, byte_count=?, digest=? WHERE id=?",
-                             (kind, generation, utc_now(), len(accepted), size, digest, ns_id))
-            gone = [p for p in current if p not in accepted]
-            conn.executemany("DELETE FROM files WHERE namespace_id=? AND path=?",
-                             [(ns_id, p) for p in gone])
-            conn.executemany("INSERT OR REPLACE INTO tombstones VALUES (?,?,?)",
-                             [(ns_id, p, generation) for p in gone])
-            sent = accepted if base_digest is None else {
-                p: accepted[p] for p in drop if p in accepted}  # kept files did not change
-            changed = [(ns_id, p, s, z, m, generation) for p, (s, z, m) in sent.items()
-                       if current.get(p, (None,))[0] != s]
-            conn.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?)", changed)
-            conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
-                             [(ns_id, c[1]) for c in changed])
-            report.generation, report.accepted = generation, len(accepted)
-        return report
-
-    def _check_files(self, conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
-                     limits: Limits, report: IngestReport,
-                     kept: Mapping[str, tuple[str, int, int]],
-                     existing: Container[str] = ()) -> dict[str, tuple[str, int, int]]:
-        """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted.
-
-        `kept` are files a delta leaves as they are: they passed these checks when stored;
-        `existing` are the names stored now.
-        """
-        accepted: dict[str, tuple[str, int, int]] = dict(kept)
-        keys: set[str] = set()  # of the files accepted from `files`
-        kept_keys: set[str] | None = None  # of the kept ones, made when a new name comes
-        total = sum(size for _, size, _ in kept.values())
-
-        def refuse(path: object, reason: str, message: str) -> None:
-            report.refused.append({"path": str(path), "reason": reason, "message": message})
-
-        for item in sorted(files, key=lambda f: str(f.path)):
-            problem = sources.allowlist_problem(kind, item.path)
-            if problem:
-                refuse(item.path, "bad-path", problem)
-                continue
-            key = collision_key(item.path)
-            clash = key in keys
-            if not clash and item.path not in existing:
-                # A stored name never clashes with those stored beside it (every ingest refuses
-                # such pairs), so only a new name is checked against the kept files.
-                if kept_keys is None:
-                    kept_keys = {collision_key(p) for p in kept}
-                clash = key in kept_keys
-            if clash:
-                refuse(item.path, "collision", f"{item.path!r} collides with another path that "
-                       "differs only by case or Unicode form; rename one of them")
-                continue
-            if item.text is not None:
-                try:
-                    if item.redactions is None:
-                        from sharedmem.redact import redact  # compiled only when bodies come
-                        text, counts = redact(item.text)
-                    else:
-                        text, counts = item.text, item.redactions
-                    body = text.encode("utf-8")
-                except UnicodeEncodeError:
-                    refuse(item.path, "invalid-utf8", f"{item.path!r} is not valid UTF-8 text")
-                    continue
-                sha, size = sha256_text(text), len(body)
-                if size > limits.file_bytes:
-                    refuse(item.path, "too-large", f"{item.path!r} is {size} bytes, over the "
-                           f"{limits.file_bytes}-byte file limit")
-                    continue
-                for name, count in counts.items():
-                    report.redacted[name] = report.redacted.get(name, 0) + count
-            else:
-                found = conn.execute("SELECT size FROM blobs WHERE sha256=?",
-                                     (item.sha256,)).fetchone()
-                if found is None:
-                    refuse(item.path, "missing-body", f"{item.path!r}: the server has no body "
-                           f"for sha256 {item.sha256}; send it")
-                    continue
-                sha, size = str(item.sha256), found[0]
-            if len(accepted) >= limits.namespace_files or total + size > limits.namespace_bytes:
-                refuse(item.path, "quota", f"{item.path!r} is past the namespace quota "
-                       f"({limits.namespace_files} files, {limits.namespace_bytes} bytes)")
-                continue
-            if item.text is not None:  # only now: a body refused by the quota is not stored
-                conn.execute("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", (sha, size, text))
-                if sha != item.sha256:
-                    report.stored[item.path] = sha
-            keys.add(key)
-            total += size
-            accepted[item.path] = (sha, size, int(item.mtime_ns or 0))
-        return accepted
+        """Replace exactly one namespace in one transaction; see `ingest.ingest`."""
+        from sharedmem import ingest
+        return ingest.ingest(self, machine, source, kind, files, limits=limits, removed=removed,
+                             base_digest=base_digest)
 
     def append_note(self, machine: str, filename: str, text: str,
                     note_id: str | None = None) -> tuple[str, bool]:
@@ -520,13 +362,3 @@ def _since(ns: Mapping[str, object], known: Mapping[str, int]) -> int | None:
     if not int(ns["created_generation"]) <= since <= int(ns["generation"]):  # type: ignore[call-overload]
         return 0
     return since
-
-
-def _check_namespace(machine: str, source: str, kind: str) -> None:
-    check_machine_name(machine)
-    if kind not in SOURCE_KINDS:
-        raise StoreError(f"source kind {kind!r} is unknown; use one of {', '.join(SOURCE_KINDS)}")
-    if kind == KIND_MARKDOWN:
-        check_markdown_source_name(source)
-    elif source != kind:
-        raise StoreError(f"a {kind} source must be named {kind!r}, not {source!r}")

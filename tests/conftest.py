@@ -11,12 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from sharedmem.core import sha256_text
+from sharedmem.store import IncomingFile, Store
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, start_sshd  # noqa: E402
 
-__all__ = ["LAUNCHER", "REPO", "Sshd", "pinned_line", "cache_of", "run_cli", "run_with_timeout",
-           "write_config"]
+__all__ = ["LAUNCHER", "REPO", "Sshd", "cache_of", "exported", "files", "pinned_line", "raw_rows",
+           "run_cli", "run_with_timeout", "write_config"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
@@ -90,3 +93,34 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
         pytest.skip(str(exc))
     yield server
     server.stop()
+
+
+# --- the store ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def st(tmp_path: Path) -> Iterator[Store]:
+    """A real store in a fresh file, closed afterwards."""
+    s = Store.open(tmp_path / "store.sqlite3")
+    yield s
+    s.close()
+
+
+def files(mapping: dict[str, str]) -> list[IncomingFile]:
+    """Files as a client publishes them, with their text."""
+    return [IncomingFile(p, sha256_text(t), len(t.encode()), 0, t) for p, t in mapping.items()]
+
+
+def exported(st: Store, prefix: str = "") -> dict[str, str]:
+    """The store's published tree as path -> text."""
+    return {p: t for p, _, t in st.export() if p.startswith(prefix)}
+
+
+def raw_rows(st: Store, machine: str, source: str) -> tuple:
+    """The namespace row, its file rows and its tombstones, as SQLite holds them."""
+    ns = st.conn.execute("SELECT * FROM namespaces WHERE machine=? AND source=?",
+                         (machine, source)).fetchone()
+    rows = st.conn.execute("SELECT * FROM files WHERE namespace_id=? ORDER BY path",
+                           (ns[0],)).fetchall()
+    tombs = st.conn.execute("SELECT * FROM tombstones WHERE namespace_id=? ORDER BY path",
+                            (ns[0],)).fetchall()
+    return ns, rows, tombs

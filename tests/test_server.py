@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER
 
-from sharedmem.core import sha256_text
+from sharedmem.core import digest_of, sha256_text
 from sharedmem.protocol import MAX_LINE_BYTES
-from sharedmem.store import Store, digest_of
+from sharedmem.store import Store
 
 HELLO = {"type": "hello", "versions": [1, 2], "machine": "laptop"}
 

@@ -1,4 +1,4 @@
-"""Tests for sharedmem.store on real SQLite files: schema, ingest rules, notes, pulls, crashes, locks."""
+"""Tests for sharedmem.store on real SQLite files: schema, transactions, notes, pulls, crashes, locks."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import exported, files
 
 from sharedmem import store as store_module
 from sharedmem.core import (
     NOTES_DIR,
-    Limits,
     NameRuleError,
     NoteError,
-    SharedMemoryError,
     StoreError,
     sha256_text,
 )
@@ -28,39 +27,11 @@ from sharedmem.store import (
     GENESIS,
     SCHEMA_VERSION,
     IncomingFile,
-    StaleBase,
     Store,
-    digest_of,
 )
 
 REPO = Path(__file__).resolve().parent.parent
-GITHUB_TOKEN = "ghp_" + "a" * 36
 NOTE = "2026-01-31T09-30-00-release-checklist.md"
-
-
-@pytest.fixture
-def st(tmp_path: Path) -> Store:
-    s = Store.open(tmp_path / "store.sqlite3")
-    yield s
-    s.close()
-
-
-def files(mapping: dict[str, str]) -> list[IncomingFile]:
-    return [IncomingFile(p, sha256_text(t), len(t.encode()), 0, t) for p, t in mapping.items()]
-
-
-def exported(st: Store, prefix: str = "") -> dict[str, str]:
-    return {p: t for p, _, t in st.export() if p.startswith(prefix)}
-
-
-def raw_rows(st: Store, machine: str, source: str) -> tuple:
-    ns = st.conn.execute("SELECT * FROM namespaces WHERE machine=? AND source=?",
-                         (machine, source)).fetchone()
-    rows = st.conn.execute("SELECT * FROM files WHERE namespace_id=? ORDER BY path",
-                           (ns[0],)).fetchall()
-    tombs = st.conn.execute("SELECT * FROM tombstones WHERE namespace_id=? ORDER BY path",
-                            (ns[0],)).fetchall()
-    return ns, rows, tombs
 
 
 def child(code: str, *args: str, timeout: float = 60) -> subprocess.Popen:
@@ -167,200 +138,6 @@ def test_transaction_reports_a_busy_store(tmp_path: Path) -> None:
             st.append_note("m1", NOTE, "x")
         holder.execute("ROLLBACK")
         holder.close()
-
-
-# --- ingest ------------------------------------------------------------------------------------
-
-def test_ingest_replaces_exactly_one_namespace(st: Store) -> None:
-    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "one", "memory_summary.md": "sum"}))
-    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b/c.md": "C"}))
-    st.ingest("m2", "codex", "codex", files({"MEMORY.md": "two"}))
-    st.ingest("m2", "claude-code", "claude-code", files({"proj/x.md": "X", "proj/y.md": "one"}))
-    st.append_note("m1", NOTE, "a note")
-    others = [("m1", "codex"), ("m2", "codex"), ("m2", "claude-code")]
-    before_rows = {ns: raw_rows(st, *ns) for ns in others}
-    before_export = {ns: exported(st, f"machines/{ns[0]}/{ns[1]}/") for ns in others}
-    before_notes = exported(st, NOTES_DIR)
-    report = st.ingest("m1", "notes", "markdown", files({"a.md": "A2", "d.md": "D"}))
-    assert report.accepted == 2 and not report.refused and not report.unchanged
-    assert exported(st, "machines/m1/notes/") == {"machines/m1/notes/a.md": "A2",
-                                                   "machines/m1/notes/d.md": "D"}
-    for ns in others:
-        assert raw_rows(st, *ns) == before_rows[ns], ns
-        assert exported(st, f"machines/{ns[0]}/{ns[1]}/") == before_export[ns], ns
-    assert exported(st, NOTES_DIR) == before_notes
-    assert st.verify() == []
-
-
-def test_a_reader_sees_the_old_snapshot_or_the_new_one(tmp_path: Path) -> None:
-    path = tmp_path / "store.sqlite3"
-    with Store.open(path) as writer, Store.open(path) as reader:
-        writer.ingest("m1", "notes", "markdown", files({f"f{i}.md": "old" for i in range(20)}))
-        reader.conn.execute("BEGIN")
-        seen_before = sorted(reader.manifest().items())
-        writer.ingest("m1", "notes", "markdown", files({f"f{i}.md": "new" for i in range(10, 30)}))
-        assert sorted(reader.manifest().items()) == seen_before  # still the old snapshot
-        reader.conn.execute("COMMIT")
-        assert set(reader.manifest().values()) == {sha256_text("new")}
-        assert len(reader.manifest()) == 20
-
-
-@pytest.mark.parametrize(("kind", "source", "path"), [
-    ("codex", "codex", "raw_memories.md"),
-    ("codex", "codex", "skills/x.md"),
-    ("codex", "codex", "rollout_summaries/a/b.md"),
-    ("codex", "codex", "notes.md"),
-    ("claude-code", "claude-code", "x.md"),
-    ("claude-code", "claude-code", "p/q/x.md"),
-    ("markdown", "notes", "a/b/c/d/e/x.md"),
-    ("markdown", "notes", "../x.md"),
-    ("markdown", "notes", "/etc/x.md"),
-    ("markdown", "notes", "a\\b.md"),
-    ("markdown", "notes", "CON.md"),
-    ("markdown", "notes", ".hidden.md"),
-    ("markdown", "notes", "e\u0301.md"),
-    ("markdown", "notes", "a//b.md"),
-    ("markdown", "notes", "x.txt"),
-    ("markdown", "notes", "a\x00.md"),
-])
-def test_ingest_rechecks_the_path_rule_and_allowlist(st: Store, kind: str, source: str,
-                                                     path: str) -> None:
-    good = {"codex": "MEMORY.md", "claude-code": "proj/ok.md", "markdown": "a/b/c/d/ok.md"}[kind]
-    report = st.ingest("m1", source, kind, files({good: "fine", path: "hostile"}))
-    assert [r["path"] for r in report.refused] == [path]
-    assert report.refused[0]["reason"] == "bad-path"
-    assert report.accepted == 1
-    assert st.manifest() == {f"machines/m1/{source}/{good}": sha256_text("fine")}
-    assert st.conn.execute("SELECT count(*) FROM blobs WHERE body='hostile'").fetchone()[0] == 0
-
-
-def test_allowlist_accepts_what_each_kind_publishes(st: Store) -> None:
-    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "a", "memory_summary.md": "b",
-                                             "rollout_summaries/r.md": "c"}))
-    st.ingest("m1", "claude-code", "claude-code", files({"-home-u-app/x.md": "d"}))
-    st.ingest("m1", "notes", "markdown", files({"a/b/c/d/x.md": "e", "top.md": "f"}))
-    assert sorted(st.manifest()) == [
-        "machines/m1/claude-code/-home-u-app/x.md", "machines/m1/codex/MEMORY.md",
-        "machines/m1/codex/memory_summary.md", "machines/m1/codex/rollout_summaries/r.md",
-        "machines/m1/notes/a/b/c/d/x.md", "machines/m1/notes/top.md"]
-
-
-def test_ingest_limits_utf8_and_collisions(st: Store) -> None:
-    limits = Limits(file_bytes=10, namespace_bytes=25, namespace_files=3)
-    report = st.ingest("m1", "notes", "markdown", [
-        *files({"a.md": "a" * 10, "b.md": "b" * 11, "c.md": "c" * 10, "d.md": "d" * 10,
-                "e.md": "e", "f.md": "f", "A.md": "upper"}),
-        IncomingFile("bad.md", text="broken \ud800 text"),
-        IncomingFile("STRASSE.md", text="x"), IncomingFile("straße.md", text="y"),
-    ], limits=limits)
-    reasons = {r["path"]: r["reason"] for r in report.refused}
-    # Sorted order: A.md, STRASSE.md, a.md(collides), b.md, bad.md, c.md, d.md, e.md, f.md, straße.md
-    assert reasons == {"a.md": "collision", "straße.md": "collision", "b.md": "too-large",
-                       "bad.md": "invalid-utf8", "d.md": "quota", "e.md": "quota", "f.md": "quota"}
-    assert sorted(st.manifest()) == ["machines/m1/notes/A.md", "machines/m1/notes/STRASSE.md",
-                                     "machines/m1/notes/c.md"]
-    for r in report.refused:
-        assert r["path"] in r["message"]
-    bodies = {r[0] for r in st.conn.execute("SELECT body FROM blobs")}
-    assert bodies == {"upper", "x", "c" * 10}  # nothing refused was stored
-
-
-def test_ingest_refuses_odd_items(st: Store) -> None:
-    report = st.ingest("m1", "notes", "markdown", [
-        IncomingFile("a.md", text="first"), IncomingFile("a.md", text="second"),
-        IncomingFile(None, text="no path"), IncomingFile(b"b.md", text="bytes path"),  # type: ignore[arg-type]
-        IncomingFile("c.md"),
-    ])
-    assert sorted((r["path"], r["reason"]) for r in report.refused) == [
-        ("None", "bad-path"), ("a.md", "collision"), ("b'b.md'", "bad-path"), ("c.md", "missing-body")]
-    assert exported(st) == {"machines/m1/notes/a.md": "first"}
-
-
-def test_namespace_byte_quota(st: Store) -> None:
-    report = st.ingest("m1", "notes", "markdown", files({"a.md": "a" * 6, "b.md": "b" * 6}),
-                       limits=Limits(file_bytes=100, namespace_bytes=10, namespace_files=100))
-    assert [(r["path"], r["reason"]) for r in report.refused] == [("b.md", "quota")]
-    assert report.accepted == 1
-
-
-def test_ingest_redacts_again(st: Store) -> None:
-    text = f"deploy with {GITHUB_TOKEN} please\n"
-    report = st.ingest("m1", "notes", "markdown", files({"secret.md": text}))
-    stored = exported(st)["machines/m1/notes/secret.md"]
-    assert GITHUB_TOKEN not in stored and "ghp_" not in stored
-    assert stored == "deploy with [REDACTED:github-token] please\n"
-    assert report.redacted == {"github-token": 1}
-    assert report.stored == {"secret.md": sha256_text(stored)}
-    dump = "\n".join(st.conn.iterdump())
-    assert GITHUB_TOKEN not in dump
-    path, _ = st.append_note("m1", NOTE, f"note with {GITHUB_TOKEN}")
-    assert GITHUB_TOKEN not in exported(st)[path]
-    assert GITHUB_TOKEN not in "\n".join(st.conn.iterdump())
-
-
-@pytest.mark.parametrize(("machine", "source", "kind", "error"), [
-    ("m1", "notes", "codex", StoreError),
-    ("m1", "codex", "claude-code", StoreError),
-    ("m1", "claude-code", "codex", StoreError),
-    ("m1", "codex", "markdown", NameRuleError),
-    ("m1", "claude-code", "markdown", NameRuleError),
-    ("m1", "Bad Name", "markdown", NameRuleError),
-    ("m1", "notes", "html", StoreError),
-    ("M1", "codex", "codex", NameRuleError),
-    ("../m1", "codex", "codex", NameRuleError),
-])
-def test_source_and_kind_must_match(st: Store, machine: str, source: str, kind: str,
-                                    error: type[Exception]) -> None:
-    with pytest.raises(error) as caught:
-        st.ingest(machine, source, kind, files({"MEMORY.md": "x"}))
-    assert isinstance(caught.value, SharedMemoryError)
-    assert st.counts() == {"namespaces": 0, "files": 0, "blobs": 0, "notes": 0}
-
-
-def test_delta_ingest_and_stale_base(st: Store) -> None:
-    first = st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B", "c.md": "C"}))
-    base = st.namespace_digest("m1", "notes")
-    assert base == digest_of([("a.md", sha256_text("A")), ("b.md", sha256_text("B")),
-                              ("c.md", sha256_text("C"))])
-    report = st.ingest("m1", "notes", "markdown", files({"b.md": "B2", "d.md": "D"}),
-                       removed=["c.md"], base_digest=base)
-    assert report.generation > first.generation
-    assert exported(st) == {"machines/m1/notes/a.md": "A", "machines/m1/notes/b.md": "B2",
-                            "machines/m1/notes/d.md": "D"}
-    with pytest.raises(StaleBase, match="send the whole manifest"):
-        st.ingest("m1", "notes", "markdown", files({"e.md": "E"}), base_digest=base)
-    with pytest.raises(StaleBase):
-        st.ingest("m1", "other", "markdown", files({"e.md": "E"}), base_digest=base)
-    assert "machines/m1/notes/e.md" not in st.manifest()
-    assert issubclass(StaleBase, StoreError)
-
-
-def test_delta_refuses_a_new_name_that_clashes_with_a_kept_one(st: Store) -> None:
-    st.ingest("m1", "notes", "markdown", files({"Readme.md": "R", "b.md": "B", "straße.md": "S"}))
-    base = st.namespace_digest("m1", "notes")
-    report = st.ingest("m1", "notes", "markdown",
-                       files({"README.md": "new", "STRASSE.md": "new", "b.md": "B2",
-                              "c.md": "C", "C.md": "C2"}), base_digest=base)
-    assert {r["path"]: r["reason"] for r in report.refused} == {
-        "README.md": "collision", "STRASSE.md": "collision", "c.md": "collision"}
-    assert exported(st) == {"machines/m1/notes/Readme.md": "R", "machines/m1/notes/b.md": "B2",
-                            "machines/m1/notes/straße.md": "S", "machines/m1/notes/C.md": "C2"}
-    again = st.namespace_digest("m1", "notes")
-    report = st.ingest("m1", "notes", "markdown", files({"b.md": "B3"}), base_digest=again)
-    assert report.refused == [] and exported(st)["machines/m1/notes/b.md"] == "B3"
-
-
-def test_unchanged_reingest_keeps_the_generation(st: Store) -> None:
-    first = st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
-    st.ingest("m2", "notes", "markdown", files({"a.md": "A"}))
-    again = st.ingest("m1", "notes", "markdown", files({"b.md": "B", "a.md": "A"}))
-    assert again.unchanged and again.generation == first.generation and again.accepted == 2
-    delta = st.ingest("m1", "notes", "markdown", [], base_digest=st.namespace_digest("m1", "notes"))
-    assert delta.unchanged and delta.generation == first.generation
-    assert st.touch("m1", "notes") == first.generation
-    assert st.touch("m9", "notes") is None
-    changed = st.ingest("m1", "notes", "markdown", files({"a.md": "A"}))
-    assert not changed.unchanged and changed.generation > first.generation
 
 
 def test_content_addressed_bodies(st: Store) -> None:
