@@ -103,7 +103,7 @@ class Sync:
         self.cache = Cache(config.cache)
         self.outbox = Outbox(config.state / "outbox")
         self.have: dict[str, str] = {}
-        self.cached: dict[str, str] = {}
+        self.cached: dict[str, CachedFile] = {}  # the cache's files when this run began
         self.snapshots: list[_Prepared] = []
         self.known: dict[str, int] = {}
         self.sent_notes: list[tuple[Path, QueuedNote]] | None = None
@@ -118,20 +118,18 @@ class Sync:
         started = time.monotonic()
         try:
             with sync_lock(self.config.state), Connection(self.config, self.max_version) as conn:
-                snapshots: list[_Prepared] = []
 
                 def meanwhile() -> None:
                     self.staging.clear_replaced()
                     self.known = self._known()
-                    snapshots.extend(map(self._snapshot, self.config.sources))
+                    self.snapshots = [self._snapshot(source) for source in self.config.sources]
                     self.staging.flush()
 
                 conn.hello(meanwhile)
                 self.report["protocol"] = conn.version
-                self.snapshots = snapshots
-                ok = [p for p in snapshots if p.snap.status == "ok"]
+                ok = [p for p in self.snapshots if p.snap.status == "ok"]
                 self.last_to_publish = ok[-1] if ok else None
-                for prepared in snapshots:
+                for prepared in self.snapshots:
                     self.report["sources"].append(self._publish(conn, prepared))
                 self._deliver(conn)
                 self.report["pull"] = self._pull(conn)
@@ -163,11 +161,12 @@ class Sync:
         limits = self.config.limits
         rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
         previous = saved.get("record") if saved.get("rules") == rules else None
-        prefix = f"{MACHINES_DIR}/{self.config.machine}/{source.name}/"
+        prefix = self._namespace(source.name) + "/"
 
         def stage(entry: sources.Entry) -> None:
             """A file read this time that the cache lacks: the helper writes it ahead."""
-            if self.cached.get(prefix + entry.path) != entry.sha256 and entry.text is not None:
+            cached = self.cached.get(prefix + entry.path)
+            if (cached is None or cached.sha256 != entry.sha256) and entry.text is not None:
                 self.staging.add(prefix + entry.path, entry.sha256, entry.text)
 
         snap = sources.snapshot(spec, limits, previous, stage)
@@ -213,8 +212,7 @@ class Sync:
         if result["refused"]:
             result["problems"] += result["refused"]
         prepared.acked = reply.get("digest") == prepared.digest
-        if prepared not in self.published:
-            self.published.append(prepared)
+        self.published.append(prepared)
         return result
 
     def _save_states(self) -> None:
@@ -277,7 +275,6 @@ class Sync:
         for batch in chunks(bodies, lambda b: len(b[1]) * 2 + 80):
             conn.channel.send({"type": "bodies", "source": spec.name, "bodies": batch})
         conn.channel.send({"type": "commit", "source": spec.name})
-        self.published.append(prepared)
         if prepared is self.last_to_publish:  # while the server redacts and commits:
             self._request(conn)
             self.staging.write_ahead(then=self._encode_ahead)
@@ -289,15 +286,19 @@ class Sync:
         The cache manifest with every source's files as published, and each source's state as
         acknowledged; `apply` and `_save_states` use them only if that is how it turned out.
         """
-        own = {f"{MACHINES_DIR}/{self.config.machine}/{p.source.name}": p.snap.files
-               for p in self.snapshots if p.snap.status == "ok"}
-        files = {k: v for k, v in self.cache.load().files.items() if v.namespace not in own}
+        ok = [p for p in self.snapshots if p.snap.status == "ok"]
+        own = {self._namespace(p.source.name): p.snap.files for p in ok}
+        files = {k: v for k, v in self.cached.items() if v.namespace not in own}
         for key, entries in own.items():
             for e in entries:
                 files[f"{key}/{e.path}"] = CachedFile(e.sha256, e.size, key)
         self.cache.expect(files)
-        for prepared in list(self.published):
+        for prepared in ok:
             prepared.state_text = self._state_text(prepared, {"digest": prepared.digest})
+
+    def _namespace(self, source: str) -> str:
+        """The cache path of one of this machine's namespaces."""
+        return f"{MACHINES_DIR}/{self.config.machine}/{source}"
 
     def _request(self, conn: Connection) -> None:
         """Send the queued notes and the pull request without waiting for the answers.
@@ -333,7 +334,7 @@ class Sync:
     def _known(self) -> dict[str, int]:
         """The server generation of each cached namespace; 0 where the cache was tampered with."""
         manifest = self.cache.load()
-        self.cached = {path: meta.sha256 for path, meta in manifest.files.items()}
+        self.cached = manifest.files
         stale = self.cache.tampered_namespaces()
         return {k: (0 if k in stale else ns.generation) for k, ns in manifest.namespaces.items()}
 

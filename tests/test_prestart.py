@@ -56,8 +56,11 @@ def test_a_different_command_stops_the_early_one(tmp_path, sshd):
     {"remote_command": "serve"},
     {"host": 7},
 ])
-def test_anything_not_plainly_ssh_is_left_to_the_validated_path(tmp_path, sshd, transport):
-    cfg = ssh_config(tmp_path, sshd, **transport)
+def test_anything_not_plainly_ssh_is_left_to_the_validated_path(tmp_path, transport):
+    plain = {"kind": "ssh", "host": "me@127.0.0.1", "port": 1, "options": [],
+             "identity": str(tmp_path / "key"), "remote_command": ["serve"]}
+    cfg = write_config(tmp_path / "client.json", "laptop", {**plain, **transport}, [],
+                       tmp_path / "cache")
     prestart.start(str(cfg))
     assert prestart._started is None
 
