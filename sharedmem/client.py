@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from sharedmem import __version__, linejson, sources
+from sharedmem.ahead import Ahead
 from sharedmem.cache import Cache, CachedFile, NamespaceInfo, Outbox, QueuedNote
 from sharedmem.config import ClientConfig, SourceConfig
 from sharedmem.core import (
     MACHINES_DIR,
     LockError,
     NoteError,
+    ProtocolError,
     SharedMemoryError,
     age_text,
     atomic_write,
@@ -109,6 +111,7 @@ class Sync:
         self.sent_notes: list[tuple[Path, QueuedNote]] | None = None
         self.last_to_publish: _Prepared | None = None
         self.staging = Staging(self.cache.meta)
+        self.ahead: Ahead | None = None
         self.published: list[_Prepared] = []
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                                        "sources": [], "notes": {"delivered": 0, "refused": []}}
@@ -119,11 +122,14 @@ class Sync:
         try:
             with sync_lock(self.config.state), Connection(self.config, self.max_version) as conn:
 
+                self.ahead = Ahead(conn)
+
                 def meanwhile() -> None:
                     self.staging.clear_replaced()
                     self.known = self._known()
                     self.snapshots = [self._snapshot(source) for source in self.config.sources]
                     self.staging.flush()
+                    self.ahead.finish()
 
                 conn.hello(meanwhile)
                 self.report["protocol"] = conn.version
@@ -162,12 +168,18 @@ class Sync:
         rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
         previous = saved.get("record") if saved.get("rules") == rules else None
         prefix = self._namespace(source.name) + "/"
+        old = _acked_files(saved)
+        on_server = set(old.values()) if old is not None else set()
 
         def stage(entry: sources.Entry) -> None:
-            """A file read this time that the cache lacks: the helper writes it ahead."""
+            """A file read this time: staged if the cache lacks it, sent ahead if the server does."""
+            if entry.text is None:
+                return
             cached = self.cached.get(prefix + entry.path)
-            if (cached is None or cached.sha256 != entry.sha256) and entry.text is not None:
+            if cached is None or cached.sha256 != entry.sha256:
                 self.staging.add(prefix + entry.path, entry.sha256, entry.text)
+            if self.ahead is not None and entry.sha256 not in on_server:
+                self.ahead.offer(entry.sha256, entry.text, entry.size)
 
         snap = sources.snapshot(spec, limits, previous, stage)
         prepared = _Prepared(source, spec, state_file, saved, rules, snap,
@@ -181,7 +193,6 @@ class Sync:
         entries = {e.path: [e.path, e.sha256, e.size, e.mtime_ns] for e in snap.files}
         prepared.whole = {"type": "manifest", "source": spec.name, "kind": spec.kind,
                           "digest": prepared.digest, "files": list(entries.values())}
-        old = _acked_files(saved)
         if old is not None:
             prepared.delta = {**prepared.whole, "base": saved["acked"].get("digest"),
                               "removed": sorted(set(old) - set(entries)),
@@ -342,9 +353,17 @@ class Sync:
         self._request(conn)
         head = conn.channel.expect("namespaces")
         upserts: list[tuple[str, str, str]] = []
+        own: set[str] = set()
         while (part := conn.channel.expect("files", "end"))["type"] == "files":
             for path, sha, text in part.get("files", []):
-                upserts.append((path, sha, self.have[sha] if text is None else text))
+                if text is None:
+                    if sha not in self.have:
+                        raise ProtocolError(f"the server sent no text for {path!r} and this "
+                                            "client has none for its sha256; the cache was "
+                                            "left as it was")
+                    own.add(sha)
+                    text = self.have[sha]
+                upserts.append((path, sha, text))
         namespaces = {str(n["key"]): NamespaceInfo(
             str(n["key"]), n.get("machine"), str(n["source"]), str(n["kind"]),
             int(n["generation"]), n.get("synced_at")) for n in head["namespaces"]}
@@ -353,7 +372,8 @@ class Sync:
         done = self.cache.apply(upserts, list(head.get("removed", [])), namespaces,
                                 full=conn.version == 1, full_namespaces=set(head.get("full", [])),
                                 server={"server": conn.server.get("server"),
-                                        "protocol": conn.version}, staged=self.staging)
+                                        "protocol": conn.version}, staged=self.staging,
+                                own=own)
         return done
 
 

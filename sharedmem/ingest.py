@@ -35,7 +35,8 @@ class IncomingFile(namedtuple("IncomingFile", "path sha256 size mtime_ns text re
                                defaults=(None, None, 0, None, None))):
     """A file a client publishes: its text, or only its sha256 when the server may have the body.
 
-    `redactions` is set when the server already redacted `text` as it arrived.
+    `redactions` is set when the server already redacted `text` as it arrived; when it is
+    empty (nothing was redacted), `sha256` and `size` are those the server computed for `text`.
     """
 
     __slots__ = ()
@@ -133,6 +134,7 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
     keys: set[str] = set()  # of the files accepted from `files`
     kept_keys: set[str] | None = None  # of the kept ones, made when a new name comes
     total = sum(size for _, size, _ in kept.values())
+    blobs: list[tuple[str, int, str]] = []  # inserted together: one call, not one per file
 
     def refuse(path: object, reason: str, message: str) -> None:
         report.refused.append({"path": str(path), "reason": reason, "message": message})
@@ -154,7 +156,9 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
             refuse(item.path, "collision", f"{item.path!r} collides with another path that "
                    "differs only by case or Unicode form; rename one of them")
             continue
-        if item.text is not None:
+        if item.text is not None and item.redactions == {}:
+            text, counts, sha, size = item.text, item.redactions, item.sha256, item.size
+        elif item.text is not None:
             try:
                 if item.redactions is None:
                     from sharedmem.redact import redact  # compiled only when bodies come
@@ -166,12 +170,6 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
                 refuse(item.path, "invalid-utf8", f"{item.path!r} is not valid UTF-8 text")
                 continue
             sha, size = sha256_text(text), len(body)
-            if size > limits.file_bytes:
-                refuse(item.path, "too-large", f"{item.path!r} is {size} bytes, over the "
-                       f"{limits.file_bytes}-byte file limit")
-                continue
-            for name, count in counts.items():
-                report.redacted[name] = report.redacted.get(name, 0) + count
         else:
             found = conn.execute("SELECT size FROM blobs WHERE sha256=?",
                                  (item.sha256,)).fetchone()
@@ -180,17 +178,25 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
                        f"for sha256 {item.sha256}; send it")
                 continue
             sha, size = str(item.sha256), found[0]
+        if item.text is not None:
+            if size > limits.file_bytes:
+                refuse(item.path, "too-large", f"{item.path!r} is {size} bytes, over the "
+                       f"{limits.file_bytes}-byte file limit")
+                continue
+            for name, count in counts.items():
+                report.redacted[name] = report.redacted.get(name, 0) + count
         if len(accepted) >= limits.namespace_files or total + size > limits.namespace_bytes:
             refuse(item.path, "quota", f"{item.path!r} is past the namespace quota "
                    f"({limits.namespace_files} files, {limits.namespace_bytes} bytes)")
             continue
         if item.text is not None:  # only now: a body refused by the quota is not stored
-            conn.execute("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", (sha, size, text))
+            blobs.append((sha, size, text))
             if sha != item.sha256:
                 report.stored[item.path] = sha
         keys.add(key)
         total += size
         accepted[item.path] = (sha, size, int(item.mtime_ns or 0))
+    conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", blobs)
     return accepted
 
 

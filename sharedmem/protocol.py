@@ -33,6 +33,7 @@ ERROR_CODES = {
     "version": "the two sides share no protocol version",
     "machine-mismatch": "the client names a machine other than the one its key is pinned to",
     "stale-base": "a delta manifest's base is not what the server holds; send the whole manifest",
+    "ahead-full": "bodies sent ahead of their manifest exceed the server's hello.ahead_bytes",
     "store": "the server's store refused or failed the operation",
     "note": "a note was refused",
 }

@@ -354,7 +354,8 @@ def redact(text: str) -> tuple[str, dict[str, int]]:
         text = "".join(parts)
 
 
-def redact_many(texts: list[str]) -> list[tuple[str, dict[str, int]]]:
+def redact_many(texts: list[str],
+                encoded: list[bytes] | None = None) -> list[tuple[str, dict[str, int]]]:
     """`redact` of each text, the same results, at a fraction of the cost for many small texts.
 
     Every rule's leads (ASCII patterns) are searched once, as bytes, over all the texts in UTF-8
@@ -362,12 +363,13 @@ def redact_many(texts: list[str]) -> list[tuple[str, dict[str, int]]]:
     it is without a pass of its own. Bytes keep the scan at one byte a character; lower-casing
     bytes agrees with `str.lower` on ASCII, and the only two characters whose `lower()` is ASCII
     (the Kelvin sign, and capital I with dot, whose lower form is longer) send the whole batch
-    the slow way.
+    the slow way. `encoded`, when the caller has them, are the texts in UTF-8.
     """
     try:
         if any("\u212a" in t or "\u0130" in t for t in texts):
             raise UnicodeError
-        encoded = [t.encode("utf-8") for t in texts]
+        if encoded is None:
+            encoded = [t.encode("utf-8") for t in texts]
     except UnicodeError:
         return [redact(t) for t in texts]
     joined = b"\n".join(encoded)
@@ -393,9 +395,18 @@ def prepare() -> None:
     _byte_leads()
 
 
+# Leads the batch scan leaves out, each implied by a lead it keeps, so a text one of them
+# touches is touched anyway: "sk-ant-" by "sk-"; the Slack webhook's "://" (case plays no part);
+# "authorization" followed by ":" or "=" by the generic "auth" lead, and the generic "secret"
+# lead by the AWS rule's plain "secret". One scan of 28 MB costs about 18 ms.
+_IMPLIED_LEADS = frozenset({"sk-ant-", r"https?://hooks\.slack\.com/", "authorization",
+                            "secret" + _NEAR_OPERATOR})
+
+
 def _byte_leads() -> list[tuple[bool, re.Pattern[bytes]]]:
     """(folded, pattern) for every rule's leads, compiled for bytes on first use."""
     if not _BYTE_LEADS:  # filled in one step: a thread never sees part of the list
         _BYTE_LEADS.extend([(rule.folded, re.compile(lead.encode("ascii")))
-                            for rule in _RULE_TEXT for lead in rule.lead])
+                            for rule in _RULE_TEXT for lead in rule.lead
+                            if lead not in _IMPLIED_LEADS])
     return _BYTE_LEADS

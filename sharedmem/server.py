@@ -19,7 +19,7 @@ from sharedmem.core import (
     SharedMemoryError,
     StoreError,
     name_problem,
-    sha256_text,
+    sha256_bytes,
 )
 from sharedmem.protocol import VERSIONS, Channel, PeerError, choose_version, chunks, error, field
 from sharedmem.store import IncomingFile, StaleBase, Store
@@ -42,6 +42,10 @@ class Session:
         self.store: Store | None = None
         self.machine = ""
         self.version = 0
+        # Verified, redacted bodies not yet committed: sha256 -> (text, redactions, size). A
+        # version 2 client may send bodies ahead of their manifest, up to `ahead_bytes`.
+        self.pool: dict[str, tuple[str, dict[str, int], int]] = {}
+        self.ahead_bytes = 0
 
     def run(self) -> int:
         """Serve until `bye` or end of input; a protocol error is answered, then ends the session."""
@@ -86,14 +90,17 @@ class Session:
         self.machine = machine
         self.store = Store.open(self.store_path, before_migrate=_backup_first)
         self.store.checkpoint_at_close()
-        self.channel.send({"type": "hello", "versions": list(self.versions),
-                           "version": self.version, "server": f"sharedmem/{__version__}",
-                           "machine": machine, "pinned": self.pinned is not None})
+        reply = {"type": "hello", "versions": list(self.versions), "version": self.version,
+                 "server": f"sharedmem/{__version__}", "machine": machine,
+                 "pinned": self.pinned is not None}
+        if self.version >= 2:
+            reply["ahead_bytes"] = self.limits.namespace_bytes
+        self.channel.send(reply)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message["type"]
         allowed = {1: ("publish", "note", "export", "verify", "status"),
-                   2: ("manifest", "note", "pull", "verify", "status")}[self.version]
+                   2: ("manifest", "bodies", "note", "pull", "verify", "status")}[self.version]
         if kind not in allowed:
             known = {"files", "bodies", "commit"} | set(allowed)
             code = "out-of-order" if kind in known else "unknown-type"
@@ -152,29 +159,64 @@ class Session:
             return
         if base is None and "files" not in message:
             raise PeerError("bad-field", "manifest needs files (whole) or base (delta)")
-        need = self.store.missing({sha for _, sha, _, _ in entries})
+        shas = {sha for _, sha, _, _ in entries}
+        need = self.store.missing(shas - self.pool.keys())
         self.channel.send({"type": "need", "source": source, "sha256": need})
         if need and "sharedmem.redact" not in sys.modules:
             _load_redactor_meanwhile()
-        bodies: dict[str, tuple[str, dict[str, int]]] = {}
         wanted = set(need)
-        while True:
-            part = self.channel.expect("bodies", "commit")
-            if part["type"] == "commit":
-                break
-            fresh: dict[str, str] = {}
-            for pair in field(part, "bodies", list):
-                if (not isinstance(pair, list) or len(pair) != 2
-                        or not all(isinstance(x, str) for x in pair)):
-                    raise PeerError("bad-field", "bodies entries must be [sha256, text]")
-                if pair[0] in wanted and sha256_text_safe(pair[1]) == pair[0]:
-                    fresh[pair[0]] = pair[1]
-            if fresh:  # redacted now, while the client is still sending the next chunk
-                from sharedmem.redact import redact_many
-                bodies.update(zip(fresh, redact_many(list(fresh.values())), strict=True))
-        files = [IncomingFile(path, sha, size, mtime, *bodies.get(sha, (None, None)))
+        while (part := self.channel.expect("bodies", "commit"))["type"] == "bodies":
+            self._take_bodies(part, wanted)
+        pool = self.pool
+        files = [IncomingFile(path, sha, size, mtime)
+                 if (body := pool.get(sha)) is None else
+                 IncomingFile(path, sha, body[2], mtime, body[0], body[1])
                  for path, sha, size, mtime in entries]
-        self._commit(source, kind, files, removed=removed if base else None, base=base)
+        try:
+            self._commit(source, kind, files, removed=removed if base else None, base=base)
+        finally:
+            for sha in shas:
+                pool.pop(sha, None)
+
+    def _on_bodies(self, message: dict[str, Any]) -> None:
+        """Version 2: bodies ahead of their manifest, sent while the client still walks."""
+        self._take_bodies(message, None)
+
+    def _take_bodies(self, message: dict[str, Any], wanted: set[str] | None) -> None:
+        """Verify each body against its sha256 and redact it now, while the next chunk travels.
+
+        Bodies that are not `wanted` (when given) or do not match their sha256 are dropped:
+        the manifest's need, or the commit's missing-body refusal, names what is still due.
+        """
+        fresh: dict[str, str] = {}
+        encoded: list[bytes] = []
+        for pair in field(message, "bodies", list):
+            if (not isinstance(pair, list) or len(pair) != 2
+                    or not all(isinstance(x, str) for x in pair)):
+                raise PeerError("bad-field", "bodies entries must be [sha256, text]")
+            sha, text = pair
+            if (wanted is not None and sha not in wanted) or sha in fresh or sha in self.pool:
+                continue
+            try:
+                data = text.encode("utf-8")
+            except UnicodeEncodeError:
+                continue
+            if wanted is None:
+                self.ahead_bytes += len(data)
+                if self.ahead_bytes > self.limits.namespace_bytes:
+                    raise PeerError("ahead-full", "the client sent more than "
+                                    f"{self.limits.namespace_bytes} bytes of bodies ahead of a "
+                                    "manifest (hello.ahead_bytes); send the rest when the "
+                                    "server names them in need")
+            if sha256_bytes(data) == sha:
+                fresh[sha] = text
+                encoded.append(data)
+        if not fresh:
+            return
+        from sharedmem.redact import redact_many
+        for sha, data, (clean, counts) in zip(
+                fresh, encoded, redact_many(list(fresh.values()), encoded), strict=True):
+            self.pool[sha] = (clean, counts, len(data))
 
     def _commit(self, source: str, kind: str, files: list[IncomingFile], *,
                 removed: list[str] | None = None, base: str | None = None) -> None:
@@ -210,7 +252,7 @@ class Session:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in known.values()):
             raise PeerError("bad-field", "pull.known must map namespace keys to integers")
         have = set(field(message, "have", list, optional=True) or [])
-        namespaces, full, upserts, removals = self.store.pull(known)
+        namespaces, full, upserts, removals = self.store.pull(known, have)
         self.channel.send({"type": "namespaces", "namespaces": namespaces,
                            "full": sorted(full), "removed": removals})
         self._send_files((path, sha, None if sha in have else text)
@@ -254,14 +296,6 @@ def _backup_first(path: Path, old_version: int) -> None:
     """A verified backup before a migration; backup.py loads only when one is due."""
     from sharedmem.backup import migration_hook
     migration_hook(path, old_version)
-
-
-def sha256_text_safe(text: str) -> str | None:
-    """The content address of a received body, or None if it is not encodable UTF-8."""
-    try:
-        return sha256_text(text)
-    except UnicodeEncodeError:
-        return None
 
 
 def _mtime(value: object) -> int:

@@ -140,20 +140,25 @@ class Staging:
         report = self._child.stdout.read()  # ends when the helper closes it, before it exits
         self.written = {int(n) for n in report.split() if n.isdigit()}
 
-    def move(self, path: str, sha: str, target: Path) -> bool:
-        """Rename the staged text of `path` at `sha` onto `target`; False when there is none."""
+    def move(self, path: str, sha: str, target: str, replacing: bool = True) -> bool:
+        """Rename the staged text of `path` at `sha` onto `target`; False when there is none.
+
+        `replacing` says the cache holds a version of the file now, to be kept until the next
+        sync (see `_keep_old`).
+        """
         number = self.numbers.get((path, sha))
         if number is None or number not in self.written:
             return False
-        self._keep_old(target, number)
+        if replacing:
+            self._keep_old(target, number)
         try:
-            os.replace(self.folder / f"{number}.part", target)
+            os.replace(f"{self.folder}{os.sep}{number}.part", target)
         except OSError:
             return False
         self.written.discard(number)
         return True
 
-    def _keep_old(self, target: Path, number: int) -> None:
+    def _keep_old(self, target: str, number: int) -> None:
         """Link the version about to be replaced into `replaced/`, so the replace frees nothing.
 
         This sync then does not wait for the file system to release the old file; the next one

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from sharedmem.core import (
@@ -247,23 +247,38 @@ class Store:
         return out
 
     def changes(self, known: Mapping[str, int],
-                namespaces: list[dict[str, object]] | None = None
-                ) -> Iterator[tuple[str, str, str, str]]:
-        """Files of machine namespaces changed since the client's generations: (path, sha, text, ns)."""
+                namespaces: list[dict[str, object]] | None = None,
+                have: Container[str] = frozenset(),
+                ) -> Iterator[tuple[str, str, str | None, str]]:
+        """Files of machine namespaces changed since the client's generations: (path, sha, text, ns).
+
+        The text is None for a sha256 in `have`: the client holds that body, so it is not read.
+        """
         for ns in (namespaces or self.namespaces())[:-1]:
             since = _since(ns, known)
             if since is None:
                 continue
-            for path, sha, body in self.conn.execute(
-                    "SELECT f.path, f.sha256, b.body FROM files f JOIN namespaces n ON "
-                    "n.id=f.namespace_id JOIN blobs b ON b.sha256=f.sha256 WHERE n.machine=? "
-                    "AND n.source=? AND f.generation > ? ORDER BY f.path",
-                    (ns["machine"], ns["source"], since)):
-                yield f"{ns['key']}/{path}", sha, body, str(ns["key"])
+            where = ("FROM files f JOIN namespaces n ON n.id=f.namespace_id WHERE n.machine=? "
+                     "AND n.source=? AND f.generation > ? ORDER BY f.path")
+            args = (ns["machine"], ns["source"], since)
+            key = str(ns["key"])
+            if not have:
+                for path, sha, body in self.conn.execute(
+                        "SELECT f.path, f.sha256, b.body " + where.replace(
+                            "WHERE", "JOIN blobs b ON b.sha256=f.sha256 WHERE"), args):
+                    yield f"{key}/{path}", sha, body, key
+                continue
+            for path, sha in self.conn.execute("SELECT f.path, f.sha256 " + where, args).fetchall():
+                body = None if sha in have else self.conn.execute(
+                    "SELECT body FROM blobs WHERE sha256=?", (sha,)).fetchone()[0]
+                yield f"{key}/{path}", sha, body, key
 
-    def pull(self, known: Mapping[str, int]) -> tuple[list[dict[str, object]], set[str],
-                                                      Iterator[tuple[str, str, str]], list[str]]:
+    def pull(self, known: Mapping[str, int], have: Container[str] = frozenset()
+             ) -> tuple[list[dict[str, object]], set[str], Iterator[tuple[str, str, str | None]],
+                        list[str]]:
         """What a client with these generations lacks: (namespaces, full keys, upserts, removals).
+
+        An upsert's text is None when its sha256 is in `have` (the client holds the body).
 
         A namespace is sent whole ("full") when the client's generation predates its creation
         (it was forgotten and re-created) or is from the future (the store was restored).
@@ -283,8 +298,8 @@ class Store:
         since_notes = known.get(NOTES_DIR, 0)
         newest_note = int(namespaces[-1]["generation"])  # type: ignore[call-overload]
 
-        def upserts() -> Iterator[tuple[str, str, str]]:
-            for path, sha, body, _ in self.changes(known, namespaces):
+        def upserts() -> Iterator[tuple[str, str, str | None]]:
+            for path, sha, body, _ in self.changes(known, namespaces, have):
                 yield path, sha, body
             if since_notes != newest_note:
                 yield from self._note_files(since_notes if since_notes <= newest_note else 0)

@@ -77,6 +77,7 @@ class Connection:
         self.channel = Channel(self.process.stdout, self.process.stdin, "server")
         self.version = 0
         self.server: dict[str, Any] = {}
+        self.early: dict[str, Any] | None = None  # the server's hello, once it has come
 
     def _drain(self) -> None:
         assert self.process.stderr is not None
@@ -91,19 +92,35 @@ class Connection:
     def hello(self, meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
         """Open the session; a dead transport becomes a TransportError that says how to fix it.
 
-        `meanwhile` runs after the hello is sent and before the answer is read, so local work
-        overlaps the SSH handshake.
+        `meanwhile` runs after the hello is sent and before the answer is taken, so local work
+        overlaps the SSH handshake. A thread reads the answer meanwhile, so `early` holds it as
+        soon as it comes: `meanwhile` may start sending once it is there (ahead.py).
         """
         try:
             self.channel.send({"type": "hello", "versions": self.versions,
                                "client": f"sharedmem/{__version__}",
                                "machine": self.config.machine})
-            if meanwhile is not None:
-                meanwhile()
-            reply = self.channel.expect("hello")
-        except PeerError:
-            raise
         except ProtocolError:
+            raise self.failure() from None
+        answer: list[dict[str, Any] | ProtocolError] = []
+        if meanwhile is None:
+            self._read_hello(answer)
+        else:
+            reader = threading.Thread(target=self._read_hello, args=(answer,), daemon=True,
+                                      name="sharedmem-hello")
+            reader.start()
+            try:
+                meanwhile()
+            except PeerError:
+                raise
+            except ProtocolError:  # a body sent ahead found the server end gone
+                reader.join()
+                raise self.failure() from None
+            reader.join()  # not on other errors: the hello may be slow to come, or never
+        reply = answer[0]
+        if isinstance(reply, PeerError):
+            raise reply
+        if isinstance(reply, ProtocolError):
             raise self.failure() from None
         version = reply.get("version")
         if version not in self.versions:
@@ -112,6 +129,15 @@ class Connection:
         self.version = int(version)
         self.server = reply
         return reply
+
+    def _read_hello(self, answer: list[dict[str, Any] | ProtocolError]) -> None:
+        try:
+            reply = self.channel.expect("hello")
+        except ProtocolError as exc:
+            answer.append(exc)
+            return
+        answer.append(reply)
+        self.early = reply
 
     def failure(self) -> TransportError:
         """Why the server end went away, as an error with a fix."""

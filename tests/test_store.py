@@ -282,6 +282,15 @@ def test_export_and_manifest_paths(st: Store) -> None:
     assert keys == ["machines/m1/codex", "machines/m2/claude-code", NOTES_DIR]
 
 
+def test_pull_leaves_out_the_bodies_the_client_has(st: Store) -> None:
+    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
+    st.ingest("m2", "notes", "markdown", files({"x.md": "A", "y.md": "Y"}))
+    _, _, upserts, _ = st.pull({}, have={sha256_text("A")})
+    assert {p: t for p, _, t in upserts} == {
+        "machines/m1/notes/a.md": None, "machines/m1/notes/b.md": "B",
+        "machines/m2/notes/x.md": None, "machines/m2/notes/y.md": "Y"}
+
+
 def test_pull_sends_only_changes_and_removals(st: Store) -> None:
     st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B", "c.md": "C"}))
     st.ingest("m2", "notes", "markdown", files({"x.md": "X"}))

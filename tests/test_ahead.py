@@ -1,0 +1,119 @@
+"""Bodies sent ahead of their manifest: to a real `serve`, and to a server that limits them."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import write_config
+from test_transport import local_config
+
+from sharedmem import ahead as ahead_mod
+from sharedmem import config as config_mod
+from sharedmem.ahead import Ahead
+from sharedmem.core import digest_of, sha256_text
+from sharedmem.transport import Connection
+
+TEXTS = [f"# note {i}\n\n" + "words " * (40 + i) for i in range(30)]
+
+
+def wait_for_hello(conn: Connection) -> None:
+    """What a long walk does without meaning to: outlast the server's start."""
+    deadline = time.monotonic() + 30
+    while conn.early is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert conn.early is not None, "the server's hello did not come within 30 s"
+
+
+def manifest(texts: list[str]) -> dict:
+    entries = [[f"{i}.md", sha256_text(t), len(t.encode()), 0] for i, t in enumerate(texts)]
+    return {"type": "manifest", "source": "notes", "kind": "markdown",
+            "digest": digest_of((e[0], e[1]) for e in entries), "files": entries}
+
+
+@pytest.mark.parametrize("batch", [1 << 20, 500])  # one batch at the end; a batch every file
+def test_bodies_sent_ahead_reach_a_real_server_which_then_needs_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
+    monkeypatch.setattr(ahead_mod, "BATCH_BYTES", batch)
+    with Connection(local_config(tmp_path, tmp_path / "store.sqlite3")) as conn:
+        ahead = Ahead(conn)
+
+        def walk() -> None:
+            ahead.offer(sha256_text(TEXTS[0]), TEXTS[0], len(TEXTS[0]))  # before the hello
+            wait_for_hello(conn)
+            for text in TEXTS:
+                ahead.offer(sha256_text(text), text, len(text.encode()))
+            ahead.finish()
+
+        conn.hello(walk)
+        assert ahead.sent_bytes == sum(len(t.encode()) for t in TEXTS)
+        conn.channel.send(manifest(TEXTS))
+        assert conn.channel.expect("need")["sha256"] == []
+        conn.channel.send({"type": "commit"})
+        assert conn.channel.expect("result")["accepted"] == len(TEXTS)
+
+
+def test_a_version_1_server_is_sent_nothing_ahead(tmp_path: Path) -> None:
+    with Connection(local_config(tmp_path, tmp_path / "store.sqlite3"), max_version=1) as conn:
+        ahead = Ahead(conn)
+
+        def walk() -> None:
+            wait_for_hello(conn)
+            for text in TEXTS:
+                ahead.offer(sha256_text(text), text, len(text))
+            ahead.finish()
+
+        conn.hello(walk)
+        sent = conn.channel.sent
+        assert ahead.sent_bytes == 0 and not ahead.open
+        conn.channel.send({"type": "status"})
+        assert conn.channel.expect("status")["type"] == "status"
+        assert conn.channel.sent > sent
+
+
+RECORDER = r'''
+import json, sys
+limit, log = sys.argv[1], open(sys.argv[2], "w")
+hello = {"type": "hello", "version": 2, "versions": [2], "server": "recorder"}
+if limit != "None":
+    hello["ahead_bytes"] = int(limit)
+for line in sys.stdin:
+    m = json.loads(line)
+    log.write(json.dumps([m["type"], [p[0] for p in m.get("bodies", [])]]) + "\n"); log.flush()
+    if m["type"] == "hello":
+        sys.stdout.write(json.dumps(hello) + "\n"); sys.stdout.flush()
+'''
+
+
+@pytest.mark.parametrize("limit,sent", [(None, 0), (0, 0), (250, 2), (10_000, 5)])
+def test_the_client_keeps_to_what_the_server_offers(tmp_path: Path, sshd, limit: int | None,
+                                                    sent: int) -> None:
+    script, log = tmp_path / "recorder.py", tmp_path / "log.jsonl"
+    script.write_text(RECORDER)
+    path = write_config(tmp_path / "client.json", "laptop", sshd.transport(
+        pinned=False, remote_command=[sys.executable, str(script), str(limit), str(log)]), [],
+        tmp_path / "cache")
+    texts = ["x" * 100 + str(i) for i in range(5)]  # 101 bytes each
+    with Connection(config_mod.load(path, {"HOME": str(tmp_path)})) as conn:
+        ahead = Ahead(conn)
+
+        def walk() -> None:
+            wait_for_hello(conn)
+            for text in texts:
+                ahead.offer(sha256_text(text), text, len(text))
+            ahead.finish()
+
+        conn.hello(walk)
+        conn.channel.send({"type": "status"})  # the recorder logs it: all before is on file
+        deadline = time.monotonic() + 30
+        while '"status"' not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    received = [json.loads(line) for line in log.read_text().splitlines()]
+    bodies = [sha for kind, shas in received if kind == "bodies" for sha in shas]
+    assert bodies == [sha256_text(t) for t in texts[:sent]]
+    assert ahead.sent_bytes == 101 * sent
+    kinds = [kind for kind, _ in received]
+    assert kinds[:kinds.index("status") + 1] == ["hello"] + ["bodies"] * bool(sent) + ["status"]
