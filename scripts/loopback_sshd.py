@@ -17,6 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCHER = REPO / "shared_memory.py"
+SERVE = (sys.executable, "-S", str(LAUNCHER), "serve")  # as the installers write it
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
@@ -80,8 +81,7 @@ class Sshd:
     def transport(self, *, pinned: bool = True, store: Path | None = None,
                   remote_command: list[str] | None = None) -> dict:
         """A client.json transport section that reaches this sshd."""
-        command = remote_command or [sys.executable, str(LAUNCHER), "serve", "--store",
-                                     str(store or self.store)]
+        command = remote_command or [*SERVE, "--store", str(store or self.store)]
         return {"kind": "ssh", "host": f"{self.user}@127.0.0.1", "port": self.port,
                 "identity": str(self.pinned_key if pinned else self.free_key),
                 "options": [f"UserKnownHostsFile={self.known_hosts}",
@@ -91,7 +91,8 @@ class Sshd:
 
 def pinned_line(store: Path, machine: str, key: str) -> str:
     """The authorized_keys line that pins `key` to `machine`, as install_server.py writes it."""
-    return (f'restrict,command="{sys.executable} {LAUNCHER} serve --store {store} '
+    serve = " ".join(SERVE)
+    return (f'restrict,command="{serve} --store {store} '
             f'--machine {machine}" {key}')
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sharedmem.config import expand
-from sharedmem.core import InstallError, atomic_write, utc_now
+from sharedmem.core import SERVE_PYTHON_FLAGS, InstallError, atomic_write, utc_now
 
 KEY_TYPES = frozenset({
     "ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
@@ -145,7 +145,8 @@ def pinned_machine(options: str) -> str | None:
 
 def forced_command(python: str, launcher: Path, store: Path, machine: str) -> str:
     """The pinned line's command, quoted for the login shell sshd runs it with."""
-    words = [python, str(launcher), "serve", "--store", str(store), "--machine", machine]
+    words = [python, *SERVE_PYTHON_FLAGS, str(launcher), "serve", "--store", str(store),
+             "--machine", machine]
     for word in words:
         if any(c in word for c in '"\\\n\r'):
             raise InstallError(f"{word!r} contains a quote, backslash or line break, which "

@@ -22,6 +22,7 @@ from sharedmem import guidance, harnesses, scheduler, sources
 from sharedmem.config import ClientConfig, SourceConfig, Transport
 from sharedmem.core import (
     KIND_MARKDOWN,
+    SERVE_PYTHON_FLAGS,
     SOURCE_CLAUDE,
     SOURCE_CODEX,
     InstallError,
@@ -173,8 +174,8 @@ def build_config(args: Any, env: Mapping[str, str], prefix: Path,
         transport = Transport("local", store=store)
     else:
         remote = (args.remote_prefix or DEFAULT_PREFIX).rstrip("/") or "/"
-        command = (args.remote_python or "python3", f"{remote}/{LAUNCHER_NAME}", "serve",
-                   "--store", f"{remote}/{STORE_NAME}")
+        command = (args.remote_python or "python3", *SERVE_PYTHON_FLAGS,
+                   f"{remote}/{LAUNCHER_NAME}", "serve", "--store", f"{remote}/{STORE_NAME}")
         identity = user_path(args.ssh_identity, env) if args.ssh_identity else None
         transport = Transport("ssh", host=args.ssh_host, port=int(args.ssh_port)
                               if args.ssh_port else None, identity=identity,

@@ -48,6 +48,8 @@ _RESERVED_WINDOWS = frozenset(
 )  # Windows also treats the superscript digits 1-3 as port numbers
 
 LAUNCHER = Path(__file__).resolve().parent.parent / "shared_memory.py"  # beside the package
+# `serve` needs only the standard library: without `site` its Python starts about 10 ms sooner.
+SERVE_PYTHON_FLAGS = ("-S",)
 
 class SharedMemoryError(Exception):
     """Base of every error this project raises; the CLI turns it into a message and an exit code."""

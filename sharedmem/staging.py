@@ -105,7 +105,7 @@ class Staging:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._child = subprocess.Popen(
-                [sys.executable, "-I", os.path.abspath(__file__), str(self.folder)],
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(self.folder)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except OSError:
             self._failed = True  # nothing staged: apply writes every file itself

@@ -13,7 +13,7 @@ from typing import Any
 
 from sharedmem import __version__
 from sharedmem.config import ClientConfig, Transport
-from sharedmem.core import LAUNCHER, ProtocolError, TransportError
+from sharedmem.core import LAUNCHER, SERVE_PYTHON_FLAGS, ProtocolError, TransportError
 from sharedmem.prestart import SSH_BASE as SSH_BASE
 from sharedmem.prestart import remote_words as remote_words
 from sharedmem.prestart import spawn, ssh_argv, take
@@ -30,7 +30,8 @@ def ssh_command(transport: Transport) -> list[str]:
 def server_command(config: ClientConfig, max_version: int | None = None) -> list[str]:
     """The argv that starts the server end for this configuration."""
     if config.transport.kind == "local":
-        argv = [sys.executable, str(LAUNCHER), "serve", "--store", str(config.transport.store)]
+        argv = [sys.executable, *SERVE_PYTHON_FLAGS, str(LAUNCHER), "serve", "--store",
+                str(config.transport.store)]
         if max_version is not None:
             argv += ["--max-protocol", str(max_version)]
         return argv

@@ -47,7 +47,7 @@ def test_fingerprint_matches_ssh_keygen_and_tilde_uses_env_home(tmp_path: Path) 
 def test_forced_command_quotes_and_refuses_what_sshd_cannot_carry() -> None:
     command = authkeys.forced_command("python3", Path("/opt/my apps/shared_memory.py"),
                                       Path("/srv/store $1.sqlite3"), "laptop")
-    assert shlex.split(command) == ["python3", "/opt/my apps/shared_memory.py", "serve",
+    assert shlex.split(command) == ["python3", "-S", "/opt/my apps/shared_memory.py", "serve",
                                     "--store", "/srv/store $1.sqlite3", "--machine", "laptop"]
     for bad in ('/opt/say "hi"', "/opt/back\\slash", "/opt/new\nline"):
         with pytest.raises(InstallError, match="quote, backslash or line break"):

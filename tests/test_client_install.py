@@ -38,14 +38,14 @@ def test_ssh_configuration(tmp_path: Path) -> None:
     assert cfg.transport == config_mod.Transport(
         "ssh", host="me@srv", port=2222, identity=home / ".ssh" / "id_ed25519",
         options=("ConnectTimeout=5",), remote_command=(
-            "/usr/bin/python3.12", "/srv/cm/shared_memory.py", "serve", "--store",
+            "/usr/bin/python3.12", "-S", "/srv/cm/shared_memory.py", "serve", "--store",
             "/srv/cm/store.sqlite3"))
     assert [(s.name, s.kind, s.path) for s in cfg.sources] == [
         ("codex", "codex", home / ".codex" / "memories")]  # claude-code has no folder here
     assert cfg.cache == prefix / "cache" and cfg.state == prefix / "state"
     default, _ = build(["--machine", "laptop", "--ssh-host", "srv"], home, prefix)
     assert default.transport.remote_command == (
-        "python3", "~/.local/share/codex-shared-memory/shared_memory.py", "serve", "--store",
+        "python3", "-S", "~/.local/share/codex-shared-memory/shared_memory.py", "serve", "--store",
         "~/.local/share/codex-shared-memory/store.sqlite3")  # ~ is the server's home
     assert default.transport.port is None and default.transport.identity is None
 

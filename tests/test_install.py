@@ -105,7 +105,7 @@ def test_server_install_pins_key_once_and_refuses_another_machine(tmp_path):
                str(tmp_path / "laptop_key.pub"), home=home, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     store = prefix / "store.sqlite3"
-    line = (f'restrict,command="{sys.executable} {prefix}/shared_memory.py serve --store '
+    line = (f'restrict,command="{sys.executable} -S {prefix}/shared_memory.py serve --store '
             f'{store} --machine laptop" {pub}')
     assert keys.read_text() == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBBBB old@box\n" + line + "\n"
     assert mode(home / ".ssh") == 0o700 and mode(keys) == 0o600
@@ -236,7 +236,7 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
     with Store.open(server_home / PREFIX / "store.sqlite3", create=False) as store:
         assert "machines/laptop/codex/MEMORY.md" in store.manifest()
     cfg = json.loads((prefix / "client.json").read_text())
-    assert cfg["transport"]["remote_command"][1] == "/ignored/by/pin/shared_memory.py"
+    assert cfg["transport"]["remote_command"][1:3] == ["-S", "/ignored/by/pin/shared_memory.py"]
     assert mode(prefix / "client.json") == 0o600
     assert list((prefix / "sharedmem" / "__pycache__").glob("client.cpython-*.pyc"))
 
