@@ -262,15 +262,20 @@ class Cache:
             folders.target(path, create=False, strict=True)  # refuse links before any write
         written = 0
         for path, sha, text in upserts:
-            data = text.encode("utf-8")
             target = folders.target(path, create=True)
             assert target is not None
             old = files.get(path)
-            if old is None or old.sha256 != sha or not os.path.isfile(target):
-                if staged is None or not staged.move(path, sha, target, old is not None):
-                    atomic_write(Path(target), data, durable=False)
-                written += 1
-            files[path] = CachedFile(sha, len(data), namespace_key(path))
+            if old is not None and old.sha256 == sha and _intact(
+                    target, old.size if full or old.namespace in full_namespaces else None):
+                files[path] = CachedFile(sha, old.size, namespace_key(path))
+                continue
+            size = None if staged is None else staged.move(path, sha, target, old is not None)
+            if size is None:
+                data = text.encode("utf-8")
+                atomic_write(Path(target), data, durable=False)
+                size = len(data)
+            written += 1
+            files[path] = CachedFile(sha, size, namespace_key(path))
         removed = 0
         for path in sorted(gone - {p for p, _, _ in upserts}):
             files.pop(path, None)
@@ -323,6 +328,18 @@ class Cache:
         stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
         self._files_cache = (stamps[0], manifest.files)  # what was just written: no re-read
         self._loaded = (stamps, manifest)
+
+
+def _intact(target: str, size: int | None) -> bool:
+    """Whether the cached file is there, and of `size` when given.
+
+    A namespace pulled whole because a file's size was off is thus rewritten where it is off.
+    """
+    try:
+        st = os.stat(target)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)
 
 
 class _Folders:

@@ -171,13 +171,13 @@ class Sync:
         old = _acked_files(saved)
         on_server = set(old.values()) if old is not None else set()
 
-        def stage(entry: sources.Entry) -> None:
+        def stage(entry: sources.Entry, data: bytes) -> None:
             """A file read this time: staged if the cache lacks it, sent ahead if the server does."""
             if entry.text is None:
                 return
             cached = self.cached.get(prefix + entry.path)
             if cached is None or cached.sha256 != entry.sha256:
-                self.staging.add(prefix + entry.path, entry.sha256, entry.text)
+                self.staging.add(prefix + entry.path, entry.sha256, data)
             if self.ahead is not None and entry.sha256 not in on_server:
                 self.ahead.offer(entry.sha256, entry.text, entry.size)
 

@@ -119,6 +119,13 @@ def read_text(parent: Handle, name: str, shown: str,
 
     Raises Refused (reasons: symlink, vanished, unreadable, not-regular, too-large, invalid-utf8).
     """
+    text, _, st = read_utf8(parent, name, shown, max_bytes)
+    return text, st
+
+
+def read_utf8(parent: Handle, name: str, shown: str,
+              max_bytes: int) -> tuple[str, bytes, os.stat_result]:
+    """`read_text`, also returning the bytes read: they are the text's UTF-8, to hash or write."""
     try:
         if isinstance(parent, int):
             fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
@@ -150,7 +157,7 @@ def read_text(parent: Handle, name: str, shown: str,
         os.close(fd)
     data = b"".join(chunks)
     try:
-        return data.decode("utf-8"), st
+        return data.decode("utf-8"), data, st
     except UnicodeDecodeError as exc:
         raise Refused(
             "invalid-utf8",

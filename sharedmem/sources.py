@@ -23,6 +23,7 @@ from sharedmem.core import (
     SourceError,
     collision_key,
     path_problems,
+    sha256_bytes,
     sha256_text,
 )
 from sharedmem.nofollow import (
@@ -34,7 +35,7 @@ from sharedmem.nofollow import (
     open_child_dir,
     open_root,
     read_below,
-    read_text,
+    read_utf8,
     refusal,
     too_large,
 )
@@ -175,7 +176,7 @@ class _Walker:
     """Collects the files and skips of one snapshot, applying path, collision and quota rules."""
 
     def __init__(self, spec: SourceSpec, limits: Limits, previous: Mapping | None,
-                 on_read: Callable[[Entry], None] | None = None) -> None:
+                 on_read: Callable[[Entry, bytes], None] | None = None) -> None:
         self.spec = spec
         self.limits = limits
         self.on_read = on_read
@@ -186,9 +187,10 @@ class _Walker:
         self.bytes = 0
         self.full = False
         # Files waiting for the next flush, in walk order: (disk path, reused entry or None,
-        # (published path, stat) and raw text of a file read this time). Redaction runs over a
-        # whole batch at once (redact.redact_many), which costs half as much as file by file.
-        self.queue: list[tuple[str, Entry | None, tuple[str, os.stat_result] | None,
+        # (published path, stat, bytes read) and raw text of a file read this time). Redaction
+        # runs over a whole batch at once (redact.redact_many), which costs half as much as file
+        # by file; the bytes read are the text's UTF-8, hashed as they are when nothing changed.
+        self.queue: list[tuple[str, Entry | None, tuple[str, os.stat_result, bytes] | None,
                                str | None]] = []
         self.queued_bytes = 0
 
@@ -202,28 +204,31 @@ class _Walker:
         if not queue:
             return
         from sharedmem.redact import redact_many  # its patterns compile on first use
-        redacted = iter(redact_many([raw for _, _, _, raw in queue if raw is not None]))
+        redacted = iter(redact_many([raw for _, _, _, raw in queue if raw is not None],
+                                    [read[2] for _, _, read, _ in queue if read is not None]))
+        data = b""
         for disk, made, read, _ in queue:
-            shown = _display(disk)
             if read is not None:
                 text, counts = next(redacted)
-                size = len(text.encode("utf-8"))
-                if size > self.limits.file_bytes:
-                    skip = too_large(shown, size, self.limits.file_bytes)
-                    self.skipped.append(Skipped(shown, skip.reason, skip.detail))
+                published, st, data = read
+                if counts:
+                    data = text.encode("utf-8")
+                if len(data) > self.limits.file_bytes:
+                    skip = too_large(_display(disk), len(data), self.limits.file_bytes)
+                    self.skipped.append(Skipped(_display(disk), skip.reason, skip.detail))
                     continue
-                published, st = read
-                made = Entry(published, sha256_text(text), size, st.st_mtime_ns, st.st_size,
-                             dict(counts), text, disk)
+                made = Entry(published, sha256_bytes(data), len(data), st.st_mtime_ns,
+                             st.st_size, dict(counts), text, disk)
             assert made is not None
             if self.full or self.bytes + made.size > self.limits.namespace_bytes:
                 self.full = True
+                shown = _display(disk)
                 self.skipped.append(Skipped(shown, "quota", self._quota_message(shown)))
                 continue
             self.bytes += made.size
             self.files.append(made)
             if read is not None and self.on_read is not None:
-                self.on_read(made)
+                self.on_read(made, data)
 
     def listing(self, handle: Handle, rel: str) -> list[os.DirEntry]:
         """A folder's sorted entries; an unlistable subfolder is reported, the root raises."""
@@ -298,11 +303,11 @@ class _Walker:
             self.queue.append((disk, reused, None, None))
             return
         try:
-            raw, st = read_text(handle, entry.name, shown, self.limits.file_bytes)
+            raw, data, st = read_utf8(handle, entry.name, shown, self.limits.file_bytes)
         except Refused as skip:
             self.skip(disk, skip.reason, skip.detail)
             return
-        self.queue.append((disk, None, (published, st), raw))
+        self.queue.append((disk, None, (published, st, data), raw))
         self.queued_bytes += len(raw)
         if self.queued_bytes >= REDACT_BATCH_BYTES:
             self.flush()
@@ -402,10 +407,11 @@ def _walk_markdown(w: _Walker, handle: Handle, rel: str = "", depth: int = 0) ->
 
 def snapshot(spec: SourceSpec, limits: Limits = _DEFAULT_LIMITS,
              previous: Mapping | None = None,
-             on_read: Callable[[Entry], None] | None = None) -> Snapshot:
+             on_read: Callable[[Entry, bytes], None] | None = None) -> Snapshot:
     """Walk one source and describe what it would publish; unchanged files are not re-read.
 
-    `on_read` sees each file read (and redacted) this time, as soon as it is accepted.
+    `on_read` sees each file read (and redacted) this time, as soon as it is accepted, with the
+    UTF-8 of its text.
     """
     if spec.kind not in SOURCE_KINDS:
         raise ConfigError(f"source {spec.name!r} has unknown kind {spec.kind!r}: use one of "

@@ -36,6 +36,7 @@ class Staging:
         self.replaced = meta / REPLACED_DIR
         self.min_files = min_files
         self.numbers: dict[tuple[str, str], int] = {}
+        self.sizes: list[int] = []  # by number
         self.written: set[int] = set()
         self._pending: list[tuple[int, bytes]] = []  # not yet handed to the helper or a thread
         self._size = 0
@@ -46,13 +47,13 @@ class Staging:
         self._stop = threading.Event()
         self._failed = False
 
-    def add(self, path: str, sha: str, text: str) -> None:
-        """Queue one file; the helper starts once there are `min_files` of them."""
+    def add(self, path: str, sha: str, data: bytes) -> None:
+        """Queue one file, its text in UTF-8; the helper starts once there are `min_files`."""
         if self._failed or (path, sha) in self.numbers:
             return
         number = len(self.numbers)
         self.numbers[(path, sha)] = number
-        data = text.encode("utf-8")
+        self.sizes.append(len(data))
         self._pending.append((number, data))
         self._size += len(data)
         if self._child is None and (len(self.numbers) < self.min_files or not self._start()):
@@ -140,23 +141,23 @@ class Staging:
         report = self._child.stdout.read()  # ends when the helper closes it, before it exits
         self.written = {int(n) for n in report.split() if n.isdigit()}
 
-    def move(self, path: str, sha: str, target: str, replacing: bool = True) -> bool:
-        """Rename the staged text of `path` at `sha` onto `target`; False when there is none.
+    def move(self, path: str, sha: str, target: str, replacing: bool = True) -> int | None:
+        """Rename the staged text of `path` at `sha` onto `target`: its size, or None if none.
 
         `replacing` says the cache holds a version of the file now, to be kept until the next
         sync (see `_keep_old`).
         """
         number = self.numbers.get((path, sha))
         if number is None or number not in self.written:
-            return False
+            return None
         if replacing:
             self._keep_old(target, number)
         try:
             os.replace(f"{self.folder}{os.sep}{number}.part", target)
         except OSError:
-            return False
+            return None
         self.written.discard(number)
-        return True
+        return self.sizes[number]
 
     def _keep_old(self, target: str, number: int) -> None:
         """Link the version about to be replaced into `replaced/`, so the replace frees nothing.
@@ -195,6 +196,7 @@ class Staging:
             self._feeder.join()
         self._child, self._feeder, self._writer = None, None, None
         self.numbers.clear()
+        self.sizes.clear()
         self.written.clear()
         self._pending, self._size = [], 0
         self._remove_folder()

@@ -399,3 +399,19 @@ def test_a_server_that_leaves_out_a_body_the_client_lacks_is_refused(tmp_path, s
     assert code == 2
     assert "sent no text for 'machines/evil/notes/x.md'" in report["error"]
     assert not (tmp_path / "laptop" / "cache" / "machines").exists()
+
+
+def test_a_cache_file_changed_by_hand_is_restored_by_the_next_sync(tmp_path):
+    home = tmp_path / "h"
+    make_memories(home, files=3)
+    cfg = config_for(tmp_path, home, "laptop",
+                     {"kind": "local", "store": str(tmp_path / "store.sqlite3")})
+    assert sync_json(cfg)[0] == 0
+    cache = tmp_path / "laptop" / "cache"
+    before = cache_files(cache)
+    edited = cache / "machines/laptop/notes/d1/note-001.md"
+    edited.write_text("edited by hand, and longer than it was\n", encoding="utf-8")
+    (cache / "machines/laptop/codex/MEMORY.md").unlink()
+    code, report = sync_json(cfg)
+    assert code == 0 and report["pull"]["written"] == 2
+    assert cache_files(cache) == before

@@ -442,3 +442,21 @@ SECRETISH = " = '" + tok(14, ALNUM) + "'"
 def test_redact_many_falls_back_for_characters_that_break_the_byte_scan(odd: str) -> None:
     texts = ["clean text", odd, "api_key" + SECRETISH]
     assert redact_many(texts) == [redact(t) for t in texts]
+
+
+def test_the_batch_screens_cover_every_rule_matched_with_case() -> None:
+    # A rule matched with case is found by the batch scan only through a screen; one left out
+    # would let its secrets through redact_many untouched.
+    from sharedmem.redact import _RULE_TEXT, _SCREENS
+    cased = {rule.kind for rule in _RULE_TEXT if not rule.folded} | {"private-key"}
+    screened = set().union(*(kinds for _, kinds in _SCREENS))
+    assert cased <= screened
+    assert screened - cased <= {rule.kind for rule in _RULE_TEXT}
+
+
+@pytest.mark.parametrize("positive", POSITIVES, ids=[p[0] for p in POSITIVES])
+def test_redact_many_finds_each_token_without_its_usual_context(positive: tuple) -> None:
+    # The usual context ("password = ", "://") is itself a lead, which hides a screen that
+    # misses the token; alone in plain words, the token must be found through its own.
+    texts = ["plain words", "before " + positive[2] + " after", "more plain words"]
+    assert redact_many(texts) == [redact(t) for t in texts]

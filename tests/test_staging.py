@@ -21,6 +21,10 @@ def items(count: int, tag: str = "") -> list[tuple[str, str, str]]:
     return [(f"{NS}/d{i % 3}/n{i}.md", sha256_text(t), t) for i, t in enumerate(texts)]
 
 
+def add(stage: Staging, item: tuple[str, str, str]) -> None:
+    stage.add(item[0], item[1], item[2].encode())
+
+
 @pytest.fixture
 def cache(tmp_path: Path) -> Cache:
     return Cache(tmp_path / "cache")
@@ -29,7 +33,7 @@ def cache(tmp_path: Path) -> Cache:
 def staged(cache: Cache, batch: list[tuple[str, str, str]]) -> Staging:
     stage = Staging(cache.meta, min_files=1)
     for path, sha, text in batch:
-        stage.add(path, sha, text)
+        stage.add(path, sha, text.encode())
     stage.flush()
     stage.wait()
     return stage
@@ -68,7 +72,7 @@ def test_a_few_files_are_left_to_apply_without_a_helper(cache: Cache) -> None:
     batch = items(3)
     stage = Staging(cache.meta, min_files=4)
     for item in batch:
-        stage.add(*item)
+        add(stage, item)
     stage.flush()
     stage.wait()
     assert stage.written == set() and not stage.folder.exists()  # no helper was started
@@ -76,7 +80,7 @@ def test_a_few_files_are_left_to_apply_without_a_helper(cache: Cache) -> None:
                 staged=stage)
     for path, _, text in batch:
         assert (cache.root / path).read_text(encoding="utf-8") == text
-    stage.add(*items(5, "b")[4])  # the fourth file starts the helper with all four
+    add(stage, items(5, "b")[4])  # the fourth file starts the helper with all four
     stage.flush()
     stage.wait()
     assert stage.written == {0, 1, 2, 3}
@@ -87,7 +91,7 @@ def test_a_few_files_are_written_ahead_on_a_thread(cache: Cache) -> None:
     batch = items(12)
     stage = Staging(cache.meta)  # far fewer than min_files: no helper process
     for item in batch:
-        stage.add(*item)
+        add(stage, item)
     stage.flush()
     stage.write_ahead()  # what a sync does once its last commit is sent
     stage.wait()
@@ -123,7 +127,7 @@ def test_discard_stops_the_helper_and_removes_leftovers(cache: Cache) -> None:
     leftover.parent.mkdir(parents=True)
     leftover.write_text("old")
     stage = Staging(cache.meta, min_files=1)
-    stage.add(*items(1)[0])  # starting the helper empties the folder first
+    add(stage, items(1)[0])  # starting the helper empties the folder first
     assert not leftover.exists()
     stage.discard()  # before wait(): the helper is stopped, nothing is left
     assert not stage.folder.exists() and stage.numbers == {}
@@ -132,10 +136,10 @@ def test_discard_stops_the_helper_and_removes_leftovers(cache: Cache) -> None:
 def test_a_helper_that_could_not_write_leaves_the_writing_to_apply(cache: Cache) -> None:
     batch = items(5)
     stage = Staging(cache.meta, min_files=1)
-    stage.add(*batch[0])
+    add(stage, batch[0])
     (stage.folder / "1.part").mkdir()  # the helper's second file cannot be created
     for item in batch[1:]:
-        stage.add(*item)
+        add(stage, item)
     stage.flush()
     stage.wait()
     assert stage.written == {0}
