@@ -260,8 +260,12 @@ class Cache:
         folders = _Folders(self.root)
         for path, _, _ in upserts:
             folders.target(path, create=False, strict=True)  # refuse links before any write
-        written = 0
+        moved = {} if staged is None else _move_folders(upserts, files, folders, staged)
+        written = len(moved)
         for path, sha, text in upserts:
+            if path in moved:
+                files[path] = CachedFile(sha, moved[path], namespace_key(path))
+                continue
             target = folders.target(path, create=True)
             assert target is not None
             old = files.get(path)
@@ -328,6 +332,27 @@ class Cache:
         stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
         self._files_cache = (stamps[0], manifest.files)  # what was just written: no re-read
         self._loaded = (stamps, manifest)
+
+
+def _move_folders(upserts: list[tuple[str, str, str]], files: dict[str, CachedFile],
+                  folders: _Folders, staged: Staging) -> dict[str, int]:
+    """Move in whole each namespace new to the cache that was staged just as pulled.
+
+    On a first sync that is one rename instead of one a file. Returns path -> size of the
+    files moved; the rest are moved or written one by one.
+    """
+    cached = {meta.namespace for meta in files.values()}
+    new: dict[str, dict[str, str]] = {}
+    for path, sha, _ in upserts:
+        key = namespace_key(path)
+        if key not in cached and key.startswith(MACHINES_DIR + "/"):
+            new.setdefault(key, {})[path] = sha
+    moved: dict[str, int] = {}
+    for key, pulled in new.items():
+        target = folders.target(key, create=True)  # makes machines/<machine>, refusing links
+        if target is not None and not os.path.lexists(target):
+            moved.update(staged.move_folder(key, pulled, target))
+    return moved
 
 
 def _intact(target: str, size: int | None) -> bool:

@@ -4,9 +4,11 @@ A sync knows the text of every file it publishes. Writing those files into the c
 slowest part of a large sync (creating a file costs the kernel more than reading and redacting
 it), and it has to wait for the server's answer, because a failed sync must leave the cache as
 it was. So a helper process (this file, run as a script: it needs only the standard library)
-writes them into `<cache>/.sharedmem/staging/` on the other CPU while the sync walks, redacts
-and sends; `Cache.apply` then moves each one into place with one rename, and only when the pull
-says that very path holds that very sha256. A thread would not do: the walk holds the GIL.
+writes them into `<cache>/.sharedmem/staging/`, each at its own cache path, on the other CPU
+while the sync walks, redacts and sends. `Cache.apply` then moves each one into place with one
+rename, and only when the pull says that very path holds that very sha256; a namespace new to
+the cache whose every file is staged as pulled moves in with one rename of its folder. A thread
+would not do: the walk holds the GIL.
 
 What is not used is deleted. A sync that was killed leaves the folder; the next one empties it
 before staging anything.
@@ -38,7 +40,7 @@ class Staging:
         self.numbers: dict[tuple[str, str], int] = {}
         self.sizes: list[int] = []  # by number
         self.written: set[int] = set()
-        self._pending: list[tuple[int, bytes]] = []  # not yet handed to the helper or a thread
+        self._pending: list[tuple[int, str, bytes]] = []  # not yet handed to a helper or thread
         self._size = 0
         self._child: subprocess.Popen[bytes] | None = None
         self._queue: SimpleQueue[bytes | None] = SimpleQueue()
@@ -54,7 +56,7 @@ class Staging:
         number = len(self.numbers)
         self.numbers[(path, sha)] = number
         self.sizes.append(len(data))
-        self._pending.append((number, data))
+        self._pending.append((number, path, data))
         self._size += len(data)
         if self._child is None and (len(self.numbers) < self.min_files or not self._start()):
             return
@@ -64,7 +66,7 @@ class Staging:
     def flush(self) -> None:
         """Hand what is queued to the helper now (the caller is about to wait on the server)."""
         if self._pending and self._child is not None:
-            self._queue.put(b"".join(b"%d %d\n%s" % (n, len(d), d) for n, d in self._pending))
+            self._queue.put(b"".join(_record(*item) for item in self._pending))
             self._pending, self._size = [], 0
 
     def write_ahead(self, then: Callable[[], object] | None = None) -> None:
@@ -74,7 +76,7 @@ class Staging:
         costs the sync nothing (a thread would slow the walk, which holds the GIL). `wait`
         returns only when it is done.
         """
-        items: list[tuple[int, bytes]] = []
+        items: list[tuple[int, str, bytes]] = []
         if self._child is None and self._pending:
             items, self._pending, self._size = self._pending, [], 0
             self._remove_folder()
@@ -89,9 +91,11 @@ class Staging:
                                         name="sharedmem-staging")
         self._writer.start()
 
-    def _write(self, items: list[tuple[int, bytes]], then: Callable[[], object] | None) -> None:
-        for number, data in items:
-            if self._stop.is_set() or not _write_new(self.folder / f"{number}.part", data):
+    def _write(self, items: list[tuple[int, str, bytes]],
+               then: Callable[[], object] | None) -> None:
+        made: set[str] = set()
+        for number, path, data in items:
+            if self._stop.is_set() or not _write_new(str(self.folder), path, data, made):
                 break
             self.written.add(number)
         if then is not None and not self._stop.is_set():
@@ -153,11 +157,30 @@ class Staging:
         if replacing:
             self._keep_old(target, number)
         try:
-            os.replace(f"{self.folder}{os.sep}{number}.part", target)
+            os.replace(_below(str(self.folder), path), target)
         except OSError:
             return None
         self.written.discard(number)
         return self.sizes[number]
+
+    def move_folder(self, namespace: str, pulled: dict[str, str], target: str) -> dict[str, int]:
+        """Rename the staged folder of `namespace` onto `target` (absent) if it is just as pulled.
+
+        `pulled` maps each cache path of the namespace to its sha256. Only if every one is staged
+        and written at that sha256, and nothing else is staged there, does the folder move in
+        one rename; returns the size of each file moved (empty if none was).
+        """
+        prefix = namespace + "/"
+        mine = {key: number for key, number in self.numbers.items() if key[0].startswith(prefix)}
+        if len(mine) != len(pulled) or not all(
+                mine.get((path, sha)) in self.written for path, sha in pulled.items()):
+            return {}
+        try:
+            os.rename(_below(str(self.folder), namespace), target)
+        except OSError:
+            return {}
+        self.written.difference_update(mine.values())
+        return {path: self.sizes[number] for (path, _), number in mine.items()}
 
     def _keep_old(self, target: str, number: int) -> None:
         """Link the version about to be replaced into `replaced/`, so the replace frees nothing.
@@ -216,10 +239,30 @@ def _remove(folder: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _write_new(path: Path | str, data: bytes) -> bool:
-    """Create `path` (it must not exist) holding `data`; False if that failed."""
+def _below(folder: str, path: str) -> str:
+    """The staged file (or folder) of a cache path: the same path below the staging folder."""
+    return os.path.join(folder, *path.split("/"))
+
+
+def _record(number: int, path: str, data: bytes) -> bytes:
+    """One file for the helper: `<number> <path bytes> <data bytes>`, a newline, then both."""
+    name = path.encode("utf-8")
+    return b"%d %d %d\n%s%s" % (number, len(name), len(data), name, data)
+
+
+def _write_new(folder: str, path: str, data: bytes, made: set[str]) -> bool:
+    """Create the staged file of `path` (it must not exist) holding `data`; False if that failed.
+
+    `made` holds the folders made so far, so each is made once. The paths are the sync's own,
+    checked by the walk: no part is empty, `.`, `..` or absolute.
+    """
+    target = _below(folder, path)
+    parent = os.path.dirname(target)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
                      0o600)
         try:
             if os.write(fd, data) != len(data):
@@ -232,17 +275,19 @@ def _write_new(path: Path | str, data: bytes) -> bool:
 
 
 def _helper(folder: str) -> int:
-    """Write each record (a `<number> <size>` line, then the bytes) to `<folder>/<number>.part`.
+    """Write each record (see `_record`) to its staged file below `folder`.
 
     Prints the numbers written, so the sync moves only whole files.
     """
     source = sys.stdin.buffer
     written: list[str] = []
+    made: set[str] = set()
     status = 0
     while header := source.readline():
-        number, size = (int(x) for x in header.split())
+        number, name_size, size = (int(x) for x in header.split())
+        path = source.read(name_size).decode("utf-8")
         data = source.read(size)
-        if len(data) != size or not _write_new(os.path.join(folder, f"{number}.part"), data):
+        if len(data) != size or not _write_new(folder, path, data, made):
             status = 1
             break
         written.append(str(number))

@@ -25,6 +25,12 @@ def add(stage: Staging, item: tuple[str, str, str]) -> None:
     stage.add(item[0], item[1], item[2].encode())
 
 
+def staged_paths(stage: Staging) -> list[str]:
+    """The files left in the staging folder, by cache path."""
+    return sorted(p.relative_to(stage.folder).as_posix() for p in stage.folder.rglob("*")
+                  if p.is_file())
+
+
 @pytest.fixture
 def cache(tmp_path: Path) -> Cache:
     return Cache(tmp_path / "cache")
@@ -43,11 +49,12 @@ def test_staged_files_are_moved_in_by_apply(cache: Cache) -> None:
     batch = items(40)
     stage = staged(cache, batch)
     assert stage.written == set(range(40))
-    assert len(list(stage.folder.iterdir())) == 40
+    assert staged_paths(stage) == sorted(p for p, _, _ in batch)  # each at its cache path
     info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
     done = cache.apply(batch, [], info, staged=stage)
     assert done["written"] == 40
-    assert list(stage.folder.iterdir()) == []  # every one moved, none copied
+    assert staged_paths(stage) == []  # every one moved, none copied
+    assert not (stage.folder / NS).exists()  # a namespace new to the cache: its folder moved
     for path, _, text in batch:
         assert (cache.root / path).read_text(encoding="utf-8") == text
     stage.discard()
@@ -63,7 +70,7 @@ def test_only_the_same_path_and_sha_is_moved(cache: Cache) -> None:
                 staged=stage)
     assert (cache.root / batch[1][0]).read_text(encoding="utf-8") == other
     assert not (cache.root / batch[2][0]).exists()
-    assert sorted(p.name for p in stage.folder.iterdir()) == ["1.part", "2.part"]  # for discard
+    assert staged_paths(stage) == [batch[1][0], batch[2][0]]  # for discard
     stage.discard()
     assert not stage.folder.exists()
 
@@ -98,7 +105,7 @@ def test_a_few_files_are_written_ahead_on_a_thread(cache: Cache) -> None:
     assert stage.written == set(range(12))
     cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
                 staged=stage)
-    assert list(stage.folder.iterdir()) == []  # all moved in
+    assert staged_paths(stage) == []  # all moved in
     for path, _, text in batch:
         assert (cache.root / path).read_text(encoding="utf-8") == text
     stage.discard()
@@ -137,7 +144,7 @@ def test_a_helper_that_could_not_write_leaves_the_writing_to_apply(cache: Cache)
     batch = items(5)
     stage = Staging(cache.meta, min_files=1)
     add(stage, batch[0])
-    (stage.folder / "1.part").mkdir()  # the helper's second file cannot be created
+    (stage.folder / batch[1][0]).mkdir(parents=True)  # the helper's second file cannot be made
     for item in batch[1:]:
         add(stage, item)
     stage.flush()
@@ -154,7 +161,23 @@ def test_the_helper_refuses_a_short_record(tmp_path: Path) -> None:
     folder = tmp_path / "staging"
     folder.mkdir()
     proc = subprocess.run([sys.executable, "-I", staging_mod.__file__, str(folder)],
-                          input=b"0 3\nabc1 10\nshort", capture_output=True, timeout=30)
+                          input=b"0 6 3\nd/x.mdabc1 4 10\ny.mdshort", capture_output=True,
+                          timeout=30)
     assert proc.returncode == 1 and proc.stdout == b"0"
-    assert [p.name for p in folder.iterdir()] == ["0.part"]
-    assert (folder / "0.part").read_bytes() == b"abc"
+    assert [p.relative_to(folder).as_posix() for p in folder.rglob("*")] == ["d", "d/x.md"]
+    assert (folder / "d" / "x.md").read_bytes() == b"abc"
+
+
+def test_a_namespace_folder_already_in_the_cache_is_not_replaced(cache: Cache) -> None:
+    stray = cache.root / NS / "kept.txt"  # not in the manifest, but the folder exists
+    stray.parent.mkdir(parents=True)
+    stray.write_text("mine")
+    batch = items(6)
+    stage = staged(cache, batch)
+    cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
+                staged=stage)
+    assert stray.read_text() == "mine"
+    assert staged_paths(stage) == []  # moved one by one
+    for path, _, text in batch:
+        assert (cache.root / path).read_text(encoding="utf-8") == text
+    stage.discard()
