@@ -221,6 +221,7 @@ class Cache:
         server: dict[str, Any] | None = None,
         staged: Staging | None = None,
         own: Container[str] = frozenset(),
+        valid: Container[str] = frozenset(),
     ) -> dict[str, int]:
         """Write a pull into the cache: every path checked first, then files, then the manifest.
 
@@ -230,10 +231,13 @@ class Cache:
         for those namespaces only. `staged` holds files written ahead (staging.py): one whose
         path and sha256 match is moved into place instead of written. `own` are the sha256s of
         texts this client hashed itself (the server sent no body for them): not hashed again.
+        `valid` are cache paths this client published itself, so they passed the walk's rules
+        (and the layout is its own): not checked again.
         """
         problems = []
         for path, sha, text in upserts:
-            problems.extend(published_path_problems(path))
+            if path not in valid:
+                problems.extend(published_path_problems(path))
             if sha not in own and sha256_text(text) != sha:
                 problems.append(f"path {path!r}: the text does not match its sha256 {sha}")
         for path in removals:

@@ -112,6 +112,7 @@ class Sync:
         self.last_to_publish: _Prepared | None = None
         self.staging = Staging(self.cache.meta)
         self.ahead: Ahead | None = None
+        self.own_paths: set[str] = set()  # cache paths of the files this run published
         self.published: list[_Prepared] = []
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                                        "sources": [], "notes": {"delivered": 0, "refused": []}}
@@ -300,9 +301,12 @@ class Sync:
         ok = [p for p in self.snapshots if p.snap.status == "ok"]
         own = {self._namespace(p.source.name): p.snap.files for p in ok}
         files = {k: v for k, v in self.cached.items() if v.namespace not in own}
+        mine = []
         for key, entries in own.items():
             for e in entries:
-                files[f"{key}/{e.path}"] = CachedFile(e.sha256, e.size, key)
+                mine.append(path := f"{key}/{e.path}")
+                files[path] = CachedFile(e.sha256, e.size, key)
+        self.own_paths = set(mine)
         self.cache.expect(files)
         for prepared in ok:
             prepared.state_text = self._state_text(prepared, {"digest": prepared.digest})
@@ -373,7 +377,7 @@ class Sync:
                                 full=conn.version == 1, full_namespaces=set(head.get("full", [])),
                                 server={"server": conn.server.get("server"),
                                         "protocol": conn.version}, staged=self.staging,
-                                own=own)
+                                own=own, valid=self.own_paths)
         return done
 
 

@@ -143,8 +143,9 @@ def test_apply_refuses_hostile_input_and_writes_nothing(tmp_path: Path, cache: C
     victim.write_text("mine")
     before_cache, before_all = tree(cache.root), tree(tmp_path)
     good = [up(f"{A}/new.md", "fine\n")]
-    with pytest.raises(ProtocolError, match="refuses to write"):
-        cache.apply(good + upserts, removals, {**spaces(A, B, NOTES_NAMESPACE), **extra})
+    with pytest.raises(ProtocolError, match="refuses to write"):  # the client's own path
+        cache.apply(good + upserts, removals, {**spaces(A, B, NOTES_NAMESPACE), **extra},
+                    valid={f"{A}/new.md"})  # vouches for itself only
     assert tree(cache.root) == before_cache
     assert tree(tmp_path) == before_all
     assert victim.read_text() == "mine"
