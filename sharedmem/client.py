@@ -113,6 +113,7 @@ class Sync:
         self.staging = Staging(self.cache.meta)
         self.ahead: Ahead | None = None
         self.own_paths: set[str] = set()  # cache paths of the files this run published
+        self.takes_own: dict[str, str] = {}  # namespaces the pull may leave out (_takes_own)
         self.published: list[_Prepared] = []
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                                        "sources": [], "notes": {"delivered": 0, "refused": []}}
@@ -330,7 +331,20 @@ class Sync:
         if conn.version == 1:
             conn.channel.send({"type": "export"})
         else:
-            conn.channel.send({"type": "pull", "known": self.known, "have": sorted(self.have)})
+            self.takes_own = self._takes_own()
+            conn.channel.send({"type": "pull", "known": self.known, "have": sorted(self.have),
+                               "published": self.takes_own})
+
+    def _takes_own(self) -> dict[str, str]:
+        """Namespaces this run publishes whole and the cache never had: key -> digest.
+
+        The server leaves each out of the pull if it now holds it at that digest, and the cache
+        takes the snapshot as it was sent (a first sync then does not pull its own files back).
+        """
+        cached = {meta.namespace for meta in self.cached.values()}
+        return {key: p.digest for p in self.snapshots
+                if p.snap.status == "ok" and (key := self._namespace(p.source.name)) not in cached
+                and all(e.text is not None for e in p.snap.files)}
 
     def _deliver(self, conn: Connection) -> None:
         self._request(conn)
@@ -358,6 +372,13 @@ class Sync:
         head = conn.channel.expect("namespaces")
         upserts: list[tuple[str, str, str]] = []
         own: set[str] = set()
+        skipped = set(head.get("skipped", ())) & self.takes_own.keys()  # only those asked for
+        for prepared in self.snapshots:
+            key = self._namespace(prepared.source.name)
+            if key in skipped:
+                for e in prepared.snap.files:
+                    upserts.append((f"{key}/{e.path}", e.sha256, e.text))
+                    own.add(e.sha256)
         while (part := conn.channel.expect("files", "end"))["type"] == "files":
             for path, sha, text in part.get("files", []):
                 if text is None:

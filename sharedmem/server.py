@@ -252,9 +252,18 @@ class Session:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in known.values()):
             raise PeerError("bad-field", "pull.known must map namespace keys to integers")
         have = set(field(message, "have", list, optional=True) or [])
+        published = field(message, "published", dict, optional=True) or {}
+        if not all(isinstance(v, str) for v in published.values()):
+            raise PeerError("bad-field", "pull.published must map namespace keys to digests")
+        skipped = []
+        if published:  # the client holds these as they are stored: they are left out
+            for ns in self.store.namespaces():
+                if ns["machine"] == self.machine and published.get(str(ns["key"])) == ns["digest"]:
+                    known = {**known, str(ns["key"]): ns["generation"]}
+                    skipped.append(ns["key"])
         namespaces, full, upserts, removals = self.store.pull(known, have)
         self.channel.send({"type": "namespaces", "namespaces": namespaces,
-                           "full": sorted(full), "removed": removals})
+                           "full": sorted(full), "removed": removals, "skipped": skipped})
         self._send_files((path, sha, None if sha in have else text)
                          for path, sha, text in upserts)
 

@@ -415,3 +415,31 @@ def test_a_cache_file_changed_by_hand_is_restored_by_the_next_sync(tmp_path):
     code, report = sync_json(cfg)
     assert code == 0 and report["pull"]["written"] == 2
     assert cache_files(cache) == before
+
+
+def test_a_first_sync_keeps_its_own_files_and_takes_what_the_server_refused_from_it(tmp_path):
+    home = tmp_path / "h"
+    notes = make_memories(home, files=6)
+    store = tmp_path / "store.sqlite3"
+    cfg = config_for(tmp_path, home, "laptop", {"kind": "local", "store": str(store)})
+    code, report = sync_json(cfg)
+    assert code == 0
+    cache = tmp_path / "laptop" / "cache"
+    with Store.open(store) as s:
+        assert cache_files(cache) == {p: t for p, _, t in s.export()}
+    # A client whose limit is above the server's: the server refuses the big file, so the
+    # namespace it holds is not the snapshot sent, and the cache must show the server's.
+    home2 = tmp_path / "h2"
+    make_memories(home2, files=2)
+    (home2 / "notes" / "big.md").write_text("x" * (1024 * 1024 + 10), encoding="utf-8")
+    cfg2 = config_for(tmp_path, home2, "desktop", {"kind": "local", "store": str(store)})
+    raw = json.loads(cfg2.read_text())
+    raw["limits"] = {"file_bytes": 2 * 1024 * 1024}
+    cfg2.write_text(json.dumps(raw))
+    code, report = sync_json(cfg2)
+    assert code == 1 and report["sources"][1]["refused"][0]["reason"] == "too-large"
+    cache2 = tmp_path / "desktop" / "cache"
+    assert "machines/desktop/notes/big.md" not in cache_files(cache2)
+    with Store.open(store) as s:
+        assert cache_files(cache2) == {p: t for p, _, t in s.export()}
+    assert notes.is_dir()

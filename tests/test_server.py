@@ -189,3 +189,35 @@ def test_bodies_ahead_past_the_limit_end_the_session_and_store_nothing(tmp_path)
     assert hello["ahead_bytes"] == 1000
     assert failure["code"] == "ahead-full" and "1000 bytes" in failure["message"]
     assert stored(store) == {"files": 0, "notes": 0}
+
+
+def test_a_pull_leaves_out_what_the_client_just_published_at_that_digest(tmp_path):
+    store = tmp_path / "store.sqlite3"
+    talk(store, [enc({**HELLO, "machine": "desktop"})]
+         + manifest("notes", "markdown", [("d.md", "desktop's")]) + [enc({"type": "bye"})])
+    mine = [("a.md", "one"), ("b.md", "two")]
+    digest = digest_of((p, sha256_text(t)) for p, t in mine)
+    replies = talk(store, [enc(HELLO)] + manifest("notes", "markdown", mine) + [
+        enc({"type": "pull", "known": {}, "published": {
+            "machines/laptop/notes": digest, "machines/desktop/notes": "any"}}),
+        enc({"type": "pull", "known": {}, "published": {"machines/laptop/notes": "stale"}}),
+        enc({"type": "bye"})])
+    heads, files = [], []
+    for reply in replies:
+        if reply["type"] == "namespaces":
+            heads.append(reply)
+            files.append([])
+        elif reply["type"] == "files":
+            files[-1] += [f[0] for f in reply["files"]]
+    assert heads[0]["skipped"] == ["machines/laptop/notes"]  # never another machine's
+    assert files[0] == ["machines/desktop/notes/d.md"]
+    assert heads[1]["skipped"] == []
+    assert files[1] == ["machines/desktop/notes/d.md", "machines/laptop/notes/a.md",
+                        "machines/laptop/notes/b.md"]
+
+
+def test_a_pull_with_a_malformed_published_map_is_refused(tmp_path):
+    replies = talk(tmp_path / "store.sqlite3", [
+        enc(HELLO), enc({"type": "pull", "known": {}, "published": {"machines/laptop/x": 1}})])
+    assert replies[-1]["type"] == "error" and replies[-1]["code"] == "bad-field"
+    assert "pull.published" in replies[-1]["message"]
