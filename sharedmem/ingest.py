@@ -36,7 +36,8 @@ class IncomingFile(namedtuple("IncomingFile", "path sha256 size mtime_ns text re
     """A file a client publishes: its text, or only its sha256 when the server may have the body.
 
     `redactions` is set when the server already redacted `text` as it arrived; when it is
-    empty (nothing was redacted), `sha256` and `size` are those the server computed for `text`.
+    empty (nothing was redacted), `sha256` and `size` are those the server computed for `text`,
+    and `text` may be None: the server stored that body as it arrived (`Store.put_blobs`).
     """
 
     __slots__ = ()
@@ -84,7 +85,9 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         else:
             kept = {}
         report = IngestReport(machine, source, 0)
-        accepted = _check_files(conn, kind, files, limits, report, kept, current)
+        stored = [f.sha256 for f in files if f.text is None and f.redactions == {}]
+        absent = set(store.missing(stored)) if stored else set()
+        accepted = _check_files(conn, kind, files, limits, report, kept, current, absent)
         digest = digest_of((p, s) for p, (s, _, _) in accepted.items())
         if row is not None and row[1] == digest and row[2]:
             conn.execute("UPDATE namespaces SET synced_at=? WHERE id=?", (utc_now(), row[0]))
@@ -116,19 +119,22 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         changed = [(ns_id, p, s, z, m, generation) for p, (s, z, m) in sent.items()
                    if current.get(p, (None,))[0] != s]
         conn.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?)", changed)
-        conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
-                         [(ns_id, c[1]) for c in changed])
+        if row is not None:  # a new namespace has no tombstones yet
+            conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
+                             [(ns_id, c[1]) for c in changed])
         report.generation, report.accepted = generation, len(accepted)
     return report
 
 def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
                  limits: Limits, report: IngestReport,
                  kept: Mapping[str, tuple[str, int, int]],
-                 existing: Container[str] = ()) -> dict[str, tuple[str, int, int]]:
+                 existing: Container[str] = (),
+                 absent: Container[str] = ()) -> dict[str, tuple[str, int, int]]:
     """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted.
 
     `kept` are files a delta leaves as they are: they passed these checks when stored;
-    `existing` are the names stored now.
+    `existing` are the names stored now; `absent` are bodies the server stored as they arrived
+    that are gone again (another session dropped them).
     """
     accepted: dict[str, tuple[str, int, int]] = dict(kept)
     keys: set[str] = set()  # of the files accepted from `files`
@@ -156,7 +162,7 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
             refuse(item.path, "collision", f"{item.path!r} collides with another path that "
                    "differs only by case or Unicode form; rename one of them")
             continue
-        if item.text is not None and item.redactions == {}:
+        if item.redactions == {} and (item.text is not None or item.sha256 not in absent):
             text, counts, sha, size = item.text, item.redactions, item.sha256, item.size
         elif item.text is not None:
             try:
@@ -177,8 +183,8 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
                 refuse(item.path, "missing-body", f"{item.path!r}: the server has no body "
                        f"for sha256 {item.sha256}; send it")
                 continue
-            sha, size = str(item.sha256), found[0]
-        if item.text is not None:
+            sha, size, counts = str(item.sha256), found[0], None
+        if counts is not None:  # a body sent this time: its size and redactions count
             if size > limits.file_bytes:
                 refuse(item.path, "too-large", f"{item.path!r} is {size} bytes, over the "
                        f"{limits.file_bytes}-byte file limit")

@@ -6,6 +6,7 @@ command with `--machine`, which pins the key to one machine). Only protocol goes
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -43,9 +44,11 @@ class Session:
         self.machine = ""
         self.version = 0
         # Verified, redacted bodies not yet committed: sha256 -> (text, redactions, size). A
-        # version 2 client may send bodies ahead of their manifest, up to `ahead_bytes`.
-        self.pool: dict[str, tuple[str, dict[str, int], int]] = {}
+        # version 2 client may send bodies ahead of their manifest, up to `ahead_bytes`; those
+        # redaction left as they were are stored at once (text None here), in `stored`.
+        self.pool: dict[str, tuple[str | None, dict[str, int], int]] = {}
         self.ahead_bytes = 0
+        self.stored: list[str] = []
 
     def run(self) -> int:
         """Serve until `bye` or end of input; a protocol error is answered, then ends the session."""
@@ -67,6 +70,11 @@ class Session:
             return 1
         finally:
             if self.store is not None:
+                if self.stored:  # bodies sent ahead that no committed file uses
+                    try:
+                        self.store.drop_unused_blobs(self.stored)
+                    except (StoreError, sqlite3.Error) as exc:
+                        sys.stderr.write(f"serve: could not drop unused bodies: {exc}\n")
                 self.store.close()
 
     def _fail(self, code: str, message: str) -> None:
@@ -214,9 +222,17 @@ class Session:
         if not fresh:
             return
         from sharedmem.redact import redact_many
+        rows = []
         for sha, data, (clean, counts) in zip(
                 fresh, encoded, redact_many(list(fresh.values()), encoded), strict=True):
             self.pool[sha] = (clean, counts, len(data))
+            if wanted is None and not counts:
+                rows.append((sha, len(data), clean))
+        if rows:  # stored now, while the client still walks, not in the commit it waits for
+            assert self.store is not None
+            self.stored += self.store.put_blobs(rows)
+            for sha, size, _ in rows:
+                self.pool[sha] = (None, {}, size)
 
     def _commit(self, source: str, kind: str, files: list[IncomingFile], *,
                 removed: list[str] | None = None, base: str | None = None) -> None:

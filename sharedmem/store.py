@@ -124,23 +124,57 @@ class Store:
         self.close()
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """The only write path: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK on any error."""
+    def transaction(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """The only write path: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK on any error.
+
+        Without `durable` the commit is not fsynced (synchronous=NORMAL): for writes nothing
+        refers to yet, which the next durable commit makes durable with it (the WAL is synced
+        as a whole).
+        """
+        if not durable:
+            self.conn.execute("PRAGMA synchronous=NORMAL")
         try:
-            self.conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise StoreError(f"store {self.path} is busy or unwritable ({exc}); try again") from None
-        try:
-            yield self.conn
-            self.conn.execute("COMMIT")
-        except BaseException:
-            if self.conn.in_transaction:  # SQLite may have rolled back already (full disk, I/O)
-                self.conn.execute("ROLLBACK")
-            raise
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise StoreError(f"store {self.path} is busy or unwritable ({exc}); try again") \
+                    from None
+            try:
+                yield self.conn
+                self.conn.execute("COMMIT")
+            except BaseException:
+                if self.conn.in_transaction:  # SQLite may have rolled back (full disk, I/O)
+                    self.conn.execute("ROLLBACK")
+                raise
+        finally:
+            if not durable:
+                self.conn.execute("PRAGMA synchronous=FULL")
 
     def schema_version(self) -> int:
         """The schema version recorded in the file."""
         return self.conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def put_blobs(self, rows: Sequence[tuple[str, int, str]]) -> list[str]:
+        """Store (sha256, size, text) bodies ahead of the namespace that lists them.
+
+        Returns the sha256s stored now (not there before): the session that sent them drops
+        those no file uses when it ends (`drop_unused_blobs`).
+        """
+        new = set(self.missing(row[0] for row in rows))
+        if new:
+            with self.transaction(durable=False) as conn:
+                conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,?)",
+                                 [row for row in rows if row[0] in new])
+        return sorted(new)
+
+    def drop_unused_blobs(self, shas: Iterable[str]) -> None:
+        """Delete these bodies where no file uses them (a session stored them for nothing)."""
+        wanted = sorted(set(shas))
+        with self.transaction() as conn:
+            for i in range(0, len(wanted), 500):
+                chunk = wanted[i:i + 500]
+                conn.execute(f"DELETE FROM blobs WHERE sha256 IN ({','.join('?' * len(chunk))}) "
+                             "AND sha256 NOT IN (SELECT sha256 FROM files)", chunk)
 
     def missing(self, shas: Iterable[str]) -> list[str]:
         """Which of these content addresses the store has no body for."""

@@ -212,3 +212,20 @@ def test_unchanged_reingest_keeps_the_generation(st: Store) -> None:
     assert st.touch("m9", "notes") is None
     changed = st.ingest("m1", "notes", "markdown", files({"a.md": "A"}))
     assert not changed.unchanged and changed.generation > first.generation
+
+
+def test_a_body_stored_ahead_is_used_and_one_gone_since_is_refused(st: Store) -> None:
+    kept, gone = "stored as it arrived", "stored, then dropped by another session"
+    assert st.put_blobs([(sha256_text(t), len(t.encode()), t) for t in (kept, gone)]) == sorted(
+        [sha256_text(kept), sha256_text(gone)])
+    assert st.put_blobs([(sha256_text(kept), len(kept.encode()), kept)]) == []  # there already
+    assert st.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again after it
+    st.drop_unused_blobs([sha256_text(gone)])
+    report = st.ingest("m1", "notes", "markdown", [
+        IncomingFile("a.md", sha256_text(kept), len(kept.encode()), 0, None, {}),
+        IncomingFile("b.md", sha256_text(gone), len(gone.encode()), 0, None, {})])
+    assert report.accepted == 1
+    assert [r["reason"] for r in report.refused] == ["missing-body"]
+    assert exported(st) == {"machines/m1/notes/a.md": kept}
+    st.drop_unused_blobs([sha256_text(kept)])  # used by a file: kept
+    assert exported(st) == {"machines/m1/notes/a.md": kept} and st.verify() == []

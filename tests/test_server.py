@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER
+from conftest import LAUNCHER, exported
 
 from sharedmem.core import Limits, digest_of, sha256_text
 from sharedmem.protocol import MAX_LINE_BYTES, Channel
@@ -221,3 +221,29 @@ def test_a_pull_with_a_malformed_published_map_is_refused(tmp_path):
         enc(HELLO), enc({"type": "pull", "known": {}, "published": {"machines/laptop/x": 1}})])
     assert replies[-1]["type"] == "error" and replies[-1]["code"] == "bad-field"
     assert "pull.published" in replies[-1]["message"]
+
+
+def blob_count(store: Path) -> int:
+    with Store.open(store) as s:
+        return s.counts()["blobs"]
+
+
+def test_bodies_sent_ahead_are_stored_at_once_and_dropped_if_no_file_uses_them(tmp_path):
+    store = tmp_path / "store.sqlite3"
+    talk(store, [enc(HELLO), ahead(["never listed", "nor this"])])  # then the client is gone
+    assert blob_count(store) == 0
+    texts = ["listed " + "y" * 600, "too big " + "z" * 2000, "never listed"]
+    entries = [[f"{i}.md", sha256_text(t), len(t.encode()), 0] for i, t in enumerate(texts[:2])]
+    lines = [enc(HELLO), ahead(texts),
+             enc({"type": "manifest", "source": "notes", "kind": "markdown",
+                  "digest": digest_of((e[0], e[1]) for e in entries), "files": entries}),
+             enc({"type": "commit"}), enc({"type": "bye"})]
+    out = io.BytesIO()
+    session = Session(store, Channel(io.BytesIO(b"".join(lines)), out, "client"), None,
+                      limits=Limits(file_bytes=1000))
+    assert session.run() == 0
+    result = [json.loads(line) for line in out.getvalue().splitlines()][-1]
+    assert result["accepted"] == 1 and result["refused"][0]["reason"] == "too-large"
+    with Store.open(store) as s:
+        assert s.counts()["blobs"] == 1 and s.verify() == []
+        assert exported(s) == {"machines/laptop/notes/0.md": texts[0]}
