@@ -129,6 +129,8 @@ class Sync:
                 def meanwhile() -> None:
                     self.staging.clear_replaced()
                     self.known = self._known()
+                    self.staging.new_namespaces = frozenset(
+                        self._namespace(s.name) for s in self.config.sources) - self.known.keys()
                     self.snapshots = [self._snapshot(source) for source in self.config.sources]
                     self.staging.flush()
                     self.ahead.finish()

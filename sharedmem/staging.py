@@ -4,11 +4,12 @@ A sync knows the text of every file it publishes. Writing those files into the c
 slowest part of a large sync (creating a file costs the kernel more than reading and redacting
 it), and it has to wait for the server's answer, because a failed sync must leave the cache as
 it was. So a helper process (this file, run as a script: it needs only the standard library)
-writes them into `<cache>/.sharedmem/staging/`, each at its own cache path, on the other CPU
-while the sync walks, redacts and sends. `Cache.apply` then moves each one into place with one
-rename, and only when the pull says that very path holds that very sha256; a namespace new to
-the cache whose every file is staged as pulled moves in with one rename of its folder. A thread
-would not do: the walk holds the GIL.
+writes them into `<cache>/.sharedmem/staging/` on the other CPU while the sync walks, redacts
+and sends. `Cache.apply` then moves each one into place with one rename, and only when the pull
+says that very path holds that very sha256. The files of a namespace the cache does not have
+yet are staged at their own cache paths, so that the whole namespace can move in with one
+rename of its folder; the others as `<n>.part`, which makes no folders. A thread would not do:
+the walk holds the GIL.
 
 What is not used is deleted. A sync that was killed leaves the folder; the next one empties it
 before staging anything.
@@ -37,8 +38,10 @@ class Staging:
         self.folder = meta / STAGING_DIR
         self.replaced = meta / REPLACED_DIR
         self.min_files = min_files
+        self.new_namespaces: frozenset[str] = frozenset()  # staged as a tree (see above)
         self.numbers: dict[tuple[str, str], int] = {}
         self.sizes: list[int] = []  # by number
+        self.names: list[str] = []  # by number: where below the folder
         self.written: set[int] = set()
         self._pending: list[tuple[int, str, bytes]] = []  # not yet handed to a helper or thread
         self._size = 0
@@ -56,7 +59,10 @@ class Staging:
         number = len(self.numbers)
         self.numbers[(path, sha)] = number
         self.sizes.append(len(data))
-        self._pending.append((number, path, data))
+        tree = "/".join(path.split("/", 3)[:3]) in self.new_namespaces  # machines/<m>/<source>
+        name = path if tree else f"{number}.part"
+        self.names.append(name)
+        self._pending.append((number, name, data))
         self._size += len(data)
         if self._child is None and (len(self.numbers) < self.min_files or not self._start()):
             return
@@ -157,7 +163,7 @@ class Staging:
         if replacing:
             self._keep_old(target, number)
         try:
-            os.replace(_below(str(self.folder), path), target)
+            os.replace(_below(str(self.folder), self.names[number]), target)
         except OSError:
             return None
         self.written.discard(number)
@@ -172,6 +178,8 @@ class Staging:
         """
         prefix = namespace + "/"
         mine = {key: number for key, number in self.numbers.items() if key[0].startswith(prefix)}
+        if any(self.names[number] != path for (path, _), number in mine.items()):
+            return {}  # not staged as a tree
         if len(mine) != len(pulled) or not all(
                 mine.get((path, sha)) in self.written for path, sha in pulled.items()):
             return {}
@@ -220,6 +228,7 @@ class Staging:
         self._child, self._feeder, self._writer = None, None, None
         self.numbers.clear()
         self.sizes.clear()
+        self.names.clear()
         self.written.clear()
         self._pending, self._size = [], 0
         self._remove_folder()

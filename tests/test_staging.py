@@ -36,8 +36,10 @@ def cache(tmp_path: Path) -> Cache:
     return Cache(tmp_path / "cache")
 
 
-def staged(cache: Cache, batch: list[tuple[str, str, str]]) -> Staging:
+def staged(cache: Cache, batch: list[tuple[str, str, str]], *, new: bool = False) -> Staging:
+    """Files staged by a helper; `new`: their namespace is not in the cache yet (a tree)."""
     stage = Staging(cache.meta, min_files=1)
+    stage.new_namespaces = frozenset({NS} if new else ())
     for path, sha, text in batch:
         stage.add(path, sha, text.encode())
     stage.flush()
@@ -45,9 +47,9 @@ def staged(cache: Cache, batch: list[tuple[str, str, str]]) -> Staging:
     return stage
 
 
-def test_staged_files_are_moved_in_by_apply(cache: Cache) -> None:
+def test_a_new_namespace_staged_as_a_tree_moves_in_whole(cache: Cache) -> None:
     batch = items(40)
-    stage = staged(cache, batch)
+    stage = staged(cache, batch, new=True)
     assert stage.written == set(range(40))
     assert staged_paths(stage) == sorted(p for p, _, _ in batch)  # each at its cache path
     info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
@@ -61,6 +63,19 @@ def test_staged_files_are_moved_in_by_apply(cache: Cache) -> None:
     assert not stage.folder.exists()
 
 
+def test_files_of_a_namespace_the_cache_has_are_staged_flat_and_moved_one_by_one(
+        cache: Cache) -> None:
+    batch = items(5)
+    stage = staged(cache, batch)
+    assert staged_paths(stage) == [f"{n}.part" for n in range(5)]  # no folders made
+    done = cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
+                       staged=stage)
+    assert done["written"] == 5 and staged_paths(stage) == []
+    for path, _, text in batch:
+        assert (cache.root / path).read_text(encoding="utf-8") == text
+    stage.discard()
+
+
 def test_only_the_same_path_and_sha_is_moved(cache: Cache) -> None:
     batch = items(3)
     stage = staged(cache, batch)
@@ -70,7 +85,7 @@ def test_only_the_same_path_and_sha_is_moved(cache: Cache) -> None:
                 staged=stage)
     assert (cache.root / batch[1][0]).read_text(encoding="utf-8") == other
     assert not (cache.root / batch[2][0]).exists()
-    assert staged_paths(stage) == [batch[1][0], batch[2][0]]  # for discard
+    assert staged_paths(stage) == ["1.part", "2.part"]  # for discard
     stage.discard()
     assert not stage.folder.exists()
 
@@ -144,7 +159,7 @@ def test_a_helper_that_could_not_write_leaves_the_writing_to_apply(cache: Cache)
     batch = items(5)
     stage = Staging(cache.meta, min_files=1)
     add(stage, batch[0])
-    (stage.folder / batch[1][0]).mkdir(parents=True)  # the helper's second file cannot be made
+    (stage.folder / "1.part").mkdir()  # the helper's second file cannot be made
     for item in batch[1:]:
         add(stage, item)
     stage.flush()
@@ -173,7 +188,7 @@ def test_a_namespace_folder_already_in_the_cache_is_not_replaced(cache: Cache) -
     stray.parent.mkdir(parents=True)
     stray.write_text("mine")
     batch = items(6)
-    stage = staged(cache, batch)
+    stage = staged(cache, batch, new=True)
     cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
                 staged=stage)
     assert stray.read_text() == "mine"
