@@ -457,8 +457,17 @@ def _write_json(path: Path, value: object) -> None:
 
 def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
          progress: Progress | None = None) -> dict[str, Any]:
-    """One whole sync; see Sync.run."""
-    return Sync(config, max_version, progress).run()
+    """One whole sync; see Sync.run.
+
+    The run is kept alive afterwards: freeing ten thousand snapshot entries one by one costs a
+    sync that ends the process anyway (`shared_memory.py sync`) several milliseconds.
+    """
+    runner = Sync(config, max_version, progress)
+    _FINISHED[:] = [runner]  # only the last: a process that syncs again frees the one before
+    return runner.run()
+
+
+_FINISHED: list[Sync] = []  # see sync()
 
 
 def check_note(filename: str, text: str) -> str:
