@@ -143,12 +143,16 @@ def read_utf8(parent: Handle, name: str, shown: str,
             raise too_large(shown, st.st_size, max_bytes)
         chunks: list[bytes] = []
         total = 0
+        want = min(max_bytes, st.st_size) + 1  # one read, one exact buffer, for a file as stat'ed
         while total <= max_bytes:
-            chunk = os.read(fd, max_bytes + 1 - total)
+            chunk = os.read(fd, want)
             if not chunk:
                 break
             chunks.append(chunk)
             total += len(chunk)
+            if len(chunk) < want:  # a short read of a regular file: its end
+                break
+            want = max_bytes + 1 - total
         if total > max_bytes:
             raise too_large(shown, total, max_bytes)
     except OSError as exc:
