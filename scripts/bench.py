@@ -20,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument("--files", type=int, default=10_000, help="corpus size (default 10000)")
     sync.add_argument("--runs", type=int, default=3, help="repetitions (default 3)")
     sync.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    sync.add_argument("--dir", help="where to put the corpus, the store, the cache and rsync's "
+                                    "copy (default: the system's temporary folder); /dev/shm "
+                                    "takes the disk out of the comparison")
     args = parser.parse_args(argv)
     if args.command == "mcp":
         return bench_mcp.main(args)

@@ -106,7 +106,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     as_json = bool(getattr(args, "json", False))
     if shutil.which("rsync") is None:
         raise SystemExit("rsync is not installed: apt-get install -y rsync")
-    work = Path(tempfile.mkdtemp(prefix="sharedmem-bench-sync-"))
+    work = Path(tempfile.mkdtemp(prefix="sharedmem-bench-sync-", dir=getattr(args, "dir", None)))
     try:
         source = work / "corpus"
         stats = corpus.generate(source, files=files)
@@ -157,5 +157,6 @@ if __name__ == "__main__":
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--dir", help="where to put the corpus, the store and the copies")
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "")
     sys.exit(main(parser.parse_args()))
