@@ -48,7 +48,7 @@ class Session:
         # redaction left as they were are stored at once (text None here), in `stored`.
         self.pool: dict[str, tuple[str | None, dict[str, int], int]] = {}
         self.ahead_bytes = 0
-        self.stored: list[str] = []
+        self.stored: set[str] = set()  # of those, the ones no committed file uses yet
 
     def run(self) -> int:
         """Serve until `bye` or end of input; a protocol error is answered, then ends the session."""
@@ -230,7 +230,7 @@ class Session:
                 rows.append((sha, len(data), clean))
         if rows:  # stored now, while the client still walks, not in the commit it waits for
             assert self.store is not None
-            self.stored += self.store.put_blobs(rows)
+            self.stored.update(self.store.put_blobs(rows))
             for sha, size, _ in rows:
                 self.pool[sha] = (None, {}, size)
 
@@ -248,6 +248,9 @@ class Session:
                            "refused": report.refused, "redacted": report.redacted,
                            "stored": report.stored,
                            "digest": self.store.namespace_digest(self.machine, source)})
+        if self.stored:  # what the namespace now uses is no longer the session's to drop
+            refused = {item["path"] for item in report.refused}
+            self.stored.difference_update(f.sha256 for f in files if f.path not in refused)
 
     def _on_note(self, message: dict[str, Any]) -> None:
         assert self.store is not None
