@@ -68,7 +68,7 @@ def ingest(store: Store, machine: str, source: str, kind: str,
     """
     limits = limits or Limits()
     _check_namespace(machine, source, kind)
-    with store.transaction() as conn:
+    with store.transaction(durable=False) as conn:  # a replica: see Store.transaction
         row = conn.execute("SELECT id, digest, generation FROM namespaces WHERE machine=? "
                            "AND source=?", (machine, source)).fetchone()
         # mtime_ns is not read: a kept file's row is never rewritten, only changed ones.

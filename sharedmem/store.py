@@ -127,9 +127,12 @@ class Store:
     def transaction(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
         """The only write path: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK on any error.
 
-        Without `durable` the commit is not fsynced (synchronous=NORMAL): for writes nothing
-        refers to yet, which the next durable commit makes durable with it (the WAL is synced
-        as a whole).
+        Without `durable` the commit is not fsynced (synchronous=NORMAL), only written: for
+        what a client redoes by itself if a power cut loses it, that is bodies sent ahead, a
+        namespace, the copy of a client's files (its next delta then finds a stale base and it
+        sends the whole manifest), and the time of an unchanged sync. The next fsynced commit,
+        or the checkpoint when the session closes, makes it durable, since the WAL is synced as
+        a whole. Notes, which a client deletes from its outbox once stored, are always fsynced.
         """
         if not durable:
             self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -194,8 +197,11 @@ class Store:
         return row[0] if row else None
 
     def touch(self, machine: str, source: str) -> int | None:
-        """Record an unchanged sync of a namespace; returns its generation."""
-        with self.transaction() as conn:
+        """Record an unchanged sync of a namespace; returns its generation.
+
+        Only a time is written, so it is not fsynced (see `transaction`).
+        """
+        with self.transaction(durable=False) as conn:
             conn.execute("UPDATE namespaces SET synced_at=? WHERE machine=? AND source=?",
                          (utc_now(), machine, source))
             row = conn.execute("SELECT generation FROM namespaces WHERE machine=? AND source=?",

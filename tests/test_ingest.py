@@ -229,3 +229,17 @@ def test_a_body_stored_ahead_is_used_and_one_gone_since_is_refused(st: Store) ->
     assert exported(st) == {"machines/m1/notes/a.md": kept}
     st.drop_unused_blobs([sha256_text(kept)])  # used by a file: kept
     assert exported(st) == {"machines/m1/notes/a.md": kept} and st.verify() == []
+
+
+def test_a_namespace_commit_is_not_fsynced_but_a_note_is(st: Store) -> None:
+    # A namespace is a copy the client redoes; a note is deleted from the client's outbox once
+    # stored. SQLite counts a commit's syncs in neither, so watch the setting each one ran with.
+    seen: list[int] = []
+    st.conn.set_trace_callback(
+        lambda sql: seen.append(st.conn.execute("PRAGMA synchronous").fetchone()[0])
+        if sql == "COMMIT" else None)
+    st.ingest("m1", "notes", "markdown", files({"a.md": "A"}))
+    st.append_note("m1", "2026-11-30T09-00-00-x.md", "a note")
+    st.conn.set_trace_callback(None)
+    assert seen == [1, 2]  # NORMAL, then FULL
+    assert st.conn.execute("PRAGMA synchronous").fetchone()[0] == 2
