@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ from sharedmem.cache import Cache, CachedFile, NamespaceInfo, Outbox, QueuedNote
 from sharedmem.config import ClientConfig, SourceConfig
 from sharedmem.core import (
     MACHINES_DIR,
-    LockError,
     NoteError,
     ProtocolError,
     SharedMemoryError,
@@ -29,49 +27,13 @@ from sharedmem.core import (
     parse_utc,
     utc_now,
 )
+from sharedmem.lock import sync_lock
 from sharedmem.protocol import VERSIONS, PeerError, chunks
 from sharedmem.staging import Staging
 from sharedmem.transport import Connection
 
 Progress = Callable[[str], None]
 EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2
-
-
-@contextlib.contextmanager
-def sync_lock(state: Path, wait: float = 0.0) -> Iterator[None]:
-    """One sync per machine at a time; the OS drops the lock when its holder dies, so none go stale."""
-    state.mkdir(parents=True, exist_ok=True)
-    path = state / "sync.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + wait
-    try:
-        while not _try_lock(fd):
-            if time.monotonic() >= deadline:
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
-                raise LockError(f"another sync of this machine is running (pid {holder}, lock "
-                                f"{path}); wait for it to finish")
-            time.sleep(0.1)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _try_lock(fd: int) -> bool:
-    if os.name == "nt":  # pragma: no cover - exercised on Windows only
-        import msvcrt
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-            return True
-        except OSError:
-            return False
-    import fcntl
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
 
 
 @dataclass

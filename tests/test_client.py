@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER, REPO, run_cli, write_config
+from conftest import LAUNCHER, run_cli, write_config
 
 from sharedmem import config as config_mod
-from sharedmem.client import status, submit_note, sync_lock
-from sharedmem.core import LockError
+from sharedmem.client import status, submit_note
 from sharedmem.store import Store
 
 
@@ -283,22 +282,6 @@ def test_version_one_fallback_both_directions(tmp_path, sshd, server_max, client
     assert files["machines/laptop/notes/d1/note-001.md"] == "v1 change\n"
     code, report = sync_json(cfg)
     assert code == 0 and report["protocol"] == server_max
-
-
-def test_lock_refuses_overlap_and_takes_over_stale(tmp_path):
-    state = tmp_path / "state"
-    code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r})\n"
-            "from pathlib import Path\nfrom sharedmem.client import sync_lock\n"
-            f"with sync_lock(Path({str(state)!r})):\n    print('held', flush=True); time.sleep(60)\n")
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(LockError, match="another sync"):
-        with sync_lock(state):
-            pass
-    holder.kill()
-    holder.wait()
-    with sync_lock(state):
-        assert (state / "sync.lock").read_text() == str(os.getpid())
 
 
 def test_submit_note_stores_then_is_idempotent(tmp_path):
