@@ -76,6 +76,7 @@ class Sync:
         self.ahead: Ahead | None = None
         self.own_paths: set[str] = set()  # cache paths of the files this run published
         self.takes_own: dict[str, str] = {}  # namespaces the pull may leave out (_takes_own)
+        self.encoded = False  # _encode_ahead done
         self.published: list[_Prepared] = []
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                                        "sources": [], "notes": {"delivered": 0, "refused": []}}
@@ -96,6 +97,11 @@ class Sync:
                     self.snapshots = [self._snapshot(source) for source in self.config.sources]
                     self.staging.flush()
                     self.ahead.finish()
+                    if conn.early is None and any(p.snap.status == "ok" and (
+                            p.delta is None or p.delta["files"] or p.delta["removed"])
+                            for p in self.snapshots):
+                        with contextlib.suppress(Exception):  # it only saves time later
+                            self._encode_ahead()  # ssh is still connecting: it costs nothing
 
                 conn.hello(meanwhile)
                 self.report["protocol"] = conn.version
@@ -254,14 +260,16 @@ class Sync:
         conn.channel.send({"type": "commit", "source": spec.name})
         if prepared is self.last_to_publish:  # while the server redacts and commits:
             self._request(conn)
-            self.staging.write_ahead(then=self._encode_ahead)
+            self.staging.write_ahead(then=None if self.encoded else self._encode_ahead)
         return conn.channel.expect("result")
 
     def _encode_ahead(self) -> None:
-        """Encode, on the staging thread, what this sync will write if all goes as sent.
+        """Encode what this sync will write if all goes as sent, before it is known.
 
         The cache manifest with every source's files as published, and each source's state as
         acknowledged; `apply` and `_save_states` use them only if that is how it turned out.
+        Done while ssh still connects if the walk ended first, else on the staging thread
+        while the server commits.
         """
         ok = [p for p in self.snapshots if p.snap.status == "ok"]
         own = {self._namespace(p.source.name): p.snap.files for p in ok}
@@ -275,6 +283,7 @@ class Sync:
         self.cache.expect(files)
         for prepared in ok:
             prepared.state_text = self._state_text(prepared, {"digest": prepared.digest})
+        self.encoded = True
 
     def _namespace(self, source: str) -> str:
         """The cache path of one of this machine's namespaces."""
