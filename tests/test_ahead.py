@@ -28,6 +28,20 @@ def wait_for_hello(conn: Connection) -> None:
     assert conn.early is not None, "the server's hello did not come within 30 s"
 
 
+def hello_offering(conn: Connection, texts: list[str]) -> Ahead:
+    """Open the session as a sync does, offering `texts` ahead once the hello has come."""
+    ahead = Ahead(conn)
+
+    def walk() -> None:
+        wait_for_hello(conn)
+        for text in texts:
+            ahead.offer(sha256_text(text), text, len(text.encode()))
+        ahead.finish()
+
+    conn.hello(walk)
+    return ahead
+
+
 def manifest(texts: list[str]) -> dict:
     entries = [[f"{i}.md", sha256_text(t), len(t.encode()), 0] for i, t in enumerate(texts)]
     return {"type": "manifest", "source": "notes", "kind": "markdown",
@@ -58,15 +72,7 @@ def test_bodies_sent_ahead_reach_a_real_server_which_then_needs_none(
 
 def test_a_version_1_server_is_sent_nothing_ahead(tmp_path: Path) -> None:
     with Connection(local_config(tmp_path, tmp_path / "store.sqlite3"), max_version=1) as conn:
-        ahead = Ahead(conn)
-
-        def walk() -> None:
-            wait_for_hello(conn)
-            for text in TEXTS:
-                ahead.offer(sha256_text(text), text, len(text))
-            ahead.finish()
-
-        conn.hello(walk)
+        ahead = hello_offering(conn, TEXTS)
         sent = conn.channel.sent
         assert ahead.sent_bytes == 0 and not ahead.open
         conn.channel.send({"type": "status"})
@@ -98,15 +104,7 @@ def test_the_client_keeps_to_what_the_server_offers(tmp_path: Path, sshd, limit:
         tmp_path / "cache")
     texts = ["x" * 100 + str(i) for i in range(5)]  # 101 bytes each
     with Connection(config_mod.load(path, {"HOME": str(tmp_path)})) as conn:
-        ahead = Ahead(conn)
-
-        def walk() -> None:
-            wait_for_hello(conn)
-            for text in texts:
-                ahead.offer(sha256_text(text), text, len(text))
-            ahead.finish()
-
-        conn.hello(walk)
+        ahead = hello_offering(conn, texts)
         conn.channel.send({"type": "status"})  # the recorder logs it: all before is on file
         deadline = time.monotonic() + 30
         while '"status"' not in log.read_text() and time.monotonic() < deadline:
