@@ -247,3 +247,24 @@ def test_bodies_sent_ahead_are_stored_at_once_and_dropped_if_no_file_uses_them(t
     with Store.open(store) as s:
         assert s.counts()["blobs"] == 1 and s.verify() == []
         assert exported(s) == {"machines/laptop/notes/0.md": texts[0]}
+
+
+def test_bodies_ahead_serve_every_manifest_of_the_session(tmp_path):
+    store = tmp_path / "store.sqlite3"
+    first, second = ["one " + "a" * 300, "shared " + "b" * 300], ["shared " + "b" * 300, "two"]
+
+    def listing(source: str, texts: list[str]) -> bytes:
+        entries = [[f"{i}.md", sha256_text(t), len(t.encode()), 0] for i, t in enumerate(texts)]
+        return enc({"type": "manifest", "source": source, "kind": "markdown",
+                    "digest": digest_of((e[0], e[1]) for e in entries), "files": entries})
+
+    replies = talk(store, [enc(HELLO), ahead(first + second[1:]),
+                           listing("alpha", first), enc({"type": "commit"}),
+                           listing("beta", second), enc({"type": "commit"}), enc({"type": "bye"})])
+    needs = [r["sha256"] for r in replies if r["type"] == "need"]
+    results = [r for r in replies if r["type"] == "result"]
+    assert needs == [[], []]  # the body both list was sent once, ahead of both
+    assert [r["accepted"] for r in results] == [2, 2]
+    with Store.open(store) as s:
+        assert s.counts()["blobs"] == 3 and s.verify() == []
+        assert exported(s)["machines/laptop/beta/0.md"] == second[0]
