@@ -4,8 +4,8 @@ In protocol version 2 the client sends a manifest, the server answers with the b
 lacks, and only then does the client send them. On a first sync that is every body, and the
 server sits idle while the client walks. So once the server's hello has come (a thread reads
 it while the walk goes on) and offers `ahead_bytes`, each file read this time that the server
-was not told of before goes out at once, in batches; the server verifies and redacts them while
-the walk goes on, and leaves them out of its `need`. A server that does not offer it (or
+was not told of before goes out at once, in batches; the server verifies, redacts and stores
+them while the walk goes on, and leaves them out of its `need`. A server that does not offer it (or
 version 1) gets the usual exchange, and so does whatever is past the offered bytes.
 """
 
