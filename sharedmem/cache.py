@@ -264,7 +264,7 @@ class Cache:
         folders = _Folders(self.root)
         for path, _, _ in upserts:
             folders.target(path, create=False, strict=True)  # refuse links before any write
-        moved = {} if staged is None else _move_folders(upserts, files, folders, staged)
+        moved = {} if staged is None else _move_folders(upserts, folders, staged)
         written = len(moved)
         for path, sha, text in upserts:
             if path in moved:
@@ -338,19 +338,18 @@ class Cache:
         self._loaded = (stamps, manifest)
 
 
-def _move_folders(upserts: list[tuple[str, str, str]], files: dict[str, CachedFile],
-                  folders: _Folders, staged: Staging) -> dict[str, int]:
+def _move_folders(upserts: list[tuple[str, str, str]], folders: _Folders,
+                  staged: Staging) -> dict[str, int]:
     """Move in whole each namespace new to the cache that was staged just as pulled.
 
     On a first sync that is one rename instead of one a file. Returns path -> size of the
     files moved; the rest are moved or written one by one.
     """
-    cached = {meta.namespace for meta in files.values()}
     new: dict[str, dict[str, str]] = {}
-    for path, sha, _ in upserts:
-        key = namespace_key(path)
-        if key not in cached and key.startswith(MACHINES_DIR + "/"):
-            new.setdefault(key, {})[path] = sha
+    if staged.new_namespaces:
+        for path, sha, _ in upserts:
+            if (key := namespace_key(path)) in staged.new_namespaces:
+                new.setdefault(key, {})[path] = sha
     moved: dict[str, int] = {}
     for key, pulled in new.items():
         target = folders.target(key, create=True)  # makes machines/<machine>, refusing links

@@ -274,12 +274,11 @@ class Sync:
         ok = [p for p in self.snapshots if p.snap.status == "ok"]
         own = {self._namespace(p.source.name): p.snap.files for p in ok}
         files = {k: v for k, v in self.cached.items() if v.namespace not in own}
-        mine = []
+        self.own_paths = set()
         for key, entries in own.items():
             for e in entries:
-                mine.append(path := f"{key}/{e.path}")
+                self.own_paths.add(path := f"{key}/{e.path}")
                 files[path] = CachedFile(e.sha256, e.size, key)
-        self.own_paths = set(mine)
         self.cache.expect(files)
         for prepared in ok:
             prepared.state_text = self._state_text(prepared, {"digest": prepared.digest})
@@ -314,9 +313,9 @@ class Sync:
         The server leaves each out of the pull if it now holds it at that digest, and the cache
         takes the snapshot as it was sent (a first sync then does not pull its own files back).
         """
-        cached = {meta.namespace for meta in self.cached.values()}
+        new = self.staging.new_namespaces  # this machine's namespaces the cache does not have
         return {key: p.digest for p in self.snapshots
-                if p.snap.status == "ok" and (key := self._namespace(p.source.name)) not in cached
+                if p.snap.status == "ok" and (key := self._namespace(p.source.name)) in new
                 and all(e.text is not None for e in p.snap.files)}
 
     def _deliver(self, conn: Connection) -> None:
@@ -368,7 +367,8 @@ class Sync:
         self.progress(f"cache: {len(upserts)} files to write")
         self.staging.wait()
         done = self.cache.apply(upserts, list(head.get("removed", [])), namespaces,
-                                full=conn.version == 1, full_namespaces=set(head.get("full", [])),
+                                full=conn.version == 1,
+                                full_namespaces=set(head.get("full", [])) | skipped,
                                 server={"server": conn.server.get("server"),
                                         "protocol": conn.version}, staged=self.staging,
                                 own=own, valid=self.own_paths)
