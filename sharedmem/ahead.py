@@ -15,7 +15,7 @@ import threading
 from queue import SimpleQueue
 
 from sharedmem.core import ProtocolError
-from sharedmem.protocol import chunks
+from sharedmem.protocol import chunks, encode_bodies
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,22 +29,26 @@ class Ahead:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.pending: list[tuple[str, str, int]] = []  # (sha256, text, UTF-8 size)
+        self.pending: list[tuple[str, bytes]] = []  # (sha256, text in UTF-8)
         self.pending_bytes = 0
         self.offered: set[str] = set()
         self.sent_bytes = 0
         self.open = True
-        self._queue: SimpleQueue[list[list[str]] | None] = SimpleQueue()
+        self._queue: SimpleQueue[list[tuple[str, bytes]] | None] = SimpleQueue()
         self._sender: threading.Thread | None = None
         self._failure: ProtocolError | None = None
 
-    def offer(self, sha: str, text: str, size: int) -> None:
-        """Queue a body to go ahead; it is sent as soon as the server is known to take it."""
+    def offer(self, sha: str, data: bytes) -> None:
+        """Queue a body (its text in UTF-8) to go ahead, as soon as the server is known to take it.
+
+        The bytes are those the walk read: they go on the wire as they are, escaped for JSON
+        (`protocol.encode_bodies`), without decoding and encoding the text again.
+        """
         if not self.open or sha in self.offered:
             return
         self.offered.add(sha)
-        self.pending.append((sha, text, size))
-        self.pending_bytes += size
+        self.pending.append((sha, data))
+        self.pending_bytes += len(data)
         if self.pending_bytes >= BATCH_BYTES:
             self.flush()
 
@@ -62,13 +66,13 @@ class Ahead:
         if hello.get("version") != 2 or not isinstance(limit, int) or isinstance(limit, bool):
             self.close()
             return
-        room = []
-        for sha, text, size in self.pending:
-            if self.sent_bytes + size > limit:
+        room: list[tuple[str, bytes]] = []
+        for sha, data in self.pending:
+            if self.sent_bytes + len(data) > limit:
                 self.open = False
                 break
-            room.append([sha, text])
-            self.sent_bytes += size
+            room.append((sha, data))
+            self.sent_bytes += len(data)
         if room:
             if self._sender is None:
                 self._sender = threading.Thread(target=self._send, daemon=True,
@@ -83,8 +87,8 @@ class Ahead:
             if self._failure is not None:
                 continue
             try:
-                for batch in chunks(room, lambda b: len(b[1]) * 2 + 80):
-                    self.conn.channel.send({"type": "bodies", "bodies": batch})
+                for batch in chunks(room, lambda b: len(b[1]) + 80):
+                    self.conn.channel.send_line(encode_bodies(batch))
             except ProtocolError as exc:
                 self._failure = exc
 

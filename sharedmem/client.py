@@ -151,7 +151,7 @@ class Sync:
             if cached is None or cached.sha256 != entry.sha256:
                 self.staging.add(prefix + entry.path, entry.sha256, data)
             if self.ahead is not None and entry.sha256 not in on_server:
-                self.ahead.offer(entry.sha256, entry.text, entry.size)
+                self.ahead.offer(entry.sha256, data)
 
         snap = sources.snapshot(spec, limits, previous, stage)
         prepared = _Prepared(source, spec, state_file, saved, rules, snap,

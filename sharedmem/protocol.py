@@ -52,6 +52,33 @@ def encode(message: dict[str, Any]) -> bytes:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
+# Control characters JSON must escape, other than the three `json_text` replaces itself.
+_RARE_CONTROLS = bytes(c for c in range(32) if c not in b"\n\r\t")
+
+
+def json_text(data: bytes) -> bytes:
+    """`data`, valid UTF-8, as the inside of a JSON string (no quotes), ready to go on a line.
+
+    Markdown rarely holds a control character but the line break and the tab, so a few byte
+    replaces do what `json.dumps` does at a quarter of its cost; JSON needs nothing else escaped.
+    """
+    if len(data.translate(None, _RARE_CONTROLS)) != len(data):
+        return json.dumps(data.decode("utf-8"), ensure_ascii=False)[1:-1].encode("utf-8")
+    return (data.replace(b"\\", b"\\\\").replace(b'"', b'\\"').replace(b"\n", b"\\n")
+            .replace(b"\r", b"\\r").replace(b"\t", b"\\t"))
+
+
+def encode_bodies(bodies: list[tuple[str, bytes]]) -> bytes:
+    """A `bodies` message of (sha256, UTF-8 text) pairs, built from the bytes as they are."""
+    parts = [b'{"type":"bodies","bodies":[']
+    for sha, data in bodies:
+        parts += (b'["', json_text(sha.encode("utf-8")), b'","', json_text(data), b'"],')
+    if bodies:
+        parts[-1] = b'"]'
+    parts.append(b"]}\n")
+    return b"".join(parts)
+
+
 def error(code: str, message: str) -> dict[str, Any]:
     """An error message; the sender closes the session after a fatal one."""
     return {"type": "error", "code": code, "message": message}
@@ -69,7 +96,10 @@ class Channel:
 
     def send(self, message: dict[str, Any]) -> None:
         """Write one message and flush, so the peer can act on it now."""
-        data = encode(message)
+        self.send_line(encode(message))
+
+    def send_line(self, data: bytes) -> None:
+        """Write one message already encoded (`encode`, `encode_bodies`) and flush."""
         try:
             self.writer.write(data)
             self.writer.flush()

@@ -35,7 +35,7 @@ def hello_offering(conn: Connection, texts: list[str]) -> Ahead:
     def walk() -> None:
         wait_for_hello(conn)
         for text in texts:
-            ahead.offer(sha256_text(text), text, len(text.encode()))
+            ahead.offer(sha256_text(text), text.encode())
         ahead.finish()
 
     conn.hello(walk)
@@ -56,10 +56,10 @@ def test_bodies_sent_ahead_reach_a_real_server_which_then_needs_none(
         ahead = Ahead(conn)
 
         def walk() -> None:
-            ahead.offer(sha256_text(TEXTS[0]), TEXTS[0], len(TEXTS[0]))  # before the hello
+            ahead.offer(sha256_text(TEXTS[0]), TEXTS[0].encode())  # before the hello
             wait_for_hello(conn)
             for text in TEXTS:
-                ahead.offer(sha256_text(text), text, len(text.encode()))
+                ahead.offer(sha256_text(text), text.encode())
             ahead.finish()
 
         conn.hello(walk)

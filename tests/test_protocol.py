@@ -17,6 +17,7 @@ from sharedmem.protocol import (
     choose_version,
     chunks,
     encode,
+    encode_bodies,
     error,
     field,
 )
@@ -176,3 +177,18 @@ def test_encode_is_one_compact_line() -> None:
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert json.loads(line) == {"type": "files", "files": [["a.md", "x\ny"]]}
     assert b", " not in line and b": " not in line
+
+
+def test_bodies_encoded_from_bytes_decode_to_the_same_texts() -> None:
+    """Every character JSON escapes (and some it does not) survives `encode_bodies` as json does."""
+    alphabet = [chr(c) for c in range(0x80)] + ["é", "\u2028", "\u2029", "\U0001f600", "中"]
+    rng = random.Random(7)
+    texts = [alphabet[:], "", "plain", '"quoted" \\ back\\slash\ttab\r\n'] + [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(500)]
+    texts[0] = "".join(texts[0])
+    bodies = [(f"{i:064x}", t.encode("utf-8")) for i, t in enumerate(texts)]
+    line = encode_bodies(bodies)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line) == {"type": "bodies", "bodies": [[s, t] for (s, _), t in
+                                                                zip(bodies, texts, strict=True)]}
+    assert json.loads(encode_bodies([])) == {"type": "bodies", "bodies": []}
