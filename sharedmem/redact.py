@@ -372,19 +372,28 @@ def redact_many(texts: list[str],
             encoded = [t.encode("utf-8") for t in texts]
     except UnicodeError:
         return [redact(t) for t in texts]
+    dirty = _touched(encoded)
+    return [redact(t) if i in dirty else (t, {}) for i, t in enumerate(texts)]
+
+
+def _touched(encoded: list[bytes]) -> set[int]:
+    """Indexes of the texts (in UTF-8) that some lead, screen or earlier marker touches."""
     joined = b"\n".join(encoded)
-    lowered = joined.lower()
-    starts = list(itertools.accumulate((len(b) + 1 for b in encoded[:-1]), initial=0))
+    backwards = joined.lower()[::-1]
+    last = len(joined) - 1
     hits: list[int] = []
-    for hay, lead in _byte_leads():
-        hits.extend(m.start() for m in lead.finditer(lowered if hay else joined))
+    for reverse, lead in _byte_leads():
+        if reverse:
+            hits.extend(last - m.start() for m in lead.finditer(backwards))
+        else:
+            hits.extend(m.start() for m in lead.finditer(joined))
     needle = MARKER_PREFIX.encode()
     at = joined.find(needle)
     while at != -1:
         hits.append(at)
         at = joined.find(needle, at + 1)
-    dirty = {bisect.bisect_right(starts, at) - 1 for at in hits}
-    return [redact(t) if i in dirty else (t, {}) for i, t in enumerate(texts)]
+    starts = list(itertools.accumulate((len(b) + 1 for b in encoded[:-1]), initial=0))
+    return {bisect.bisect_right(starts, at) - 1 for at in hits}
 
 
 _BYTE_LEADS: list[tuple[bool, re.Pattern[bytes]]] = []
@@ -395,12 +404,20 @@ def prepare() -> None:
     _byte_leads()
 
 
-# Leads the batch scan leaves out, each implied by a lead it keeps, so a text one of them
-# touches is touched anyway: the Slack webhook's "://" by the ":" screen below (case plays no
-# part); "authorization" followed by ":" or "=" by the generic "auth" lead, and the generic
-# "secret" lead by the AWS rule's plain "secret".
-_IMPLIED_LEADS = frozenset({r"https?://hooks\.slack\.com/", "authorization",
-                            "secret" + _NEAR_OPERATOR})
+# The rules matched without case are screened backwards, over the lower-cased bytes reversed:
+# every generic lead (a keyword, then `_NEAR_OPERATOR`) ends at a ':' or '=', a byte the scan
+# finds at memchr speed, where a scan for the keywords stops at every common letter; 3 scans do
+# the work of 10 (28 MB of Markdown: 40-85 ms instead of 150). Each is `_NEAR_OPERATOR` read
+# from its end. The AWS rule's "secret" implies the generic "secret" lead; "authorization"
+# followed by ":" or "=" is the generic "auth" lead; the Slack webhook's "://" is found by the
+# ":" screen of the rules matched with case below (case plays no part there).
+_BACKWARDS = (r"""[ \t]{0,16}["'`*\]]{0,3}[a-z_-]{0,16}(?:"""
+              + "|".join(k[::-1] for k in _KEYWORD_STARTS) + ")")
+_FOLDED_SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
+    (":" + _BACKWARDS, frozenset({"generic-secret", "authorization-header"})),
+    ("=" + _BACKWARDS, frozenset({"generic-secret", "authorization-header"})),
+    ("terces", frozenset({"aws-secret-key", "generic-secret"})),
+)
 
 # What the batch scan looks for in place of the leads of the rules matched with case: every
 # match of those rules' patterns (and every PEM block) holds one of these. Each starts with one
@@ -420,13 +437,9 @@ _SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
 
 
 def _byte_leads() -> list[tuple[bool, re.Pattern[bytes]]]:
-    """(folded, pattern) for the batch scan, compiled for bytes on first use.
-
-    The folded rules' own leads (run over the lower-cased bytes), and the screens for the rest.
-    """
+    """(backwards, pattern) for the batch scan, compiled for bytes on first use."""
     if not _BYTE_LEADS:  # filled in one step: a thread never sees part of the list
         _BYTE_LEADS.extend(
-            [(True, re.compile(lead.encode("ascii"))) for rule in _RULE_TEXT if rule.folded
-             for lead in rule.lead if lead not in _IMPLIED_LEADS]
+            [(True, re.compile(screen.encode("ascii"))) for screen, _ in _FOLDED_SCREENS]
             + [(False, re.compile(screen.encode("ascii"))) for screen, _ in _SCREENS])
     return _BYTE_LEADS

@@ -7,6 +7,7 @@ real-looking secret literal of its own.
 from __future__ import annotations
 
 import random
+import re
 import string
 import time
 
@@ -460,3 +461,25 @@ def test_redact_many_finds_each_token_without_its_usual_context(positive: tuple)
     # misses the token; alone in plain words, the token must be found through its own.
     texts = ["plain words", "before " + positive[2] + " after", "more plain words"]
     assert redact_many(texts) == [redact(t) for t in texts]
+
+
+def test_the_backward_screens_touch_every_text_a_caseless_lead_touches() -> None:
+    # The rules matched without case are screened from the ':' or '=' back to the keyword; any
+    # text one of their patterns matches must be touched, or redact_many would pass it unread.
+    from sharedmem.redact import _FOLDED_SCREENS, _RULE_TEXT, _SCREENS, _touched
+    folded = [rule for rule in _RULE_TEXT if rule.folded]
+    screened = set().union(*(kinds for _, kinds in _FOLDED_SCREENS + _SCREENS))
+    assert {rule.kind for rule in folded} <= screened
+    patterns = [re.compile(rule.regex) for rule in folded]
+    pieces = ["Token", "PASSWORD", "passwd", "Pwd", "SeCrEt", "api", "ApiKey", "Access", "private",
+              "auth", "Authorization", "AWS", "_", "-", "key", "=", ":", "=>", " ", "\t", '"', "'",
+              "`", "*", "]", "x", "\n", "https://Hooks.slack.com/", "é", "value", "/", "(",
+              "Aws Secret ", tok(40, ALNUM)]
+    rng = random.Random(5)
+    seen = 0
+    for _ in range(4000):
+        texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 9))) for _ in range(4)]
+        found = {i for i, t in enumerate(texts) if any(p.search(t) for p in patterns)}
+        seen += len(found)
+        assert found <= _touched([t.encode() for t in texts]), texts
+    assert seen > 300  # the pieces do make matches often
