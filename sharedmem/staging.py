@@ -306,4 +306,6 @@ def _helper(folder: str) -> int:
 
 
 if __name__ == "__main__":
+    if hasattr(os, "nice"):
+        os.nice(19)
     os._exit(_helper(sys.argv[1]))  # nothing left to flush or close

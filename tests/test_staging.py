@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -195,4 +197,18 @@ def test_a_namespace_folder_already_in_the_cache_is_not_replaced(cache: Cache) -
     assert staged_paths(stage) == []  # moved one by one
     for path, _, text in batch:
         assert (cache.root / path).read_text(encoding="utf-8") == text
+    stage.discard()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="no process priorities here")
+def test_the_helper_runs_at_the_lowest_priority(cache: Cache) -> None:
+    # Its writes only save time later; at the same priority they would slow the ssh handshake
+    # and the server's work, which the sync waits for.
+    stage = Staging(cache.meta, min_files=1)
+    add(stage, items(1)[0])
+    assert stage._child is not None
+    deadline = time.monotonic() + 30
+    while os.getpriority(os.PRIO_PROCESS, stage._child.pid) < 19:
+        assert time.monotonic() < deadline, "the helper did not lower its priority within 30 s"
+        time.sleep(0.01)
     stage.discard()
