@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections import namedtuple
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Sequence
 
 from sharedmem import sources
 from sharedmem.core import (
@@ -22,6 +22,7 @@ from sharedmem.core import (
     check_markdown_source_name,
     collision_key,
     digest_of,
+    sha256_bytes,
     sha256_text,
     utc_now,
 )
@@ -64,82 +65,138 @@ def ingest(store: Store, machine: str, source: str, kind: str,
            removed: Sequence[str] | None = None, base_digest: str | None = None) -> IngestReport:
     """Replace exactly one namespace in one transaction, re-checking every rule first.
 
-    With `base_digest`, `files` and `removed` are a delta against that stored digest.
+    With `base_digest`, `files` and `removed` are a delta against that stored digest: only
+    their rows are read and written, and SQLite lists the namespace for its new digest, so a
+    delta costs the server little more than the files it changes.
     """
     limits = limits or Limits()
     _check_namespace(machine, source, kind)
     with store.transaction(durable=False) as conn:  # a replica: see Store.transaction
         row = conn.execute("SELECT id, digest, generation FROM namespaces WHERE machine=? "
                            "AND source=?", (machine, source)).fetchone()
-        # mtime_ns is not read: a kept file's row is never rewritten, only changed ones.
-        current = {p: (s, z, 0) for p, s, z in conn.execute(
-            "SELECT path, sha256, size FROM files WHERE namespace_id=?",
-            (row[0],))} if row else {}
-        drop: set[str] = set()
-        if base_digest is not None:
-            if row is None or row[1] != base_digest:
-                raise StaleBase(f"namespace {machine}/{source} changed since the client's "
-                                "last sync; send the whole manifest")
-            drop = set(removed or ()) | {f.path for f in files}
-            kept = {p: v for p, v in current.items() if p not in drop}
+        if base_digest is not None and (row is None or row[1] != base_digest):
+            raise StaleBase(f"namespace {machine}/{source} changed since the client's "
+                            "last sync; send the whole manifest")
+        if base_digest is None:
+            current = _rows(conn, row[0], None) if row else {}
+            kept = _Kept(conn, None, set(), 0, 0)
         else:
-            kept = {}
+            drop = set(removed or ()) | {f.path for f in files}
+            current = _rows(conn, row[0], drop)
+            count, size = conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM files "
+                                       "WHERE namespace_id=?", (row[0],)).fetchone()
+            kept = _Kept(conn, row[0], drop, count - len(current),
+                         size - sum(v[1] for v in current.values()))
         report = IngestReport(machine, source, 0)
         stored = [f.sha256 for f in files if f.text is None and f.redactions == {}]
         absent = set(store.missing(stored)) if stored else set()
         accepted = _check_files(conn, kind, files, limits, report, kept, current, absent)
-        digest = digest_of((p, s) for p, (s, _, _) in accepted.items())
-        if row is not None and row[1] == digest and row[2]:
+        gone = [p for p in current if p not in accepted]
+        # mtime_ns is not compared: a kept file's row is never rewritten, only changed ones.
+        changed = [(p, s, z, m) for p, (s, z, m) in accepted.items()
+                   if current.get(p, (None,))[0] != s]
+        if row is not None and row[2] and not gone and not changed:
             conn.execute("UPDATE namespaces SET synced_at=? WHERE id=?", (utc_now(), row[0]))
             report.generation, report.unchanged = row[2], True
-            report.accepted = len(accepted)
+            report.accepted = kept.count + len(accepted)
             return report
         generation = int(conn.execute("SELECT value FROM meta WHERE key='generation'")
                          .fetchone()[0]) + 1
         conn.execute("UPDATE meta SET value=? WHERE key='generation'", (str(generation),))
-        size = sum(z for _, z, _ in accepted.values())
+        count = kept.count + len(accepted)
+        size = kept.size + sum(z for _, z, _ in accepted.values())
         if row is None:
             ns_id = conn.execute(
                 "INSERT INTO namespaces(machine, source, kind, generation, created_generation,"
                 " synced_at, file_count, byte_count, digest) VALUES (?,?,?,?,?,?,?,?,?)",
-                (machine, source, kind, generation, generation, utc_now(), len(accepted),
-                 size, digest)).lastrowid
+                (machine, source, kind, generation, generation, utc_now(), count, size,
+                 digest_of((p, s) for p, (s, _, _) in accepted.items()))).lastrowid
         else:
             ns_id = row[0]
-            conn.execute("UPDATE namespaces SET kind=?, generation=?, synced_at=?, "
-                         "file_count=?, byte_count=?, digest=? WHERE id=?",
-                         (kind, generation, utc_now(), len(accepted), size, digest, ns_id))
-        gone = [p for p in current if p not in accepted]
         conn.executemany("DELETE FROM files WHERE namespace_id=? AND path=?",
                          [(ns_id, p) for p in gone])
         conn.executemany("INSERT OR REPLACE INTO tombstones VALUES (?,?,?)",
                          [(ns_id, p, generation) for p in gone])
-        sent = accepted if base_digest is None else {
-            p: accepted[p] for p in drop if p in accepted}  # kept files did not change
-        changed = [(ns_id, p, s, z, m, generation) for p, (s, z, m) in sent.items()
-                   if current.get(p, (None,))[0] != s]
-        conn.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?)", changed)
+        conn.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?)",
+                         [(ns_id, p, s, z, m, generation) for p, s, z, m in changed])
         if row is not None:  # a new namespace has no tombstones yet
             conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
-                             [(ns_id, c[1]) for c in changed])
-        report.generation, report.accepted = generation, len(accepted)
+                             [(ns_id, c[0]) for c in changed])
+            digest = (digest_of((p, s) for p, (s, _, _) in accepted.items())
+                      if base_digest is None else _stored_digest(conn, ns_id))
+            conn.execute("UPDATE namespaces SET kind=?, generation=?, synced_at=?, "
+                         "file_count=?, byte_count=?, digest=? WHERE id=?",
+                         (kind, generation, utc_now(), count, size, digest, ns_id))
+        report.generation, report.accepted = generation, count
     return report
 
+
+def _rows(conn: sqlite3.Connection, ns_id: int,
+          paths: set[str] | None) -> dict[str, tuple[str, int, int]]:
+    """The namespace's rows, path -> (sha256, size, 0): all, or those of `paths` only."""
+    if paths is None:
+        return {p: (s, z, 0) for p, s, z in conn.execute(
+            "SELECT path, sha256, size FROM files WHERE namespace_id=?", (ns_id,))}
+    wanted = sorted(paths)
+    found: dict[str, tuple[str, int, int]] = {}
+    for i in range(0, len(wanted), 500):
+        chunk = wanted[i:i + 500]
+        found.update((p, (s, z, 0)) for p, s, z in conn.execute(
+            "SELECT path, sha256, size FROM files WHERE namespace_id=? AND path IN "
+            f"({','.join('?' * len(chunk))})", (ns_id, *chunk)))
+    return found
+
+
+def _stored_digest(conn: sqlite3.Connection, ns_id: int) -> str:
+    """`digest_of` the namespace's rows, joined in path order by SQLite itself.
+
+    SQLite compares paths as UTF-8 bytes, which orders them as Python orders the strings.
+    """
+    return sha256_bytes(conn.execute(_ORDERED_LINES, (ns_id,)).fetchone()[0] or b"")
+
+
+# One blob of the lines `digest_of` hashes. Before SQLite 3.44 an aggregate has no ORDER BY of
+# its own: it takes the rows in the order of a subquery that is not flattened (an ordered
+# subquery of an aggregate never is). test_ingest checks the result against digest_of.
+_ORDERED_LINES = (
+    "SELECT CAST(group_concat(path || char(0) || sha256 || char(10), '' ORDER BY path) AS BLOB)"
+    " FROM files WHERE namespace_id=?" if sqlite3.sqlite_version_info >= (3, 44) else
+    "SELECT CAST(group_concat(line, '') AS BLOB) FROM (SELECT path || char(0) || sha256 || "
+    "char(10) AS line FROM files WHERE namespace_id=? ORDER BY path)")
+
+
+class _Kept:
+    """The files a delta leaves as they are: counted, and their names read only when needed."""
+
+    def __init__(self, conn: sqlite3.Connection, ns_id: int | None, drop: set[str],
+                 count: int, size: int) -> None:
+        self.conn, self.ns_id, self.drop = conn, ns_id, drop
+        self.count, self.size = count, size
+        self._keys: set[str] | None = None
+
+    def keys(self) -> set[str]:
+        """Their collision keys: read when a new name comes, which must not clash with them."""
+        if self._keys is None:
+            self._keys = set() if self.ns_id is None else {
+                collision_key(p) for (p,) in self.conn.execute(
+                    "SELECT path FROM files WHERE namespace_id=?", (self.ns_id,))
+                if p not in self.drop}
+        return self._keys
+
+
 def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
-                 limits: Limits, report: IngestReport,
-                 kept: Mapping[str, tuple[str, int, int]],
+                 limits: Limits, report: IngestReport, kept: _Kept,
                  existing: Container[str] = (),
                  absent: Container[str] = ()) -> dict[str, tuple[str, int, int]]:
     """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted.
 
-    `kept` are files a delta leaves as they are: they passed these checks when stored;
-    `existing` are the names stored now; `absent` are bodies the server stored as they arrived
-    that are gone again (another session dropped them).
+    `kept` are files a delta leaves as they are: they passed these checks when stored, and
+    count towards the quota; `existing` holds the names of `files` stored now; `absent` are
+    bodies the server stored as they arrived that are gone again (another session dropped them).
     """
-    accepted: dict[str, tuple[str, int, int]] = dict(kept)
+    accepted: dict[str, tuple[str, int, int]] = {}
     keys: set[str] = set()  # of the files accepted from `files`
-    kept_keys: set[str] | None = None  # of the kept ones, made when a new name comes
-    total = sum(size for _, size, _ in kept.values())
+    total = kept.size
     blobs: list[tuple[str, int, str]] = []  # inserted together: one call, not one per file
 
     def refuse(path: object, reason: str, message: str) -> None:
@@ -155,9 +212,7 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
         if not clash and item.path not in existing:
             # A stored name never clashes with those stored beside it (every ingest refuses
             # such pairs), so only a new name is checked against the kept files.
-            if kept_keys is None:
-                kept_keys = {collision_key(p) for p in kept}
-            clash = key in kept_keys
+            clash = key in kept.keys()
         if clash:
             refuse(item.path, "collision", f"{item.path!r} collides with another path that "
                    "differs only by case or Unicode form; rename one of them")
@@ -191,7 +246,8 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
                 continue
             for name, count in counts.items():
                 report.redacted[name] = report.redacted.get(name, 0) + count
-        if len(accepted) >= limits.namespace_files or total + size > limits.namespace_bytes:
+        if (kept.count + len(accepted) >= limits.namespace_files
+                or total + size > limits.namespace_bytes):
             refuse(item.path, "quota", f"{item.path!r} is past the namespace quota "
                    f"({limits.namespace_files} files, {limits.namespace_bytes} bytes)")
             continue

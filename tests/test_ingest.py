@@ -186,6 +186,48 @@ def test_delta_ingest_and_stale_base(st: Store) -> None:
     assert issubclass(StaleBase, StoreError)
 
 
+def test_a_delta_digest_listed_by_sqlite_is_the_digest_of_the_whole_namespace(st: Store) -> None:
+    # A delta's digest comes from SQLite's path order; the client computes it from Python's
+    # sorted strings. Names whose UTF-8 bytes and punctuation test that the two orders agree.
+    names = ["a.md", "a/b.md", "a-b.md", "a b.md", "Z.md", "é.md", "ß.md", "日本/x.md", "z/~.md",
+             "ab.md", "A.MD.md", "\u00e9t\u00e9.md", "\U0001f600.md", "a/é/c.md"]
+    state = {name: f"text of {name}" for name in names}
+    st.ingest("m1", "notes", "markdown", files(dict(list(state.items())[::2])))
+    base = st.namespace_digest("m1", "notes")
+    sent = dict(list(state.items())[1::2]) | {"a.md": "changed"}
+    report = st.ingest("m1", "notes", "markdown", files(sent), removed=["Z.md"], base_digest=base)
+    assert report.refused == []
+    state |= sent
+    del state["Z.md"]
+    expected = digest_of((p, sha256_text(t)) for p, t in state.items())
+    assert st.namespace_digest("m1", "notes") == expected
+    assert report.accepted == len(state) == st.namespaces()[0]["files"]
+    assert st.namespaces()[0]["bytes"] == sum(len(t.encode()) for t in state.values())
+
+
+def test_a_delta_counts_the_kept_files_towards_the_quota(st: Store) -> None:
+    limits = Limits(file_bytes=100, namespace_bytes=20, namespace_files=3)
+    st.ingest("m1", "notes", "markdown", files({"a.md": "a" * 5, "b.md": "b" * 5}), limits=limits)
+    base = st.namespace_digest("m1", "notes")
+    report = st.ingest("m1", "notes", "markdown",
+                       files({"a.md": "A" * 9, "c.md": "c" * 5, "d.md": "d"}),
+                       base_digest=base, limits=limits)
+    assert [(r["path"], r["reason"]) for r in report.refused] == [("d.md", "quota")]
+    assert exported(st) == {"machines/m1/notes/a.md": "A" * 9, "machines/m1/notes/b.md": "b" * 5,
+                            "machines/m1/notes/c.md": "c" * 5}
+    base = st.namespace_digest("m1", "notes")
+    report = st.ingest("m1", "notes", "markdown", files({"e.md": "e" * 6}), base_digest=base,
+                       limits=limits)
+    assert [(r["path"], r["reason"]) for r in report.refused] == [("e.md", "quota")]
+    report = st.ingest("m1", "notes", "markdown", files({"e.md": "e" * 6}), removed=["c.md"],
+                       base_digest=base, limits=limits)
+    assert report.refused == [] and report.accepted == 3
+    roomy = Limits(file_bytes=100, namespace_bytes=20, namespace_files=100)  # 20 bytes held
+    report = st.ingest("m1", "notes", "markdown", files({"f.md": "f"}),
+                       base_digest=st.namespace_digest("m1", "notes"), limits=roomy)
+    assert [(r["path"], r["reason"]) for r in report.refused] == [("f.md", "quota")]
+
+
 def test_delta_refuses_a_new_name_that_clashes_with_a_kept_one(st: Store) -> None:
     st.ingest("m1", "notes", "markdown", files({"Readme.md": "R", "b.md": "B", "straße.md": "S"}))
     base = st.namespace_digest("m1", "notes")
