@@ -12,6 +12,7 @@ version 1) gets the usual exchange, and so does whatever is past the offered byt
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from queue import SimpleQueue
 
 from sharedmem.core import ProtocolError
@@ -35,6 +36,7 @@ class Ahead:
         self.sent_bytes = 0
         self.open = True
         self._queue: SimpleQueue[list[tuple[str, bytes]] | None] = SimpleQueue()
+        self.waiting: tuple[list[bytes], int] | None = None  # lines encoded before the hello
         self._sender: threading.Thread | None = None
         self._failure: ProtocolError | None = None
 
@@ -97,18 +99,39 @@ class Ahead:
         self.open = False
         self.pending, self.pending_bytes = [], 0
 
-    def finish(self) -> None:
+    def finish(self, then: Callable[[], object] | None = None) -> None:
         """The walk is over: send what waits if the server is ready, then close.
 
-        Waiting for the hello here would only delay the manifest that asks for those bodies.
+        Waiting for the hello here would only delay the manifest that asks for those bodies:
+        if it has not come, what waits is encoded now, and `send_waiting` sends it the moment
+        the hello offers room for it. `then` runs while the sender writes its last batches.
         Returns once all is written, so the manifest follows the bodies on the channel.
         """
         if self.open:
             self.flush()
+        if self.open and self.pending:  # no hello yet
+            self.waiting = ([encode_bodies(batch) for batch in chunks(
+                self.pending, lambda b: len(b[1]) + 80)], self.pending_bytes)
         self.close()
         if self._sender is not None:
             self._queue.put(None)
+        if then is not None:
+            then()
+        if self._sender is not None:
             self._sender.join()
             self._sender = None
         if self._failure is not None:
             raise self._failure
+
+    def send_waiting(self) -> None:
+        """Once the hello has come: send the bodies `finish` encoded, if the server takes them."""
+        waiting, self.waiting = self.waiting, None
+        hello = self.conn.early
+        if waiting is None or hello is None or hello.get("version") != 2:
+            return
+        lines, size = waiting
+        limit = hello.get("ahead_bytes")
+        if isinstance(limit, int) and not isinstance(limit, bool) and self.sent_bytes + size <= limit:
+            for line in lines:
+                self.conn.channel.send_line(line)
+            self.sent_bytes += size

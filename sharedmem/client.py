@@ -28,7 +28,7 @@ from sharedmem.core import (
     utc_now,
 )
 from sharedmem.lock import sync_lock
-from sharedmem.protocol import VERSIONS, PeerError, chunks
+from sharedmem.protocol import VERSIONS, PeerError, chunks, encode
 from sharedmem.staging import Staging
 from sharedmem.transport import Connection
 
@@ -54,6 +54,7 @@ class _Prepared:
     acked: bool = False
     lines: linejson.Old = field(default_factory=dict)  # the saved record's lines, for reuse
     state_text: str = ""  # the state as acknowledged, encoded while the server committed
+    line: bytes = b""  # the manifest message (delta or whole), encoded before it is due
 
 
 class Sync:
@@ -96,7 +97,7 @@ class Sync:
                         self._namespace(s.name) for s in self.config.sources) - self.known.keys()
                     self.snapshots = [self._snapshot(source) for source in self.config.sources]
                     self.staging.flush()
-                    self.ahead.finish()
+                    self.ahead.finish(then=self._encode_manifests)
                     if conn.early is None and any(p.snap.status == "ok" and (
                             p.delta is None or p.delta["files"] or p.delta["removed"])
                             for p in self.snapshots):
@@ -105,6 +106,7 @@ class Sync:
 
                 conn.hello(meanwhile)
                 self.report["protocol"] = conn.version
+                self.ahead.send_waiting()
                 ok = [p for p in self.snapshots if p.snap.status == "ok"]
                 self.last_to_publish = ok[-1] if ok else None
                 for prepared in self.snapshots:
@@ -236,7 +238,7 @@ class Sync:
     def _publish_v2(self, conn: Connection, prepared: _Prepared) -> dict[str, Any]:
         spec, by_sha = prepared.spec, prepared.by_sha
         try:
-            conn.channel.send(prepared.delta or prepared.whole)
+            conn.channel.send_line(prepared.line or encode(prepared.delta or prepared.whole))
             reply = conn.channel.expect("need", "result")
         except PeerError as exc:
             if exc.code != "stale-base":
@@ -262,6 +264,12 @@ class Sync:
             self._request(conn)
             self.staging.write_ahead(then=None if self.encoded else self._encode_ahead)
         return conn.channel.expect("result")
+
+    def _encode_manifests(self) -> None:
+        """Encode each manifest message while the last bodies sent ahead are still on their way."""
+        for prepared in self.snapshots:
+            if prepared.snap.status == "ok":
+                prepared.line = encode(prepared.delta or prepared.whole)
 
     def _encode_ahead(self) -> None:
         """Encode what this sync will write if all goes as sent, before it is known.

@@ -81,8 +81,9 @@ def test_a_version_1_server_is_sent_nothing_ahead(tmp_path: Path) -> None:
 
 
 RECORDER = r'''
-import json, sys
+import json, sys, time
 limit, log = sys.argv[1], open(sys.argv[2], "w")
+delay = float(sys.argv[3]) if len(sys.argv) > 3 else 0
 hello = {"type": "hello", "version": 2, "versions": [2], "server": "recorder"}
 if limit != "None":
     hello["ahead_bytes"] = int(limit)
@@ -90,6 +91,7 @@ for line in sys.stdin:
     m = json.loads(line)
     log.write(json.dumps([m["type"], [p[0] for p in m.get("bodies", [])]]) + "\n"); log.flush()
     if m["type"] == "hello":
+        time.sleep(delay)
         sys.stdout.write(json.dumps(hello) + "\n"); sys.stdout.flush()
 '''
 
@@ -115,3 +117,36 @@ def test_the_client_keeps_to_what_the_server_offers(tmp_path: Path, sshd, limit:
     assert ahead.sent_bytes == 101 * sent
     kinds = [kind for kind, _ in received]
     assert kinds[:kinds.index("status") + 1] == ["hello"] + ["bodies"] * bool(sent) + ["status"]
+
+
+@pytest.mark.parametrize("limit,sent", [(None, 0), (250, 0), (10_000, 5)])
+def test_bodies_offered_before_the_hello_go_when_it_comes(tmp_path: Path, sshd,
+                                                          limit: int | None, sent: int) -> None:
+    # A walk that ends before ssh connects encodes what it offered; the hello then says whether
+    # it all fits (there is no partial send of those), and it goes before anything else.
+    script, log = tmp_path / "recorder.py", tmp_path / "log.jsonl"
+    script.write_text(RECORDER)
+    path = write_config(tmp_path / "client.json", "laptop", sshd.transport(
+        pinned=False, remote_command=[sys.executable, str(script), str(limit), str(log), "1"]),
+        [], tmp_path / "cache")
+    texts = ["x" * 100 + str(i) for i in range(5)]  # 101 bytes each
+    with Connection(config_mod.load(path, {"HOME": str(tmp_path)})) as conn:
+        ahead = Ahead(conn)
+
+        def walk() -> None:
+            for text in texts:
+                ahead.offer(sha256_text(text), text.encode())
+            ahead.finish()
+            assert conn.early is None and ahead.waiting is not None  # the hello takes 1 s
+
+        conn.hello(walk)
+        ahead.send_waiting()
+        assert ahead.waiting is None and ahead.sent_bytes == 101 * sent
+        conn.channel.send({"type": "status"})
+        deadline = time.monotonic() + 30
+        while '"status"' not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    received = [json.loads(line) for line in log.read_text().splitlines()]
+    kinds = [kind for kind, _ in received]
+    assert kinds[:kinds.index("status") + 1] == ["hello"] + ["bodies"] * bool(sent) + ["status"]
+    assert [sha for _, shas in received for sha in shas] == [sha256_text(t) for t in texts[:sent]]
