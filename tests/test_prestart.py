@@ -103,3 +103,61 @@ def test_a_sync_that_fails_validation_stops_its_early_ssh(tmp_path, sshd, capsys
     assert cli.main(["sync", "--config", str(cfg)]) == 2
     assert "sources must be a list" in capsys.readouterr().err
     assert ssh_children() == [] and prestart._started is None
+
+
+def test_quote_is_shlex_quote() -> None:
+    import random
+    import shlex
+    rng = random.Random(3)
+    alphabet = "aZ09_@%+=:,./-~ '\"$`\\!*?;&|<>()[]{}#\t\né\u00a0日"
+    words = ["", "'", "''", "plain", "with space", "a'b"] + [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))) for _ in range(2000)]
+    for word in words:
+        assert prestart.quote(word) == shlex.quote(word), word
+
+
+@pytest.mark.parametrize("text", ['{"transport": {"kind": "ssh", "port": 22, "x": [1.5, -2e3,'
+                                  ' true, false, null, "é\\u00e9\\n"]}}', '  \n[1, {"a": {}}]\t\n',
+                                  '"just a string"', "0"])
+def test_read_json_agrees_with_json(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "client.json"
+    path.write_text(text, encoding="utf-8")
+    assert prestart._read_json(str(path)) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"a": 1} {"b": 2}', '{"a": 1} x', "{'a': 1}",
+                                  '{"a": 01}', "[1,]"])
+def test_read_json_refuses_what_json_refuses(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "client.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        prestart._read_json(str(path))
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_spawnp"), reason="no posix_spawn here")
+def test_a_spawned_child_has_pipes_a_session_and_can_be_waited_for_and_killed() -> None:
+    import subprocess
+    echo = prestart.Spawned(["sh", "-c", 'read line; echo "got $line"; echo oops >&2'])
+    assert os.getsid(echo.pid) == echo.pid  # a session of its own, as start_new_session gives
+    echo.stdin.write(b"hello\n")
+    echo.stdin.close()
+    assert echo.stdout.read() == b"got hello\n" and echo.stderr.read() == b"oops\n"
+    assert echo.wait(timeout=30) == 0 and echo.poll() == 0
+    sleeper = prestart.Spawned(["sleep", "30"])
+    assert sleeper.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper.wait(timeout=0.05)
+    sleeper.kill()
+    assert sleeper.wait() == -9
+    sleeper.kill()  # reaped: nothing to kill, and no error
+    for stream in (echo.stdout, echo.stderr, sleeper.stdin, sleeper.stdout, sleeper.stderr):
+        stream.close()
+
+
+def test_the_early_ssh_is_started_without_subprocess_where_it_can_be(tmp_path, sshd):
+    prestart.start(str(ssh_config(tmp_path, sshd)))
+    assert prestart._started is not None
+    expected = prestart.Spawned if hasattr(os, "posix_spawnp") else __import__("subprocess").Popen
+    assert isinstance(prestart._started[1], expected)
