@@ -9,7 +9,7 @@ import re
 import time
 import unicodedata
 from collections import namedtuple
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 KIB = 1024
@@ -196,6 +196,34 @@ def path_problems(path: object, *, folder: bool = False) -> list[str]:
     if not folder and not path.endswith(".md"):
         problems.append(f"path {shown} does not end in .md")
     return problems
+
+
+def plain_paths(paths: Sequence[str]) -> bool:
+    """True when every one of `paths` is a plain file path, which obeys the rule for sure.
+
+    Plain: ASCII letters, digits, `_`, `-` and `.`, components that neither start nor (but for
+    the `.md` of the file) end with a dot, and no Windows reserved name. A few scans of all the
+    paths at once stand for a regex match per path, a tenth of the cost for 10,000 files. False
+    says nothing: check each path (`path_problems`).
+    """
+    if not paths:
+        return True
+    joined = "\n".join(paths) + "\n"
+    if (not _PLAIN_CHARS.fullmatch(joined) or joined.count("\n") != len(paths)
+            or joined.count(".md\n") != len(paths)
+            or max(map(len, paths)) > _PLAIN_MAX or joined[0] in "./\n"
+            or any(bad in joined for bad in ("\n.", "/.", "./", "//", "\n/"))):
+        return False
+    lowered = joined.lower()
+    if any(f"{lead}{name}" in lowered or lowered.startswith(name)
+           for name in ("con", "prn", "aux", "nul", "com", "lpt") for lead in "/\n"):
+        return not _RESERVED_LINES.search(joined)
+    return True
+
+
+_PLAIN_CHARS = re.compile(r"[A-Za-z0-9_.\n/-]*")
+_PLAIN_MAX = 253  # the longest file name _SAFE_FILE takes; shorter than every other limit
+_RESERVED_LINES = re.compile(_RESERVED_RE.pattern, re.IGNORECASE | re.MULTILINE)
 
 
 def _component_problems(part: str, shown: str) -> list[str]:

@@ -202,8 +202,10 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
     def refuse(path: object, reason: str, message: str) -> None:
         report.refused.append({"path": str(path), "reason": reason, "message": message})
 
+    paths = [f.path for f in files]
+    plain = all(type(p) is str for p in paths) and sources.allowlist_plain(kind, paths)
     for item in sorted(files, key=lambda f: str(f.path)):
-        problem = sources.allowlist_problem(kind, item.path)
+        problem = None if plain else sources.allowlist_problem(kind, item.path)
         if problem:
             refuse(item.path, "bad-path", problem)
             continue

@@ -10,7 +10,8 @@ import os
 import re
 import unicodedata
 from collections import namedtuple
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import repeat
 from pathlib import Path
 
 from sharedmem.core import (
@@ -23,6 +24,7 @@ from sharedmem.core import (
     SourceError,
     collision_key,
     path_problems,
+    plain_paths,
     sha256_bytes,
     sha256_text,
 )
@@ -112,6 +114,19 @@ def default_root(kind: str, env: Mapping[str, str]) -> Path:
         f"source kind {kind!r} has no default folder: name the folder of a markdown source "
         f"as NAME=PATH (known kinds: {', '.join(SOURCE_KINDS)})"
     )
+
+
+def allowlist_plain(kind: str, paths: Sequence[str]) -> bool:
+    """True when all `paths` are plain (`core.plain_paths`) and where a `kind` source publishes.
+
+    Then none has an `allowlist_problem`; False says nothing (check each).
+    """
+    if kind == KIND_MARKDOWN:
+        return plain_paths(paths) and max(
+            map(str.count, paths, repeat("/")), default=0) < MARKDOWN_MAX_PARTS
+    if kind == SOURCE_CLAUDE:
+        return plain_paths(paths) and all(p.count("/") == 1 for p in paths)
+    return False  # a codex source publishes a few files: each is checked
 
 
 def allowlist_problem(kind: str, path: str) -> str | None:
@@ -241,9 +256,10 @@ class _Walker:
             self.skip(rel.rstrip("/"), skip.reason, skip.detail)
             return []
 
-    def entries(self, handle: Handle, rel: str) -> Iterator[os.DirEntry]:
-        """Entries of a folder that are neither hidden nor links (those are reported)."""
-        for entry in self.listing(handle, rel):
+    def entries(self, handle: Handle, rel: str,
+                listing: list[os.DirEntry] | None = None) -> Iterator[os.DirEntry]:
+        """Entries of a folder (`listing` if read already) that are neither hidden nor links."""
+        for entry in self.listing(handle, rel) if listing is None else listing:
             shown = f"{rel}{entry.name}"
             if entry.name.startswith("."):
                 self.skip(shown, "hidden",
@@ -269,9 +285,13 @@ class _Walker:
             self.skip(shown, skip.reason, skip.detail)
             return None
 
-    def file(self, handle: Handle, entry: os.DirEntry, disk: str, published: str) -> None:
-        """Publish one candidate `.md` file found at `disk` (below the root) as `published`."""
-        shown = _display(disk)
+    def file(self, handle: Handle, entry: os.DirEntry, disk: str, published: str,
+             plain: bool = False) -> None:
+        """Publish one candidate `.md` file found at `disk` (below the root) as `published`.
+
+        `plain`: its folder's names are plain (`allowlist_plain`), so the path rule holds.
+        """
+        shown = disk if plain else _display(disk)  # plain names are ASCII: shown as they are
         try:
             if not entry.is_file(follow_symlinks=False):
                 self.skip(disk, "not-regular",
@@ -281,8 +301,10 @@ class _Walker:
         except OSError:
             self.skip(disk, "vanished", f"{shown} disappeared during the walk; sync again")
             return
-        published = unicodedata.normalize("NFC", published)
-        problems = allowlist_problem(self.spec.kind, published)
+        problems = None
+        if not plain:
+            published = unicodedata.normalize("NFC", published)
+            problems = allowlist_problem(self.spec.kind, published)
         if problems:
             self.skip(disk, "bad-path", f"{shown} cannot be published: {problems}; rename it")
             return
@@ -347,14 +369,17 @@ def _walk_codex(w: _Walker, root: Handle) -> None:
 
 def _walk_flat(w: _Walker, handle: Handle, disk: str, published: str, what: str) -> None:
     """Publish the `.md` files directly in one folder; its subfolders are reported, not entered."""
-    for entry in w.entries(handle, disk):
+    listing = w.listing(handle, disk)
+    plain = allowlist_plain(w.spec.kind, [published + e.name for e in listing
+                                          if e.name.endswith(".md")])
+    for entry in w.entries(handle, disk, listing):
         shown = f"{disk}{entry.name}"
         if entry.is_dir(follow_symlinks=False):
             w.skip(shown, "not-allowlisted",
                    f"{_display(shown)} is a subfolder; only files directly in the {what} "
                    "folder are published")
         elif entry.name.endswith(".md"):
-            w.file(handle, entry, shown, f"{published}{entry.name}")
+            w.file(handle, entry, shown, f"{published}{entry.name}", plain)
 
 
 def _walk_claude(w: _Walker, root: Handle) -> None:
@@ -387,7 +412,9 @@ def _walk_claude(w: _Walker, root: Handle) -> None:
 
 
 def _walk_markdown(w: _Walker, handle: Handle, rel: str = "", depth: int = 0) -> None:
-    for entry in w.entries(handle, rel):
+    listing = w.listing(handle, rel)
+    plain = allowlist_plain(KIND_MARKDOWN, [rel + e.name for e in listing if e.name.endswith(".md")])
+    for entry in w.entries(handle, rel, listing):
         shown = f"{rel}{entry.name}"
         if entry.is_dir(follow_symlinks=False):
             if depth + 1 >= MARKDOWN_MAX_PARTS:
@@ -402,7 +429,7 @@ def _walk_markdown(w: _Walker, handle: Handle, rel: str = "", depth: int = 0) ->
             finally:
                 close(sub)
         elif entry.name.endswith(".md"):
-            w.file(handle, entry, shown, shown)
+            w.file(handle, entry, shown, shown, plain)
 
 
 def snapshot(spec: SourceSpec, limits: Limits = _DEFAULT_LIMITS,

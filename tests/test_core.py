@@ -412,3 +412,36 @@ def test_fast_path_never_accepts_what_the_full_rule_refuses(monkeypatch):
 def test_invisible_characters_are_refused(path):
     problems = path_problems(path)
     assert problems and "invisible" in " ".join(problems)
+
+
+def test_plain_paths_are_valid_paths() -> None:
+    # The batch check stands in for path_problems: whatever it passes must pass the rule.
+    import random
+
+    from sharedmem.core import path_problems, plain_paths
+    rng = random.Random(9)
+    pieces = ["a", "Z", "9", "_", "-", ".", "/", ".md", "md", "con", "COM1", "lpt9", "nul", "aux",
+              "prn", "com", "x" * 120, " ", "é", "\n", ":", "..", "~", "A.md", "con.md", "/"]
+    passed = 0
+    for _ in range(20000):
+        paths = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 7)))
+                 for _ in range(rng.randint(1, 3))]
+        if plain_paths(paths):
+            passed += 1
+            assert all(path_problems(p) == [] for p in paths), paths
+    assert passed > 200  # the pieces do make plain paths
+
+
+@pytest.mark.parametrize("paths", [["a.md"], ["notes/2026/x-y_z.v2.md", "Readme.md"],
+                                   ["console.md", "a/comet/auxiliary.md", "nullable/x.md"], []])
+def test_plain_paths_pass_everyday_names(paths: list[str]) -> None:
+    from sharedmem.core import plain_paths
+    assert plain_paths(paths)
+
+
+@pytest.mark.parametrize("path", ["con.md", "a/COM1.md", "lpt3/x.md", "a/.hidden.md", ".a.md",
+                                  "a./b.md", "a//b.md", "/a.md", "a.txt", "é.md", "a b.md",
+                                  "x" * 251 + ".md", "a\n.md", ""])
+def test_plain_paths_leave_the_rest_to_the_full_check(path: str) -> None:
+    from sharedmem.core import plain_paths
+    assert not plain_paths(["fine.md", path])

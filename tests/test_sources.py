@@ -536,3 +536,19 @@ def test_default_root_honours_environment(tmp_path):
     assert default_root(SOURCE_CLAUDE, empty) == home / ".claude" / "projects"
     with pytest.raises(ConfigError, match="markdown"):
         default_root(KIND_MARKDOWN, env)
+
+
+@pytest.mark.parametrize(("kind", "paths", "plain"), [
+    ("markdown", ["a.md", "b/c/d/e/f.md"], True),
+    ("markdown", ["a.md", "b/c/d/e/f/g.md"], False),  # five folders: too deep
+    ("claude-code", ["proj/a.md", "other/b.md"], True),
+    ("claude-code", ["proj/a.md", "b.md"], False),
+    ("codex", ["MEMORY.md"], False),  # always checked file by file
+    ("markdown", ["a.md", "con.md"], False),
+])
+def test_allowlist_plain_vouches_only_for_allowed_paths(kind: str, paths: list[str],
+                                                        plain: bool) -> None:
+    from sharedmem.sources import allowlist_plain
+    assert allowlist_plain(kind, paths) is plain
+    if plain:
+        assert all(allowlist_problem(kind, p) is None for p in paths)
