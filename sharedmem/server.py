@@ -227,7 +227,7 @@ class Session:
                 fresh, encoded, redact_many(list(fresh.values()), encoded), strict=True):
             self.pool[sha] = (clean, counts, len(data))
             if wanted is None and not counts:
-                rows.append((sha, len(data), clean))
+                rows.append((sha, len(data), data))
         if rows:  # stored now, while the client still walks, not in the commit it waits for
             assert self.store is not None
             self.stored.update(self.store.put_blobs(rows))

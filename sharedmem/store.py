@@ -157,16 +157,17 @@ class Store:
         """The schema version recorded in the file."""
         return self.conn.execute("PRAGMA user_version").fetchone()[0]
 
-    def put_blobs(self, rows: Sequence[tuple[str, int, str]]) -> list[str]:
-        """Store (sha256, size, text) bodies ahead of the namespace that lists them.
+    def put_blobs(self, rows: Sequence[tuple[str, int, bytes]]) -> list[str]:
+        """Store (sha256, size, text in UTF-8) bodies ahead of the namespace that lists them.
 
-        Returns the sha256s stored now (not there before): the session that sent them drops
-        those no file uses when it ends (`drop_unused_blobs`).
+        SQLite turns the bytes into TEXT itself, so the caller's UTF-8 is not made again from
+        the string. Returns the sha256s stored now (not there before): the session that sent
+        them drops those no file uses when it ends (`drop_unused_blobs`).
         """
         new = set(self.missing(row[0] for row in rows))
         if new:
             with self.transaction(durable=False) as conn:
-                conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,?)",
+                conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,CAST(? AS TEXT))",
                                  [row for row in rows if row[0] in new])
         return sorted(new)
 

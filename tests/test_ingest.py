@@ -257,10 +257,11 @@ def test_unchanged_reingest_keeps_the_generation(st: Store) -> None:
 
 
 def test_a_body_stored_ahead_is_used_and_one_gone_since_is_refused(st: Store) -> None:
-    kept, gone = "stored as it arrived", "stored, then dropped by another session"
-    assert st.put_blobs([(sha256_text(t), len(t.encode()), t) for t in (kept, gone)]) == sorted(
-        [sha256_text(kept), sha256_text(gone)])
-    assert st.put_blobs([(sha256_text(kept), len(kept.encode()), kept)]) == []  # there already
+    kept, gone = "stored as it arrived: é, 日本", "stored, then dropped by another session"
+    rows = [(sha256_text(t), len(t.encode()), t.encode()) for t in (kept, gone)]
+    assert st.put_blobs(rows) == sorted([sha256_text(kept), sha256_text(gone)])
+    assert {r[0] for r in st.conn.execute("SELECT typeof(body) FROM blobs")} == {"text"}
+    assert st.put_blobs([(sha256_text(kept), len(kept.encode()), kept.encode())]) == []  # there already
     assert st.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again after it
     st.drop_unused_blobs([sha256_text(gone)])
     report = st.ingest("m1", "notes", "markdown", [
