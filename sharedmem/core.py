@@ -214,16 +214,24 @@ def plain_paths(paths: Sequence[str]) -> bool:
             or max(map(len, paths)) > _PLAIN_MAX or joined[0] in "./\n"
             or any(bad in joined for bad in ("\n.", "/.", "./", "//", "\n/"))):
         return False
-    lowered = joined.lower()
-    if any(f"{lead}{name}" in lowered or lowered.startswith(name)
-           for name in ("con", "prn", "aux", "nul", "com", "lpt") for lead in "/\n"):
-        return not _RESERVED_LINES.search(joined)
+    lowered = "\n" + joined.lower()
+    for name in ("con", "prn", "aux", "nul", "com", "lpt"):  # Windows reserved names
+        for needle in (f"\n{name}", f"/{name}"):
+            at = lowered.find(needle)
+            while at != -1:
+                end = at + 4
+                if name in ("com", "lpt") and lowered[end] in "123456789":
+                    end += 1
+                elif name in ("com", "lpt"):
+                    end = 0  # com or lpt without a digit is an ordinary name
+                if end and lowered[end] in "./":  # a line ends in .md, never in a name
+                    return False
+                at = lowered.find(needle, at + 1)
     return True
 
 
 _PLAIN_CHARS = re.compile(r"[A-Za-z0-9_.\n/-]*")
 _PLAIN_MAX = 253  # the longest file name _SAFE_FILE takes; shorter than every other limit
-_RESERVED_LINES = re.compile(_RESERVED_RE.pattern, re.IGNORECASE | re.MULTILINE)
 
 
 def _component_problems(part: str, shown: str) -> list[str]:

@@ -209,7 +209,7 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
         if problem:
             refuse(item.path, "bad-path", problem)
             continue
-        key = collision_key(item.path)
+        key = item.path.lower() if plain else collision_key(item.path)  # the same, for ASCII
         clash = key in keys
         if not clash and item.path not in existing:
             # A stored name never clashes with those stored beside it (every ingest refuses

@@ -336,12 +336,13 @@ def _mtime(value: object) -> int:
 
 def _entries(raw: list[Any]) -> list[tuple[str, str, int, int]]:
     out = []
-    for item in raw:
-        if (not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], str)
-                or not isinstance(item[1], str) or len(item[1]) != 64
-                or not isinstance(item[2], int) or isinstance(item[2], bool)):
+    for item in raw:  # `type(x) is int` refuses True and False too
+        if (type(item) is not list or len(item) != 4 or type(item[0]) is not str
+                or type(item[1]) is not str or len(item[1]) != 64 or type(item[2]) is not int):
             raise PeerError("bad-field", "manifest entries must be [path, sha256, size, mtime_ns]")
-        out.append((item[0], item[1], item[2], _mtime(item[3])))
+        mtime = item[3]
+        out.append((item[0], item[1], item[2], mtime if type(mtime) is int and
+                    0 <= mtime < 2**63 else _mtime(mtime)))
     return out
 
 

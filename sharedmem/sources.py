@@ -308,7 +308,7 @@ class _Walker:
         if problems:
             self.skip(disk, "bad-path", f"{shown} cannot be published: {problems}; rename it")
             return
-        key = collision_key(published)
+        key = published.lower() if plain else collision_key(published)  # the same, for ASCII
         if key in self.keys:
             self.skip(disk, "collision", f"{shown} has the same name as another file once case and "
                       "Unicode form are ignored; rename one of them")

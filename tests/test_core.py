@@ -433,7 +433,8 @@ def test_plain_paths_are_valid_paths() -> None:
 
 
 @pytest.mark.parametrize("paths", [["a.md"], ["notes/2026/x-y_z.v2.md", "Readme.md"],
-                                   ["console.md", "a/comet/auxiliary.md", "nullable/x.md"], []])
+                                   ["console.md", "a/comet/auxiliary.md", "nullable/x.md"],
+                                   ["com.md", "a/lpt/com10.md", "CON-tents.md"], []])
 def test_plain_paths_pass_everyday_names(paths: list[str]) -> None:
     from sharedmem.core import plain_paths
     assert plain_paths(paths)
@@ -445,3 +446,10 @@ def test_plain_paths_pass_everyday_names(paths: list[str]) -> None:
 def test_plain_paths_leave_the_rest_to_the_full_check(path: str) -> None:
     from sharedmem.core import plain_paths
     assert not plain_paths(["fine.md", path])
+
+
+def test_the_collision_key_of_ascii_is_its_lower_case() -> None:
+    # Plain paths (ASCII) take str.lower as their key on the walk and on ingest.
+    from sharedmem.core import collision_key
+    ascii_text = "".join(chr(c) for c in range(128))
+    assert collision_key(ascii_text) == ascii_text.lower()
