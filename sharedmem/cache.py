@@ -268,7 +268,7 @@ class Cache:
         written = len(moved)
         for path, sha, text in upserts:
             if path in moved:
-                files[path] = CachedFile(sha, moved[path], namespace_key(path))
+                files[path] = CachedFile(sha, *moved[path])
                 continue
             target = folders.target(path, create=True)
             assert target is not None
@@ -339,22 +339,23 @@ class Cache:
 
 
 def _move_folders(upserts: list[tuple[str, str, str]], folders: _Folders,
-                  staged: Staging) -> dict[str, int]:
+                  staged: Staging) -> dict[str, tuple[int, str]]:
     """Move in whole each namespace new to the cache that was staged just as pulled.
 
-    On a first sync that is one rename instead of one a file. Returns path -> size of the
-    files moved; the rest are moved or written one by one.
+    On a first sync that is one rename instead of one a file. Returns path -> (size,
+    namespace) of the files moved; the rest are moved or written one by one.
     """
     new: dict[str, dict[str, str]] = {}
     if staged.new_namespaces:
         for path, sha, _ in upserts:
             if (key := namespace_key(path)) in staged.new_namespaces:
                 new.setdefault(key, {})[path] = sha
-    moved: dict[str, int] = {}
+    moved: dict[str, tuple[int, str]] = {}
     for key, pulled in new.items():
         target = folders.target(key, create=True)  # makes machines/<machine>, refusing links
         if target is not None and not os.path.lexists(target):
-            moved.update(staged.move_folder(key, pulled, target))
+            moved.update((path, (size, key))
+                         for path, size in staged.move_folder(key, pulled, target).items())
     return moved
 
 
