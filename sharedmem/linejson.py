@@ -22,16 +22,35 @@ def encode(head: Mapping[str, Any], key: str, items: Iterable[tuple[str, Any]],
     An item whose value equals its `old` value keeps its old line. Returns the text and what
     to pass as `old` next time.
     """
-    lines: dict[str, tuple[Any, str]] = {}
-    for name, value in items:
-        known = old.get(name)
-        if known is None or known[0] != value:
-            known = (value, f"{json.dumps(name, ensure_ascii=False)}: "
-                            f"{json.dumps(value, ensure_ascii=False)}")
-        lines[name] = known
+    items = list(items)
+    fresh = [(name, value) for name, value in items
+             if (known := old.get(name)) is None or known[0] != value]
+    made = dict(zip((name for name, _ in fresh), _lines(fresh), strict=True))
+    lines = {name: (value, made[name]) if name in made else old[name] for name, value in items}
     first = json.dumps({**head, key: {}}, ensure_ascii=False)[:-2]  # ends in `"key": {`
     body = ",\n".join(line for _, line in lines.values())
     return f"{first}\n{body}\n}}}}", lines
+
+
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+
+
+def _lines(items: list[tuple[str, Any]]) -> list[str]:
+    """`"name": value` for each item, as `json.dumps` writes them.
+
+    Many items whose values are arrays are encoded in two calls and split where one element
+    ends and the next begins. An encoded string never holds `", "` (its quotes are escaped);
+    an array holds `], [` only where it nests arrays or strings hold it, and then the count
+    is off and each item is encoded by itself.
+    """
+    if len(items) > 64 and all(type(value) in (list, tuple) for _, value in items):
+        names = _ENCODE([name for name, _ in items])[2:-2].split('", "')
+        values = _ENCODE([value for _, value in items])[1:-1].split("], [")
+        if len(values) == len(items):
+            last = len(values) - 1
+            return [f'"{name}": {"[" if i else ""}{value}{"]" if i < last else ""}'
+                    for i, (name, value) in enumerate(zip(names, values, strict=True))]
+    return [f"{_ENCODE(name)}: {_ENCODE(value)}" for name, value in items]
 
 
 def decode(text: str, key: str) -> tuple[dict[str, Any], Old]:

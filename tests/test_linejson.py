@@ -35,3 +35,30 @@ def test_an_empty_mapping() -> None:
     text, lines = linejson.encode({"version": 1}, "files", [], {})
     assert json.loads(text) == {"version": 1, "files": {}} and lines == {}
     assert linejson.decode(text, "files") == ({"version": 1, "files": {}}, {})
+
+
+def test_many_arrays_are_encoded_in_bulk_as_json_dumps_would_one_by_one() -> None:
+    import random
+    rng = random.Random(4)
+    pieces = ["a", "é", '"', '", "', "], [", "\\", "\n", "\u2028", "[", "]", ",", " ", "日"]
+
+    def text() -> str:
+        return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+
+    def value(nested: bool) -> object:
+        kind = rng.choice((0, 1, 2, 3) if nested else (0, 1, 3))
+        if kind == 0:
+            return [rng.randrange(10**12), text(), {text(): 1}]
+        if kind == 1:
+            return (text(), rng.randrange(100), None, True)
+        if kind == 2:
+            return [[1], [text()]]  # a "], [" of its own: the count is off, one by one then
+        return []
+
+    for round_ in range(40):
+        items = [(f"{i}-{text()}", value(round_ % 2 == 1)) for i in range(rng.randint(60, 200))]
+        expected = [f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}"
+                    for k, v in items]
+        assert linejson._lines(items) == expected
+    plain = [(f"n{i}", [i, "x" * (i % 3)]) for i in range(100)]
+    assert linejson._lines(plain) == [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in plain]
