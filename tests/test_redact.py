@@ -483,3 +483,22 @@ def test_the_backward_screens_touch_every_text_a_caseless_lead_touches() -> None
         seen += len(found)
         assert found <= _touched([t.encode() for t in texts]), texts
     assert seen > 300  # the pieces do make matches often
+
+
+BODY = "A1b2C3d4E5f6G7h8J9k0" * 3  # not wordy, long enough for every rule
+EVERY_LEAD = (
+    [f"xox{c}-{BODY}" for c in "abposre"] + [f"xapp-{BODY}"]
+    + [f"gl{kind}-{BODY}" for kind in ("pat", "dt", "rt", "ptt", "cbt", "oas", "ft", "imt")]
+    + [f"gh{c}_{BODY[:40]}" for c in "pousr"] + [f"github_pat_{BODY}"]
+    + [f"{c}k_{mode}_{BODY}" for c in "sr" for mode in ("live", "test")]
+    + [f"hf_{BODY}", f"npm_{BODY}", f"pypi-AgEI{BODY}", f"sk-ant-{BODY}", f"sk-{BODY}"]
+    + [f"{lead}{BODY[:16].upper()}" for lead in ("AKIA", "ASIA", "ABIA", "ACCA")]
+    + [f"AIza{BODY}", f"eyJ{BODY}.{BODY}.{BODY}"])
+
+
+@pytest.mark.parametrize("token", EVERY_LEAD, ids=[t[:8] for t in EVERY_LEAD])
+def test_every_lead_of_the_rules_matched_with_case_is_screened(token: str) -> None:
+    # Each variant of each lead, alone in plain words: a screen missing one would let it pass.
+    text = f"plain words {token} more words"
+    assert redact(text)[1], token
+    assert redact_many([text, "x"]) == [redact(text), ("x", {})]
