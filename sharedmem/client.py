@@ -220,10 +220,14 @@ class Sync:
 
     @staticmethod
     def _state_text(prepared: _Prepared, acked: dict[str, str] | None) -> str:
+        old = prepared.lines
+        # A file not read this time was taken from the saved record as it was: its old value
+        # stands, and linejson keeps its line (it finds the very same object).
         return linejson.encode(
             {"rules": prepared.rules, "acked": acked}, "record",
-            ((e.path, [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)])
-             for e in prepared.snap.files), prepared.lines)[0]
+            ((e.path, old[e.path][0] if e.text is None and e.path in old else
+              [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)])
+             for e in prepared.snap.files), old)[0]
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
                     snap: sources.Snapshot) -> dict[str, Any]:
