@@ -13,6 +13,7 @@ from pathlib import Path
 from sharedmem import __version__
 from sharedmem.core import (
     KIND_MARKDOWN,
+    MIB,
     SOURCE_KINDS,
     Limits,
     NoteError,
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from typing import IO, Any
 
 
+STORE_AHEAD_BYTES = 4 * MIB  # bodies sent ahead are stored in batches of about this much
+
+
 class Session:
     """One client's session: hello, then namespaces, notes and a pull, in a checked order."""
 
@@ -45,10 +49,13 @@ class Session:
         self.version = 0
         # Verified, redacted bodies not yet committed: sha256 -> (text, redactions, size). A
         # version 2 client may send bodies ahead of their manifest, up to `ahead_bytes`; those
-        # redaction left as they were are stored at once (text None here), in `stored`.
+        # redaction left as they were are stored in batches of STORE_AHEAD_BYTES as they come
+        # (text None here), in `stored`. Fewer wait in `unstored` for the commit to store them.
         self.pool: dict[str, tuple[str | None, dict[str, int], int]] = {}
         self.ahead_bytes = 0
         self.stored: set[str] = set()  # of those, the ones no committed file uses yet
+        self.unstored: list[tuple[str, int, bytes]] = []
+        self.unstored_bytes = 0
 
     def run(self) -> int:
         """Serve until `bye` or end of input; a protocol error is answered, then ends the session."""
@@ -148,6 +155,7 @@ class Session:
         """Version 2: a manifest or a delta; the server asks only for the bodies it lacks."""
         assert self.store is not None
         source, kind = self._namespace(message)
+        self.unstored, self.unstored_bytes = [], 0  # left in the pool, for the commits to store
         digest = field(message, "digest", str)
         base = field(message, "base", str, optional=True)
         current = self.store.namespace_digest(self.machine, source)
@@ -222,14 +230,18 @@ class Session:
         if not fresh:
             return
         from sharedmem.redact import redact_many
-        rows = []
         for sha, data, (clean, counts) in zip(
                 fresh, encoded, redact_many(list(fresh.values()), encoded), strict=True):
             self.pool[sha] = (clean, counts, len(data))
             if wanted is None and not counts:
-                rows.append((sha, len(data), data))
-        if rows:  # stored now, while the client still walks, not in the commit it waits for
+                self.unstored.append((sha, len(data), data))
+                self.unstored_bytes += len(data)
+        if self.unstored_bytes >= STORE_AHEAD_BYTES:
+            # Stored now, while the client still walks, not in the commit it waits for. A few
+            # bodies (a small re-sync's) are left to that commit: a transaction of their own
+            # would cost it more than it saves.
             assert self.store is not None
+            rows, self.unstored, self.unstored_bytes = self.unstored, [], 0
             self.stored.update(self.store.put_blobs(rows))
             for sha, size, _ in rows:
                 self.pool[sha] = (None, {}, size)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER, exported
 
+from sharedmem import server as server_module
 from sharedmem.core import Limits, digest_of, sha256_text
 from sharedmem.protocol import MAX_LINE_BYTES, Channel
 from sharedmem.server import Session
@@ -228,9 +229,14 @@ def blob_count(store: Path) -> int:
         return s.counts()["blobs"]
 
 
-def test_bodies_sent_ahead_are_stored_at_once_and_dropped_if_no_file_uses_them(tmp_path):
+@pytest.mark.parametrize("batch", [1, 1 << 20])  # stored as they come; left to the commit
+def test_bodies_sent_ahead_are_stored_and_dropped_if_no_file_uses_them(tmp_path, monkeypatch,
+                                                                       batch):
+    monkeypatch.setattr(server_module, "STORE_AHEAD_BYTES", batch)
     store = tmp_path / "store.sqlite3"
-    talk(store, [enc(HELLO), ahead(["never listed", "nor this"])])  # then the client is gone
+    past_a_batch = [f"{i} " + "w" * 900_000 for i in range(5)]  # stored by the real serve
+    talk(store, [enc(HELLO), ahead(past_a_batch), ahead(["never listed", "nor this"]),
+                 enc({"type": "status"})])  # then the client is gone
     assert blob_count(store) == 0
     texts = ["listed " + "y" * 600, "too big " + "z" * 2000, "never listed"]
     entries = [[f"{i}.md", sha256_text(t), len(t.encode()), 0] for i, t in enumerate(texts[:2])]
