@@ -72,8 +72,8 @@ def ingest(store: Store, machine: str, source: str, kind: str,
     limits = limits or Limits()
     _check_namespace(machine, source, kind)
     with store.transaction(durable=False) as conn:  # a replica: see Store.transaction
-        row = conn.execute("SELECT id, digest, generation FROM namespaces WHERE machine=? "
-                           "AND source=?", (machine, source)).fetchone()
+        row = conn.execute("SELECT id, digest, generation, file_count, byte_count FROM namespaces "
+                           "WHERE machine=? AND source=?", (machine, source)).fetchone()
         if base_digest is not None and (row is None or row[1] != base_digest):
             raise StaleBase(f"namespace {machine}/{source} changed since the client's "
                             "last sync; send the whole manifest")
@@ -83,10 +83,9 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         else:
             drop = set(removed or ()) | {f.path for f in files}
             current = _rows(conn, row[0], drop)
-            count, size = conn.execute("SELECT count(*), coalesce(sum(size), 0) FROM files "
-                                       "WHERE namespace_id=?", (row[0],)).fetchone()
-            kept = _Kept(conn, row[0], drop, count - len(current),
-                         size - sum(v[1] for v in current.values()))
+            # Every ingest writes the namespace's count and size with its rows.
+            kept = _Kept(conn, row[0], drop, row[3] - len(current),
+                         row[4] - sum(v[1] for v in current.values()))
         report = IngestReport(machine, source, 0)
         stored = [f.sha256 for f in files if f.text is None and f.redactions == {}]
         absent = set(store.missing(stored)) if stored else set()
