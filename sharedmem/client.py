@@ -97,10 +97,13 @@ class Sync:
                         self._namespace(s.name) for s in self.config.sources) - self.known.keys()
                     self.snapshots = [self._snapshot(source) for source in self.config.sources]
                     self.staging.flush()
+                    changed = any(p.snap.status == "ok" and (
+                        p.delta is None or p.delta["files"] or p.delta["removed"])
+                        for p in self.snapshots)
+                    if changed and conn.early is not None:  # the server takes bodies already:
+                        self.staging.write_ahead(then=self._encode_ahead)  # encode meanwhile
                     self.ahead.finish(then=self._encode_manifests)
-                    if conn.early is None and any(p.snap.status == "ok" and (
-                            p.delta is None or p.delta["files"] or p.delta["removed"])
-                            for p in self.snapshots):
+                    if changed and conn.early is None:
                         with contextlib.suppress(Exception):  # it only saves time later
                             self._encode_ahead()  # ssh is still connecting: it costs nothing
 
@@ -287,10 +290,14 @@ class Sync:
         own = {self._namespace(p.source.name): p.snap.files for p in ok}
         files = {k: v for k, v in self.cached.items() if v.namespace not in own}
         self.own_paths = set()
+        cached = self.cached
         for key, entries in own.items():
             for e in entries:
                 self.own_paths.add(path := f"{key}/{e.path}")
-                files[path] = CachedFile(e.sha256, e.size, key)
+                known = cached.get(path)  # kept as it is, so linejson sees the same object
+                files[path] = known if known is not None and known.sha256 == e.sha256 and \
+                    known.size == e.size and known.namespace == key else CachedFile(
+                        e.sha256, e.size, key)
         self.cache.expect(files)
         for prepared in ok:
             prepared.state_text = self._state_text(prepared, {"digest": prepared.digest})

@@ -78,9 +78,9 @@ class Staging:
     def write_ahead(self, then: Callable[[], object] | None = None) -> None:
         """On a thread, write the files too few for the helper, then run `then`.
 
-        Called after the last commit: the main thread then mostly waits on a pipe, so this work
-        costs the sync nothing (a thread would slow the walk, which holds the GIL). `wait`
-        returns only when it is done.
+        Called once the walk is over (a thread would slow it: it holds the GIL): when the server
+        already takes bodies, or else after the last commit. The main thread then mostly waits
+        on a pipe, so this work costs the sync little. `wait` returns only when it is done.
         """
         items: list[tuple[int, str, bytes]] = []
         if self._child is None and self._pending:
