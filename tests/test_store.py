@@ -487,3 +487,19 @@ def test_concurrent_first_open_of_a_new_store(tmp_path: Path) -> None:
         assert st.schema_version() == SCHEMA_VERSION
         assert st.counts()["notes"] == 8 * 3 + 1
         assert st.verify() == []
+
+
+def test_close_copies_the_wal_into_the_database_even_while_another_session_reads(
+        tmp_path: Path) -> None:
+    # SQLite's own checkpoint on close is skipped while another connection is open, and when it
+    # runs it holds the database; the passive one of Store.close does neither.
+    path = tmp_path / "store.sqlite3"
+    st = Store.open(path)
+    st.checkpoint_at_close()
+    reader = sqlite3.connect(path)
+    reader.execute("SELECT count(*) FROM blobs").fetchone()
+    st.ingest("m1", "notes", "markdown", files({"big.md": "x" * 200_000}))
+    st.close()
+    assert path.stat().st_size > 200_000
+    assert reader.execute("SELECT count(*) FROM files").fetchone()[0] == 1
+    reader.close()
