@@ -105,7 +105,10 @@ class Spawned:
     def poll(self) -> int | None:
         """The exit status if the child has ended (it is then reaped), else None."""
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): gone, as Popen says
+                pid, status = self.pid, 0
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
@@ -114,7 +117,11 @@ class Spawned:
         """Wait for the exit status; past `timeout` seconds, `subprocess.TimeoutExpired`."""
         if timeout is None:
             if self.returncode is None:
-                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+                try:
+                    status = os.waitpid(self.pid, 0)[1]
+                except ChildProcessError:
+                    status = 0
+                self.returncode = os.waitstatus_to_exitcode(status)
             return self.returncode
         import time
         deadline = time.monotonic() + timeout

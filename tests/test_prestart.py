@@ -161,3 +161,12 @@ def test_the_early_ssh_is_started_without_subprocess_where_it_can_be(tmp_path, s
     assert prestart._started is not None
     expected = prestart.Spawned if hasattr(os, "posix_spawnp") else __import__("subprocess").Popen
     assert isinstance(prestart._started[1], expected)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_spawnp"), reason="no posix_spawn here")
+def test_a_spawned_child_reaped_elsewhere_counts_as_ended() -> None:
+    child = prestart.Spawned(["true"])
+    os.waitpid(child.pid, 0)  # as a SIGCHLD handler or another waiter would
+    assert child.poll() == 0 and child.wait() == 0
+    for stream in (child.stdin, child.stdout, child.stderr):
+        stream.close()
