@@ -89,7 +89,7 @@ class Ahead:
             if self._failure is not None:
                 continue
             try:
-                for batch in chunks(room, lambda b: len(b[1]) + 80):
+                for batch in chunks(room, _size):
                     self.conn.channel.send_line(encode_bodies(batch))
             except ProtocolError as exc:
                 self._failure = exc
@@ -110,8 +110,8 @@ class Ahead:
         if self.open:
             self.flush()
         if self.open and self.pending:  # no hello yet
-            self.waiting = ([encode_bodies(batch) for batch in chunks(
-                self.pending, lambda b: len(b[1]) + 80)], self.pending_bytes)
+            self.waiting = ([encode_bodies(batch) for batch in chunks(self.pending, _size)],
+                            self.pending_bytes)
         self.close()
         if self._sender is not None:
             self._queue.put(None)
@@ -135,3 +135,8 @@ class Ahead:
             for line in lines:
                 self.conn.channel.send_line(line)
             self.sent_bytes += size
+
+
+def _size(body: tuple[str, bytes]) -> int:
+    """About what one (sha256, UTF-8 text) body takes on a `bodies` line."""
+    return len(body[1]) + 80

@@ -220,11 +220,11 @@ def plain_paths(paths: Sequence[str]) -> bool:
             at = lowered.find(needle)
             while at != -1:
                 end = at + 4
-                if name in ("com", "lpt") and lowered[end] in "123456789":
+                numbered = name in ("com", "lpt")  # only com1-9 and lpt1-9 are reserved
+                if numbered and lowered[end] in "123456789":
                     end += 1
-                elif name in ("com", "lpt"):
-                    end = 0  # com or lpt without a digit is an ordinary name
-                if end and lowered[end] in "./":  # a line ends in .md, never in a name
+                # A reserved name ends its component ("." or "/"; a line ends in .md, not in it).
+                if (not numbered or end > at + 4) and lowered[end] in "./":
                     return False
                 at = lowered.find(needle, at + 1)
     return True

@@ -104,12 +104,15 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         conn.execute("UPDATE meta SET value=? WHERE key='generation'", (str(generation),))
         count = kept.count + len(accepted)
         size = kept.size + sum(z for _, z, _ in accepted.values())
+        # A whole snapshot is all in `accepted`; a delta's digest is listed after its writes.
+        digest = (digest_of((p, s) for p, (s, _, _) in accepted.items())
+                  if base_digest is None else None)
         if row is None:
             ns_id = conn.execute(
                 "INSERT INTO namespaces(machine, source, kind, generation, created_generation,"
                 " synced_at, file_count, byte_count, digest) VALUES (?,?,?,?,?,?,?,?,?)",
                 (machine, source, kind, generation, generation, utc_now(), count, size,
-                 digest_of((p, s) for p, (s, _, _) in accepted.items()))).lastrowid
+                 digest)).lastrowid
         else:
             ns_id = row[0]
         conn.executemany("DELETE FROM files WHERE namespace_id=? AND path=?",
@@ -121,11 +124,10 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         if row is not None:  # a new namespace has no tombstones yet
             conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
                              [(ns_id, c[0]) for c in changed])
-            digest = (digest_of((p, s) for p, (s, _, _) in accepted.items())
-                      if base_digest is None else _stored_digest(conn, ns_id))
             conn.execute("UPDATE namespaces SET kind=?, generation=?, synced_at=?, "
                          "file_count=?, byte_count=?, digest=? WHERE id=?",
-                         (kind, generation, utc_now(), count, size, digest, ns_id))
+                         (kind, generation, utc_now(), count, size,
+                          digest or _stored_digest(conn, ns_id), ns_id))
         report.generation, report.accepted = generation, count
     return report
 

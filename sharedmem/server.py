@@ -339,6 +339,8 @@ def _backup_first(path: Path, old_version: int) -> None:
 
 
 def _mtime(value: object) -> int:
+    if type(value) is int and 0 <= value < 2**63:  # `type(x) is int` refuses True and False
+        return value
     if value is None:
         return 0
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
@@ -352,9 +354,7 @@ def _entries(raw: list[Any]) -> list[tuple[str, str, int, int]]:
         if (type(item) is not list or len(item) != 4 or type(item[0]) is not str
                 or type(item[1]) is not str or len(item[1]) != 64 or type(item[2]) is not int):
             raise PeerError("bad-field", "manifest entries must be [path, sha256, size, mtime_ns]")
-        mtime = item[3]
-        out.append((item[0], item[1], item[2], mtime if type(mtime) is int and
-                    0 <= mtime < 2**63 else _mtime(mtime)))
+        out.append((item[0], item[1], item[2], _mtime(item[3])))
     return out
 
 
