@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 META_DIR = ".sharedmem"
 MANIFEST_NAME = "manifest.json"
 NAMESPACES_NAME = "namespaces.json"
+NEXT_MANIFEST_NAME = "manifest.next.part"  # written ahead by `expect`
 MANIFEST_VERSION = 1
 NOTES_NAMESPACE = NOTES_DIR
 
@@ -128,7 +129,7 @@ class Cache:
         self._loaded: tuple[tuple[Stamp, Stamp], Manifest] | None = None
         self._files_cache: tuple[Stamp, dict[str, CachedFile]] | None = None
         self._lines: linejson.Old = {}  # manifest.json's entry lines, reused by the next write
-        self._expected: tuple[dict[str, CachedFile], str, linejson.Old] | None = None
+        self._expected: tuple[dict[str, CachedFile], str, linejson.Old, bool] | None = None
 
     @property
     def manifest_path(self) -> Path:
@@ -203,12 +204,15 @@ class Cache:
                                ((k, files[k]) for k in order), self._lines)
 
     def expect(self, files: dict[str, CachedFile]) -> None:
-        """Encode now the file list the next `apply` is expected to leave.
+        """Encode and write now the file list the next `apply` is expected to leave.
 
-        A sync calls this on a thread while the server commits; when the pull turns out as
-        expected, writing the manifest is then only a write. Anything else is encoded afresh.
+        A sync calls this while ssh connects or on a thread while the server commits. The
+        text goes to a file beside the manifest; when the pull turns out as expected, writing
+        the manifest is then one rename. Anything else is encoded and written afresh.
         """
-        self._expected = (files, *self._encode(files))
+        text, lines = self._encode(files)
+        self._expected = (files, text, lines, _write_out(self.meta / NEXT_MANIFEST_NAME,
+                                                         text.encode("utf-8")))
 
     def apply(
         self,
@@ -318,13 +322,18 @@ class Cache:
         reads as empty, so the next sync pulls everything again.
         """
         expected, self._expected = self._expected, None
+        ahead = self.meta / NEXT_MANIFEST_NAME if expected is not None and expected[3] else None
         if files_changed or not self.manifest_path.is_file():
             if expected is not None and expected[0] == manifest.files:
                 text, self._lines = expected[1], expected[2]
             else:
                 text, self._lines = self._encode(manifest.files)
-            atomic_write(self.manifest_path, text.encode("utf-8"), durable=False)
+                ahead = _discard(ahead)
+            if ahead is None or not _rename(ahead, self.manifest_path):
+                atomic_write(self.manifest_path, text.encode("utf-8"), durable=False)
             self._files_cache = None  # a rewrite within one mtime tick must not look unchanged
+        else:
+            _discard(ahead)
         raw = {
             "version": MANIFEST_VERSION,
             "last_sync": manifest.last_sync,
@@ -357,6 +366,49 @@ def _move_folders(upserts: list[tuple[str, str, str]], folders: _Folders,
             moved.update((path, (size, key))
                          for path, size in staged.move_folder(key, pulled, target).items())
     return moved
+
+
+def _write_out(path: Path, data: bytes) -> bool:
+    """Create `path` anew holding `data`, and ask the kernel to write it out now.
+
+    A file system that allocates blocks late (ext4) would otherwise do it when the file is
+    renamed over the old one, in the sync's wait (see staging.py). False if it failed.
+    """
+    _discard(path)  # a killed sync's
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                     0o600)
+    except OSError:
+        return False
+    try:
+        written = os.write(fd, data) == len(data)
+        if written and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        written = False
+    finally:
+        os.close(fd)
+    if not written:
+        _discard(path)
+    return written
+
+
+def _rename(source: Path, target: Path) -> bool:
+    try:
+        os.replace(source, target)
+    except OSError:
+        _discard(source)
+        return False
+    return True
+
+
+def _discard(path: Path | None) -> None:
+    """Remove a file of ours if it is there."""
+    if path is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _intact(target: str, size: int | None) -> bool:

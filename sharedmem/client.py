@@ -73,7 +73,7 @@ class Sync:
         self.known: dict[str, int] = {}
         self.sent_notes: list[tuple[Path, QueuedNote]] | None = None
         self.last_to_publish: _Prepared | None = None
-        self.staging = Staging(self.cache.meta)
+        self.staging = Staging(self.cache.meta, root=self.cache.root)
         self.ahead: Ahead | None = None
         self.own_paths: set[str] = set()  # cache paths of the files this run published
         self.takes_own: dict[str, str] = {}  # namespaces the pull may leave out (_takes_own)
@@ -103,9 +103,10 @@ class Sync:
                     if changed and conn.early is not None:  # the server takes bodies already:
                         self.staging.write_ahead(then=self._encode_ahead)  # encode meanwhile
                     self.ahead.finish(then=self._encode_manifests)
-                    if changed and conn.early is None:
+                    if changed and conn.early is None:  # ssh is still connecting:
                         with contextlib.suppress(Exception):  # it only saves time later
-                            self._encode_ahead()  # ssh is still connecting: it costs nothing
+                            self._encode_ahead()
+                        self.staging.write_ahead()  # on a thread, while we wait for hello
 
                 conn.hello(meanwhile)
                 self.report["protocol"] = conn.version
@@ -154,7 +155,7 @@ class Sync:
                 return
             cached = self.cached.get(prefix + entry.path)
             if cached is None or cached.sha256 != entry.sha256:
-                self.staging.add(prefix + entry.path, entry.sha256, data)
+                self.staging.add(prefix + entry.path, entry.sha256, data, cached is not None)
             if self.ahead is not None and entry.sha256 not in on_server:
                 self.ahead.offer(entry.sha256, data)
 

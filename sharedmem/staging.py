@@ -34,15 +34,18 @@ MIN_FILES = 256  # below this, starting a helper costs more than apply's own wri
 class Staging:
     """The staged files of one sync, keyed by (cache path, sha256)."""
 
-    def __init__(self, meta: Path, min_files: int = MIN_FILES) -> None:
+    def __init__(self, meta: Path, min_files: int = MIN_FILES, root: Path | None = None) -> None:
         self.folder = meta / STAGING_DIR
         self.replaced = meta / REPLACED_DIR
+        self.root = root  # the cache's: with it, the thread links replaced versions aside too
         self.min_files = min_files
         self.new_namespaces: frozenset[str] = frozenset()  # staged as a tree (see above)
         self.numbers: dict[tuple[str, str], int] = {}
         self.sizes: list[int] = []  # by number
         self.names: list[str] = []  # by number: where below the folder
         self.written: set[int] = set()
+        self.replacing: dict[int, str] = {}  # number -> cache path the cache holds a version of
+        self.kept: set[int] = set()  # of those, the ones whose cache version is linked aside
         self._pending: list[tuple[int, str, bytes]] = []  # not yet handed to a helper or thread
         self._size = 0
         self._child: subprocess.Popen[bytes] | None = None
@@ -52,12 +55,17 @@ class Staging:
         self._stop = threading.Event()
         self._failed = False
 
-    def add(self, path: str, sha: str, data: bytes) -> None:
-        """Queue one file, its text in UTF-8; the helper starts once there are `min_files`."""
+    def add(self, path: str, sha: str, data: bytes, replacing: bool = False) -> None:
+        """Queue one file, its text in UTF-8; the helper starts once there are `min_files`.
+
+        `replacing` says the cache holds another version of `path` now.
+        """
         if self._failed or (path, sha) in self.numbers:
             return
         number = len(self.numbers)
         self.numbers[(path, sha)] = number
+        if replacing:
+            self.replacing[number] = path
         self.sizes.append(len(data))
         tree = "/".join(path.split("/", 3)[:3]) in self.new_namespaces  # machines/<m>/<source>
         name = path if tree else f"{number}.part"
@@ -78,9 +86,12 @@ class Staging:
     def write_ahead(self, then: Callable[[], object] | None = None) -> None:
         """On a thread, write the files too few for the helper, then run `then`.
 
-        Called once the walk is over (a thread would slow it: it holds the GIL): when the server
-        already takes bodies, or else after the last commit. The main thread then mostly waits
-        on a pipe, so this work costs the sync little. `wait` returns only when it is done.
+        Called once the walk is over (a thread would slow it: it holds the GIL), just before
+        the sync waits for the server's `hello` or while the server takes bodies. The main
+        thread then mostly waits on a pipe, so this work costs the sync little. For a file
+        that replaces one in the cache, the thread also links the cache's version aside (see
+        `_keep_old`): that changes nothing an agent sees, and leaves `move` only the rename.
+        `wait` returns only when it is done.
         """
         items: list[tuple[int, str, bytes]] = []
         if self._child is None and self._pending:
@@ -100,10 +111,13 @@ class Staging:
     def _write(self, items: list[tuple[int, str, bytes]],
                then: Callable[[], object] | None) -> None:
         made: set[str] = set()
+        root = None if self.root is None else str(self.root)
         for number, path, data in items:
             if self._stop.is_set() or not _write_new(str(self.folder), path, data, made):
                 break
             self.written.add(number)
+            if root is not None and (cached := self.replacing.get(number)) is not None:
+                self._keep_old(_below(root, cached), number)
         if then is not None and not self._stop.is_set():
             try:
                 then()
@@ -160,7 +174,7 @@ class Staging:
         number = self.numbers.get((path, sha))
         if number is None or number not in self.written:
             return None
-        if replacing:
+        if replacing and number not in self.kept:
             self._keep_old(target, number)
         try:
             os.replace(_below(str(self.folder), self.names[number]), target)
@@ -196,18 +210,20 @@ class Staging:
         This sync then does not wait for the file system to release the old file; the next one
         deletes it while ssh connects.
         """
-        old = self.replaced / f"{number}.md"
+        old = os.path.join(self.replaced, f"{number}.md")
         try:
             os.link(target, old)
         except FileNotFoundError:  # a new file, or no `replaced/` folder yet
-            if os.path.lexists(target) and not self.replaced.is_dir():
-                try:
-                    self.replaced.mkdir(exist_ok=True)
-                    os.link(target, old)
-                except OSError:
-                    pass
+            if not os.path.lexists(target) or self.replaced.is_dir():
+                return
+            try:
+                self.replaced.mkdir(exist_ok=True)
+                os.link(target, old)
+            except OSError:
+                return
         except OSError:
-            pass  # no hard links here, or a leftover of that name: a plain replace
+            return  # no hard links here, or a leftover of that name: a plain replace
+        self.kept.add(number)
 
     def clear_replaced(self) -> None:
         """Delete the versions the last sync replaced; a sync does it while ssh connects."""
@@ -230,6 +246,8 @@ class Staging:
         self.sizes.clear()
         self.names.clear()
         self.written.clear()
+        self.replacing.clear()
+        self.kept.clear()
         self._pending, self._size = [], 0
         self._remove_folder()
 
@@ -259,6 +277,14 @@ def _record(number: int, path: str, data: bytes) -> bytes:
     return b"%d %d %d\n%s%s" % (number, len(name), len(data), name, data)
 
 
+# A staged file moved in one by one replaces a cache file, and a file system that allocates
+# blocks late (ext4) allocates them when a rename replaces a file: in the sync's wait. Asking
+# the kernel to write the file out now does that here, on the helper's time. Not on macOS or
+# Windows, which lack the call.
+_ADVISE = getattr(os, "posix_fadvise", None)
+_WRITE_OUT = getattr(os, "POSIX_FADV_DONTNEED", 0)
+
+
 def _write_new(folder: str, path: str, data: bytes, made: set[str]) -> bool:
     """Create the staged file of `path` (it must not exist) holding `data`; False if that failed.
 
@@ -276,6 +302,8 @@ def _write_new(folder: str, path: str, data: bytes, made: set[str]) -> bool:
         try:
             if os.write(fd, data) != len(data):
                 raise OSError("short write")
+            if _ADVISE is not None and "/" not in path:
+                _ADVISE(fd, 0, 0, _WRITE_OUT)
         finally:
             os.close(fd)
     except OSError:

@@ -146,6 +146,29 @@ def test_replaced_versions_are_kept_until_cleared(cache: Cache) -> None:
     stage.clear_replaced()  # and again: nothing there is fine
 
 
+def test_the_thread_links_replaced_versions_aside_before_the_answer(cache: Cache) -> None:
+    info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
+    first = items(4)
+    cache.apply(first, [], info)
+    second = items(4, " v2")
+    stage = Staging(cache.meta, root=cache.root)  # as a sync makes it: few files, a thread
+    for path, sha, text in second:
+        stage.add(path, sha, text.encode(), replacing=True)
+    stage.write_ahead()
+    stage.wait()
+    assert stage.kept == {0, 1, 2, 3}
+    kept = sorted((cache.meta / "replaced").iterdir())
+    assert sorted(p.read_text(encoding="utf-8") for p in kept) == sorted(t for _, _, t in first)
+    for path, _, text in first:  # nothing an agent reads has changed yet
+        assert (cache.root / path).read_text(encoding="utf-8") == text
+    cache.apply(second, [], info, staged=stage)
+    assert len(list((cache.meta / "replaced").iterdir())) == 4  # not linked a second time
+    for path, _, text in second:
+        assert (cache.root / path).read_text(encoding="utf-8") == text
+    stage.discard()
+    assert stage.kept == set() and stage.replacing == {}
+
+
 def test_discard_stops_the_helper_and_removes_leftovers(cache: Cache) -> None:
     leftover = cache.meta / "staging" / "7.part"  # what a killed sync left
     leftover.parent.mkdir(parents=True)
