@@ -363,7 +363,11 @@ def serve(store: Path, pinned: str | None = None, *, max_version: int = max(VERS
     """Run one session on stdin/stdout; logs go to stderr, never to the protocol stream."""
     if pinned is not None and (problem := name_problem(pinned, "--machine")) is not None:
         raise ProtocolError(problem)
-    reader = stdin if stdin is not None else sys.stdin.buffer
+    if stdin is not None:
+        reader: Any = stdin
+    else:
+        from sharedmem.readahead import ReadAhead
+        reader = ReadAhead(sys.stdin.fileno())
     writer = stdout if stdout is not None else sys.stdout.buffer
     if stdout is None:
         sys.stdout = sys.stderr

@@ -1,0 +1,129 @@
+"""The server's input, read on a thread ahead of the session that parses it.
+
+Over SSH the client's bytes reach `serve` through ssh, sshd and a pipe, and SSH lets only a
+window of about 2 MB travel unread. A session that parses, redacts and stores one message
+before it reads the next therefore stops the transfer while it works, and waits for it after.
+Reading on a thread keeps the window open: the next message travels while this one is
+processed. The thread holds at most `window` bytes the session has not taken, so a client that
+sends faster than the server works cannot make it hold more.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import threading
+
+MIB = 1024 * 1024
+WINDOW_BYTES = 16 * MIB
+READ_BYTES = MIB
+START_BYTES = MIB  # a line longer than this starts the thread: small sessions never need it
+PIPE_BYTES = MIB  # asked of the kernel for a pipe, so one read takes more while we work
+
+
+class ReadAhead:
+    """`readline` over a file descriptor, read ahead by a daemon thread once a line is long."""
+
+    def __init__(self, fd: int, window: int = WINDOW_BYTES, start: int = START_BYTES) -> None:
+        self._fd = fd
+        self._window = window
+        self._start_bytes = start
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0  # bytes in `_chunks`
+        self._ended = False
+        self._failure: OSError | None = None
+        self._ready: threading.Condition | None = None  # set when the thread starts
+
+    def _start(self) -> None:
+        import threading
+        _grow_pipe(self._fd)
+        self._ready = threading.Condition()
+        threading.Thread(target=self._read, args=(self._ready,), daemon=True,
+                         name="sharedmem-read").start()
+
+    def _read(self, ready: threading.Condition) -> None:
+        while True:
+            with ready:
+                while self._buffered >= self._window:
+                    ready.wait()
+            try:
+                data = os.read(self._fd, READ_BYTES)
+            except OSError as exc:
+                data, failure = b"", exc
+            else:
+                failure = None
+            with ready:
+                if data:
+                    self._chunks.append(data)
+                    self._buffered += len(data)
+                else:
+                    self._ended, self._failure = True, failure
+                ready.notify_all()
+            if not data:
+                return
+
+    def _next(self) -> bytes:
+        """The next chunk, waiting for it; b"" at the end of input."""
+        ready = self._ready
+        if ready is None:  # no thread: read here
+            if not self._chunks:
+                return os.read(self._fd, READ_BYTES)
+            data = self._chunks.popleft()
+            self._buffered -= len(data)
+            return data
+        with ready:
+            while not self._chunks and not self._ended:
+                ready.wait()
+            if not self._chunks:
+                if self._failure is not None:
+                    raise self._failure
+                return b""
+            data = self._chunks.popleft()
+            self._buffered -= len(data)
+            ready.notify_all()
+            return data
+
+    def _unread(self, data: bytes) -> None:
+        if self._ready is None:
+            self._chunks.appendleft(data)
+            self._buffered += len(data)
+            return
+        with self._ready:
+            self._chunks.appendleft(data)
+            self._buffered += len(data)
+
+    def readline(self, limit: int) -> bytes:
+        """Up to and with the next line break, or `limit` bytes, or what is left: as `io`'s."""
+        parts: list[bytes] = []
+        size = 0
+        while size < limit:
+            if self._ready is None and size >= self._start_bytes:
+                self._start()
+            data = self._next()
+            if not data:
+                break
+            end = data.find(b"\n", 0, limit - size)
+            if end != -1:
+                parts.append(data[:end + 1])
+                if end + 1 < len(data):
+                    self._unread(data[end + 1:])
+                return b"".join(parts)
+            if size + len(data) > limit:
+                parts.append(data[:limit - size])
+                self._unread(data[limit - size:])
+                return b"".join(parts)
+            parts.append(data)
+            size += len(data)
+        return b"".join(parts)
+
+
+def _grow_pipe(fd: int) -> None:
+    """Ask for a larger pipe buffer where the input is a pipe on Linux; no harm if refused."""
+    try:
+        import fcntl
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, AttributeError, OSError):
+        pass
