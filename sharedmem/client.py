@@ -12,7 +12,7 @@ from typing import Any
 
 from sharedmem import __version__, linejson, sources
 from sharedmem.ahead import Ahead
-from sharedmem.cache import Cache, CachedFile, NamespaceInfo, Outbox, QueuedNote
+from sharedmem.cache import Cache, CachedFile, NamespaceInfo
 from sharedmem.config import ClientConfig, SourceConfig
 from sharedmem.core import (
     MACHINES_DIR,
@@ -28,6 +28,7 @@ from sharedmem.core import (
     utc_now,
 )
 from sharedmem.lock import sync_lock
+from sharedmem.outbox import Outbox, QueuedNote
 from sharedmem.protocol import VERSIONS, PeerError, chunks, encode
 from sharedmem.staging import Staging
 from sharedmem.transport import Connection

@@ -1,10 +1,9 @@
-"""The client cache and the note outbox, on real files: layout rules, refusals, removals, manifest."""
+"""The client cache on real files: layout rules, refusals, removals, manifest."""
 
 from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,10 @@ from sharedmem.cache import (
     Cache,
     CachedFile,
     NamespaceInfo,
-    Outbox,
     namespace_key,
     published_path_problems,
 )
-from sharedmem.core import NoteError, ProtocolError, sha256_text
+from sharedmem.core import ProtocolError, sha256_text
 
 NOTE = "extensions/ad_hoc/notes/2026-01-31T09-30-00-release-checklist.md"
 
@@ -338,46 +336,3 @@ def test_tampered_namespaces(cache: Cache) -> None:
     cache.apply([up(f"{A}/a.md", "alpha\n"), up(f"{B}/MEMORY.md", "desk\n")], [],
                 spaces(A, B, NOTES_NAMESPACE), full_namespaces={A, B})
     assert (cache.root / B / "MEMORY.md").read_text() == "desk\n"
-
-
-# --- the outbox --------------------------------------------------------------------------------------
-
-def note_name(i: int) -> str:
-    return f"2026-01-31T09-30-{i:02}-idea-{i}.md"
-
-
-def test_outbox_put_is_whole_and_private(tmp_path: Path) -> None:
-    outbox = Outbox(tmp_path / "outbox")
-    note = outbox.put(note_name(1), "text with\nlines and café", note_id="fixed-id")
-    entries = list((tmp_path / "outbox").iterdir())
-    assert len(entries) == 1 and entries[0].suffix == ".json"
-    assert not entries[0].name.startswith(".")
-    assert stat.S_IMODE(entries[0].stat().st_mode) == 0o600
-    assert json.loads(entries[0].read_text()) == {
-        "note_id": "fixed-id", "filename": note_name(1), "text": "text with\nlines and café",
-        "created": note.created}
-    with pytest.raises(NoteError, match="invalid"):
-        outbox.put("../escape.md", "x")
-    assert list((tmp_path / "outbox").iterdir()) == entries
-
-
-def test_outbox_pending_order_junk_and_done(tmp_path: Path) -> None:
-    folder = tmp_path / "outbox"
-    outbox = Outbox(folder)
-    assert outbox.pending() == []
-    ids = [outbox.put(note_name(i), f"note {i}").note_id for i in range(20)]
-    (folder / "README.txt").write_text("not a note")
-    (folder / ".tmp-abc.part").write_text("{}")
-    (folder / ".hidden.json").write_text(json.dumps({"note_id": "h", "filename": note_name(1),
-                                                     "text": "x", "created": "c"}))
-    (folder / "0-broken.json").write_text("{half")
-    (folder / "0-list.json").write_text("[1, 2]")
-    (folder / "0-fields.json").write_text(json.dumps({"note_id": "x"}))
-    (folder / "0-dir.json").mkdir()
-    pending = outbox.pending()
-    assert [n.note_id for _, n in pending] == ids
-    assert [n.text for _, n in pending] == [f"note {i}" for i in range(20)]
-    outbox.done(pending[0][0])
-    outbox.done(pending[0][0])
-    assert [n.note_id for _, n in outbox.pending()] == ids[1:]
-    assert (folder / "0-broken.json").exists() and (folder / "README.txt").exists()

@@ -11,8 +11,9 @@ import pytest
 from conftest import run_cli, write_config
 
 from sharedmem import cli
-from sharedmem.cache import Cache, NamespaceInfo, Outbox
+from sharedmem.cache import Cache, NamespaceInfo
 from sharedmem.core import sha256_text
+from sharedmem.outbox import Outbox
 
 
 def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
