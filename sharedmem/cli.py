@@ -162,8 +162,8 @@ def build_status(sub: Any) -> None:
 
 
 def run_status(args: Any) -> int:
-    from sharedmem import client
-    info = client.status(_load_config(args.config))
+    from sharedmem.status import status
+    info = status(_load_config(args.config))
     lines = [f"machine {info['machine']}, cache {info['cache']}",
              f"last successful sync: {info['last_sync'] or 'never'}"
              + (f" ({info['age']} ago)" if info["age"] else "")]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sharedmem import __version__, linejson, sources
+from sharedmem import __version__, linejson, records, sources
 from sharedmem.ahead import Ahead
 from sharedmem.cache import Cache, CachedFile, NamespaceInfo
 from sharedmem.config import ClientConfig, SourceConfig
@@ -19,12 +19,10 @@ from sharedmem.core import (
     NoteError,
     ProtocolError,
     SharedMemoryError,
-    age_text,
     atomic_write,
     check_note_filename,
     check_note_text,
     digest_of,
-    parse_utc,
     utc_now,
 )
 from sharedmem.lock import sync_lock
@@ -142,12 +140,12 @@ class Sync:
         """Walk one source and build its manifest; done while ssh connects, so the two overlap."""
         spec = sources.SourceSpec(source.name, source.kind, source.path)
         state_file = self.config.state / "sources" / f"{source.name}.json"
-        saved, lines = _read_state(state_file)
+        saved, lines = records.read(state_file)
         limits = self.config.limits
         rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
         previous = saved.get("record") if saved.get("rules") == rules else None
         prefix = self._namespace(source.name) + "/"
-        old = _acked_files(saved)
+        old = records.acked_files(saved)
         on_server = set(old.values()) if old is not None else set()
 
         def stage(entry: sources.Entry, data: bytes) -> None:
@@ -220,19 +218,9 @@ class Sync:
                     and all(e.text is None for e in files)):
                 continue  # every file reused from the saved record, and as many: unchanged
             text = (prepared.state_text if acked is not None and prepared.state_text
-                    else self._state_text(prepared, acked))
+                    else records.encode(prepared.rules, acked, prepared.snap.files,
+                                        prepared.lines))
             atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600, durable=False)
-
-    @staticmethod
-    def _state_text(prepared: _Prepared, acked: dict[str, str] | None) -> str:
-        old = prepared.lines
-        # A file not read this time was taken from the saved record as it was: its old value
-        # stands, and linejson keeps its line (it finds the very same object).
-        return linejson.encode(
-            {"rules": prepared.rules, "acked": acked}, "record",
-            ((e.path, old[e.path][0] if e.text is None and e.path in old else
-              [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)])
-             for e in prepared.snap.files), old)[0]
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
                     snap: sources.Snapshot) -> dict[str, Any]:
@@ -302,7 +290,8 @@ class Sync:
                         e.sha256, e.size, key)
         self.cache.expect(files)
         for prepared in ok:
-            prepared.state_text = self._state_text(prepared, {"digest": prepared.digest})
+            prepared.state_text = records.encode(prepared.rules, {"digest": prepared.digest},
+                                                 prepared.snap.files, prepared.lines)
         self.encoded = True
 
     def _namespace(self, source: str) -> str:
@@ -408,40 +397,6 @@ def _quarantine(path: Path) -> None:
         target.write_bytes(path.read_bytes())
 
 
-def _acked_files(saved: dict[str, Any]) -> dict[str, str] | None:
-    """Path -> sha256 the server confirmed last time; None when there is nothing to delta from.
-
-    The confirmed files are those of the saved record (older state files held an explicit map).
-    """
-    acked = saved.get("acked")
-    if not isinstance(acked, dict):
-        return None
-    files = acked.get("files")
-    if isinstance(files, dict):
-        return files
-    record = saved.get("record")
-    if not isinstance(record, dict):
-        return None
-    return {p: r[2] for p, r in record.items() if isinstance(r, list) and len(r) == 5}
-
-
-def _read_state(path: Path) -> tuple[dict[str, Any], linejson.Old]:
-    """A source's saved state, and its record's lines; empty when missing or unreadable."""
-    try:
-        value, lines = linejson.decode(path.read_text(encoding="utf-8"), "record")
-    except (OSError, ValueError):
-        return {}, {}
-    return (value, lines) if isinstance(value, dict) else ({}, {})
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _write_json(path: Path, value: object) -> None:
     atomic_write(path, json.dumps(value, ensure_ascii=False).encode("utf-8"), mode=0o600,
                  durable=False)
@@ -496,27 +451,3 @@ def submit_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any
     if failure is not None:
         result["message"] = f"stored, but the cache was not refreshed ({failure})"
     return result
-
-
-def status(config: ClientConfig) -> dict[str, Any]:
-    """What the cache holds, how old it is, and what waits in the outbox."""
-    cache = Cache(config.cache)
-    manifest = cache.load()
-    last = _read_json(config.state / "last-sync.json")
-    age = time.time() - parse_utc(manifest.last_sync) if manifest.last_sync else None
-    counts: dict[str, int] = {}
-    for meta in manifest.files.values():
-        counts[meta.namespace] = counts.get(meta.namespace, 0) + 1
-    return {
-        "machine": config.machine,
-        "cache": str(config.cache),
-        "last_sync": manifest.last_sync,
-        "age_seconds": None if age is None else int(age),
-        "age": None if age is None else age_text(age),
-        "last_attempt": last,
-        "pending_notes": [n.filename for _, n in Outbox(config.state / "outbox").pending()],
-        "namespaces": [
-            {"key": k, "machine": ns.machine, "source": ns.source, "kind": ns.kind,
-             "files": counts.get(k, 0), "synced_at": ns.synced_at}
-            for k, ns in sorted(manifest.namespaces.items())],
-    }

@@ -171,12 +171,12 @@ def _check_server(report: Report, cfg: Any) -> None:
 
 
 def _check_cache(report: Report, cfg: Any) -> None:
-    from sharedmem import client
+    from sharedmem.status import status
     fix = f"run `shared_memory.py sync --config {cfg.path}` and read what it says"
     if not cfg.cache.is_dir():
         report.add("cache", FAIL, f"cache folder {cfg.cache} is missing", fix)
         return
-    info = client.status(cfg)
+    info = status(cfg)
     last = info["last_attempt"]
     failed = (f"; the last attempt failed at {last.get('finished_at')}: {last.get('error')}"
               if last.get("status") == "failed" else "")

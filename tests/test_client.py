@@ -15,7 +15,8 @@ import pytest
 from conftest import LAUNCHER, run_cli, write_config
 
 from sharedmem import config as config_mod
-from sharedmem.client import status, submit_note
+from sharedmem.client import submit_note
+from sharedmem.status import status
 from sharedmem.store import Store
 
 
