@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from sharedmem import linejson
-from sharedmem.sources import Entry
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sharedmem.sources import Entry
 
 
 def read(path: Path) -> tuple[dict[str, Any], linejson.Old]:
