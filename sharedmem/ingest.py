@@ -12,7 +12,7 @@ import sqlite3
 from collections import namedtuple
 from collections.abc import Container, Sequence
 
-from sharedmem import sources
+from sharedmem import allowlist
 from sharedmem.core import (
     KIND_MARKDOWN,
     SOURCE_KINDS,
@@ -204,9 +204,9 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
         report.refused.append({"path": str(path), "reason": reason, "message": message})
 
     paths = [f.path for f in files]
-    plain = all(type(p) is str for p in paths) and sources.allowlist_plain(kind, paths)
+    plain = all(type(p) is str for p in paths) and allowlist.plain(kind, paths)
     for item in sorted(files, key=lambda f: str(f.path)):
-        problem = None if plain else sources.allowlist_problem(kind, item.path)
+        problem = None if plain else allowlist.problem(kind, item.path)
         if problem:
             refuse(item.path, "bad-path", problem)
             continue

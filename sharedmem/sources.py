@@ -1,4 +1,4 @@
-"""The three source kinds and their allowlists: what this machine would publish, as a snapshot.
+"""The three source kinds: what this machine would publish from each, as a snapshot.
 
 Nothing below a source's root is ever followed through a link: every folder and file is opened
 through `sharedmem.nofollow`, so a symlink, junction or FIFO swapped in mid-walk is refused.
@@ -10,10 +10,10 @@ import os
 import re
 import unicodedata
 from collections import namedtuple
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import repeat
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from sharedmem import allowlist
 from sharedmem.core import (
     KIND_MARKDOWN,
     SOURCE_CLAUDE,
@@ -23,8 +23,6 @@ from sharedmem.core import (
     Limits,
     SourceError,
     collision_key,
-    path_problems,
-    plain_paths,
     sha256_bytes,
     sha256_text,
 )
@@ -47,10 +45,7 @@ PROBLEM_REASONS = frozenset(
 )
 POLICY_REASONS = frozenset({"hidden", "symlink", "not-regular", "not-allowlisted", "too-deep"})
 
-CODEX_FILES = ("MEMORY.md", "memory_summary.md")
-CODEX_ROLLOUTS = "rollout_summaries"
 CLAUDE_MEMORY = "memory"
-MARKDOWN_MAX_PARTS = 5  # PATH/a/b/c/d/x.md: four folder levels, then the file
 REDACT_BATCH_BYTES = 1 << 20  # files read are redacted in batches of about this many bytes
 
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
@@ -114,47 +109,6 @@ def default_root(kind: str, env: Mapping[str, str]) -> Path:
         f"source kind {kind!r} has no default folder: name the folder of a markdown source "
         f"as NAME=PATH (known kinds: {', '.join(SOURCE_KINDS)})"
     )
-
-
-def allowlist_plain(kind: str, paths: Sequence[str]) -> bool:
-    """True when all `paths` are plain (`core.plain_paths`) and where a `kind` source publishes.
-
-    Then none has an `allowlist_problem`; False says nothing (check each).
-    """
-    if kind == KIND_MARKDOWN:
-        return plain_paths(paths) and max(
-            map(str.count, paths, repeat("/")), default=0) < MARKDOWN_MAX_PARTS
-    if kind == SOURCE_CLAUDE:
-        return plain_paths(paths) and all(p.count("/") == 1 for p in paths)
-    return False  # a codex source publishes a few files: each is checked
-
-
-def allowlist_problem(kind: str, path: str) -> str | None:
-    """Why a published `path` may not come from a `kind` source, or None; the server re-checks."""
-    problems = path_problems(path)
-    if problems:
-        return "; ".join(problems)
-    parts = path.split("/")
-    if kind == SOURCE_CODEX:
-        if path in CODEX_FILES or (len(parts) == 2 and parts[0] == CODEX_ROLLOUTS):
-            return None
-        return (
-            f"path {path!r} is not published by a codex source: only MEMORY.md, "
-            f"memory_summary.md and {CODEX_ROLLOUTS}/<name>.md are"
-        )
-    if kind == SOURCE_CLAUDE:
-        if len(parts) == 2:
-            return None
-        return (f"path {path!r} is not published by a claude-code source: "
-                "only <project>/<name>.md is")
-    if kind == KIND_MARKDOWN:
-        if len(parts) <= MARKDOWN_MAX_PARTS:
-            return None
-        return (
-            f"path {path!r} is too deep for a markdown source: at most four folder levels "
-            "above the file"
-        )
-    return f"source kind {kind!r} is unknown: use one of {', '.join(SOURCE_KINDS)}"
 
 
 def _display(text: str) -> str:
@@ -289,7 +243,7 @@ class _Walker:
              plain: bool = False) -> None:
         """Publish one candidate `.md` file found at `disk` (below the root) as `published`.
 
-        `plain`: its folder's names are plain (`allowlist_plain`), so the path rule holds.
+        `plain`: its folder's names are plain (`allowlist.plain`), so the path rule holds.
         """
         shown = disk if plain else _display(disk)  # plain names are ASCII: shown as they are
         try:
@@ -304,7 +258,7 @@ class _Walker:
         problems = None
         if not plain:
             published = unicodedata.normalize("NFC", published)
-            problems = allowlist_problem(self.spec.kind, published)
+            problems = allowlist.problem(self.spec.kind, published)
         if problems:
             self.skip(disk, "bad-path", f"{shown} cannot be published: {problems}; rename it")
             return
@@ -352,7 +306,7 @@ class _Walker:
 def _walk_codex(w: _Walker, root: Handle) -> None:
     for entry in w.entries(root, ""):
         name = entry.name
-        if name == CODEX_ROLLOUTS and entry.is_dir(follow_symlinks=False):
+        if name == allowlist.CODEX_ROLLOUTS and entry.is_dir(follow_symlinks=False):
             sub = w.subdir(root, name, name)
             if sub is None:
                 continue
@@ -360,17 +314,17 @@ def _walk_codex(w: _Walker, root: Handle) -> None:
                 _walk_flat(w, sub, f"{name}/", f"{name}/", "rollout summaries")
             finally:
                 close(sub)
-        elif name in CODEX_FILES:
+        elif name in allowlist.CODEX_FILES:
             w.file(root, entry, name, name)
         elif entry.is_dir(follow_symlinks=False) or name.endswith(".md"):
             w.skip(name, "not-allowlisted", f"{name} is not on the codex allowlist (MEMORY.md, "
-                   f"memory_summary.md, {CODEX_ROLLOUTS}/*.md); it is never published")
+                   f"memory_summary.md, {allowlist.CODEX_ROLLOUTS}/*.md); it is never published")
 
 
 def _walk_flat(w: _Walker, handle: Handle, disk: str, published: str, what: str) -> None:
     """Publish the `.md` files directly in one folder; its subfolders are reported, not entered."""
     listing = w.listing(handle, disk)
-    plain = allowlist_plain(w.spec.kind, [published + e.name for e in listing
+    plain = allowlist.plain(w.spec.kind, [published + e.name for e in listing
                                           if e.name.endswith(".md")])
     for entry in w.entries(handle, disk, listing):
         shown = f"{disk}{entry.name}"
@@ -413,11 +367,11 @@ def _walk_claude(w: _Walker, root: Handle) -> None:
 
 def _walk_markdown(w: _Walker, handle: Handle, rel: str = "", depth: int = 0) -> None:
     listing = w.listing(handle, rel)
-    plain = allowlist_plain(KIND_MARKDOWN, [rel + e.name for e in listing if e.name.endswith(".md")])
+    plain = allowlist.plain(KIND_MARKDOWN, [rel + e.name for e in listing if e.name.endswith(".md")])
     for entry in w.entries(handle, rel, listing):
         shown = f"{rel}{entry.name}"
         if entry.is_dir(follow_symlinks=False):
-            if depth + 1 >= MARKDOWN_MAX_PARTS:
+            if depth + 1 >= allowlist.MARKDOWN_MAX_PARTS:
                 w.skip(shown, "too-deep", f"{_display(shown)} is more than four folder levels "
                        "deep; its files are not published")
                 continue
