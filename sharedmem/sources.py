@@ -251,7 +251,9 @@ class _Walker:
                 self.skip(disk, "not-regular",
                           f"{shown} is not a regular file; it is not published")
                 return
-            st = entry.stat(follow_symlinks=False)
+            # Only a file the last sync read may be reused unread; any other is read, and
+            # read_utf8 takes its size and time from the open file.
+            st = entry.stat(follow_symlinks=False) if self.previous else None
         except OSError:
             self.skip(disk, "vanished", f"{shown} disappeared during the walk; sync again")
             return
@@ -274,7 +276,7 @@ class _Walker:
             self.full = True
             self.skip(disk, "quota", self._quota_message(shown))
             return
-        reused = self._reuse(published, disk, st)
+        reused = None if st is None else self._reuse(published, disk, st)
         if reused is not None:
             self.queue.append((disk, reused, None, None))
             return
