@@ -100,8 +100,10 @@ def test_the_thread_holds_at_most_its_window(pipe: Pipe) -> None:
     writer = threading.Thread(target=flood, daemon=True)
     writer.start()
     assert len(reader.readline(10)) == 10  # starts the thread; then nobody reads for a while
-    time.sleep(0.5)
-    held = sent[0]
+    held, still, deadline = -1, 0, time.monotonic() + 10
+    while still < 3 and time.monotonic() < deadline:  # until the flood has stalled
+        time.sleep(0.1)
+        still, held = (still + 1, held) if sent[0] == held else (0, sent[0])
     stop.set()
     while reader.readline(1 << 20):  # drain, so the flood ends and the thread sees the end
         pass
