@@ -327,7 +327,8 @@ class Cache:
                 text, self._lines = expected[1], expected[2]
             else:
                 text, self._lines = self._encode(manifest.files)
-                ahead = _discard(ahead)
+                _discard(ahead)  # written for another outcome
+                ahead = None
             if ahead is None or not _rename(ahead, self.manifest_path):
                 atomic_write(self.manifest_path, text.encode("utf-8"), durable=False)
             self._files_cache = None  # a rewrite within one mtime tick must not look unchanged
