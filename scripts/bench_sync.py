@@ -44,6 +44,22 @@ def _settle() -> None:
         os.sync()
 
 
+def _set_aside(server: Path, kept: Path) -> None:
+    """Move the last run's store out of the way, once its server has closed it.
+
+    A server ends after the client that ran it: it checkpoints and then removes its WAL.
+    """
+    deadline = time.monotonic() + 30
+    while (server / "store.sqlite3-wal").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kept.mkdir(parents=True)
+    for path in server.glob("store.sqlite3*"):
+        try:
+            path.rename(kept / path.name)
+        except FileNotFoundError:
+            pass
+
+
 def _change(root: Path, percent: float, round_no: int) -> int:
     files = sorted(root.rglob("*.md"))
     step = max(1, int(100 / percent))
@@ -128,10 +144,7 @@ def main(args: argparse.Namespace | None = None) -> int:
             for run in range(runs):
                 # Moved aside, not deleted: freeing 60 MB just before a timed first sync would
                 # slow it (this disk discards freed blocks), and rsync's copies stay too.
-                kept = work / "old-stores" / str(run)
-                kept.mkdir(parents=True)
-                for path in (work / "server").glob("store.sqlite3*"):
-                    path.rename(kept / path.name)
+                _set_aside(work / "server", work / "old-stores" / str(run))
                 # The tools take turns going first, so neither always runs after the other.
                 for name in ("sharedmem", "rsync")[::1 if run % 2 == 0 else -1]:
                     print(f"run {run + 1}/{runs}: {name}", file=sys.stderr)
