@@ -212,13 +212,13 @@ class Staging:
         """
         old = os.path.join(self.replaced, f"{number}.md")
         try:
-            os.link(target, old)
+            os.link(target, old, **_NO_FOLLOW)  # a link planted there is set aside as a link
         except FileNotFoundError:  # a new file, or no `replaced/` folder yet
             if not os.path.lexists(target) or self.replaced.is_dir():
                 return
             try:
                 self.replaced.mkdir(exist_ok=True)
-                os.link(target, old)
+                os.link(target, old, **_NO_FOLLOW)
             except OSError:
                 return
         except OSError:
@@ -283,6 +283,10 @@ def _record(number: int, path: str, data: bytes) -> bytes:
 # Windows, which lack the call.
 _ADVISE = getattr(os, "posix_fadvise", None)
 _WRITE_OUT = getattr(os, "POSIX_FADV_DONTNEED", 0)
+
+
+# Linux's link() never follows a link; where link() would, linkat() without following is asked.
+_NO_FOLLOW = {"follow_symlinks": False} if os.link in os.supports_follow_symlinks else {}
 
 
 def _write_new(folder: str, path: str, data: bytes, made: set[str]) -> bool:

@@ -169,6 +169,31 @@ def test_the_thread_links_replaced_versions_aside_before_the_answer(cache: Cache
     assert stage.kept == set() and stage.replacing == {}
 
 
+def test_a_link_planted_in_the_cache_is_set_aside_as_a_link(cache: Cache,
+                                                            tmp_path: Path) -> None:
+    info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
+    first = items(2)
+    cache.apply(first, [], info)
+    outside = tmp_path / "outside.md"
+    outside.write_text("not the cache's\n")
+    planted = cache.root / first[0][0]
+    planted.unlink()
+    planted.symlink_to(outside)
+    second = items(2, " v2")
+    stage = Staging(cache.meta, root=cache.root)
+    for path, sha, text in second:
+        stage.add(path, sha, text.encode(), replacing=True)
+    stage.write_ahead()
+    stage.wait()
+    kept = cache.meta / "replaced" / "0.md"
+    assert kept.is_symlink() and os.readlink(kept) == str(outside)  # not the outside file
+    cache.apply(second, [], info, staged=stage)
+    assert not planted.is_symlink() and planted.read_text(encoding="utf-8") == second[0][2]
+    stage.discard()
+    stage.clear_replaced()
+    assert outside.read_text() == "not the cache's\n" and outside.stat().st_nlink == 1
+
+
 def test_discard_stops_the_helper_and_removes_leftovers(cache: Cache) -> None:
     leftover = cache.meta / "staging" / "7.part"  # what a killed sync left
     leftover.parent.mkdir(parents=True)
