@@ -10,6 +10,7 @@ sends faster than the server works cannot make it hold more.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 
@@ -69,11 +70,7 @@ class ReadAhead:
         """The next chunk, waiting for it; b"" at the end of input."""
         ready = self._ready
         if ready is None:  # no thread: read here
-            if not self._chunks:
-                return os.read(self._fd, READ_BYTES)
-            data = self._chunks.popleft()
-            self._buffered -= len(data)
-            return data
+            return self._take() if self._chunks else os.read(self._fd, READ_BYTES)
         with ready:
             while not self._chunks and not self._ended:
                 ready.wait()
@@ -81,17 +78,16 @@ class ReadAhead:
                 if self._failure is not None:
                     raise self._failure
                 return b""
-            data = self._chunks.popleft()
-            self._buffered -= len(data)
-            ready.notify_all()
-            return data
+            ready.notify_all()  # room in the window again
+            return self._take()
+
+    def _take(self) -> bytes:
+        data = self._chunks.popleft()
+        self._buffered -= len(data)
+        return data
 
     def _unread(self, data: bytes) -> None:
-        if self._ready is None:
-            self._chunks.appendleft(data)
-            self._buffered += len(data)
-            return
-        with self._ready:
+        with self._ready or contextlib.nullcontext():
             self._chunks.appendleft(data)
             self._buffered += len(data)
 
