@@ -94,7 +94,8 @@ class McpSession:
         self._lines: queue.Queue[bytes] = queue.Queue()
         self._stderr: list[bytes] = []
         threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
 
     def _pump(self) -> None:
         assert self.process.stdout is not None
@@ -125,6 +126,9 @@ class McpSession:
             code = self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             code = None
+        # The exit can be seen before the drain thread has read the last words; a
+        # grandchild holding stderr open must not hold us, hence the bound.
+        self._drainer.join(timeout=2)
         said = self.stderr().splitlines()
         return ProtocolError(f"the MCP server stopped {when}: "
                              f"{said[-1] if said else f'exit status {code}'}")

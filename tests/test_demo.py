@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import run_cli
 
 from sharedmem import demo as demo_mod
-from sharedmem.core import ConfigError
+from sharedmem.core import ConfigError, SharedMemoryError
 
 
 def _token() -> str:
@@ -72,3 +73,13 @@ def test_demo_through_the_launcher(tmp_path: Path, home: Path) -> None:
     for line in ("> list", "> search", "> read", "> add_ad_hoc_note", "REDACTED"):
         assert line in proc.stdout
     assert list(home.iterdir()) == []
+
+
+def test_a_server_that_dies_is_reported_with_its_last_words_every_time() -> None:
+    """The exit can be noticed before stderr is read; the message must not depend on luck."""
+    dies = [sys.executable, "-c", "import sys; sys.stderr.write('boom at start'); sys.exit(3)"]
+    for _ in range(25):
+        with pytest.raises(SharedMemoryError, match="stopped before answering initialize: "
+                                                    "boom at start"):
+            with demo_mod.McpSession(dies) as session:
+                session.initialize()
