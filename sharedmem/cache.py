@@ -1,4 +1,4 @@
-"""The client's plain-Markdown cache of the server's export, and the outbox of notes not yet sent."""
+"""The client's plain-Markdown cache of the server's export, and the manifest that describes it."""
 
 from __future__ import annotations
 
@@ -15,15 +15,13 @@ from sharedmem import linejson
 from sharedmem.core import (
     MACHINES_DIR,
     NOTES_DIR,
-    NoteError,
     ProtocolError,
     atomic_write,
-    check_note_filename,
     name_problem,
-    path_problems,
     sha256_text,
     utc_now,
 )
+from sharedmem.layout import Folders, namespace_key, published_path_problems
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -75,48 +73,6 @@ def _stamp(path: Path) -> Stamp:
     """What tells a rewritten manifest file from the one already read: mtime, inode, size."""
     info = path.stat()
     return info.st_mtime_ns, info.st_ino, info.st_size
-
-
-def namespace_key(path: str) -> str:
-    """The namespace a published path belongs to: `machines/<m>/<s>` or the notes folder."""
-    parts = path.split("/")
-    if parts[0] == MACHINES_DIR and len(parts) >= 4:
-        return "/".join(parts[:3])
-    if path.startswith(NOTES_DIR + "/") and len(parts) == 4:
-        return NOTES_DIR
-    raise ProtocolError(
-        f"path {path!r} is outside the published layout (machines/<machine>/<source>/... or "
-        f"{NOTES_DIR}/<note>.md)"
-    )
-
-
-def published_path_problems(path: object) -> list[str]:
-    """The path rule plus the published layout: what a server may ask a client to write."""
-    problems = path_problems(path)
-    if problems:
-        return problems
-    assert isinstance(path, str)
-    try:
-        key = namespace_key(path)
-    except ProtocolError as exc:
-        return [str(exc)]
-    if key != NOTES_DIR:
-        _, machine, source = key.split("/")
-        for value, what in ((machine, "machine"), (source, "source")):
-            problem = name_problem(value, what)
-            if problem:
-                problems.append(f"path {path!r}: {problem}")
-    elif (problem := _note_problem(path.rsplit("/", 1)[1])) is not None:
-        problems.append(problem)
-    return problems
-
-
-def _note_problem(filename: str) -> str | None:
-    try:
-        check_note_filename(filename)
-    except NoteError as exc:
-        return str(exc)
-    return None
 
 
 class Cache:
@@ -264,7 +220,7 @@ class Cache:
             gone |= {p for p, meta in files.items()
                      if meta.namespace in full_namespaces and p not in sent}
         gone |= {p for p, meta in files.items() if meta.namespace not in namespaces}
-        folders = _Folders(self.root)
+        folders = Folders(self.root)
         for path, _, _ in upserts:
             folders.target(path, create=False, strict=True)  # refuse links before any write
         moved = {} if staged is None else _move_folders(upserts, folders, staged)
@@ -347,7 +303,7 @@ class Cache:
         self._loaded = (stamps, manifest)
 
 
-def _move_folders(upserts: list[tuple[str, str, str]], folders: _Folders,
+def _move_folders(upserts: list[tuple[str, str, str]], folders: Folders,
                   staged: Staging) -> dict[str, tuple[int, str]]:
     """Move in whole each namespace new to the cache that was staged just as pulled.
 
@@ -421,50 +377,3 @@ def _intact(target: str, size: int | None) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)
-
-
-class _Folders:
-    """Resolves each folder of a pull once: a symlinked folder planted in the cache is refused."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = str(root.resolve())
-        self.seen: dict[str, str] = {}
-        self.absent: set[str] = set()  # folders found missing while nothing was created
-        self.made_root = False
-
-    def target(self, path: str, *, create: bool, strict: bool = False) -> str | None:
-        """The on-disk file for an already-checked published path, confined to the cache.
-
-        Each folder is walked one component at a time without following links, so a link
-        planted in the cache is refused before anything (even a folder) is made through it.
-        Without `create`, a missing folder gives None, and so does a file in the way unless
-        `strict` (checking a write before it is made) refuses it. Paths are strings: a large
-        pull resolves ten thousand of them.
-        """
-        folder, _, name = path.rpartition("/")
-        real = self.seen.get(folder)
-        if real is None:
-            if not create and folder in self.absent:
-                return None
-            real = self.root
-            if create and not self.made_root:
-                os.makedirs(real, exist_ok=True)
-                self.made_root = True
-            for part in folder.split("/"):
-                real = real + os.sep + part
-                try:
-                    info = os.lstat(real)
-                except FileNotFoundError:
-                    if not create:
-                        self.absent.add(folder)
-                        return None
-                    os.mkdir(real)
-                    continue
-                if stat.S_ISLNK(info.st_mode) or ((create or strict)
-                                                  and not stat.S_ISDIR(info.st_mode)):
-                    raise ProtocolError(f"cache folder {real} is a link or not a folder, inside "
-                                        f"the cache {self.root}: remove it, then sync again")
-                if not stat.S_ISDIR(info.st_mode):
-                    return None
-            self.seen[folder] = real
-        return real + os.sep + name
