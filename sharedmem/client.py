@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sharedmem import __version__, linejson, records, sources
+from sharedmem import __version__, linejson, records, sources, walk
 from sharedmem.ahead import Ahead
 from sharedmem.cache import Cache, CachedFile, NamespaceInfo
 from sharedmem.config import ClientConfig, SourceConfig
@@ -46,7 +46,7 @@ class _Prepared:
     rules: list[Any]
     snap: sources.Snapshot
     digest: str
-    by_sha: dict[str, sources.Entry] = field(default_factory=dict)
+    by_sha: dict[str, walk.Entry] = field(default_factory=dict)
     redacted: dict[str, int] = field(default_factory=dict)
     whole: dict[str, Any] = field(default_factory=dict)
     delta: dict[str, Any] | None = None
@@ -148,7 +148,7 @@ class Sync:
         old = records.acked_files(saved)
         on_server = set(old.values()) if old is not None else set()
 
-        def stage(entry: sources.Entry, data: bytes) -> None:
+        def stage(entry: walk.Entry, data: bytes) -> None:
             """A file read this time: staged if the cache lacks it, sent ahead if the server does."""
             if entry.text is None:
                 return
@@ -385,7 +385,7 @@ class Sync:
         return done
 
 
-def _text(spec: sources.SourceSpec, entry: sources.Entry) -> str:
+def _text(spec: sources.SourceSpec, entry: walk.Entry) -> str:
     return entry.text if entry.text is not None else sources.load_text(spec, entry)
 
 

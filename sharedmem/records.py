@@ -16,7 +16,7 @@ from sharedmem import linejson
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sharedmem.sources import Entry
+    from sharedmem.walk import Entry
 
 
 def read(path: Path) -> tuple[dict[str, Any], linejson.Old]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sharedmem import records
-from sharedmem.sources import Entry
+from sharedmem.walk import Entry
 
 
 def entry(path: str, sha: str, text: str | None) -> Entry:

@@ -1,0 +1,269 @@
+"""Tests for sharedmem.walk, through snapshot: links, FIFOs, content, names, quotas, reuse."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_with_timeout
+
+from sharedmem.core import KIND_MARKDOWN, MIB, Limits, SourceError, sha256_text
+from sharedmem.sources import SourceSpec, load_text, snapshot
+
+GITHUB_TOKEN = "ghp_" + "a" * 36
+
+
+def write(path: Path, data: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.write_bytes(data)
+    return path
+
+
+def spec(kind: str, root: Path, name: str | None = None) -> SourceSpec:
+    return SourceSpec(name or ("notes" if kind == KIND_MARKDOWN else kind), kind, root)
+
+
+def published(snap) -> list[str]:
+    return [e.path for e in snap.files]
+
+
+def reasons(snap) -> dict[str, str]:
+    return {s.path: s.reason for s in snap.skipped}
+
+
+# --- links, FIFOs, hidden names -----------------------------------------------------------------
+
+def test_symlink_to_outside_file_is_reported_not_read(tmp_path):
+    root = tmp_path / "docs"
+    secret = write(tmp_path / "outside" / "secret.md", "TOP SECRET\n")
+    write(root / "ok.md", "fine\n")
+    (root / "link.md").symlink_to(secret)
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["ok.md"]
+    assert reasons(snap) == {"link.md": "symlink"}
+    assert "link.md" in snap.skipped[0].message
+    assert snap.problems() == []
+
+
+def test_symlinked_directory_is_not_descended(tmp_path):
+    outside = tmp_path / "outside"
+    write(outside / "x.md", "outside\n")
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "linked").symlink_to(outside, target_is_directory=True)
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == []
+    assert reasons(snap) == {"linked": "symlink"}
+
+
+def test_fifo_is_reported_and_never_blocks(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "ok.md", "ok\n")
+    os.mkfifo(root / "pipe.md")
+    snap = run_with_timeout(lambda: snapshot(spec(KIND_MARKDOWN, root)))
+    assert published(snap) == ["ok.md"]
+    assert reasons(snap) == {"pipe.md": "not-regular"}
+
+
+def test_hidden_files_and_folders_are_reported_not_descended(tmp_path):
+    root = tmp_path / "docs"
+    write(root / ".hidden" / "x.md", "hidden folder\n")
+    write(root / ".secret.md", "hidden file\n")
+    write(root / "sub" / ".also.md", "hidden file in sub\n")
+    write(root / "visible.md", "visible\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["visible.md"]
+    assert reasons(snap) == {".hidden": "hidden", ".secret.md": "hidden", "sub/.also.md": "hidden"}
+    assert snap.problems() == []
+
+
+
+# --- content rules ------------------------------------------------------------------------------
+
+def test_invalid_utf8_is_a_problem_and_the_walk_goes_on(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "bad.md", b"caf\xe9 latin-1\n")
+    write(root / "bom.md", b"\xef\xbb\xbfwith bom\n")
+    write(root / "good.md", "good\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["bom.md", "good.md"]
+    assert reasons(snap) == {"bad.md": "invalid-utf8"}
+    assert [p.path for p in snap.problems()] == ["bad.md"]
+    assert "bad.md" in snap.problems()[0].message
+    assert snap.files[0].text == "\ufeffwith bom\n"
+
+
+def test_two_mib_file_is_too_large_and_fits_a_larger_limit(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "big.md", "x" * (2 * MIB))
+    write(root / "small.md", "small\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["small.md"]
+    assert reasons(snap) == {"big.md": "too-large"}
+    assert "big.md" in snap.skipped[0].message
+    roomy = snapshot(spec(KIND_MARKDOWN, root), Limits(file_bytes=3 * MIB))
+    assert published(roomy) == ["big.md", "small.md"]
+    assert roomy.files[0].size == 2 * MIB
+
+
+def test_oversized_file_is_not_read(tmp_path):
+    """A 1 TiB sparse file: reading it would take far longer than the timeout."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    try:
+        with open(root / "huge.md", "wb") as handle:
+            handle.truncate(1 << 40)
+    except OSError as exc:
+        pytest.skip(f"this filesystem cannot hold a sparse 1 TiB file: {exc}")
+    snap = run_with_timeout(lambda: snapshot(spec(KIND_MARKDOWN, root)), 10)
+    assert reasons(snap) == {"huge.md": "too-large"}
+
+
+def test_redaction_is_applied_and_counted(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "creds.md", f"token: {GITHUB_TOKEN}\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    entry = snap.files[0]
+    assert GITHUB_TOKEN not in entry.text
+    assert sum(entry.redactions.values()) >= 1
+    assert entry.sha256 == sha256_text(entry.text)
+    assert entry.size == len(entry.text.encode("utf-8"))
+    assert entry.disk_size == len(f"token: {GITHUB_TOKEN}\n")
+    again = snapshot(snap.spec, previous=json.loads(json.dumps(snap.record())))
+    assert again.files[0].text is None
+    assert again.files[0].redactions == entry.redactions
+    assert load_text(again.spec, again.files[0]) == entry.text
+
+
+
+# --- names --------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS normalises names itself")
+def test_nfd_names_are_published_as_nfc(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "cafe\u0301" / "re\u0301sume\u0301.md", "nfd\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["caf\u00e9/r\u00e9sum\u00e9.md"]
+    again = snapshot(snap.spec, previous=snap.record())
+    assert again.files[0].text is None
+    assert load_text(again.spec, again.files[0]) == "nfd\n"
+
+
+@pytest.mark.skipif(sys.platform in ("darwin", "win32"), reason="needs a case-sensitive filesystem")
+def test_case_and_unicode_collisions(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "A.md", "upper\n")
+    write(root / "a.md", "lower\n")
+    write(root / "\u00e9.md", "nfc\n")
+    write(root / "e\u0301.md", "nfd\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    # Sorted by on-disk name: "e\u0301" sorts before "\u00e9", so the NFD file wins.
+    assert published(snap) == ["A.md", "\u00e9.md"]
+    assert [e.text for e in snap.files] == ["upper\n", "nfd\n"]
+    assert reasons(snap) == {"a.md": "collision", "\u00e9.md": "collision"}
+    assert {p.reason for p in snap.problems()} == {"collision"}
+
+
+def test_names_breaking_the_path_rule_are_bad_paths(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "a:b.md", "colon\n")
+    write(root / "nul.md", "reserved\n")
+    write(root / "trailing " / "x.md", "space\n")
+    write(root / "fine.md", "fine\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root))
+    assert published(snap) == ["fine.md"]
+    assert reasons(snap) == {"a:b.md": "bad-path", "nul.md": "bad-path",
+                             "trailing /x.md": "bad-path"}
+
+
+
+# --- quota --------------------------------------------------------------------------------------
+
+def test_quota_by_count(tmp_path):
+    root = tmp_path / "docs"
+    for i in range(5):
+        write(root / f"{i}.md", f"file {i}\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root), Limits(namespace_files=3))
+    assert published(snap) == ["0.md", "1.md", "2.md"]
+    assert reasons(snap) == {"3.md": "quota", "4.md": "quota"}
+    assert len(snap.problems()) == 2
+
+
+def test_quota_by_bytes(tmp_path):
+    root = tmp_path / "docs"
+    for i in range(4):
+        write(root / f"{i}.md", "123456789\n")  # 10 bytes each
+    snap = snapshot(spec(KIND_MARKDOWN, root), Limits(namespace_bytes=25))
+    assert published(snap) == ["0.md", "1.md"]
+    assert reasons(snap) == {"2.md": "quota", "3.md": "quota"}
+    exact = snapshot(spec(KIND_MARKDOWN, root), Limits(namespace_bytes=40))
+    assert len(exact.files) == 4 and exact.problems() == []
+
+
+
+# --- unreadable folders -------------------------------------------------------------------------
+
+def test_unreadable_folder_is_reported(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "locked" / "x.md", "x\n")
+    write(root / "open.md", "open\n")
+    (root / "locked").chmod(0)
+    try:
+        snap = snapshot(spec(KIND_MARKDOWN, root))
+    finally:
+        (root / "locked").chmod(0o755)
+    assert snap.status == "ok"
+    assert "open.md" in published(snap)
+    if os.geteuid() == 0:
+        pytest.skip("running as root: chmod 000 does not deny root, so 'locked' was readable")
+    assert reasons(snap) == {"locked": "unreadable"}
+
+
+
+# --- saved records, unchanged files -------------------------------------------------------------
+
+def test_unchanged_files_are_not_read_again(tmp_path):
+    root = tmp_path / "docs"
+    path = write(root / "x.md", "original\n")
+    first = snapshot(spec(KIND_MARKDOWN, root))
+    record = json.loads(json.dumps(first.record()))
+    old_sha = first.files[0].sha256
+    st = path.stat()
+    path.write_bytes(b"replaced\n")  # same size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = snapshot(first.spec, previous=record)
+    entry = again.files[0]
+    assert entry.text is None
+    assert entry.sha256 == old_sha  # the old sha: the file was not read
+    assert entry.size == first.files[0].size
+    with pytest.raises(SourceError, match="changed"):
+        load_text(again.spec, entry)
+    fresh = snapshot(first.spec)
+    assert fresh.files[0].sha256 == sha256_text("replaced\n")
+
+
+def test_changed_mtime_is_read_again(tmp_path):
+    root = tmp_path / "docs"
+    path = write(root / "x.md", "original\n")
+    first = snapshot(spec(KIND_MARKDOWN, root))
+    path.write_bytes(b"replaced\n")
+    os.utime(path, ns=(1, first.files[0].mtime_ns + 1_000_000_000))
+    again = snapshot(first.spec, previous=first.record())
+    assert again.files[0].text == "replaced\n"
+
+
+@pytest.mark.parametrize("previous", [
+    "garbage", [1, 2], {"x.md": "bad"}, {"x.md": [1, 2]}, {"x.md": None},
+    {"x.md": [10, 1, "not-a-sha", 10, {}]}, {"x.md": [True, 1, "0" * 64, 1, {}]},
+    {"x.md": [9, 1, "0" * 64, 9, {"k": "v"}]}, {1: 2},
+])
+def test_malformed_previous_is_ignored(tmp_path, previous):
+    root = tmp_path / "docs"
+    write(root / "x.md", "content\n")
+    snap = snapshot(spec(KIND_MARKDOWN, root), previous=previous)
+    assert snap.files[0].text == "content\n"
