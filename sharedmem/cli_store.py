@@ -58,32 +58,32 @@ def build_backup(sub: Any) -> None:
 
 
 def run_backup(args: Any) -> int:
-    from sharedmem import backup
+    from sharedmem import backup, catalog
     store = _path(args.store)
     folder = _path(args.dest) if getattr(args, "dest", None) else \
-        backup.backups_folder(store)
+        catalog.backups_folder(store)
     if args.action == "create":
         info = backup.create(store, dest=folder, protect=args.protect, label=args.label)
         _emit(info.to_json(), args.json, f"created {info.path} ({info.size} bytes, sha256 "
               f"{info.sha256[:12]}..., verified)")
         return 0
     if args.action == "list":
-        items = backup.list_backups(folder)
+        items = catalog.list_backups(folder)
         _emit([i.to_json() for i in items], args.json, "\n".join(
             f"{i.created}  {i.size:>12,}  {i.state:<8} {'protected' if i.protected else '':<9} "
             f"{i.path.name}" for i in items) or f"no backups in {folder}")
         return 0
     if args.action == "verify":
         targets = [_path(a) for a in args.archives] or [
-            i.path for i in backup.list_backups(folder)]
+            i.path for i in catalog.list_backups(folder)]
         results = {str(t): backup.verify(t) for t in targets}
         _emit(results, args.json, "\n".join(
             f"{t}: {'ok' if not p else 'FAILED'}" + "".join(f"\n  - {x}" for x in p)
             for t, p in results.items()) or f"no backups in {folder}")
         return 1 if any(results.values()) else 0
     if args.action == "prune":
-        removed = backup.prune(folder, keep_last=args.keep_last, daily=args.daily,
-                               weekly=args.weekly, dry_run=args.dry_run)
+        removed = catalog.prune(folder, keep_last=args.keep_last, daily=args.daily,
+                                weekly=args.weekly, dry_run=args.dry_run)
         verb = "would remove" if args.dry_run else "removed"
         _emit([str(p) for p in removed], args.json,
               "\n".join(f"{verb} {p}" for p in removed) or "nothing to remove")

@@ -389,10 +389,10 @@ def _check_backups(report: Report, store: Path) -> None:
     folder = store.parent / "backups"
     fix = f"run `shared_memory.py backup create --store {store}` and schedule it daily"
     try:
-        from sharedmem import backup
-        infos = backup.list_backups(folder)
+        from sharedmem import catalog
+        infos = catalog.list_backups(folder)
         found = [(i.path, parse_utc(i.created), i.state) for i in infos]
-    except ImportError:  # pragma: no cover - only before backup.py existed
+    except ImportError:  # pragma: no cover - only before catalog.py existed
         found = [(p, p.stat().st_mtime, "ok") for p in sorted(folder.glob("*.sqlite3"))]
     except SharedMemoryError as exc:
         report.add("backups", WARN, str(exc), fix)

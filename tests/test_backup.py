@@ -1,4 +1,4 @@
-"""Backups on real stores: create, verify, list, prune, restore, the migration hook, the v1 fixture."""
+"""Backups on real stores: create, verify, restore, the migration hook, the v1 fixture."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from sharedmem import backup, store
+from sharedmem import backup, catalog, store
 from sharedmem.core import BackupError
 from sharedmem.store import IncomingFile, Store
 
@@ -128,16 +126,6 @@ def test_create_names_are_unique_and_labels_checked(tmp_path: Path) -> None:
         backup.create(tmp_path / "absent.sqlite3")
 
 
-def test_concurrent_creates_all_reach_the_manifest(tmp_path: Path) -> None:
-    path = make_store(tmp_path / "store.sqlite3")
-    with ThreadPoolExecutor(4) as pool:
-        infos = list(pool.map(lambda _: backup.create(path), range(8)))
-    assert len({i.path for i in infos}) == 8
-    assert sorted(manifest(tmp_path / "backups")) == sorted(i.path.name for i in infos)
-    assert not (tmp_path / "backups" / ".manifest.lock").exists()
-    assert all(i.state == "ok" for i in backup.list_backups(tmp_path / "backups"))
-
-
 def test_verify_reports_a_flipped_byte_anywhere(tmp_path: Path) -> None:
     info = backup.create(make_store(tmp_path / "store.sqlite3"))
     size = info.path.stat().st_size
@@ -207,83 +195,6 @@ def test_backup_during_continuous_writes_is_consistent(tmp_path: Path) -> None:
     assert not list((tmp_path / "backups").glob("*-wal"))
 
 
-def test_list_states(tmp_path: Path) -> None:
-    path = make_store(tmp_path / "store.sqlite3")
-    good, damaged, gone = (backup.create(path, label=label) for label in ("good", "bad", "gone"))
-    flip(damaged.path, damaged.size // 2)
-    gone.path.unlink()
-    stray = good.path.with_name("store-20200101T000000Z.sqlite3")
-    shutil.copyfile(good.path, stray)
-    states = {i.path.name: i.state for i in backup.list_backups(tmp_path / "backups")}
-    assert states == {good.path.name: "ok", damaged.path.name: "mismatch",
-                      gone.path.name: "missing", stray.name: "unlisted"}
-    listed = backup.list_backups(tmp_path / "backups")
-    assert listed[0].path == stray and listed[0].created == "2020-01-01T00:00:00Z"
-    assert json.dumps([i.to_json() for i in listed])
-    assert backup.list_backups(tmp_path / "no-such-folder") == []
-    (tmp_path / "backups" / "manifest.json").write_text("{not json")
-    with pytest.raises(BackupError, match="move it aside"):
-        backup.list_backups(tmp_path / "backups")
-
-
-def series(folder: Path, source: Path, stamps: dict[str, str], protected: set[str]) -> None:
-    """Real archives whose creation times the test controls, listed in the manifest."""
-    template = backup.create(source, dest=folder / "tmpl")
-    entry = manifest(folder / "tmpl")[template.path.name]
-    entries = {}
-    for key, stamp in stamps.items():
-        name = f"store-{stamp.replace('-', '').replace(':', '')}-{key}.sqlite3"
-        shutil.copyfile(template.path, folder / name)
-        entries[name] = dict(entry, created=stamp, label=key, protected=key in protected)
-    (folder / "manifest.json").write_text(json.dumps({"format": 1, "backups": entries}))
-
-
-STAMPS = {  # now is Sunday 2026-03-15 12:00Z, ISO week 11
-    "a": "2026-03-15T11:00:00Z",  # newest
-    "b": "2026-03-15T10:00:00Z",  # same day as a
-    "c": "2026-03-14T23:00:00Z",  # newest of the 14th
-    "d": "2026-03-14T01:00:00Z",
-    "e": "2026-03-09T05:00:00Z",  # seventh day back
-    "f": "2026-03-08T05:00:00Z",  # newest of week 10
-    "g": "2026-03-03T05:00:00Z",
-    "h": "2026-02-25T00:00:00Z",  # week 9
-    "i": "2026-02-18T00:00:00Z",  # week 8
-    "j": "2026-02-10T00:00:00Z",  # week 7: outside four weeks
-    "k": "2026-01-01T00:00:00Z",  # protected
-}
-NOW = datetime(2026, 3, 15, 12, 0, tzinfo=UTC)
-
-
-def test_prune_policy_and_dry_run(tmp_path: Path) -> None:
-    folder = tmp_path / "backups"
-    folder.mkdir()
-    series(folder, make_store(tmp_path / "store.sqlite3"), STAMPS, {"k"})
-    expected = sorted(folder / f"store-{STAMPS[k].replace('-', '').replace(':', '')}-{k}.sqlite3"
-                      for k in "bdgj")
-    before = sorted(folder.iterdir())
-    assert backup.prune(folder, dry_run=True, now=NOW) == expected
-    assert sorted(folder.iterdir()) == before
-    assert backup.prune(folder, now=NOW) == expected
-    assert not any(p.exists() for p in expected)
-    left = backup.list_backups(folder)
-    assert sorted(i.label for i in left) == list("acefhik")
-    assert all(i.state == "ok" for i in left)
-    assert backup.prune(folder, now=NOW) == []
-
-
-def test_prune_is_configurable_and_never_removes_protected(tmp_path: Path) -> None:
-    folder = tmp_path / "backups"
-    folder.mkdir()
-    series(folder, make_store(tmp_path / "store.sqlite3"), STAMPS, {"k", "j"})
-    removed = backup.prune(folder, keep_last=3, daily=0, weekly=0, now=NOW)
-    assert sorted(p.name.split("-")[-1][0] for p in removed) == list("defghi")
-    assert sorted(i.label for i in backup.list_backups(folder)) == list("abcjk")
-    with pytest.raises(BackupError, match="keep-last"):
-        backup.prune(folder, keep_last=0)
-    with pytest.raises(BackupError, match="daily"):
-        backup.prune(folder, daily=-1)
-
-
 def test_restore_refuses_a_store_in_use_even_with_force(tmp_path: Path) -> None:
     path = make_store(tmp_path / "store.sqlite3")
     info = backup.create(path)
@@ -295,7 +206,7 @@ def test_restore_refuses_a_store_in_use_even_with_force(tmp_path: Path) -> None:
                     backup.restore(info.path, path, force=force)
         finally:
             stop(proc)
-    assert [i.label for i in backup.list_backups(tmp_path / "backups")] == [""]
+    assert [i.label for i in catalog.list_backups(tmp_path / "backups")] == [""]
 
 
 def test_restore_refuses_a_newer_store_unless_forced_and_keeps_it(tmp_path: Path) -> None:
@@ -314,7 +225,7 @@ def test_restore_refuses_a_newer_store_unless_forced_and_keeps_it(tmp_path: Path
     assert not (tmp_path / "store.sqlite3-shm").exists()
     with Store.open(path) as s:
         assert s.counts() == info.counts and s.verify() == []
-    listed = {i.path: i for i in backup.list_backups(tmp_path / "backups")}
+    listed = {i.path: i for i in catalog.list_backups(tmp_path / "backups")}
     assert listed[kept].protected and listed[kept].state == "ok" and listed[kept].label == "replaced"
     assert listed[kept].counts == newer
     assert backup.verify(kept) == []
@@ -357,12 +268,12 @@ def test_restore_into_a_missing_or_unreadable_store(tmp_path: Path) -> None:
 def test_migration_hook_takes_a_protected_verified_backup(tmp_path: Path) -> None:
     path = make_store(tmp_path / "store.sqlite3")
     backup.migration_hook(path, 1)
-    [info] = backup.list_backups(tmp_path / "backups")
+    [info] = catalog.list_backups(tmp_path / "backups")
     assert info.protected and info.label == "pre-migrate-v1" and info.state == "ok"
     assert info.path.name.endswith("-pre-migrate-v1.sqlite3")
     assert backup.verify(info.path) == []
     folder = tmp_path / "backups"
-    assert backup.prune(folder, keep_last=1, daily=0, weekly=0) == []
+    assert catalog.prune(folder, keep_last=1, daily=0, weekly=0) == []
 
 
 def load_fixture(path: Path) -> tuple[list[tuple], list[tuple]]:
@@ -411,7 +322,7 @@ def test_migration_from_the_v1_fixture_backs_up_first(tmp_path: Path, monkeypatc
         assert s.conn.execute("SELECT count(*) FROM t_probe").fetchone() == (0,)
     assert calls == [(path, 1)]
     assert contents(path) == (files, notes)
-    [info] = backup.list_backups(tmp_path / "backups")
+    [info] = catalog.list_backups(tmp_path / "backups")
     assert info.protected and info.label == "pre-migrate-v1" and info.schema_version == 1
     assert backup.verify(info.path) == []
     assert contents(info.path) == (files, notes)
