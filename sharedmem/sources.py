@@ -44,8 +44,6 @@ CLAUDE_MEMORY = "memory"
 _DEFAULT_LIMITS = Limits()  # frozen, so one shared default is safe
 
 
-# Plain named tuples, not dataclasses: `serve` loads this module, and the dataclasses module
-# alone (it loads `inspect`) costs every sync's server end about 10 ms before it can answer.
 class SourceSpec(namedtuple("SourceSpec", "name kind root")):
     """One configured source: its name, its kind and the folder (a Path) that is walked."""
 
