@@ -242,7 +242,7 @@ def build_tools(sub: Any) -> None:
 def run_tool(args: Any) -> int:
     from functools import partial
 
-    from sharedmem import client, tools
+    from sharedmem import note, tools
     from sharedmem.cache import Cache
     config = _load_config(args.config)
     if args.tool == "list":
@@ -259,7 +259,7 @@ def run_tool(args: Any) -> int:
         params = {"filename": args.filename, "note": text}
     params = {k: v for k, v in params.items() if v is not None}
     result = tools.call(args.tool, params, Cache(config.cache),
-                        lambda: partial(client.submit_note, config))
+                        lambda: partial(note.submit_note, config))
     _emit(result, args.json, tools.format_text(args.tool, result))
     return 0
 

@@ -1,37 +1,27 @@
-"""`sync`: snapshot each source, exchange it with the server, deliver notes, refresh the cache."""
+"""`sync`: snapshot each source, exchange it with the server, deliver notes, refresh the cache.
+
+This module publishes; delivering the notes and refreshing the cache are the pull (pull.py).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sharedmem import __version__, linejson, records, sources, walk
 from sharedmem.ahead import Ahead
-from sharedmem.cache import Cache, CachedFile, NamespaceInfo
+from sharedmem.cache import CachedFile
 from sharedmem.config import ClientConfig, SourceConfig
-from sharedmem.core import (
-    MACHINES_DIR,
-    NoteError,
-    ProtocolError,
-    SharedMemoryError,
-    atomic_write,
-    check_note_filename,
-    check_note_text,
-    digest_of,
-    utc_now,
-)
+from sharedmem.core import MACHINES_DIR, SharedMemoryError, atomic_write, digest_of, utc_now
 from sharedmem.lock import sync_lock
-from sharedmem.outbox import Outbox, QueuedNote
 from sharedmem.protocol import VERSIONS, PeerError, chunks, encode
-from sharedmem.staging import Staging
+from sharedmem.pull import Progress, Pull
 from sharedmem.transport import Connection
 
-Progress = Callable[[str], None]
 EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2
 
 
@@ -56,30 +46,20 @@ class _Prepared:
     line: bytes = b""  # the manifest message (delta or whole), encoded before it is due
 
 
-class Sync:
-    """One sync run; its `report` is what `sync --json` prints."""
+class Sync(Pull):
+    """One sync run: publish, then the pull; its `report` is what `sync --json` prints."""
 
     def __init__(self, config: ClientConfig, max_version: int = max(VERSIONS),
                  progress: Progress | None = None) -> None:
-        self.config = config
+        super().__init__(config, progress)
         self.max_version = max_version
-        self.progress = progress or (lambda _msg: None)
-        self.cache = Cache(config.cache)
-        self.outbox = Outbox(config.state / "outbox")
-        self.have: dict[str, str] = {}
-        self.cached: dict[str, CachedFile] = {}  # the cache's files when this run began
         self.snapshots: list[_Prepared] = []
-        self.known: dict[str, int] = {}
-        self.sent_notes: list[tuple[Path, QueuedNote]] | None = None
         self.last_to_publish: _Prepared | None = None
-        self.staging = Staging(self.cache.meta, root=self.cache.root)
         self.ahead: Ahead | None = None
-        self.own_paths: set[str] = set()  # cache paths of the files this run published
-        self.takes_own: dict[str, str] = {}  # namespaces the pull may leave out (_takes_own)
         self.encoded = False  # _encode_ahead done
         self.published: list[_Prepared] = []
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
-                                       "sources": [], "notes": {"delivered": 0, "refused": []}}
+                                       "sources": [], "notes": self.notes}
 
     def run(self) -> dict[str, Any]:
         """Publish, deliver, pull; any failure leaves the cache and the outbox as they were."""
@@ -298,25 +278,6 @@ class Sync:
         """The cache path of one of this machine's namespaces."""
         return f"{MACHINES_DIR}/{self.config.machine}/{source}"
 
-    def _request(self, conn: Connection) -> None:
-        """Send the queued notes and the pull request without waiting for the answers.
-
-        The server answers in order. After the last commit a sync sends these at once, so the
-        server goes on to them while this side prepares its records.
-        """
-        if self.sent_notes is not None:
-            return
-        self.sent_notes = self.outbox.pending()
-        for _, note in self.sent_notes:
-            conn.channel.send({"type": "note", "note_id": note.note_id,
-                               "filename": note.filename, "text": note.text})
-        if conn.version == 1:
-            conn.channel.send({"type": "export"})
-        else:
-            self.takes_own = self._takes_own()
-            conn.channel.send({"type": "pull", "known": self.known, "have": sorted(self.have),
-                               "published": self.takes_own})
-
     def _takes_own(self) -> dict[str, str]:
         """Namespaces this run publishes whole and the cache never had: key -> digest.
 
@@ -328,73 +289,15 @@ class Sync:
                 if p.snap.status == "ok" and (key := self._namespace(p.source.name)) in new
                 and all(e.text is not None for e in p.snap.files)}
 
-    def _deliver(self, conn: Connection) -> None:
-        self._request(conn)
-        for path, note in self.sent_notes or []:
-            reply = conn.channel.expect("note_result")
-            if reply.get("status") == "refused":
-                self.report["notes"]["refused"].append(
-                    {"filename": note.filename, "note_id": note.note_id,
-                     "message": reply.get("message", "")})
-                _quarantine(path)
-            else:
-                self.report["notes"]["delivered"] += reply.get("status") == "stored"
-                self.report["notes"].setdefault("paths", []).append(reply.get("path"))
-            self.outbox.done(path)
-
-    def _known(self) -> dict[str, int]:
-        """The server generation of each cached namespace; 0 where the cache was tampered with."""
-        manifest = self.cache.load()
-        self.cached = manifest.files
-        stale = self.cache.tampered_namespaces()
-        return {k: (0 if k in stale else ns.generation) for k, ns in manifest.namespaces.items()}
-
-    def _pull(self, conn: Connection) -> dict[str, Any]:
-        self._request(conn)
-        head = conn.channel.expect("namespaces")
-        upserts: list[tuple[str, str, str]] = []
-        own: set[str] = set()
-        skipped = set(head.get("skipped", ())) & self.takes_own.keys()  # only those asked for
-        for prepared in self.snapshots:
-            key = self._namespace(prepared.source.name)
-            if key in skipped:
-                for e in prepared.snap.files:
-                    upserts.append((f"{key}/{e.path}", e.sha256, e.text))
-                    own.add(e.sha256)
-        while (part := conn.channel.expect("files", "end"))["type"] == "files":
-            for path, sha, text in part.get("files", []):
-                if text is None:
-                    if sha not in self.have:
-                        raise ProtocolError(f"the server sent no text for {path!r} and this "
-                                            "client has none for its sha256; the cache was "
-                                            "left as it was")
-                    own.add(sha)
-                    text = self.have[sha]
-                upserts.append((path, sha, text))
-        namespaces = {str(n["key"]): NamespaceInfo(
-            str(n["key"]), n.get("machine"), str(n["source"]), str(n["kind"]),
-            int(n["generation"]), n.get("synced_at")) for n in head["namespaces"]}
-        self.progress(f"cache: {len(upserts)} files to write")
-        self.staging.wait()
-        done = self.cache.apply(upserts, list(head.get("removed", [])), namespaces,
-                                full=conn.version == 1,
-                                full_namespaces=set(head.get("full", [])) | skipped,
-                                server={"server": conn.server.get("server"),
-                                        "protocol": conn.version}, staged=self.staging,
-                                own=own, valid=self.own_paths)
-        return done
+    def _own_files(self, keys: set[str]) -> list[tuple[str, str, str]]:
+        """The files of those namespaces as this run sent them: the server left them out."""
+        return [(f"{key}/{e.path}", e.sha256, e.text) for prepared in self.snapshots
+                if (key := self._namespace(prepared.source.name)) in keys
+                for e in prepared.snap.files]
 
 
 def _text(spec: sources.SourceSpec, entry: walk.Entry) -> str:
     return entry.text if entry.text is not None else sources.load_text(spec, entry)
-
-
-def _quarantine(path: Path) -> None:
-    """Keep a refused note's text for the user instead of dropping it."""
-    with contextlib.suppress(OSError):
-        target = path.parent.parent / "refused-notes" / path.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(path.read_bytes())
 
 
 def _write_json(path: Path, value: object) -> None:
@@ -416,38 +319,3 @@ def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
 
 _FINISHED: list[Sync] = []  # see sync()
 
-
-def check_note(filename: str, text: str) -> str:
-    """Validate a note and return its redacted text; refuses before anything is written."""
-    check_note_filename(filename)
-    from sharedmem.redact import redact
-    return redact(check_note_text(filename, text))[0]
-
-
-def submit_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any]:
-    """Queue a note, then try to deliver it now; if the server is unreachable it stays queued."""
-    body = check_note(filename, text)
-    outbox = Outbox(config.state / "outbox")
-    note = outbox.put(filename, body)
-    runner = Sync(config)
-    failure = None
-    try:
-        with sync_lock(config.state, wait=30), Connection(config) as conn:
-            conn.hello()
-            runner.known = runner._known()
-            runner._deliver(conn)
-            runner._pull(conn)
-    except SharedMemoryError as exc:
-        failure = exc
-    refused = [r for r in runner.report["notes"]["refused"] if r["note_id"] == note.note_id]
-    if refused:
-        raise NoteError(refused[0]["message"])
-    if failure is not None and any(n.note_id == note.note_id for _, n in outbox.pending()):
-        return {"status": "queued", "filename": filename, "note_id": note.note_id,
-                "message": f"the server could not be reached ({failure}); the note waits in "
-                           "the outbox and the next sync delivers it"}
-    result = {"status": "stored", "filename": filename, "note_id": note.note_id,
-              "path": f"extensions/ad_hoc/notes/{filename}"}
-    if failure is not None:
-        result["message"] = f"stored, but the cache was not refreshed ({failure})"
-    return result

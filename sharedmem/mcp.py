@@ -239,7 +239,7 @@ class Server:
 
         from sharedmem.core import NoteError
         try:
-            from sharedmem.client import submit_note
+            from sharedmem.note import submit_note
         except ImportError:
             raise NoteError("note delivery is not available in this installation: update it "
                             "with install_client.py") from None

@@ -14,9 +14,6 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER, run_cli, write_config
 
-from sharedmem import config as config_mod
-from sharedmem.client import submit_note
-from sharedmem.status import status
 from sharedmem.store import Store
 
 
@@ -285,19 +282,6 @@ def test_version_one_fallback_both_directions(tmp_path, sshd, server_max, client
     assert files["machines/laptop/notes/d1/note-001.md"] == "v1 change\n"
     code, report = sync_json(cfg)
     assert code == 0 and report["protocol"] == server_max
-
-
-def test_submit_note_stores_then_is_idempotent(tmp_path):
-    home = tmp_path / "h"
-    make_memories(home, files=1)
-    store = tmp_path / "store.sqlite3"
-    cfg = config_mod.load(config_for(tmp_path, home, "laptop",
-                                     {"kind": "local", "store": str(store)}))
-    result = submit_note(cfg, "2026-11-30T09-00-00-decision.md", "we chose SQLite")
-    assert result["status"] == "stored"
-    assert result["path"] == "extensions/ad_hoc/notes/2026-11-30T09-00-00-decision.md"
-    assert (cfg.cache / result["path"]).read_text().count("we chose SQLite") == 1
-    assert status(cfg)["pending_notes"] == []
 
 
 def test_unreadable_source_leaves_namespace_untouched(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER, run_cli, write_config
 
-from sharedmem import backup, client, guidance, harnesses
+from sharedmem import backup, client, guidance, harnesses, note
 from sharedmem import config as config_mod
 from sharedmem.doctor import FAIL, OK, WARN, doctor, doctor_store, format_text
 
@@ -214,8 +214,8 @@ def test_no_harness_at_all_warns_once(tmp_path: Path, home: Path) -> None:
 def test_rewritten_note_history_fails_server_and_store(tmp_path: Path, home: Path) -> None:
     cfg, env = make_client(tmp_path, home)
     loaded = config_mod.load(cfg, env)
-    assert client.submit_note(loaded, "2026-01-02T03-04-05-decision.md",
-                              "we ship on fridays")["status"] == "stored"
+    assert note.submit_note(loaded, "2026-01-02T03-04-05-decision.md",
+                            "we ship on fridays")["status"] == "stored"
     store = tmp_path / "client" / "store.sqlite3"
     with sqlite3.connect(store) as conn:  # someone edits the history behind the store's back
         conn.execute("DROP TRIGGER notes_append_only_update")
