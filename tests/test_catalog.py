@@ -9,33 +9,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from test_backup import flip, make_store, manifest
 
 from sharedmem import backup, catalog
 from sharedmem.core import BackupError
-from sharedmem.store import IncomingFile, Store
-
-
-def make_store(path: Path) -> Path:
-    with Store.open(path) as s:
-        s.ingest("alpha", "codex", "codex", [
-            IncomingFile("MEMORY.md", text="# Alpha\n\n- likes ruff\n"),
-            IncomingFile("rollout_summaries/one.md", text="rollout one\n")])
-        s.ingest("beta", "team", "markdown", [IncomingFile("a/b.md", text="team file\n")])
-        s.append_note("alpha", "2026-01-31T09-30-00-release.md", "tag after CI")
-        s.append_note("beta", "2026-01-31T09-30-00-release.md", "bump the version")
-    return path
-
-
-def flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)
-        handle.seek(offset)
-        handle.write(bytes([byte[0] ^ 0xFF]))
-
-
-def manifest(folder: Path) -> dict:
-    return json.loads((folder / "manifest.json").read_text())["backups"]
 
 
 def test_concurrent_creates_all_reach_the_manifest(tmp_path: Path) -> None:

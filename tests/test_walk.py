@@ -5,35 +5,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import run_with_timeout
+from test_sources import published, reasons, spec, write
 
 from sharedmem.core import KIND_MARKDOWN, MIB, Limits, SourceError, sha256_text
-from sharedmem.sources import SourceSpec, load_text, snapshot
+from sharedmem.sources import load_text, snapshot
 
 GITHUB_TOKEN = "ghp_" + "a" * 36
-
-
-def write(path: Path, data: str | bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    path.write_bytes(data)
-    return path
-
-
-def spec(kind: str, root: Path, name: str | None = None) -> SourceSpec:
-    return SourceSpec(name or ("notes" if kind == KIND_MARKDOWN else kind), kind, root)
-
-
-def published(snap) -> list[str]:
-    return [e.path for e in snap.files]
-
-
-def reasons(snap) -> dict[str, str]:
-    return {s.path: s.reason for s in snap.skipped}
 
 
 # --- links, FIFOs, hidden names -----------------------------------------------------------------
