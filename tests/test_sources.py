@@ -20,6 +20,7 @@ from sharedmem.core import (
     sha256_text,
 )
 from sharedmem.sources import (
+    POLICY_REASONS,
     PROBLEM_REASONS,
     SourceSpec,
     default_root,
@@ -239,6 +240,27 @@ def test_record_round_trips_through_json(tmp_path):
 def test_problem_reasons_set():
     assert PROBLEM_REASONS == {"invalid-utf8", "too-large", "quota", "vanished", "unreadable",
                                "bad-path", "collision"}
+
+
+def test_every_skip_is_either_a_problem_or_policy_and_only_problems_are_reported(tmp_path):
+    root = tmp_path / "docs"
+    write(root / "ok.md", "fine\n")
+    write(root / ".hidden.md", "hidden\n")
+    write(root / "a" / "b" / "c" / "d" / "e" / "deep.md", "deep\n")
+    write(root / "bad.md", b"\xff\xfe")
+    write(root / "a:b.md", "colon\n")
+    write(root / "Case.md", "upper\n")
+    write(root / "case.md", "lower\n")
+    write(root / "big.md", "x" * 2048)
+    (root / "link.md").symlink_to(root / "ok.md")
+    os.mkfifo(root / "pipe.md")
+    snap = snapshot(spec(KIND_MARKDOWN, root), Limits(file_bytes=1024))
+    given = set(reasons(snap).values())
+    assert POLICY_REASONS.isdisjoint(PROBLEM_REASONS)
+    assert given == {"hidden", "too-deep", "symlink", "not-regular",
+                     "invalid-utf8", "bad-path", "collision", "too-large"}
+    assert given <= POLICY_REASONS | PROBLEM_REASONS
+    assert {p.reason for p in snap.problems()} == given & PROBLEM_REASONS
 
 
 def test_unknown_kind_and_bad_limits_are_config_errors(tmp_path):
