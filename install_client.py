@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sharedmem.install import client_main  # noqa: E402
+from sharedmem.install.client_install import client_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(client_main(sys.argv[1:]))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sharedmem.install import server_main  # noqa: E402
+from sharedmem.install.server_install import server_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(server_main(sys.argv[1:]))

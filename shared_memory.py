@@ -6,7 +6,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 
-from sharedmem.cli import main  # noqa: E402
+from sharedmem.cli.main import main  # noqa: E402
 
 # Run every two minutes on each machine: once they return, everything is written, committed and
 # flushed, and freeing the interpreter's objects one by one would only cost them 10 ms or more.

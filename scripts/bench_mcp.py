@@ -22,8 +22,8 @@ sys.path.insert(0, str(SCRIPTS))
 
 import corpus  # noqa: E402
 
-from sharedmem.cache import Cache, NamespaceInfo  # noqa: E402
-from sharedmem.core import sha256_text  # noqa: E402
+from sharedmem.cache.cache import Cache, NamespaceInfo  # noqa: E402
+from sharedmem.hashing import sha256_text  # noqa: E402
 
 NAMESPACE = "machines/bench/notes"
 QUERIES = [  # (label, arguments, rg flags)
@@ -59,7 +59,7 @@ def server_command(config: Path) -> list[str]:
     if cli.is_file() and '"mcp"' in cli.read_text(encoding="utf-8"):
         return [sys.executable, str(REPO / "shared_memory.py"), "mcp", "--config", str(config)]
     return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-            "from sharedmem.mcp import main; sys.exit(main(sys.argv[1]))", str(config)]
+            "from sharedmem.mcp.server import main; sys.exit(main(sys.argv[1]))", str(config)]
 
 
 def first_output(cmd: list[str], line: bytes = b"") -> float:
@@ -120,7 +120,7 @@ def pct(values: list[float], q: float) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Build, measure, print the table; exit 1 if any target is missed."""
-    from sharedmem.search import refresh_index
+    from sharedmem.cache.search import refresh_index
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-mcp-"))
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

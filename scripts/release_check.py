@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from sharedmem.redact import find  # noqa: E402  (the project's own detector)
+from sharedmem.redact.redactor import find  # noqa: E402  (the project's own detector)
 
 ALLOWLIST = ".release-allowlist"
 # Names that are obviously stand-ins in examples: /home/me/, /Users/alice/, bob.local ...
@@ -117,7 +117,7 @@ def text_of(path: Path) -> str | None:
 
 
 def check_secrets(report: Report, root: Path, files: Sequence[str]) -> None:
-    """Every credential shape sharedmem.redact knows, in every file a commit could hold."""
+    """Every credential shape sharedmem.redact.redactor knows, in every file a commit could hold."""
     allowed = read_allowlist(root)
     used: set[tuple[str, str]] = set()
     found = 0

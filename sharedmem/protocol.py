@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from sharedmem.core import MIB, ProtocolError
+from sharedmem.core import ProtocolError
+from sharedmem.rules import MIB
 
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
 if TYPE_CHECKING:

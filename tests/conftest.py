@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem.core import sha256_text
-from sharedmem.store import IncomingFile, Store
+from sharedmem.hashing import sha256_text
+from sharedmem.server.ingest import IncomingFile
+from sharedmem.server.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
@@ -51,8 +52,8 @@ def run_with_timeout(func, seconds: float = 20.0):
 def cache_of(root: Path, namespace: str, files: dict[str, str], *, kind: str = "markdown",
              generation: int = 1, synced_at: str = "2026-01-02T03:04:05Z"):
     """A real cache holding one namespace `machines/<machine>/<source>` with these files."""
-    from sharedmem.cache import Cache, NamespaceInfo
-    from sharedmem.core import sha256_text
+    from sharedmem.cache.cache import Cache, NamespaceInfo
+    from sharedmem.hashing import sha256_text
     _, machine, source = namespace.split("/")
     cache = Cache(root)
     info = NamespaceInfo(namespace, machine, source, kind, generation, synced_at)

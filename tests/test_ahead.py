@@ -11,11 +11,11 @@ import pytest
 from conftest import write_config
 from test_transport import local_config
 
-from sharedmem import ahead as ahead_mod
-from sharedmem import config as config_mod
-from sharedmem.ahead import Ahead
-from sharedmem.core import digest_of, sha256_text
-from sharedmem.transport import Connection
+from sharedmem.client import config as config_mod
+from sharedmem.client import send_ahead as ahead_mod
+from sharedmem.client.send_ahead import Ahead
+from sharedmem.client.transport import Connection
+from sharedmem.hashing import digest_of, sha256_text
 
 TEXTS = [f"# note {i}\n\n" + "words " * (40 + i) for i in range(30)]
 

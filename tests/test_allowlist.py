@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sharedmem.allowlist import plain, problem
-from sharedmem.core import KIND_MARKDOWN, SOURCE_CLAUDE, SOURCE_CODEX
+from sharedmem.rules import KIND_MARKDOWN, SOURCE_CLAUDE, SOURCE_CODEX
+from sharedmem.sources.allowlist import plain, problem
 
 ALLOWLIST_CASES = [
     (SOURCE_CODEX, "MEMORY.md", True),

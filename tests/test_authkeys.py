@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem import authkeys
 from sharedmem.core import InstallError
+from sharedmem.install import authorized_keys as authkeys
 
 BLOB = base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + bytes(range(32))).decode()
 OTHER = base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + bytes(32)).decode()

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem import backup, catalog, store
 from sharedmem.core import BackupError
-from sharedmem.store import IncomingFile, Store
+from sharedmem.server import backup, catalog, schema, store
+from sharedmem.server.ingest import IncomingFile, ingest
+from sharedmem.server.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "store-v1.sql"
@@ -25,10 +26,10 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "store-v1.sql"
 
 def make_store(path: Path) -> Path:
     with Store.open(path) as s:
-        s.ingest("alpha", "codex", "codex", [
+        ingest(s, "alpha", "codex", "codex", [
             IncomingFile("MEMORY.md", text="# Alpha\n\n- likes ruff\n"),
             IncomingFile("rollout_summaries/one.md", text="rollout one\n")])
-        s.ingest("beta", "team", "markdown", [IncomingFile("a/b.md", text="team file\n")])
+        ingest(s, "beta", "team", "markdown", [IncomingFile("a/b.md", text="team file\n")])
         s.append_note("alpha", "2026-01-31T09-30-00-release.md", "tag after CI")
         s.append_note("beta", "2026-01-31T09-30-00-release.md", "bump the version")
     return path
@@ -54,7 +55,7 @@ def child(code: str, store_path: Path, *args: str) -> subprocess.Popen:
 
 HOLD_OPEN = """
     import sys
-    from sharedmem.store import Store
+    from sharedmem.server.store import Store
     s = Store.open(sys.argv[1])
     s.counts()
     if sys.argv[2] == "write":
@@ -70,14 +71,15 @@ HOLD_OPEN = """
 
 WRITE_LOOP = """
     import sys, pathlib
-    from sharedmem.store import IncomingFile, Store
+    from sharedmem.server.ingest import IncomingFile, ingest
+    from sharedmem.server.store import Store
     s = Store.open(sys.argv[1])
     stop = pathlib.Path(sys.argv[2])
     n = 0
     while not stop.exists():
         n += 1
         s.append_note("writer", "2026-02-01T00-00-00-loop.md", f"entry {n}")
-        s.ingest("writer", "codex", "codex", [IncomingFile("MEMORY.md", text=f"version {n}")])
+        ingest(s, "writer", "codex", "codex", [IncomingFile("MEMORY.md", text=f"version {n}")])
         if n == 5:
             print("ready", flush=True)
     print(n, flush=True)
@@ -108,7 +110,7 @@ def test_create_makes_a_checked_self_contained_archive(tmp_path: Path) -> None:
     assert entry["size"] == len(data)
     with Store.open(path) as s:
         assert entry["counts"] == s.counts() == {"namespaces": 2, "files": 3, "blobs": 3, "notes": 2}
-    assert entry["schema_version"] == store.SCHEMA_VERSION
+    assert entry["schema_version"] == schema.SCHEMA_VERSION
     assert backup.verify(info.path) == []
     assert sorted(p.name for p in folder.iterdir()) == sorted([info.path.name, "manifest.json"])
 
@@ -316,7 +318,6 @@ def test_migration_from_the_v1_fixture_backs_up_first(tmp_path: Path, monkeypatc
         backup.migration_hook(p, old)
 
     monkeypatch.setattr(store, "MIGRATIONS", [*store.MIGRATIONS, "CREATE TABLE t_probe(x);"])
-    monkeypatch.setattr(store, "SCHEMA_VERSION", 2)
     with Store.open(path, before_migrate=hook) as s:
         assert s.schema_version() == 2 and s.verify() == []
         assert s.conn.execute("SELECT count(*) FROM t_probe").fetchone() == (0,)

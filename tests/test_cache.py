@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem.cache import NOTES_NAMESPACE, Cache, CachedFile, NamespaceInfo
-from sharedmem.core import ProtocolError, sha256_text
+from sharedmem.cache.cache import NOTES_NAMESPACE, Cache, CachedFile, NamespaceInfo
+from sharedmem.core import ProtocolError
+from sharedmem.hashing import sha256_text
 
 NOTE = "extensions/ad_hoc/notes/2026-01-31T09-30-00-release-checklist.md"
 

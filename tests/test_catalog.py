@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_backup import flip, make_store, manifest
 
-from sharedmem import backup, catalog
 from sharedmem.core import BackupError
+from sharedmem.server import backup, catalog
 
 
 def test_concurrent_creates_all_reach_the_manifest(tmp_path: Path) -> None:

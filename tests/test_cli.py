@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, write_config
 
-from sharedmem import cli
-from sharedmem.cache import Cache, NamespaceInfo
-from sharedmem.core import sha256_text
-from sharedmem.outbox import Outbox
+from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.cli import main as cli
+from sharedmem.client.outbox import Outbox
+from sharedmem.hashing import sha256_text
+from sharedmem.server.ingest import ingest
 
 
 def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -150,12 +151,13 @@ def test_main_reads_only_its_argv(tmp_path: Path, home: Path, monkeypatch: pytes
 # forget and export, through the real launcher, on a real store ------------------------------------
 
 def _store_with_two_machines(tmp_path):
-    from sharedmem.store import IncomingFile, Store
+    from sharedmem.server.ingest import IncomingFile
+    from sharedmem.server.store import Store
     path = tmp_path / "store.sqlite3"
     with Store.open(path) as st:
-        st.ingest("laptop", "codex", "codex", [IncomingFile("MEMORY.md", text="laptop memory")])
-        st.ingest("laptop", "notes", "markdown", [IncomingFile("a/b.md", text="laptop note")])
-        st.ingest("desktop", "notes", "markdown", [IncomingFile("x.md", text="desktop note")])
+        ingest(st, "laptop", "codex", "codex", [IncomingFile("MEMORY.md", text="laptop memory")])
+        ingest(st, "laptop", "notes", "markdown", [IncomingFile("a/b.md", text="laptop note")])
+        ingest(st, "desktop", "notes", "markdown", [IncomingFile("x.md", text="desktop note")])
         st.append_note("laptop", "2026-11-30T10-00-00-kept.md", "a note survives forget", "note-0001")
     return path
 
@@ -165,7 +167,7 @@ def test_forget_one_source_then_machine_keeps_notes(tmp_path):
 
     from conftest import run_cli
 
-    from sharedmem.store import Store
+    from sharedmem.server.store import Store
     store = _store_with_two_machines(tmp_path)
     proc = run_cli("forget", "--store", str(store), "--machine", "laptop", "--source", "notes",
                    "--json")

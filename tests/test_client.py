@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER, run_cli, write_config
 
-from sharedmem.store import Store
+from sharedmem.server.store import Store
 
 
 def make_memories(home: Path, files: int = 20) -> Path:

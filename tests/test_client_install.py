@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem import client_install as ci
-from sharedmem import config as config_mod
-from sharedmem.core import ConfigError, InstallError, Limits
-from sharedmem.install import Console
+from sharedmem.client import config as config_mod
+from sharedmem.core import ConfigError, InstallError
+from sharedmem.install import client_install as ci
+from sharedmem.install.console import Console
+from sharedmem.rules import Limits
 
 
 def build(argv: list[str], home: Path, prefix: Path) -> tuple[config_mod.ClientConfig, str]:

@@ -1,4 +1,4 @@
-"""Direct tests for sharedmem.codex_toml: the table text, and edits that touch only our table."""
+"""Direct tests for sharedmem.install.codex_toml: the table text, and edits that touch only our table."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem import codex_toml
 from sharedmem.core import InstallError
+from sharedmem.install import codex_toml
 
 CMD = ["/opt/py thon", "-m", 'say "hi"\t\x01\\']
 PATH = Path("config.toml")

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem import config
-from sharedmem.core import ConfigError, Limits
+from sharedmem.client import config
+from sharedmem.core import ConfigError
+from sharedmem.rules import Limits
 
 
 def write(path: Path, raw: object) -> Path:

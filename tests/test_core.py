@@ -14,22 +14,18 @@ from pathlib import Path
 import pytest
 
 import sharedmem
-from sharedmem import core, store
-from sharedmem.core import (
+from sharedmem import clock, hashing
+from sharedmem.core import NameRuleError, NoteError, PathRuleError, SharedMemoryError
+from sharedmem.files import atomic_write, confine
+from sharedmem.rules import (
     MAX_COMPONENT_BYTES,
     MAX_PATH_BYTES,
     Limits,
-    NameRuleError,
-    NoteError,
-    PathRuleError,
-    SharedMemoryError,
-    atomic_write,
     check_machine_name,
     check_markdown_source_name,
     check_note_filename,
     check_path,
     collision_key,
-    confine,
     name_problem,
     note_filename_problem,
     path_problems,
@@ -363,8 +359,8 @@ def test_confine_through_a_linked_root(tmp_path: Path) -> None:
 
 
 def test_every_error_derives_from_shared_memory_error() -> None:
-    modules = [core, store] + [importlib.import_module(f"sharedmem.{m.name}")
-                               for m in pkgutil.iter_modules(sharedmem.__path__)]
+    modules = [importlib.import_module(m.name)
+               for m in pkgutil.walk_packages(sharedmem.__path__, "sharedmem.")]
     errors = [obj for module in modules for _, obj in inspect.getmembers(module, inspect.isclass)
               if issubclass(obj, BaseException) and obj.__module__ == module.__name__]
     names = {e.__name__ for e in errors}
@@ -378,33 +374,33 @@ def test_every_error_derives_from_shared_memory_error() -> None:
 
 
 def test_hashing_and_time() -> None:
-    assert core.sha256_text("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-    assert core.sha256_text(NFC_E) == core.sha256_bytes(NFC_E.encode("utf-8"))
-    stamp = core.utc_now()
+    assert hashing.sha256_text("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    assert hashing.sha256_text(NFC_E) == hashing.sha256_bytes(NFC_E.encode("utf-8"))
+    stamp = clock.utc_now()
     assert stamp.endswith("Z") and len(stamp) == 20
-    assert abs(core.parse_utc(stamp) - time.time()) < 5
-    assert core.age_text(0) == "0s"
-    assert core.age_text(192) == "3m 12s"
-    assert core.age_text(2 * 86400 + 4 * 3600) == "2d 4h"
-    assert core.age_text(-5) == "0s"
+    assert abs(clock.parse_utc(stamp) - time.time()) < 5
+    assert clock.age_text(0) == "0s"
+    assert clock.age_text(192) == "3m 12s"
+    assert clock.age_text(2 * 86400 + 4 * 3600) == "2d 4h"
+    assert clock.age_text(-5) == "0s"
 
 
 def test_fast_path_never_accepts_what_the_full_rule_refuses(monkeypatch):
     import random
     import re
 
-    from sharedmem import core
+    from sharedmem import rules
     rng = random.Random(5)
     alphabet = "aZ09_-. /.:\\CONcon1é"
     samples = []
     for _ in range(20000):
         path = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 20)))
         samples.append(path + (".md" if rng.random() < 0.5 else ""))
-    fast = {(p, f): core.path_problems(p, folder=f) for p in samples for f in (False, True)}
-    monkeypatch.setattr(core, "_SAFE_FILE", re.compile(r"(?!)"))
-    monkeypatch.setattr(core, "_SAFE_FOLDER", re.compile(r"(?!)"))
+    fast = {(p, f): rules.path_problems(p, folder=f) for p in samples for f in (False, True)}
+    monkeypatch.setattr(rules, "_SAFE_FILE", re.compile(r"(?!)"))
+    monkeypatch.setattr(rules, "_SAFE_FOLDER", re.compile(r"(?!)"))
     for (path, folder), problems in fast.items():
-        assert bool(problems) == bool(core.path_problems(path, folder=folder)), (path, folder)
+        assert bool(problems) == bool(rules.path_problems(path, folder=folder)), (path, folder)
 
 
 @pytest.mark.parametrize("path", ["a\u0085b.md", "invoice\u202egpj.md", "x\u2028y.md",
@@ -418,7 +414,7 @@ def test_plain_paths_are_valid_paths() -> None:
     # The batch check stands in for path_problems: whatever it passes must pass the rule.
     import random
 
-    from sharedmem.core import path_problems, plain_paths
+    from sharedmem.rules import path_problems, plain_paths
     rng = random.Random(9)
     pieces = ["a", "Z", "9", "_", "-", ".", "/", ".md", "md", "con", "COM1", "lpt9", "nul", "aux",
               "prn", "com", "x" * 120, " ", "é", "\n", ":", "..", "~", "A.md", "con.md", "/"]
@@ -436,7 +432,7 @@ def test_plain_paths_are_valid_paths() -> None:
                                    ["console.md", "a/comet/auxiliary.md", "nullable/x.md"],
                                    ["com.md", "a/lpt/com10.md", "CON-tents.md"], []])
 def test_plain_paths_pass_everyday_names(paths: list[str]) -> None:
-    from sharedmem.core import plain_paths
+    from sharedmem.rules import plain_paths
     assert plain_paths(paths)
 
 
@@ -444,12 +440,12 @@ def test_plain_paths_pass_everyday_names(paths: list[str]) -> None:
                                   "a./b.md", "a//b.md", "/a.md", "a.txt", "é.md", "a b.md",
                                   "x" * 251 + ".md", "a\n.md", ""])
 def test_plain_paths_leave_the_rest_to_the_full_check(path: str) -> None:
-    from sharedmem.core import plain_paths
+    from sharedmem.rules import plain_paths
     assert not plain_paths(["fine.md", path])
 
 
 def test_the_collision_key_of_ascii_is_its_lower_case() -> None:
     # Plain paths (ASCII) take str.lower as their key on the walk and on ingest.
-    from sharedmem.core import collision_key
+    from sharedmem.rules import collision_key
     ascii_text = "".join(chr(c) for c in range(128))
     assert collision_key(ascii_text) == ascii_text.lower()

@@ -1,4 +1,4 @@
-"""Tests for sharedmem.credentials: every credential shape, near misses, private-key blocks.
+"""Tests for sharedmem.redact.credentials: every credential shape, near misses, private-key blocks.
 
 Every token here is invented at run time from a seeded generator, so this file holds no
 real-looking secret literal of its own. test_redact.py builds its documents from these tables.
@@ -11,7 +11,7 @@ import string
 
 import pytest
 
-from sharedmem.redact import find, redact
+from sharedmem.redact.redactor import find, redact
 
 _RNG = random.Random(20240611)
 UPPER_DIGITS = string.ascii_uppercase + string.digits
@@ -258,7 +258,7 @@ def test_anthropic_key_is_not_reported_as_openai() -> None:
 def test_own_sources_hold_nothing_that_looks_like_a_secret() -> None:
     # release_check scans tracked files with the detector: the rules and their tests must come out
     # clean.
-    import sharedmem.credentials as module
+    import sharedmem.redact.credentials as module
 
     for path in (__file__, module.__file__):
         with open(path, encoding="utf-8") as handle:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from sharedmem import demo as demo_mod
+from sharedmem.cli import demo as demo_mod
 from sharedmem.core import ConfigError, SharedMemoryError
 
 

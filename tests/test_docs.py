@@ -1,22 +1,21 @@
-"""The documentation against the code: commands and options documented, links, import layers.
+"""The documentation against the code: every command and option documented, no broken links.
 
-The command tree is walked from the real argparse parsers (`sharedmem.cli.parser()` and the two
+The command tree is walked from the real argparse parsers (`sharedmem.cli.main.parser()` and the two
 installers'), so a new option without a mention in README.md or docs/*.md fails here by name.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sharedmem import cli
-from sharedmem.client_install import parser as client_parser
-from sharedmem.install import server_parser
+from sharedmem.cli import main as cli
+from sharedmem.install.client_install import parser as client_parser
+from sharedmem.install.server_install import server_parser
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCHER = "shared_memory.py"
@@ -166,63 +165,3 @@ def test_the_link_checker_finds_a_broken_link(tmp_path: Path) -> None:
     assert any("[docs/MISSING.md#part]" in p for p in problems)
     assert any("[docs/pic.png]" in p for p in problems)
     assert any(p.startswith("A.md: link [C.md]") for p in problems)
-
-
-def layers(architecture: str) -> dict[str, int]:
-    """Module -> layer number (0 is the front) from ARCHITECTURE.md's import-direction block."""
-    block = architecture.split("Imports go one way", 1)[1].split("```", 2)[1]
-    block = re.sub(r"\([^)]*\)", "", block)
-    return {name: number for number, part in enumerate(block.split("->"))
-            for name in re.sub(r"\s+", "", part).split("/") if name}
-
-
-def layer_problems(package: Path, layer_of: dict[str, int]) -> list[str]:
-    """Every module missing from the layers, and every import of a module from a layer above."""
-    problems = []
-    for path in sorted(package.glob("*.py")):
-        name = path.stem
-        if name == "__init__":
-            continue
-        if name not in layer_of:
-            problems.append(f"module {name} is in no layer of docs/ARCHITECTURE.md")
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module == package.name:
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                    package.name + "."):
-                targets = [node.module.split(".")[1]]  # type: ignore[union-attr]
-            elif isinstance(node, ast.Import):
-                targets = [a.name.split(".")[1] for a in node.names
-                           if a.name.startswith(package.name + ".")]
-            else:
-                continue
-            problems.extend(f"{name} imports {target} (line {node.lineno}), a layer above it"
-                            for target in targets
-                            if target in layer_of and layer_of[target] < layer_of[name])
-    return problems
-
-
-def test_imports_point_one_way_as_architecture_says() -> None:
-    layer_of = layers((REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8"))
-    assert layer_of["cli"] == 0 and layer_of["core"] == max(layer_of.values())
-    problems = layer_problems(REPO / "sharedmem", layer_of)
-    assert not problems, "\n".join(problems)
-
-
-def test_the_layer_check_finds_an_upward_import_and_a_missing_module(tmp_path: Path) -> None:
-    package = tmp_path / "pkg"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "front.py").write_text("from pkg import base\nfrom pkg.middle import x\n")
-    (package / "middle.py").write_text("def f():\n    import pkg.front\n")
-    (package / "base.py").write_text("from pkg import middle\n")
-    (package / "stray.py").write_text("")
-    layer_of = layers("Imports go one way:\n\n```\nfront -> middle/\n   other\n"
-                      "    -> base (only the stdlib)\n```\n")
-    assert layer_of == {"front": 0, "middle": 1, "other": 1, "base": 2}
-    assert layer_problems(package, layer_of) == [
-        "base imports middle (line 1), a layer above it",
-        "middle imports front (line 2), a layer above it",
-        "module stray is in no layer of docs/ARCHITECTURE.md",
-    ]

@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER, run_cli, write_config
 
-from sharedmem import backup, client, guidance, harnesses, note
-from sharedmem import config as config_mod
-from sharedmem.doctor import FAIL, OK, WARN, doctor, doctor_store, format_text
+from sharedmem.cli.doctor import FAIL, OK, WARN, doctor, doctor_store, format_text
+from sharedmem.client import config as config_mod
+from sharedmem.client import note
+from sharedmem.client import sync as client
+from sharedmem.install import guidance, harnesses
+from sharedmem.server import backup
 
 
 def make_client(tmp_path: Path, home: Path, transport: dict | None = None) -> tuple[Path, dict]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem import guidance as g
 from sharedmem.core import InstallError
+from sharedmem.install import guidance as g
 
 CACHE = Path("/home/u/.local/share/codex-shared-memory/cache")
 

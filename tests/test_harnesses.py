@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem import guidance as g
-from sharedmem import harnesses as h
 from sharedmem.core import InstallError
+from sharedmem.install import guidance as g
+from sharedmem.install import harnesses as h
 
 CMD = ["/usr/bin/python3", "/home/u/.local/share/codex-shared-memory/shared_memory.py", "mcp",
        "--config", "/home/u/.local/share/codex-shared-memory/client.json"]

@@ -1,4 +1,4 @@
-"""Tests for sharedmem.ingest on real SQLite files: one namespace replaced, every rule re-checked."""
+"""Tests for sharedmem.server.ingest on real SQLite files: one namespace replaced, every rule re-checked."""
 
 from __future__ import annotations
 
@@ -7,32 +7,27 @@ from pathlib import Path
 import pytest
 from conftest import exported, files, raw_rows
 
-from sharedmem.core import (
-    NOTES_DIR,
-    Limits,
-    NameRuleError,
-    SharedMemoryError,
-    StoreError,
-    digest_of,
-    sha256_text,
-)
-from sharedmem.store import IncomingFile, StaleBase, Store
+from sharedmem.core import NameRuleError, SharedMemoryError, StoreError
+from sharedmem.hashing import digest_of, sha256_text
+from sharedmem.rules import NOTES_DIR, Limits
+from sharedmem.server.ingest import IncomingFile, StaleBase, ingest
+from sharedmem.server.store import Store
 
 GITHUB_TOKEN = "ghp_" + "a" * 36
 NOTE = "2026-01-31T09-30-00-release-checklist.md"
 
 
 def test_ingest_replaces_exactly_one_namespace(st: Store) -> None:
-    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "one", "memory_summary.md": "sum"}))
-    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b/c.md": "C"}))
-    st.ingest("m2", "codex", "codex", files({"MEMORY.md": "two"}))
-    st.ingest("m2", "claude-code", "claude-code", files({"proj/x.md": "X", "proj/y.md": "one"}))
+    ingest(st, "m1", "codex", "codex", files({"MEMORY.md": "one", "memory_summary.md": "sum"}))
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b/c.md": "C"}))
+    ingest(st, "m2", "codex", "codex", files({"MEMORY.md": "two"}))
+    ingest(st, "m2", "claude-code", "claude-code", files({"proj/x.md": "X", "proj/y.md": "one"}))
     st.append_note("m1", NOTE, "a note")
     others = [("m1", "codex"), ("m2", "codex"), ("m2", "claude-code")]
     before_rows = {ns: raw_rows(st, *ns) for ns in others}
     before_export = {ns: exported(st, f"machines/{ns[0]}/{ns[1]}/") for ns in others}
     before_notes = exported(st, NOTES_DIR)
-    report = st.ingest("m1", "notes", "markdown", files({"a.md": "A2", "d.md": "D"}))
+    report = ingest(st, "m1", "notes", "markdown", files({"a.md": "A2", "d.md": "D"}))
     assert report.accepted == 2 and not report.refused and not report.unchanged
     assert exported(st, "machines/m1/notes/") == {"machines/m1/notes/a.md": "A2",
                                                    "machines/m1/notes/d.md": "D"}
@@ -46,10 +41,10 @@ def test_ingest_replaces_exactly_one_namespace(st: Store) -> None:
 def test_a_reader_sees_the_old_snapshot_or_the_new_one(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite3"
     with Store.open(path) as writer, Store.open(path) as reader:
-        writer.ingest("m1", "notes", "markdown", files({f"f{i}.md": "old" for i in range(20)}))
+        ingest(writer, "m1", "notes", "markdown", files({f"f{i}.md": "old" for i in range(20)}))
         reader.conn.execute("BEGIN")
         seen_before = sorted(reader.manifest().items())
-        writer.ingest("m1", "notes", "markdown", files({f"f{i}.md": "new" for i in range(10, 30)}))
+        ingest(writer, "m1", "notes", "markdown", files({f"f{i}.md": "new" for i in range(10, 30)}))
         assert sorted(reader.manifest().items()) == seen_before  # still the old snapshot
         reader.conn.execute("COMMIT")
         assert set(reader.manifest().values()) == {sha256_text("new")}
@@ -77,7 +72,7 @@ def test_a_reader_sees_the_old_snapshot_or_the_new_one(tmp_path: Path) -> None:
 def test_ingest_rechecks_the_path_rule_and_allowlist(st: Store, kind: str, source: str,
                                                      path: str) -> None:
     good = {"codex": "MEMORY.md", "claude-code": "proj/ok.md", "markdown": "a/b/c/d/ok.md"}[kind]
-    report = st.ingest("m1", source, kind, files({good: "fine", path: "hostile"}))
+    report = ingest(st, "m1", source, kind, files({good: "fine", path: "hostile"}))
     assert [r["path"] for r in report.refused] == [path]
     assert report.refused[0]["reason"] == "bad-path"
     assert report.accepted == 1
@@ -86,10 +81,10 @@ def test_ingest_rechecks_the_path_rule_and_allowlist(st: Store, kind: str, sourc
 
 
 def test_allowlist_accepts_what_each_kind_publishes(st: Store) -> None:
-    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "a", "memory_summary.md": "b",
+    ingest(st, "m1", "codex", "codex", files({"MEMORY.md": "a", "memory_summary.md": "b",
                                              "rollout_summaries/r.md": "c"}))
-    st.ingest("m1", "claude-code", "claude-code", files({"-home-u-app/x.md": "d"}))
-    st.ingest("m1", "notes", "markdown", files({"a/b/c/d/x.md": "e", "top.md": "f"}))
+    ingest(st, "m1", "claude-code", "claude-code", files({"-home-u-app/x.md": "d"}))
+    ingest(st, "m1", "notes", "markdown", files({"a/b/c/d/x.md": "e", "top.md": "f"}))
     assert sorted(st.manifest()) == [
         "machines/m1/claude-code/-home-u-app/x.md", "machines/m1/codex/MEMORY.md",
         "machines/m1/codex/memory_summary.md", "machines/m1/codex/rollout_summaries/r.md",
@@ -98,7 +93,7 @@ def test_allowlist_accepts_what_each_kind_publishes(st: Store) -> None:
 
 def test_ingest_limits_utf8_and_collisions(st: Store) -> None:
     limits = Limits(file_bytes=10, namespace_bytes=25, namespace_files=3)
-    report = st.ingest("m1", "notes", "markdown", [
+    report = ingest(st, "m1", "notes", "markdown", [
         *files({"a.md": "a" * 10, "b.md": "b" * 11, "c.md": "c" * 10, "d.md": "d" * 10,
                 "e.md": "e", "f.md": "f", "A.md": "upper"}),
         IncomingFile("bad.md", text="broken \ud800 text"),
@@ -117,7 +112,7 @@ def test_ingest_limits_utf8_and_collisions(st: Store) -> None:
 
 
 def test_ingest_refuses_odd_items(st: Store) -> None:
-    report = st.ingest("m1", "notes", "markdown", [
+    report = ingest(st, "m1", "notes", "markdown", [
         IncomingFile("a.md", text="first"), IncomingFile("a.md", text="second"),
         IncomingFile(None, text="no path"), IncomingFile(b"b.md", text="bytes path"),  # type: ignore[arg-type]
         IncomingFile("c.md"),
@@ -128,7 +123,7 @@ def test_ingest_refuses_odd_items(st: Store) -> None:
 
 
 def test_namespace_byte_quota(st: Store) -> None:
-    report = st.ingest("m1", "notes", "markdown", files({"a.md": "a" * 6, "b.md": "b" * 6}),
+    report = ingest(st, "m1", "notes", "markdown", files({"a.md": "a" * 6, "b.md": "b" * 6}),
                        limits=Limits(file_bytes=100, namespace_bytes=10, namespace_files=100))
     assert [(r["path"], r["reason"]) for r in report.refused] == [("b.md", "quota")]
     assert report.accepted == 1
@@ -136,7 +131,7 @@ def test_namespace_byte_quota(st: Store) -> None:
 
 def test_ingest_redacts_again(st: Store) -> None:
     text = f"deploy with {GITHUB_TOKEN} please\n"
-    report = st.ingest("m1", "notes", "markdown", files({"secret.md": text}))
+    report = ingest(st, "m1", "notes", "markdown", files({"secret.md": text}))
     stored = exported(st)["machines/m1/notes/secret.md"]
     assert GITHUB_TOKEN not in stored and "ghp_" not in stored
     assert stored == "deploy with [REDACTED:github-token] please\n"
@@ -163,25 +158,25 @@ def test_ingest_redacts_again(st: Store) -> None:
 def test_source_and_kind_must_match(st: Store, machine: str, source: str, kind: str,
                                     error: type[Exception]) -> None:
     with pytest.raises(error) as caught:
-        st.ingest(machine, source, kind, files({"MEMORY.md": "x"}))
+        ingest(st, machine, source, kind, files({"MEMORY.md": "x"}))
     assert isinstance(caught.value, SharedMemoryError)
     assert st.counts() == {"namespaces": 0, "files": 0, "blobs": 0, "notes": 0}
 
 
 def test_delta_ingest_and_stale_base(st: Store) -> None:
-    first = st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B", "c.md": "C"}))
+    first = ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B", "c.md": "C"}))
     base = st.namespace_digest("m1", "notes")
     assert base == digest_of([("a.md", sha256_text("A")), ("b.md", sha256_text("B")),
                               ("c.md", sha256_text("C"))])
-    report = st.ingest("m1", "notes", "markdown", files({"b.md": "B2", "d.md": "D"}),
+    report = ingest(st, "m1", "notes", "markdown", files({"b.md": "B2", "d.md": "D"}),
                        removed=["c.md"], base_digest=base)
     assert report.generation > first.generation
     assert exported(st) == {"machines/m1/notes/a.md": "A", "machines/m1/notes/b.md": "B2",
                             "machines/m1/notes/d.md": "D"}
     with pytest.raises(StaleBase, match="send the whole manifest"):
-        st.ingest("m1", "notes", "markdown", files({"e.md": "E"}), base_digest=base)
+        ingest(st, "m1", "notes", "markdown", files({"e.md": "E"}), base_digest=base)
     with pytest.raises(StaleBase):
-        st.ingest("m1", "other", "markdown", files({"e.md": "E"}), base_digest=base)
+        ingest(st, "m1", "other", "markdown", files({"e.md": "E"}), base_digest=base)
     assert "machines/m1/notes/e.md" not in st.manifest()
     assert issubclass(StaleBase, StoreError)
 
@@ -192,10 +187,10 @@ def test_a_delta_digest_listed_by_sqlite_is_the_digest_of_the_whole_namespace(st
     names = ["a.md", "a/b.md", "a-b.md", "a b.md", "Z.md", "é.md", "ß.md", "日本/x.md", "z/~.md",
              "ab.md", "A.MD.md", "\u00e9t\u00e9.md", "\U0001f600.md", "a/é/c.md"]
     state = {name: f"text of {name}" for name in names}
-    st.ingest("m1", "notes", "markdown", files(dict(list(state.items())[::2])))
+    ingest(st, "m1", "notes", "markdown", files(dict(list(state.items())[::2])))
     base = st.namespace_digest("m1", "notes")
     sent = dict(list(state.items())[1::2]) | {"a.md": "changed"}
-    report = st.ingest("m1", "notes", "markdown", files(sent), removed=["Z.md"], base_digest=base)
+    report = ingest(st, "m1", "notes", "markdown", files(sent), removed=["Z.md"], base_digest=base)
     assert report.refused == []
     state |= sent
     del state["Z.md"]
@@ -207,31 +202,31 @@ def test_a_delta_digest_listed_by_sqlite_is_the_digest_of_the_whole_namespace(st
 
 def test_a_delta_counts_the_kept_files_towards_the_quota(st: Store) -> None:
     limits = Limits(file_bytes=100, namespace_bytes=20, namespace_files=3)
-    st.ingest("m1", "notes", "markdown", files({"a.md": "a" * 5, "b.md": "b" * 5}), limits=limits)
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "a" * 5, "b.md": "b" * 5}), limits=limits)
     base = st.namespace_digest("m1", "notes")
-    report = st.ingest("m1", "notes", "markdown",
+    report = ingest(st, "m1", "notes", "markdown",
                        files({"a.md": "A" * 9, "c.md": "c" * 5, "d.md": "d"}),
                        base_digest=base, limits=limits)
     assert [(r["path"], r["reason"]) for r in report.refused] == [("d.md", "quota")]
     assert exported(st) == {"machines/m1/notes/a.md": "A" * 9, "machines/m1/notes/b.md": "b" * 5,
                             "machines/m1/notes/c.md": "c" * 5}
     base = st.namespace_digest("m1", "notes")
-    report = st.ingest("m1", "notes", "markdown", files({"e.md": "e" * 6}), base_digest=base,
+    report = ingest(st, "m1", "notes", "markdown", files({"e.md": "e" * 6}), base_digest=base,
                        limits=limits)
     assert [(r["path"], r["reason"]) for r in report.refused] == [("e.md", "quota")]
-    report = st.ingest("m1", "notes", "markdown", files({"e.md": "e" * 6}), removed=["c.md"],
+    report = ingest(st, "m1", "notes", "markdown", files({"e.md": "e" * 6}), removed=["c.md"],
                        base_digest=base, limits=limits)
     assert report.refused == [] and report.accepted == 3
     roomy = Limits(file_bytes=100, namespace_bytes=20, namespace_files=100)  # 20 bytes held
-    report = st.ingest("m1", "notes", "markdown", files({"f.md": "f"}),
+    report = ingest(st, "m1", "notes", "markdown", files({"f.md": "f"}),
                        base_digest=st.namespace_digest("m1", "notes"), limits=roomy)
     assert [(r["path"], r["reason"]) for r in report.refused] == [("f.md", "quota")]
 
 
 def test_delta_refuses_a_new_name_that_clashes_with_a_kept_one(st: Store) -> None:
-    st.ingest("m1", "notes", "markdown", files({"Readme.md": "R", "b.md": "B", "straße.md": "S"}))
+    ingest(st, "m1", "notes", "markdown", files({"Readme.md": "R", "b.md": "B", "straße.md": "S"}))
     base = st.namespace_digest("m1", "notes")
-    report = st.ingest("m1", "notes", "markdown",
+    report = ingest(st, "m1", "notes", "markdown",
                        files({"README.md": "new", "STRASSE.md": "new", "b.md": "B2",
                               "c.md": "C", "C.md": "C2"}), base_digest=base)
     assert {r["path"]: r["reason"] for r in report.refused} == {
@@ -239,20 +234,20 @@ def test_delta_refuses_a_new_name_that_clashes_with_a_kept_one(st: Store) -> Non
     assert exported(st) == {"machines/m1/notes/Readme.md": "R", "machines/m1/notes/b.md": "B2",
                             "machines/m1/notes/straße.md": "S", "machines/m1/notes/C.md": "C2"}
     again = st.namespace_digest("m1", "notes")
-    report = st.ingest("m1", "notes", "markdown", files({"b.md": "B3"}), base_digest=again)
+    report = ingest(st, "m1", "notes", "markdown", files({"b.md": "B3"}), base_digest=again)
     assert report.refused == [] and exported(st)["machines/m1/notes/b.md"] == "B3"
 
 
 def test_unchanged_reingest_keeps_the_generation(st: Store) -> None:
-    first = st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
-    st.ingest("m2", "notes", "markdown", files({"a.md": "A"}))
-    again = st.ingest("m1", "notes", "markdown", files({"b.md": "B", "a.md": "A"}))
+    first = ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
+    ingest(st, "m2", "notes", "markdown", files({"a.md": "A"}))
+    again = ingest(st, "m1", "notes", "markdown", files({"b.md": "B", "a.md": "A"}))
     assert again.unchanged and again.generation == first.generation and again.accepted == 2
-    delta = st.ingest("m1", "notes", "markdown", [], base_digest=st.namespace_digest("m1", "notes"))
+    delta = ingest(st, "m1", "notes", "markdown", [], base_digest=st.namespace_digest("m1", "notes"))
     assert delta.unchanged and delta.generation == first.generation
     assert st.touch("m1", "notes") == first.generation
     assert st.touch("m9", "notes") is None
-    changed = st.ingest("m1", "notes", "markdown", files({"a.md": "A"}))
+    changed = ingest(st, "m1", "notes", "markdown", files({"a.md": "A"}))
     assert not changed.unchanged and changed.generation > first.generation
 
 
@@ -264,7 +259,7 @@ def test_a_body_stored_ahead_is_used_and_one_gone_since_is_refused(st: Store) ->
     assert st.put_blobs([(sha256_text(kept), len(kept.encode()), kept.encode())]) == []  # there already
     assert st.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again after it
     st.drop_unused_blobs([sha256_text(gone)])
-    report = st.ingest("m1", "notes", "markdown", [
+    report = ingest(st, "m1", "notes", "markdown", [
         IncomingFile("a.md", sha256_text(kept), len(kept.encode()), 0, None, {}),
         IncomingFile("b.md", sha256_text(gone), len(gone.encode()), 0, None, {})])
     assert report.accepted == 1
@@ -281,7 +276,7 @@ def test_a_namespace_commit_is_not_fsynced_but_a_note_is(st: Store) -> None:
     st.conn.set_trace_callback(
         lambda sql: seen.append(st.conn.execute("PRAGMA synchronous").fetchone()[0])
         if sql == "COMMIT" else None)
-    st.ingest("m1", "notes", "markdown", files({"a.md": "A"}))
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A"}))
     st.append_note("m1", "2026-11-30T09-00-00-x.md", "a note")
     st.conn.set_trace_callback(None)
     assert seen == [1, 2]  # NORMAL, then FULL

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from sharedmem import authkeys, harnesses
 from sharedmem.core import InstallError
-from sharedmem.install import client_main
-from sharedmem.store import Store
+from sharedmem.install import authorized_keys as authkeys
+from sharedmem.install import harnesses
+from sharedmem.install.client_install import client_main
+from sharedmem.server.store import Store
 
 PREFIX = Path(".local/share/codex-shared-memory")
 TOML = '# my settings\nmodel = "o3"\n\n[mcp_servers.other]\ncommand = "npx"\nargs = ["x"]\n'
@@ -238,7 +239,7 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
     cfg = json.loads((prefix / "client.json").read_text())
     assert cfg["transport"]["remote_command"][1:3] == ["-S", "/ignored/by/pin/shared_memory.py"]
     assert mode(prefix / "client.json") == 0o600
-    assert list((prefix / "sharedmem" / "__pycache__").glob("client.cpython-*.pyc"))
+    assert list((prefix / "sharedmem" / "client" / "__pycache__").glob("sync.cpython-*.pyc"))
 
     mcp = [sys.executable, str(prefix / "shared_memory.py"), "mcp", "--config",
            str(prefix / "client.json")]

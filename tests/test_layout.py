@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem.core import NOTES_DIR, ProtocolError
-from sharedmem.layout import Folders, namespace_key, published_path_problems
+from sharedmem.cache.layout import Folders, namespace_key, published_path_problems
+from sharedmem.core import ProtocolError
+from sharedmem.rules import NOTES_DIR
 
 NOTE = "extensions/ad_hoc/notes/2026-01-31T09-30-00-release-checklist.md"
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from sharedmem.cache import Cache, NamespaceInfo
-from sharedmem.core import sha256_text
+from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.hashing import sha256_text
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCHER = REPO / "shared_memory.py"
@@ -316,13 +316,13 @@ def test_closed_stdout_ends_quietly(config: Path) -> None:
 def test_stray_output_cannot_reach_stdout(config: Path) -> None:
     noisy = (
         "import os, sys; sys.path.insert(0, REPO_PATH)\n"
-        "from sharedmem import tools\n"
+        "from sharedmem.mcp import tools\n"
         "real = tools.read_file\n"
         "def loud(*a, **k):\n"
         "    print('STRAY PRINT'); os.system('echo STRAY CHILD'); os.write(1, b'STRAY FD\\n')\n"
         "    return real(*a, **k)\n"
         "tools.read_file = loud\n"
-        "from sharedmem.mcp import main\n"
+        "from sharedmem.mcp.server import main\n"
         "sys.exit(main(sys.argv[1]))\n").replace("REPO_PATH", repr(str(REPO)))
     srv = Server(config, cmd=[sys.executable, "-c", noisy, str(config)])
     srv.init()
@@ -336,11 +336,12 @@ def test_stray_output_cannot_reach_stdout(config: Path) -> None:
 def test_lazy_imports_until_first_tool_call(config: Path) -> None:
     probe = (
         "import sys; sys.path.insert(0, REPO_PATH)\n"
-        "import sharedmem.mcp as m\n"
+        "import sharedmem.mcp.server as m\n"
         "s = m.Server(sys.argv[1])\n"
         "m._dumps(s.handle(b'{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{}}'))\n"
-        "print(sorted(n for n in ('sqlite3', 'argparse', 'sharedmem.search', 'sharedmem.tools',"
-        " 'sharedmem.cache', 'sharedmem.config', 'sharedmem.redact', 'json', 're', 'pathlib')"
+        "print(sorted(n for n in ('sqlite3', 'argparse', 'sharedmem.cache.search',"
+        " 'sharedmem.mcp.tools', 'sharedmem.cache.cache', 'sharedmem.client.config',"
+        " 'sharedmem.redact.redactor', 'json', 're', 'pathlib')"
         " if n in sys.modules))\n"
     ).replace("REPO_PATH", repr(str(REPO)))
     out = subprocess.run([sys.executable, "-c", probe, str(config)], capture_output=True,
@@ -366,7 +367,7 @@ def test_quick_json_agrees_with_json_or_defers_to_it() -> None:
     import json
     import random
 
-    from sharedmem.mcp import _NOT_QUICK, _quick_dumps, _quick_loads
+    from sharedmem.mcp.server import _NOT_QUICK, _quick_dumps, _quick_loads
     rng = random.Random(3)
     alphabet = '{}[]":,0123456789-.eEtruefalsn \\u"ab\u0663'
     cases = ['{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"x"}}',

@@ -1,4 +1,4 @@
-"""Tests for sharedmem.nofollow: links refused, FIFOs never block, the size cap bounds every read."""
+"""Tests for sharedmem.sources.safe_open: links refused, FIFOs never block, the size cap bounds every read."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import run_with_timeout
 
-from sharedmem import nofollow
 from sharedmem.core import SourceError
+from sharedmem.sources import safe_open as nofollow
 
 needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt",
                                     reason="needs POSIX symlinks")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from conftest import write_config
 
-from sharedmem import config as config_mod
-from sharedmem.note import submit_note
-from sharedmem.status import status
+from sharedmem.client import config as config_mod
+from sharedmem.client.note import submit_note
+from sharedmem.client.status import status
 
 
 def test_submit_note_stores_then_is_idempotent(tmp_path):

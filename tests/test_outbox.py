@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from sharedmem.client.outbox import Outbox
 from sharedmem.core import NoteError
-from sharedmem.outbox import Outbox
 
 
 def note_name(i: int) -> str:

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import write_config
 
-from sharedmem import cli, prestart
-from sharedmem import config as config_mod
-from sharedmem.transport import Connection, ssh_command
+from sharedmem.cli import main as cli
+from sharedmem.client import config as config_mod
+from sharedmem.client import early_ssh as prestart
+from sharedmem.client.transport import Connection, ssh_command
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sharedmem.readahead import ReadAhead
+from sharedmem.server.input_reader import ReadAhead
 
 
 class Pipe:

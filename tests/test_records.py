@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sharedmem import records
-from sharedmem.walk import Entry
+from sharedmem.client import source_state as records
+from sharedmem.sources.walk import Entry
 
 
 def entry(path: str, sha: str, text: str | None) -> Entry:

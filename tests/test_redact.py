@@ -1,4 +1,4 @@
-"""Tests for sharedmem.redact: idempotency, merging, markers, the batch scan, speed bounds.
+"""Tests for sharedmem.redact.redactor: idempotency, merging, markers, the batch scan, speed bounds.
 
 The credential shapes, near misses and private-key blocks are tested in test_credentials.py,
 whose tables the documents here are built from.
@@ -14,7 +14,7 @@ import time
 import pytest
 from test_credentials import ALNUM, B64, JWT, NEGATIVES, PEM_LABELS, POSITIVES, UPPER_DIGITS, m, pem, tok
 
-from sharedmem.redact import Finding, find, redact, redact_many
+from sharedmem.redact.redactor import Finding, find, redact, redact_many
 
 
 @pytest.mark.parametrize("text", [p[1] + p[2] + p[3] for p in POSITIVES], ids=[p[0] for p in POSITIVES])
@@ -149,7 +149,7 @@ def test_pathological_inputs_stay_bounded(text: str) -> None:
 
 def test_own_sources_hold_nothing_that_looks_like_a_secret() -> None:
     # release_check scans tracked files with this module: its own code and tests must come out clean.
-    import sharedmem.redact as module
+    import sharedmem.redact.redactor as module
 
     for path in (__file__, module.__file__):
         with open(path, encoding="utf-8") as handle:
@@ -208,8 +208,8 @@ def test_redact_many_falls_back_for_characters_that_break_the_byte_scan(odd: str
 def test_the_batch_screens_cover_every_rule_matched_with_case() -> None:
     # A rule matched with case is found by the batch scan only through a screen; one left out
     # would let its secrets through redact_many untouched.
-    from sharedmem.credentials import _RULE_TEXT
-    from sharedmem.redact import _SCREENS
+    from sharedmem.redact.credentials import _RULE_TEXT
+    from sharedmem.redact.redactor import _SCREENS
     cased = {rule.kind for rule in _RULE_TEXT if not rule.folded} | {"private-key"}
     screened = set().union(*(kinds for _, kinds in _SCREENS))
     assert cased <= screened
@@ -227,8 +227,8 @@ def test_redact_many_finds_each_token_without_its_usual_context(positive: tuple)
 def test_the_backward_screens_touch_every_text_a_caseless_lead_touches() -> None:
     # The rules matched without case are screened from the ':' or '=' back to the keyword; any
     # text one of their patterns matches must be touched, or redact_many would pass it unread.
-    from sharedmem.credentials import _RULE_TEXT
-    from sharedmem.redact import _FOLDED_SCREENS, _SCREENS, _touched
+    from sharedmem.redact.credentials import _RULE_TEXT
+    from sharedmem.redact.redactor import _FOLDED_SCREENS, _SCREENS, _touched
     folded = [rule for rule in _RULE_TEXT if rule.folded]
     screened = set().union(*(kinds for _, kinds in _FOLDED_SCREENS + _SCREENS))
     assert {rule.kind for rule in folded} <= screened

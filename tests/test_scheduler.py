@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem import scheduler as s
 from sharedmem.core import InstallError
+from sharedmem.install import scheduler as s
 
 CMD = ["/usr/bin/python3", "/home/u/.local/share/codex-shared-memory/shared_memory.py", "sync",
        "--config", "/home/u/my files/client.json"]

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import cache_of
 
-from sharedmem import search as search_mod
-from sharedmem import tools
-from sharedmem.cache import Cache, NamespaceInfo
-from sharedmem.core import sha256_text
+from sharedmem.cache import search as search_mod
+from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.hashing import sha256_text
+from sharedmem.mcp import tools
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER, exported
 
-from sharedmem import server as server_module
-from sharedmem.core import Limits, digest_of, sha256_text
+from sharedmem.hashing import digest_of, sha256_text
 from sharedmem.protocol import MAX_LINE_BYTES, Channel
-from sharedmem.server import Session
-from sharedmem.store import Store
+from sharedmem.rules import Limits
+from sharedmem.server import session as server_module
+from sharedmem.server.session import Session
+from sharedmem.server.store import Store
 
 HELLO = {"type": "hello", "versions": [1, 2], "machine": "laptop"}
 

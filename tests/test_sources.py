@@ -1,4 +1,4 @@
-"""Tests for sharedmem.sources: each kind's allowlist and links, roots, records, load_text."""
+"""Tests for sharedmem.sources.kinds: each kind's allowlist and links, roots, records, load_text."""
 
 from __future__ import annotations
 
@@ -10,16 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import run_with_timeout
 
-from sharedmem.core import (
-    KIND_MARKDOWN,
-    SOURCE_CLAUDE,
-    SOURCE_CODEX,
-    ConfigError,
-    Limits,
-    SourceError,
-    sha256_text,
-)
-from sharedmem.sources import (
+from sharedmem.core import ConfigError, SourceError
+from sharedmem.hashing import sha256_text
+from sharedmem.rules import KIND_MARKDOWN, SOURCE_CLAUDE, SOURCE_CODEX, Limits
+from sharedmem.sources.kinds import (
     POLICY_REASONS,
     PROBLEM_REASONS,
     SourceSpec,
@@ -27,7 +21,7 @@ from sharedmem.sources import (
     load_text,
     snapshot,
 )
-from sharedmem.walk import Entry
+from sharedmem.sources.walk import Entry
 
 
 def write(path: Path, data: str | bytes) -> Path:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem import staging as staging_mod
-from sharedmem.cache import Cache, NamespaceInfo
-from sharedmem.core import sha256_text
-from sharedmem.staging import Staging
+from sharedmem.cache import staged_files as staging_mod
+from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.cache.staged_files import Staging
+from sharedmem.hashing import sha256_text
 
 NS = "machines/laptop/notes"
 

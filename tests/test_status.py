@@ -6,11 +6,11 @@ from pathlib import Path
 
 from conftest import write_config
 
-from sharedmem import config as config_mod
-from sharedmem.cache import Cache, NamespaceInfo
-from sharedmem.core import sha256_text
-from sharedmem.outbox import Outbox
-from sharedmem.status import status
+from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.client import config as config_mod
+from sharedmem.client.outbox import Outbox
+from sharedmem.client.status import status
+from sharedmem.hashing import sha256_text
 
 NS = "machines/laptop/notes"
 

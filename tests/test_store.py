@@ -1,4 +1,4 @@
-"""Tests for sharedmem.store on real SQLite files: schema, transactions, notes, pulls, crashes, locks."""
+"""Tests for sharedmem.server.store on real SQLite files: schema, transactions, notes, pulls, crashes."""
 
 from __future__ import annotations
 
@@ -15,20 +15,13 @@ from pathlib import Path
 import pytest
 from conftest import exported, files
 
-from sharedmem import store as store_module
-from sharedmem.core import (
-    NOTES_DIR,
-    NameRuleError,
-    NoteError,
-    StoreError,
-    sha256_text,
-)
-from sharedmem.store import (
-    GENESIS,
-    SCHEMA_VERSION,
-    IncomingFile,
-    Store,
-)
+from sharedmem.core import NameRuleError, NoteError, StoreError
+from sharedmem.hashing import sha256_text
+from sharedmem.rules import NOTES_DIR
+from sharedmem.server import store as store_module
+from sharedmem.server.ingest import IncomingFile, ingest
+from sharedmem.server.schema import SCHEMA_VERSION
+from sharedmem.server.store import GENESIS, Store
 
 REPO = Path(__file__).resolve().parent.parent
 NOTE = "2026-01-31T09-30-00-release-checklist.md"
@@ -142,8 +135,8 @@ def test_transaction_reports_a_busy_store(tmp_path: Path) -> None:
 
 def test_content_addressed_bodies(st: Store) -> None:
     shared = "the same text on two machines"
-    st.ingest("m1", "notes", "markdown", files({"x.md": shared}))
-    st.ingest("m2", "codex", "codex", files({"MEMORY.md": shared}))
+    ingest(st, "m1", "notes", "markdown", files({"x.md": shared}))
+    ingest(st, "m2", "codex", "codex", files({"MEMORY.md": shared}))
     sha = sha256_text(shared)
     assert st.conn.execute("SELECT count(*) FROM blobs WHERE sha256=?", (sha,)).fetchone()[0] == 1
     assert st.counts()["blobs"] == 1 and st.counts()["files"] == 2
@@ -152,7 +145,7 @@ def test_content_addressed_bodies(st: Store) -> None:
     assert st.missing([]) == []
     many = [sha256_text(str(i)) for i in range(1200)]  # more than one query chunk
     assert st.missing([*many, sha]) == sorted(many)
-    report = st.ingest("m3", "notes", "markdown",
+    report = ingest(st, "m3", "notes", "markdown",
                        [IncomingFile("y.md", sha, len(shared)), IncomingFile("z.md", unknown, 3)])
     assert [(r["path"], r["reason"]) for r in report.refused] == [("z.md", "missing-body")]
     assert exported(st)["machines/m3/notes/y.md"] == shared
@@ -269,8 +262,8 @@ def test_note_file_renders_every_entry_in_order(st: Store) -> None:
 # --- export, manifest, pull, forget ------------------------------------------------------------
 
 def test_export_and_manifest_paths(st: Store) -> None:
-    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "a", "rollout_summaries/r.md": "b"}))
-    st.ingest("m2", "claude-code", "claude-code", files({"proj/x.md": "c"}))
+    ingest(st, "m1", "codex", "codex", files({"MEMORY.md": "a", "rollout_summaries/r.md": "b"}))
+    ingest(st, "m2", "claude-code", "claude-code", files({"proj/x.md": "c"}))
     st.append_note("m1", NOTE, "n")
     out = list(st.export())
     assert [p for p, _, _ in out] == [
@@ -283,8 +276,8 @@ def test_export_and_manifest_paths(st: Store) -> None:
 
 
 def test_pull_leaves_out_the_bodies_the_client_has(st: Store) -> None:
-    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
-    st.ingest("m2", "notes", "markdown", files({"x.md": "A", "y.md": "Y"}))
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
+    ingest(st, "m2", "notes", "markdown", files({"x.md": "A", "y.md": "Y"}))
     _, _, upserts, _ = st.pull({}, have={sha256_text("A")})
     assert {p: t for p, _, t in upserts} == {
         "machines/m1/notes/a.md": None, "machines/m1/notes/b.md": "B",
@@ -292,8 +285,8 @@ def test_pull_leaves_out_the_bodies_the_client_has(st: Store) -> None:
 
 
 def test_pull_sends_only_changes_and_removals(st: Store) -> None:
-    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B", "c.md": "C"}))
-    st.ingest("m2", "notes", "markdown", files({"x.md": "X"}))
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B", "c.md": "C"}))
+    ingest(st, "m2", "notes", "markdown", files({"x.md": "X"}))
     st.append_note("m1", NOTE, "one")
     namespaces, full, upserts, removals = st.pull({})
     assert full == {"machines/m1/notes", "machines/m2/notes"} and removals == []
@@ -301,7 +294,7 @@ def test_pull_sends_only_changes_and_removals(st: Store) -> None:
     known = {str(ns["key"]): int(ns["generation"]) for ns in namespaces}
     _, full, upserts, removals = st.pull(known)
     assert (full, list(upserts), removals) == (set(), [], [])
-    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B2", "d.md": "D"}))
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B2", "d.md": "D"}))
     st.append_note("m2", NOTE, "two")
     namespaces, full, upserts, removals = st.pull(known)
     assert full == set()
@@ -311,7 +304,7 @@ def test_pull_sends_only_changes_and_removals(st: Store) -> None:
     assert removals == ["machines/m1/notes/c.md"]
     # A path that comes back is no longer a removal.
     middle = {str(ns["key"]): int(ns["generation"]) for ns in namespaces}
-    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B2", "c.md": "C3", "d.md": "D"}))
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B2", "c.md": "C3", "d.md": "D"}))
     _, _, upserts, removals = st.pull(known)
     assert removals == [] and "machines/m1/notes/c.md" in {p for p, _, _ in upserts}
     _, _, upserts, removals = st.pull(middle)
@@ -319,9 +312,9 @@ def test_pull_sends_only_changes_and_removals(st: Store) -> None:
 
 
 def test_forget_then_recreate_is_full(st: Store) -> None:
-    st.ingest("m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
-    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "M"}))
-    st.ingest("m2", "notes", "markdown", files({"a.md": "other"}))
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
+    ingest(st, "m1", "codex", "codex", files({"MEMORY.md": "M"}))
+    ingest(st, "m2", "notes", "markdown", files({"a.md": "other"}))
     st.append_note("m1", NOTE, "stays")
     known = {str(ns["key"]): int(ns["generation"]) for ns in st.namespaces()}
     notes_before = exported(st, NOTES_DIR)
@@ -335,7 +328,7 @@ def test_forget_then_recreate_is_full(st: Store) -> None:
     assert row == [("m1", None, 3, "laptop retired")]
     with pytest.raises(StoreError, match="holds nothing"):
         st.forget("m1")
-    st.ingest("m1", "notes", "markdown", files({"a.md": "A"}))
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A"}))
     namespaces, full, upserts, removals = st.pull(known)
     assert full == {"machines/m1/notes"}
     assert [p for p, _, _ in upserts] == ["machines/m1/notes/a.md"]
@@ -345,8 +338,8 @@ def test_forget_then_recreate_is_full(st: Store) -> None:
 
 
 def test_forget_one_source_and_restored_store(st: Store) -> None:
-    st.ingest("m1", "notes", "markdown", files({"a.md": "A"}))
-    st.ingest("m1", "codex", "codex", files({"MEMORY.md": "M"}))
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A"}))
+    ingest(st, "m1", "codex", "codex", files({"MEMORY.md": "M"}))
     assert st.forget("m1", "notes") == 1
     assert sorted(st.manifest()) == ["machines/m1/codex/MEMORY.md"]
     assert st.conn.execute("SELECT machine, source FROM forgotten").fetchall() == [("m1", "notes")]
@@ -360,7 +353,8 @@ def test_forget_one_source_and_restored_store(st: Store) -> None:
 
 CRASH_CHILD = """
 import json, os, signal
-from sharedmem.store import IncomingFile, Store
+from sharedmem.server.ingest import IncomingFile, ingest
+from sharedmem.server.store import Store
 db, data, limit, step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 new = [IncomingFile(p, text=t) for p, t in json.loads(open(data).read()).items()]
 st = Store.open(db)
@@ -372,7 +366,7 @@ def tick():
         os.kill(os.getpid(), signal.SIGKILL)
     return 0
 st.conn.set_progress_handler(tick, step)
-st.ingest("m1", "notes", "markdown", new)
+ingest(st, "m1", "notes", "markdown", new)
 for _ in range(100000):  # keep counting after the commit, so late limits die there
     st.conn.execute("SELECT sum(size + length(path)) FROM files").fetchone()
 sys.exit(3)
@@ -391,8 +385,8 @@ def test_sigkill_mid_ingest_leaves_old_or_new(tmp_path: Path) -> None:
     old, new = crash_data()
     base = tmp_path / "base.sqlite3"
     with Store.open(base) as st:
-        st.ingest("m1", "notes", "markdown", files(old))
-        st.ingest("m2", "notes", "markdown", files({"keep.md": "untouched"}))
+        ingest(st, "m1", "notes", "markdown", files(old))
+        ingest(st, "m2", "notes", "markdown", files({"keep.md": "untouched"}))
         st.append_note("m2", NOTE, "a note")
         old_manifest = st.manifest()
     calibrate = tmp_path / "calibrate.sqlite3"
@@ -405,7 +399,7 @@ def test_sigkill_mid_ingest_leaves_old_or_new(tmp_path: Path) -> None:
             return 0
 
         st.conn.set_progress_handler(tick, STEP)
-        st.ingest("m1", "notes", "markdown", [IncomingFile(p, text=t) for p, t in new.items()])
+        ingest(st, "m1", "notes", "markdown", [IncomingFile(p, text=t) for p, t in new.items()])
         st.conn.set_progress_handler(None, STEP)
         new_manifest = st.manifest()
     total = calls[0]
@@ -437,7 +431,7 @@ def test_sigkill_mid_ingest_leaves_old_or_new(tmp_path: Path) -> None:
 
 NOTES_CHILD = """
 import os, time
-from sharedmem.store import Store
+from sharedmem.server.store import Store
 db, go, me, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 while not os.path.exists(go):
     time.sleep(0.005)
@@ -498,7 +492,7 @@ def test_close_copies_the_wal_into_the_database_even_while_another_session_reads
     st.checkpoint_at_close()
     reader = sqlite3.connect(path)
     reader.execute("SELECT count(*) FROM blobs").fetchone()
-    st.ingest("m1", "notes", "markdown", files({"big.md": "x" * 200_000}))
+    ingest(st, "m1", "notes", "markdown", files({"big.md": "x" * 200_000}))
     st.close()
     assert path.stat().st_size > 200_000
     assert reader.execute("SELECT count(*) FROM files").fetchone()[0] == 1

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from conftest import cache_of
 
-from sharedmem import tools
-from sharedmem.cache import Cache
-from sharedmem.core import NOTE_MAX_BYTES, SharedMemoryError
+from sharedmem.cache.cache import Cache
+from sharedmem.core import SharedMemoryError
+from sharedmem.mcp import tools
+from sharedmem.rules import NOTE_MAX_BYTES
 
 NS = "machines/lab/codex"
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from sharedmem import config as config_mod
-from sharedmem.config import ClientConfig, Transport
+from sharedmem.client import config as config_mod
+from sharedmem.client.config import ClientConfig, Transport
+from sharedmem.client.early_ssh import remote_words
+from sharedmem.client.transport import Connection, explain_ssh, ssh_command
 from sharedmem.core import TransportError
 from sharedmem.protocol import PeerError
-from sharedmem.transport import Connection, explain_ssh, remote_words, ssh_command
 
 SSH = Transport("ssh", host="me@srv", port=2222, identity=Path("/keys/id ed25519"),
                 options=("ConnectTimeout=5", "UserKnownHostsFile=/k/known"),

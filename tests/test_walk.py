@@ -1,4 +1,4 @@
-"""Tests for sharedmem.walk, through snapshot: links, FIFOs, content, names, quotas, reuse."""
+"""Tests for sharedmem.sources.walk, through snapshot: links, FIFOs, content, names, quotas, reuse."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import pytest
 from conftest import run_with_timeout
 from test_sources import published, reasons, spec, write
 
-from sharedmem.core import KIND_MARKDOWN, MIB, Limits, SourceError, sha256_text
-from sharedmem.sources import load_text, snapshot
+from sharedmem.core import SourceError
+from sharedmem.hashing import sha256_text
+from sharedmem.rules import KIND_MARKDOWN, MIB, Limits
+from sharedmem.sources.kinds import load_text, snapshot
 
 GITHUB_TOKEN = "ghp_" + "a" * 36
 

@@ -1,0 +1,375 @@
+"""The client's plain-Markdown cache of the server's export, and the manifest that describes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections import namedtuple
+from collections.abc import Container
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sharedmem import linejson
+from sharedmem.cache.layout import Folders, namespace_key, published_path_problems
+from sharedmem.clock import utc_now
+from sharedmem.core import ProtocolError
+from sharedmem.files import atomic_write
+from sharedmem.hashing import sha256_text
+from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sharedmem.cache.staged_files import Staging
+
+META_DIR = ".sharedmem"
+MANIFEST_NAME = "manifest.json"
+NAMESPACES_NAME = "namespaces.json"
+NEXT_MANIFEST_NAME = "manifest.next.part"  # written ahead by `expect`
+MANIFEST_VERSION = 1
+NOTES_NAMESPACE = NOTES_DIR
+
+
+@dataclass
+class NamespaceInfo:
+    """What the cache holds of one server namespace, and which server generation it is."""
+
+    key: str
+    machine: str | None
+    source: str
+    kind: str
+    generation: int = 0
+    synced_at: str | None = None
+
+
+class CachedFile(namedtuple("CachedFile", "sha256 size namespace")):
+    """One cached file's provenance: its content address, size and namespace.
+
+    A named tuple: comparing two manifests of 10,000 files is then one C loop.
+    """
+
+    __slots__ = ()
+
+
+@dataclass
+class Manifest:
+    """Everything the cache knows about itself; written last, after the files."""
+
+    namespaces: dict[str, NamespaceInfo] = field(default_factory=dict)
+    files: dict[str, CachedFile] = field(default_factory=dict)
+    last_sync: str | None = None
+    server: dict[str, Any] = field(default_factory=dict)
+
+
+Stamp = tuple[int, int, int]
+
+
+def _stamp(path: Path) -> Stamp:
+    """What tells a rewritten manifest file from the one already read: mtime, inode, size."""
+    info = path.stat()
+    return info.st_mtime_ns, info.st_ino, info.st_size
+
+
+class Cache:
+    """A folder of plain Markdown mirroring the server, with its manifest in a hidden folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.meta = self.root / META_DIR
+        self._loaded: tuple[tuple[Stamp, Stamp], Manifest] | None = None
+        self._files_cache: tuple[Stamp, dict[str, CachedFile]] | None = None
+        self._lines: linejson.Old = {}  # manifest.json's entry lines, reused by the next write
+        self._expected: tuple[dict[str, CachedFile], str, linejson.Old, bool] | None = None
+
+    @property
+    def manifest_path(self) -> Path:
+        """Where the manifest lives."""
+        return self.meta / MANIFEST_NAME
+
+    def exists(self) -> bool:
+        """Whether a sync has ever completed into this cache."""
+        return self.manifest_path.is_file() and self.namespaces_path.is_file()
+
+    @property
+    def namespaces_path(self) -> Path:
+        """The small file rewritten by every sync: namespaces, last sync time, server."""
+        return self.meta / NAMESPACES_NAME
+
+    def load(self) -> Manifest:
+        """The manifest; each of its two files is re-read only when it changed on disk."""
+        try:
+            stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
+        except FileNotFoundError:
+            return Manifest()
+        if self._loaded and self._loaded[0] == stamps:
+            return self._loaded[1]
+        try:
+            files = self._files_cache[1] if self._files_cache and \
+                self._files_cache[0] == stamps[0] else None
+            if files is None:
+                raw, lines = linejson.decode(self.manifest_path.read_text(encoding="utf-8"),
+                                             "files")
+                files = {k: CachedFile(*v) for k, v in raw["files"].items()}
+                self._lines = {k: (files[k], line) for k, (_, line) in lines.items()}
+                self._files_cache = (stamps[0], files)
+            raw = json.loads(self.namespaces_path.read_text(encoding="utf-8"))
+            manifest = Manifest(
+                namespaces={k: NamespaceInfo(**v) for k, v in raw["namespaces"].items()},
+                files=files, last_sync=raw.get("last_sync"), server=raw.get("server", {}))
+        except (OSError, ValueError, KeyError, TypeError):
+            manifest = Manifest()
+        self._loaded = (stamps, manifest)
+        return manifest
+
+    def file_path(self, relpath: str) -> Path:
+        """The on-disk path of a published path, refused if it breaks the rules or escapes."""
+        problems = published_path_problems(relpath)
+        if problems:
+            raise ProtocolError("; ".join(problems))
+        target = (self.root.resolve() / relpath).resolve()
+        if self.root.resolve() not in target.parents:
+            raise ProtocolError(f"path {relpath!r} escapes the cache {self.root}: refused")
+        return target
+
+    def tampered_namespaces(self) -> set[str]:
+        """Namespaces whose files no longer match the manifest by size, so they need a full pull."""
+        manifest = self.load()
+        bad: set[str] = set()
+        root = str(self.root) + os.sep
+        for path, meta in manifest.files.items():
+            if meta.namespace in bad:
+                continue
+            try:
+                if os.stat(root + path).st_size != meta.size:
+                    bad.add(meta.namespace)
+            except OSError:
+                bad.add(meta.namespace)
+        return bad
+
+    def _encode(self, files: dict[str, CachedFile]) -> tuple[str, linejson.Old]:
+        """manifest.json's text for `files`, reusing the lines of unchanged entries."""
+        order = (self._lines.keys() if files.keys() == self._lines.keys()
+                 else sorted(files))  # path order, as before, when paths came or went
+        return linejson.encode({"version": MANIFEST_VERSION}, "files",
+                               ((k, files[k]) for k in order), self._lines)
+
+    def expect(self, files: dict[str, CachedFile]) -> None:
+        """Encode and write now the file list the next `apply` is expected to leave.
+
+        A sync calls this while ssh connects or on a thread while the server commits. The
+        text goes to a file beside the manifest; when the pull turns out as expected, writing
+        the manifest is then one rename. Anything else is encoded and written afresh.
+        """
+        text, lines = self._encode(files)
+        self._expected = (files, text, lines, _write_out(self.meta / NEXT_MANIFEST_NAME,
+                                                         text.encode("utf-8")))
+
+    def apply(
+        self,
+        upserts: list[tuple[str, str, str]],
+        removals: list[str],
+        namespaces: dict[str, NamespaceInfo],
+        *,
+        full: bool = False,
+        full_namespaces: set[str] | frozenset[str] = frozenset(),
+        server: dict[str, Any] | None = None,
+        staged: Staging | None = None,
+        own: Container[str] = frozenset(),
+        valid: Container[str] = frozenset(),
+    ) -> dict[str, int]:
+        """Write a pull into the cache: every path checked first, then files, then the manifest.
+
+        `upserts` are (path, sha256, text); `namespaces` is the server's complete list, so a
+        namespace the server no longer has is removed. With `full`, every file not upserted is
+        removed too (a version 1 pull sends the whole export); `full_namespaces` does the same
+        for those namespaces only. `staged` holds files written ahead (staging.py): one whose
+        path and sha256 match is moved into place instead of written. `own` are the sha256s of
+        texts this client hashed itself (the server sent no body for them): not hashed again.
+        `valid` are cache paths this client published itself, so they passed the walk's rules
+        (and the layout is its own): not checked again.
+        """
+        problems = []
+        for path, sha, text in upserts:
+            if path not in valid:
+                problems.extend(published_path_problems(path))
+            if sha not in own and sha256_text(text) != sha:
+                problems.append(f"path {path!r}: the text does not match its sha256 {sha}")
+        for path in removals:
+            problems.extend(published_path_problems(path))
+        for key in namespaces:
+            if key != NOTES_DIR and (len(key.split("/")) != 3 or key.split("/")[0] != MACHINES_DIR
+                                     or any(name_problem(p) for p in key.split("/")[1:])):
+                problems.append(f"namespace {key!r} is not machines/<machine>/<source>")
+        if problems:
+            raise ProtocolError(
+                "the server sent paths this client refuses to write, so the cache was left as "
+                "it was:\n  - " + "\n  - ".join(problems[:20])
+            )
+        manifest = self.load()
+        files = dict(manifest.files)
+        gone = set(removals)
+        if full:
+            gone |= set(files) - {p for p, _, _ in upserts}
+        elif full_namespaces:
+            sent = {p for p, _, _ in upserts}
+            gone |= {p for p, meta in files.items()
+                     if meta.namespace in full_namespaces and p not in sent}
+        gone |= {p for p, meta in files.items() if meta.namespace not in namespaces}
+        folders = Folders(self.root)
+        for path, _, _ in upserts:
+            folders.target(path, create=False, strict=True)  # refuse links before any write
+        moved = {} if staged is None else _move_folders(upserts, folders, staged)
+        written = len(moved)
+        for path, sha, text in upserts:
+            if path in moved:
+                files[path] = CachedFile(sha, *moved[path])
+                continue
+            target = folders.target(path, create=True)
+            assert target is not None
+            old = files.get(path)
+            if old is not None and old.sha256 == sha and _intact(
+                    target, old.size if full or old.namespace in full_namespaces else None):
+                files[path] = CachedFile(sha, old.size, namespace_key(path))
+                continue
+            size = None if staged is None else staged.move(path, sha, target, old is not None)
+            if size is None:
+                data = text.encode("utf-8")
+                atomic_write(Path(target), data, durable=False)
+                size = len(data)
+            written += 1
+            files[path] = CachedFile(sha, size, namespace_key(path))
+        removed = 0
+        for path in sorted(gone - {p for p, _, _ in upserts}):
+            files.pop(path, None)
+            target = folders.target(path, create=False)
+            if target is None:
+                continue
+            try:
+                os.unlink(target)
+                removed += 1
+            except FileNotFoundError:
+                pass
+            self._prune_dirs(Path(target).parent)
+        new = Manifest(namespaces=dict(namespaces), files=files, last_sync=utc_now(),
+                       server=server or manifest.server)
+        self._write_manifest(new, files_changed=bool(written or removed)
+                             or files != manifest.files)
+        return {"written": written, "removed": removed, "files": len(files)}
+
+    def _prune_dirs(self, folder: Path) -> None:
+        root = self.root.resolve()
+        while folder != root and root in folder.parents:
+            try:
+                folder.rmdir()
+            except OSError:
+                return
+            folder = folder.parent
+
+    def _write_manifest(self, manifest: Manifest, *, files_changed: bool = True) -> None:
+        """Files first, then the namespaces file, whose presence marks a complete cache.
+
+        Not fsynced: the cache is a copy of the server, and a manifest damaged by a power loss
+        reads as empty, so the next sync pulls everything again.
+        """
+        expected, self._expected = self._expected, None
+        ahead = self.meta / NEXT_MANIFEST_NAME if expected is not None and expected[3] else None
+        if files_changed or not self.manifest_path.is_file():
+            if expected is not None and expected[0] == manifest.files:
+                text, self._lines = expected[1], expected[2]
+            else:
+                text, self._lines = self._encode(manifest.files)
+                _discard(ahead)  # written for another outcome
+                ahead = None
+            if ahead is None or not _rename(ahead, self.manifest_path):
+                atomic_write(self.manifest_path, text.encode("utf-8"), durable=False)
+            self._files_cache = None  # a rewrite within one mtime tick must not look unchanged
+        else:
+            _discard(ahead)
+        raw = {
+            "version": MANIFEST_VERSION,
+            "last_sync": manifest.last_sync,
+            "server": manifest.server,
+            "namespaces": {k: asdict(v) for k, v in sorted(manifest.namespaces.items())},
+        }
+        atomic_write(self.namespaces_path, json.dumps(raw, ensure_ascii=False).encode("utf-8"),
+                     durable=False)
+        stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
+        self._files_cache = (stamps[0], manifest.files)  # what was just written: no re-read
+        self._loaded = (stamps, manifest)
+
+
+def _move_folders(upserts: list[tuple[str, str, str]], folders: Folders,
+                  staged: Staging) -> dict[str, tuple[int, str]]:
+    """Move in whole each namespace new to the cache that was staged just as pulled.
+
+    On a first sync that is one rename instead of one a file. Returns path -> (size,
+    namespace) of the files moved; the rest are moved or written one by one.
+    """
+    new: dict[str, dict[str, str]] = {}
+    if staged.new_namespaces:
+        for path, sha, _ in upserts:
+            if (key := namespace_key(path)) in staged.new_namespaces:
+                new.setdefault(key, {})[path] = sha
+    moved: dict[str, tuple[int, str]] = {}
+    for key, pulled in new.items():
+        target = folders.target(key, create=True)  # makes machines/<machine>, refusing links
+        if target is not None and not os.path.lexists(target):
+            moved.update((path, (size, key))
+                         for path, size in staged.move_folder(key, pulled, target).items())
+    return moved
+
+
+def _write_out(path: Path, data: bytes) -> bool:
+    """Create `path` anew holding `data`, and ask the kernel to write it out now.
+
+    A file system that allocates blocks late (ext4) would otherwise do it when the file is
+    renamed over the old one, in the sync's wait (see staging.py). False if it failed.
+    """
+    _discard(path)  # a killed sync's
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                     0o600)
+    except OSError:
+        return False
+    try:
+        written = os.write(fd, data) == len(data)
+        if written and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        written = False
+    finally:
+        os.close(fd)
+    if not written:
+        _discard(path)
+    return written
+
+
+def _rename(source: Path, target: Path) -> bool:
+    try:
+        os.replace(source, target)
+    except OSError:
+        _discard(source)
+        return False
+    return True
+
+
+def _discard(path: Path | None) -> None:
+    """Remove a file of ours if it is there."""
+    if path is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _intact(target: str, size: int | None) -> bool:
+    """Whether the cached file is there, and of `size` when given.
+
+    A namespace pulled whole because a file's size was off is thus rewritten where it is off.
+    """
+    try:
+        st = os.stat(target)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)

@@ -1,0 +1,1 @@
+"""The command line: the parser, output helpers, the client's and the server's commands, doctor and demo."""

@@ -1,0 +1,416 @@
+"""`doctor`: check a client (or a server's store) end to end and say how to fix what is wrong.
+
+Every check is run the way production runs it: the transport through a real `Connection`, the
+server's own `verify`, and the MCP server started with exactly the argv each harness registered.
+The functions return data; `cli.py` prints `format_text(report)` or the JSON form.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sharedmem.clock import age_text, parse_utc
+from sharedmem.core import ProtocolError, SharedMemoryError
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+FRESH_SECONDS = 10 * 60
+STALE_SECONDS = 24 * 3600
+BACKUP_MAX_AGE = 2 * 24 * 3600
+EXPECTED_TOOLS = frozenset({"list", "read", "search", "add_ad_hoc_note"})
+
+
+@dataclass
+class Check:
+    """One finding: what was checked, how it went, and the sentence that says how to fix it."""
+
+    name: str
+    status: str  # ok | warn | fail
+    message: str
+    fix: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """Everything one `doctor` run found; `exit_code` is non-zero when any check failed."""
+
+    subject: str
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, status: str, message: str, fix: str = "", **details: Any) -> Check:
+        """Record one check and return it."""
+        check = Check(name, status, message, fix, details)
+        self.checks.append(check)
+        return check
+
+    @property
+    def exit_code(self) -> int:
+        """1 when any check failed, else 0 (warnings alone do not fail the run)."""
+        return 1 if any(c.status == FAIL for c in self.checks) else 0
+
+    def counts(self) -> dict[str, int]:
+        """How many checks ended in each status."""
+        return {s: sum(c.status == s for c in self.checks) for s in (OK, WARN, FAIL)}
+
+    def failed(self) -> list[str]:
+        """Names of the failed checks, so scripts and tests can tell which one broke."""
+        return [c.name for c in self.checks if c.status == FAIL]
+
+    def to_json(self) -> dict[str, Any]:
+        """The form `doctor --json` prints."""
+        return {"subject": self.subject, "exit_code": self.exit_code, "counts": self.counts(),
+                "checks": [asdict(c) for c in self.checks]}
+
+
+def format_text(report: Report) -> str:
+    """The human form: one line per check, its fix below it, and a summary line."""
+    width = max((len(c.name) for c in report.checks), default=0)
+    lines = [f"doctor: {report.subject}"]
+    for check in report.checks:
+        lines.append(f"  {check.status:<4}  {check.name:<{width}}  {check.message}")
+        if check.fix and check.status != OK:
+            lines.append(f"        {'':<{width}}  fix: {check.fix}")
+    counts = report.counts()
+    verdict = "problems found" if report.exit_code else "all good"
+    lines.append(f"{verdict}: {counts[OK]} ok, {counts[WARN]} warn, {counts[FAIL]} fail")
+    return "\n".join(lines)
+
+
+# --- doctor --config -----------------------------------------------------------------------------
+
+def doctor(config_path: Path, env: Mapping[str, str]) -> Report:
+    """Check a client: configuration, sources, transport, server, cache, MCP, harnesses, schedule."""
+    from sharedmem.client import config as config_mod
+    report = Report(str(config_path))
+    cfg = None
+    try:
+        cfg = config_mod.load(config_path, env)
+    except SharedMemoryError as exc:
+        report.add("config", FAIL, str(exc), "fix client.json as described, or re-run "
+                   "install_client.py to write a fresh one")
+    if cfg is not None:
+        where = (f"ssh to {cfg.transport.host}" if cfg.transport.kind == "ssh"
+                 else f"local store {cfg.transport.store}")
+        report.add("config", OK, f"machine {cfg.machine}, {len(cfg.sources)} source(s), {where}")
+        _check_sources(report, cfg)
+        _check_server(report, cfg)
+        _check_cache(report, cfg)
+    _check_harnesses(report, Path(config_path), cfg, env)
+    _check_schedule(report, env)
+    return report
+
+
+def _check_sources(report: Report, cfg: Any) -> None:
+    from sharedmem.sources import kinds as sources
+    for src in cfg.sources:
+        name = f"source {src.name}"
+        if not src.path.exists():
+            report.add(name, WARN, f"folder {src.path} does not exist, so nothing is published "
+                       "from it", f"create {src.path}, or drop the source by re-running "
+                       "install_client.py without it", path=str(src.path))
+            continue
+        snap = sources.snapshot(sources.SourceSpec(src.name, src.kind, src.path), cfg.limits)
+        skipped = [{"path": s.path, "reason": s.reason, "message": s.message}
+                   for s in snap.skipped]
+        if snap.status != "ok":
+            report.add(name, FAIL, snap.message, f"make {src.path} a readable folder",
+                       path=str(src.path))
+            continue
+        problems = snap.problems()
+        reasons: dict[str, int] = {}
+        for s in snap.skipped:
+            reasons[s.reason] = reasons.get(s.reason, 0) + 1
+        summary = f"{len(snap.files)} file(s) publishable from {src.path}"
+        if reasons:
+            summary += "; skipped " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+        if problems:
+            first = problems[0].message
+            report.add(name, WARN, f"{summary}; e.g. {first}", "fix the skipped files as each "
+                       "message says; the rest still syncs", files=len(snap.files),
+                       skipped=skipped)
+        else:
+            report.add(name, OK, summary, files=len(snap.files), skipped=skipped)
+
+
+def _check_server(report: Report, cfg: Any) -> None:
+    from sharedmem.client.transport import Connection
+    try:
+        with Connection(cfg) as conn:
+            hello = conn.hello()
+            report.add("transport", OK, f"reached {conn.where}", where=conn.where)
+            try:
+                conn.channel.send({"type": "verify"})
+                verified = conn.channel.expect("verified")
+            except ProtocolError as exc:
+                report.add("server", FAIL, f"{hello.get('server')} did not verify its store: "
+                           f"{exc}", "upgrade the server (install_server.py) so it answers "
+                           "verify, then run doctor --store on the server")
+                return
+    except SharedMemoryError as exc:
+        fix = ("start sshd on the server, check host, port and key; run the ssh command by hand "
+               "once" if cfg.transport.kind == "ssh" else "check transport.store in client.json")
+        report.add("transport", FAIL, str(exc), fix)
+        return
+    problems = list(verified.get("problems", []))
+    details = {"server": hello.get("server"), "protocol": conn.version,
+               "schema": verified.get("schema"), "counts": verified.get("counts", {})}
+    counts = ", ".join(f"{v} {k}" for k, v in details["counts"].items())
+    summary = (f"{hello.get('server')}, protocol {conn.version}, schema {details['schema']}"
+               + (f", {counts}" if counts else ""))
+    if problems:
+        report.add("server", FAIL, f"{summary}; the store has problems: {'; '.join(problems)}",
+                   "on the server run `shared_memory.py doctor --store PATH`, then restore "
+                   "the newest verified backup (docs/OPERATIONS.md)", problems=problems, **details)
+    else:
+        report.add("server", OK, f"{summary}; store verified", **details)
+
+
+def _check_cache(report: Report, cfg: Any) -> None:
+    from sharedmem.client.status import status
+    fix = f"run `shared_memory.py sync --config {cfg.path}` and read what it says"
+    if not cfg.cache.is_dir():
+        report.add("cache", FAIL, f"cache folder {cfg.cache} is missing", fix)
+        return
+    info = status(cfg)
+    last = info["last_attempt"]
+    failed = (f"; the last attempt failed at {last.get('finished_at')}: {last.get('error')}"
+              if last.get("status") == "failed" else "")
+    pending = len(info["pending_notes"])
+    waiting = f"; {pending} note(s) wait in the outbox" if pending else ""
+    details = {"last_sync": info["last_sync"], "age_seconds": info["age_seconds"],
+               "pending_notes": pending}
+    if info["last_sync"] is None:
+        report.add("cache", FAIL, f"cache {cfg.cache} was never synced{failed}", fix, **details)
+        return
+    age = max(0.0, time.time() - parse_utc(info["last_sync"]))
+    message = f"last sync {age_text(age)} ago ({info['last_sync']}){failed}{waiting}"
+    if age < FRESH_SECONDS and not pending:
+        report.add("cache", OK, message, **details)
+    elif age < STALE_SECONDS:
+        report.add("cache", WARN, message, "syncs should run every two minutes: check the "
+                   "schedule and the sync log, or " + fix, **details)
+    else:
+        report.add("cache", FAIL, message, "the cache is over a day old: " + fix, **details)
+
+
+# --- harnesses -----------------------------------------------------------------------------------
+
+def _check_harnesses(report: Report, config_path: Path, cfg: Any,
+                     env: Mapping[str, str]) -> None:
+    from sharedmem.install import harnesses
+    try:
+        detected = set(harnesses.detect(env))
+    except SharedMemoryError as exc:
+        report.add("harnesses", FAIL, str(exc), "set HOME and run doctor again")
+        return
+    for name in harnesses.HARNESSES:
+        path = harnesses.config_path(name, env)
+        try:
+            command = harnesses.registered_command(name, env)
+        except SharedMemoryError as exc:
+            report.add(f"registration {name}", FAIL, f"{path} cannot be read: {exc}",
+                       f"repair {path} (its backup is {harnesses.backup_path(path).name} if "
+                       f"the installer made one), then re-run install_client.py", path=str(path))
+            continue
+        if command is None:
+            if name in detected:
+                report.add(f"registration {name}", WARN, f"{name} is installed but "
+                           f"{harnesses.SERVER_NAME} is not registered in {path}",
+                           f"run install_client.py --harness {name}", path=str(path))
+            continue
+        _check_registration(report, name, path, command, config_path)
+        _probe_mcp(report, name, command, env)
+        _check_guidance(report, name, cfg, env)
+    if not any(c.name.startswith("registration ") for c in report.checks):
+        report.add("registrations", WARN, f"no harness has {harnesses.SERVER_NAME} registered "
+                   "(none of codex, claude-code, opencode, cursor was found)", "install a "
+                   "harness, then run install_client.py --harness NAME")
+
+
+def _check_registration(report: Report, name: str, path: Path, command: list[str],
+                        config_path: Path) -> None:
+    registered = command[command.index("--config") + 1] if "--config" in command[:-1] else None
+    if registered and Path(registered).expanduser().resolve() != config_path.resolve():
+        report.add(f"registration {name}", WARN, f"{path} runs the MCP server with --config "
+                   f"{registered}, not {config_path}", f"re-run install_client.py --harness "
+                   f"{name} if {config_path} is the configuration in use", command=command)
+    else:
+        report.add(f"registration {name}", OK, f"registered in {path}", command=command)
+
+
+def _missing_file(command: list[str], env: Mapping[str, str]) -> str | None:
+    """The program or script of `command` that does not exist, if one is missing."""
+    program = command[0]
+    if "/" in program or "\\" in program:
+        if not Path(program).exists():
+            return program
+    elif shutil.which(program, path=env.get("PATH")) is None:
+        return program
+    script = next((a for a in command[1:] if a.endswith(".py")), None)
+    if script and not Path(script).is_file():
+        return script
+    return None
+
+
+def _probe_mcp(report: Report, name: str, command: list[str], env: Mapping[str, str]) -> None:
+    check = f"mcp {name}"
+    missing = _missing_file(command, env)
+    if missing:
+        report.add(check, FAIL, f"the registered command runs {missing}, which does not exist",
+                   f"re-run install_client.py --harness {name} to register the installed "
+                   "launcher", command=command, missing=missing)
+        return
+    from sharedmem.cli.demo import McpSession
+    started = time.monotonic()
+    try:
+        with McpSession(command, env) as session:
+            info = session.initialize()
+            tools = {t.get("name") for t in session.request("tools/list").get("tools", [])}
+            is_error, listing = session.call("list", {"max_results": 1})
+    except SharedMemoryError as exc:
+        report.add(check, FAIL, f"the MCP server as {name} starts it failed: {exc}",
+                   f"run `{' '.join(command)}` by hand to see the error, then re-run "
+                   "install_client.py", command=command)
+        return
+    seconds = round(time.monotonic() - started, 2)
+    if tools != EXPECTED_TOOLS:
+        report.add(check, FAIL, f"the MCP server offers {sorted(tools)}, not the four tools "
+                   f"{sorted(EXPECTED_TOOLS)}", "update the installation with "
+                   "install_client.py", command=command)
+    elif is_error:
+        report.add(check, FAIL, f"the MCP server starts but its list tool fails: {listing}",
+                   "fix what the message names (often client.json or the cache)",
+                   command=command)
+    else:
+        report.add(check, OK, f"{info.get('serverInfo', {}).get('name')} answered initialize, "
+                   f"tools/list and list in {seconds}s", command=command, seconds=seconds)
+
+
+def _check_guidance(report: Report, name: str, cfg: Any, env: Mapping[str, str]) -> None:
+    from sharedmem.install import guidance, harnesses
+    paths = guidance.guidance_paths(name, env)
+    if not paths:
+        return
+    path = next((p for p in paths if p.exists()), paths[-1])
+    fix = f"run install_client.py --harness {name} to add the guidance block"
+    try:
+        text = harnesses.read_text(path) or ""
+    except SharedMemoryError as exc:
+        report.add(f"guidance {name}", FAIL, str(exc), f"repair {path}", path=str(path))
+        return
+    block = guidance.extract_block(text)
+    if block is None:
+        if harnesses.SERVER_NAME in text or "shared memory" in text.lower():
+            report.add(f"guidance {name}", OK, f"{path} has its own shared-memory policy")
+        else:
+            report.add(f"guidance {name}", WARN, f"no shared-memory guidance in {path}", fix,
+                       path=str(path))
+        return
+    try:
+        current = guidance.guidance_block(cfg.cache) if cfg is not None else block
+    except SharedMemoryError:
+        current = block
+    if block.replace("\r\n", "\n") != current:
+        report.add(f"guidance {name}", WARN, f"the guidance block in {path} is out of date",
+                   fix.replace("add", "refresh"), path=str(path))
+    else:
+        report.add(f"guidance {name}", OK, f"guidance block present in {path}")
+
+
+def _check_schedule(report: Report, env: Mapping[str, str]) -> None:
+    from sharedmem.install import scheduler
+    try:
+        installed, message = scheduler.status(env)
+    except SharedMemoryError as exc:
+        installed, message = False, str(exc)
+    if installed:
+        report.add("schedule", OK, message)
+    else:
+        report.add("schedule", WARN, message, "run install_client.py (without --schedule none) "
+                   "so the cache refreshes every two minutes")
+
+
+# --- doctor --store ------------------------------------------------------------------------------
+
+def doctor_store(store: Path) -> Report:
+    """Check a server's store without changing it: integrity, note chain, schema and backups."""
+    from sharedmem.server.store import MIGRATIONS, Store
+    store = Path(store)
+    report = Report(str(store))
+    if not store.is_file():
+        report.add("store", FAIL, f"store {store} does not exist", "pass the right --store, or "
+                   "create it with install_server.py")
+        return report
+    try:
+        conn = sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            opened = Store(store, conn)
+            version = opened.schema_version()
+            try:
+                problems, counts = opened.verify(), opened.counts()
+            except sqlite3.Error as exc:  # an older schema lacks what verify reads
+                if version == len(MIGRATIONS):
+                    raise
+                problems, counts = [], {}
+                report.add("store", WARN, f"schema {version} can only be fully checked once "
+                           f"migrated ({exc})", "run a sync (it migrates after a backup)")
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        report.add("store", FAIL, f"store {store} cannot be read as SQLite ({exc})",
+                   "restore the newest verified backup (docs/OPERATIONS.md)")
+        return report
+    if problems:
+        report.add("store", FAIL, "; ".join(problems), "stop syncs, then restore the newest "
+                   "verified backup (docs/OPERATIONS.md)", problems=problems)
+    elif not report.checks:
+        listed = ", ".join(f"{v} {k}" for k, v in counts.items())
+        report.add("store", OK, "integrity, foreign keys and note chain verified"
+                   + (f" ({listed})" if listed else ""), counts=counts)
+    latest = len(MIGRATIONS)
+    if version > latest:
+        report.add("schema", FAIL, f"schema {version} is newer than this software ({latest})",
+                   "upgrade codex-shared-memory on this server")
+    elif version < latest:
+        report.add("schema", WARN, f"schema {version}; this software uses {latest}",
+                   "the next sync migrates it after taking a verified backup")
+    else:
+        report.add("schema", OK, f"schema {version} (current)")
+    _check_backups(report, store)
+    return report
+
+
+def _check_backups(report: Report, store: Path) -> None:
+    folder = store.parent / "backups"
+    fix = f"run `shared_memory.py backup create --store {store}` and schedule it daily"
+    try:
+        from sharedmem.server import catalog
+        infos = catalog.list_backups(folder)
+        found = [(i.path, parse_utc(i.created), i.state) for i in infos]
+    except ImportError:  # pragma: no cover - only before catalog.py existed
+        found = [(p, p.stat().st_mtime, "ok") for p in sorted(folder.glob("*.sqlite3"))]
+    except SharedMemoryError as exc:
+        report.add("backups", WARN, str(exc), fix)
+        return
+    if not found:
+        report.add("backups", WARN, f"no backups in {folder}", fix, count=0)
+        return
+    newest, when, _ = max(found, key=lambda item: item[1])
+    age = max(0.0, time.time() - when)
+    bad = [p.name for p, _, state in found if state != "ok"]
+    message = f"{len(found)} backup(s); newest {newest.name}, {age_text(age)} old"
+    details = {"count": len(found), "newest": str(newest), "age_seconds": int(age), "bad": bad}
+    if bad:
+        report.add("backups", WARN, f"{message}; {len(bad)} do not match their manifest: "
+                   f"{', '.join(bad[:5])}", "check them with `shared_memory.py backup verify`",
+                   **details)
+    elif age > BACKUP_MAX_AGE:
+        report.add("backups", WARN, f"{message}: older than two days", fix, **details)
+    else:
+        report.add("backups", OK, message, **details)

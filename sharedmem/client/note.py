@@ -1,0 +1,50 @@
+"""Adding a note: check and redact it, queue it in the outbox, then try to deliver it at once.
+
+Delivery is the pull (pull.py) with nothing published first, so a note never loads the sync.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sharedmem.client.config import ClientConfig
+from sharedmem.client.lock import sync_lock
+from sharedmem.client.outbox import Outbox
+from sharedmem.client.pull import Pull
+from sharedmem.client.transport import Connection
+from sharedmem.core import NoteError, SharedMemoryError
+from sharedmem.rules import check_note_filename, check_note_text
+
+
+def check_note(filename: str, text: str) -> str:
+    """Validate a note and return its redacted text; refuses before anything is written."""
+    check_note_filename(filename)
+    from sharedmem.redact.redactor import redact
+    return redact(check_note_text(filename, text))[0]
+
+
+def submit_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any]:
+    """Queue a note, then try to deliver it now; if the server is unreachable it stays queued."""
+    body = check_note(filename, text)
+    outbox = Outbox(config.state / "outbox")
+    note = outbox.put(filename, body)
+    runner = Pull(config)
+    failure = None
+    try:
+        with sync_lock(config.state, wait=30), Connection(config) as conn:
+            conn.hello()
+            runner.deliver_now(conn)
+    except SharedMemoryError as exc:
+        failure = exc
+    refused = [r for r in runner.notes["refused"] if r["note_id"] == note.note_id]
+    if refused:
+        raise NoteError(refused[0]["message"])
+    if failure is not None and any(n.note_id == note.note_id for _, n in outbox.pending()):
+        return {"status": "queued", "filename": filename, "note_id": note.note_id,
+                "message": f"the server could not be reached ({failure}); the note waits in "
+                           "the outbox and the next sync delivers it"}
+    result = {"status": "stored", "filename": filename, "note_id": note.note_id,
+              "path": f"extensions/ad_hoc/notes/{filename}"}
+    if failure is not None:
+        result["message"] = f"stored, but the cache was not refreshed ({failure})"
+    return result

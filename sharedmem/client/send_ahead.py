@@ -1,0 +1,142 @@
+"""Bodies a sync sends ahead of their manifest, while it is still walking its sources.
+
+In protocol version 2 the client sends a manifest, the server answers with the bodies it
+lacks, and only then does the client send them. On a first sync that is every body, and the
+server sits idle while the client walks. So once the server's hello has come (a thread reads
+it while the walk goes on) and offers `ahead_bytes`, each file read this time that the server
+was not told of before goes out at once, in batches; the server verifies, redacts and stores
+them while the walk goes on, and leaves them out of its `need`. A server that does not offer it (or
+version 1) gets the usual exchange, and so does whatever is past the offered bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from queue import SimpleQueue
+
+from sharedmem.core import ProtocolError
+from sharedmem.protocol import chunks, encode_bodies
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sharedmem.client.transport import Connection
+
+BATCH_BYTES = 1 << 20  # small enough that the server redacts one batch while the next comes
+
+
+class Ahead:
+    """The bodies of one sync offered ahead, sent once the server is known to take them."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.pending: list[tuple[str, bytes]] = []  # (sha256, text in UTF-8)
+        self.pending_bytes = 0
+        self.offered: set[str] = set()
+        self.sent_bytes = 0
+        self.open = True
+        self._queue: SimpleQueue[list[tuple[str, bytes]] | None] = SimpleQueue()
+        self.waiting: tuple[list[bytes], int] | None = None  # lines encoded before the hello
+        self._sender: threading.Thread | None = None
+        self._failure: ProtocolError | None = None
+
+    def offer(self, sha: str, data: bytes) -> None:
+        """Queue a body (its text in UTF-8) to go ahead, as soon as the server is known to take it.
+
+        The bytes are those the walk read: they go on the wire as they are, escaped for JSON
+        (`protocol.encode_bodies`), without decoding and encoding the text again.
+        """
+        if not self.open or sha in self.offered:
+            return
+        self.offered.add(sha)
+        self.pending.append((sha, data))
+        self.pending_bytes += len(data)
+        if self.pending_bytes >= BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what waits, up to the server's `ahead_bytes`, once its hello has come.
+
+        Before the hello nothing is sent (the server may not take bodies ahead). Past the
+        limit, or with a server that does not offer it, this stops offering: those bodies go
+        the usual way, when the server names them in `need`.
+        """
+        hello = self.conn.early
+        if hello is None or not self.pending:
+            return
+        limit = hello.get("ahead_bytes")
+        if hello.get("version") != 2 or not isinstance(limit, int) or isinstance(limit, bool):
+            self.close()
+            return
+        room: list[tuple[str, bytes]] = []
+        for sha, data in self.pending:
+            if self.sent_bytes + len(data) > limit:
+                self.open = False
+                break
+            room.append((sha, data))
+            self.sent_bytes += len(data)
+        if room:
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send, daemon=True,
+                                                name="sharedmem-ahead")
+                self._sender.start()
+            self._queue.put(room)
+        self.pending, self.pending_bytes = [], 0
+
+    def _send(self) -> None:
+        """Encode and write on a thread: the walk goes on while the pipe is full."""
+        while (room := self._queue.get()) is not None:
+            if self._failure is not None:
+                continue
+            try:
+                for batch in chunks(room, _size):
+                    self.conn.channel.send_line(encode_bodies(batch))
+            except ProtocolError as exc:
+                self._failure = exc
+
+    def close(self) -> None:
+        """Offer nothing more; what was not sent goes the usual way."""
+        self.open = False
+        self.pending, self.pending_bytes = [], 0
+
+    def finish(self, then: Callable[[], object] | None = None) -> None:
+        """The walk is over: send what waits if the server is ready, then close.
+
+        Waiting for the hello here would only delay the manifest that asks for those bodies:
+        if it has not come, what waits is encoded now, and `send_waiting` sends it the moment
+        the hello offers room for it. `then` runs while the sender writes its last batches.
+        Returns once all is written, so the manifest follows the bodies on the channel.
+        """
+        if self.open:
+            self.flush()
+        if self.open and self.pending:  # no hello yet
+            self.waiting = ([encode_bodies(batch) for batch in chunks(self.pending, _size)],
+                            self.pending_bytes)
+        self.close()
+        if self._sender is not None:
+            self._queue.put(None)
+        if then is not None:
+            then()
+        if self._sender is not None:
+            self._sender.join()
+            self._sender = None
+        if self._failure is not None:
+            raise self._failure
+
+    def send_waiting(self) -> None:
+        """Once the hello has come: send the bodies `finish` encoded, if the server takes them."""
+        waiting, self.waiting = self.waiting, None
+        hello = self.conn.early
+        if waiting is None or hello is None or hello.get("version") != 2:
+            return
+        lines, size = waiting
+        limit = hello.get("ahead_bytes")
+        if isinstance(limit, int) and not isinstance(limit, bool) and self.sent_bytes + size <= limit:
+            for line in lines:
+                self.conn.channel.send_line(line)
+            self.sent_bytes += size
+
+
+def _size(body: tuple[str, bytes]) -> int:
+    """About what one (sha256, UTF-8 text) body takes on a `bodies` line."""
+    return len(body[1]) + 80

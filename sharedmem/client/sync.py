@@ -1,0 +1,328 @@
+"""`sync`: snapshot each source, exchange it with the server, deliver notes, refresh the cache.
+
+This module publishes; delivering the notes and refreshing the cache are the pull (pull.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sharedmem import __version__, linejson
+from sharedmem.cache.cache import CachedFile
+from sharedmem.client import source_state as records
+from sharedmem.client.config import ClientConfig, SourceConfig
+from sharedmem.client.lock import sync_lock
+from sharedmem.client.pull import Progress, Pull
+from sharedmem.client.send_ahead import Ahead
+from sharedmem.client.transport import Connection
+from sharedmem.clock import utc_now
+from sharedmem.core import SharedMemoryError
+from sharedmem.files import atomic_write
+from sharedmem.hashing import digest_of
+from sharedmem.protocol import VERSIONS, PeerError, chunks, encode
+from sharedmem.rules import MACHINES_DIR
+from sharedmem.sources import kinds as sources
+from sharedmem.sources import walk
+
+EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2
+
+
+@dataclass
+class _Prepared:
+    """One source's snapshot and the messages that publish it, built before the session starts."""
+
+    source: SourceConfig
+    spec: sources.SourceSpec
+    state_file: Path
+    saved: dict[str, Any]
+    rules: list[Any]
+    snap: sources.Snapshot
+    digest: str
+    by_sha: dict[str, walk.Entry] = field(default_factory=dict)
+    redacted: dict[str, int] = field(default_factory=dict)
+    whole: dict[str, Any] = field(default_factory=dict)
+    delta: dict[str, Any] | None = None
+    acked: bool = False
+    lines: linejson.Old = field(default_factory=dict)  # the saved record's lines, for reuse
+    state_text: str = ""  # the state as acknowledged, encoded while the server committed
+    line: bytes = b""  # the manifest message (delta or whole), encoded before it is due
+
+
+class Sync(Pull):
+    """One sync run: publish, then the pull; its `report` is what `sync --json` prints."""
+
+    def __init__(self, config: ClientConfig, max_version: int = max(VERSIONS),
+                 progress: Progress | None = None) -> None:
+        super().__init__(config, progress)
+        self.max_version = max_version
+        self.snapshots: list[_Prepared] = []
+        self.last_to_publish: _Prepared | None = None
+        self.ahead: Ahead | None = None
+        self.encoded = False  # _encode_ahead done
+        self.published: list[_Prepared] = []
+        self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
+                                       "sources": [], "notes": self.notes}
+
+    def run(self) -> dict[str, Any]:
+        """Publish, deliver, pull; any failure leaves the cache and the outbox as they were."""
+        started = time.monotonic()
+        try:
+            with sync_lock(self.config.state), Connection(self.config, self.max_version) as conn:
+
+                self.ahead = Ahead(conn)
+
+                def meanwhile() -> None:
+                    self.staging.clear_replaced()
+                    self.known = self._known()
+                    self.staging.new_namespaces = frozenset(
+                        self._namespace(s.name) for s in self.config.sources) - self.known.keys()
+                    self.snapshots = [self._snapshot(source) for source in self.config.sources]
+                    self.staging.flush()
+                    changed = any(p.snap.status == "ok" and (
+                        p.delta is None or p.delta["files"] or p.delta["removed"])
+                        for p in self.snapshots)
+                    if changed and conn.early is not None:  # the server takes bodies already:
+                        self.staging.write_ahead(then=self._encode_ahead)  # encode meanwhile
+                    self.ahead.finish(then=self._encode_manifests)
+                    if changed and conn.early is None:  # ssh is still connecting:
+                        with contextlib.suppress(Exception):  # it only saves time later
+                            self._encode_ahead()
+                        self.staging.write_ahead()  # on a thread, while we wait for hello
+
+                conn.hello(meanwhile)
+                self.report["protocol"] = conn.version
+                self.ahead.send_waiting()
+                ok = [p for p in self.snapshots if p.snap.status == "ok"]
+                self.last_to_publish = ok[-1] if ok else None
+                for prepared in self.snapshots:
+                    self.report["sources"].append(self._publish(conn, prepared))
+                self._deliver(conn)
+                self.report["pull"] = self._pull(conn)
+                self._save_states()
+                self.report["bytes"] = {"sent": conn.channel.sent,
+                                        "received": conn.channel.received}
+        except SharedMemoryError as exc:
+            self.report.update(status="failed", error=str(exc))
+        else:
+            partial = any(s["status"] != "published" and s["status"] != "unchanged"
+                          or s["problems"] for s in self.report["sources"])
+            if partial or self.report["notes"]["refused"]:
+                self.report["status"] = "partial"
+        finally:
+            self.staging.discard()
+        self.report["exit_code"] = {"ok": EXIT_OK, "partial": EXIT_PARTIAL,
+                                    "failed": EXIT_FAILED}[self.report["status"]]
+        self.report["seconds"] = round(time.monotonic() - started, 3)
+        self.report["finished_at"] = utc_now()
+        _write_json(self.config.state / "last-sync.json", {
+            k: self.report.get(k) for k in ("status", "error", "finished_at", "exit_code")})
+        return self.report
+
+    def _snapshot(self, source: SourceConfig) -> _Prepared:
+        """Walk one source and build its manifest; done while ssh connects, so the two overlap."""
+        spec = sources.SourceSpec(source.name, source.kind, source.path)
+        state_file = self.config.state / "sources" / f"{source.name}.json"
+        saved, lines = records.read(state_file)
+        limits = self.config.limits
+        rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
+        previous = saved.get("record") if saved.get("rules") == rules else None
+        prefix = self._namespace(source.name) + "/"
+        old = records.acked_files(saved)
+        on_server = set(old.values()) if old is not None else set()
+
+        def stage(entry: walk.Entry, data: bytes) -> None:
+            """A file read this time: staged if the cache lacks it, sent ahead if the server does."""
+            if entry.text is None:
+                return
+            cached = self.cached.get(prefix + entry.path)
+            if cached is None or cached.sha256 != entry.sha256:
+                self.staging.add(prefix + entry.path, entry.sha256, data, cached is not None)
+            if self.ahead is not None and entry.sha256 not in on_server:
+                self.ahead.offer(entry.sha256, data)
+
+        snap = sources.snapshot(spec, limits, previous, stage)
+        prepared = _Prepared(source, spec, state_file, saved, rules, snap,
+                             digest_of((e.path, e.sha256) for e in snap.files), lines=lines)
+        for entry in snap.files:
+            prepared.by_sha[entry.sha256] = entry
+            if entry.text is not None:
+                self.have[entry.sha256] = entry.text
+            for kind, count in entry.redactions.items():
+                prepared.redacted[kind] = prepared.redacted.get(kind, 0) + count
+        entries = {e.path: [e.path, e.sha256, e.size, e.mtime_ns] for e in snap.files}
+        prepared.whole = {"type": "manifest", "source": spec.name, "kind": spec.kind,
+                          "digest": prepared.digest, "files": list(entries.values())}
+        if old is not None:
+            prepared.delta = {**prepared.whole, "base": saved["acked"].get("digest"),
+                              "removed": sorted(set(old) - set(entries)),
+                              "files": [v for p, v in entries.items() if old.get(p) != v[1]]}
+        return prepared
+
+    def _publish(self, conn: Connection, prepared: _Prepared) -> dict[str, Any]:
+        source, snap = prepared.source, prepared.snap
+        result: dict[str, Any] = {
+            "source": source.name, "kind": source.kind, "path": str(source.path),
+            "files": len(snap.files), "skipped": [s._asdict() for s in snap.skipped],
+            "problems": [s._asdict() for s in snap.problems()], "refused": [], "redacted": {}}
+        if snap.status != "ok":
+            result.update(status="unreadable", message=snap.message +
+                          " (the server keeps what it already holds for this source)")
+            return result
+        self.progress(f"{source.name}: {len(snap.files)} files")
+        if conn.version == 1:
+            reply = self._publish_v1(conn, prepared.spec, snap)
+        else:
+            reply = self._publish_v2(conn, prepared)
+        redacted = dict(prepared.redacted)
+        for kind, count in reply.get("redacted", {}).items():
+            redacted[kind] = redacted.get(kind, 0) + count
+        result.update(status="unchanged" if reply.get("unchanged") else "published",
+                      refused=reply.get("refused", []), redacted=redacted,
+                      generation=reply.get("generation"))
+        if result["refused"]:
+            result["problems"] += result["refused"]
+        prepared.acked = reply.get("digest") == prepared.digest
+        self.published.append(prepared)
+        return result
+
+    def _save_states(self) -> None:
+        """Remember what each source published, for the next snapshot and delta; after the pull.
+
+        `acked` names the digest the server confirmed; its files are those of the record. The
+        record is written one file a line, and the lines of files reused unread are kept.
+        """
+        for prepared in self.published:
+            saved, files = prepared.saved, prepared.snap.files
+            acked = {"digest": prepared.digest} if prepared.acked else None
+            record = saved.get("record")
+            if (acked == saved.get("acked") and saved.get("rules") == prepared.rules
+                    and isinstance(record, dict) and len(record) == len(files)
+                    and all(e.text is None for e in files)):
+                continue  # every file reused from the saved record, and as many: unchanged
+            text = (prepared.state_text if acked is not None and prepared.state_text
+                    else records.encode(prepared.rules, acked, prepared.snap.files,
+                                        prepared.lines))
+            atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600, durable=False)
+
+    def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
+                    snap: sources.Snapshot) -> dict[str, Any]:
+        conn.channel.send({"type": "publish", "source": spec.name, "kind": spec.kind})
+        items = [{"path": e.path, "text": _text(spec, e), "mtime_ns": e.mtime_ns}
+                 for e in snap.files]
+        for batch in chunks(items, lambda i: len(i["text"]) * 2 + len(i["path"]) + 40):
+            conn.channel.send({"type": "files", "files": batch})
+        conn.channel.send({"type": "commit"})
+        return conn.channel.expect("result")
+
+    def _publish_v2(self, conn: Connection, prepared: _Prepared) -> dict[str, Any]:
+        spec, by_sha = prepared.spec, prepared.by_sha
+        try:
+            conn.channel.send_line(prepared.line or encode(prepared.delta or prepared.whole))
+            reply = conn.channel.expect("need", "result")
+        except PeerError as exc:
+            if exc.code != "stale-base":
+                raise
+            conn.channel.send(prepared.whole)
+            reply = conn.channel.expect("need", "result")
+        if reply["type"] == "result":
+            return reply
+        bodies = []
+        for sha in reply.get("sha256", []):
+            entry = by_sha.get(sha)
+            if entry is None:
+                continue
+            try:
+                bodies.append([sha, _text(spec, entry)])
+            except SharedMemoryError:
+                continue
+        self.progress(f"{spec.name}: sending {len(bodies)} changed files")
+        for batch in chunks(bodies, lambda b: len(b[1]) * 2 + 80):
+            conn.channel.send({"type": "bodies", "source": spec.name, "bodies": batch})
+        conn.channel.send({"type": "commit", "source": spec.name})
+        if prepared is self.last_to_publish:  # while the server redacts and commits:
+            self._request(conn)
+            self.staging.write_ahead(then=None if self.encoded else self._encode_ahead)
+        return conn.channel.expect("result")
+
+    def _encode_manifests(self) -> None:
+        """Encode each manifest message while the last bodies sent ahead are still on their way."""
+        for prepared in self.snapshots:
+            if prepared.snap.status == "ok":
+                prepared.line = encode(prepared.delta or prepared.whole)
+
+    def _encode_ahead(self) -> None:
+        """Encode what this sync will write if all goes as sent, before it is known.
+
+        The cache manifest with every source's files as published, and each source's state as
+        acknowledged; `apply` and `_save_states` use them only if that is how it turned out.
+        Done while ssh still connects if the walk ended first, else on the staging thread
+        while the server commits.
+        """
+        ok = [p for p in self.snapshots if p.snap.status == "ok"]
+        own = {self._namespace(p.source.name): p.snap.files for p in ok}
+        files = {k: v for k, v in self.cached.items() if v.namespace not in own}
+        self.own_paths = set()
+        cached = self.cached
+        for key, entries in own.items():
+            for e in entries:
+                self.own_paths.add(path := f"{key}/{e.path}")
+                known = cached.get(path)  # kept as it is, so linejson sees the same object
+                files[path] = known if known is not None and known.sha256 == e.sha256 and \
+                    known.size == e.size and known.namespace == key else CachedFile(
+                        e.sha256, e.size, key)
+        self.cache.expect(files)
+        for prepared in ok:
+            prepared.state_text = records.encode(prepared.rules, {"digest": prepared.digest},
+                                                 prepared.snap.files, prepared.lines)
+        self.encoded = True
+
+    def _namespace(self, source: str) -> str:
+        """The cache path of one of this machine's namespaces."""
+        return f"{MACHINES_DIR}/{self.config.machine}/{source}"
+
+    def _takes_own(self) -> dict[str, str]:
+        """Namespaces this run publishes whole and the cache never had: key -> digest.
+
+        The server leaves each out of the pull if it now holds it at that digest, and the cache
+        takes the snapshot as it was sent (a first sync then does not pull its own files back).
+        """
+        new = self.staging.new_namespaces  # this machine's namespaces the cache does not have
+        return {key: p.digest for p in self.snapshots
+                if p.snap.status == "ok" and (key := self._namespace(p.source.name)) in new
+                and all(e.text is not None for e in p.snap.files)}
+
+    def _own_files(self, keys: set[str]) -> list[tuple[str, str, str]]:
+        """The files of those namespaces as this run sent them: the server left them out."""
+        return [(f"{key}/{e.path}", e.sha256, e.text) for prepared in self.snapshots
+                if (key := self._namespace(prepared.source.name)) in keys
+                for e in prepared.snap.files]
+
+
+def _text(spec: sources.SourceSpec, entry: walk.Entry) -> str:
+    return entry.text if entry.text is not None else sources.load_text(spec, entry)
+
+
+def _write_json(path: Path, value: object) -> None:
+    atomic_write(path, json.dumps(value, ensure_ascii=False).encode("utf-8"), mode=0o600,
+                 durable=False)
+
+
+def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
+         progress: Progress | None = None) -> dict[str, Any]:
+    """One whole sync; see Sync.run.
+
+    The run is kept alive afterwards: freeing ten thousand snapshot entries one by one costs a
+    sync that ends the process anyway (`shared_memory.py sync`) several milliseconds.
+    """
+    runner = Sync(config, max_version, progress)
+    _FINISHED[:] = [runner]  # only the last: a process that syncs again frees the one before
+    return runner.run()
+
+
+_FINISHED: list[Sync] = []  # see sync()
+

@@ -1,0 +1,189 @@
+"""How a client reaches `serve`: a local child process, or `ssh` to the server.
+
+Either way the session is the same newline-delimited JSON over the child's stdin and stdout.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sharedmem import __version__
+from sharedmem.client.config import ClientConfig, Transport
+from sharedmem.client.early_ssh import spawn, ssh_argv, take
+from sharedmem.core import ProtocolError, TransportError
+from sharedmem.program import LAUNCHER, SERVE_PYTHON_FLAGS
+from sharedmem.protocol import VERSIONS, Channel, PeerError
+
+
+def ssh_command(transport: Transport) -> list[str]:
+    """The ssh invocation for a transport; OpenSSH reads its own files, so options pass through."""
+    return ssh_argv(str(transport.host), transport.port,
+                    None if transport.identity is None else str(transport.identity),
+                    transport.options, transport.remote_command)
+
+
+def server_command(config: ClientConfig, max_version: int | None = None) -> list[str]:
+    """The argv that starts the server end for this configuration."""
+    if config.transport.kind == "local":
+        argv = [sys.executable, *SERVE_PYTHON_FLAGS, str(LAUNCHER), "serve", "--store",
+                str(config.transport.store)]
+        if max_version is not None:
+            argv += ["--max-protocol", str(max_version)]
+        return argv
+    return ssh_command(config.transport)
+
+
+def explain_ssh(stderr: str, transport: Transport) -> str:
+    """Turn ssh's complaint into a sentence that says how to fix it."""
+    host = transport.host
+    port = f" -p {transport.port}" if transport.port else ""
+    text = stderr.strip().splitlines()[-1] if stderr.strip() else "ssh exited with no message"
+    if "Host key verification failed" in stderr or "No ED25519 host key is known" in stderr \
+            or "host key for" in stderr.lower() and "not known" in stderr.lower():
+        return (f"the host key of {host} is not known (or changed), and strict checking is on: "
+                f"run `ssh{port} {host} true` once by hand to check and accept the key, or add it "
+                f"to ~/.ssh/known_hosts with ssh-keyscan{port} {host}")
+    if "Permission denied" in stderr:
+        return (f"{host} refused this client's key ({text}): non-interactive SSH needs a key in "
+                f"the server's ~/.ssh/authorized_keys (install_server.py --authorize NAME --key "
+                f"PUBKEY prints the line), or pass --ssh-identity with the right private key")
+    if "Connection refused" in stderr or "Could not resolve" in stderr or "timed out" in stderr:
+        return f"cannot reach {host}{port} ({text}): check the host name, port and that sshd runs"
+    return f"ssh to {host} failed: {text}"
+
+
+class Connection:
+    """A running server end and the channel to it; closing it ends the child cleanly."""
+
+    def __init__(self, config: ClientConfig, max_version: int = max(VERSIONS)) -> None:
+        self.config = config
+        self.versions = [v for v in VERSIONS if v <= max_version]
+        argv = server_command(config, max_version if max_version < max(VERSIONS) else None)
+        self.where = (f"ssh {config.transport.host}" if config.transport.kind == "ssh"
+                      else f"the local store {config.transport.store}")
+        try:
+            self.process = take(argv) or spawn(argv)  # ssh may have started before we loaded
+        except OSError as exc:
+            raise TransportError(f"cannot start {argv[0]!r} to reach {self.where}: {exc}; "
+                                 "install OpenSSH's client or fix the transport") from None
+        self._stderr: list[bytes] = []
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.channel = Channel(self.process.stdout, self.process.stdin, "server")
+        self.version = 0
+        self.server: dict[str, Any] = {}
+        self.early: dict[str, Any] | None = None  # the server's hello, once it has come
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            if sum(map(len, self._stderr)) < 64 * 1024:
+                self._stderr.append(line)
+
+    def stderr(self) -> str:
+        """What the server end (or ssh) said on stderr so far."""
+        return b"".join(self._stderr).decode("utf-8", "replace")
+
+    def hello(self, meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
+        """Open the session; a dead transport becomes a TransportError that says how to fix it.
+
+        `meanwhile` runs after the hello is sent and before the answer is taken, so local work
+        overlaps the SSH handshake. A thread reads the answer meanwhile, so `early` holds it as
+        soon as it comes: `meanwhile` may start sending once it is there (ahead.py).
+        """
+        try:
+            self.channel.send({"type": "hello", "versions": self.versions,
+                               "client": f"sharedmem/{__version__}",
+                               "machine": self.config.machine})
+        except ProtocolError:
+            raise self.failure() from None
+        answer: list[dict[str, Any] | ProtocolError] = []
+        if meanwhile is None:
+            self._read_hello(answer)
+        else:
+            reader = threading.Thread(target=self._read_hello, args=(answer,), daemon=True,
+                                      name="sharedmem-hello")
+            reader.start()
+            try:
+                meanwhile()
+            except PeerError:
+                raise
+            except ProtocolError:  # a body sent ahead found the server end gone
+                reader.join()
+                raise self.failure() from None
+            reader.join()  # not on other errors: the hello may be slow to come, or never
+        reply = answer[0]
+        if isinstance(reply, PeerError):
+            raise reply
+        if isinstance(reply, ProtocolError):
+            raise self.failure() from None
+        version = reply.get("version")
+        if version not in self.versions:
+            raise ProtocolError(f"the server chose protocol version {version!r}, which this "
+                                f"client does not speak ({self.versions})")
+        self.version = int(version)
+        self.server = reply
+        return reply
+
+    def _read_hello(self, answer: list[dict[str, Any] | ProtocolError]) -> None:
+        try:
+            reply = self.channel.expect("hello")
+        except ProtocolError as exc:
+            answer.append(exc)
+            return
+        answer.append(reply)
+        self.early = reply
+
+    def failure(self) -> TransportError:
+        """Why the server end went away, as an error with a fix."""
+        try:
+            code = self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        self._reader.join(timeout=5)
+        said = self.stderr()
+        if self.config.transport.kind == "ssh" and code == 255:
+            return TransportError(explain_ssh(said, self.config.transport))
+        last = said.strip().splitlines()[-1] if said.strip() else f"exit status {code}"
+        return TransportError(f"the server end at {self.where} stopped: {last}")
+
+    def close(self) -> None:
+        """Say bye and reap the child; kill it if it does not go."""
+        try:
+            self.channel.send({"type": "bye"})
+        except ProtocolError:
+            pass
+        for stream in (self.process.stdin,):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        if self.process.poll() is None:
+            threading.Thread(target=self._reap, daemon=True).start()
+        else:
+            self._reap()
+
+    def _reap(self) -> None:
+        """Wait for the child to finish its exit (everything is committed by now); kill a hung one.
+
+        Runs in the background, so a sync does not wait for the far end's interpreter shutdown.
+        """
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

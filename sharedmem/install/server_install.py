@@ -1,0 +1,142 @@
+"""install_server.py: the code into the prefix, the store, and an optional pinned key."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from sharedmem.core import InstallError
+from sharedmem.install import authorized_keys as authkeys
+from sharedmem.install.console import Console, Parser, fail_if, run_main
+from sharedmem.install.prefix import (
+    DEFAULT_PREFIX,
+    LAUNCHER_NAME,
+    STORE_NAME,
+    install_code,
+    prefix_path,
+    user_path,
+)
+from sharedmem.rules import name_problem
+
+
+def server_parser() -> Parser:
+    """Arguments of install_server.py."""
+    p = Parser(prog="install_server.py", description=(
+        "Install Codex Shared Memory on the server: copy the code into the prefix, create the "
+        "SQLite store, and optionally pin a client's SSH key to a machine name in "
+        "~/.ssh/authorized_keys. Re-running upgrades in place."),
+        epilog="Example: install_server.py --authorize laptop --key ~/laptop_id_ed25519.pub")
+    p.add_argument("--prefix", help=f"where to install (default {DEFAULT_PREFIX})")
+    p.add_argument("--store", help=f"the SQLite store (default PREFIX/{STORE_NAME})")
+    p.add_argument("--authorize", metavar="NAME",
+                   help="pin --key to this machine name in ~/.ssh/authorized_keys")
+    p.add_argument("--key", metavar="PUBKEY",
+                   help="the client's public key: its text, or the path of its .pub file")
+    p.add_argument("--repin", action="store_true",
+                   help="move a key already pinned to another machine to NAME")
+    p.add_argument("--dry-run", action="store_true", help="show what would change; write nothing")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def _create_store(store: Path, console: Console, dry_run: bool) -> str:
+    from sharedmem.server.backup import migration_hook
+    from sharedmem.server.store import Store
+    existed = store.exists()
+    if dry_run:
+        return "exists" if existed else "would be created"
+    console.progress(f"opening the store {store}")
+    with Store.open(store, before_migrate=migration_hook):
+        pass
+    os.chmod(store, 0o600)
+    (store.parent / "backups").mkdir(mode=0o700, exist_ok=True)
+    return "exists" if existed else "created"
+
+
+def client_hint(prefix: Path, env: Mapping[str, str], machine: str | None,
+                pinned: bool) -> str:
+    """The install_client.py command to run on the client."""
+    words = ["python3", "install_client.py", "--machine", machine or "NAME",
+             "--ssh-host", "USER@HOST"]
+    if prefix != user_path(DEFAULT_PREFIX, env):
+        words += ["--remote-prefix", str(prefix)]
+    python3 = shutil.which("python3")
+    if not pinned and (python3 is None or Path(python3).resolve() != Path(sys.executable).resolve()):
+        words += ["--remote-python", sys.executable]
+    return " ".join(words)
+
+
+def server_body(argv: list[str], env: Mapping[str, str], console: Console) -> int:
+    """install_server.py: code, store, and the optional pinned key."""
+    args = server_parser().parse_args(argv)
+    problems: list[str] = []
+    if (args.authorize is None) != (args.key is None):
+        problems.append("--authorize NAME and --key PUBKEY go together: give both or neither")
+    if args.authorize is not None and (problem := name_problem(args.authorize, "--authorize")):
+        problems.append(problem)
+    if args.repin and args.authorize is None:
+        problems.append("--repin needs --authorize NAME --key PUBKEY")
+    key = None
+    if args.key is not None:
+        try:
+            key = authkeys.parse_key(args.key, env)
+        except InstallError as exc:
+            problems.append(str(exc))
+    fail_if(problems, "install_server.py")
+    prefix = prefix_path(args.prefix, env)
+    store = user_path(args.store, env) if args.store else prefix / STORE_NAME
+    if key is not None:  # refuse a conflicting key before anything is written
+        keys_file = Path(env["HOME"]) / ".ssh" / "authorized_keys"
+        command = authkeys.forced_command(sys.executable, prefix / LAUNCHER_NAME, store,
+                                          args.authorize)
+        authkeys.authorize(keys_file, key, args.authorize, command, repin=args.repin,
+                           dry_run=True)
+    changed = install_code(prefix, console, dry_run=args.dry_run)
+    summary: dict[str, Any] = {"dry_run": args.dry_run, "prefix": str(prefix),
+                               "launcher": str(prefix / LAUNCHER_NAME), "files": changed,
+                               "store": str(store),
+                               "store_status": _create_store(store, console, args.dry_run)}
+    if key is not None:
+        path = keys_file
+        console.progress(f"pinning key {key.fingerprint} to machine {args.authorize} in {path}")
+        outcome = authkeys.authorize(path, key, args.authorize, command, repin=args.repin,
+                                     dry_run=args.dry_run)
+        if outcome.message:
+            console.progress(outcome.message)
+        for warning in outcome.warnings:
+            console.warn(warning)
+        summary["authorized_keys"] = {
+            "path": str(path), "action": outcome.action, "line": outcome.line,
+            "machine": args.authorize, "fingerprint": key.fingerprint,
+            "backup": str(outcome.backup) if outcome.backup else None}
+    summary["client_command"] = client_hint(prefix, env, args.authorize, key is not None)
+    if args.json:
+        console.say(json.dumps(summary, indent=2))
+        return 1 if console.warnings else 0
+    head = "dry run: nothing was written" if args.dry_run else "server installed"
+    lines = [f"{head}", f"  code:  {prefix} ({len(changed)} file(s) changed)",
+             f"  store: {store} ({summary['store_status']})"]
+    if "authorized_keys" in summary:
+        auth = summary["authorized_keys"]
+        lines.append(f"  authorized_keys: {auth['action']} ({auth['path']}), key "
+                     f"{auth['fingerprint']} pinned to machine {auth['machine']}")
+        if auth["backup"]:
+            lines.append(f"  previous authorized_keys kept as {auth['backup']}")
+    lines += ["", "On the client, from a checkout of this release, run (replace USER@HOST with "
+              "how it reaches this server):", f"  {summary['client_command']}"]
+    console.say("\n".join(lines))
+    return 1 if console.warnings else 0
+
+
+def server_main(argv: Sequence[str], env: Mapping[str, str] | None = None, *,
+                out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Entry point of install_server.py; returns the exit status."""
+    console = Console(out, err)
+    environ = dict(os.environ if env is None else env)
+    return run_main(lambda a: server_body(a, environ, console), argv, console,
+                    "install_server.py")

@@ -1,0 +1,371 @@
+"""The four tools over the cache as plain functions returning JSON-able dicts (MCP and CLI share them).
+
+Bad arguments raise a SharedMemoryError whose message says what was wrong and what to try; the MCP
+loop turns that into an `isError` result, the CLI into a message and an exit code.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from sharedmem.cache.cache import Cache
+from sharedmem.core import LimitError, NoteError, PathRuleError, ProtocolError
+from sharedmem.files import confine
+from sharedmem.rules import NOTE_MAX_BYTES, check_note_filename, path_problems
+
+Submit = Callable[[str, str], dict[str, Any]]
+LIST_DEFAULT, LIST_MAX = 200, 2000
+READ_DEFAULT, READ_MAX = 400, 2000
+SEARCH_DEFAULT, SEARCH_MAX = 50, 200
+MAX_QUERIES, QUERY_MAX_CHARS = 16, 1000
+__all__ = ["TOOLS", "add_ad_hoc_note", "call", "format_text", "list_files", "read_file", "search"]
+
+
+def _encode_cursor(data: dict[str, Any]) -> str:
+    raw = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return base64.urlsafe_b64encode(raw).decode("ascii")
+
+
+def _decode_cursor(cursor: str, fingerprint: str) -> dict[str, Any]:
+    """The cursor's payload, refused unless this tool made it for this same request."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor.encode("ascii")))
+    except (ValueError, UnicodeError, binascii.Error):
+        data = None
+    if not isinstance(data, dict) or data.get("f") != fingerprint:
+        raise ProtocolError(
+            "cursor is not valid for this request: pass back the next_cursor of the previous "
+            "page unchanged with the same other arguments, or omit cursor to start again"
+        )
+    return data
+
+
+def _fingerprint(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
+def _number(value: int | None, name: str, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    if not low <= value <= high:
+        raise LimitError(f"{name} must be between {low} and {high}, not {value}")
+    return value
+
+
+def _folder(cache: Cache, path: str | None) -> str:
+    """A validated folder path ('' for the root), refused if it breaks the rule or escapes."""
+    if path in (None, "", "."):
+        return ""
+    assert isinstance(path, str)
+    path = path.rstrip("/")
+    problems = path_problems(path, folder=True)
+    if problems:
+        raise PathRuleError("; ".join(problems) + ": use a path from list, e.g. 'machines'")
+    confine(cache.root, path, folder=True)
+    return path
+
+
+def _modified(cache: Cache, relpath: str) -> str | None:
+    try:
+        stamp = os.stat(cache.root / relpath).st_mtime
+    except OSError:
+        return None
+    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def list_files(cache: Cache, path: str | None = None, cursor: str | None = None,
+               max_results: int | None = None) -> dict[str, Any]:
+    """Files and folders directly under `path` (not recursive), in name order, one page."""
+    from sharedmem.cache.search import provenance
+    folder = _folder(cache, path)
+    limit = _number(max_results, "max_results", LIST_DEFAULT, 1, LIST_MAX)
+    offset = _decode_cursor(cursor, _fingerprint("list", folder))["o"] if cursor else 0
+    manifest = cache.load()
+    prefix = folder + "/" if folder else ""
+    files: dict[str, str] = {}
+    folders: dict[str, list[int]] = {}
+    for relpath, meta in manifest.files.items():
+        if not relpath.startswith(prefix):
+            continue
+        head, sep, _ = relpath[len(prefix):].partition("/")
+        if sep:
+            entry = folders.setdefault(head, [0, 0])
+            entry[0] += 1
+            entry[1] += meta.size
+        else:
+            files[head] = relpath
+    if folder and not files and not folders:
+        if folder in manifest.files:
+            raise PathRuleError(f"{folder!r} is a file, not a folder: use read to open it")
+        raise PathRuleError(f"no folder {folder!r} in the cache: call list without a path to "
+                            "see the top level")
+    names = sorted(set(files) | set(folders))
+    entries = []
+    for name in names[offset:offset + limit]:
+        if name in folders:
+            entries.append({"name": name, "path": prefix + name, "type": "folder",
+                            "files": folders[name][0], "size": folders[name][1]})
+        else:
+            relpath = files[name]
+            entries.append({"name": name, "path": relpath, "type": "file",
+                            "size": manifest.files[relpath].size,
+                            "modified": _modified(cache, relpath),
+                            **provenance(manifest, relpath)})
+    more = offset + limit < len(names)
+    result: dict[str, Any] = {
+        "path": folder, "entries": entries, "total": len(names),
+        "next_cursor": _encode_cursor({"f": _fingerprint("list", folder), "o": offset + limit})
+        if more else None,
+    }
+    if not manifest.files:
+        result["hint"] = "the cache is empty: run `shared_memory.py sync --config PATH` first"
+    return result
+
+
+def read_file(cache: Cache, path: str, line_offset: int | None = None,
+              max_lines: int | None = None) -> dict[str, Any]:
+    """A window of a cached file's lines with its provenance, and where the next window starts."""
+    from sharedmem.cache.search import provenance
+    problems = path_problems(path)
+    if problems:
+        raise PathRuleError("; ".join(problems) + ": pass a .md path from list or search")
+    target = confine(cache.root, path)
+    start = _number(line_offset, "line_offset", 1, 1, 2**31)
+    count = _number(max_lines, "max_lines", READ_DEFAULT, 1, READ_MAX)
+    try:
+        text = target.read_bytes().decode("utf-8", "replace")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise PathRuleError(f"no file {path!r} in the cache: use list or search to find "
+                            "published paths") from None
+    except OSError as exc:
+        raise PathRuleError(f"cannot read {path!r} from the cache: {exc.strerror}") from None
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    total = len(lines)
+    if start > max(total, 1):
+        raise LimitError(f"line_offset {start} is past the end of {path!r}, which has {total} "
+                         "lines: start at 1")
+    window = [line.rstrip("\r") for line in lines[start - 1:start - 1 + count]]
+    end = start - 1 + len(window)
+    return {"path": path, "line_offset": start, "lines": window, "total_lines": total,
+            "truncated": end < total, "next_offset": end + 1 if end < total else None,
+            **provenance(cache.load(), path)}
+
+
+def search(cache: Cache, queries: list[str], match_mode: str | None = None,
+           path: str | None = None, cursor: str | None = None, context_lines: int | None = None,
+           case_sensitive: bool | None = None, normalized: bool | None = None,
+           max_results: int | None = None) -> dict[str, Any]:
+    """Lines containing the queries as substrings, most relevant files first, one page."""
+    from sharedmem.cache.search import Query, normalize, searcher
+    if not isinstance(queries, list) or not 1 <= len(queries) <= MAX_QUERIES:
+        raise LimitError(f"queries must be a list of 1 to {MAX_QUERIES} strings, e.g. "
+                         "[\"release\"]")
+    for query in queries:
+        if not isinstance(query, str) or not query or len(query) > QUERY_MAX_CHARS:
+            raise LimitError(f"each query must be a non-empty string of at most "
+                             f"{QUERY_MAX_CHARS} characters, not {query!r}")
+        if "\n" in query or "\r" in query:
+            raise LimitError(f"query {query!r} contains a line break: lines are matched one at "
+                             "a time, so search for one line's text (or pass several queries)")
+        if normalized and not normalize(query).strip():
+            raise LimitError(f"query {query!r} is empty once normalized: search for letters")
+    mode = match_mode or "any"
+    if mode not in ("any", "all"):
+        raise LimitError(f"match_mode must be 'any' or 'all', not {mode!r}")
+    folder = _folder(cache, path)
+    query = Query(list(queries), mode, folder or None,
+                  True if case_sensitive is None else case_sensitive, bool(normalized),
+                  _number(context_lines, "context_lines", 0, 0, 10))
+    limit = _number(max_results, "max_results", SEARCH_DEFAULT, 1, SEARCH_MAX)
+    fingerprint = _fingerprint("search", query.queries, mode, folder, query.case_sensitive,
+                               query.normalized)
+    after = _decode_cursor(cursor, fingerprint)["k"] if cursor else None
+    if after is not None and not isinstance(after, list):
+        raise ProtocolError("cursor is damaged: omit it to start the search again")
+    results, last = searcher(cache).search(query, after, limit)
+    return {"queries": query.queries, "match_mode": mode, "path": folder, "results": results,
+            "next_cursor": _encode_cursor({"f": fingerprint, "k": last}) if last else None}
+
+
+def add_ad_hoc_note(filename: str, note: str, submit: Submit) -> dict[str, Any]:
+    """Check and redact a note, then hand it to `submit` (deliver now or queue in the outbox)."""
+    from sharedmem.redact.redactor import redact
+    check_note_filename(filename)
+    if not isinstance(note, str) or not note.strip():
+        raise NoteError("note must be non-empty text: write what should be remembered")
+    if len(note.encode("utf-8")) > NOTE_MAX_BYTES:
+        raise LimitError(f"note is longer than {NOTE_MAX_BYTES} bytes of UTF-8: shorten it or "
+                         "split it into several notes")
+    text, counts = redact(note)
+    if len(text.encode("utf-8")) > NOTE_MAX_BYTES:
+        raise LimitError(f"note is longer than {NOTE_MAX_BYTES} bytes once redacted: shorten it")
+    outcome = dict(submit(filename, text))
+    outcome.setdefault("filename", filename)
+    outcome["redactions"] = {kind: n for kind, n in sorted(counts.items()) if n}
+    return outcome
+
+
+_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list}
+_ARTICLES = {"string": "a string", "integer": "an integer", "boolean": "true or false",
+             "array": "a list of strings"}
+
+
+def call(name: str, arguments: dict[str, Any], cache: Cache,
+         submit: Callable[[], Submit]) -> dict[str, Any]:
+    """Check `arguments` against the tool's input schema, then run it."""
+    spec = next((t for t in TOOLS if t["name"] == name), None)
+    if spec is None:
+        raise ProtocolError(f"unknown tool {name!r}: use list, read, search or add_ad_hoc_note")
+    schema = spec["inputSchema"]
+    for key, value in arguments.items():
+        prop = schema["properties"].get(key)
+        if prop is None:
+            raise ProtocolError(f"{name} has no argument {key!r}; it takes "
+                                f"{', '.join(schema['properties'])}")
+        kind = _TYPES[prop["type"]]
+        bad = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        if bad or (kind is list and not all(isinstance(v, str) for v in value)):
+            raise ProtocolError(f"argument {key!r} of {name} must be "
+                                f"{_ARTICLES[prop['type']]}, "
+                                f"not {json.dumps(value)[:80]}")
+    missing = [k for k in schema.get("required", []) if k not in arguments]
+    if missing:
+        raise ProtocolError(f"{name} needs the argument {missing[0]!r}: "
+                            f"{schema['properties'][missing[0]]['description']}")
+    if name == "list":
+        return list_files(cache, **arguments)
+    if name == "read":
+        return read_file(cache, **arguments)
+    if name == "search":
+        return search(cache, **arguments)
+    return add_ad_hoc_note(arguments["filename"], arguments["note"], submit())
+
+
+def format_text(tool: str, result: dict[str, Any]) -> str:
+    """Readable output of a tool's result, for people at a terminal."""
+    if tool == "list":
+        rows = [f"{e['path']}/  ({e['files']} files, {e['size']} bytes)" if e["type"] == "folder"
+                else f"{e['path']}  {e['size']} bytes  {e.get('modified') or ''}"
+                for e in result["entries"]]
+        rows.extend([result["hint"]] if result.get("hint") else [])
+    elif tool == "read":
+        first = result["line_offset"]
+        rows = [f"{first + i:>6}  {line}" for i, line in enumerate(result["lines"])]
+        rows.insert(0, f"# {result['path']} ({result['total_lines']} lines, from "
+                       f"{result['machine'] or '?'}/{result['source'] or '?'})")
+        if result["truncated"]:
+            rows.append(f"... more from line {result['next_offset']}")
+    elif tool == "search":
+        rows = []
+        for hit in result["results"]:
+            number = hit["line_number"]
+            for i, line in enumerate(hit["context_before"]):
+                rows.append(f"{hit['path']}-{number - len(hit['context_before']) + i}-{line}")
+            rows.append(f"{hit['path']}:{number}:{hit['line']}")
+            rows.extend(f"{hit['path']}-{number + 1 + i}-{line}"
+                        for i, line in enumerate(hit["context_after"]))
+        rows = rows or ["no matches"]
+    else:
+        rows = [f"note {result.get('filename')}: {result.get('status', 'done')}"
+                + (f" at {result['path']}" if result.get("path") else "")]
+        rows.extend(f"redacted {n} {kind}" for kind, n in result.get("redactions", {}).items())
+    if result.get("next_cursor"):
+        rows.append(f"(more: --cursor {result['next_cursor']})")
+    return "\n".join(rows)
+
+
+def _prop(kind: str, description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "description": description, **extra}
+
+
+def _obj(props: dict[str, Any], required: tuple[str, ...] = (), *,
+         closed: bool = False) -> dict[str, Any]:
+    out = {"type": "object", "properties": props, "required": list(required)}
+    return {**out, "additionalProperties": False} if closed else out
+
+
+_PROVENANCE = {k: {"type": ["string", "null"]} for k in ("machine", "source", "sha256", "synced_at")}
+_NEXT = {"next_cursor": {"type": ["string", "null"]}}
+_CURSOR = _prop("string", "next_cursor from the previous page; omit for the first page")
+_FOLDER = "folder relative to the cache root, e.g. 'machines/laptop/codex'; omit for everything"
+_ANY = {"type": "object"}
+TOOLS: list[dict[str, Any]] = [
+    {"name": "list", "title": "List shared memory",
+     "description": "List the files and folders directly under a folder of the shared memory "
+     "cache (not recursive), with size, modified time, machine and source. Start at the top "
+     "level, then open machines/<machine>/<source>. Page with next_cursor.",
+     "annotations": {"title": "List shared memory", "readOnlyHint": True, "openWorldHint": False},
+     "inputSchema": _obj({"path": _prop("string", _FOLDER), "cursor": _CURSOR,
+                          "max_results": _prop("integer", "entries per page, 1-2000 (default 200)",
+                                               minimum=1, maximum=LIST_MAX)}, closed=True),
+     "outputSchema": _obj({"path": {"type": "string"}, "total": {"type": "integer"},
+                           "entries": {"type": "array", "items": _ANY}, "hint": {"type": "string"},
+                           **_NEXT}, ("path", "entries", "total"))},
+    {"name": "read", "title": "Read a shared memory file",
+     "description": "Read lines of one Markdown file from the shared memory cache, with where it "
+     "came from (machine, source, sha256, synced_at). Memory is reference data written earlier: "
+     "verify it against the current state before acting on it. For long files, call again with "
+     "line_offset=next_offset.",
+     "annotations": {"title": "Read a shared memory file", "readOnlyHint": True,
+                     "openWorldHint": False},
+     "inputSchema": _obj({"path": _prop("string", "file path from list or search, e.g. "
+                                        "'machines/laptop/codex/MEMORY.md'"),
+                          "line_offset": _prop("integer", "first line to return, 1-based "
+                                               "(default 1)", minimum=1),
+                          "max_lines": _prop("integer", "lines to return, 1-2000 (default 400)",
+                                             minimum=1, maximum=READ_MAX)}, ("path",),
+                         closed=True),
+     "outputSchema": _obj({"path": {"type": "string"}, "line_offset": {"type": "integer"},
+                           "lines": {"type": "array", "items": {"type": "string"}},
+                           "total_lines": {"type": "integer"}, "truncated": {"type": "boolean"},
+                           "next_offset": {"type": ["integer", "null"]}, **_PROVENANCE},
+                          ("path", "lines", "total_lines", "truncated"))},
+    {"name": "search", "title": "Search shared memory",
+     "description": "Find lines containing any (or, with match_mode 'all', every) of up to 16 "
+     "substrings across the shared memory cache. Matching is by substring and case-sensitive by "
+     "default; set case_sensitive false to ignore case, or normalized true to also ignore accents "
+     "and Unicode forms. Files matching more queries and rarer ones come first. Page with "
+     "next_cursor; then read a file for the full text.",
+     "annotations": {"title": "Search shared memory", "readOnlyHint": True,
+                     "openWorldHint": False},
+     "inputSchema": _obj({
+         "queries": _prop("array", "1-16 non-empty substrings, e.g. [\"deploy\", \"staging\"]",
+                          items={"type": "string", "minLength": 1}, minItems=1,
+                          maxItems=MAX_QUERIES),
+         "match_mode": _prop("string", "'any' (default): lines matching any query; 'all': only "
+                             "files containing every query", enum=["any", "all"]),
+         "path": _prop("string", _FOLDER), "cursor": _CURSOR,
+         "context_lines": _prop("integer", "lines of context before and after, 0-10 (default 0)",
+                                minimum=0, maximum=10),
+         "case_sensitive": _prop("boolean", "match case exactly (default true)"),
+         "normalized": _prop("boolean", "ignore case, accents, Unicode form and repeated spaces "
+                             "(default false)"),
+         "max_results": _prop("integer", "matching lines per page, 1-200 (default 50)", minimum=1,
+                              maximum=SEARCH_MAX)}, ("queries",), closed=True),
+     "outputSchema": _obj({"queries": {"type": "array", "items": {"type": "string"}},
+                           "match_mode": {"type": "string"}, "path": {"type": "string"},
+                           "results": {"type": "array", "items": _ANY}, **_NEXT},
+                          ("queries", "results"))},
+    {"name": "add_ad_hoc_note", "title": "Add a shared memory note",
+     "description": "Store a new note in the shared memory for every machine, ONLY when the user "
+     "asks to remember something. Notes are append-only and credentials are redacted. If the "
+     "server is unreachable the note is queued and delivered at the next sync.",
+     "annotations": {"title": "Add a shared memory note", "readOnlyHint": False,
+                     "destructiveHint": False, "idempotentHint": False, "openWorldHint": False},
+     "inputSchema": _obj({"filename": _prop("string", "YYYY-MM-DDTHH-MM-SS-<slug>.md with a "
+                                            "lower-case slug, e.g. "
+                                            "2026-01-31T09-30-00-release-checklist.md"),
+                          "note": _prop("string", "the note's Markdown text, at most 64 KiB")},
+                         ("filename", "note"), closed=True),
+     "outputSchema": _obj({"status": {"type": "string"}, "filename": {"type": "string"},
+                           "path": {"type": "string"}, "redactions": _ANY}, ("status",))},
+]

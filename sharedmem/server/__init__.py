@@ -1,0 +1,1 @@
+"""The server end (`serve`): the session, the SQLite store, ingest, the schema, backups."""

@@ -1,0 +1,273 @@
+"""Ingest: one client's snapshot of one source replaces its namespace, every rule checked again.
+
+The store (`store.py`) owns the connection and the one transaction helper; this module is what
+a publish means: the server re-checks paths, collisions, sizes and quotas, redacts what the
+client sent (or takes what it redacted as the bodies arrived), and swaps the namespace in one
+transaction, whole or as a delta against the digest the client last saw.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import namedtuple
+from collections.abc import Container, Sequence
+
+from sharedmem.clock import utc_now
+from sharedmem.core import StoreError
+from sharedmem.hashing import digest_of, sha256_bytes, sha256_text
+from sharedmem.rules import (
+    KIND_MARKDOWN,
+    SOURCE_KINDS,
+    Limits,
+    check_machine_name,
+    check_markdown_source_name,
+    collision_key,
+)
+from sharedmem.sources import allowlist
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sharedmem.server.store import Store
+
+
+class IncomingFile(namedtuple("IncomingFile", "path sha256 size mtime_ns text redactions",
+                               defaults=(None, None, 0, None, None))):
+    """A file a client publishes: its text, or only its sha256 when the server may have the body.
+
+    `redactions` is set when the server already redacted `text` as it arrived; when it is
+    empty (nothing was redacted), `sha256` and `size` are those the server computed for `text`,
+    and `text` may be None: the server stored that body as it arrived (`Store.put_blobs`).
+    """
+
+    __slots__ = ()
+
+
+class IngestReport:
+    """What one namespace ingest stored and refused."""
+
+    def __init__(self, machine: str, source: str, generation: int) -> None:
+        self.machine, self.source, self.generation = machine, source, generation
+        self.accepted = 0
+        self.unchanged = False
+        self.refused: list[dict[str, str]] = []
+        self.redacted: dict[str, int] = {}
+        self.stored: dict[str, str] = {}
+
+
+class StaleBase(StoreError):
+    """A delta was based on a namespace digest the server no longer holds."""
+
+
+def ingest(store: Store, machine: str, source: str, kind: str,
+           files: Sequence[IncomingFile], *, limits: Limits | None = None,
+           removed: Sequence[str] | None = None, base_digest: str | None = None) -> IngestReport:
+    """Replace exactly one namespace in one transaction, re-checking every rule first.
+
+    With `base_digest`, `files` and `removed` are a delta against that stored digest: only
+    their rows are read and written, and SQLite lists the namespace for its new digest, so a
+    delta costs the server little more than the files it changes.
+    """
+    limits = limits or Limits()
+    _check_namespace(machine, source, kind)
+    with store.transaction(durable=False) as conn:  # a replica: see Store.transaction
+        row = conn.execute("SELECT id, digest, generation, file_count, byte_count FROM namespaces "
+                           "WHERE machine=? AND source=?", (machine, source)).fetchone()
+        if base_digest is not None and (row is None or row[1] != base_digest):
+            raise StaleBase(f"namespace {machine}/{source} changed since the client's "
+                            "last sync; send the whole manifest")
+        if base_digest is None:
+            current = _rows(conn, row[0], None) if row else {}
+            kept = _Kept(conn, None, set(), 0, 0)
+        else:
+            drop = set(removed or ()) | {f.path for f in files}
+            current = _rows(conn, row[0], drop)
+            # Every ingest writes the namespace's count and size with its rows.
+            kept = _Kept(conn, row[0], drop, row[3] - len(current),
+                         row[4] - sum(v[1] for v in current.values()))
+        report = IngestReport(machine, source, 0)
+        stored = [f.sha256 for f in files if f.text is None and f.redactions == {}]
+        absent = set(store.missing(stored)) if stored else set()
+        accepted = _check_files(conn, kind, files, limits, report, kept, current, absent)
+        gone = [p for p in current if p not in accepted]
+        # mtime_ns is not compared: a kept file's row is never rewritten, only changed ones.
+        changed = [(p, s, z, m) for p, (s, z, m) in accepted.items()
+                   if current.get(p, (None,))[0] != s]
+        if row is not None and row[2] and not gone and not changed:
+            conn.execute("UPDATE namespaces SET synced_at=? WHERE id=?", (utc_now(), row[0]))
+            report.generation, report.unchanged = row[2], True
+            report.accepted = kept.count + len(accepted)
+            return report
+        generation = int(conn.execute("SELECT value FROM meta WHERE key='generation'")
+                         .fetchone()[0]) + 1
+        conn.execute("UPDATE meta SET value=? WHERE key='generation'", (str(generation),))
+        count = kept.count + len(accepted)
+        size = kept.size + sum(z for _, z, _ in accepted.values())
+        # A whole snapshot is all in `accepted`; a delta's digest is listed after its writes.
+        digest = (digest_of((p, s) for p, (s, _, _) in accepted.items())
+                  if base_digest is None else None)
+        if row is None:
+            ns_id = conn.execute(
+                "INSERT INTO namespaces(machine, source, kind, generation, created_generation,"
+                " synced_at, file_count, byte_count, digest) VALUES (?,?,?,?,?,?,?,?,?)",
+                (machine, source, kind, generation, generation, utc_now(), count, size,
+                 digest)).lastrowid
+        else:
+            ns_id = row[0]
+        conn.executemany("DELETE FROM files WHERE namespace_id=? AND path=?",
+                         [(ns_id, p) for p in gone])
+        conn.executemany("INSERT OR REPLACE INTO tombstones VALUES (?,?,?)",
+                         [(ns_id, p, generation) for p in gone])
+        conn.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?)",
+                         [(ns_id, p, s, z, m, generation) for p, s, z, m in changed])
+        if row is not None:  # a new namespace has no tombstones yet
+            conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
+                             [(ns_id, c[0]) for c in changed])
+            conn.execute("UPDATE namespaces SET kind=?, generation=?, synced_at=?, "
+                         "file_count=?, byte_count=?, digest=? WHERE id=?",
+                         (kind, generation, utc_now(), count, size,
+                          digest or _stored_digest(conn, ns_id), ns_id))
+        report.generation, report.accepted = generation, count
+    return report
+
+
+def _rows(conn: sqlite3.Connection, ns_id: int,
+          paths: set[str] | None) -> dict[str, tuple[str, int, int]]:
+    """The namespace's rows, path -> (sha256, size, 0): all, or those of `paths` only."""
+    if paths is None:
+        return {p: (s, z, 0) for p, s, z in conn.execute(
+            "SELECT path, sha256, size FROM files WHERE namespace_id=?", (ns_id,))}
+    wanted = sorted(paths)
+    found: dict[str, tuple[str, int, int]] = {}
+    for i in range(0, len(wanted), 500):
+        chunk = wanted[i:i + 500]
+        found.update((p, (s, z, 0)) for p, s, z in conn.execute(
+            "SELECT path, sha256, size FROM files WHERE namespace_id=? AND path IN "
+            f"({','.join('?' * len(chunk))})", (ns_id, *chunk)))
+    return found
+
+
+def _stored_digest(conn: sqlite3.Connection, ns_id: int) -> str:
+    """`digest_of` the namespace's rows, joined in path order by SQLite itself.
+
+    SQLite compares paths as UTF-8 bytes, which orders them as Python orders the strings.
+    """
+    return sha256_bytes(conn.execute(_ORDERED_LINES, (ns_id,)).fetchone()[0] or b"")
+
+
+# One blob of the lines `digest_of` hashes. Before SQLite 3.44 an aggregate has no ORDER BY of
+# its own: it takes the rows in the order of a subquery that is not flattened (an ordered
+# subquery of an aggregate never is). test_ingest checks the result against digest_of.
+_ORDERED_LINES = (
+    "SELECT CAST(group_concat(path || char(0) || sha256 || char(10), '' ORDER BY path) AS BLOB)"
+    " FROM files WHERE namespace_id=?" if sqlite3.sqlite_version_info >= (3, 44) else
+    "SELECT CAST(group_concat(line, '') AS BLOB) FROM (SELECT path || char(0) || sha256 || "
+    "char(10) AS line FROM files WHERE namespace_id=? ORDER BY path)")
+
+
+class _Kept:
+    """The files a delta leaves as they are: counted, and their names read only when needed."""
+
+    def __init__(self, conn: sqlite3.Connection, ns_id: int | None, drop: set[str],
+                 count: int, size: int) -> None:
+        self.conn, self.ns_id, self.drop = conn, ns_id, drop
+        self.count, self.size = count, size
+        self._keys: set[str] | None = None
+
+    def keys(self) -> set[str]:
+        """Their collision keys: read when a new name comes, which must not clash with them."""
+        if self._keys is None:
+            self._keys = set() if self.ns_id is None else {
+                collision_key(p) for (p,) in self.conn.execute(
+                    "SELECT path FROM files WHERE namespace_id=?", (self.ns_id,))
+                if p not in self.drop}
+        return self._keys
+
+
+def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
+                 limits: Limits, report: IngestReport, kept: _Kept,
+                 existing: Container[str] = (),
+                 absent: Container[str] = ()) -> dict[str, tuple[str, int, int]]:
+    """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted.
+
+    `kept` are files a delta leaves as they are: they passed these checks when stored, and
+    count towards the quota; `existing` holds the names of `files` stored now; `absent` are
+    bodies the server stored as they arrived that are gone again (another session dropped them).
+    """
+    accepted: dict[str, tuple[str, int, int]] = {}
+    keys: set[str] = set()  # of the files accepted from `files`
+    total = kept.size
+    blobs: list[tuple[str, int, str]] = []  # inserted together: one call, not one per file
+
+    def refuse(path: object, reason: str, message: str) -> None:
+        report.refused.append({"path": str(path), "reason": reason, "message": message})
+
+    paths = [f.path for f in files]
+    plain = all(type(p) is str for p in paths) and allowlist.plain(kind, paths)
+    for item in sorted(files, key=lambda f: str(f.path)):
+        problem = None if plain else allowlist.problem(kind, item.path)
+        if problem:
+            refuse(item.path, "bad-path", problem)
+            continue
+        key = item.path.lower() if plain else collision_key(item.path)  # the same, for ASCII
+        clash = key in keys
+        if not clash and item.path not in existing:
+            # A stored name never clashes with those stored beside it (every ingest refuses
+            # such pairs), so only a new name is checked against the kept files.
+            clash = key in kept.keys()
+        if clash:
+            refuse(item.path, "collision", f"{item.path!r} collides with another path that "
+                   "differs only by case or Unicode form; rename one of them")
+            continue
+        if item.redactions == {} and (item.text is not None or item.sha256 not in absent):
+            text, counts, sha, size = item.text, item.redactions, item.sha256, item.size
+        elif item.text is not None:
+            try:
+                if item.redactions is None:
+                    from sharedmem.redact.redactor import redact  # compiled only when bodies come
+                    text, counts = redact(item.text)
+                else:
+                    text, counts = item.text, item.redactions
+                body = text.encode("utf-8")
+            except UnicodeEncodeError:
+                refuse(item.path, "invalid-utf8", f"{item.path!r} is not valid UTF-8 text")
+                continue
+            sha, size = sha256_text(text), len(body)
+        else:
+            found = conn.execute("SELECT size FROM blobs WHERE sha256=?",
+                                 (item.sha256,)).fetchone()
+            if found is None:
+                refuse(item.path, "missing-body", f"{item.path!r}: the server has no body "
+                       f"for sha256 {item.sha256}; send it")
+                continue
+            sha, size, counts = str(item.sha256), found[0], None
+        if counts is not None:  # a body sent this time: its size and redactions count
+            if size > limits.file_bytes:
+                refuse(item.path, "too-large", f"{item.path!r} is {size} bytes, over the "
+                       f"{limits.file_bytes}-byte file limit")
+                continue
+            for name, count in counts.items():
+                report.redacted[name] = report.redacted.get(name, 0) + count
+        if (kept.count + len(accepted) >= limits.namespace_files
+                or total + size > limits.namespace_bytes):
+            refuse(item.path, "quota", f"{item.path!r} is past the namespace quota "
+                   f"({limits.namespace_files} files, {limits.namespace_bytes} bytes)")
+            continue
+        if item.text is not None:  # only now: a body refused by the quota is not stored
+            blobs.append((sha, size, text))
+            if sha != item.sha256:
+                report.stored[item.path] = sha
+        keys.add(key)
+        total += size
+        accepted[item.path] = (sha, size, int(item.mtime_ns or 0))
+    conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", blobs)
+    return accepted
+
+
+def _check_namespace(machine: str, source: str, kind: str) -> None:
+    check_machine_name(machine)
+    if kind not in SOURCE_KINDS:
+        raise StoreError(f"source kind {kind!r} is unknown; use one of {', '.join(SOURCE_KINDS)}")
+    if kind == KIND_MARKDOWN:
+        check_markdown_source_name(source)
+    elif source != kind:
+        raise StoreError(f"a {kind} source must be named {kind!r}, not {source!r}")

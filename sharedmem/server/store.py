@@ -1,0 +1,416 @@
+"""The server's SQLite store: the connection, the one transaction helper, migrations, notes, pulls."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+from sharedmem.clock import utc_now
+from sharedmem.core import NoteError, StoreError
+from sharedmem.hashing import sha256_text
+from sharedmem.rules import (
+    MACHINES_DIR,
+    NOTES_DIR,
+    check_machine_name,
+    check_note_filename,
+    check_note_text,
+)
+from sharedmem.server.schema import MIGRATIONS, statements
+
+GENESIS = "0" * 64
+BUSY_TIMEOUT_MS = 60_000
+
+
+
+def render_note(entries: Sequence[tuple[str, str, str]]) -> str:
+    """A note file: every (created_at, machine, body) entry in order, each under its own heading."""
+    parts = [f"## {created} · {machine}\n\n{body.rstrip()}\n" for created, machine, body in entries]
+    return "\n".join(parts)
+
+
+def chain_hash(prev: str, note_id: str, filename: str, machine: str, created: str,
+               body: str) -> str:
+    """The hash that links a note entry to its predecessor, so a rewrite is detectable."""
+    return sha256_text("\n".join((prev, note_id, filename, machine, created, body)))
+
+
+class Store:
+    """One SQLite file; every write goes through `transaction`."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self.conn = conn
+
+    @classmethod
+    def open(cls, path: Path | str, *, create: bool = True,
+             before_migrate: Callable[[Path, int], None] | None = None) -> Store:
+        """Open (or create) a store, migrating an older schema after `before_migrate` backs it up."""
+        path = Path(path)
+        if not create and not path.is_file():
+            raise StoreError(f"store {path} does not exist: create it with install_server.py or "
+                             "pass the right --store")
+        try:
+            if create:
+                path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"store {path} cannot be created: its folder {path.parent} cannot "
+                             f"be made ({exc.strerror}); fix the path or the folder's "
+                             "permissions") from None
+        try:
+            conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000,
+                                   check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            _wal(conn)
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"store {path} cannot be opened ({exc}): check that the path is "
+                             "right and that this account may read and write it and its "
+                             "folder") from None
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"store {path} cannot be opened as SQLite ({exc}): restore it from "
+                             "a backup (see docs/OPERATIONS.md)") from None
+        store = cls(path, conn)
+        latest = len(MIGRATIONS)
+        if version > latest:
+            conn.close()
+            raise StoreError(f"store {path} has schema version {version}, newer than this "
+                             f"software ({latest}): upgrade codex-shared-memory")
+        if version < latest:
+            if version > 0 and before_migrate is not None:
+                try:
+                    before_migrate(path, version)
+                except BaseException:
+                    conn.close()
+                    raise
+            store._migrate(version)
+        return store
+
+    def _migrate(self, version: int) -> None:
+        for number in range(version + 1, len(MIGRATIONS) + 1):
+            with self.transaction() as conn:
+                if conn.execute("PRAGMA user_version").fetchone()[0] >= number:
+                    continue  # another process migrated while this one waited for the lock
+                for statement in statements(MIGRATIONS[number - 1]):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={number}")
+
+    def close(self) -> None:
+        """Checkpoint the WAL, then close the connection.
+
+        A passive checkpoint first: a last connection closing checkpoints by itself, but holding
+        the database exclusively while it does, and a session that stored a first sync's 28 MB
+        kept the next session's server waiting on its disk that long. Passive, the next one reads
+        and writes meanwhile; the close then has nothing left to copy.
+        """
+        try:
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error:
+            pass  # the close checkpoints what it can, as before
+        self.conn.close()
+
+    def checkpoint_at_close(self) -> None:
+        """Copy the WAL into the database when the session ends, not inside each commit.
+
+        A large ingest's commit would otherwise also rewrite every page into the main file
+        before its client hears the result; the last connection to close does it instead.
+        """
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def transaction(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """The only write path: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK on any error.
+
+        Without `durable` the commit is not fsynced (synchronous=NORMAL), only written: for
+        what a client redoes by itself if a power cut loses it, that is bodies sent ahead, a
+        namespace, the copy of a client's files (its next delta then finds a stale base and it
+        sends the whole manifest), and the time of an unchanged sync. The next fsynced commit,
+        or the checkpoint when the session closes, makes it durable, since the WAL is synced as
+        a whole. Notes, which a client deletes from its outbox once stored, are always fsynced.
+        """
+        if not durable:
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise StoreError(f"store {self.path} is busy or unwritable ({exc}); try again") \
+                    from None
+            try:
+                yield self.conn
+                self.conn.execute("COMMIT")
+            except BaseException:
+                if self.conn.in_transaction:  # SQLite may have rolled back (full disk, I/O)
+                    self.conn.execute("ROLLBACK")
+                raise
+        finally:
+            if not durable:
+                self.conn.execute("PRAGMA synchronous=FULL")
+
+    def schema_version(self) -> int:
+        """The schema version recorded in the file."""
+        return self.conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def put_blobs(self, rows: Sequence[tuple[str, int, bytes]]) -> list[str]:
+        """Store (sha256, size, text in UTF-8) bodies ahead of the namespace that lists them.
+
+        SQLite turns the bytes into TEXT itself, so the caller's UTF-8 is not made again from
+        the string. Returns the sha256s stored now (not there before): the session that sent
+        them drops those no file uses when it ends (`drop_unused_blobs`).
+        """
+        new = set(self.missing(row[0] for row in rows))
+        if new:
+            with self.transaction(durable=False) as conn:
+                conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,CAST(? AS TEXT))",
+                                 [row for row in rows if row[0] in new])
+        return sorted(new)
+
+    def drop_unused_blobs(self, shas: Iterable[str]) -> None:
+        """Delete these bodies where no file uses them (a session stored them for nothing)."""
+        wanted = sorted(set(shas))
+        with self.transaction() as conn:
+            for i in range(0, len(wanted), 500):
+                chunk = wanted[i:i + 500]
+                conn.execute(f"DELETE FROM blobs WHERE sha256 IN ({','.join('?' * len(chunk))}) "
+                             "AND sha256 NOT IN (SELECT sha256 FROM files)", chunk)
+
+    def missing(self, shas: Iterable[str]) -> list[str]:
+        """Which of these content addresses the store has no body for."""
+        wanted = sorted(set(shas))
+        have: set[str] = set()
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i:i + 500]
+            marks = ",".join("?" * len(chunk))
+            have.update(r[0] for r in self.conn.execute(
+                f"SELECT sha256 FROM blobs WHERE sha256 IN ({marks})", chunk))
+        return [s for s in wanted if s not in have]
+
+    def namespace_digest(self, machine: str, source: str) -> str | None:
+        """The digest of a namespace as stored, or None when it does not exist."""
+        row = self.conn.execute("SELECT digest FROM namespaces WHERE machine=? AND source=?",
+                                (machine, source)).fetchone()
+        return row[0] if row else None
+
+    def touch(self, machine: str, source: str) -> int | None:
+        """Record an unchanged sync of a namespace; returns its generation.
+
+        Only a time is written, so it is not fsynced (see `transaction`).
+        """
+        with self.transaction(durable=False) as conn:
+            conn.execute("UPDATE namespaces SET synced_at=? WHERE machine=? AND source=?",
+                         (utc_now(), machine, source))
+            row = conn.execute("SELECT generation FROM namespaces WHERE machine=? AND source=?",
+                               (machine, source)).fetchone()
+        return row[0] if row else None
+
+    def append_note(self, machine: str, filename: str, text: str,
+                    note_id: str | None = None) -> tuple[str, bool]:
+        """Append one entry to a note file; returns (published path, stored now or already)."""
+        check_machine_name(machine)
+        check_note_filename(filename)
+        if note_id is None:
+            import uuid
+            note_id = uuid.uuid4().hex
+        if not isinstance(note_id, str) or not 8 <= len(note_id) <= 128:
+            raise NoteError(f"note id {note_id!r} must be a string of 8 to 128 characters")
+        from sharedmem.redact.redactor import redact
+        body = check_note_text(filename, redact(check_note_text(filename, text))[0])
+        path = f"{NOTES_DIR}/{filename}"
+        with self.transaction() as conn:
+            if conn.execute("SELECT 1 FROM notes WHERE note_id=?", (note_id,)).fetchone():
+                return path, False
+            last = conn.execute("SELECT sha256 FROM notes ORDER BY seq DESC LIMIT 1").fetchone()
+            prev = last[0] if last else GENESIS
+            created = utc_now()
+            conn.execute(
+                "INSERT INTO notes(note_id, filename, machine, created_at, body, prev_sha256,"
+                " sha256) VALUES (?,?,?,?,?,?,?)",
+                (note_id, filename, machine, created, body, prev,
+                 chain_hash(prev, note_id, filename, machine, created, body)))
+        return path, True
+
+    def note_generation(self) -> int:
+        """The sequence number of the newest note: the notes namespace's generation."""
+        return self.conn.execute("SELECT coalesce(max(seq), 0) FROM notes").fetchone()[0]
+
+    def _note_files(self, since: int = 0) -> Iterator[tuple[str, str, str]]:
+        names = [r[0] for r in self.conn.execute(
+            "SELECT filename FROM notes GROUP BY filename HAVING max(seq) > ? ORDER BY filename",
+            (since,))]
+        for name in names:
+            entries = self.conn.execute("SELECT created_at, machine, body FROM notes WHERE "
+                                        "filename=? ORDER BY seq", (name,)).fetchall()
+            text = render_note(entries)
+            yield f"{NOTES_DIR}/{name}", sha256_text(text), text
+
+    def namespaces(self) -> list[dict[str, object]]:
+        """Every namespace with its counts; the notes folder is listed as one more."""
+        rows = self.conn.execute(
+            "SELECT machine, source, kind, generation, created_generation, synced_at, "
+            "file_count, byte_count, digest FROM namespaces ORDER BY machine, source").fetchall()
+        out: list[dict[str, object]] = [
+            {"key": f"{MACHINES_DIR}/{r[0]}/{r[1]}", "machine": r[0], "source": r[1],
+             "kind": r[2], "generation": r[3], "created_generation": r[4], "synced_at": r[5],
+             "files": r[6], "bytes": r[7], "digest": r[8]} for r in rows]
+        notes = self.conn.execute("SELECT count(DISTINCT filename), coalesce(max(seq), 0), "
+                                  "max(created_at) FROM notes").fetchone()
+        out.append({"key": NOTES_DIR, "machine": None, "source": "ad_hoc", "kind": "notes",
+                    "generation": notes[1], "created_generation": 0, "synced_at": notes[2],
+                    "files": notes[0], "bytes": 0, "digest": ""})
+        return out
+
+    def export(self) -> Iterator[tuple[str, str, str]]:
+        """Every published file as (path, sha256, text), namespaces first, then notes."""
+        for path, sha, text, _ in self.changes({}):
+            yield path, sha, text
+        yield from self._note_files()
+
+    def manifest(self) -> dict[str, str]:
+        """Published path -> sha256, without reading bodies of namespace files."""
+        out = {f"{MACHINES_DIR}/{m}/{s}/{p}": sha for m, s, p, sha in self.conn.execute(
+            "SELECT n.machine, n.source, f.path, f.sha256 FROM files f JOIN namespaces n "
+            "ON n.id = f.namespace_id")}
+        out.update({p: s for p, s, _ in self._note_files()})
+        return out
+
+    def changes(self, known: Mapping[str, int],
+                namespaces: list[dict[str, object]] | None = None,
+                have: Container[str] = frozenset(),
+                ) -> Iterator[tuple[str, str, str | None, str]]:
+        """Files of machine namespaces changed since the client's generations: (path, sha, text, ns).
+
+        The text is None for a sha256 in `have`: the client holds that body, so it is not read.
+        """
+        for ns in (namespaces or self.namespaces())[:-1]:
+            since = _since(ns, known)
+            if since is None:
+                continue
+            where = ("FROM files f JOIN namespaces n ON n.id=f.namespace_id WHERE n.machine=? "
+                     "AND n.source=? AND f.generation > ? ORDER BY f.path")
+            args = (ns["machine"], ns["source"], since)
+            key = str(ns["key"])
+            if not have:
+                for path, sha, body in self.conn.execute(
+                        "SELECT f.path, f.sha256, b.body " + where.replace(
+                            "WHERE", "JOIN blobs b ON b.sha256=f.sha256 WHERE"), args):
+                    yield f"{key}/{path}", sha, body, key
+                continue
+            for path, sha in self.conn.execute("SELECT f.path, f.sha256 " + where, args).fetchall():
+                body = None if sha in have else self.conn.execute(
+                    "SELECT body FROM blobs WHERE sha256=?", (sha,)).fetchone()[0]
+                yield f"{key}/{path}", sha, body, key
+
+    def pull(self, known: Mapping[str, int], have: Container[str] = frozenset()
+             ) -> tuple[list[dict[str, object]], set[str], Iterator[tuple[str, str, str | None]],
+                        list[str]]:
+        """What a client with these generations lacks: (namespaces, full keys, upserts, removals).
+
+        An upsert's text is None when its sha256 is in `have` (the client holds the body).
+
+        A namespace is sent whole ("full") when the client's generation predates its creation
+        (it was forgotten and re-created) or is from the future (the store was restored).
+        """
+        namespaces = self.namespaces()
+        full: set[str] = set()
+        removals: list[str] = []
+        for ns in namespaces[:-1]:
+            since = _since(ns, known)
+            if since == 0:
+                full.add(str(ns["key"]))
+            elif since is not None:
+                removals.extend(f"{ns['key']}/{r[0]}" for r in self.conn.execute(
+                    "SELECT t.path FROM tombstones t JOIN namespaces n ON n.id=t.namespace_id "
+                    "WHERE n.machine=? AND n.source=? AND t.generation > ?",
+                    (ns["machine"], ns["source"], since)))
+        since_notes = known.get(NOTES_DIR, 0)
+        newest_note = int(namespaces[-1]["generation"])  # type: ignore[call-overload]
+
+        def upserts() -> Iterator[tuple[str, str, str | None]]:
+            for path, sha, body, _ in self.changes(known, namespaces, have):
+                yield path, sha, body
+            if since_notes != newest_note:
+                yield from self._note_files(since_notes if since_notes <= newest_note else 0)
+
+        return namespaces, full, upserts(), removals
+
+    def forget(self, machine: str, source: str | None = None, reason: str = "") -> int:
+        """Remove a machine's namespaces (all, or one source) in one transaction; notes stay."""
+        check_machine_name(machine)
+        with self.transaction() as conn:
+            where, args = "machine=?", [machine]
+            if source is not None:
+                where, args = where + " AND source=?", args + [source]
+            count = conn.execute(f"SELECT coalesce(sum(file_count), 0), count(*) FROM namespaces "
+                                 f"WHERE {where}", args).fetchone()
+            if count[1] == 0:
+                raise StoreError(f"store {self.path} holds nothing for machine {machine!r}"
+                                 + (f" source {source!r}" if source else "")
+                                 + ": check the name with `status` or `doctor --store`")
+            conn.execute(f"DELETE FROM namespaces WHERE {where}", args)
+            conn.execute("INSERT INTO forgotten(machine, source, files, forgotten_at, reason) "
+                         "VALUES (?,?,?,?,?)", (machine, source, count[0], utc_now(), reason))
+            conn.execute("DELETE FROM blobs WHERE sha256 NOT IN (SELECT sha256 FROM files)")
+        return int(count[0])
+
+    def verify(self) -> list[str]:
+        """Problems found by `integrity_check`, foreign keys and the note chain (empty = sound)."""
+        problems = [r[0] for r in self.conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
+        problems += [f"foreign key broken in {r[0]} row {r[1]}"
+                     for r in self.conn.execute("PRAGMA foreign_key_check")]
+        prev = GENESIS
+        for seq, note_id, filename, machine, created, body, prev_sha, sha in self.conn.execute(
+                "SELECT seq, note_id, filename, machine, created_at, body, prev_sha256, sha256 "
+                "FROM notes ORDER BY seq"):
+            if prev_sha != prev or sha != chain_hash(prev, note_id, filename, machine, created,
+                                                     body):
+                problems.append(f"note chain broken at entry {seq} ({filename}): the history "
+                                "was rewritten; restore from a verified backup")
+                break
+            prev = sha
+        return problems
+
+    def counts(self) -> dict[str, int]:
+        """Sizes for reports and backup manifests."""
+        row = self.conn.execute(
+            "SELECT (SELECT count(*) FROM namespaces), (SELECT count(*) FROM files), "
+            "(SELECT count(*) FROM blobs), (SELECT count(*) FROM notes)").fetchone()
+        return {"namespaces": row[0], "files": row[1], "blobs": row[2], "notes": row[3]}
+
+
+def _wal(conn: sqlite3.Connection) -> None:
+    """Switch to WAL, retrying while another process creates the same new store.
+
+    That switch can report 'locked' at once (the busy timeout does not cover it).
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _since(ns: Mapping[str, object], known: Mapping[str, int]) -> int | None:
+    """The generation a client's copy of a namespace is at: None when current, 0 to send it whole.
+
+    0 also covers a generation from before the namespace was (re)created or after its newest.
+    """
+    since = known.get(str(ns["key"]), 0)
+    if since == ns["generation"]:
+        return None
+    if not int(ns["created_generation"]) <= since <= int(ns["generation"]):  # type: ignore[call-overload]
+        return 0
+    return since

@@ -1,0 +1,239 @@
+"""One walk of a source's folder: the files it publishes and those it skips, one at a time.
+
+The walker applies the rules every source kind shares: hidden names and links are refused, each
+path follows the path rule and the kind's allowlist, case and Unicode collisions and the quotas
+are reported, and a file whose size and mtime match its saved record is reused unread. What it
+reads is redacted in batches. Which folders a kind enters, and which names it offers, is for
+`sharedmem.sources.kinds` to say.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import unicodedata
+from collections import namedtuple
+from collections.abc import Callable, Iterator, Mapping
+
+from sharedmem.hashing import sha256_bytes
+from sharedmem.rules import Limits, collision_key
+from sharedmem.sources import allowlist
+from sharedmem.sources.safe_open import (
+    Handle,
+    Refused,
+    is_link,
+    list_dir,
+    open_child_dir,
+    read_utf8,
+    refusal,
+    too_large,
+)
+
+REDACT_BATCH_BYTES = 1 << 20  # files read are redacted in batches of about this many bytes
+
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
+
+
+# Plain named tuples, as the other snapshot types are (see sources.SourceSpec).
+class Entry(namedtuple("Entry", "path sha256 size mtime_ns disk_size redactions text disk_path",
+                       defaults=("",))):
+    """One published file.
+
+    Its published path, the sha256 and size of its redacted text, the file's mtime_ns and size
+    on disk, redaction counts, the text (None when reused from the previous record unread) and
+    where it lies below the source's root.
+    """
+
+    __slots__ = ()
+
+
+class Skipped(namedtuple("Skipped", "path reason message")):
+    """A file or folder that was not published, with a reason code and a message for people."""
+
+    __slots__ = ()
+
+
+def display(text: str) -> str:
+    """A printable form of an on-disk name that may hold undecodable bytes."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _valid_record(value: object) -> tuple[int, int, str, int, dict[str, int]] | None:
+    """One `previous` record entry, or None when it is malformed (10,000 of these a sync)."""
+    if type(value) not in (list, tuple) or len(value) != 5:  # type: ignore[arg-type]
+        return None
+    disk_size, mtime_ns, sha, size, counts = value  # type: ignore[misc]
+    if not (type(disk_size) is int and disk_size >= 0 and type(mtime_ns) is int
+            and type(size) is int and size >= 0 and type(sha) is str
+            and type(counts) is dict and _SHA_RE.fullmatch(sha)):
+        return None  # `type(x) is int` also refuses True and False
+    if counts and not all(type(k) is str and type(v) is int and v >= 0
+                          for k, v in counts.items()):
+        return None
+    return disk_size, mtime_ns, sha, size, dict(counts)
+
+
+class Walker:
+    """Collects the files and skips of one snapshot, applying path, collision and quota rules."""
+
+    def __init__(self, kind: str, name: str, limits: Limits, previous: Mapping | None,
+                 on_read: Callable[[Entry, bytes], None] | None = None) -> None:
+        self.kind = kind
+        self.name = name
+        self.limits = limits
+        self.on_read = on_read
+        self.previous = previous if isinstance(previous, Mapping) else {}
+        self.files: list[Entry] = []
+        self.skipped: list[Skipped] = []
+        self.keys: set[str] = set()
+        self.bytes = 0
+        self.full = False
+        # Files waiting for the next flush, in walk order: (disk path, reused entry or None,
+        # (published path, stat, bytes read) and raw text of a file read this time). Redaction
+        # runs over a whole batch at once (redact.redact_many), which costs half as much as file
+        # by file; the bytes read are the text's UTF-8, hashed as they are when nothing changed.
+        self.queue: list[tuple[str, Entry | None, tuple[str, os.stat_result, bytes] | None,
+                               str | None]] = []
+        self.queued_bytes = 0
+
+    def skip(self, shown: str, reason: str, message: str) -> None:
+        """Report a file or folder left out, in walk order with the files queued before it."""
+        self.flush()  # decisions on earlier files come first, as if each were taken at once
+        self.skipped.append(Skipped(display(shown), reason, message))
+
+    def flush(self) -> None:
+        """Redact the queued files in one batch, then accept or refuse each in walk order."""
+        queue, self.queue, self.queued_bytes = self.queue, [], 0
+        if not queue:
+            return
+        from sharedmem.redact.redactor import redact_many  # its patterns compile on first use
+        redacted = iter(redact_many([raw for _, _, _, raw in queue if raw is not None],
+                                    [read[2] for _, _, read, _ in queue if read is not None]))
+        data = b""
+        for disk, made, read, _ in queue:
+            if read is not None:
+                text, counts = next(redacted)
+                published, st, data = read
+                if counts:
+                    data = text.encode("utf-8")
+                if len(data) > self.limits.file_bytes:
+                    skip = too_large(display(disk), len(data), self.limits.file_bytes)
+                    self.skipped.append(Skipped(display(disk), skip.reason, skip.detail))
+                    continue
+                made = Entry(published, sha256_bytes(data), len(data), st.st_mtime_ns,
+                             st.st_size, dict(counts), text, disk)
+            assert made is not None
+            if self.full or self.bytes + made.size > self.limits.namespace_bytes:
+                self.full = True
+                shown = display(disk)
+                self.skipped.append(Skipped(shown, "quota", self._quota_message(shown)))
+                continue
+            self.bytes += made.size
+            self.files.append(made)
+            if read is not None and self.on_read is not None:
+                self.on_read(made, data)
+
+    def listing(self, handle: Handle, rel: str) -> list[os.DirEntry]:
+        """A folder's sorted entries; an unlistable subfolder is reported, the root raises."""
+        try:
+            return list_dir(handle)
+        except OSError as exc:
+            if not rel:
+                raise
+            skip = refusal(exc, display(rel.rstrip("/")))
+            self.skip(rel.rstrip("/"), skip.reason, skip.detail)
+            return []
+
+    def entries(self, handle: Handle, rel: str,
+                listing: list[os.DirEntry] | None = None) -> Iterator[os.DirEntry]:
+        """Entries of a folder (`listing` if read already) that are neither hidden nor links."""
+        for entry in self.listing(handle, rel) if listing is None else listing:
+            shown = f"{rel}{entry.name}"
+            if entry.name.startswith("."):
+                self.skip(shown, "hidden",
+                          f"{display(shown)} is hidden; hidden names are never published")
+                continue
+            try:
+                link = is_link(entry)
+            except OSError:
+                self.skip(shown, "vanished", f"{display(shown)} disappeared during the walk")
+                continue
+            if link:
+                self.skip(shown, "symlink",
+                          f"{display(shown)} is a link or junction; links are never followed")
+                continue
+            yield entry
+
+    def subdir(self, handle: Handle, name: str, shown: str) -> Handle | None:
+        """Open a child folder, reporting why not when it cannot be opened."""
+        try:
+            return open_child_dir(handle, name)
+        except OSError as exc:
+            skip = refusal(exc, display(shown))
+            self.skip(shown, skip.reason, skip.detail)
+            return None
+
+    def file(self, handle: Handle, entry: os.DirEntry, disk: str, published: str,
+             plain: bool = False) -> None:
+        """Publish one candidate `.md` file found at `disk` (below the root) as `published`.
+
+        `plain`: its folder's names are plain (`allowlist.plain`), so the path rule holds.
+        """
+        shown = disk if plain else display(disk)  # plain names are ASCII: shown as they are
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                self.skip(disk, "not-regular",
+                          f"{shown} is not a regular file; it is not published")
+                return
+            # Only a file the last sync read may be reused unread; any other is read, and
+            # read_utf8 takes its size and time from the open file.
+            st = entry.stat(follow_symlinks=False) if self.previous else None
+        except OSError:
+            self.skip(disk, "vanished", f"{shown} disappeared during the walk; sync again")
+            return
+        problems = None
+        if not plain:
+            published = unicodedata.normalize("NFC", published)
+            problems = allowlist.problem(self.kind, published)
+        if problems:
+            self.skip(disk, "bad-path", f"{shown} cannot be published: {problems}; rename it")
+            return
+        key = published.lower() if plain else collision_key(published)  # the same, for ASCII
+        if key in self.keys:
+            self.skip(disk, "collision", f"{shown} has the same name as another file once case and "
+                      "Unicode form are ignored; rename one of them")
+            return
+        self.keys.add(key)
+        if len(self.files) + len(self.queue) >= self.limits.namespace_files:
+            self.flush()  # the file-count quota is decided on accepted files only
+        if self.full or len(self.files) >= self.limits.namespace_files:
+            self.full = True
+            self.skip(disk, "quota", self._quota_message(shown))
+            return
+        reused = None if st is None else self._reuse(published, disk, st)
+        if reused is not None:
+            self.queue.append((disk, reused, None, None))
+            return
+        try:
+            raw, data, st = read_utf8(handle, entry.name, shown, self.limits.file_bytes)
+        except Refused as skip:
+            self.skip(disk, skip.reason, skip.detail)
+            return
+        self.queue.append((disk, None, (published, st, data), raw))
+        self.queued_bytes += len(raw)
+        if self.queued_bytes >= REDACT_BATCH_BYTES:
+            self.flush()
+
+    def _quota_message(self, shown: str) -> str:
+        return (f"{shown} is past the quota of source {self.name!r} "
+                f"({self.limits.namespace_files} files, {self.limits.namespace_bytes} bytes); "
+                "remove files or raise the limit")
+
+    def _reuse(self, published: str, disk: str, st: os.stat_result) -> Entry | None:
+        """The previous record's entry when size and mtime are unchanged, without reading."""
+        rec = _valid_record(self.previous.get(published))
+        if rec is None or (rec[0], rec[1]) != (st.st_size, st.st_mtime_ns):
+            return None
+        if rec[0] > self.limits.file_bytes or rec[3] > self.limits.file_bytes:
+            return None
+        return Entry(published, rec[2], rec[3], rec[1], rec[0], rec[4], None, disk)
