@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument("--dir", help="where to put the corpus, the store, the cache and rsync's "
                                     "copy (default: the system's temporary folder); /dev/shm "
                                     "takes the disk out of the comparison")
+    sync.add_argument("--baseline", metavar="CHECKOUT",
+                      help="another checkout of this project (say, one without a speed trick) "
+                           "timed in the same runs, interleaved, with the same key and corpus")
     args = parser.parse_args(argv)
     if args.command == "mcp":
         return bench_mcp.main(args)

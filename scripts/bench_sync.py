@@ -71,10 +71,22 @@ def _change(root: Path, percent: float, round_no: int) -> int:
     return changed
 
 
-def _ours(work: Path, server: Sshd, source: Path, run: int) -> dict[str, dict[str, float]]:
-    cfg = work / f"client-{run}" / "client.json"
+def _ours(work: Path, server: Sshd, source: Path, run: int,
+          launcher: Path | None = None) -> dict[str, dict[str, float]]:
+    """One run of our three phases; with `launcher`, that checkout's client and server.
+
+    A comparison of two checkouts runs both with the unpinned key and an explicit remote
+    command, each with a store of its own, so the only difference is the code.
+    """
+    tag = "" if launcher is None else ("-b" if launcher != LAUNCHER else "-a")
+    cfg = work / f"client-{run}{tag}" / "client.json"
     cfg.parent.mkdir(parents=True)
-    transport = server.transport()
+    if launcher is None:
+        transport = server.transport()
+    else:
+        store = work / f"server{tag}" / "store.sqlite3"
+        transport = server.transport(pinned=False, remote_command=[
+            sys.executable, "-S", str(launcher), "serve", "--store", str(store)])
     cfg.write_text(json.dumps({
         "machine": "laptop", "transport": transport,
         "sources": [{"name": "corpus", "kind": "markdown", "path": str(source)}],
@@ -85,8 +97,8 @@ def _ours(work: Path, server: Sshd, source: Path, run: int) -> dict[str, dict[st
             _change(source, 1.0, run)
         _settle()
         started = time.perf_counter()
-        proc = subprocess.run([sys.executable, str(LAUNCHER), "sync", "--config", str(cfg),
-                               "--json"], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, str(launcher or LAUNCHER), "sync", "--config",
+                               str(cfg), "--json"], capture_output=True, text=True)
         seconds = time.perf_counter() - started
         report = json.loads(proc.stdout)
         if proc.returncode != 0:
@@ -131,6 +143,10 @@ def main(args: argparse.Namespace | None = None) -> int:
     files = getattr(args, "files", None) or 10_000
     runs = getattr(args, "runs", None) or 3
     as_json = bool(getattr(args, "json", False))
+    baseline = getattr(args, "baseline", None)
+    baseline = Path(baseline).resolve() / "shared_memory.py" if baseline else None
+    if baseline is not None and not baseline.is_file():
+        raise SystemExit(f"--baseline: {baseline} does not exist: name a checkout of this project")
     if shutil.which("rsync") is None:
         raise SystemExit("rsync is not installed: apt-get install -y rsync")
     work = Path(tempfile.mkdtemp(prefix="sharedmem-bench-sync-", dir=getattr(args, "dir", None)))
@@ -139,17 +155,25 @@ def main(args: argparse.Namespace | None = None) -> int:
         stats = corpus.generate(source, files=files)
         print(f"corpus: {stats['files']} files, {stats['bytes'] / 1e6:.1f} MB", file=sys.stderr)
         server = start_sshd(work / "sshd", work / "server" / "store.sqlite3")
-        ours, theirs = [], []
+        ours: list[dict[str, dict[str, float]]] = []
+        theirs: list[dict[str, dict[str, float]]] = []
+        base: list[dict[str, dict[str, float]]] = []
+        tools = ("sharedmem", "rsync") if baseline is None else ("sharedmem", "baseline", "rsync")
         try:
             for run in range(runs):
                 # Moved aside, not deleted: freeing 60 MB just before a timed first sync would
                 # slow it (this disk discards freed blocks), and rsync's copies stay too.
-                _set_aside(work / "server", work / "old-stores" / str(run))
-                # The tools take turns going first, so neither always runs after the other.
-                for name in ("sharedmem", "rsync")[::1 if run % 2 == 0 else -1]:
+                for folder in ("server", "server-a", "server-b"):
+                    _set_aside(work / folder, work / "old-stores" / f"{run}{folder}")
+                # The tools take turns going first, so none always runs after another.
+                order = tools[run % len(tools):] + tools[:run % len(tools)]
+                for name in order if run % 2 == 0 else order[::-1]:
                     print(f"run {run + 1}/{runs}: {name}", file=sys.stderr)
                     if name == "sharedmem":
-                        ours.append(_ours(work, server, source, run))
+                        ours.append(_ours(work, server, source, run,
+                                          None if baseline is None else LAUNCHER))
+                    elif name == "baseline":
+                        base.append(_ours(work, server, source, run, baseline))
                     else:
                         theirs.append(_rsync(work, server, source, run))
         finally:
@@ -157,7 +181,9 @@ def main(args: argparse.Namespace | None = None) -> int:
         rows = []
         for phase in PHASES:
             row: dict[str, Any] = {"phase": phase}
-            for name, data in (("sharedmem", ours), ("rsync", theirs)):
+            for name, data in (("sharedmem", ours), ("rsync", theirs), ("baseline", base)):
+                if not data:
+                    continue
                 row[name] = {"seconds": round(_median(data, phase, "seconds"), 3),
                              "bytes": int(_median(data, phase, "sent")
                                           + _median(data, phase, "received"))}
@@ -168,6 +194,9 @@ def main(args: argparse.Namespace | None = None) -> int:
                                                           ", bytes <= rsync")
             row["pass"] = row["time_ratio"] <= limit and (phase == "first"
                                                            or row["bytes_ratio"] <= 1.0)
+            if base:
+                row["vs_baseline"] = round(row["sharedmem"]["seconds"]
+                                           / row["baseline"]["seconds"], 3)
             rows.append(row)
         print(f"{'phase':<12} {'sharedmem s':>12} {'rsync s':>9} {'ratio':>6} "
               f"{'sharedmem B':>13} {'rsync B':>11} {'ratio':>6}  target")
@@ -176,6 +205,11 @@ def main(args: argparse.Namespace | None = None) -> int:
                   f"{r['rsync']['seconds']:>9.3f} {r['time_ratio']:>6.2f} "
                   f"{r['sharedmem']['bytes']:>13,} {r['rsync']['bytes']:>11,} "
                   f"{r['bytes_ratio']:>6.3f}  {r['target']}: {'PASS' if r['pass'] else 'FAIL'}")
+        if baseline is not None:
+            print(f"\nagainst the baseline {baseline.parent} (same runs, interleaved):")
+            for r in rows:
+                print(f"{r['phase']:<12} {r['sharedmem']['seconds']:>12.3f} "
+                      f"{r['baseline']['seconds']:>9.3f} {r['vs_baseline']:>6.3f}")
         if as_json:
             print(json.dumps({"corpus": stats, "runs": runs, "rows": rows}, indent=2))
         return 0 if all(r["pass"] for r in rows) else 1
@@ -189,5 +223,6 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--dir", help="where to put the corpus, the store and the copies")
+    parser.add_argument("--baseline", help="another checkout to time beside this one")
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "")
     sys.exit(main(parser.parse_args()))
