@@ -2,8 +2,9 @@
 
 The prefix holds the launcher, the package (byte-compiled) and the guidance text. Registrations
 point at that copy, so upgrading is re-running the installer: changed files are replaced
-atomically, files gone from the release are removed (an old layout's modules too), and unchanged
-files are left alone (a re-run writes nothing).
+atomically, files gone from the release are removed (an old layout's modules too, with their
+compiled files and the folders they leave empty), and unchanged files are left alone (a re-run
+writes nothing).
 """
 
 from __future__ import annotations
@@ -48,39 +49,81 @@ def release_files(root: Path = SOURCE_ROOT) -> dict[str, Path]:
     return files
 
 
+def _write_order(rel: str) -> tuple[bool, int, str]:
+    """Modules before the `__init__.py` of their package, deepest packages first.
+
+    A folder without `__init__.py` does not shadow a module of the same name (the flat layout's
+    `cli.py` beside a new `cli/`), so a package appears only once its modules are in place.
+    """
+    return rel.endswith("/__init__.py"), -rel.count("/"), rel
+
+
 def _stale(prefix: Path, wanted: Mapping[str, Path]) -> list[Path]:
-    """Our .py files in the prefix that the release no longer has."""
+    """Our files in the prefix that the release no longer has, then the folders left empty.
+
+    Ours are .py files, and compiled files whose module is not in the release (even if its .py
+    went long ago). The list is bottom-up: removing it in order empties each folder before its
+    turn. A folder with anything else in it stays, as do the release's folders.
+    """
     package = prefix / PACKAGE
-    if not package.is_dir():
-        return []
-    return [p for p in sorted(package.rglob("*.py")) if "__pycache__" not in p.parts
-            and p.relative_to(prefix).as_posix() not in wanted]
+    keep = {(prefix / rel).parent for rel in wanted}
+    keep |= {folder / "__pycache__" for folder in keep}
+    stale: list[Path] = []
+    emptied: set[Path] = set()
+    for top, dirs, names in os.walk(package, topdown=False):
+        folder = Path(top)
+        gone = []
+        for name in sorted(names):
+            if folder.name == "__pycache__":
+                module = folder.parent / f"{name.split('.')[0]}.py"
+                ours = name.endswith(".pyc")
+            else:
+                module = folder / name
+                ours = name.endswith(".py")
+            if ours and module.relative_to(prefix).as_posix() not in wanted:
+                gone.append(folder / name)
+        stale += gone
+        if folder not in keep and len(gone) == len(names) and all(folder / d in emptied
+                                                                  for d in dirs):
+            stale.append(folder)
+            emptied.add(folder)
+    return stale
 
 
 def install_code(prefix: Path, console: Console, *, dry_run: bool) -> list[str]:
-    """Copy launcher, package and guidance into `prefix` and byte-compile; the changed paths."""
+    """Copy launcher, package and guidance into `prefix` and byte-compile; the changed paths.
+
+    The order is for processes that start meanwhile: new files go in before stale ones go out,
+    and the launcher is replaced last, so the new launcher only ever meets the whole new package.
+    The list of changes follows that order.
+    """
     if prefix.resolve() == SOURCE_ROOT:
         console.progress(f"{prefix} is this checkout itself: nothing to copy")
         return []
     wanted = release_files()
     changed: list[str] = []
     try:
+        updates = [rel for rel in sorted(wanted, key=_write_order)
+                   if not ((prefix / rel).is_file()
+                           and (prefix / rel).read_bytes() == wanted[rel].read_bytes())]
+        stale = _stale(prefix, wanted)
         if not prefix.exists() and not dry_run:
             prefix.mkdir(parents=True, mode=0o700)
-        for rel, source in wanted.items():
-            data = source.read_bytes()
-            target = prefix / rel
-            if target.is_file() and target.read_bytes() == data:
-                continue
+        for rel in [r for r in updates if r != LAUNCHER_NAME]:
             changed.append(rel)
             if not dry_run:
-                atomic_write(target, data, mode=0o755 if rel == LAUNCHER_NAME else 0o644)
-        for path in _stale(prefix, wanted):
-            changed.append(f"{path.relative_to(prefix).as_posix()} (removed)")
+                atomic_write(prefix / rel, wanted[rel].read_bytes(), mode=0o644)
+        for path in stale:
+            folder = path.is_dir()
+            changed.append(f"{path.relative_to(prefix).as_posix()}{'/' if folder else ''} "
+                           "(removed)")
             if not dry_run:
-                path.unlink()
-                for compiled in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
-                    compiled.unlink()
+                path.rmdir() if folder else path.unlink()
+        if LAUNCHER_NAME in updates:
+            changed.append(LAUNCHER_NAME)
+            if not dry_run:
+                atomic_write(prefix / LAUNCHER_NAME, wanted[LAUNCHER_NAME].read_bytes(),
+                             mode=0o755)
     except OSError as exc:
         raise InstallError(f"cannot install the code into {prefix}: {exc}; check that the "
                            "folder is writable, or pass another --prefix") from None
