@@ -1,0 +1,18 @@
+"""Tests for sharedmem.hashing: content addresses."""
+
+from __future__ import annotations
+
+from sharedmem import hashing
+
+NFC_E = "\u00e9"  # 'é' composed
+
+
+def test_sha256_of_text_is_that_of_its_utf8() -> None:
+    assert hashing.sha256_text("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    assert hashing.sha256_text(NFC_E) == hashing.sha256_bytes(NFC_E.encode("utf-8"))
+
+
+def test_digest_of_ignores_order() -> None:
+    pairs = [("b.md", "2"), ("a.md", "1")]
+    assert hashing.digest_of(pairs) == hashing.digest_of(reversed(pairs))
+    assert hashing.digest_of(pairs) != hashing.digest_of(pairs[:1])
