@@ -116,31 +116,26 @@ def test_what_json_cannot_write_is_our_error() -> None:
             fastjson.dumps(value)
 
 
+def fresh_python(code: str) -> str:
+    """What `code` prints in a new interpreter (no site) that has only imported fastjson."""
+    probe = f"import sys; sys.path.insert(0, {str(REPO)!r})\nfrom sharedmem import fastjson\n{code}"
+    return subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 def test_neither_json_nor_re_is_loaded_for_valid_json() -> None:
-    probe = (
-        "import sys; sys.path.insert(0, REPO)\n"
-        "from sharedmem import fastjson\n"
+    assert fresh_python(
         "v = fastjson.loads(' {\"a\": [1, 2.5, \"\\\\u00e9\", null, true, {}]} ')\n"
         "assert fastjson.dumps(v) == '{\"a\":[1,2.5,\"\\u00e9\",null,true,{}]}', fastjson.dumps(v)\n"
-        "print(sorted(n for n in ('json', 're') if n in sys.modules))\n"
-    ).replace("REPO", repr(str(REPO)))
-    out = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "[]"
+        "print(sorted(n for n in ('json', 're') if n in sys.modules))\n") == "[]"
 
 
 def test_a_malformed_text_is_our_error_before_json_is_loaded() -> None:
     """Python 3.11's C scanner cannot raise json's error while `json` is not loaded."""
-    probe = (
-        "import sys; sys.path.insert(0, REPO)\n"
-        "from sharedmem import fastjson\n"
+    assert fresh_python(
         "from sharedmem.core import JSONError\n"
         "assert 'json.decoder' not in sys.modules\n"
         "try:\n"
         "    fastjson.loads('{\"machine\": \"a\" \"transport\": {}}')\n"
         "except JSONError as exc:\n"
-        "    print(exc)\n"
-    ).replace("REPO", repr(str(REPO)))
-    out = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "Expecting ',' delimiter: line 1 column 17 (char 16)"
+        "    print(exc)\n") == "Expecting ',' delimiter: line 1 column 17 (char 16)"
