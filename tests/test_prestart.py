@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, write_config
+from conftest import Sshd, run_cli, write_config
 
 from sharedmem.cli import main as cli
 from sharedmem.client import config as config_mod
@@ -117,7 +117,7 @@ def test_quote_is_shlex_quote() -> None:
         assert prestart.quote(word) == shlex.quote(word), word
 
 
-def write_malformed(tmp_path: Path, sshd) -> Path:
+def write_malformed(tmp_path: Path, sshd: Sshd) -> Path:
     """A client.json with an ssh transport and one comma missing."""
     cfg = ssh_config(tmp_path, sshd)
     text = cfg.read_text()
@@ -127,7 +127,8 @@ def write_malformed(tmp_path: Path, sshd) -> Path:
     return cfg
 
 
-def test_a_malformed_client_json_is_a_configuration_error_for_sync(tmp_path, sshd, capsys):
+def test_a_malformed_client_json_is_a_configuration_error_for_sync(
+        tmp_path: Path, sshd: Sshd, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = write_malformed(tmp_path, sshd)
     assert cli.main(["sync", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
@@ -135,7 +136,7 @@ def test_a_malformed_client_json_is_a_configuration_error_for_sync(tmp_path, ssh
     assert prestart._started is None
 
 
-def test_a_malformed_client_json_fails_sync_as_it_fails_status(tmp_path, sshd):
+def test_a_malformed_client_json_fails_sync_as_it_fails_status(tmp_path: Path, sshd: Sshd) -> None:
     """In a fresh process `json` is not loaded when the early start reads client.json: there
     Python 3.11's C scanner crashed it with a SystemError (exit 1) instead of the error."""
     cfg = write_malformed(tmp_path, sshd)

@@ -290,7 +290,8 @@ def test_the_session_table_has_a_row_for_each_protocol_version() -> None:
 
 
 @pytest.mark.parametrize("version", [1, 2])
-def test_each_version_takes_its_own_message_types_and_refuses_the_rest(tmp_path, version):
+def test_each_version_takes_its_own_message_types_and_refuses_the_rest(tmp_path: Path,
+                                                                       version: int) -> None:
     for kind in EVERY_TYPE:
         out = io.BytesIO()
         lines = [enc({**HELLO, "versions": [version]}), enc({"type": kind})]
