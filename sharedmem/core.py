@@ -59,3 +59,7 @@ class BackupError(SharedMemoryError):
 
 class LockError(SharedMemoryError):
     """Another process holds a lock this one needs."""
+
+
+class JSONError(SharedMemoryError):
+    """A text is not JSON, or a value has no JSON form."""

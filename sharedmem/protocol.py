@@ -19,12 +19,6 @@ VERSIONS = (1, 2)
 MAX_LINE_BYTES = 32 * MIB
 CHUNK_BYTES = 4 * MIB
 
-# Client message types each version accepts once the hello is done.
-CLIENT_TYPES = {
-    1: frozenset({"publish", "files", "commit", "note", "export", "verify", "status", "bye"}),
-    2: frozenset({"manifest", "bodies", "commit", "note", "pull", "verify", "status", "bye"}),
-}
-
 ERROR_CODES = {
     "bad-json": "a line is not one JSON object in UTF-8",
     "line-too-long": f"a line is longer than {MAX_LINE_BYTES} bytes",

@@ -223,22 +223,25 @@ def note_filename_problem(filename: object) -> str | None:
     return None
 
 
-def check_note_filename(filename: object) -> str:
-    """Return `filename` if it follows the note rule, else raise."""
+def check_note(filename: object, text: object, *, redacted: bool = False) -> str:
+    """Return a note's text if the note rule takes the note, else raise NoteError.
+
+    The one note check: the tool and `note` call it before and after redacting, the outbox
+    before queuing, and the server again before storing, since it trusts no client. `redacted`
+    (the text is the redactor's output) changes only what a note too long is told.
+    """
     problem = note_filename_problem(filename)
     if problem:
         raise NoteError(problem)
-    return filename  # type: ignore[return-value]
-
-
-def check_note_text(filename: str, text: object) -> str:
-    """Return a note's text if it can be stored: non-empty, valid UTF-8, at most NOTE_MAX_BYTES."""
     if not isinstance(text, str) or not text.strip():
-        raise NoteError(f"note {filename} is empty: write the note text")
-    if len(text.encode("utf-8", "surrogatepass")) > NOTE_MAX_BYTES:
-        raise NoteError(f"note {filename} is over {NOTE_MAX_BYTES} bytes: shorten it or split it")
+        raise NoteError("note must be non-empty text: write what should be remembered")
     try:
-        text.encode("utf-8")
+        size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        raise NoteError(f"note {filename} is not valid UTF-8 text") from None
+        raise NoteError("note is not valid UTF-8 text (it holds a lone surrogate): write it "
+                        "again as UTF-8") from None
+    if size > NOTE_MAX_BYTES:
+        raise NoteError(f"note is longer than {NOTE_MAX_BYTES} bytes once redacted: shorten it"
+                        if redacted else f"note is longer than {NOTE_MAX_BYTES} bytes of UTF-8: "
+                        "shorten it or split it into several notes")
     return text

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_config
+from conftest import Sshd, run_cli, write_config
 
 from sharedmem.cli import main as cli
 from sharedmem.client import config as config_mod
@@ -117,24 +117,34 @@ def test_quote_is_shlex_quote() -> None:
         assert prestart.quote(word) == shlex.quote(word), word
 
 
-@pytest.mark.parametrize("text", ['{"transport": {"kind": "ssh", "port": 22, "x": [1.5, -2e3,'
-                                  ' true, false, null, "é\\u00e9\\n"]}}', '  \n[1, {"a": {}}]\t\n',
-                                  '"just a string"', "0"])
-def test_read_json_agrees_with_json(tmp_path: Path, text: str) -> None:
-    path = tmp_path / "client.json"
-    path.write_text(text, encoding="utf-8")
-    assert prestart._read_json(str(path)) == json.loads(text)
+def write_malformed(tmp_path: Path, sshd: Sshd) -> Path:
+    """A client.json with an ssh transport and one comma missing."""
+    cfg = ssh_config(tmp_path, sshd)
+    text = cfg.read_text()
+    broken = text.replace('",', '"', 1)
+    assert broken != text
+    cfg.write_text(broken)
+    return cfg
 
 
-@pytest.mark.parametrize("text", ["", "{", '{"a": 1} {"b": 2}', '{"a": 1} x', "{'a': 1}",
-                                  '{"a": 01}', "[1,]"])
-def test_read_json_refuses_what_json_refuses(tmp_path: Path, text: str) -> None:
-    path = tmp_path / "client.json"
-    path.write_text(text, encoding="utf-8")
-    with pytest.raises(ValueError):
-        json.loads(text)
-    with pytest.raises(ValueError):
-        prestart._read_json(str(path))
+def test_a_malformed_client_json_is_a_configuration_error_for_sync(
+        tmp_path: Path, sshd: Sshd, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_malformed(tmp_path, sshd)
+    assert cli.main(["sync", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert f"configuration {cfg} is not valid JSON (line " in err and "delimiter" in err
+    assert prestart._started is None
+
+
+def test_a_malformed_client_json_fails_sync_as_it_fails_status(tmp_path: Path, sshd: Sshd) -> None:
+    """In a fresh process `json` is not loaded when the early start reads client.json: there
+    Python 3.11's C scanner crashed it with a SystemError (exit 1) instead of the error."""
+    cfg = write_malformed(tmp_path, sshd)
+    status = run_cli("status", "--config", str(cfg))
+    sync = run_cli("sync", "--config", str(cfg))
+    assert status.returncode == sync.returncode == 2, sync.stderr
+    assert sync.stderr == status.stderr.replace("shared_memory.py status:", "shared_memory.py sync:")
+    assert "is not valid JSON" in sync.stderr and "Traceback" not in sync.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_spawnp"), reason="no posix_spawn here")

@@ -361,28 +361,3 @@ def test_note_end_to_end_with_the_client(tmp_path: Path, config: Path) -> None:
     read = srv.call("read", path="extensions/ad_hoc/notes/2026-01-31T09-30-00-e2e.md")
     assert "remember the e2e path" in read["content"][0]["text"]
     assert srv.close() == 0
-
-
-def test_quick_json_agrees_with_json_or_defers_to_it() -> None:
-    import json
-    import random
-
-    from sharedmem.mcp.server import _NOT_QUICK, _quick_dumps, _quick_loads
-    rng = random.Random(3)
-    alphabet = '{}[]":,0123456789-.eEtruefalsn \\u"ab\u0663'
-    cases = ['{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"x"}}',
-             '{"a":[1,2,{"b":null}],"c":true,"e":"\\u00e9\\n","f":-0}', '{"a":01}', '{"a":1,"a":2}']
-    cases += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 14)))
-              for _ in range(50000)]
-    quick = 0
-    for text in cases:
-        value = _quick_loads(text)
-        if value is _NOT_QUICK:
-            continue
-        quick += 1
-        assert json.loads(text) == value and type(json.loads(text)) is type(value), text
-    assert quick > 100
-    reply = {"jsonrpc": "2.0", "id": 1, "result": {"ok": True, "n": None, "s": "é \"q\"\n",
-                                                   "list": [1, "x", False]}}
-    assert json.loads(_quick_dumps(reply)) == reply
-    assert _quick_dumps({"x": 1.5}) is None

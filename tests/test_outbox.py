@@ -28,6 +28,8 @@ def test_outbox_put_is_whole_and_private(tmp_path: Path) -> None:
         "created": note.created}
     with pytest.raises(NoteError, match="invalid"):
         outbox.put("../escape.md", "x")
+    with pytest.raises(NoteError, match="non-empty"):  # the whole note rule, not only the name
+        outbox.put(note_name(2), " \n")
     assert list((tmp_path / "outbox").iterdir()) == entries
 
 

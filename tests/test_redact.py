@@ -14,7 +14,9 @@ import time
 import pytest
 from test_credentials import ALNUM, B64, JWT, NEGATIVES, PEM_LABELS, POSITIVES, UPPER_DIGITS, m, pem, tok
 
-from sharedmem.redact.redactor import Finding, find, redact, redact_many
+from sharedmem.core import NoteError
+from sharedmem.redact.redactor import Finding, find, redact, redact_many, redact_note
+from sharedmem.rules import NOTE_MAX_BYTES
 
 
 @pytest.mark.parametrize("text", [p[1] + p[2] + p[3] for p in POSITIVES], ids=[p[0] for p in POSITIVES])
@@ -264,3 +266,14 @@ def test_every_lead_of_the_rules_matched_with_case_is_screened(token: str) -> No
     text = f"plain words {token} more words"
     assert redact(text)[1], token
     assert redact_many([text, "x"]) == [redact(text), ("x", {})]
+
+
+def test_a_note_is_checked_by_the_note_rule_around_its_redaction() -> None:
+    gh = "ghp_" + tok(36)
+    text, counts = redact_note("2026-01-31T09-30-00-ci.md", f"use {gh} for CI")
+    assert gh not in text and "[REDACTED:" in text and sum(counts.values()) == 1
+    for filename, note, why in (("notes.md", f"use {gh}", "invalid"),
+                                ("2026-01-31T09-30-00-ci.md", "   ", "non-empty"),
+                                ("2026-01-31T09-30-00-ci.md", "x" * (NOTE_MAX_BYTES + 1), "longer")):
+        with pytest.raises(NoteError, match=why):
+            redact_note(filename, note)

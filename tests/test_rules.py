@@ -11,10 +11,11 @@ from sharedmem.core import NameRuleError, NoteError, PathRuleError
 from sharedmem.rules import (
     MAX_COMPONENT_BYTES,
     MAX_PATH_BYTES,
+    NOTE_MAX_BYTES,
     Limits,
     check_machine_name,
     check_markdown_source_name,
-    check_note_filename,
+    check_note,
     check_path,
     collision_key,
     name_problem,
@@ -243,7 +244,7 @@ def test_reserved_source_names() -> None:
 ])
 def test_note_filename_accepts(filename: str) -> None:
     assert note_filename_problem(filename) is None
-    assert check_note_filename(filename) == filename
+    assert check_note(filename, "text") == "text"
 
 
 @pytest.mark.parametrize(("filename", "why"), [
@@ -276,8 +277,28 @@ def test_note_filename_accepts(filename: str) -> None:
 def test_note_filename_refuses(filename: object, why: str) -> None:
     problem = note_filename_problem(filename)
     assert problem and why in problem
-    with pytest.raises(NoteError):
-        check_note_filename(filename)
+    with pytest.raises(NoteError, match=why):
+        check_note(filename, "text")
+
+
+@pytest.mark.parametrize(("text", "redacted", "why"), [
+    ("", False, "note must be non-empty text"),
+    (" \n\t", False, "note must be non-empty text"),
+    (None, False, "note must be non-empty text"),
+    (b"bytes", False, "note must be non-empty text"),
+    ("lone \ud800 surrogate", False, "not valid UTF-8 text"),
+    ("x" * (NOTE_MAX_BYTES + 1), False, f"longer than {NOTE_MAX_BYTES} bytes of UTF-8"),
+    ("\u00e9" * (NOTE_MAX_BYTES // 2 + 1), False, f"longer than {NOTE_MAX_BYTES} bytes of UTF-8"),
+    ("x" * (NOTE_MAX_BYTES + 1), True, f"longer than {NOTE_MAX_BYTES} bytes once redacted"),
+])
+def test_note_text_refuses(text: object, redacted: bool, why: str) -> None:
+    with pytest.raises(NoteError, match=why):
+        check_note("2026-01-31T09-30-00-x.md", text, redacted=redacted)
+
+
+def test_note_text_accepts_up_to_the_limit() -> None:
+    for text in ("x", "x" * NOTE_MAX_BYTES, "\u00e9" * (NOTE_MAX_BYTES // 2), "caf\u00e9\n"):
+        assert check_note("2026-01-31T09-30-00-x.md", text) == text
 
 
 def test_limits_problems() -> None:

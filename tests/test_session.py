@@ -275,3 +275,32 @@ def test_bodies_ahead_serve_every_manifest_of_the_session(tmp_path):
     with Store.open(store) as s:
         assert s.counts()["blobs"] == 3 and s.verify() == []
         assert exported(s)["machines/laptop/beta/0.md"] == second[0]
+
+
+# What each protocol version accepts after hello, pinned here apart from the session's table.
+ACCEPTED = {1: {"publish", "note", "export", "verify", "status"},
+            2: {"manifest", "bodies", "note", "pull", "verify", "status"}}
+EVERY_TYPE = sorted(ACCEPTED[1] | ACCEPTED[2] | {"files", "commit", "hello", "gimme"})
+
+
+def test_the_session_table_has_a_row_for_each_protocol_version() -> None:
+    from sharedmem.protocol import VERSIONS
+    assert {v: set(row) for v, row in server_module.HANDLERS.items()} == {
+        v: ACCEPTED[v] for v in VERSIONS}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_each_version_takes_its_own_message_types_and_refuses_the_rest(tmp_path: Path,
+                                                                       version: int) -> None:
+    for kind in EVERY_TYPE:
+        out = io.BytesIO()
+        lines = [enc({**HELLO, "versions": [version]}), enc({"type": kind})]
+        Session(tmp_path / "store.sqlite3", Channel(io.BytesIO(b"".join(lines)), out, "client"),
+                None).run()
+        replies = [json.loads(line) for line in out.getvalue().splitlines()][1:]
+        if kind in ACCEPTED[version]:
+            assert all(r.get("code") not in {"out-of-order", "unknown-type"} for r in replies), kind
+        else:
+            code = "out-of-order" if kind in {"files", "bodies", "commit"} else "unknown-type"
+            assert replies == [{"type": "error", "code": code, "message": f"message type {kind!r} "
+                                f"is not allowed here in protocol version {version}"}], kind

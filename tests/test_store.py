@@ -232,9 +232,10 @@ def test_note_id_idempotency_and_refusals(st: Store) -> None:
     for bad_id in ("short", "x" * 129):
         with pytest.raises(NoteError, match="note id"):
             st.append_note("m1", NOTE, "text", note_id=bad_id)
-    with pytest.raises(NoteError, match="empty"):
+    # The server refuses with the words of the one note rule, as the tool does (rules.check_note).
+    with pytest.raises(NoteError, match="non-empty"):
         st.append_note("m1", NOTE, "  \n ")
-    with pytest.raises(NoteError, match="over"):
+    with pytest.raises(NoteError, match="longer"):
         st.append_note("m1", NOTE, "x" * (64 * 1024 + 1))
     with pytest.raises(NoteError, match="UTF-8"):
         st.append_note("m1", NOTE, "bad \udc80 text")

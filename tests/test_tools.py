@@ -174,6 +174,7 @@ def test_note_redacts_and_submits(cache: Cache) -> None:
     ("2026-02-30T09-30-00-x.md", "x", "real date"),
     ("2026-01-31T09-30-00-x.md", "   ", "non-empty"),
     ("2026-01-31T09-30-00-x.md", "x" * (NOTE_MAX_BYTES + 1), "longer"),
+    ("2026-01-31T09-30-00-x.md", "bad \udcff byte", "not valid UTF-8"),
 ])
 def test_note_refusals(filename: str, note: str, message: str) -> None:
     def submit(filename: str, text: str) -> dict:

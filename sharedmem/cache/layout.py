@@ -11,8 +11,8 @@ import os
 import stat
 from pathlib import Path
 
-from sharedmem.core import NoteError, ProtocolError
-from sharedmem.rules import MACHINES_DIR, NOTES_DIR, check_note_filename, name_problem, path_problems
+from sharedmem.core import ProtocolError
+from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem, note_filename_problem, path_problems
 
 
 def namespace_key(path: str) -> str:
@@ -44,17 +44,9 @@ def published_path_problems(path: object) -> list[str]:
             problem = name_problem(value, what)
             if problem:
                 problems.append(f"path {path!r}: {problem}")
-    elif (problem := _note_problem(path.rsplit("/", 1)[1])) is not None:
+    elif (problem := note_filename_problem(path.rsplit("/", 1)[1])) is not None:
         problems.append(problem)
     return problems
-
-
-def _note_problem(filename: str) -> str | None:
-    try:
-        check_note_filename(filename)
-    except NoteError as exc:
-        return str(exc)
-    return None
 
 
 class Folders:

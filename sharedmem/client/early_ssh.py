@@ -4,9 +4,9 @@ Loading what a sync needs takes tens of milliseconds and the SSH handshake hundr
 starts ssh first, from the raw `client.json`, when its transport plainly names an ssh host.
 `transport.Connection` adopts that process only when the validated configuration gives the very
 same command; otherwise (or when the sync ends before connecting) the early process is stopped.
-Only the standard library is imported here, and only what starting a process needs: where it
-can, this module reads the file with the C scanner of `json` and starts ssh with
-`os.posix_spawnp`, because `json`, `shlex` and `subprocess` would cost the sync 13 ms (they
+Only the standard library and the base are imported here, and only what starting a process
+needs: this module reads the file with the C JSON of fastjson.py and, where it can, starts ssh
+with `os.posix_spawnp`, because `json`, `shlex` and `subprocess` would cost the sync 13 ms (they
 bring in `re`, `enum`, `signal`, `threading`...) before the handshake could begin.
 """
 
@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import os
 
+from sharedmem.core import JSONError
+from sharedmem.fastjson import loads
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Sequence
-    from typing import IO, Any
+    from typing import IO
 
 SSH_BASE = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
             "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15")
@@ -151,43 +154,6 @@ def _spawn_early(argv: list[str]) -> subprocess.Popen[bytes] | Spawned:
     return spawn(argv)
 
 
-def _read_json(path: str) -> Any:
-    """A JSON file, parsed by the C scanner `json` itself uses, else by `json`.
-
-    Whatever the scanner does not take whole raises ValueError.
-    """
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    try:
-        import _json
-        scan = _json.make_scanner(_Strict)
-    except (ImportError, AttributeError, TypeError):
-        import json
-        return json.loads(text)
-    start = len(text) - len(text.lstrip(" \t\n\r"))
-    try:
-        value, end = scan(text, start)
-    except StopIteration:
-        raise ValueError(f"{path} is not JSON") from None
-    if text[end:].strip(" \t\n\r"):
-        raise ValueError(f"{path} holds more than one JSON value")
-    return value
-
-
-class _Strict:
-    """The decoding context of `json.loads` with no hooks, as the C scanner reads it."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-
-    @staticmethod
-    def parse_constant(name: str) -> float:
-        return float(name.replace("Infinity", "inf"))
-
-
 def start(config_path: str) -> None:
     """Start ssh for this client.json if its transport is plainly ssh.
 
@@ -195,7 +161,8 @@ def start(config_path: str) -> None:
     """
     global _started
     try:
-        transport = _read_json(config_path)["transport"]
+        with open(config_path, encoding="utf-8") as handle:
+            transport = loads(handle.read())["transport"]
         identity = transport.get("identity")
         if transport.get("kind") != "ssh" or not (
                 identity is None or isinstance(identity, str) and os.path.isabs(identity)
@@ -209,7 +176,7 @@ def start(config_path: str) -> None:
             return
         argv = ssh_argv(host, port, identity, options, command)
         _started = (argv, _spawn_early(argv))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+    except (OSError, ValueError, JSONError, KeyError, TypeError, AttributeError):
         return
 
 

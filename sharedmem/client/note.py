@@ -13,19 +13,12 @@ from sharedmem.client.outbox import Outbox
 from sharedmem.client.pull import Pull
 from sharedmem.client.transport import Connection
 from sharedmem.core import NoteError, SharedMemoryError
-from sharedmem.rules import check_note_filename, check_note_text
-
-
-def check_note(filename: str, text: str) -> str:
-    """Validate a note and return its redacted text; refuses before anything is written."""
-    check_note_filename(filename)
-    from sharedmem.redact.redactor import redact
-    return redact(check_note_text(filename, text))[0]
 
 
 def submit_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any]:
     """Queue a note, then try to deliver it now; if the server is unreachable it stays queued."""
-    body = check_note(filename, text)
+    from sharedmem.redact.redactor import redact_note
+    body = redact_note(filename, text)[0]  # refused before anything is written
     outbox = Outbox(config.state / "outbox")
     note = outbox.put(filename, body)
     runner = Pull(config)

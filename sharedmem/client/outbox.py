@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sharedmem.clock import utc_now
 from sharedmem.files import atomic_write
-from sharedmem.rules import check_note_filename
+from sharedmem.rules import check_note
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Outbox:
 
     def put(self, filename: str, text: str, note_id: str | None = None) -> QueuedNote:
         """Queue a note atomically: it is either wholly in the outbox or not at all."""
-        check_note_filename(filename)
+        check_note(filename, text)
         if note_id is None:
             import uuid
             note_id = uuid.uuid4().hex

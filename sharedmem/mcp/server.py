@@ -1,7 +1,8 @@
 """The MCP server: JSON-RPC 2.0 on stdio, one message a line, over the tools in tools.py.
 
-Start-up is kept small on purpose: answering `initialize` needs only json, os and sys; the
-configuration, cache, tools and search index are loaded on the first tool request.
+Start-up is kept small on purpose: answering `initialize` needs only os, sys and the C JSON
+of fastjson.py (not `json`, which loads `re`); the configuration, cache, tools and search index
+are loaded on the first tool request.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import os
 import sys
 
 from sharedmem import __version__
+from sharedmem.core import JSONError
+from sharedmem.fastjson import dumps, loads
 
 TYPE_CHECKING = False  # typing imports re: start-up does not pay for it
 if TYPE_CHECKING:
@@ -102,16 +105,10 @@ class Server:
         if not line:
             return None
         try:
-            text = line.decode("utf-8")
-            message = _quick_loads(text) if "json" not in sys.modules else _NOT_QUICK
-            if message is _NOT_QUICK:
-                import json
-                message = json.loads(text)
+            message = loads(line.decode("utf-8"))
         except UnicodeDecodeError:
             return _error(None, PARSE_ERROR, "parse error: the line is not valid UTF-8")
-        except RecursionError:
-            return _error(None, PARSE_ERROR, "parse error: JSON nested too deeply")
-        except ValueError as exc:
+        except JSONError as exc:
             return _error(None, PARSE_ERROR, f"parse error: {exc}"[:300])
         if isinstance(message, list):
             if self.version != BATCH_VERSION:
@@ -246,124 +243,14 @@ class Server:
         return partial(submit_note, config)
 
 
-_NOT_QUICK = object()
-_WS = " \t\n\r"
-
-
-def _quick_loads(text: str) -> Any:
-    """Decode plain JSON without importing `json` (and `re`), which costs start-up.
-
-    Only the first messages take this path; anything unusual returns _NOT_QUICK and goes to
-    the real `json` module, so errors and edge cases are exactly json's.
-    """
-    from _json import scanstring
-
-    def value(i: int) -> tuple[Any, int]:
-        while i < len(text) and text[i] in _WS:
-            i += 1
-        char = text[i:i + 1]
-        if char == '"':
-            return scanstring(text, i + 1, True)
-        if char == "{":
-            out: dict[str, Any] = {}
-            i += 1
-            while True:
-                while text[i] in _WS:
-                    i += 1
-                if text[i] == "}" and not out:
-                    return out, i + 1
-                if text[i] != '"':
-                    raise ValueError
-                key, i = scanstring(text, i + 1, True)
-                while text[i] in _WS:
-                    i += 1
-                if text[i] != ":" or key in out:
-                    raise ValueError
-                out[key], i = value(i + 1)
-                while text[i] in _WS:
-                    i += 1
-                if text[i] == "}":
-                    return out, i + 1
-                if text[i] != ",":
-                    raise ValueError
-                i += 1
-        if char == "[":
-            items: list[Any] = []
-            i += 1
-            while True:
-                while text[i] in _WS:
-                    i += 1
-                if text[i] == "]" and not items:
-                    return items, i + 1
-                item, i = value(i)
-                items.append(item)
-                while text[i] in _WS:
-                    i += 1
-                if text[i] == "]":
-                    return items, i + 1
-                if text[i] != ",":
-                    raise ValueError
-                i += 1
-        for word, result in (("true", True), ("false", False), ("null", None)):
-            if text.startswith(word, i):
-                return result, i + len(word)
-        end = i + (char == "-")
-        while end < len(text) and text[end] in "0123456789" and end - i < 16:
-            end += 1
-        digits = text[i:end].lstrip("-")
-        if digits and (digits == "0" or not digits.startswith("0")):
-            if end < len(text) and text[end] in ".eE0123456789":
-                raise ValueError
-            return int(text[i:end]), end
-        raise ValueError
-
-    try:
-        result, end = value(0)
-        if text[end:].strip(_WS):
-            return _NOT_QUICK
-        return result
-    except (ValueError, IndexError, RecursionError):
-        return _NOT_QUICK
-
-
-def _quick_dumps(obj: Any) -> str | None:
-    """Encode the plain values of an early reply without `json`; None for anything else."""
-    from _json import encode_basestring
-    if obj is None:
-        return "null"
-    if obj is True or obj is False:
-        return "true" if obj else "false"
-    if isinstance(obj, str):
-        return encode_basestring(obj)
-    if isinstance(obj, int):
-        return str(obj)
-    if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
-        parts = [(encode_basestring(k), _quick_dumps(v)) for k, v in obj.items()]
-        if all(v is not None for _, v in parts):
-            return "{" + ",".join(f"{k}:{v}" for k, v in parts) + "}"
-    if isinstance(obj, list):
-        items = [_quick_dumps(v) for v in obj]
-        if all(v is not None for v in items):
-            return "[" + ",".join(items) + "]"  # type: ignore[arg-type]
-    return None
-
-
 def _dumps(obj: Any) -> str:
-    if "json" not in sys.modules:
-        quick = _quick_dumps(obj)
-        if quick is not None:
-            try:
-                quick.encode("utf-8")
-                return quick
-            except UnicodeEncodeError:
-                pass
-    import json
+    """A reply as one line: non-ASCII as UTF-8, unless a lone surrogate leaves only escapes."""
+    text = dumps(obj)
     try:
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
         text.encode("utf-8")
-        return text
     except UnicodeEncodeError:
-        return json.dumps(obj, separators=(",", ":"))
+        return dumps(obj, ascii_only=True)
+    return text
 
 
 def _log(text: str) -> None:

@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sharedmem.cache.cache import Cache
-from sharedmem.core import LimitError, NoteError, PathRuleError, ProtocolError
+from sharedmem.core import LimitError, PathRuleError, ProtocolError
 from sharedmem.files import confine
-from sharedmem.rules import NOTE_MAX_BYTES, check_note_filename, path_problems
+from sharedmem.rules import path_problems
 
 Submit = Callable[[str, str], dict[str, Any]]
 LIST_DEFAULT, LIST_MAX = 200, 2000
@@ -198,16 +198,8 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
 
 def add_ad_hoc_note(filename: str, note: str, submit: Submit) -> dict[str, Any]:
     """Check and redact a note, then hand it to `submit` (deliver now or queue in the outbox)."""
-    from sharedmem.redact.redactor import redact
-    check_note_filename(filename)
-    if not isinstance(note, str) or not note.strip():
-        raise NoteError("note must be non-empty text: write what should be remembered")
-    if len(note.encode("utf-8")) > NOTE_MAX_BYTES:
-        raise LimitError(f"note is longer than {NOTE_MAX_BYTES} bytes of UTF-8: shorten it or "
-                         "split it into several notes")
-    text, counts = redact(note)
-    if len(text.encode("utf-8")) > NOTE_MAX_BYTES:
-        raise LimitError(f"note is longer than {NOTE_MAX_BYTES} bytes once redacted: shorten it")
+    from sharedmem.redact.redactor import redact_note
+    text, counts = redact_note(filename, note)
     outcome = dict(submit(filename, text))
     outcome.setdefault("filename", filename)
     outcome["redactions"] = {kind: n for kind, n in sorted(counts.items()) if n}

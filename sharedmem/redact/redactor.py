@@ -27,6 +27,7 @@ from sharedmem.redact.credentials import (
     pem_spans,
     rules,
 )
+from sharedmem.rules import check_note
 
 
 class Finding(namedtuple("Finding", "kind start end line")):
@@ -156,6 +157,12 @@ def redact(text: str) -> tuple[str, dict[str, int]]:
             pos = end
         parts.append(text[pos:])
         text = "".join(parts)
+
+
+def redact_note(filename: str, text: str) -> tuple[str, dict[str, int]]:
+    """A note's text redacted, with the note rule checked on what came and on what is kept."""
+    clean, counts = redact(check_note(filename, text))
+    return check_note(filename, clean, redacted=True), counts
 
 
 def redact_many(texts: list[str],

@@ -20,6 +20,7 @@ from sharedmem.server.store import Store
 
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import IO, Any
 
 
@@ -105,15 +106,14 @@ class Session:
         self.channel.send(reply)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
+        """Answer one message through HANDLERS, the table of what each version accepts."""
         kind = message["type"]
-        allowed = {1: ("publish", "note", "export", "verify", "status"),
-                   2: ("manifest", "bodies", "note", "pull", "verify", "status")}[self.version]
-        if kind not in allowed:
-            known = {"files", "bodies", "commit"} | set(allowed)
-            code = "out-of-order" if kind in known else "unknown-type"
+        handler = HANDLERS[self.version].get(kind)
+        if handler is None:
+            code = "out-of-order" if kind in PARTS else "unknown-type"
             raise PeerError(code, f"message type {kind!r} is not allowed here in protocol "
                             f"version {self.version}")
-        getattr(self, "_on_" + kind)(message)
+        handler(self, message)
 
     def _namespace(self, message: dict[str, Any]) -> tuple[str, str]:
         source = field(message, "source", str)
@@ -311,6 +311,21 @@ class Session:
         self.channel.send({"type": "status", "server": f"sharedmem/{__version__}",
                            "schema": self.store.schema_version(),
                            "namespaces": self.store.namespaces()})
+
+
+# The messages a client may send after hello, for each protocol version, and the method that
+# answers each: the one statement of what a version accepts (docs/PROTOCOL.md points here).
+# `bye` and the end of input end the session in `Session.run`, in either version.
+HANDLERS: dict[int, dict[str, Callable[[Session, dict[str, Any]], None]]] = {
+    1: {"publish": Session._on_publish, "note": Session._on_note, "export": Session._on_export,
+        "verify": Session._on_verify, "status": Session._on_status},
+    2: {"manifest": Session._on_manifest, "bodies": Session._on_bodies, "note": Session._on_note,
+        "pull": Session._on_pull, "verify": Session._on_verify, "status": Session._on_status},
+}
+# The parts of an exchange its handler reads itself (a publish's `files` and `commit`, a
+# manifest's `bodies` and `commit`): sent where no handler takes them, they are out of order
+# rather than unknown.
+PARTS = frozenset({"files", "bodies", "commit"})
 
 
 def _load_redactor_meanwhile() -> None:

@@ -15,8 +15,6 @@ from sharedmem.rules import (
     MACHINES_DIR,
     NOTES_DIR,
     check_machine_name,
-    check_note_filename,
-    check_note_text,
 )
 from sharedmem.server.schema import MIGRATIONS, statements
 
@@ -217,14 +215,13 @@ class Store:
                     note_id: str | None = None) -> tuple[str, bool]:
         """Append one entry to a note file; returns (published path, stored now or already)."""
         check_machine_name(machine)
-        check_note_filename(filename)
+        from sharedmem.redact.redactor import redact_note
+        body = redact_note(filename, text)[0]
         if note_id is None:
             import uuid
             note_id = uuid.uuid4().hex
         if not isinstance(note_id, str) or not 8 <= len(note_id) <= 128:
             raise NoteError(f"note id {note_id!r} must be a string of 8 to 128 characters")
-        from sharedmem.redact.redactor import redact
-        body = check_note_text(filename, redact(check_note_text(filename, text))[0])
         path = f"{NOTES_DIR}/{filename}"
         with self.transaction() as conn:
             if conn.execute("SELECT 1 FROM notes WHERE note_id=?", (note_id,)).fetchone():
