@@ -6,10 +6,10 @@ import json
 import os
 import stat
 from collections import namedtuple
-from collections.abc import Container
-from dataclasses import asdict, dataclass, field
+from collections.abc import Container, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sharedmem import linejson
 from sharedmem.cache.layout import Folders, namespace_key, published_path_problems
@@ -17,6 +17,7 @@ from sharedmem.clock import utc_now
 from sharedmem.core import ProtocolError
 from sharedmem.files import atomic_write
 from sharedmem.hashing import sha256_text
+from sharedmem.namespaces import Namespace
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
 
 TYPE_CHECKING = False
@@ -31,8 +32,7 @@ MANIFEST_VERSION = 1
 NOTES_NAMESPACE = NOTES_DIR
 
 
-@dataclass
-class NamespaceInfo:
+class NamespaceInfo(NamedTuple):
     """What the cache holds of one server namespace, and which server generation it is."""
 
     key: str
@@ -41,6 +41,21 @@ class NamespaceInfo:
     kind: str
     generation: int = 0
     synced_at: str | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        """Its entry in namespaces.json."""
+        return self._asdict()
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> NamespaceInfo:
+        """Read an entry of namespaces.json; generation and sync time may be missing."""
+        return cls(row["key"], row["machine"], row["source"], row["kind"],
+                   row.get("generation", 0), row.get("synced_at"))
+
+    @classmethod
+    def listed(cls, ns: Namespace) -> NamespaceInfo:
+        """What the cache keeps of a namespace the server lists."""
+        return cls(ns.key, ns.machine, ns.source, ns.kind, ns.generation, ns.synced_at)
 
 
 class CachedFile(namedtuple("CachedFile", "sha256 size namespace")):
@@ -115,7 +130,7 @@ class Cache:
                 self._files_cache = (stamps[0], files)
             raw = json.loads(self.namespaces_path.read_text(encoding="utf-8"))
             manifest = Manifest(
-                namespaces={k: NamespaceInfo(**v) for k, v in raw["namespaces"].items()},
+                namespaces={k: NamespaceInfo.from_row(v) for k, v in raw["namespaces"].items()},
                 files=files, last_sync=raw.get("last_sync"), server=raw.get("server", {}))
         except (OSError, ValueError, KeyError, TypeError):
             manifest = Manifest()
@@ -290,7 +305,7 @@ class Cache:
             "version": MANIFEST_VERSION,
             "last_sync": manifest.last_sync,
             "server": manifest.server,
-            "namespaces": {k: asdict(v) for k, v in sorted(manifest.namespaces.items())},
+            "namespaces": {k: v.to_row() for k, v in sorted(manifest.namespaces.items())},
         }
         atomic_write(self.namespaces_path, json.dumps(raw, ensure_ascii=False).encode("utf-8"),
                      durable=False)

@@ -16,6 +16,7 @@ from sharedmem.cache.staged_files import Staging
 from sharedmem.client.config import ClientConfig
 from sharedmem.client.outbox import Outbox, QueuedNote
 from sharedmem.core import ProtocolError
+from sharedmem.namespaces import NamespaceList
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -114,9 +115,8 @@ class Pull:
                     own.add(sha)
                     text = self.have[sha]
                 upserts.append((path, sha, text))
-        namespaces = {str(n["key"]): NamespaceInfo(
-            str(n["key"]), n.get("machine"), str(n["source"]), str(n["kind"]),
-            int(n["generation"]), n.get("synced_at")) for n in head["namespaces"]}
+        namespaces = {ns.key: NamespaceInfo.listed(ns)
+                      for ns in NamespaceList.from_rows(head["namespaces"]).every()}
         self.progress(f"cache: {len(upserts)} files to write")
         self.staging.wait()
         done = self.cache.apply(upserts, list(head.get("removed", [])), namespaces,
