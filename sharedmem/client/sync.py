@@ -39,7 +39,7 @@ class _Prepared:
     source: SourceConfig
     spec: sources.SourceSpec
     state_file: Path
-    saved: dict[str, Any]
+    saved: records.SourceState
     rules: list[Any]
     snap: sources.Snapshot
     digest: str
@@ -130,9 +130,9 @@ class Sync(Pull):
         saved, lines = records.read(state_file)
         limits = self.config.limits
         rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
-        previous = saved.get("record") if saved.get("rules") == rules else None
+        previous = saved.record if saved.rules == rules else None
         prefix = self._namespace(source.name) + "/"
-        old = records.acked_files(saved)
+        old = saved.acked_files()
         on_server = set(old.values()) if old is not None else set()
 
         def stage(entry: walk.Entry, data: bytes) -> None:
@@ -158,7 +158,7 @@ class Sync(Pull):
         prepared.whole = {"type": "manifest", "source": spec.name, "kind": spec.kind,
                           "digest": prepared.digest, "files": list(entries.values())}
         if old is not None:
-            prepared.delta = {**prepared.whole, "base": saved["acked"].get("digest"),
+            prepared.delta = {**prepared.whole, "base": saved.acked.digest,
                               "removed": sorted(set(old) - set(entries)),
                               "files": [v for p, v in entries.items() if old.get(p) != v[1]]}
         return prepared
@@ -198,15 +198,13 @@ class Sync(Pull):
         """
         for prepared in self.published:
             saved, files = prepared.saved, prepared.snap.files
-            acked = {"digest": prepared.digest} if prepared.acked else None
-            record = saved.get("record")
-            if (acked == saved.get("acked") and saved.get("rules") == prepared.rules
-                    and isinstance(record, dict) and len(record) == len(files)
+            acked = records.Acked(prepared.digest) if prepared.acked else None
+            if (acked == saved.acked and saved.rules == prepared.rules
+                    and saved.record is not None and len(saved.record) == len(files)
                     and all(e.text is None for e in files)):
                 continue  # every file reused from the saved record, and as many: unchanged
             text = (prepared.state_text if acked is not None and prepared.state_text
-                    else records.encode(prepared.rules, acked, prepared.snap.files,
-                                        prepared.lines))
+                    else _state(prepared, acked).encode(prepared.lines))
             atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600, durable=False)
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
@@ -277,8 +275,8 @@ class Sync(Pull):
                         e.sha256, e.size, key)
         self.cache.expect(files)
         for prepared in ok:
-            prepared.state_text = records.encode(prepared.rules, {"digest": prepared.digest},
-                                                 prepared.snap.files, prepared.lines)
+            prepared.state_text = _state(prepared, records.Acked(prepared.digest)).encode(
+                prepared.lines)
         self.encoded = True
 
     def _namespace(self, source: str) -> str:
@@ -301,6 +299,12 @@ class Sync(Pull):
         return [(f"{key}/{e.path}", e.sha256, e.text) for prepared in self.snapshots
                 if (key := self._namespace(prepared.source.name)) in keys
                 for e in prepared.snap.files]
+
+
+def _state(prepared: _Prepared, acked: records.Acked | None) -> records.SourceState:
+    """The state a source leaves when the server acknowledged `acked` of its snapshot."""
+    return records.SourceState(prepared.rules, acked,
+                               records.record_of(prepared.snap.files, prepared.lines))
 
 
 def _text(spec: sources.SourceSpec, entry: walk.Entry) -> str:
