@@ -13,6 +13,7 @@ from typing import Any
 
 from sharedmem.cache.cache import Cache, CachedFile, NamespaceInfo
 from sharedmem.cache.staged_files import Staging
+from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client.config import ClientConfig
 from sharedmem.client.outbox import Outbox, QueuedNote
 from sharedmem.core import ProtocolError
@@ -123,8 +124,8 @@ class Pull:
                                 full=conn.version == 1,
                                 full_namespaces=set(head.get("full", [])) | skipped,
                                 server={"server": conn.server.get("server"),
-                                        "protocol": conn.version}, staged=self.staging,
-                                own=own, valid=self.own_paths)
+                                        "protocol": conn.version},
+                                writer=PreStagedWriter(self.staging, own, self.own_paths))
         return done
 
 
