@@ -5,11 +5,11 @@ slowest part of a large sync (creating a file costs the kernel more than reading
 it), and it has to wait for the server's answer, because a failed sync must leave the cache as
 it was. So a helper process (this file, run as a script: it needs only the standard library)
 writes them into `<cache>/.sharedmem/staging/` on the other CPU while the sync walks, redacts
-and sends. `Cache.apply` then moves each one into place with one rename, and only when the pull
-says that very path holds that very sha256. The files of a namespace the cache does not have
-yet are staged at their own cache paths, so that the whole namespace can move in with one
-rename of its folder; the others as `<n>.part`, which makes no folders. A thread would not do:
-the walk holds the GIL.
+and sends. `Cache.apply` then moves each one into place with one rename (its pre-staged
+writer, writers.py), and only when the pull says that very path holds that very sha256. The
+files of a namespace the cache does not have yet are staged at their own cache paths, so that
+the whole namespace can move in with one rename of its folder; the others as `<n>.part`, which
+makes no folders. A thread would not do: the walk holds the GIL.
 
 What is not used is deleted. A sync that was killed leaves the folder; the next one empties it
 before staging anything.

@@ -86,15 +86,21 @@ class Exchange:
         self.deliver(conn)
         self.apply(self.receive(conn))
 
+    @property
+    def requested(self) -> bool:
+        """Whether the notes and the pull request have gone out."""
+        return self.sent_notes is not None
+
     def request(self, conn: Connection, offer: Published | None = None) -> None:
         """Send the queued notes and the pull request without waiting for the answers; once.
 
         The server answers in order. After the last commit a sync sends these at once, so the
         server goes on to them while this side prepares its records.
         """
-        if self.sent_notes is not None:
+        if self.requested:
             return
-        self.offer = offer or self.offer
+        if offer is not None:
+            self.offer = offer
         self.sent_notes = self.outbox.pending()
         for _, note in self.sent_notes:
             conn.channel.send({"type": "note", "note_id": note.note_id,

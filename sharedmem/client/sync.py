@@ -332,6 +332,8 @@ class Sync:
 
     def _request(self, conn: Connection) -> None:
         """Send the notes and the pull, offering what this run published; once."""
+        if self.exchange.requested:
+            return
         whole = self._takes_own()
         self.exchange.request(conn, Published(self.have, {key: p.digest for key, p in whole.items()},
                                               {key: p.snap.files for key, p in whole.items()}))
