@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from sharedmem.cache.cache import NOTES_NAMESPACE, Cache, CachedFile, NamespaceInfo
+from sharedmem.cache.staged_files import Staging
+from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.core import ProtocolError
 from sharedmem.hashing import sha256_text
 
@@ -96,9 +98,9 @@ def test_apply_refuses_hostile_input_and_writes_nothing(tmp_path: Path, cache: C
     victim.write_text("mine")
     before_cache, before_all = tree(cache.root), tree(tmp_path)
     good = [up(f"{A}/new.md", "fine\n")]
-    with pytest.raises(ProtocolError, match="refuses to write"):  # the client's own path
+    with pytest.raises(ProtocolError, match="refuses to write"):  # own paths vouch for themselves only
         cache.apply(good + upserts, removals, {**spaces(A, B, NOTES_NAMESPACE), **extra},
-                    valid={f"{A}/new.md"})  # vouches for itself only
+                    writer=PreStagedWriter(Staging(cache.meta), own_paths={f"{A}/new.md"}))
     assert tree(cache.root) == before_cache
     assert tree(tmp_path) == before_all
     assert victim.read_text() == "mine"

@@ -196,8 +196,8 @@ def test_a_delta_digest_listed_by_sqlite_is_the_digest_of_the_whole_namespace(st
     del state["Z.md"]
     expected = digest_of((p, sha256_text(t)) for p, t in state.items())
     assert st.namespace_digest("m1", "notes") == expected
-    assert report.accepted == len(state) == st.namespaces()[0]["files"]
-    assert st.namespaces()[0]["bytes"] == sum(len(t.encode()) for t in state.values())
+    assert report.accepted == len(state) == st.namespaces().machines[0].files
+    assert st.namespaces().machines[0].bytes == sum(len(t.encode()) for t in state.values())
 
 
 def test_a_delta_counts_the_kept_files_towards_the_quota(st: Store) -> None:

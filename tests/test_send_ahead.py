@@ -37,8 +37,10 @@ def hello_offering(conn: Connection, texts: list[str]) -> Ahead:
         for text in texts:
             ahead.offer(sha256_text(text), text.encode())
         ahead.finish()
+        ahead.wait()
 
-    conn.hello(walk)
+    with conn.handshake():
+        walk()
     return ahead
 
 
@@ -61,8 +63,10 @@ def test_bodies_sent_ahead_reach_a_real_server_which_then_needs_none(
             for text in TEXTS:
                 ahead.offer(sha256_text(text), text.encode())
             ahead.finish()
+            ahead.wait()
 
-        conn.hello(walk)
+        with conn.handshake():
+            walk()
         assert ahead.sent_bytes == sum(len(t.encode()) for t in TEXTS)
         conn.channel.send(manifest(TEXTS))
         assert conn.channel.expect("need")["sha256"] == []
@@ -137,9 +141,11 @@ def test_bodies_offered_before_the_hello_go_when_it_comes(tmp_path: Path, sshd,
             for text in texts:
                 ahead.offer(sha256_text(text), text.encode())
             ahead.finish()
+            ahead.wait()
             assert conn.early is None and ahead.waiting is not None  # the hello takes 1 s
 
-        conn.hello(walk)
+        with conn.handshake():
+            walk()
         ahead.send_waiting()
         assert ahead.waiting is None and ahead.sent_bytes == 101 * sent
         conn.channel.send({"type": "status"})

@@ -13,6 +13,7 @@ import pytest
 from sharedmem.cache import staged_files as staging_mod
 from sharedmem.cache.cache import Cache, NamespaceInfo
 from sharedmem.cache.staged_files import Staging
+from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.hashing import sha256_text
 
 NS = "machines/laptop/notes"
@@ -55,7 +56,7 @@ def test_a_new_namespace_staged_as_a_tree_moves_in_whole(cache: Cache) -> None:
     assert stage.written == set(range(40))
     assert staged_paths(stage) == sorted(p for p, _, _ in batch)  # each at its cache path
     info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
-    done = cache.apply(batch, [], info, staged=stage)
+    done = cache.apply(batch, [], info, writer=PreStagedWriter(stage))
     assert done["written"] == 40
     assert staged_paths(stage) == []  # every one moved, none copied
     assert not (stage.folder / NS).exists()  # a namespace new to the cache: its folder moved
@@ -71,7 +72,7 @@ def test_files_of_a_namespace_the_cache_has_are_staged_flat_and_moved_one_by_one
     stage = staged(cache, batch)
     assert staged_paths(stage) == [f"{n}.part" for n in range(5)]  # no folders made
     done = cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
-                       staged=stage)
+                       writer=PreStagedWriter(stage))
     assert done["written"] == 5 and staged_paths(stage) == []
     for path, _, text in batch:
         assert (cache.root / path).read_text(encoding="utf-8") == text
@@ -84,7 +85,7 @@ def test_only_the_same_path_and_sha_is_moved(cache: Cache) -> None:
     other = "# the server redacted this one differently\n"
     pulled = [batch[0], (batch[1][0], sha256_text(other), other)]  # and batch[2] not pulled
     cache.apply(pulled, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
-                staged=stage)
+                writer=PreStagedWriter(stage))
     assert (cache.root / batch[1][0]).read_text(encoding="utf-8") == other
     assert not (cache.root / batch[2][0]).exists()
     assert staged_paths(stage) == ["1.part", "2.part"]  # for discard
@@ -101,7 +102,7 @@ def test_a_few_files_are_left_to_apply_without_a_helper(cache: Cache) -> None:
     stage.wait()
     assert stage.written == set() and not stage.folder.exists()  # no helper was started
     cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
-                staged=stage)
+                writer=PreStagedWriter(stage))
     for path, _, text in batch:
         assert (cache.root / path).read_text(encoding="utf-8") == text
     add(stage, items(5, "b")[4])  # the fourth file starts the helper with all four
@@ -121,7 +122,7 @@ def test_a_few_files_are_written_ahead_on_a_thread(cache: Cache) -> None:
     stage.wait()
     assert stage.written == set(range(12))
     cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
-                staged=stage)
+                writer=PreStagedWriter(stage))
     assert staged_paths(stage) == []  # all moved in
     for path, _, text in batch:
         assert (cache.root / path).read_text(encoding="utf-8") == text
@@ -135,7 +136,7 @@ def test_replaced_versions_are_kept_until_cleared(cache: Cache) -> None:
     cache.apply(first, [], info)
     second = items(4, " v2")
     stage = staged(cache, second)
-    cache.apply(second, [], info, staged=stage)
+    cache.apply(second, [], info, writer=PreStagedWriter(stage))
     stage.discard()
     kept = sorted((cache.meta / "replaced").iterdir())
     assert sorted(p.read_text(encoding="utf-8") for p in kept) == sorted(t for _, _, t in first)
@@ -161,7 +162,7 @@ def test_the_thread_links_replaced_versions_aside_before_the_answer(cache: Cache
     assert sorted(p.read_text(encoding="utf-8") for p in kept) == sorted(t for _, _, t in first)
     for path, _, text in first:  # nothing an agent reads has changed yet
         assert (cache.root / path).read_text(encoding="utf-8") == text
-    cache.apply(second, [], info, staged=stage)
+    cache.apply(second, [], info, writer=PreStagedWriter(stage))
     assert len(list((cache.meta / "replaced").iterdir())) == 4  # not linked a second time
     for path, _, text in second:
         assert (cache.root / path).read_text(encoding="utf-8") == text
@@ -187,7 +188,7 @@ def test_a_link_planted_in_the_cache_is_set_aside_as_a_link(cache: Cache,
     stage.wait()
     kept = cache.meta / "replaced" / "0.md"
     assert kept.is_symlink() and os.readlink(kept) == str(outside)  # not the outside file
-    cache.apply(second, [], info, staged=stage)
+    cache.apply(second, [], info, writer=PreStagedWriter(stage))
     assert not planted.is_symlink() and planted.read_text(encoding="utf-8") == second[0][2]
     stage.discard()
     stage.clear_replaced()
@@ -216,7 +217,7 @@ def test_a_helper_that_could_not_write_leaves_the_writing_to_apply(cache: Cache)
     stage.wait()
     assert stage.written == {0}
     cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
-                staged=stage)
+                writer=PreStagedWriter(stage))
     for path, _, text in batch:
         assert (cache.root / path).read_text(encoding="utf-8") == text
     stage.discard()
@@ -240,7 +241,7 @@ def test_a_namespace_folder_already_in_the_cache_is_not_replaced(cache: Cache) -
     batch = items(6)
     stage = staged(cache, batch, new=True)
     cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
-                staged=stage)
+                writer=PreStagedWriter(stage))
     assert stray.read_text() == "mine"
     assert staged_paths(stage) == []  # moved one by one
     for path, _, text in batch:

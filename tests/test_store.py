@@ -272,7 +272,7 @@ def test_export_and_manifest_paths(st: Store) -> None:
         "machines/m2/claude-code/proj/x.md", f"{NOTES_DIR}/{NOTE}"]
     assert all(sha == sha256_text(text) for _, sha, text in out)
     assert st.manifest() == {p: s for p, s, _ in out}
-    keys = [ns["key"] for ns in st.namespaces()]
+    keys = [ns.key for ns in st.namespaces().every()]
     assert keys == ["machines/m1/codex", "machines/m2/claude-code", NOTES_DIR]
 
 
@@ -292,7 +292,7 @@ def test_pull_sends_only_changes_and_removals(st: Store) -> None:
     namespaces, full, upserts, removals = st.pull({})
     assert full == {"machines/m1/notes", "machines/m2/notes"} and removals == []
     assert sorted(p for p, _, _ in upserts) == sorted(st.manifest())
-    known = {str(ns["key"]): int(ns["generation"]) for ns in namespaces}
+    known = {ns.key: ns.generation for ns in namespaces.every()}
     _, full, upserts, removals = st.pull(known)
     assert (full, list(upserts), removals) == (set(), [], [])
     ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B2", "d.md": "D"}))
@@ -304,7 +304,7 @@ def test_pull_sends_only_changes_and_removals(st: Store) -> None:
         f"{NOTES_DIR}/{NOTE}": exported(st)[f"{NOTES_DIR}/{NOTE}"]}
     assert removals == ["machines/m1/notes/c.md"]
     # A path that comes back is no longer a removal.
-    middle = {str(ns["key"]): int(ns["generation"]) for ns in namespaces}
+    middle = {ns.key: ns.generation for ns in namespaces.every()}
     ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B2", "c.md": "C3", "d.md": "D"}))
     _, _, upserts, removals = st.pull(known)
     assert removals == [] and "machines/m1/notes/c.md" in {p for p, _, _ in upserts}
@@ -317,7 +317,7 @@ def test_forget_then_recreate_is_full(st: Store) -> None:
     ingest(st, "m1", "codex", "codex", files({"MEMORY.md": "M"}))
     ingest(st, "m2", "notes", "markdown", files({"a.md": "other"}))
     st.append_note("m1", NOTE, "stays")
-    known = {str(ns["key"]): int(ns["generation"]) for ns in st.namespaces()}
+    known = {ns.key: ns.generation for ns in st.namespaces().every()}
     notes_before = exported(st, NOTES_DIR)
     assert st.forget("m1", reason="laptop retired") == 3
     assert sorted(st.manifest()) == [f"{NOTES_DIR}/{NOTE}", "machines/m2/notes/a.md"]
@@ -334,7 +334,7 @@ def test_forget_then_recreate_is_full(st: Store) -> None:
     assert full == {"machines/m1/notes"}
     assert [p for p, _, _ in upserts] == ["machines/m1/notes/a.md"]
     assert removals == []
-    assert "machines/m1/codex" not in {ns["key"] for ns in namespaces}
+    assert "machines/m1/codex" not in {ns.key for ns in namespaces.every()}
     assert st.verify() == []
 
 

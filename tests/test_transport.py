@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from sharedmem.client import config as config_mod
 from sharedmem.client.config import ClientConfig, Transport
 from sharedmem.client.early_ssh import remote_words
 from sharedmem.client.transport import Connection, explain_ssh, ssh_command
-from sharedmem.core import TransportError
+from sharedmem.core import ProtocolError, TransportError
 from sharedmem.protocol import PeerError
 
 SSH = Transport("ssh", host="me@srv", port=2222, identity=Path("/keys/id ed25519"),
@@ -114,6 +115,35 @@ def test_server_end_that_exits_at_once(tmp_path: Path) -> None:
     assert str(blocker) in message
     assert conn.process.wait(timeout=30) != 0  # close() reaps in the background
     assert blocker.read_text().startswith("a file")
+
+
+def test_the_handshake_reads_the_answer_while_its_body_runs(tmp_path: Path) -> None:
+    with Connection(local_config(tmp_path, tmp_path / "store.sqlite3")) as conn:
+        with conn.handshake():
+            assert conn.version == 0  # the answer is taken once the body is done
+            deadline = time.monotonic() + 30
+            while conn.early is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert conn.early is not None  # but read as soon as it came
+        assert conn.version == 2 and conn.server is conn.early
+
+
+def test_a_server_end_gone_during_the_handshake_is_explained(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"  # an ssh that takes the hello, then fails as OpenSSH does
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f"#!{sys.executable}\nimport sys\nsys.stdin.readline()\n"
+                                 "sys.stderr.write('me@srv: Permission denied (publickey).\\n')\n"
+                                 "sys.exit(255)\n")
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    conn = Connection(ssh_config(tmp_path))
+    try:
+        with pytest.raises(TransportError, match="refused this client's key"), \
+                conn.handshake():
+            raise ProtocolError("the server end went away")  # as a body sent ahead finds it
+    finally:
+        conn.close()
 
 
 def fake_ssh(folder: Path, stderr: str, code: int) -> Path:

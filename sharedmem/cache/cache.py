@@ -6,22 +6,20 @@ import json
 import os
 import stat
 from collections import namedtuple
-from collections.abc import Container
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sharedmem import linejson
 from sharedmem.cache.layout import Folders, namespace_key, published_path_problems
+from sharedmem.cache.writers import FileWriter
 from sharedmem.clock import utc_now
 from sharedmem.core import ProtocolError
 from sharedmem.files import atomic_write
 from sharedmem.hashing import sha256_text
+from sharedmem.namespaces import Namespace
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from sharedmem.cache.staged_files import Staging
 
 META_DIR = ".sharedmem"
 MANIFEST_NAME = "manifest.json"
@@ -31,8 +29,7 @@ MANIFEST_VERSION = 1
 NOTES_NAMESPACE = NOTES_DIR
 
 
-@dataclass
-class NamespaceInfo:
+class NamespaceInfo(NamedTuple):
     """What the cache holds of one server namespace, and which server generation it is."""
 
     key: str
@@ -41,6 +38,21 @@ class NamespaceInfo:
     kind: str
     generation: int = 0
     synced_at: str | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        """Its entry in namespaces.json."""
+        return self._asdict()
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> NamespaceInfo:
+        """Read an entry of namespaces.json; generation and sync time may be missing."""
+        return cls(row["key"], row["machine"], row["source"], row["kind"],
+                   row.get("generation", 0), row.get("synced_at"))
+
+    @classmethod
+    def listed(cls, ns: Namespace) -> NamespaceInfo:
+        """What the cache keeps of a namespace the server lists."""
+        return cls(ns.key, ns.machine, ns.source, ns.kind, ns.generation, ns.synced_at)
 
 
 class CachedFile(namedtuple("CachedFile", "sha256 size namespace")):
@@ -71,16 +83,39 @@ def _stamp(path: Path) -> Stamp:
     return info.st_mtime_ns, info.st_ino, info.st_size
 
 
+class _Loaded(NamedTuple):
+    """The manifest as last read or written, and the stamps of its two files then."""
+
+    stamps: tuple[Stamp, Stamp]
+    manifest: Manifest
+
+
+class _LoadedFiles(NamedTuple):
+    """The file list as last read or written, and the stamp of manifest.json then."""
+
+    stamp: Stamp
+    files: dict[str, CachedFile]
+
+
+class _Expected(NamedTuple):
+    """The file list a sync expects its pull to leave, encoded ahead of it (`Cache.expect`)."""
+
+    files: dict[str, CachedFile]
+    text: str
+    lines: linejson.Old
+    on_disk: bool  # written to NEXT_MANIFEST_NAME, ready to be renamed over the manifest
+
+
 class Cache:
     """A folder of plain Markdown mirroring the server, with its manifest in a hidden folder."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.meta = self.root / META_DIR
-        self._loaded: tuple[tuple[Stamp, Stamp], Manifest] | None = None
-        self._files_cache: tuple[Stamp, dict[str, CachedFile]] | None = None
+        self._loaded: _Loaded | None = None
+        self._files_cache: _LoadedFiles | None = None
         self._lines: linejson.Old = {}  # manifest.json's entry lines, reused by the next write
-        self._expected: tuple[dict[str, CachedFile], str, linejson.Old, bool] | None = None
+        self._expected: _Expected | None = None
 
     @property
     def manifest_path(self) -> Path:
@@ -102,24 +137,24 @@ class Cache:
             stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
         except FileNotFoundError:
             return Manifest()
-        if self._loaded and self._loaded[0] == stamps:
-            return self._loaded[1]
+        if self._loaded and self._loaded.stamps == stamps:
+            return self._loaded.manifest
         try:
-            files = self._files_cache[1] if self._files_cache and \
-                self._files_cache[0] == stamps[0] else None
+            files = self._files_cache.files if self._files_cache and \
+                self._files_cache.stamp == stamps[0] else None
             if files is None:
                 raw, lines = linejson.decode(self.manifest_path.read_text(encoding="utf-8"),
                                              "files")
                 files = {k: CachedFile(*v) for k, v in raw["files"].items()}
                 self._lines = {k: (files[k], line) for k, (_, line) in lines.items()}
-                self._files_cache = (stamps[0], files)
+                self._files_cache = _LoadedFiles(stamps[0], files)
             raw = json.loads(self.namespaces_path.read_text(encoding="utf-8"))
             manifest = Manifest(
-                namespaces={k: NamespaceInfo(**v) for k, v in raw["namespaces"].items()},
+                namespaces={k: NamespaceInfo.from_row(v) for k, v in raw["namespaces"].items()},
                 files=files, last_sync=raw.get("last_sync"), server=raw.get("server", {}))
         except (OSError, ValueError, KeyError, TypeError):
             manifest = Manifest()
-        self._loaded = (stamps, manifest)
+        self._loaded = _Loaded(stamps, manifest)
         return manifest
 
     def file_path(self, relpath: str) -> Path:
@@ -162,8 +197,8 @@ class Cache:
         the manifest is then one rename. Anything else is encoded and written afresh.
         """
         text, lines = self._encode(files)
-        self._expected = (files, text, lines, _write_out(self.meta / NEXT_MANIFEST_NAME,
-                                                         text.encode("utf-8")))
+        self._expected = _Expected(files, text, lines, _write_out(self.meta / NEXT_MANIFEST_NAME,
+                                                                  text.encode("utf-8")))
 
     def apply(
         self,
@@ -174,26 +209,24 @@ class Cache:
         full: bool = False,
         full_namespaces: set[str] | frozenset[str] = frozenset(),
         server: dict[str, Any] | None = None,
-        staged: Staging | None = None,
-        own: Container[str] = frozenset(),
-        valid: Container[str] = frozenset(),
+        writer: FileWriter | None = None,
     ) -> dict[str, int]:
         """Write a pull into the cache: every path checked first, then files, then the manifest.
 
         `upserts` are (path, sha256, text); `namespaces` is the server's complete list, so a
         namespace the server no longer has is removed. With `full`, every file not upserted is
         removed too (a version 1 pull sends the whole export); `full_namespaces` does the same
-        for those namespaces only. `staged` holds files written ahead (staging.py): one whose
-        path and sha256 match is moved into place instead of written. `own` are the sha256s of
-        texts this client hashed itself (the server sent no body for them): not hashed again.
-        `valid` are cache paths this client published itself, so they passed the walk's rules
-        (and the layout is its own): not checked again.
+        for those namespaces only. `writer` puts each file in place (writers.py): the plain one
+        writes it; a sync's moves in what it staged ahead, and vouches for the paths and texts
+        the sync published itself, which are then not checked again.
         """
+        writer = writer or FileWriter()
+        own_paths, own_texts = writer.own_paths, writer.own_texts
         problems = []
         for path, sha, text in upserts:
-            if path not in valid:
+            if path not in own_paths:
                 problems.extend(published_path_problems(path))
-            if sha not in own and sha256_text(text) != sha:
+            if sha not in own_texts and sha256_text(text) != sha:
                 problems.append(f"path {path!r}: the text does not match its sha256 {sha}")
         for path in removals:
             problems.extend(published_path_problems(path))
@@ -219,11 +252,11 @@ class Cache:
         folders = Folders(self.root)
         for path, _, _ in upserts:
             folders.target(path, create=False, strict=True)  # refuse links before any write
-        moved = {} if staged is None else _move_folders(upserts, folders, staged)
+        moved = writer.move_namespaces(upserts, folders)
         written = len(moved)
         for path, sha, text in upserts:
             if path in moved:
-                files[path] = CachedFile(sha, *moved[path])
+                files[path] = CachedFile(sha, moved[path], namespace_key(path))
                 continue
             target = folders.target(path, create=True)
             assert target is not None
@@ -232,11 +265,7 @@ class Cache:
                     target, old.size if full or old.namespace in full_namespaces else None):
                 files[path] = CachedFile(sha, old.size, namespace_key(path))
                 continue
-            size = None if staged is None else staged.move(path, sha, target, old is not None)
-            if size is None:
-                data = text.encode("utf-8")
-                atomic_write(Path(target), data, durable=False)
-                size = len(data)
+            size = writer.write(path, sha, text, target, old is not None)
             written += 1
             files[path] = CachedFile(sha, size, namespace_key(path))
         removed = 0
@@ -273,10 +302,11 @@ class Cache:
         reads as empty, so the next sync pulls everything again.
         """
         expected, self._expected = self._expected, None
-        ahead = self.meta / NEXT_MANIFEST_NAME if expected is not None and expected[3] else None
+        ahead = self.meta / NEXT_MANIFEST_NAME if expected is not None and expected.on_disk \
+            else None
         if files_changed or not self.manifest_path.is_file():
-            if expected is not None and expected[0] == manifest.files:
-                text, self._lines = expected[1], expected[2]
+            if expected is not None and expected.files == manifest.files:
+                text, self._lines = expected.text, expected.lines
             else:
                 text, self._lines = self._encode(manifest.files)
                 _discard(ahead)  # written for another outcome
@@ -290,34 +320,13 @@ class Cache:
             "version": MANIFEST_VERSION,
             "last_sync": manifest.last_sync,
             "server": manifest.server,
-            "namespaces": {k: asdict(v) for k, v in sorted(manifest.namespaces.items())},
+            "namespaces": {k: v.to_row() for k, v in sorted(manifest.namespaces.items())},
         }
         atomic_write(self.namespaces_path, json.dumps(raw, ensure_ascii=False).encode("utf-8"),
                      durable=False)
         stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
-        self._files_cache = (stamps[0], manifest.files)  # what was just written: no re-read
-        self._loaded = (stamps, manifest)
-
-
-def _move_folders(upserts: list[tuple[str, str, str]], folders: Folders,
-                  staged: Staging) -> dict[str, tuple[int, str]]:
-    """Move in whole each namespace new to the cache that was staged just as pulled.
-
-    On a first sync that is one rename instead of one a file. Returns path -> (size,
-    namespace) of the files moved; the rest are moved or written one by one.
-    """
-    new: dict[str, dict[str, str]] = {}
-    if staged.new_namespaces:
-        for path, sha, _ in upserts:
-            if (key := namespace_key(path)) in staged.new_namespaces:
-                new.setdefault(key, {})[path] = sha
-    moved: dict[str, tuple[int, str]] = {}
-    for key, pulled in new.items():
-        target = folders.target(key, create=True)  # makes machines/<machine>, refusing links
-        if target is not None and not os.path.lexists(target):
-            moved.update((path, (size, key))
-                         for path, size in staged.move_folder(key, pulled, target).items())
-    return moved
+        self._files_cache = _LoadedFiles(stamps[0], manifest.files)  # just written: no re-read
+        self._loaded = _Loaded(stamps, manifest)
 
 
 def _write_out(path: Path, data: bytes) -> bool:

@@ -5,11 +5,11 @@ slowest part of a large sync (creating a file costs the kernel more than reading
 it), and it has to wait for the server's answer, because a failed sync must leave the cache as
 it was. So a helper process (this file, run as a script: it needs only the standard library)
 writes them into `<cache>/.sharedmem/staging/` on the other CPU while the sync walks, redacts
-and sends. `Cache.apply` then moves each one into place with one rename, and only when the pull
-says that very path holds that very sha256. The files of a namespace the cache does not have
-yet are staged at their own cache paths, so that the whole namespace can move in with one
-rename of its folder; the others as `<n>.part`, which makes no folders. A thread would not do:
-the walk holds the GIL.
+and sends. `Cache.apply` then moves each one into place with one rename (its pre-staged
+writer, writers.py), and only when the pull says that very path holds that very sha256. The
+files of a namespace the cache does not have yet are staged at their own cache paths, so that
+the whole namespace can move in with one rename of its folder; the others as `<n>.part`, which
+makes no folders. A thread would not do: the walk holds the GIL.
 
 What is not used is deleted. A sync that was killed leaves the folder; the next one empties it
 before staging anything.
@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from queue import SimpleQueue
 
@@ -83,8 +82,8 @@ class Staging:
             self._queue.put(b"".join(_record(*item) for item in self._pending))
             self._pending, self._size = [], 0
 
-    def write_ahead(self, then: Callable[[], object] | None = None) -> None:
-        """On a thread, write the files too few for the helper, then run `then`.
+    def write_ahead(self) -> None:
+        """On a thread, write the files too few for the helper.
 
         Called once the walk is over (a thread would slow it: it holds the GIL), just before
         the sync waits for the server's `hello` or while the server takes bodies. The main
@@ -101,15 +100,14 @@ class Staging:
                 self.folder.mkdir(parents=True, exist_ok=True)
             except OSError:
                 items = []
-        if self._writer is not None or not (items or then):
+        if self._writer is not None or not items:
             return
         self._stop.clear()
-        self._writer = threading.Thread(target=self._write, args=(items, then), daemon=True,
+        self._writer = threading.Thread(target=self._write, args=(items,), daemon=True,
                                         name="sharedmem-staging")
         self._writer.start()
 
-    def _write(self, items: list[tuple[int, str, bytes]],
-               then: Callable[[], object] | None) -> None:
+    def _write(self, items: list[tuple[int, str, bytes]]) -> None:
         made: set[str] = set()
         root = None if self.root is None else str(self.root)
         for number, path, data in items:
@@ -118,11 +116,6 @@ class Staging:
             self.written.add(number)
             if root is not None and (cached := self.replacing.get(number)) is not None:
                 self._keep_old(_below(root, cached), number)
-        if then is not None and not self._stop.is_set():
-            try:
-                then()
-            except Exception:  # work done ahead only saves time: the sync redoes it itself
-                pass
 
     def _start(self) -> bool:
         self._remove_folder()  # what a killed sync left

@@ -157,9 +157,7 @@ def run_export(args: Any) -> int:
     if out.exists() and any(out.iterdir()) and not (out / ".sharedmem").is_dir():
         raise Refused(f"export folder {out} is not empty: pass a new or empty folder")
     with Store.open(user_path(args.store), create=False) as store:
-        namespaces = {str(n["key"]): NamespaceInfo(str(n["key"]), n["machine"], str(n["source"]),
-                                                   str(n["kind"]), int(n["generation"]),
-                                                   n["synced_at"]) for n in store.namespaces()}
+        namespaces = {ns.key: NamespaceInfo.listed(ns) for ns in store.namespaces().every()}
         done = Cache(out).apply(list(store.export()), [], namespaces, full=True)
     emit({"out": str(out), **done}, args.json, f"exported {done['files']} files to {out}")
     return 0

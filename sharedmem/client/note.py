@@ -1,6 +1,7 @@
 """Adding a note: check and redact it, queue it in the outbox, then try to deliver it at once.
 
-Delivery is the pull (pull.py) with nothing published first, so a note never loads the sync.
+Delivery is the exchange (exchange.py) with nothing published first, so a note never loads
+the sync.
 """
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from sharedmem.client.config import ClientConfig
+from sharedmem.client.exchange import Exchange
 from sharedmem.client.lock import sync_lock
 from sharedmem.client.outbox import Outbox
-from sharedmem.client.pull import Pull
 from sharedmem.client.transport import Connection
 from sharedmem.core import NoteError, SharedMemoryError
 
@@ -21,15 +22,15 @@ def submit_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any
     body = redact_note(filename, text)[0]  # refused before anything is written
     outbox = Outbox(config.state / "outbox")
     note = outbox.put(filename, body)
-    runner = Pull(config)
+    exchange = Exchange(config)
     failure = None
     try:
         with sync_lock(config.state, wait=30), Connection(config) as conn:
             conn.hello()
-            runner.deliver_now(conn)
+            exchange.deliver_now(conn)
     except SharedMemoryError as exc:
         failure = exc
-    refused = [r for r in runner.notes["refused"] if r["note_id"] == note.note_id]
+    refused = [r for r in exchange.notes["refused"] if r["note_id"] == note.note_id]
     if refused:
         raise NoteError(refused[0]["message"])
     if failure is not None and any(n.note_id == note.note_id for _, n in outbox.pending()):

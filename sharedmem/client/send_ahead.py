@@ -12,7 +12,6 @@ version 1) gets the usual exchange, and so does whatever is past the offered byt
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from queue import SimpleQueue
 
 from sharedmem.core import ProtocolError
@@ -99,13 +98,13 @@ class Ahead:
         self.open = False
         self.pending, self.pending_bytes = [], 0
 
-    def finish(self, then: Callable[[], object] | None = None) -> None:
-        """The walk is over: send what waits if the server is ready, then close.
+    def finish(self) -> None:
+        """The walk is over: send what waits if the server is ready, then offer nothing more.
 
         Waiting for the hello here would only delay the manifest that asks for those bodies:
         if it has not come, what waits is encoded now, and `send_waiting` sends it the moment
-        the hello offers room for it. `then` runs while the sender writes its last batches.
-        Returns once all is written, so the manifest follows the bodies on the channel.
+        the hello offers room for it. Returns while the sender writes its last batches; `wait`
+        for it before sending anything else.
         """
         if self.open:
             self.flush()
@@ -115,8 +114,9 @@ class Ahead:
         self.close()
         if self._sender is not None:
             self._queue.put(None)
-        if then is not None:
-            then()
+
+    def wait(self) -> None:
+        """Return once every body is written, so the manifest follows them on the channel."""
         if self._sender is not None:
             self._sender.join()
             self._sender = None

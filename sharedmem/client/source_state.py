@@ -1,16 +1,16 @@
-"""A source's saved record: what its last sync read and published, in `state/sources/<name>.json`.
+"""A source's saved state: what its last sync read and published, in `state/sources/<name>.json`.
 
 The record lets the next snapshot skip reading a file whose size and modification time are
-unchanged, and names the digest the server acknowledged, which the next manifest is a delta
-against. It is written one file a line (`linejson.py`), so a rewrite reuses the lines of the
-files it did not read again.
+unchanged, and the acknowledged digest is what the next manifest is a delta against. It is
+written one file a line (`linejson.py`), so a rewrite reuses the lines of the files it did not
+read again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sharedmem import linejson
 
@@ -19,41 +19,85 @@ if TYPE_CHECKING:
     from sharedmem.sources.walk import Entry
 
 
-def read(path: Path) -> tuple[dict[str, Any], linejson.Old]:
-    """A source's saved record, and its lines; empty when missing or unreadable."""
+class Acked(NamedTuple):
+    """What the server confirmed of the last snapshot: its digest, the next delta's base."""
+
+    digest: Any = None
+    files: dict[str, str] | None = None  # path -> sha256, as older versions listed them
+
+    def to_row(self) -> dict[str, Any]:
+        """The `acked` object of the state file."""
+        return {"digest": self.digest} if self.files is None else {
+            "digest": self.digest, "files": self.files}
+
+    @classmethod
+    def from_row(cls, row: object) -> Acked | None:
+        """Read `acked`; None when there is none (nothing was confirmed: no delta)."""
+        if not isinstance(row, dict):
+            return None
+        files = row.get("files")
+        return cls(row.get("digest"), files if isinstance(files, dict) else None)
+
+
+class SourceState(NamedTuple):
+    """One source's state file: the rules it was made under, what was acknowledged, the record.
+
+    `record` maps each published path to `[disk size, mtime_ns, sha256, size, redactions]`,
+    as the walk reads it back (`walk._valid_record` checks each entry).
+    """
+
+    rules: Any = None  # the release and limits: under others the record is not reused
+    acked: Acked | None = None
+    record: Mapping[str, Any] | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        """The JSON object the state file holds."""
+        return {"rules": self.rules, "acked": None if self.acked is None else self.acked.to_row(),
+                "record": self.record}
+
+    @classmethod
+    def from_row(cls, row: object) -> SourceState:
+        """Read a state file's object; what is missing or of another shape reads as absent."""
+        if not isinstance(row, dict):
+            return cls()
+        record = row.get("record")
+        return cls(row.get("rules"), Acked.from_row(row.get("acked")),
+                   record if isinstance(record, dict) else None)
+
+    def acked_files(self) -> dict[str, str] | None:
+        """Path -> sha256 the server confirmed last time; None when there is nothing to delta from.
+
+        The confirmed files are those of the record (older state files listed them in `acked`).
+        """
+        if self.acked is None:
+            return None
+        if self.acked.files is not None:
+            return self.acked.files
+        if self.record is None:
+            return None
+        return {p: r[2] for p, r in self.record.items() if isinstance(r, list) and len(r) == 5}
+
+    def encode(self, old: linejson.Old) -> str:
+        """The state file's text; `old` are the lines of the file as read, reused where unchanged."""
+        head = self.to_row()
+        record = head.pop("record") or {}
+        return linejson.encode(head, "record", record.items(), old)[0]
+
+
+def record_of(files: Iterable[Entry], old: linejson.Old) -> dict[str, Any]:
+    """The record of a snapshot's `files`; `old` are the saved record's lines.
+
+    A file not read this time was taken from the saved record as it was: its old value stands,
+    the very same object, so linejson keeps its line.
+    """
+    return {e.path: old[e.path][0] if e.text is None and e.path in old else
+            [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)] for e in files}
+
+
+def read(path: Path) -> tuple[SourceState, linejson.Old]:
+    """A source's saved state, and its record's lines; empty when missing or unreadable."""
     try:
         value, lines = linejson.decode(path.read_text(encoding="utf-8"), "record")
     except (OSError, ValueError):
-        return {}, {}
-    return (value, lines) if isinstance(value, dict) else ({}, {})
-
-
-def acked_files(saved: dict[str, Any]) -> dict[str, str] | None:
-    """Path -> sha256 the server confirmed last time; None when there is nothing to delta from.
-
-    The confirmed files are those of the saved record (older state files held an explicit map).
-    """
-    acked = saved.get("acked")
-    if not isinstance(acked, dict):
-        return None
-    files = acked.get("files")
-    if isinstance(files, dict):
-        return files
-    record = saved.get("record")
-    if not isinstance(record, dict):
-        return None
-    return {p: r[2] for p, r in record.items() if isinstance(r, list) and len(r) == 5}
-
-
-def encode(rules: list[Any], acked: dict[str, str] | None, files: Iterable[Entry],
-           old: linejson.Old) -> str:
-    """The record's text for a snapshot's `files`; `old` are the saved record's lines.
-
-    A file not read this time was taken from the saved record as it was: its old value stands,
-    and linejson keeps its line (it finds the very same object).
-    """
-    return linejson.encode(
-        {"rules": rules, "acked": acked}, "record",
-        ((e.path, old[e.path][0] if e.text is None and e.path in old else
-          [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)])
-         for e in files), old)[0]
+        return SourceState(), {}
+    return (SourceState.from_row(value), lines) if isinstance(value, dict) else (SourceState(), {})

@@ -1,23 +1,30 @@
 """`sync`: snapshot each source, exchange it with the server, deliver notes, refresh the cache.
 
-This module publishes; delivering the notes and refreshing the cache are the pull (pull.py).
+This module publishes; delivering the notes and refreshing the cache are the exchange's
+(exchange.py), which a sync holds. What can be done before the server answers is done while
+ssh connects (`Sync._prepare`), and what can be done before the pull comes back, while the
+server works (`Sync._write_ahead`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sharedmem import __version__, linejson
-from sharedmem.cache.cache import CachedFile
+from sharedmem.cache.cache import Cache, CachedFile
+from sharedmem.cache.staged_files import Staging
+from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client import source_state as records
 from sharedmem.client.config import ClientConfig, SourceConfig
+from sharedmem.client.exchange import Exchange, Progress, Published
 from sharedmem.client.lock import sync_lock
-from sharedmem.client.pull import Progress, Pull
 from sharedmem.client.send_ahead import Ahead
 from sharedmem.client.transport import Connection
 from sharedmem.clock import utc_now
@@ -39,7 +46,7 @@ class _Prepared:
     source: SourceConfig
     spec: sources.SourceSpec
     state_file: Path
-    saved: dict[str, Any]
+    saved: records.SourceState
     rules: list[Any]
     snap: sources.Snapshot
     digest: str
@@ -53,55 +60,95 @@ class _Prepared:
     line: bytes = b""  # the manifest message (delta or whole), encoded before it is due
 
 
-class Sync(Pull):
-    """One sync run: publish, then the pull; its `report` is what `sync --json` prints."""
+class _Outcome:
+    """What this sync writes if the server takes every source as sent, encoded before it knows.
+
+    The cache manifest with each source's files as published (`Cache.expect`), and each
+    source's state as acknowledged; `apply` and `_save_states` use them only if that is how it
+    turned out. Encoded while ssh still connects if the walk ended first, else on a thread of
+    its own while the server takes bodies or commits.
+    """
+
+    def __init__(self, cache: Cache, machine: str) -> None:
+        self.cache = cache
+        self.machine = machine
+        self.own_paths: set[str] = set()  # cache paths of the files this run published
+        self.encoded = False
+        self._thread: threading.Thread | None = None
+
+    def encode(self, snapshots: list[_Prepared], cached: Mapping[str, CachedFile]) -> None:
+        """Encode it now; `cached` are the cache's files when the sync began."""
+        ok = [p for p in snapshots if p.snap.status == "ok"]
+        own = {_namespace(self.machine, p.source.name): p.snap.files for p in ok}
+        files = {k: v for k, v in cached.items() if v.namespace not in own}
+        self.own_paths = own_paths = set()
+        for key, entries in own.items():
+            for e in entries:
+                own_paths.add(path := f"{key}/{e.path}")
+                known = cached.get(path)  # kept as it is, so linejson sees the same object
+                files[path] = known if known is not None and known.sha256 == e.sha256 and \
+                    known.size == e.size and known.namespace == key else CachedFile(
+                        e.sha256, e.size, key)
+        self.cache.expect(files)
+        for prepared in ok:
+            prepared.state_text = _state(prepared, records.Acked(prepared.digest)).encode(
+                prepared.lines)
+        self.encoded = True
+
+    def encode_quietly(self, snapshots: list[_Prepared], cached: Mapping[str, CachedFile]) -> None:
+        """Encode it, or leave it: work done ahead only saves time, the sync redoes it itself."""
+        with contextlib.suppress(Exception):
+            self.encode(snapshots, cached)
+
+    def start(self, snapshots: list[_Prepared], cached: Mapping[str, CachedFile]) -> None:
+        """Encode it on a thread, while the main one waits on the server; once, if not done."""
+        if self.encoded or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self.encode_quietly, args=(snapshots, cached),
+                                        daemon=True, name="sharedmem-outcome")
+        self._thread.start()
+
+    def join(self) -> None:
+        """Let the thread finish, before the pull is applied (or the sync ends)."""
+        if self._thread is not None:
+            self._thread.join()
+
+
+class Sync:
+    """One sync run: publish, then the exchange's pull; `report` is what `sync --json` prints."""
 
     def __init__(self, config: ClientConfig, max_version: int = max(VERSIONS),
                  progress: Progress | None = None) -> None:
-        super().__init__(config, progress)
+        self.config = config
         self.max_version = max_version
+        self.progress = progress or (lambda _msg: None)
+        self.exchange = Exchange(config, self.progress)
+        cache = self.exchange.cache
+        self.staging = Staging(cache.meta, root=cache.root)
+        self.outcome = _Outcome(cache, config.machine)
+        self.have: dict[str, str] = {}  # sha256 -> text of each file read this time
         self.snapshots: list[_Prepared] = []
         self.last_to_publish: _Prepared | None = None
-        self.ahead: Ahead | None = None
-        self.encoded = False  # _encode_ahead done
         self.published: list[_Prepared] = []
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
-                                       "sources": [], "notes": self.notes}
+                                       "sources": [], "notes": self.exchange.notes}
 
     def run(self) -> dict[str, Any]:
         """Publish, deliver, pull; any failure leaves the cache and the outbox as they were."""
         started = time.monotonic()
         try:
             with sync_lock(self.config.state), Connection(self.config, self.max_version) as conn:
-
-                self.ahead = Ahead(conn)
-
-                def meanwhile() -> None:
-                    self.staging.clear_replaced()
-                    self.known = self._known()
-                    self.staging.new_namespaces = frozenset(
-                        self._namespace(s.name) for s in self.config.sources) - self.known.keys()
-                    self.snapshots = [self._snapshot(source) for source in self.config.sources]
-                    self.staging.flush()
-                    changed = any(p.snap.status == "ok" and (
-                        p.delta is None or p.delta["files"] or p.delta["removed"])
-                        for p in self.snapshots)
-                    if changed and conn.early is not None:  # the server takes bodies already:
-                        self.staging.write_ahead(then=self._encode_ahead)  # encode meanwhile
-                    self.ahead.finish(then=self._encode_manifests)
-                    if changed and conn.early is None:  # ssh is still connecting:
-                        with contextlib.suppress(Exception):  # it only saves time later
-                            self._encode_ahead()
-                        self.staging.write_ahead()  # on a thread, while we wait for hello
-
-                conn.hello(meanwhile)
+                ahead = Ahead(conn)
+                with conn.handshake():
+                    self._prepare(conn, ahead)
                 self.report["protocol"] = conn.version
-                self.ahead.send_waiting()
+                ahead.send_waiting()
                 ok = [p for p in self.snapshots if p.snap.status == "ok"]
                 self.last_to_publish = ok[-1] if ok else None
                 for prepared in self.snapshots:
                     self.report["sources"].append(self._publish(conn, prepared))
-                self._deliver(conn)
+                self._request(conn)  # unless the last commit sent it
+                self.exchange.deliver(conn)
                 self.report["pull"] = self._pull(conn)
                 self._save_states()
                 self.report["bytes"] = {"sent": conn.channel.sent,
@@ -114,6 +161,7 @@ class Sync(Pull):
             if partial or self.report["notes"]["refused"]:
                 self.report["status"] = "partial"
         finally:
+            self.outcome.join()
             self.staging.discard()
         self.report["exit_code"] = {"ok": EXIT_OK, "partial": EXIT_PARTIAL,
                                     "failed": EXIT_FAILED}[self.report["status"]]
@@ -123,27 +171,56 @@ class Sync(Pull):
             k: self.report.get(k) for k in ("status", "error", "finished_at", "exit_code")})
         return self.report
 
-    def _snapshot(self, source: SourceConfig) -> _Prepared:
+    def _prepare(self, conn: Connection, ahead: Ahead) -> None:
+        """Everything that needs no answer from the server; run while ssh connects.
+
+        Walk every source, staging the files the cache lacks and sending ahead the bodies the
+        server lacks; encode the manifests while the last bodies go out; and start on what
+        the sync writes at the end, here if ssh still connects, else on threads.
+        """
+        self.staging.clear_replaced()
+        self.exchange.read_cache()
+        self.staging.new_namespaces = frozenset(
+            self._namespace(s.name) for s in self.config.sources) - self.exchange.known.keys()
+        self.snapshots = [self._snapshot(source, ahead) for source in self.config.sources]
+        self.staging.flush()
+        changed = any(p.snap.status == "ok" and (
+            p.delta is None or p.delta["files"] or p.delta["removed"]) for p in self.snapshots)
+        if changed and conn.early is not None:  # the server takes bodies already
+            self._write_ahead()
+        ahead.finish()
+        self._encode_manifests()  # while the sender writes the last bodies
+        ahead.wait()  # each manifest follows its bodies on the channel
+        if changed and conn.early is None:  # ssh is still connecting
+            self.outcome.encode_quietly(self.snapshots, self.exchange.cached)
+            self.staging.write_ahead()  # on a thread, while we wait for the hello
+
+    def _write_ahead(self) -> None:
+        """While the server works: the few staged files on one thread, the outcome on another."""
+        self.staging.write_ahead()
+        self.outcome.start(self.snapshots, self.exchange.cached)
+
+    def _snapshot(self, source: SourceConfig, ahead: Ahead) -> _Prepared:
         """Walk one source and build its manifest; done while ssh connects, so the two overlap."""
         spec = sources.SourceSpec(source.name, source.kind, source.path)
         state_file = self.config.state / "sources" / f"{source.name}.json"
         saved, lines = records.read(state_file)
         limits = self.config.limits
         rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
-        previous = saved.get("record") if saved.get("rules") == rules else None
+        previous = saved.record if saved.rules == rules else None
         prefix = self._namespace(source.name) + "/"
-        old = records.acked_files(saved)
+        old = saved.acked_files()
         on_server = set(old.values()) if old is not None else set()
 
         def stage(entry: walk.Entry, data: bytes) -> None:
             """A file read this time: staged if the cache lacks it, sent ahead if the server does."""
             if entry.text is None:
                 return
-            cached = self.cached.get(prefix + entry.path)
+            cached = self.exchange.cached.get(prefix + entry.path)
             if cached is None or cached.sha256 != entry.sha256:
                 self.staging.add(prefix + entry.path, entry.sha256, data, cached is not None)
-            if self.ahead is not None and entry.sha256 not in on_server:
-                self.ahead.offer(entry.sha256, data)
+            if entry.sha256 not in on_server:
+                ahead.offer(entry.sha256, data)
 
         snap = sources.snapshot(spec, limits, previous, stage)
         prepared = _Prepared(source, spec, state_file, saved, rules, snap,
@@ -157,8 +234,8 @@ class Sync(Pull):
         entries = {e.path: [e.path, e.sha256, e.size, e.mtime_ns] for e in snap.files}
         prepared.whole = {"type": "manifest", "source": spec.name, "kind": spec.kind,
                           "digest": prepared.digest, "files": list(entries.values())}
-        if old is not None:
-            prepared.delta = {**prepared.whole, "base": saved["acked"].get("digest"),
+        if old is not None and saved.acked is not None:
+            prepared.delta = {**prepared.whole, "base": saved.acked.digest,
                               "removed": sorted(set(old) - set(entries)),
                               "files": [v for p, v in entries.items() if old.get(p) != v[1]]}
         return prepared
@@ -198,15 +275,13 @@ class Sync(Pull):
         """
         for prepared in self.published:
             saved, files = prepared.saved, prepared.snap.files
-            acked = {"digest": prepared.digest} if prepared.acked else None
-            record = saved.get("record")
-            if (acked == saved.get("acked") and saved.get("rules") == prepared.rules
-                    and isinstance(record, dict) and len(record) == len(files)
+            acked = records.Acked(prepared.digest) if prepared.acked else None
+            if (acked == saved.acked and saved.rules == prepared.rules
+                    and saved.record is not None and len(saved.record) == len(files)
                     and all(e.text is None for e in files)):
                 continue  # every file reused from the saved record, and as many: unchanged
             text = (prepared.state_text if acked is not None and prepared.state_text
-                    else records.encode(prepared.rules, acked, prepared.snap.files,
-                                        prepared.lines))
+                    else _state(prepared, acked).encode(prepared.lines))
             atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600, durable=False)
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
@@ -246,7 +321,7 @@ class Sync(Pull):
         conn.channel.send({"type": "commit", "source": spec.name})
         if prepared is self.last_to_publish:  # while the server redacts and commits:
             self._request(conn)
-            self.staging.write_ahead(then=None if self.encoded else self._encode_ahead)
+            self._write_ahead()
         return conn.channel.expect("result")
 
     def _encode_manifests(self) -> None:
@@ -255,52 +330,48 @@ class Sync(Pull):
             if prepared.snap.status == "ok":
                 prepared.line = encode(prepared.delta or prepared.whole)
 
-    def _encode_ahead(self) -> None:
-        """Encode what this sync will write if all goes as sent, before it is known.
+    def _request(self, conn: Connection) -> None:
+        """Send the notes and the pull, offering what this run published; once."""
+        if self.exchange.requested:
+            return
+        whole = self._takes_own()
+        self.exchange.request(conn, Published(self.have, {key: p.digest for key, p in whole.items()},
+                                              {key: p.snap.files for key, p in whole.items()}))
 
-        The cache manifest with every source's files as published, and each source's state as
-        acknowledged; `apply` and `_save_states` use them only if that is how it turned out.
-        Done while ssh still connects if the walk ended first, else on the staging thread
-        while the server commits.
-        """
-        ok = [p for p in self.snapshots if p.snap.status == "ok"]
-        own = {self._namespace(p.source.name): p.snap.files for p in ok}
-        files = {k: v for k, v in self.cached.items() if v.namespace not in own}
-        self.own_paths = set()
-        cached = self.cached
-        for key, entries in own.items():
-            for e in entries:
-                self.own_paths.add(path := f"{key}/{e.path}")
-                known = cached.get(path)  # kept as it is, so linejson sees the same object
-                files[path] = known if known is not None and known.sha256 == e.sha256 and \
-                    known.size == e.size and known.namespace == key else CachedFile(
-                        e.sha256, e.size, key)
-        self.cache.expect(files)
-        for prepared in ok:
-            prepared.state_text = records.encode(prepared.rules, {"digest": prepared.digest},
-                                                 prepared.snap.files, prepared.lines)
-        self.encoded = True
+    def _pull(self, conn: Connection) -> dict[str, int]:
+        """Take the pull, and move in what was staged for it once the helper is done."""
+        pulled = self.exchange.receive(conn)
+        self.staging.wait()
+        self.outcome.join()
+        return self.exchange.apply(pulled, PreStagedWriter(self.staging, pulled.own_texts,
+                                                           self.outcome.own_paths))
 
     def _namespace(self, source: str) -> str:
         """The cache path of one of this machine's namespaces."""
-        return f"{MACHINES_DIR}/{self.config.machine}/{source}"
+        return _namespace(self.config.machine, source)
 
-    def _takes_own(self) -> dict[str, str]:
-        """Namespaces this run publishes whole and the cache never had: key -> digest.
+    def _takes_own(self) -> dict[str, _Prepared]:
+        """Namespaces this run publishes whole and the cache never had, with their sources.
 
-        The server leaves each out of the pull if it now holds it at that digest, and the cache
-        takes the snapshot as it was sent (a first sync then does not pull its own files back).
+        The server leaves each out of the pull if it now holds it at the digest sent, and the
+        cache takes the snapshot as it was sent (a first sync then does not pull its own
+        files back).
         """
         new = self.staging.new_namespaces  # this machine's namespaces the cache does not have
-        return {key: p.digest for p in self.snapshots
+        return {key: p for p in self.snapshots
                 if p.snap.status == "ok" and (key := self._namespace(p.source.name)) in new
                 and all(e.text is not None for e in p.snap.files)}
 
-    def _own_files(self, keys: set[str]) -> list[tuple[str, str, str]]:
-        """The files of those namespaces as this run sent them: the server left them out."""
-        return [(f"{key}/{e.path}", e.sha256, e.text) for prepared in self.snapshots
-                if (key := self._namespace(prepared.source.name)) in keys
-                for e in prepared.snap.files]
+
+def _namespace(machine: str, source: str) -> str:
+    """The cache path of a machine's namespace."""
+    return f"{MACHINES_DIR}/{machine}/{source}"
+
+
+def _state(prepared: _Prepared, acked: records.Acked | None) -> records.SourceState:
+    """The state a source leaves when the server acknowledged `acked` of its snapshot."""
+    return records.SourceState(prepared.rules, acked,
+                               records.record_of(prepared.snap.files, prepared.lines))
 
 
 def _text(spec: sources.SourceSpec, entry: walk.Entry) -> str:

@@ -5,10 +5,11 @@ Either way the session is the same newline-delimited JSON over the child's stdin
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 from sharedmem import __version__
@@ -89,35 +90,55 @@ class Connection:
         """What the server end (or ssh) said on stderr so far."""
         return b"".join(self._stderr).decode("utf-8", "replace")
 
-    def hello(self, meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
-        """Open the session; a dead transport becomes a TransportError that says how to fix it.
+    def hello(self) -> dict[str, Any]:
+        """Open the session; a dead transport becomes a TransportError that says how to fix it."""
+        self._send_hello()
+        answer: list[dict[str, Any] | ProtocolError] = []
+        self._read_hello(answer)
+        return self._accept(answer[0])
 
-        `meanwhile` runs after the hello is sent and before the answer is taken, so local work
-        overlaps the SSH handshake. A thread reads the answer meanwhile, so `early` holds it as
-        soon as it comes: `meanwhile` may start sending once it is there (ahead.py).
+    @contextlib.contextmanager
+    def handshake(self) -> Iterator[None]:
+        """Open the session while the body of the `with` runs, so local work overlaps SSH's.
+
+        The hello goes out first; a thread reads the answer meanwhile, so `early` holds it as
+        soon as it comes and the body may start sending then (send_ahead.py). The answer is
+        taken and checked once the body is done.
         """
+        self._send_hello()
+        answer: list[dict[str, Any] | ProtocolError] = []
+        reader = threading.Thread(target=self._read_hello, args=(answer,), daemon=True,
+                                  name="sharedmem-hello")
+        reader.start()
+        try:
+            yield
+        except PeerError:
+            raise
+        except ProtocolError:  # a body sent ahead found the server end gone
+            reader.join()
+            raise self.failure() from None
+        reader.join()  # not on other errors: the hello may be slow to come, or never
+        self._accept(answer[0])
+
+    def _send_hello(self) -> None:
         try:
             self.channel.send({"type": "hello", "versions": self.versions,
                                "client": f"sharedmem/{__version__}",
                                "machine": self.config.machine})
         except ProtocolError:
             raise self.failure() from None
-        answer: list[dict[str, Any] | ProtocolError] = []
-        if meanwhile is None:
-            self._read_hello(answer)
-        else:
-            reader = threading.Thread(target=self._read_hello, args=(answer,), daemon=True,
-                                      name="sharedmem-hello")
-            reader.start()
-            try:
-                meanwhile()
-            except PeerError:
-                raise
-            except ProtocolError:  # a body sent ahead found the server end gone
-                reader.join()
-                raise self.failure() from None
-            reader.join()  # not on other errors: the hello may be slow to come, or never
-        reply = answer[0]
+
+    def _read_hello(self, answer: list[dict[str, Any] | ProtocolError]) -> None:
+        try:
+            reply = self.channel.expect("hello")
+        except ProtocolError as exc:
+            answer.append(exc)
+            return
+        answer.append(reply)
+        self.early = reply
+
+    def _accept(self, reply: dict[str, Any] | ProtocolError) -> dict[str, Any]:
+        """Take the server's answer to the hello: the version it chose, or why it refused."""
         if isinstance(reply, PeerError):
             raise reply
         if isinstance(reply, ProtocolError):
@@ -129,15 +150,6 @@ class Connection:
         self.version = int(version)
         self.server = reply
         return reply
-
-    def _read_hello(self, answer: list[dict[str, Any] | ProtocolError]) -> None:
-        try:
-            reply = self.channel.expect("hello")
-        except ProtocolError as exc:
-            answer.append(exc)
-            return
-        answer.append(reply)
-        self.early = reply
 
     def failure(self) -> TransportError:
         """Why the server end went away, as an error with a fix."""

@@ -280,19 +280,19 @@ class Session:
             raise PeerError("bad-field", "pull.published must map namespace keys to digests")
         skipped = []
         if published:  # the client holds these as they are stored: they are left out
-            for ns in self.store.namespaces():
-                if ns["machine"] == self.machine and published.get(str(ns["key"])) == ns["digest"]:
-                    known = {**known, str(ns["key"]): ns["generation"]}
-                    skipped.append(ns["key"])
+            for ns in self.store.namespaces().machines:
+                if ns.machine == self.machine and published.get(ns.key) == ns.digest:
+                    known = {**known, ns.key: ns.generation}
+                    skipped.append(ns.key)
         namespaces, full, upserts, removals = self.store.pull(known, have)
-        self.channel.send({"type": "namespaces", "namespaces": namespaces,
+        self.channel.send({"type": "namespaces", "namespaces": namespaces.to_rows(),
                            "full": sorted(full), "removed": removals, "skipped": skipped})
         self._send_files((path, sha, None if sha in have else text)
                          for path, sha, text in upserts)
 
     def _on_export(self, message: dict[str, Any]) -> None:
         assert self.store is not None
-        self.channel.send({"type": "namespaces", "namespaces": self.store.namespaces(),
+        self.channel.send({"type": "namespaces", "namespaces": self.store.namespaces().to_rows(),
                            "full": [], "removed": []})
         self._send_files(self.store.export())
 
@@ -310,7 +310,7 @@ class Session:
         assert self.store is not None
         self.channel.send({"type": "status", "server": f"sharedmem/{__version__}",
                            "schema": self.store.schema_version(),
-                           "namespaces": self.store.namespaces()})
+                           "namespaces": self.store.namespaces().to_rows()})
 
 
 # The messages a client may send after hello, for each protocol version, and the method that

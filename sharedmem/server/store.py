@@ -11,6 +11,7 @@ from pathlib import Path
 from sharedmem.clock import utc_now
 from sharedmem.core import NoteError, StoreError
 from sharedmem.hashing import sha256_text
+from sharedmem.namespaces import Namespace, NamespaceList
 from sharedmem.rules import (
     MACHINES_DIR,
     NOTES_DIR,
@@ -250,21 +251,16 @@ class Store:
             text = render_note(entries)
             yield f"{NOTES_DIR}/{name}", sha256_text(text), text
 
-    def namespaces(self) -> list[dict[str, object]]:
-        """Every namespace with its counts; the notes folder is listed as one more."""
+    def namespaces(self) -> NamespaceList:
+        """Every namespace with its counts, and the notes folder as one more."""
         rows = self.conn.execute(
             "SELECT machine, source, kind, generation, created_generation, synced_at, "
             "file_count, byte_count, digest FROM namespaces ORDER BY machine, source").fetchall()
-        out: list[dict[str, object]] = [
-            {"key": f"{MACHINES_DIR}/{r[0]}/{r[1]}", "machine": r[0], "source": r[1],
-             "kind": r[2], "generation": r[3], "created_generation": r[4], "synced_at": r[5],
-             "files": r[6], "bytes": r[7], "digest": r[8]} for r in rows]
         notes = self.conn.execute("SELECT count(DISTINCT filename), coalesce(max(seq), 0), "
                                   "max(created_at) FROM notes").fetchone()
-        out.append({"key": NOTES_DIR, "machine": None, "source": "ad_hoc", "kind": "notes",
-                    "generation": notes[1], "created_generation": 0, "synced_at": notes[2],
-                    "files": notes[0], "bytes": 0, "digest": ""})
-        return out
+        return NamespaceList(
+            [Namespace(f"{MACHINES_DIR}/{r[0]}/{r[1]}", *r) for r in rows],
+            Namespace(NOTES_DIR, None, "ad_hoc", "notes", notes[1], 0, notes[2], notes[0], 0, ""))
 
     def export(self) -> Iterator[tuple[str, str, str]]:
         """Every published file as (path, sha256, text), namespaces first, then notes."""
@@ -281,21 +277,21 @@ class Store:
         return out
 
     def changes(self, known: Mapping[str, int],
-                namespaces: list[dict[str, object]] | None = None,
+                namespaces: NamespaceList | None = None,
                 have: Container[str] = frozenset(),
                 ) -> Iterator[tuple[str, str, str | None, str]]:
         """Files of machine namespaces changed since the client's generations: (path, sha, text, ns).
 
         The text is None for a sha256 in `have`: the client holds that body, so it is not read.
         """
-        for ns in (namespaces or self.namespaces())[:-1]:
+        for ns in (namespaces or self.namespaces()).machines:
             since = _since(ns, known)
             if since is None:
                 continue
             where = ("FROM files f JOIN namespaces n ON n.id=f.namespace_id WHERE n.machine=? "
                      "AND n.source=? AND f.generation > ? ORDER BY f.path")
-            args = (ns["machine"], ns["source"], since)
-            key = str(ns["key"])
+            args = (ns.machine, ns.source, since)
+            key = ns.key
             if not have:
                 for path, sha, body in self.conn.execute(
                         "SELECT f.path, f.sha256, b.body " + where.replace(
@@ -308,8 +304,7 @@ class Store:
                 yield f"{key}/{path}", sha, body, key
 
     def pull(self, known: Mapping[str, int], have: Container[str] = frozenset()
-             ) -> tuple[list[dict[str, object]], set[str], Iterator[tuple[str, str, str | None]],
-                        list[str]]:
+             ) -> tuple[NamespaceList, set[str], Iterator[tuple[str, str, str | None]], list[str]]:
         """What a client with these generations lacks: (namespaces, full keys, upserts, removals).
 
         An upsert's text is None when its sha256 is in `have` (the client holds the body).
@@ -320,17 +315,18 @@ class Store:
         namespaces = self.namespaces()
         full: set[str] = set()
         removals: list[str] = []
-        for ns in namespaces[:-1]:
+        for ns in namespaces.machines:
             since = _since(ns, known)
             if since == 0:
-                full.add(str(ns["key"]))
+                full.add(ns.key)
             elif since is not None:
-                removals.extend(f"{ns['key']}/{r[0]}" for r in self.conn.execute(
+                removals.extend(f"{ns.key}/{r[0]}" for r in self.conn.execute(
                     "SELECT t.path FROM tombstones t JOIN namespaces n ON n.id=t.namespace_id "
                     "WHERE n.machine=? AND n.source=? AND t.generation > ?",
-                    (ns["machine"], ns["source"], since)))
+                    (ns.machine, ns.source, since)))
         since_notes = known.get(NOTES_DIR, 0)
-        newest_note = int(namespaces[-1]["generation"])  # type: ignore[call-overload]
+        assert namespaces.notes is not None  # a store always lists its notes
+        newest_note = namespaces.notes.generation
 
         def upserts() -> Iterator[tuple[str, str, str | None]]:
             for path, sha, body, _ in self.changes(known, namespaces, have):
@@ -400,14 +396,14 @@ def _wal(conn: sqlite3.Connection) -> None:
             time.sleep(0.01)
 
 
-def _since(ns: Mapping[str, object], known: Mapping[str, int]) -> int | None:
+def _since(ns: Namespace, known: Mapping[str, int]) -> int | None:
     """The generation a client's copy of a namespace is at: None when current, 0 to send it whole.
 
     0 also covers a generation from before the namespace was (re)created or after its newest.
     """
-    since = known.get(str(ns["key"]), 0)
-    if since == ns["generation"]:
+    since = known.get(ns.key, 0)
+    if since == ns.generation:
         return None
-    if not int(ns["created_generation"]) <= since <= int(ns["generation"]):  # type: ignore[call-overload]
+    if not ns.created_generation <= since <= ns.generation:
         return 0
     return since

@@ -1,0 +1,161 @@
+"""The exchange that ends every session: notes delivered, the pull checked and applied.
+
+Through the real client code against a real `serve` and store, a real sshd on loopback, and
+stand-in servers that answer wrongly on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from test_sync import cache_files, config_for, make_memories, sync_json
+from test_transport import local_config
+
+from sharedmem.client.exchange import Exchange, Published
+from sharedmem.client.outbox import Outbox
+from sharedmem.client.transport import Connection
+from sharedmem.server.store import Store
+from sharedmem.sources.walk import Entry
+
+NOTE = "2026-11-30T09-00-00-decision.md"
+
+
+def test_notes_are_delivered_and_a_refused_one_is_kept_aside(tmp_path: Path) -> None:
+    config = local_config(tmp_path, tmp_path / "store.sqlite3")
+    outbox = Outbox(config.state / "outbox")
+    outbox.put(NOTE, "we chose SQLite")
+    # An empty note queued by hand (put refuses it): the server refuses it too.
+    queued = outbox.put("2026-11-30T09-00-01-empty.md", "to be emptied")
+    [(path, _)] = [(p, n) for p, n in outbox.pending() if n.note_id == queued.note_id]
+    path.write_text(path.read_text().replace('"to be emptied"', '""'))
+    exchange = Exchange(config)
+    with Connection(config) as conn:
+        conn.hello()
+        exchange.deliver_now(conn)
+    assert exchange.notes["delivered"] == 1
+    assert [r["filename"] for r in exchange.notes["refused"]] == ["2026-11-30T09-00-01-empty.md"]
+    assert outbox.pending() == []
+    assert [p.name.endswith(".json") for p in (config.state / "refused-notes").iterdir()] == [True]
+    assert "we chose SQLite" in (config.cache / "extensions/ad_hoc/notes" / NOTE).read_text()
+
+
+def test_the_files_offered_are_those_of_the_namespaces_named() -> None:
+    entries = {"machines/m/a": [Entry("x.md", "1" * 64, 2, 0, 2, {}, "x\n")],
+               "machines/m/b": [Entry("y.md", "2" * 64, 2, 0, 2, {}, "y\n")]}
+    offer = Published({}, {"machines/m/a": "d", "machines/m/b": "e"}, entries)
+    assert offer.files({"machines/m/b"}) == [("machines/m/b/y.md", "2" * 64, "y\n")]
+    assert offer.files(set()) == [] and Published().files({"machines/m/a"}) == []
+
+
+HOSTILE_SERVER = r'''
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+evil = sys.argv[1]
+for line in sys.stdin:
+    m = json.loads(line)
+    t = m["type"]
+    if t == "hello":
+        send({"type": "hello", "version": 2, "versions": [2]})
+    elif t == "manifest":
+        send({"type": "result", "source": m["source"], "unchanged": True, "digest": m["digest"]})
+    elif t == "pull" and evil == "no-text":
+        send({"type": "namespaces", "namespaces": [], "full": [], "removed": []})
+        send({"type": "files", "files": [["machines/evil/notes/x.md", "ab" * 32, None]]})
+        send({"type": "end"})
+    elif t == "pull":
+        send({"type": "namespaces", "namespaces": [{"key": "machines/evil/notes", "machine": "evil",
+              "source": "notes", "kind": "markdown", "generation": 1}], "full": [],
+              "removed": [evil]})
+        import hashlib
+        body = "pwned"
+        sha = hashlib.sha256(body.encode()).hexdigest()
+        send({"type": "files", "files": [["machines/evil/notes/fine.md", sha, body], [evil, sha, body]]})
+        send({"type": "end"})
+    elif t == "bye":
+        break
+'''
+
+
+@pytest.mark.parametrize("evil", [
+    "../../outside.md", "/tmp/absolute-evil.md", "machines/evil/notes/../../../../outside.md",
+    "machines/evil/notes/.hidden.md", "extensions/ad_hoc/notes/../../x.md", "machines/evil/x\\..\\y.md",
+])
+def test_hostile_server_paths_are_refused(tmp_path, sshd, evil):
+    script = tmp_path / "hostile.py"
+    script.write_text(HOSTILE_SERVER)
+    home = tmp_path / "h"
+    make_memories(home, files=1)
+    cfg = config_for(tmp_path, home, "laptop", sshd.transport(
+        pinned=False, remote_command=[sys.executable, str(script), evil]))
+    victim = tmp_path / "laptop" / "keep.md"
+    victim.write_text("mine")
+    code, report = sync_json(cfg)
+    assert code == 2
+    assert "refuses to write" in report["error"]
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")
+                     if p.is_file() and ("outside" in p.name or "evil" in str(p) or "pwned" in
+                                         (p.read_text(errors="ignore") if p.suffix == ".md" else "")))
+    assert written == []
+    assert victim.read_text() == "mine"
+    assert not (tmp_path / "laptop" / "cache" / "machines").exists()
+
+
+def test_a_server_that_leaves_out_a_body_the_client_lacks_is_refused(tmp_path, sshd):
+    script = tmp_path / "hostile.py"
+    script.write_text(HOSTILE_SERVER)
+    home = tmp_path / "h"
+    make_memories(home, files=1)
+    cfg = config_for(tmp_path, home, "laptop", sshd.transport(
+        pinned=False, remote_command=[sys.executable, str(script), "no-text"]))
+    code, report = sync_json(cfg)
+    assert code == 2
+    assert "sent no text for 'machines/evil/notes/x.md'" in report["error"]
+    assert not (tmp_path / "laptop" / "cache" / "machines").exists()
+
+
+def test_a_cache_file_changed_by_hand_is_restored_by_the_next_sync(tmp_path):
+    home = tmp_path / "h"
+    make_memories(home, files=3)
+    cfg = config_for(tmp_path, home, "laptop",
+                     {"kind": "local", "store": str(tmp_path / "store.sqlite3")})
+    assert sync_json(cfg)[0] == 0
+    cache = tmp_path / "laptop" / "cache"
+    before = cache_files(cache)
+    edited = cache / "machines/laptop/notes/d1/note-001.md"
+    edited.write_text("edited by hand, and longer than it was\n", encoding="utf-8")
+    (cache / "machines/laptop/codex/MEMORY.md").unlink()
+    code, report = sync_json(cfg)
+    assert code == 0 and report["pull"]["written"] == 2
+    assert cache_files(cache) == before
+
+
+def test_a_first_sync_keeps_its_own_files_and_takes_what_the_server_refused_from_it(tmp_path):
+    home = tmp_path / "h"
+    notes = make_memories(home, files=6)
+    store = tmp_path / "store.sqlite3"
+    cfg = config_for(tmp_path, home, "laptop", {"kind": "local", "store": str(store)})
+    code, report = sync_json(cfg)
+    assert code == 0
+    cache = tmp_path / "laptop" / "cache"
+    with Store.open(store) as s:
+        assert cache_files(cache) == {p: t for p, _, t in s.export()}
+    # A client whose limit is above the server's: the server refuses the big file, so the
+    # namespace it holds is not the snapshot sent, and the cache must show the server's.
+    home2 = tmp_path / "h2"
+    make_memories(home2, files=2)
+    (home2 / "notes" / "big.md").write_text("x" * (1024 * 1024 + 10), encoding="utf-8")
+    cfg2 = config_for(tmp_path, home2, "desktop", {"kind": "local", "store": str(store)})
+    raw = json.loads(cfg2.read_text())
+    raw["limits"] = {"file_bytes": 2 * 1024 * 1024}
+    cfg2.write_text(json.dumps(raw))
+    code, report = sync_json(cfg2)
+    assert code == 1 and report["sources"][1]["refused"][0]["reason"] == "too-large"
+    cache2 = tmp_path / "desktop" / "cache"
+    assert "machines/desktop/notes/big.md" not in cache_files(cache2)
+    with Store.open(store) as s:
+        assert cache_files(cache2) == {p: t for p, _, t in s.export()}
+    assert notes.is_dir()
