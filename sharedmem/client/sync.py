@@ -8,17 +8,13 @@ server works (`Sync._write_ahead`).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sharedmem import __version__, linejson
-from sharedmem.cache.cache import Cache, CachedFile
 from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client import source_state as records
@@ -56,62 +52,7 @@ class _Prepared:
     delta: dict[str, Any] | None = None
     acked: bool = False
     lines: linejson.Old = field(default_factory=dict)  # the saved record's lines, for reuse
-    state_text: str = ""  # the state as acknowledged, encoded while the server committed
     line: bytes = b""  # the manifest message (delta or whole), encoded before it is due
-
-
-class _Outcome:
-    """What this sync writes if the server takes every source as sent, encoded before it knows.
-
-    The cache manifest with each source's files as published (`Cache.expect`), and each
-    source's state as acknowledged; `apply` and `_save_states` use them only if that is how it
-    turned out. Encoded while ssh still connects if the walk ended first, else on a thread of
-    its own while the server takes bodies or commits.
-    """
-
-    def __init__(self, cache: Cache, machine: str) -> None:
-        self.cache = cache
-        self.machine = machine
-        self.own_paths: set[str] = set()  # cache paths of the files this run published
-        self.encoded = False
-        self._thread: threading.Thread | None = None
-
-    def encode(self, snapshots: list[_Prepared], cached: Mapping[str, CachedFile]) -> None:
-        """Encode it now; `cached` are the cache's files when the sync began."""
-        ok = [p for p in snapshots if p.snap.status == "ok"]
-        own = {_namespace(self.machine, p.source.name): p.snap.files for p in ok}
-        files = {k: v for k, v in cached.items() if v.namespace not in own}
-        self.own_paths = own_paths = set()
-        for key, entries in own.items():
-            for e in entries:
-                own_paths.add(path := f"{key}/{e.path}")
-                known = cached.get(path)  # kept as it is, so linejson sees the same object
-                files[path] = known if known is not None and known.sha256 == e.sha256 and \
-                    known.size == e.size and known.namespace == key else CachedFile(
-                        e.sha256, e.size, key)
-        self.cache.expect(files)
-        for prepared in ok:
-            prepared.state_text = _state(prepared, records.Acked(prepared.digest)).encode(
-                prepared.lines)
-        self.encoded = True
-
-    def encode_quietly(self, snapshots: list[_Prepared], cached: Mapping[str, CachedFile]) -> None:
-        """Encode it, or leave it: work done ahead only saves time, the sync redoes it itself."""
-        with contextlib.suppress(Exception):
-            self.encode(snapshots, cached)
-
-    def start(self, snapshots: list[_Prepared], cached: Mapping[str, CachedFile]) -> None:
-        """Encode it on a thread, while the main one waits on the server; once, if not done."""
-        if self.encoded or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self.encode_quietly, args=(snapshots, cached),
-                                        daemon=True, name="sharedmem-outcome")
-        self._thread.start()
-
-    def join(self) -> None:
-        """Let the thread finish, before the pull is applied (or the sync ends)."""
-        if self._thread is not None:
-            self._thread.join()
 
 
 class Sync:
@@ -125,7 +66,6 @@ class Sync:
         self.exchange = Exchange(config, self.progress)
         cache = self.exchange.cache
         self.staging = Staging(cache.meta, root=cache.root)
-        self.outcome = _Outcome(cache, config.machine)
         self.have: dict[str, str] = {}  # sha256 -> text of each file read this time
         self.snapshots: list[_Prepared] = []
         self.last_to_publish: _Prepared | None = None
@@ -161,7 +101,6 @@ class Sync:
             if partial or self.report["notes"]["refused"]:
                 self.report["status"] = "partial"
         finally:
-            self.outcome.join()
             self.staging.discard()
         self.report["exit_code"] = {"ok": EXIT_OK, "partial": EXIT_PARTIAL,
                                     "failed": EXIT_FAILED}[self.report["status"]]
@@ -175,8 +114,8 @@ class Sync:
         """Everything that needs no answer from the server; run while ssh connects.
 
         Walk every source, staging the files the cache lacks and sending ahead the bodies the
-        server lacks; encode the manifests while the last bodies go out; and start on what
-        the sync writes at the end, here if ssh still connects, else on threads.
+        server lacks; encode the manifests while the last bodies go out; and stage the few
+        files, here if ssh still connects, else on a thread.
         """
         self.staging.clear_replaced()
         self.exchange.read_cache()
@@ -192,13 +131,11 @@ class Sync:
         self._encode_manifests()  # while the sender writes the last bodies
         ahead.wait()  # each manifest follows its bodies on the channel
         if changed and conn.early is None:  # ssh is still connecting
-            self.outcome.encode_quietly(self.snapshots, self.exchange.cached)
             self.staging.write_ahead()  # on a thread, while we wait for the hello
 
     def _write_ahead(self) -> None:
-        """While the server works: the few staged files on one thread, the outcome on another."""
+        """While the server works: the few staged files on a thread."""
         self.staging.write_ahead()
-        self.outcome.start(self.snapshots, self.exchange.cached)
 
     def _snapshot(self, source: SourceConfig, ahead: Ahead) -> _Prepared:
         """Walk one source and build its manifest; done while ssh connects, so the two overlap."""
@@ -280,8 +217,7 @@ class Sync:
                     and saved.record is not None and len(saved.record) == len(files)
                     and all(e.text is None for e in files)):
                 continue  # every file reused from the saved record, and as many: unchanged
-            text = (prepared.state_text if acked is not None and prepared.state_text
-                    else _state(prepared, acked).encode(prepared.lines))
+            text = _state(prepared, acked).encode(prepared.lines)
             atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600, durable=False)
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
@@ -342,13 +278,25 @@ class Sync:
         """Take the pull, and move in what was staged for it once the helper is done."""
         pulled = self.exchange.receive(conn)
         self.staging.wait()
-        self.outcome.join()
+        own_paths = self._own_paths() if pulled.upserts else frozenset()
         return self.exchange.apply(pulled, PreStagedWriter(self.staging, pulled.own_texts,
-                                                           self.outcome.own_paths))
+                                                           own_paths))
+
+    def _own_paths(self) -> set[str]:
+        """The cache paths of the files this run published.
+
+        They passed the walk's rules, so apply need not check them again: on a first sync
+        that is every file pulled.
+        """
+        paths: set[str] = set()
+        for prepared in self.published:
+            prefix = self._namespace(prepared.source.name) + "/"
+            paths.update(prefix + e.path for e in prepared.snap.files)
+        return paths
 
     def _namespace(self, source: str) -> str:
         """The cache path of one of this machine's namespaces."""
-        return _namespace(self.config.machine, source)
+        return f"{MACHINES_DIR}/{self.config.machine}/{source}"
 
     def _takes_own(self) -> dict[str, _Prepared]:
         """Namespaces this run publishes whole and the cache never had, with their sources.
@@ -361,11 +309,6 @@ class Sync:
         return {key: p for p in self.snapshots
                 if p.snap.status == "ok" and (key := self._namespace(p.source.name)) in new
                 and all(e.text is not None for e in p.snap.files)}
-
-
-def _namespace(machine: str, source: str) -> str:
-    """The cache path of a machine's namespace."""
-    return f"{MACHINES_DIR}/{machine}/{source}"
 
 
 def _state(prepared: _Prepared, acked: records.Acked | None) -> records.SourceState:
