@@ -24,6 +24,7 @@ from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
 META_DIR = ".sharedmem"
 MANIFEST_NAME = "manifest.json"
 NAMESPACES_NAME = "namespaces.json"
+LEFTOVERS = ("manifest.next.part", "replaced")  # older versions' files, which nothing reads
 MANIFEST_VERSION = 1
 NOTES_NAMESPACE = NOTES_DIR
 
@@ -178,6 +179,23 @@ class Cache:
         return linejson.encode({"version": MANIFEST_VERSION}, "files",
                                ((k, files[k]) for k in order), self._lines)
 
+    def remove_leftovers(self) -> None:
+        """Remove what older versions left beside the manifest, which no version reads now.
+
+        They wrote the expected manifest ahead (`manifest.next.part`) and kept the files a
+        sync replaced linked in `replaced/` until the next one. A link there is removed, not
+        followed.
+        """
+        for name in LEFTOVERS:
+            path = self.meta / name
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError:  # a folder
+                import shutil
+                shutil.rmtree(path, ignore_errors=True)
+
     def apply(
         self,
         upserts: list[tuple[str, str, str]],
@@ -243,7 +261,7 @@ class Cache:
                     target, old.size if full or old.namespace in full_namespaces else None):
                 files[path] = CachedFile(sha, old.size, namespace_key(path))
                 continue
-            size = writer.write(path, sha, text, target, old is not None)
+            size = writer.write(path, sha, text, target)
             written += 1
             files[path] = CachedFile(sha, size, namespace_key(path))
         removed = 0

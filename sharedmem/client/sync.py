@@ -1,9 +1,9 @@
 """`sync`: snapshot each source, exchange it with the server, deliver notes, refresh the cache.
 
 This module publishes; delivering the notes and refreshing the cache are the exchange's
-(exchange.py), which a sync holds. What can be done before the server answers is done while
-ssh connects (`Sync._prepare`), and what can be done before the pull comes back, while the
-server works (`Sync._write_ahead`).
+(exchange.py), which a sync holds. What needs no answer from the server is done while ssh
+connects (`Sync._prepare`): the walk, the bodies sent ahead and the files staged ahead. The
+rest goes in order: publish, notes, pull, apply, save the states.
 """
 
 from __future__ import annotations
@@ -64,8 +64,7 @@ class Sync:
         self.max_version = max_version
         self.progress = progress or (lambda _msg: None)
         self.exchange = Exchange(config, self.progress)
-        cache = self.exchange.cache
-        self.staging = Staging(cache.meta, root=cache.root)
+        self.staging = Staging(self.exchange.cache.meta)
         self.have: dict[str, str] = {}  # sha256 -> text of each file read this time
         self.snapshots: list[_Prepared] = []
         self.last_to_publish: _Prepared | None = None
@@ -80,7 +79,7 @@ class Sync:
             with sync_lock(self.config.state), Connection(self.config, self.max_version) as conn:
                 ahead = Ahead(conn)
                 with conn.handshake():
-                    self._prepare(conn, ahead)
+                    self._prepare(ahead)
                 self.report["protocol"] = conn.version
                 ahead.send_waiting()
                 ok = [p for p in self.snapshots if p.snap.status == "ok"]
@@ -110,32 +109,21 @@ class Sync:
             k: self.report.get(k) for k in ("status", "error", "finished_at", "exit_code")})
         return self.report
 
-    def _prepare(self, conn: Connection, ahead: Ahead) -> None:
+    def _prepare(self, ahead: Ahead) -> None:
         """Everything that needs no answer from the server; run while ssh connects.
 
         Walk every source, staging the files the cache lacks and sending ahead the bodies the
-        server lacks; encode the manifests while the last bodies go out; and stage the few
-        files, here if ssh still connects, else on a thread.
+        server lacks, and encode the manifests while the last bodies go out.
         """
-        self.staging.clear_replaced()
+        self.exchange.cache.remove_leftovers()
         self.exchange.read_cache()
         self.staging.new_namespaces = frozenset(
             self._namespace(s.name) for s in self.config.sources) - self.exchange.known.keys()
         self.snapshots = [self._snapshot(source, ahead) for source in self.config.sources]
         self.staging.flush()
-        changed = any(p.snap.status == "ok" and (
-            p.delta is None or p.delta["files"] or p.delta["removed"]) for p in self.snapshots)
-        if changed and conn.early is not None:  # the server takes bodies already
-            self._write_ahead()
         ahead.finish()
         self._encode_manifests()  # while the sender writes the last bodies
         ahead.wait()  # each manifest follows its bodies on the channel
-        if changed and conn.early is None:  # ssh is still connecting
-            self.staging.write_ahead()  # on a thread, while we wait for the hello
-
-    def _write_ahead(self) -> None:
-        """While the server works: the few staged files on a thread."""
-        self.staging.write_ahead()
 
     def _snapshot(self, source: SourceConfig, ahead: Ahead) -> _Prepared:
         """Walk one source and build its manifest; done while ssh connects, so the two overlap."""
@@ -155,7 +143,7 @@ class Sync:
                 return
             cached = self.exchange.cached.get(prefix + entry.path)
             if cached is None or cached.sha256 != entry.sha256:
-                self.staging.add(prefix + entry.path, entry.sha256, data, cached is not None)
+                self.staging.add(prefix + entry.path, entry.sha256, data)
             if entry.sha256 not in on_server:
                 ahead.offer(entry.sha256, data)
 
@@ -255,9 +243,8 @@ class Sync:
         for batch in chunks(bodies, lambda b: len(b[1]) * 2 + 80):
             conn.channel.send({"type": "bodies", "source": spec.name, "bodies": batch})
         conn.channel.send({"type": "commit", "source": spec.name})
-        if prepared is self.last_to_publish:  # while the server redacts and commits:
+        if prepared is self.last_to_publish:  # so the server goes on to them after its commit
             self._request(conn)
-            self._write_ahead()
         return conn.channel.expect("result")
 
     def _encode_manifests(self) -> None:
