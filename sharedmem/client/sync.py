@@ -120,7 +120,7 @@ class Sync:
         self.staging.new_namespaces = frozenset(
             self._namespace(s.name) for s in self.config.sources) - self.exchange.known.keys()
         self.snapshots = [self._snapshot(source, ahead) for source in self.config.sources]
-        self.staging.flush()
+        self.staging.flush()  # the rest to the helper; without one, the few are left to the pull
         ahead.finish()
         self._encode_manifests()  # while the sender writes the last bodies
         ahead.wait()  # each manifest follows its bodies on the channel
