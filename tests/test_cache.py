@@ -226,36 +226,6 @@ def test_manifest_lines_are_reused_only_for_unchanged_files(cache: Cache) -> Non
         k: list(v) for k, v in after.items()}
 
 
-def test_an_expected_manifest_is_written_ahead_and_renamed_in(cache: Cache) -> None:
-    ahead = cache.meta / "manifest.next.part"
-    pull = [up(f"{A}/a.md", "alpha 2\n")]
-    expected = {**cache.load().files, f"{A}/a.md": CachedFile(sha256_text("alpha 2\n"), 8, A)}
-    cache.expect(expected)
-    written = ahead.stat()
-    assert json.loads(ahead.read_text(encoding="utf-8"))["files"] == {
-        k: list(v) for k, v in sorted(expected.items())}
-    assert cache.load().files[f"{A}/a.md"].sha256 == sha256_text("alpha\n")  # not yet in use
-    cache.apply(pull, [], spaces(A, B, NOTES_NAMESPACE))
-    assert not ahead.exists()
-    assert cache.manifest_path.stat().st_ino == written.st_ino  # renamed, not written again
-    assert Cache(cache.root).load().files == expected
-
-
-def test_a_pull_other_than_expected_writes_its_own_manifest(cache: Cache) -> None:
-    ahead = cache.meta / "manifest.next.part"
-    guess = {**cache.load().files, f"{A}/a.md": CachedFile(sha256_text("guess\n"), 6, A)}
-    cache.expect(guess)
-    assert ahead.exists()
-    cache.apply([up(f"{A}/a.md", "alpha 2\n")], [], spaces(A, B, NOTES_NAMESPACE))
-    assert not ahead.exists()  # removed, not left behind
-    assert Cache(cache.root).load().files[f"{A}/a.md"] == CachedFile(
-        sha256_text("alpha 2\n"), 8, A)
-    cache.expect(guess)  # and when the files did not change at all
-    cache.apply([], [], spaces(A, B, NOTES_NAMESPACE))
-    assert not ahead.exists()
-    assert Cache(cache.root).load().files[f"{A}/a.md"].sha256 == sha256_text("alpha 2\n")
-
-
 def test_a_one_line_manifest_of_an_older_version_is_read_and_rewritten(cache: Cache) -> None:
     files = json.loads(cache.manifest_path.read_text(encoding="utf-8"))
     cache.manifest_path.write_text(json.dumps(files), encoding="utf-8")  # the older form

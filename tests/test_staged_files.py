@@ -98,13 +98,21 @@ def test_a_few_files_are_left_to_apply_without_a_helper(cache: Cache) -> None:
     stage = Staging(cache.meta, min_files=4)
     for item in batch:
         add(stage, item)
-    stage.flush()
+    stage.flush()  # the walk is over: too few to stage, dropped
     stage.wait()
     assert stage.written == set() and not stage.folder.exists()  # no helper was started
     cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
                 writer=PreStagedWriter(stage))
     for path, _, text in batch:
         assert (cache.root / path).read_text(encoding="utf-8") == text
+    stage.discard()
+
+
+def test_the_helper_starts_with_every_file_queued_once_there_are_enough(cache: Cache) -> None:
+    stage = Staging(cache.meta, min_files=4)
+    for item in items(3):
+        add(stage, item)
+    assert stage._child is None and not stage.folder.exists()
     add(stage, items(5, "b")[4])  # the fourth file starts the helper with all four
     stage.flush()
     stage.wait()
@@ -112,66 +120,8 @@ def test_a_few_files_are_left_to_apply_without_a_helper(cache: Cache) -> None:
     stage.discard()
 
 
-def test_a_few_files_are_written_ahead_on_a_thread(cache: Cache) -> None:
-    batch = items(12)
-    stage = Staging(cache.meta)  # far fewer than min_files: no helper process
-    for item in batch:
-        add(stage, item)
-    stage.flush()
-    stage.write_ahead()  # what a sync does once its last commit is sent
-    stage.wait()
-    assert stage.written == set(range(12))
-    cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
-                writer=PreStagedWriter(stage))
-    assert staged_paths(stage) == []  # all moved in
-    for path, _, text in batch:
-        assert (cache.root / path).read_text(encoding="utf-8") == text
-    stage.discard()
-    assert not stage.folder.exists()
-
-
-def test_replaced_versions_are_kept_until_cleared(cache: Cache) -> None:
-    info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
-    first = items(4)
-    cache.apply(first, [], info)
-    second = items(4, " v2")
-    stage = staged(cache, second)
-    cache.apply(second, [], info, writer=PreStagedWriter(stage))
-    stage.discard()
-    kept = sorted((cache.meta / "replaced").iterdir())
-    assert sorted(p.read_text(encoding="utf-8") for p in kept) == sorted(t for _, _, t in first)
-    for path, _, text in second:
-        assert (cache.root / path).read_text(encoding="utf-8") == text
-    stage.clear_replaced()  # what the next sync does while ssh connects
-    assert not (cache.meta / "replaced").exists()
-    stage.clear_replaced()  # and again: nothing there is fine
-
-
-def test_the_thread_links_replaced_versions_aside_before_the_answer(cache: Cache) -> None:
-    info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
-    first = items(4)
-    cache.apply(first, [], info)
-    second = items(4, " v2")
-    stage = Staging(cache.meta, root=cache.root)  # as a sync makes it: few files, a thread
-    for path, sha, text in second:
-        stage.add(path, sha, text.encode(), replacing=True)
-    stage.write_ahead()
-    stage.wait()
-    assert stage.kept == {0, 1, 2, 3}
-    kept = sorted((cache.meta / "replaced").iterdir())
-    assert sorted(p.read_text(encoding="utf-8") for p in kept) == sorted(t for _, _, t in first)
-    for path, _, text in first:  # nothing an agent reads has changed yet
-        assert (cache.root / path).read_text(encoding="utf-8") == text
-    cache.apply(second, [], info, writer=PreStagedWriter(stage))
-    assert len(list((cache.meta / "replaced").iterdir())) == 4  # not linked a second time
-    for path, _, text in second:
-        assert (cache.root / path).read_text(encoding="utf-8") == text
-    stage.discard()
-    assert stage.kept == set() and stage.replacing == {}
-
-
-def test_a_link_planted_in_the_cache_is_set_aside_as_a_link(cache: Cache,
-                                                            tmp_path: Path) -> None:
+def test_a_link_planted_in_the_cache_is_replaced_not_followed(cache: Cache,
+                                                              tmp_path: Path) -> None:
     info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
     first = items(2)
     cache.apply(first, [], info)
@@ -181,17 +131,11 @@ def test_a_link_planted_in_the_cache_is_set_aside_as_a_link(cache: Cache,
     planted.unlink()
     planted.symlink_to(outside)
     second = items(2, " v2")
-    stage = Staging(cache.meta, root=cache.root)
-    for path, sha, text in second:
-        stage.add(path, sha, text.encode(), replacing=True)
-    stage.write_ahead()
-    stage.wait()
-    kept = cache.meta / "replaced" / "0.md"
-    assert kept.is_symlink() and os.readlink(kept) == str(outside)  # not the outside file
+    stage = staged(cache, second)
     cache.apply(second, [], info, writer=PreStagedWriter(stage))
+    assert staged_paths(stage) == []  # both moved in
     assert not planted.is_symlink() and planted.read_text(encoding="utf-8") == second[0][2]
     stage.discard()
-    stage.clear_replaced()
     assert outside.read_text() == "not the cache's\n" and outside.stat().st_nlink == 1
 
 

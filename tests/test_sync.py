@@ -302,3 +302,35 @@ def test_unreadable_source_leaves_namespace_untouched(tmp_path):
     code, report = sync_json(cfg)
     assert code == 0
     assert not [p for p in cache_files(tmp_path / "laptop" / "cache") if "/notes/" in p]
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_what_an_older_version_left_in_the_cache_is_removed_by_the_next_sync(tmp_path, planted):
+    home = tmp_path / "h"
+    notes = make_memories(home, files=3)
+    store = tmp_path / "store.sqlite3"
+    cfg = config_for(tmp_path, home, "laptop", {"kind": "local", "store": str(store)})
+    assert sync_json(cfg)[0] == 0
+    cache = tmp_path / "laptop" / "cache"
+    meta = cache / ".sharedmem"
+    before = cache_files(cache)
+    outside = tmp_path / "outside"
+    (outside / "folder").mkdir(parents=True)
+    (outside / "folder" / "0.md").write_text("not the cache's\n")
+    (outside / "manifest").write_text("not the cache's either\n")
+    if planted:  # links where older versions kept their files: removed, never followed
+        (meta / "replaced").symlink_to(outside / "folder", target_is_directory=True)
+        (meta / "manifest.next.part").symlink_to(outside / "manifest")
+    else:  # as older versions left them: the manifest written ahead, a replaced file kept
+        (meta / "replaced").mkdir()
+        os.link(cache / "machines/laptop/notes/d1/note-001.md", meta / "replaced" / "0.md")
+        (meta / "manifest.next.part").write_text('{"version": 1, "files": {}}')
+    (notes / "d2" / "note-002.md").write_text("changed\n", encoding="utf-8")
+    code, report = sync_json(cfg)
+    assert code == 0, report
+    assert not os.path.lexists(meta / "replaced")
+    assert not os.path.lexists(meta / "manifest.next.part")
+    assert cache_files(cache) == {**before, "machines/laptop/notes/d2/note-002.md": "changed\n"}
+    assert os.stat(cache / "machines/laptop/notes/d1/note-001.md").st_nlink == 1
+    assert (outside / "folder" / "0.md").read_text() == "not the cache's\n"
+    assert (outside / "manifest").read_text() == "not the cache's either\n"

@@ -19,7 +19,7 @@ INFO = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
 def test_the_plain_writer_writes_in_place_and_vouches_for_nothing(tmp_path: Path) -> None:
     target = tmp_path / "a.md"
     target.write_text("old")
-    assert FileWriter().write(f"{NS}/a.md", "x", "new ü\n", str(target), True) == 7
+    assert FileWriter().write(f"{NS}/a.md", "x", "new ü\n", str(target)) == 7
     assert target.read_text(encoding="utf-8") == "new ü\n"
     assert [p.name for p in tmp_path.iterdir()] == ["a.md"]  # no temporary file left
     assert "x" not in FileWriter().own_texts and f"{NS}/a.md" not in FileWriter().own_paths

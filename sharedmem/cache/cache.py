@@ -24,7 +24,7 @@ from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
 META_DIR = ".sharedmem"
 MANIFEST_NAME = "manifest.json"
 NAMESPACES_NAME = "namespaces.json"
-NEXT_MANIFEST_NAME = "manifest.next.part"  # written ahead by `expect`
+LEFTOVERS = ("manifest.next.part", "replaced")  # older versions' files, which nothing reads
 MANIFEST_VERSION = 1
 NOTES_NAMESPACE = NOTES_DIR
 
@@ -97,15 +97,6 @@ class _LoadedFiles(NamedTuple):
     files: dict[str, CachedFile]
 
 
-class _Expected(NamedTuple):
-    """The file list a sync expects its pull to leave, encoded ahead of it (`Cache.expect`)."""
-
-    files: dict[str, CachedFile]
-    text: str
-    lines: linejson.Old
-    on_disk: bool  # written to NEXT_MANIFEST_NAME, ready to be renamed over the manifest
-
-
 class Cache:
     """A folder of plain Markdown mirroring the server, with its manifest in a hidden folder."""
 
@@ -115,7 +106,6 @@ class Cache:
         self._loaded: _Loaded | None = None
         self._files_cache: _LoadedFiles | None = None
         self._lines: linejson.Old = {}  # manifest.json's entry lines, reused by the next write
-        self._expected: _Expected | None = None
 
     @property
     def manifest_path(self) -> Path:
@@ -189,16 +179,22 @@ class Cache:
         return linejson.encode({"version": MANIFEST_VERSION}, "files",
                                ((k, files[k]) for k in order), self._lines)
 
-    def expect(self, files: dict[str, CachedFile]) -> None:
-        """Encode and write now the file list the next `apply` is expected to leave.
+    def remove_leftovers(self) -> None:
+        """Remove what older versions left beside the manifest, which no version reads now.
 
-        A sync calls this while ssh connects or on a thread while the server commits. The
-        text goes to a file beside the manifest; when the pull turns out as expected, writing
-        the manifest is then one rename. Anything else is encoded and written afresh.
+        They wrote the expected manifest ahead (`manifest.next.part`) and kept the files a
+        sync replaced linked in `replaced/` until the next one. A link there is removed, not
+        followed.
         """
-        text, lines = self._encode(files)
-        self._expected = _Expected(files, text, lines, _write_out(self.meta / NEXT_MANIFEST_NAME,
-                                                                  text.encode("utf-8")))
+        for name in LEFTOVERS:
+            path = self.meta / name
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError:  # a folder
+                import shutil
+                shutil.rmtree(path, ignore_errors=True)
 
     def apply(
         self,
@@ -265,7 +261,7 @@ class Cache:
                     target, old.size if full or old.namespace in full_namespaces else None):
                 files[path] = CachedFile(sha, old.size, namespace_key(path))
                 continue
-            size = writer.write(path, sha, text, target, old is not None)
+            size = writer.write(path, sha, text, target)
             written += 1
             files[path] = CachedFile(sha, size, namespace_key(path))
         removed = 0
@@ -301,21 +297,10 @@ class Cache:
         Not fsynced: the cache is a copy of the server, and a manifest damaged by a power loss
         reads as empty, so the next sync pulls everything again.
         """
-        expected, self._expected = self._expected, None
-        ahead = self.meta / NEXT_MANIFEST_NAME if expected is not None and expected.on_disk \
-            else None
         if files_changed or not self.manifest_path.is_file():
-            if expected is not None and expected.files == manifest.files:
-                text, self._lines = expected.text, expected.lines
-            else:
-                text, self._lines = self._encode(manifest.files)
-                _discard(ahead)  # written for another outcome
-                ahead = None
-            if ahead is None or not _rename(ahead, self.manifest_path):
-                atomic_write(self.manifest_path, text.encode("utf-8"), durable=False)
+            text, self._lines = self._encode(manifest.files)
+            atomic_write(self.manifest_path, text.encode("utf-8"), durable=False)
             self._files_cache = None  # a rewrite within one mtime tick must not look unchanged
-        else:
-            _discard(ahead)
         raw = {
             "version": MANIFEST_VERSION,
             "last_sync": manifest.last_sync,
@@ -327,49 +312,6 @@ class Cache:
         stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
         self._files_cache = _LoadedFiles(stamps[0], manifest.files)  # just written: no re-read
         self._loaded = _Loaded(stamps, manifest)
-
-
-def _write_out(path: Path, data: bytes) -> bool:
-    """Create `path` anew holding `data`, and ask the kernel to write it out now.
-
-    A file system that allocates blocks late (ext4) would otherwise do it when the file is
-    renamed over the old one, in the sync's wait (see staging.py). False if it failed.
-    """
-    _discard(path)  # a killed sync's
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
-                     0o600)
-    except OSError:
-        return False
-    try:
-        written = os.write(fd, data) == len(data)
-        if written and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    except OSError:
-        written = False
-    finally:
-        os.close(fd)
-    if not written:
-        _discard(path)
-    return written
-
-
-def _rename(source: Path, target: Path) -> bool:
-    try:
-        os.replace(source, target)
-    except OSError:
-        _discard(source)
-        return False
-    return True
-
-
-def _discard(path: Path | None) -> None:
-    """Remove a file of ours if it is there."""
-    if path is not None:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def _intact(target: str, size: int | None) -> bool:

@@ -11,8 +11,9 @@ files of a namespace the cache does not have yet are staged at their own cache p
 the whole namespace can move in with one rename of its folder; the others as `<n>.part`, which
 makes no folders. A thread would not do: the walk holds the GIL.
 
-What is not used is deleted. A sync that was killed leaves the folder; the next one empties it
-before staging anything.
+Fewer than `MIN_FILES` are not staged at all: starting a helper costs more than the pull's
+own writes of so few. What is not used is deleted. A sync that was killed leaves the folder;
+the next one empties it before staging anything.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from pathlib import Path
 from queue import SimpleQueue
 
 STAGING_DIR = "staging"
-REPLACED_DIR = "replaced"  # cache files a sync replaced, deleted by the next one
 BATCH_BYTES = 1 << 20  # texts go to the helper in batches: one GIL hand-off per batch
 MIN_FILES = 256  # below this, starting a helper costs more than apply's own writes
 
@@ -33,38 +33,27 @@ MIN_FILES = 256  # below this, starting a helper costs more than apply's own wri
 class Staging:
     """The staged files of one sync, keyed by (cache path, sha256)."""
 
-    def __init__(self, meta: Path, min_files: int = MIN_FILES, root: Path | None = None) -> None:
+    def __init__(self, meta: Path, min_files: int = MIN_FILES) -> None:
         self.folder = meta / STAGING_DIR
-        self.replaced = meta / REPLACED_DIR
-        self.root = root  # the cache's: with it, the thread links replaced versions aside too
         self.min_files = min_files
         self.new_namespaces: frozenset[str] = frozenset()  # staged as a tree (see above)
         self.numbers: dict[tuple[str, str], int] = {}
         self.sizes: list[int] = []  # by number
         self.names: list[str] = []  # by number: where below the folder
         self.written: set[int] = set()
-        self.replacing: dict[int, str] = {}  # number -> cache path the cache holds a version of
-        self.kept: set[int] = set()  # of those, the ones whose cache version is linked aside
-        self._pending: list[tuple[int, str, bytes]] = []  # not yet handed to a helper or thread
+        self._pending: list[tuple[int, str, bytes]] = []  # not yet handed to a helper
         self._size = 0
         self._child: subprocess.Popen[bytes] | None = None
         self._queue: SimpleQueue[bytes | None] = SimpleQueue()
         self._feeder: threading.Thread | None = None
-        self._writer: threading.Thread | None = None
-        self._stop = threading.Event()
         self._failed = False
 
-    def add(self, path: str, sha: str, data: bytes, replacing: bool = False) -> None:
-        """Queue one file, its text in UTF-8; the helper starts once there are `min_files`.
-
-        `replacing` says the cache holds another version of `path` now.
-        """
+    def add(self, path: str, sha: str, data: bytes) -> None:
+        """Queue one file, its text in UTF-8; the helper starts once there are `min_files`."""
         if self._failed or (path, sha) in self.numbers:
             return
         number = len(self.numbers)
         self.numbers[(path, sha)] = number
-        if replacing:
-            self.replacing[number] = path
         self.sizes.append(len(data))
         tree = "/".join(path.split("/", 3)[:3]) in self.new_namespaces  # machines/<m>/<source>
         name = path if tree else f"{number}.part"
@@ -77,45 +66,16 @@ class Staging:
             self.flush()
 
     def flush(self) -> None:
-        """Hand what is queued to the helper now (the caller is about to wait on the server)."""
-        if self._pending and self._child is not None:
+        """Hand what is queued to the helper now (the caller is about to wait on the server).
+
+        Without a helper, what is queued is dropped: too few files to be worth staging, the
+        pull writes them itself.
+        """
+        if self._child is None:
+            self._pending, self._size = [], 0
+        elif self._pending:
             self._queue.put(b"".join(_record(*item) for item in self._pending))
             self._pending, self._size = [], 0
-
-    def write_ahead(self) -> None:
-        """On a thread, write the files too few for the helper.
-
-        Called once the walk is over (a thread would slow it: it holds the GIL), just before
-        the sync waits for the server's `hello` or while the server takes bodies. The main
-        thread then mostly waits on a pipe, so this work costs the sync little. For a file
-        that replaces one in the cache, the thread also links the cache's version aside (see
-        `_keep_old`): that changes nothing an agent sees, and leaves `move` only the rename.
-        `wait` returns only when it is done.
-        """
-        items: list[tuple[int, str, bytes]] = []
-        if self._child is None and self._pending:
-            items, self._pending, self._size = self._pending, [], 0
-            self._remove_folder()
-            try:
-                self.folder.mkdir(parents=True, exist_ok=True)
-            except OSError:
-                items = []
-        if self._writer is not None or not items:
-            return
-        self._stop.clear()
-        self._writer = threading.Thread(target=self._write, args=(items,), daemon=True,
-                                        name="sharedmem-staging")
-        self._writer.start()
-
-    def _write(self, items: list[tuple[int, str, bytes]]) -> None:
-        made: set[str] = set()
-        root = None if self.root is None else str(self.root)
-        for number, path, data in items:
-            if self._stop.is_set() or not _write_new(str(self.folder), path, data, made):
-                break
-            self.written.add(number)
-            if root is not None and (cached := self.replacing.get(number)) is not None:
-                self._keep_old(_below(root, cached), number)
 
     def _start(self) -> bool:
         self._remove_folder()  # what a killed sync left
@@ -144,10 +104,7 @@ class Staging:
             pass  # the helper stopped (a full disk?): what it did not write is written by apply
 
     def wait(self) -> None:
-        """Let the helper (or the thread) finish; then `move` may take any file written."""
-        if self._writer is not None:
-            self._writer.join()
-            self._writer = None
+        """Let the helper finish; then `move` may take any file written."""
         if self._child is None or self._feeder is None:
             return
         self.flush()
@@ -158,17 +115,11 @@ class Staging:
         report = self._child.stdout.read()  # ends when the helper closes it, before it exits
         self.written = {int(n) for n in report.split() if n.isdigit()}
 
-    def move(self, path: str, sha: str, target: str, replacing: bool = True) -> int | None:
-        """Rename the staged text of `path` at `sha` onto `target`: its size, or None if none.
-
-        `replacing` says the cache holds a version of the file now, to be kept until the next
-        sync (see `_keep_old`).
-        """
+    def move(self, path: str, sha: str, target: str) -> int | None:
+        """Rename the staged text of `path` at `sha` onto `target`: its size, or None if none."""
         number = self.numbers.get((path, sha))
         if number is None or number not in self.written:
             return None
-        if replacing and number not in self.kept:
-            self._keep_old(target, number)
         try:
             os.replace(_below(str(self.folder), self.names[number]), target)
         except OSError:
@@ -197,36 +148,8 @@ class Staging:
         self.written.difference_update(mine.values())
         return {path: self.sizes[number] for (path, _), number in mine.items()}
 
-    def _keep_old(self, target: str, number: int) -> None:
-        """Link the version about to be replaced into `replaced/`, so the replace frees nothing.
-
-        This sync then does not wait for the file system to release the old file; the next one
-        deletes it while ssh connects.
-        """
-        old = os.path.join(self.replaced, f"{number}.md")
-        try:
-            os.link(target, old, **_NO_FOLLOW)  # a link planted there is set aside as a link
-        except FileNotFoundError:  # a new file, or no `replaced/` folder yet
-            if not os.path.lexists(target) or self.replaced.is_dir():
-                return
-            try:
-                self.replaced.mkdir(exist_ok=True)
-                os.link(target, old, **_NO_FOLLOW)
-            except OSError:
-                return
-        except OSError:
-            return  # no hard links here, or a leftover of that name: a plain replace
-        self.kept.add(number)
-
-    def clear_replaced(self) -> None:
-        """Delete the versions the last sync replaced; a sync does it while ssh connects."""
-        _remove(self.replaced)
-
     def discard(self) -> None:
-        """Stop the helper or thread and remove every staged file, also a killed sync's."""
-        self._stop.set()
-        if self._writer is not None:
-            self._writer.join()
+        """Stop the helper and remove every staged file, also a killed sync's."""
         if self._child is not None:
             if self._child.poll() is None:
                 self._child.kill()
@@ -234,13 +157,11 @@ class Staging:
         if self._feeder is not None:
             self._queue.put(None)
             self._feeder.join()
-        self._child, self._feeder, self._writer = None, None, None
+        self._child, self._feeder = None, None
         self.numbers.clear()
         self.sizes.clear()
         self.names.clear()
         self.written.clear()
-        self.replacing.clear()
-        self.kept.clear()
         self._pending, self._size = [], 0
         self._remove_folder()
 
@@ -270,18 +191,6 @@ def _record(number: int, path: str, data: bytes) -> bytes:
     return b"%d %d %d\n%s%s" % (number, len(name), len(data), name, data)
 
 
-# A staged file moved in one by one replaces a cache file, and a file system that allocates
-# blocks late (ext4) allocates them when a rename replaces a file: in the sync's wait. Asking
-# the kernel to write the file out now does that here, on the helper's time. Not on macOS or
-# Windows, which lack the call.
-_ADVISE = getattr(os, "posix_fadvise", None)
-_WRITE_OUT = getattr(os, "POSIX_FADV_DONTNEED", 0)
-
-
-# Linux's link() never follows a link; where link() would, linkat() without following is asked.
-_NO_FOLLOW = {"follow_symlinks": False} if os.link in os.supports_follow_symlinks else {}
-
-
 def _write_new(folder: str, path: str, data: bytes, made: set[str]) -> bool:
     """Create the staged file of `path` (it must not exist) holding `data`; False if that failed.
 
@@ -299,8 +208,6 @@ def _write_new(folder: str, path: str, data: bytes, made: set[str]) -> bool:
         try:
             if os.write(fd, data) != len(data):
                 raise OSError("short write")
-            if _ADVISE is not None and "/" not in path:
-                _ADVISE(fd, 0, 0, _WRITE_OUT)
         finally:
             os.close(fd)
     except OSError:

@@ -35,7 +35,7 @@ class FileWriter:
         """Move in whole the namespaces staged just as pulled: path -> size of each file moved."""
         return {}
 
-    def write(self, path: str, sha: str, text: str, target: str, replacing: bool) -> int:
+    def write(self, path: str, sha: str, text: str, target: str) -> int:
         """Put `text` at `target`, the cache file of `path`; returns its size in bytes."""
         data = text.encode("utf-8")
         atomic_write(Path(target), data, durable=False)
@@ -74,7 +74,7 @@ class PreStagedWriter(FileWriter):
                 moved.update(self.staging.move_folder(key, pulled, target))
         return moved
 
-    def write(self, path: str, sha: str, text: str, target: str, replacing: bool) -> int:
+    def write(self, path: str, sha: str, text: str, target: str) -> int:
         """Rename the staged file onto `target` if there is one of `path` at `sha`, else write."""
-        size = self.staging.move(path, sha, target, replacing)
-        return super().write(path, sha, text, target, replacing) if size is None else size
+        size = self.staging.move(path, sha, target)
+        return super().write(path, sha, text, target) if size is None else size

@@ -1,24 +1,20 @@
 """`sync`: snapshot each source, exchange it with the server, deliver notes, refresh the cache.
 
 This module publishes; delivering the notes and refreshing the cache are the exchange's
-(exchange.py), which a sync holds. What can be done before the server answers is done while
-ssh connects (`Sync._prepare`), and what can be done before the pull comes back, while the
-server works (`Sync._write_ahead`).
+(exchange.py), which a sync holds. What needs no answer from the server is done while ssh
+connects (`Sync._prepare`): the walk, the bodies sent ahead and the files staged ahead. The
+rest goes in order: publish, notes, pull, apply, save the states.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sharedmem import __version__, linejson
-from sharedmem.cache.cache import Cache, CachedFile
 from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client import source_state as records
@@ -56,62 +52,7 @@ class _Prepared:
     delta: dict[str, Any] | None = None
     acked: bool = False
     lines: linejson.Old = field(default_factory=dict)  # the saved record's lines, for reuse
-    state_text: str = ""  # the state as acknowledged, encoded while the server committed
     line: bytes = b""  # the manifest message (delta or whole), encoded before it is due
-
-
-class _Outcome:
-    """What this sync writes if the server takes every source as sent, encoded before it knows.
-
-    The cache manifest with each source's files as published (`Cache.expect`), and each
-    source's state as acknowledged; `apply` and `_save_states` use them only if that is how it
-    turned out. Encoded while ssh still connects if the walk ended first, else on a thread of
-    its own while the server takes bodies or commits.
-    """
-
-    def __init__(self, cache: Cache, machine: str) -> None:
-        self.cache = cache
-        self.machine = machine
-        self.own_paths: set[str] = set()  # cache paths of the files this run published
-        self.encoded = False
-        self._thread: threading.Thread | None = None
-
-    def encode(self, snapshots: list[_Prepared], cached: Mapping[str, CachedFile]) -> None:
-        """Encode it now; `cached` are the cache's files when the sync began."""
-        ok = [p for p in snapshots if p.snap.status == "ok"]
-        own = {_namespace(self.machine, p.source.name): p.snap.files for p in ok}
-        files = {k: v for k, v in cached.items() if v.namespace not in own}
-        self.own_paths = own_paths = set()
-        for key, entries in own.items():
-            for e in entries:
-                own_paths.add(path := f"{key}/{e.path}")
-                known = cached.get(path)  # kept as it is, so linejson sees the same object
-                files[path] = known if known is not None and known.sha256 == e.sha256 and \
-                    known.size == e.size and known.namespace == key else CachedFile(
-                        e.sha256, e.size, key)
-        self.cache.expect(files)
-        for prepared in ok:
-            prepared.state_text = _state(prepared, records.Acked(prepared.digest)).encode(
-                prepared.lines)
-        self.encoded = True
-
-    def encode_quietly(self, snapshots: list[_Prepared], cached: Mapping[str, CachedFile]) -> None:
-        """Encode it, or leave it: work done ahead only saves time, the sync redoes it itself."""
-        with contextlib.suppress(Exception):
-            self.encode(snapshots, cached)
-
-    def start(self, snapshots: list[_Prepared], cached: Mapping[str, CachedFile]) -> None:
-        """Encode it on a thread, while the main one waits on the server; once, if not done."""
-        if self.encoded or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self.encode_quietly, args=(snapshots, cached),
-                                        daemon=True, name="sharedmem-outcome")
-        self._thread.start()
-
-    def join(self) -> None:
-        """Let the thread finish, before the pull is applied (or the sync ends)."""
-        if self._thread is not None:
-            self._thread.join()
 
 
 class Sync:
@@ -123,9 +64,7 @@ class Sync:
         self.max_version = max_version
         self.progress = progress or (lambda _msg: None)
         self.exchange = Exchange(config, self.progress)
-        cache = self.exchange.cache
-        self.staging = Staging(cache.meta, root=cache.root)
-        self.outcome = _Outcome(cache, config.machine)
+        self.staging = Staging(self.exchange.cache.meta)
         self.have: dict[str, str] = {}  # sha256 -> text of each file read this time
         self.snapshots: list[_Prepared] = []
         self.last_to_publish: _Prepared | None = None
@@ -140,7 +79,7 @@ class Sync:
             with sync_lock(self.config.state), Connection(self.config, self.max_version) as conn:
                 ahead = Ahead(conn)
                 with conn.handshake():
-                    self._prepare(conn, ahead)
+                    self._prepare(ahead)
                 self.report["protocol"] = conn.version
                 ahead.send_waiting()
                 ok = [p for p in self.snapshots if p.snap.status == "ok"]
@@ -161,7 +100,6 @@ class Sync:
             if partial or self.report["notes"]["refused"]:
                 self.report["status"] = "partial"
         finally:
-            self.outcome.join()
             self.staging.discard()
         self.report["exit_code"] = {"ok": EXIT_OK, "partial": EXIT_PARTIAL,
                                     "failed": EXIT_FAILED}[self.report["status"]]
@@ -171,34 +109,21 @@ class Sync:
             k: self.report.get(k) for k in ("status", "error", "finished_at", "exit_code")})
         return self.report
 
-    def _prepare(self, conn: Connection, ahead: Ahead) -> None:
+    def _prepare(self, ahead: Ahead) -> None:
         """Everything that needs no answer from the server; run while ssh connects.
 
         Walk every source, staging the files the cache lacks and sending ahead the bodies the
-        server lacks; encode the manifests while the last bodies go out; and start on what
-        the sync writes at the end, here if ssh still connects, else on threads.
+        server lacks, and encode the manifests while the last bodies go out.
         """
-        self.staging.clear_replaced()
+        self.exchange.cache.remove_leftovers()
         self.exchange.read_cache()
         self.staging.new_namespaces = frozenset(
             self._namespace(s.name) for s in self.config.sources) - self.exchange.known.keys()
         self.snapshots = [self._snapshot(source, ahead) for source in self.config.sources]
-        self.staging.flush()
-        changed = any(p.snap.status == "ok" and (
-            p.delta is None or p.delta["files"] or p.delta["removed"]) for p in self.snapshots)
-        if changed and conn.early is not None:  # the server takes bodies already
-            self._write_ahead()
+        self.staging.flush()  # the rest to the helper; without one, the few are left to the pull
         ahead.finish()
         self._encode_manifests()  # while the sender writes the last bodies
         ahead.wait()  # each manifest follows its bodies on the channel
-        if changed and conn.early is None:  # ssh is still connecting
-            self.outcome.encode_quietly(self.snapshots, self.exchange.cached)
-            self.staging.write_ahead()  # on a thread, while we wait for the hello
-
-    def _write_ahead(self) -> None:
-        """While the server works: the few staged files on one thread, the outcome on another."""
-        self.staging.write_ahead()
-        self.outcome.start(self.snapshots, self.exchange.cached)
 
     def _snapshot(self, source: SourceConfig, ahead: Ahead) -> _Prepared:
         """Walk one source and build its manifest; done while ssh connects, so the two overlap."""
@@ -218,7 +143,7 @@ class Sync:
                 return
             cached = self.exchange.cached.get(prefix + entry.path)
             if cached is None or cached.sha256 != entry.sha256:
-                self.staging.add(prefix + entry.path, entry.sha256, data, cached is not None)
+                self.staging.add(prefix + entry.path, entry.sha256, data)
             if entry.sha256 not in on_server:
                 ahead.offer(entry.sha256, data)
 
@@ -280,8 +205,7 @@ class Sync:
                     and saved.record is not None and len(saved.record) == len(files)
                     and all(e.text is None for e in files)):
                 continue  # every file reused from the saved record, and as many: unchanged
-            text = (prepared.state_text if acked is not None and prepared.state_text
-                    else _state(prepared, acked).encode(prepared.lines))
+            text = _state(prepared, acked).encode(prepared.lines)
             atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600, durable=False)
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
@@ -319,9 +243,8 @@ class Sync:
         for batch in chunks(bodies, lambda b: len(b[1]) * 2 + 80):
             conn.channel.send({"type": "bodies", "source": spec.name, "bodies": batch})
         conn.channel.send({"type": "commit", "source": spec.name})
-        if prepared is self.last_to_publish:  # while the server redacts and commits:
+        if prepared is self.last_to_publish:  # so the server goes on to them after its commit
             self._request(conn)
-            self._write_ahead()
         return conn.channel.expect("result")
 
     def _encode_manifests(self) -> None:
@@ -342,13 +265,25 @@ class Sync:
         """Take the pull, and move in what was staged for it once the helper is done."""
         pulled = self.exchange.receive(conn)
         self.staging.wait()
-        self.outcome.join()
+        own_paths = self._own_paths() if pulled.upserts else frozenset()
         return self.exchange.apply(pulled, PreStagedWriter(self.staging, pulled.own_texts,
-                                                           self.outcome.own_paths))
+                                                           own_paths))
+
+    def _own_paths(self) -> set[str]:
+        """The cache paths of the files this run published.
+
+        They passed the walk's rules, so apply need not check them again: on a first sync
+        that is every file pulled.
+        """
+        paths: set[str] = set()
+        for prepared in self.published:
+            prefix = self._namespace(prepared.source.name) + "/"
+            paths.update(prefix + e.path for e in prepared.snap.files)
+        return paths
 
     def _namespace(self, source: str) -> str:
         """The cache path of one of this machine's namespaces."""
-        return _namespace(self.config.machine, source)
+        return f"{MACHINES_DIR}/{self.config.machine}/{source}"
 
     def _takes_own(self) -> dict[str, _Prepared]:
         """Namespaces this run publishes whole and the cache never had, with their sources.
@@ -361,11 +296,6 @@ class Sync:
         return {key: p for p in self.snapshots
                 if p.snap.status == "ok" and (key := self._namespace(p.source.name)) in new
                 and all(e.text is not None for e in p.snap.files)}
-
-
-def _namespace(machine: str, source: str) -> str:
-    """The cache path of a machine's namespace."""
-    return f"{MACHINES_DIR}/{machine}/{source}"
 
 
 def _state(prepared: _Prepared, acked: records.Acked | None) -> records.SourceState:
