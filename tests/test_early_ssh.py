@@ -12,14 +12,14 @@ from conftest import Sshd, run_cli, write_config
 
 from sharedmem.cli import main as cli
 from sharedmem.client import config as config_mod
-from sharedmem.client import early_ssh as prestart
+from sharedmem.client import early_ssh
 from sharedmem.client.transport import Connection, ssh_command
 
 
 @pytest.fixture(autouse=True)
 def nothing_left_started():
     yield
-    prestart.discard()
+    early_ssh.discard()
 
 
 def ssh_config(tmp_path: Path, sshd, **transport) -> Path:
@@ -29,24 +29,24 @@ def ssh_config(tmp_path: Path, sshd, **transport) -> Path:
 
 def test_the_early_ssh_is_adopted_and_speaks_to_serve(tmp_path, sshd):
     cfg = ssh_config(tmp_path, sshd)
-    prestart.start(str(cfg))
-    assert prestart._started is not None
-    early = prestart._started[1]
+    early_ssh.start(str(cfg))
+    assert early_ssh._started is not None
+    early = early_ssh._started[1]
     config = config_mod.load(cfg)
-    assert prestart._started[0] == ssh_command(config.transport)
+    assert early_ssh._started[0] == ssh_command(config.transport)
     with Connection(config) as conn:
         assert conn.process is early
         assert conn.hello()["version"] == 2
-    assert prestart._started is None
+    assert early_ssh._started is None
 
 
 def test_a_different_command_stops_the_early_one(tmp_path, sshd):
     cfg = ssh_config(tmp_path, sshd)
-    prestart.start(str(cfg))
-    early = prestart._started[1]
-    assert prestart.take(["ssh", "somewhere-else"]) is None
+    early_ssh.start(str(cfg))
+    early = early_ssh._started[1]
+    assert early_ssh.take(["ssh", "somewhere-else"]) is None
     assert early.poll() is not None  # stopped, not left running
-    assert prestart._started is None
+    assert early_ssh._started is None
 
 
 @pytest.mark.parametrize("transport", [
@@ -62,15 +62,15 @@ def test_anything_not_plainly_ssh_is_left_to_the_validated_path(tmp_path, transp
              "identity": str(tmp_path / "key"), "remote_command": ["serve"]}
     cfg = write_config(tmp_path / "client.json", "laptop", {**plain, **transport}, [],
                        tmp_path / "cache")
-    prestart.start(str(cfg))
-    assert prestart._started is None
+    early_ssh.start(str(cfg))
+    assert early_ssh._started is None
 
 
 def test_unreadable_config_starts_nothing(tmp_path):
-    prestart.start(str(tmp_path / "missing.json"))
+    early_ssh.start(str(tmp_path / "missing.json"))
     (tmp_path / "bad.json").write_text("{not json")
-    prestart.start(str(tmp_path / "bad.json"))
-    assert prestart._started is None
+    early_ssh.start(str(tmp_path / "bad.json"))
+    assert early_ssh._started is None
 
 
 def ssh_children(wait_for: int = 0) -> list[str]:
@@ -96,14 +96,14 @@ def test_a_sync_that_fails_validation_stops_its_early_ssh(tmp_path, sshd, capsys
     raw = json.loads(cfg.read_text())
     raw["sources"] = "not a list"  # invalid, but the transport is fine: ssh starts early
     cfg.write_text(json.dumps(raw))
-    prestart.start(str(cfg))
+    early_ssh.start(str(cfg))
     assert len(ssh_children(wait_for=1)) == 1  # what cli.main does first, seen from outside
-    prestart.discard()
+    early_ssh.discard()
     assert ssh_children() == []
 
     assert cli.main(["sync", "--config", str(cfg)]) == 2
     assert "sources must be a list" in capsys.readouterr().err
-    assert ssh_children() == [] and prestart._started is None
+    assert ssh_children() == [] and early_ssh._started is None
 
 
 def test_quote_is_shlex_quote() -> None:
@@ -114,7 +114,7 @@ def test_quote_is_shlex_quote() -> None:
     words = ["", "'", "''", "plain", "with space", "a'b"] + [
         "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))) for _ in range(2000)]
     for word in words:
-        assert prestart.quote(word) == shlex.quote(word), word
+        assert early_ssh.quote(word) == shlex.quote(word), word
 
 
 def write_malformed(tmp_path: Path, sshd: Sshd) -> Path:
@@ -133,7 +133,7 @@ def test_a_malformed_client_json_is_a_configuration_error_for_sync(
     assert cli.main(["sync", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert f"configuration {cfg} is not valid JSON (line " in err and "delimiter" in err
-    assert prestart._started is None
+    assert early_ssh._started is None
 
 
 def test_a_malformed_client_json_fails_sync_as_it_fails_status(tmp_path: Path, sshd: Sshd) -> None:
@@ -150,13 +150,13 @@ def test_a_malformed_client_json_fails_sync_as_it_fails_status(tmp_path: Path, s
 @pytest.mark.skipif(not hasattr(os, "posix_spawnp"), reason="no posix_spawn here")
 def test_a_spawned_child_has_pipes_a_session_and_can_be_waited_for_and_killed() -> None:
     import subprocess
-    echo = prestart.Spawned(["sh", "-c", 'read line; echo "got $line"; echo oops >&2'])
+    echo = early_ssh.Spawned(["sh", "-c", 'read line; echo "got $line"; echo oops >&2'])
     assert os.getsid(echo.pid) == echo.pid  # a session of its own, as start_new_session gives
     echo.stdin.write(b"hello\n")
     echo.stdin.close()
     assert echo.stdout.read() == b"got hello\n" and echo.stderr.read() == b"oops\n"
     assert echo.wait(timeout=30) == 0 and echo.poll() == 0
-    sleeper = prestart.Spawned(["sleep", "30"])
+    sleeper = early_ssh.Spawned(["sleep", "30"])
     assert sleeper.poll() is None
     with pytest.raises(subprocess.TimeoutExpired):
         sleeper.wait(timeout=0.05)
@@ -168,15 +168,15 @@ def test_a_spawned_child_has_pipes_a_session_and_can_be_waited_for_and_killed() 
 
 
 def test_the_early_ssh_is_started_without_subprocess_where_it_can_be(tmp_path, sshd):
-    prestart.start(str(ssh_config(tmp_path, sshd)))
-    assert prestart._started is not None
-    expected = prestart.Spawned if hasattr(os, "posix_spawnp") else __import__("subprocess").Popen
-    assert isinstance(prestart._started[1], expected)
+    early_ssh.start(str(ssh_config(tmp_path, sshd)))
+    assert early_ssh._started is not None
+    expected = early_ssh.Spawned if hasattr(os, "posix_spawnp") else __import__("subprocess").Popen
+    assert isinstance(early_ssh._started[1], expected)
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_spawnp"), reason="no posix_spawn here")
 def test_a_spawned_child_reaped_elsewhere_counts_as_ended() -> None:
-    child = prestart.Spawned(["true"])
+    child = early_ssh.Spawned(["true"])
     os.waitpid(child.pid, 0)  # as a SIGCHLD handler or another waiter would
     assert child.poll() == 0 and child.wait() == 0
     for stream in (child.stdin, child.stdout, child.stderr):

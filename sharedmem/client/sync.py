@@ -17,7 +17,7 @@ from typing import Any
 from sharedmem import __version__, linejson
 from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
-from sharedmem.client import source_state as records
+from sharedmem.client import source_state
 from sharedmem.client.config import ClientConfig, SourceConfig
 from sharedmem.client.exchange import Exchange, Progress, Published
 from sharedmem.client.lock import sync_lock
@@ -42,7 +42,7 @@ class _Prepared:
     source: SourceConfig
     spec: sources.SourceSpec
     state_file: Path
-    saved: records.SourceState
+    saved: source_state.SourceState
     rules: list[Any]
     snap: sources.Snapshot
     digest: str
@@ -129,7 +129,7 @@ class Sync:
         """Walk one source and build its manifest; done while ssh connects, so the two overlap."""
         spec = sources.SourceSpec(source.name, source.kind, source.path)
         state_file = self.config.state / "sources" / f"{source.name}.json"
-        saved, lines = records.read(state_file)
+        saved, lines = source_state.read(state_file)
         limits = self.config.limits
         rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
         previous = saved.record if saved.rules == rules else None
@@ -200,7 +200,7 @@ class Sync:
         """
         for prepared in self.published:
             saved, files = prepared.saved, prepared.snap.files
-            acked = records.Acked(prepared.digest) if prepared.acked else None
+            acked = source_state.Acked(prepared.digest) if prepared.acked else None
             if (acked == saved.acked and saved.rules == prepared.rules
                     and saved.record is not None and len(saved.record) == len(files)
                     and all(e.text is None for e in files)):
@@ -298,10 +298,10 @@ class Sync:
                 and all(e.text is not None for e in p.snap.files)}
 
 
-def _state(prepared: _Prepared, acked: records.Acked | None) -> records.SourceState:
+def _state(prepared: _Prepared, acked: source_state.Acked | None) -> source_state.SourceState:
     """The state a source leaves when the server acknowledged `acked` of its snapshot."""
-    return records.SourceState(prepared.rules, acked,
-                               records.record_of(prepared.snap.files, prepared.lines))
+    return source_state.SourceState(prepared.rules, acked,
+                               source_state.record_of(prepared.snap.files, prepared.lines))
 
 
 def _text(spec: sources.SourceSpec, entry: walk.Entry) -> str:
