@@ -145,6 +145,11 @@ def test_call_checks_types_and_names(cache: Cache) -> None:
         ("search", {"queries": "x"}, "list of strings"),
         ("search", {"queries": [1]}, "list of strings"),
         ("list", {"bogus": 1}, "no argument 'bogus'"),
+        ("search", {"queries": ["ok", "\ud800"]},
+         r"'queries' of search .*string 2 holds .* \(U\+D800\) at character 0"),
+        ("read", {"path": "a\udcff.md"},
+         r"'path' of read .*it holds .* \(U\+DCFF\) at character 1"),
+        ("add_ad_hoc_note", {"filename": "x.md", "note": "\udfff"}, "'note' of add_ad_hoc_note"),
         ("delete", {}, "unknown tool"),
     ]:
         with pytest.raises(SharedMemoryError, match=message):

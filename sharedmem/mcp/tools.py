@@ -211,6 +211,22 @@ _ARTICLES = {"string": "a string", "integer": "an integer", "boolean": "true or 
              "array": "a list of strings"}
 
 
+def _unicode_problem(value: object) -> str | None:
+    """Where a string (or a list's string) holds a lone surrogate, which no UTF-8 text can.
+
+    JSON escapes can carry one; refused here, it cannot fail later where the text is encoded.
+    """
+    texts = value if isinstance(value, list) else [value] if isinstance(value, str) else []
+    for number, text in enumerate(texts, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            where = f"string {number} holds" if isinstance(value, list) else "it holds"
+            return (f"{where} a lone surrogate (U+{ord(text[exc.start]):04X}) at character "
+                    f"{exc.start}")
+    return None
+
+
 def call(name: str, arguments: dict[str, Any], cache: Cache,
          submit: Callable[[], Submit]) -> dict[str, Any]:
     """Check `arguments` against the tool's input schema, then run it."""
@@ -229,6 +245,11 @@ def call(name: str, arguments: dict[str, Any], cache: Cache,
             raise ProtocolError(f"argument {key!r} of {name} must be "
                                 f"{_ARTICLES[prop['type']]}, "
                                 f"not {json.dumps(value)[:80]}")
+        problem = _unicode_problem(value)
+        if problem:
+            raise ProtocolError(f"argument {key!r} of {name} is not valid Unicode text: {problem}; "
+                                "send UTF-8 text (in JSON, a \\uD800-\\uDFFF escape must be "
+                                "one half of a surrogate pair)")
     missing = [k for k in schema.get("required", []) if k not in arguments]
     if missing:
         raise ProtocolError(f"{name} needs the argument {missing[0]!r}: "

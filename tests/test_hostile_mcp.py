@@ -1,0 +1,142 @@
+"""Hostile input at the MCP boundary: the real server over stdio, one table row a case.
+
+A row is (name, message, check): the JSON-RPC message sent (a tool call from `call`, any other
+message, a batch as a list, or raw bytes) and what the reply must show. Every row runs against
+one server over one hostile cache; after each row the server must still answer a ping, and at
+the end its stderr must hold no traceback and no tool must have failed unexpectedly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_mcp import NS, Server
+
+from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.hashing import sha256_text
+
+Check = Callable[[Any, int], None]  # the parsed reply and the length of its line in bytes
+
+
+def call(tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tools/call request; the runner gives it an id."""
+    return {"jsonrpc": "2.0", "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments}}
+
+
+def rpc(method: str, **fields: Any) -> dict[str, Any]:
+    """Any other JSON-RPC request (fields such as id and params as given)."""
+    return {"jsonrpc": "2.0", "method": method, **fields}
+
+
+def _text(reply: dict[str, Any]) -> str:
+    assert "result" in reply, reply
+    return reply["result"]["content"][0]["text"]
+
+
+def tool_error(fragment: str) -> Check:
+    """The tool call ends in an isError result whose text holds `fragment`."""
+    def check(reply: Any, _size: int) -> None:
+        assert reply["result"]["isError"] is True, reply
+        assert fragment in _text(reply), _text(reply)[:500]
+    return check
+
+
+def rpc_error(code: int, fragment: str = "") -> Check:
+    """The request gets a JSON-RPC error with `code` and `fragment` in its message."""
+    def check(reply: Any, _size: int) -> None:
+        assert reply["error"]["code"] == code and fragment in reply["error"]["message"], reply
+    return check
+
+
+def returns(predicate: Callable[[Any], bool]) -> Check:
+    """The tool call succeeds and `predicate` holds for its JSON payload."""
+    def check(reply: Any, _size: int) -> None:
+        assert reply["result"]["isError"] is False, _text(reply)[:500]
+        payload = json.loads(_text(reply))
+        assert predicate(payload), json.dumps(payload)[:1000]
+    return check
+
+
+def answers(predicate: Callable[[Any], bool]) -> Check:
+    """`predicate` holds for the whole parsed reply."""
+    def check(reply: Any, _size: int) -> None:
+        assert predicate(reply), json.dumps(reply)[:1000]
+    return check
+
+
+SURROGATE = "\ud800"
+CASES: list[tuple[str, Any, Check]] = [
+    ("lone surrogate in a query", call("search", queries=[SURROGATE]),
+     tool_error("argument 'queries' of search is not valid Unicode")),
+    ("low surrogate after text in a query", call("search", queries=["ok", "a\udcff"]),
+     tool_error("argument 'queries' of search is not valid Unicode")),
+    ("lone surrogate in a search path", call("search", queries=["x"], path=SURROGATE),
+     tool_error("argument 'path' of search is not valid Unicode")),
+    ("lone surrogate in a search cursor", call("search", queries=["x"], cursor=SURROGATE),
+     tool_error("argument 'cursor' of search is not valid Unicode")),
+    ("lone surrogate in a read path", call("read", path=f"{NS}/{SURROGATE}.md"),
+     tool_error("argument 'path' of read is not valid Unicode")),
+    ("lone surrogate in a list path", call("list", path=SURROGATE),
+     tool_error("argument 'path' of list is not valid Unicode")),
+    ("lone surrogate in a list cursor", call("list", cursor=SURROGATE),
+     tool_error("argument 'cursor' of list is not valid Unicode")),
+    ("lone surrogate in a note filename",
+     call("add_ad_hoc_note", filename=f"2026-01-31T09-30-00-{SURROGATE}.md", note="x"),
+     tool_error("argument 'filename' of add_ad_hoc_note is not valid Unicode")),
+    ("lone surrogate in a note", call("add_ad_hoc_note",
+                                      filename="2026-01-31T09-30-00-x.md", note=SURROGATE),
+     tool_error("argument 'note' of add_ad_hoc_note is not valid Unicode")),
+    ("lone surrogate as an argument name", call("search", **{SURROGATE: 1}),
+     tool_error("has no argument")),
+    ("lone surrogate as a tool name", call(SURROGATE), rpc_error(-32602, "unknown tool")),
+    ("lone surrogate as a method", rpc(SURROGATE, id=1), rpc_error(-32601)),
+    ("lone surrogate as an id", rpc("ping", id=SURROGATE),
+     answers(lambda r: r["id"] == SURROGATE and r["result"] == {})),
+]
+
+
+def build_cache(root: Path) -> Path:
+    """A cache with hostile content in it; the client.json that names it."""
+    files = {"MEMORY.md": "# Memory\nuse SessionManager for sessions\n"}
+    info = NamespaceInfo(NS, "lab", "codex", "codex", 1, "2026-01-01T00:00:00Z")
+    Cache(root / "cache").apply(
+        [(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [], {NS: info})
+    config = root / "client.json"
+    config.write_text(json.dumps({
+        "machine": "lab", "transport": {"kind": "local", "store": str(root / "s.sqlite3")},
+        "sources": [], "cache": str(root / "cache"), "state": str(root / "state")}))
+    return config
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server over the hostile cache for every row, negotiated to accept batches."""
+    srv = Server(build_cache(tmp_path_factory.mktemp("hostile")),
+                 env={**os.environ, "HOME": str(tmp_path_factory.mktemp("home"))})
+    srv.init("2025-03-26")
+    yield srv
+    if srv.proc.poll() is None:
+        assert srv.close() == 0
+        assert "Traceback" not in srv.stderr and "crashed" not in srv.stderr, srv.stderr
+
+
+@pytest.mark.parametrize("name, message, check", CASES, ids=[c[0] for c in CASES])
+def test_hostile_request(server: Server, name: str, message: Any, check: Check) -> None:
+    if isinstance(message, dict) and "id" not in message:
+        server.next_id += 1
+        message = {**message, "id": server.next_id}
+    elif isinstance(message, list):
+        message = [{**m, "id": i} for i, m in enumerate(message, 1)]
+    server.send(message if isinstance(message, bytes) else json.dumps(message))
+    line = server.lines.get(timeout=60)
+    assert line, f"{name}: the server closed its output"
+    reply = json.loads(line)
+    check(reply, len(line))
+    assert "failed unexpectedly" not in line.decode("utf-8", "replace"), name
+    server.alive()
