@@ -247,9 +247,9 @@ def call(name: str, arguments: dict[str, Any], cache: Cache,
                                 f"not {json.dumps(value)[:80]}")
         problem = _unicode_problem(value)
         if problem:
-            raise ProtocolError(f"argument {key!r} of {name} is not valid Unicode text: {problem}; "
-                                "send UTF-8 text (in JSON, a \\uD800-\\uDFFF escape must be "
-                                "one half of a surrogate pair)")
+            raise ProtocolError(f"argument {key!r} of {name} is not valid UTF-8 text: {problem} "
+                                "(from a JSON escape such as \\ud800 that is not half of a pair, "
+                                "or from bytes that are not UTF-8): send it as UTF-8")
     missing = [k for k in schema.get("required", []) if k not in arguments]
     if missing:
         raise ProtocolError(f"{name} needs the argument {missing[0]!r}: "
