@@ -98,15 +98,51 @@ CASES: list[tuple[str, Any, Check]] = [
     ("lone surrogate as a method", rpc(SURROGATE, id=1), rpc_error(-32601)),
     ("lone surrogate as an id", rpc("ping", id=SURROGATE),
      answers(lambda r: r["id"] == SURROGATE and r["result"] == {})),
+    ("read through a link to outside", call("read", path=f"{NS}/linked.md"),
+     tool_error("links in the cache are never followed")),
+    ("read through a link inside the cache", call("read", path=f"{NS}/alias.md"),
+     tool_error("links in the cache are never followed")),
+    ("read through a linked folder", call("read", path=f"{NS}/elsewhere/inner.md"),
+     tool_error("links in the cache are never followed")),
+    ("read a FIFO", call("read", path=f"{NS}/pipe.md"), tool_error("not a regular file")),
+    ("search skips every link and the FIFO", call("search", queries=["TOPSECRET", "harmless"]),
+     returns(lambda r: r["results"] == [])),
+    ("search what links point at", call("search", queries=["SessionManager"]),
+     returns(lambda r: [h["path"] for h in r["results"]] == [f"{NS}/MEMORY.md"])),
+    ("search in a linked folder", call("search", queries=["TOPSECRET"], path=f"{NS}/elsewhere"),
+     tool_error("links in the cache are never followed")),
+    ("list a linked folder", call("list", path=f"{NS}/elsewhere"),
+     tool_error("links in the cache are never followed")),
+    ("list gives no time of a link's target", call("list", path=NS),
+     returns(lambda r: {e["name"] for e in r["entries"] if e["type"] == "file"
+                        and e["modified"] is None} == {"alias.md", "linked.md"})),
 ]
 
 
 def build_cache(root: Path) -> Path:
-    """A cache with hostile content in it; the client.json that names it."""
-    files = {"MEMORY.md": "# Memory\nuse SessionManager for sessions\n"}
+    """A cache with hostile content in it; the client.json that names it.
+
+    Someone with write access to the cache replaced listed files with a link to a file outside
+    (`linked.md`), a link to another cached file (`alias.md`), a FIFO (`pipe.md`), and a folder
+    with a link to a folder outside (`elsewhere/`).
+    """
+    files = {"MEMORY.md": "# Memory\nuse SessionManager for sessions\n",
+             "linked.md": "harmless\n", "alias.md": "harmless\n", "pipe.md": "harmless\n",
+             "elsewhere/inner.md": "harmless\n"}
     info = NamespaceInfo(NS, "lab", "codex", "codex", 1, "2026-01-01T00:00:00Z")
     Cache(root / "cache").apply(
         [(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [], {NS: info})
+    outside = root / "outside"
+    (outside / "folder").mkdir(parents=True)
+    (outside / "secret.md").write_text("TOPSECRET outside the cache\n")
+    (outside / "folder" / "inner.md").write_text("TOPSECRET in a linked folder\n")
+    ns = root / "cache" / NS
+    for name in ("linked.md", "alias.md", "pipe.md", "elsewhere/inner.md", "elsewhere"):
+        (ns / name).unlink() if name.endswith(".md") else (ns / name).rmdir()
+    (ns / "linked.md").symlink_to(outside / "secret.md")
+    (ns / "alias.md").symlink_to("MEMORY.md")
+    os.mkfifo(ns / "pipe.md")
+    (ns / "elsewhere").symlink_to(outside / "folder", target_is_directory=True)
     config = root / "client.json"
     config.write_text(json.dumps({
         "machine": "lab", "transport": {"kind": "local", "store": str(root / "s.sqlite3")},

@@ -200,6 +200,18 @@ def test_corrupt_index_is_rebuilt(tmp_path: Path) -> None:
     assert tools.search(cache, ["alpha"])["results"][0]["line"] == "alpha"
 
 
+def test_links_are_neither_searched_nor_indexed(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path / "cache", {"a.md": "alpha\n", "b.md": "beta\n"})
+    outside = tmp_path / "outside.md"
+    outside.write_text("beta\n")  # even the very text the manifest names is not read there
+    target = cache.root / NS / "b.md"
+    target.unlink()
+    target.symlink_to(outside)
+    assert tools.search(cache, ["beta"])["results"] == []
+    assert search_mod.refresh_index(cache) == {"changed": 1, "files": 1}
+    assert tools.search(cache, ["beta"])["results"] == []
+
+
 def test_path_limits_to_subtree(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {"x/a.md": "word\n", "y/a.md": "word\n"})
     got = tools.search(cache, ["word"], path=f"{NS}/y")["results"]

@@ -104,12 +104,19 @@ def test_read_refusals(cache: Cache, kwargs: dict, message: str) -> None:
         tools.read_file(cache, **kwargs)
 
 
-def test_read_symlink_escape_refused(cache: Cache, tmp_path: Path) -> None:
-    outside = tmp_path / "secret.md"
-    outside.write_text("secret\n")
-    (cache.root / NS / "link.md").symlink_to(outside)
-    with pytest.raises(SharedMemoryError, match="escapes"):
-        tools.read_file(cache, f"{NS}/link.md")
+def test_links_refused_alike_by_read_search_and_list(cache: Cache, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.md").write_text("secret\n")
+    (cache.root / NS / "link.md").symlink_to(outside / "secret.md")
+    (cache.root / NS / "inner.md").symlink_to("MEMORY.md")
+    (cache.root / NS / "linked").symlink_to(outside, target_is_directory=True)
+    for path in ("link.md", "inner.md", "linked/secret.md"):
+        with pytest.raises(SharedMemoryError, match="never followed"):
+            tools.read_file(cache, f"{NS}/{path}")
+    for tool in (tools.list_files, lambda cache, path: tools.search(cache, ["x"], path=path)):
+        with pytest.raises(SharedMemoryError, match="never followed"):
+            tool(cache, f"{NS}/linked")
 
 
 @pytest.mark.parametrize("args, message", [

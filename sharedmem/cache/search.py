@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from sharedmem.cache.cache import META_DIR, Cache, Manifest
+from sharedmem.cache.layout import CacheFiles
+from sharedmem.core import SharedMemoryError
 from sharedmem.program import LAUNCHER
 
 INDEX_VERSION = "1"
@@ -107,6 +109,7 @@ def refresh_in_background(cache: Cache) -> bool:
 
 def _refresh(cache: Cache, path: Path) -> dict[str, int]:
     conn = _connect(path)
+    disk = CacheFiles(cache.root)
     try:
         conn.execute("BEGIN IMMEDIATE")
         for statement in _SCHEMA:
@@ -129,11 +132,8 @@ def _refresh(cache: Cache, path: Path) -> dict[str, int]:
             old = indexed.get(relpath)
             if old is not None and old[1] == meta.sha256:
                 continue
-            try:
-                data = (cache.root / relpath).read_bytes()
-            except OSError:
-                continue
-            if hashlib.sha256(data).hexdigest() != meta.sha256:
+            data = _read(disk, relpath)
+            if data is None or hashlib.sha256(data).hexdigest() != meta.sha256:
                 continue  # a sync is rewriting it: left unindexed, so searches scan it
             text = data.decode("utf-8", "replace")
             row_id = conn.execute("INSERT INTO files(path, sha256) VALUES (?, ?)",
@@ -148,6 +148,7 @@ def _refresh(cache: Cache, path: Path) -> dict[str, int]:
         conn.execute("COMMIT")
         return {"changed": changed, "files": indexed_now}
     finally:
+        disk.close()
         conn.close()
 
 
@@ -226,7 +227,6 @@ class Searcher:
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
         self.index = _Index(index_path(cache))
-        self._root = os.fspath(cache.root)
         self._state: tuple[int, str | None, list[str], set[str]] | None = None
         self._refreshed_for: int | None = None
 
@@ -257,9 +257,10 @@ class Searcher:
             prefix = query.path.rstrip("/") + "/"
             paths = [p for p in paths if p.startswith(prefix) or p == query.path]
         ordered = len(needles) == 1 or query.match_mode == "all"
-        if ordered:
-            return self._ordered(query, manifest, paths, needles, fold, after, limit)
-        return self._ranked(query, manifest, paths, needles, fold, after, limit)
+        with CacheFiles(self.cache.root) as disk:
+            if ordered:
+                return self._ordered(disk, query, manifest, paths, needles, fold, after, limit)
+            return self._ranked(disk, query, manifest, paths, needles, fold, after, limit)
 
     def _candidates(self, query: Query, stale: set[str]) -> set[str] | None:
         sets = [self.index.candidates(normalize(q)) for q in query.queries]
@@ -274,15 +275,15 @@ class Searcher:
             out = set().union(*sets)
         return out | stale
 
-    def _ordered(self, query: Query, manifest: Manifest, paths: list[str], needles: list[str],
-                 fold: Any, after: list[Any] | None, limit: int) -> tuple[list[dict[str, Any]],
-                                                                           list[Any] | None]:
+    def _ordered(self, disk: CacheFiles, query: Query, manifest: Manifest, paths: list[str],
+                 needles: list[str], fold: Any, after: list[Any] | None,
+                 limit: int) -> tuple[list[dict[str, Any]], list[Any] | None]:
         results: list[dict[str, Any]] = []
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         for relpath in paths:
             if relpath < last_path:
                 continue
-            text, hits = self._scan(relpath, needles, fold)
+            text, hits = self._scan(disk, relpath, needles, fold)
             if text is None or (query.match_mode == "all" and not all(hits)):
                 continue
             lines = _merge(hits)
@@ -295,13 +296,13 @@ class Searcher:
                 results.append(_result(query, manifest, relpath, text, number, lines[number]))
         return results, None
 
-    def _ranked(self, query: Query, manifest: Manifest, paths: list[str], needles: list[str],
-                fold: Any, after: list[Any] | None, limit: int) -> tuple[list[dict[str, Any]],
-                                                                          list[Any] | None]:
+    def _ranked(self, disk: CacheFiles, query: Query, manifest: Manifest, paths: list[str],
+                needles: list[str], fold: Any, after: list[Any] | None,
+                limit: int) -> tuple[list[dict[str, Any]], list[Any] | None]:
         found: list[tuple[str, str, list[set[int]]]] = []
         freq = [0] * len(needles)
         for relpath in paths:
-            text, hits = self._scan(relpath, needles, fold)
+            text, hits = self._scan(disk, relpath, needles, fold)
             if text is None or not any(hits):
                 continue
             found.append((relpath, text, hits))
@@ -320,14 +321,14 @@ class Searcher:
                    for _, rel, text, number, which in keyed[:limit]]
         return results, (keyed[limit - 1][0] if len(keyed) > limit else None)
 
-    def _scan(self, relpath: str, needles: list[str], fold: Any) -> tuple[str | None,
-                                                                          list[set[int]]]:
+    @staticmethod
+    def _scan(disk: CacheFiles, relpath: str, needles: list[str],
+              fold: Any) -> tuple[str | None, list[set[int]]]:
         """The file's text and, per needle, the 1-based numbers of the lines containing it."""
-        try:
-            with open(os.path.join(self._root, relpath), "rb") as handle:
-                text = handle.read().decode("utf-8", "replace")
-        except OSError:
+        data = _read(disk, relpath)
+        if data is None:
             return None, []
+        text = data.decode("utf-8", "replace")
         hay = fold(text)
         hits = []
         for needle in needles:
@@ -342,6 +343,14 @@ class Searcher:
                 pos = hay.find(needle, counted)
             hits.append(lines)
         return text, hits
+
+
+def _read(disk: CacheFiles, relpath: str) -> bytes | None:
+    """A cached file's bytes; None when it is missing, a link (never followed) or unreadable."""
+    try:
+        return disk.read(relpath)
+    except SharedMemoryError:
+        return None
 
 
 def _folder(query: Query) -> Any:

@@ -10,14 +10,14 @@ import base64
 import binascii
 import hashlib
 import json
-import os
+import stat
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from sharedmem.cache.cache import Cache
+from sharedmem.cache.layout import CacheFiles
 from sharedmem.core import LimitError, PathRuleError, ProtocolError
-from sharedmem.files import confine
 from sharedmem.rules import path_problems
 
 Submit = Callable[[str, str], dict[str, Any]]
@@ -59,8 +59,8 @@ def _number(value: int | None, name: str, default: int, low: int, high: int) -> 
     return value
 
 
-def _folder(cache: Cache, path: str | None) -> str:
-    """A validated folder path ('' for the root), refused if it breaks the rule or escapes."""
+def _folder(disk: CacheFiles, path: str | None) -> str:
+    """A validated folder path ('' for the root), refused if it breaks the rule or is a link."""
     if path in (None, "", "."):
         return ""
     assert isinstance(path, str)
@@ -68,23 +68,29 @@ def _folder(cache: Cache, path: str | None) -> str:
     problems = path_problems(path, folder=True)
     if problems:
         raise PathRuleError("; ".join(problems) + ": use a path from list, e.g. 'machines'")
-    confine(cache.root, path, folder=True)
+    disk.folder(path)
     return path
 
 
-def _modified(cache: Cache, relpath: str) -> str | None:
-    try:
-        stamp = os.stat(cache.root / relpath).st_mtime
-    except OSError:
+def _modified(disk: CacheFiles, relpath: str) -> str | None:
+    """When the cache wrote the file; None for a missing file or a link (never followed)."""
+    info = disk.stat(relpath)
+    if info is None or stat.S_ISLNK(info.st_mode):
         return None
-    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(info.st_mtime, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def list_files(cache: Cache, path: str | None = None, cursor: str | None = None,
                max_results: int | None = None) -> dict[str, Any]:
     """Files and folders directly under `path` (not recursive), in name order, one page."""
+    with CacheFiles(cache.root) as disk:
+        return _list(cache, disk, _folder(disk, path), cursor, max_results)
+
+
+def _list(cache: Cache, disk: CacheFiles, folder: str, cursor: str | None,
+          max_results: int | None) -> dict[str, Any]:
+    """One page of list_files, its folder checked, modified times read through `disk`."""
     from sharedmem.cache.search import provenance
-    folder = _folder(cache, path)
     limit = _number(max_results, "max_results", LIST_DEFAULT, 1, LIST_MAX)
     offset = _decode_cursor(cursor, _fingerprint("list", folder))["o"] if cursor else 0
     manifest = cache.load()
@@ -116,7 +122,7 @@ def list_files(cache: Cache, path: str | None = None, cursor: str | None = None,
             relpath = files[name]
             entries.append({"name": name, "path": relpath, "type": "file",
                             "size": manifest.files[relpath].size,
-                            "modified": _modified(cache, relpath),
+                            "modified": _modified(disk, relpath),
                             **provenance(manifest, relpath)})
     more = offset + limit < len(names)
     result: dict[str, Any] = {
@@ -136,16 +142,14 @@ def read_file(cache: Cache, path: str, line_offset: int | None = None,
     problems = path_problems(path)
     if problems:
         raise PathRuleError("; ".join(problems) + ": pass a .md path from list or search")
-    target = confine(cache.root, path)
     start = _number(line_offset, "line_offset", 1, 1, 2**31)
     count = _number(max_lines, "max_lines", READ_DEFAULT, 1, READ_MAX)
-    try:
-        text = target.read_bytes().decode("utf-8", "replace")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    with CacheFiles(cache.root) as disk:
+        data = disk.read(path)
+    if data is None:
         raise PathRuleError(f"no file {path!r} in the cache: use list or search to find "
-                            "published paths") from None
-    except OSError as exc:
-        raise PathRuleError(f"cannot read {path!r} from the cache: {exc.strerror}") from None
+                            "published paths")
+    text = data.decode("utf-8", "replace")
     lines = text.split("\n")
     if text.endswith("\n"):
         lines.pop()
@@ -181,7 +185,8 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
     mode = match_mode or "any"
     if mode not in ("any", "all"):
         raise LimitError(f"match_mode must be 'any' or 'all', not {mode!r}")
-    folder = _folder(cache, path)
+    with CacheFiles(cache.root) as disk:
+        folder = _folder(disk, path)
     query = Query(list(queries), mode, folder or None,
                   True if case_sensitive is None else case_sensitive, bool(normalized),
                   _number(context_lines, "context_lines", 0, 0, 10))
