@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_mcp import NS, Server
+from test_search import flip_schema_byte
 
 from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.cache.search import index_path, refresh_index
 from sharedmem.hashing import sha256_text
 
 Check = Callable[[Any, int], None]  # the parsed reply and the length of its line in bytes
@@ -119,19 +123,28 @@ CASES: list[tuple[str, Any, Check]] = [
 ]
 
 
-def build_cache(root: Path) -> Path:
+def build_cache(root: Path, files: dict[str, str]) -> Path:
+    """A cache of one namespace holding `files`; the client.json that names it."""
+    info = NamespaceInfo(NS, "lab", "codex", "codex", 1, "2026-01-01T00:00:00Z")
+    Cache(root / "cache").apply(
+        [(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [], {NS: info})
+    config = root / "client.json"
+    config.write_text(json.dumps({
+        "machine": "lab", "transport": {"kind": "local", "store": str(root / "s.sqlite3")},
+        "sources": [], "cache": str(root / "cache"), "state": str(root / "state")}))
+    return config
+
+
+def build_hostile_cache(root: Path) -> Path:
     """A cache with hostile content in it; the client.json that names it.
 
     Someone with write access to the cache replaced listed files with a link to a file outside
     (`linked.md`), a link to another cached file (`alias.md`), a FIFO (`pipe.md`), and a folder
     with a link to a folder outside (`elsewhere/`).
     """
-    files = {"MEMORY.md": "# Memory\nuse SessionManager for sessions\n",
-             "linked.md": "harmless\n", "alias.md": "harmless\n", "pipe.md": "harmless\n",
-             "elsewhere/inner.md": "harmless\n"}
-    info = NamespaceInfo(NS, "lab", "codex", "codex", 1, "2026-01-01T00:00:00Z")
-    Cache(root / "cache").apply(
-        [(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [], {NS: info})
+    config = build_cache(root, {
+        "MEMORY.md": "# Memory\nuse SessionManager for sessions\n", "linked.md": "harmless\n",
+        "alias.md": "harmless\n", "pipe.md": "harmless\n", "elsewhere/inner.md": "harmless\n"})
     outside = root / "outside"
     (outside / "folder").mkdir(parents=True)
     (outside / "secret.md").write_text("TOPSECRET outside the cache\n")
@@ -143,17 +156,13 @@ def build_cache(root: Path) -> Path:
     (ns / "alias.md").symlink_to("MEMORY.md")
     os.mkfifo(ns / "pipe.md")
     (ns / "elsewhere").symlink_to(outside / "folder", target_is_directory=True)
-    config = root / "client.json"
-    config.write_text(json.dumps({
-        "machine": "lab", "transport": {"kind": "local", "store": str(root / "s.sqlite3")},
-        "sources": [], "cache": str(root / "cache"), "state": str(root / "state")}))
     return config
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server over the hostile cache for every row, negotiated to accept batches."""
-    srv = Server(build_cache(tmp_path_factory.mktemp("hostile")),
+    srv = Server(build_hostile_cache(tmp_path_factory.mktemp("hostile")),
                  env={**os.environ, "HOME": str(tmp_path_factory.mktemp("home"))})
     srv.init("2025-03-26")
     yield srv
@@ -176,3 +185,39 @@ def test_hostile_request(server: Server, name: str, message: Any, check: Check) 
     check(reply, len(line))
     assert "failed unexpectedly" not in line.decode("utf-8", "replace"), name
     server.alive()
+
+
+def test_search_over_a_damaged_index_then_rebuilt(tmp_path: Path) -> None:
+    """A byte of the index's schema flipped: MCP search scans meanwhile, the index is rebuilt."""
+    files = {f"n{i:03d}.md": f"note {i}\nneedle {i % 7}\n" for i in range(80)}
+    config = build_cache(tmp_path, files)
+    cache = Cache(tmp_path / "cache")
+    refresh_index(cache)
+    flip_schema_byte(index_path(cache))
+    srv = Server(config)
+    srv.init()
+    found = srv.call("search", queries=["needle 3"], max_results=200)
+    assert found["isError"] is False, found
+    expected = [(f"{NS}/n{i:03d}.md", 2) for i in range(80) if i % 7 == 3]
+    assert [(r["path"], r["line_number"]) for r in found["structuredContent"]["results"]] == \
+        expected
+    deadline = time.monotonic() + 30  # the search started `index --background`
+    while not index_readable(index_path(cache)):
+        assert time.monotonic() < deadline, "the damaged index was not rebuilt"
+        time.sleep(0.1)
+    again = srv.call("search", queries=["needle 3"], max_results=200)["structuredContent"]
+    assert [(r["path"], r["line_number"]) for r in again["results"]] == expected
+    assert srv.close() == 0 and "Traceback" not in srv.stderr
+
+
+def index_readable(path: Path) -> bool:
+    """True once the index holds a committed generation."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone() \
+                is not None
+        finally:
+            conn.close()
+    except (sqlite3.Error, ValueError):
+        return False

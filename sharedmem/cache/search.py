@@ -5,6 +5,8 @@ index of each file's normalized text under `<cache>/.sharedmem/index/`; a search
 files can possibly match and then verifies every candidate against the real file. Files whose
 indexed digest differs from the manifest (or that the index lacks) are always scanned, and a
 missing or broken index means a full scan, so results never depend on the index being current.
+An index that cannot be read (damaged, or a link or folder in its place) is deleted by whichever
+finds it, a search or a refresh, and the refresh builds it again.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import sqlite3
+import stat
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,7 +25,7 @@ from typing import Any
 
 from sharedmem.cache.cache import META_DIR, Cache, Manifest
 from sharedmem.cache.layout import CacheFiles
-from sharedmem.core import SharedMemoryError
+from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.program import LAUNCHER
 
 INDEX_VERSION = "1"
@@ -51,6 +55,61 @@ def index_path(cache: Cache) -> Path:
     return cache.root / META_DIR / "index" / INDEX_FILE
 
 
+_COMPANIONS = ("", "-journal", "-wal", "-shm")
+_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: another process holds the index, which is fine
+# What reading an index can raise when the file is not what a refresh wrote: SQLite's errors,
+# UnicodeDecodeError (a ValueError) for text or even an error message that is not UTF-8, and
+# ValueError or TypeError for values of the wrong kind.
+_READ_ERRORS = (sqlite3.Error, ValueError, TypeError)
+
+
+def _busy(exc: Exception) -> bool:
+    """True when `exc` says the index is locked by another process, not that it is damaged."""
+    code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.Error) else None
+    return code is not None and code & 0xFF in _BUSY
+
+
+def _planted(path: Path) -> bool:
+    """True when a link or a non-file stands where the index or its folder should be.
+
+    SQLite would follow a link there, and a refresh would then write into whatever it names.
+    """
+    try:
+        if not stat.S_ISDIR(os.lstat(path.parent).st_mode):
+            return True
+    except FileNotFoundError:
+        return False
+    for suffix in _COMPANIONS:
+        try:
+            mode = os.lstat(str(path) + suffix).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(mode):
+            return True
+    return False
+
+
+def delete_index(path: Path) -> None:
+    """Remove the index and its companion files: derived data, which a refresh builds again.
+
+    A link goes itself, never what it names; a folder planted in the index's place goes too.
+    """
+    if os.path.lexists(path.parent) and not _real_folder(path.parent):
+        os.unlink(path.parent)
+        return
+    for suffix in _COMPANIONS:
+        name = str(path) + suffix
+        if _real_folder(name):
+            shutil.rmtree(name)
+        else:
+            Path(name).unlink(missing_ok=True)
+
+
+def _real_folder(path: os.PathLike[str] | str) -> bool:
+    """A folder, not a link to one."""
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=10, isolation_level=None)
     conn.execute("PRAGMA busy_timeout=10000")
@@ -78,13 +137,22 @@ def refresh_index(cache: Cache) -> dict[str, int]:
     (`changed`) and files indexed in all (`files`).
     """
     path = index_path(cache)
+    if _planted(path):
+        delete_index(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         return _refresh(cache, path)
-    except sqlite3.DatabaseError:
-        for suffix in ("", "-journal", "-wal", "-shm"):
-            Path(str(path) + suffix).unlink(missing_ok=True)
+    except _READ_ERRORS as exc:
+        if _busy(exc):
+            raise CacheError(f"the search index {path} is busy: another `index` holds it; "
+                             "try again when it is done") from None
+    delete_index(path)  # damaged: derived data, so built again from the cache
+    try:
         return _refresh(cache, path)
+    except _READ_ERRORS as exc:
+        raise CacheError(f"the search index {path} cannot be built ({exc}): delete the folder "
+                         f"{path.parent} (derived data only) and run `shared_memory.py index` "
+                         "again") from None
 
 
 def refresh_in_background(cache: Cache) -> bool:
@@ -172,15 +240,25 @@ class _Index:
         self.conn: sqlite3.Connection | None = None
         self.generation: str | None = None
         self.ids: dict[int, tuple[str, str]] = {}
+        self._identity: tuple[int, int] | None = None  # the file this connection reads
 
     def open(self) -> bool:
-        """(Re)load the id map when the index changed; False when there is no usable index."""
+        """(Re)load the id map when the index changed; False when there is no usable index.
+
+        An index that cannot be read is deleted (see `_unreadable`), so the searches scan and
+        the next refresh builds it again.
+        """
         try:
             if self.conn is None:
+                if _planted(self.path):
+                    delete_index(self.path)
+                    return False
                 if not self.path.is_file():
                     return False
                 self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10,
                                             isolation_level=None, check_same_thread=False)
+                info = os.stat(self.path)
+                self._identity = (info.st_dev, info.st_ino)
             row = self.conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
             if row is None:
                 return False
@@ -189,15 +267,32 @@ class _Index:
                             self.conn.execute("SELECT id, path, sha256 FROM files")}
                 self.generation = row[0]
             return True
-        except sqlite3.Error:
-            self.close()
+        except (*_READ_ERRORS, OSError) as exc:
+            self._unreadable(exc)
             return False
 
     def close(self) -> None:
         """Forget the connection so the next search reopens (or scans)."""
         if self.conn is not None:
             self.conn.close()
-        self.conn, self.generation, self.ids = None, None, {}
+        self.conn, self.generation, self.ids, self._identity = None, None, {}, None
+
+    def _unreadable(self, exc: Exception) -> None:
+        """Close, and delete the file unless it is only locked, or new and not yet written.
+
+        Only the very file this connection read is deleted, not one a refresh has put in its
+        place since.
+        """
+        identity = self._identity
+        self.close()
+        if isinstance(exc, OSError) or _busy(exc) or identity is None or _is_new(self.path):
+            return
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return
+        if (info.st_dev, info.st_ino) == identity:
+            delete_index(self.path)
 
     def candidates(self, key: str) -> set[str] | None:
         """Indexed paths whose text may contain `key`; None when the index cannot narrow it."""
@@ -212,13 +307,28 @@ class _Index:
         try:
             row = self.conn.execute("SELECT group_concat(rowid) FROM grams WHERE grams MATCH ?",
                                     (expr,)).fetchone()
-        except (sqlite3.Error, UnicodeEncodeError):
+        except UnicodeEncodeError:  # a lone surrogate: no indexed text holds one
+            return None
+        except _READ_ERRORS as exc:
+            self._unreadable(exc)
             return None
         found = (row[0] or "").split(",") if row[0] else []
         if len(found) > len(self.ids) * _DENSE:
             return None
         ids = self.ids
         return {ids[int(i)][0] for i in found if int(i) in ids}
+
+
+def _is_new(path: Path) -> bool:
+    """True for an index a refresh has created but not yet committed to: no tables at all."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        try:
+            return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+        finally:
+            conn.close()
+    except _READ_ERRORS:
+        return False
 
 
 class Searcher:
