@@ -74,7 +74,29 @@ def answers(predicate: Callable[[Any], bool]) -> Check:
     return check
 
 
+def utf8(lines: list[str]) -> int:
+    """Bytes of the lines as UTF-8: what the result cap counts."""
+    return sum(len(line.encode("utf-8")) for line in lines)
+
+
+def search_text(r: dict[str, Any]) -> int:
+    """Bytes of a search page's lines and context."""
+    return sum(utf8([h["line"], *h["context_before"], *h["context_after"]]) for h in r["results"])
+
+
+def batch_capped(replies: Any, size: int) -> None:
+    """A batch of 40 large reads: answers up to the reply limit, then errors, none run."""
+    assert [r["id"] for r in replies] == list(range(1, 41))
+    done = [r for r in replies if "result" in r]
+    refused = [r for r in replies if "error" in r]
+    assert 8 <= len(done) < 40 and replies[:len(done)] == done, len(done)
+    assert all(r["error"]["code"] == -32001 and "reply limit reached" in r["error"]["message"]
+               for r in refused)
+    assert size <= REPLY + 2 * CAP, size
+
+
 SURROGATE = "\ud800"
+CAP, REPLY, BIG = 256 * 1024, 4 * 1024 * 1024, 20 * 1024 * 1024
 CASES: list[tuple[str, Any, Check]] = [
     ("lone surrogate in a query", call("search", queries=[SURROGATE]),
      tool_error("argument 'queries' of search is not valid UTF-8 text")),
@@ -117,6 +139,31 @@ CASES: list[tuple[str, Any, Check]] = [
      tool_error("links in the cache are never followed")),
     ("list a linked folder", call("list", path=f"{NS}/elsewhere"),
      tool_error("links in the cache are never followed")),
+    ("read one line of 20 MiB", call("read", path=f"{NS}/big.md", max_lines=1),
+     returns(lambda r: r["lines"] == ["y" * CAP] and r["capped"] and r["truncated"]
+             and (r["next_offset"], r["next_char_offset"]) == (1, CAP))),
+    ("read on in a cut line", call("read", path=f"{NS}/big.md", char_offset=CAP),
+     returns(lambda r: r["lines"] == ["y" * CAP] and r["next_char_offset"] == 2 * CAP)),
+    ("read the end of a cut line", call("read", path=f"{NS}/big.md", char_offset=BIG - 5),
+     returns(lambda r: r["lines"] == ["y" * 5] and not r["truncated"] and not r["capped"]
+             and r["next_offset"] is None and r["next_char_offset"] is None)),
+    ("char_offset past the line", call("read", path=f"{NS}/big.md", char_offset=BIG + 1),
+     tool_error(f"char_offset {BIG + 1} is past the end of line 1")),
+    ("read a line of characters beyond U+FFFF", call("read", path=f"{NS}/emoji.md"),
+     returns(lambda r: r["lines"] == ["\U0001f600" * (CAP // 4)]
+             and r["next_char_offset"] == CAP // 4)),
+    ("read 2000 long lines", call("read", path=f"{NS}/wide.md", max_lines=2000),
+     returns(lambda r: 200 < len(r["lines"]) < 2000 and utf8(r["lines"]) <= CAP
+             and r["capped"] and r["next_offset"] == len(r["lines"]) + 1
+             and r["next_char_offset"] is None)),
+    ("search long lines with context", call("search", queries=["wide"], context_lines=10,
+                                            max_results=200),
+     returns(lambda r: 0 < len(r["results"]) < 200 and search_text(r) <= CAP and r["capped"]
+             and r["next_cursor"])),
+    ("search a line of 20 MiB", call("search", queries=["yyy"]),
+     returns(lambda r: [h["line"] for h in r["results"]] == ["y" * 1000 + "…"])),
+    ("a batch of 40 reads of a 20 MiB line", [call("read", path=f"{NS}/big.md")] * 40,
+     batch_capped),
     ("list gives no time of a link's target", call("list", path=NS),
      returns(lambda r: {e["name"] for e in r["entries"] if e["type"] == "file"
                         and e["modified"] is None} == {"alias.md", "linked.md"})),
@@ -144,7 +191,9 @@ def build_hostile_cache(root: Path) -> Path:
     """
     config = build_cache(root, {
         "MEMORY.md": "# Memory\nuse SessionManager for sessions\n", "linked.md": "harmless\n",
-        "alias.md": "harmless\n", "pipe.md": "harmless\n", "elsewhere/inner.md": "harmless\n"})
+        "alias.md": "harmless\n", "pipe.md": "harmless\n", "elsewhere/inner.md": "harmless\n",
+        "big.md": "y" * BIG + "\n", "wide.md": f"{'w' * 900} wide\n" * 2000,
+        "emoji.md": "\U0001f600" * (CAP // 2) + "\n"})
     outside = root / "outside"
     (outside / "folder").mkdir(parents=True)
     (outside / "secret.md").write_text("TOPSECRET outside the cache\n")

@@ -361,3 +361,21 @@ def test_note_end_to_end_with_the_client(tmp_path: Path, config: Path) -> None:
     read = srv.call("read", path="extensions/ad_hoc/notes/2026-01-31T09-30-00-e2e.md")
     assert "remember the e2e path" in read["content"][0]["text"]
     assert srv.close() == 0
+
+
+def test_a_batch_stops_running_requests_past_the_reply_limit(config: Path) -> None:
+    from sharedmem.mcp import server as mcp
+    big = Path(json.loads(config.read_text())["cache"]) / NS / "big.md"
+    big.write_text("z" * (300 * 1024) + "\n")  # read ignores the manifest: the file is the truth
+    srv = mcp.Server(str(config))
+    srv.handle(b'{"jsonrpc":"2.0","id":0,"method":"initialize",'
+               b'"params":{"protocolVersion":"2025-03-26"}}')
+    read = {"jsonrpc": "2.0", "method": "tools/call",
+            "params": {"name": "read", "arguments": {"path": f"{NS}/big.md"}}}
+    replies = srv.batch([{**read, "id": i} for i in range(30)]
+                        + [{"jsonrpc": "2.0", "method": "notifications/initialized"}, 7])
+    assert srv.initialized and replies[-1]["error"]["code"] == mcp.INVALID_REQUEST
+    done = [r for r in replies[:30] if "result" in r]
+    assert len(done) == mcp.MAX_REPLY_BYTES // len(mcp._dumps(done[0])) + 1
+    assert all(r["error"]["code"] == mcp.REPLY_LIMIT for r in replies[len(done):30])
+    assert mcp._dumps([{"id": "\ud800"}, {"id": "é"}]) == '[{"id":"\\ud800"},{"id":"é"}]'

@@ -318,6 +318,27 @@ def test_links_are_neither_searched_nor_indexed(tmp_path: Path) -> None:
     assert tools.search(cache, ["beta"])["results"] == []
 
 
+@pytest.mark.parametrize("queries", [["needle"], ["needle", "other"]], ids=["ordered", "ranked"])
+def test_pages_end_at_the_size_cap_and_join(tmp_path: Path, queries: list[str]) -> None:
+    filler = "".join(f"{'f' * 990} {i}\n" for i in range(10))
+    files = {f"f{i:03d}.md": f"{filler}needle {'n' * 990}\n{filler}" for i in range(60)}
+    files["other.md"] = "other needle\n"
+    cache = make_cache(tmp_path, files)
+    got, cursor, capped = [], None, []
+    while True:
+        page = tools.search(cache, queries, context_lines=10, max_results=200, cursor=cursor)
+        text = sum(len(t.encode()) for r in page["results"] for t in (
+            r["path"], r["line"], *r["context_before"], *r["context_after"],
+            *r["matched_queries"]))
+        assert text <= tools.RESULT_MAX_BYTES - sum(len(q) for q in queries)
+        got += [(r["path"], r["line_number"]) for r in page["results"]]
+        capped.append(page["capped"])
+        if not (cursor := page["next_cursor"]):
+            break
+    assert got == reference(cache, queries) and len(got) == 61
+    assert len(capped) > 2 and all(capped[:-1]) and not capped[-1]
+
+
 def test_path_limits_to_subtree(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {"x/a.md": "word\n", "y/a.md": "word\n"})
     got = tools.search(cache, ["word"], path=f"{NS}/y")["results"]

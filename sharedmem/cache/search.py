@@ -331,6 +331,29 @@ def _is_new(path: Path) -> bool:
         return False
 
 
+class _Page:
+    """The results of one page, which ends at `limit` results or `max_bytes` of their text."""
+
+    def __init__(self, query: Query, manifest: Manifest, limit: int, max_bytes: int) -> None:
+        self.query, self.manifest, self.limit = query, manifest, limit
+        self.left = max_bytes
+        self.results: list[dict[str, Any]] = []
+
+    def add(self, relpath: str, text: str, number: int, which: Iterable[int]) -> bool:
+        """Add the result for this line; False when the page has no room for it (it is full)."""
+        if len(self.results) == self.limit:
+            return False
+        result = _result(self.query, self.manifest, relpath, text, number, which)
+        cost = sum(len(t.encode("utf-8", "surrogatepass")) for t in (
+            relpath, result["line"], *result["context_before"], *result["context_after"],
+            *result["matched_queries"]))
+        if self.results and cost > self.left:
+            return False
+        self.results.append(result)
+        self.left -= cost
+        return True
+
+
 class Searcher:
     """Search over one cache; long-lived in the MCP server so the index stays open."""
 
@@ -353,9 +376,13 @@ class Searcher:
             self._state = (*stamp, sorted(manifest.files), stale)
         return self._state[2], self._state[3]
 
-    def search(self, query: Query, after: list[Any] | None, limit: int) -> tuple[list[dict[str, Any]],
-                                                                               list[Any] | None]:
-        """Up to `limit` results after the sort key `after`, and the key to resume from."""
+    def search(self, query: Query, after: list[Any] | None, limit: int,
+               max_bytes: int) -> tuple[list[dict[str, Any]], list[Any] | None]:
+        """Up to `limit` results after the sort key `after`, and the key to resume from.
+
+        A page also ends before the result that would take its text past `max_bytes` (see
+        `_Page`); it always holds one result when there is one.
+        """
         manifest = self.cache.load()
         paths, stale = self._files(manifest)
         fold = _folder(query)
@@ -366,11 +393,11 @@ class Searcher:
         if query.path:
             prefix = query.path.rstrip("/") + "/"
             paths = [p for p in paths if p.startswith(prefix) or p == query.path]
-        ordered = len(needles) == 1 or query.match_mode == "all"
+        page = _Page(query, manifest, limit, max_bytes)
         with CacheFiles(self.cache.root) as disk:
-            if ordered:
-                return self._ordered(disk, query, manifest, paths, needles, fold, after, limit)
-            return self._ranked(disk, query, manifest, paths, needles, fold, after, limit)
+            if len(needles) == 1 or query.match_mode == "all":
+                return self._ordered(disk, page, paths, needles, fold, after)
+            return self._ranked(disk, page, paths, needles, fold, after)
 
     def _candidates(self, query: Query, stale: set[str]) -> set[str] | None:
         sets = [self.index.candidates(normalize(q)) for q in query.queries]
@@ -385,30 +412,28 @@ class Searcher:
             out = set().union(*sets)
         return out | stale
 
-    def _ordered(self, disk: CacheFiles, query: Query, manifest: Manifest, paths: list[str],
-                 needles: list[str], fold: Any, after: list[Any] | None,
-                 limit: int) -> tuple[list[dict[str, Any]], list[Any] | None]:
-        results: list[dict[str, Any]] = []
+    def _ordered(self, disk: CacheFiles, page: _Page, paths: list[str], needles: list[str],
+                 fold: Any, after: list[Any] | None) -> tuple[list[dict[str, Any]],
+                                                               list[Any] | None]:
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         for relpath in paths:
             if relpath < last_path:
                 continue
             text, hits = self._scan(disk, relpath, needles, fold)
-            if text is None or (query.match_mode == "all" and not all(hits)):
+            if text is None or (page.query.match_mode == "all" and not all(hits)):
                 continue
             lines = _merge(hits)
             for number in lines:
                 if relpath == last_path and number <= last_line:
                     continue
-                if len(results) == limit:
-                    last = results[-1]
-                    return results, [last["path"], last["line_number"]]
-                results.append(_result(query, manifest, relpath, text, number, lines[number]))
-        return results, None
+                if not page.add(relpath, text, number, lines[number]):
+                    last = page.results[-1]
+                    return page.results, [last["path"], last["line_number"]]
+        return page.results, None
 
-    def _ranked(self, disk: CacheFiles, query: Query, manifest: Manifest, paths: list[str],
-                needles: list[str], fold: Any, after: list[Any] | None,
-                limit: int) -> tuple[list[dict[str, Any]], list[Any] | None]:
+    def _ranked(self, disk: CacheFiles, page: _Page, paths: list[str], needles: list[str],
+                fold: Any, after: list[Any] | None) -> tuple[list[dict[str, Any]],
+                                                              list[Any] | None]:
         found: list[tuple[str, str, list[set[int]]]] = []
         freq = [0] * len(needles)
         for relpath in paths:
@@ -427,9 +452,10 @@ class Searcher:
         keyed.sort(key=lambda item: item[0])
         if after is not None:
             keyed = [item for item in keyed if item[0] > after]
-        results = [_result(query, manifest, rel, text, number, which)
-                   for _, rel, text, number, which in keyed[:limit]]
-        return results, (keyed[limit - 1][0] if len(keyed) > limit else None)
+        for i, (_, relpath, text, number, which) in enumerate(keyed):
+            if not page.add(relpath, text, number, which):
+                return page.results, keyed[i - 1][0]
+        return page.results, None
 
     @staticmethod
     def _scan(disk: CacheFiles, relpath: str, needles: list[str],
