@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_mcp import NS, Server
+from test_mcp import NS, Server, client_with_cache
 from test_search import flip_schema_byte
 
-from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.cache.cache import Cache
 from sharedmem.cache.search import index_path, refresh_index
-from sharedmem.hashing import sha256_text
 
 Check = Callable[[Any, int], None]  # the parsed reply and the length of its line in bytes
 
@@ -170,18 +169,6 @@ CASES: list[tuple[str, Any, Check]] = [
 ]
 
 
-def build_cache(root: Path, files: dict[str, str]) -> Path:
-    """A cache of one namespace holding `files`; the client.json that names it."""
-    info = NamespaceInfo(NS, "lab", "codex", "codex", 1, "2026-01-01T00:00:00Z")
-    Cache(root / "cache").apply(
-        [(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [], {NS: info})
-    config = root / "client.json"
-    config.write_text(json.dumps({
-        "machine": "lab", "transport": {"kind": "local", "store": str(root / "s.sqlite3")},
-        "sources": [], "cache": str(root / "cache"), "state": str(root / "state")}))
-    return config
-
-
 def build_hostile_cache(root: Path) -> Path:
     """A cache with hostile content in it; the client.json that names it.
 
@@ -189,7 +176,7 @@ def build_hostile_cache(root: Path) -> Path:
     (`linked.md`), a link to another cached file (`alias.md`), a FIFO (`pipe.md`), and a folder
     with a link to a folder outside (`elsewhere/`).
     """
-    config = build_cache(root, {
+    config = client_with_cache(root, {
         "MEMORY.md": "# Memory\nuse SessionManager for sessions\n", "linked.md": "harmless\n",
         "alias.md": "harmless\n", "pipe.md": "harmless\n", "elsewhere/inner.md": "harmless\n",
         "big.md": "y" * BIG + "\n", "wide.md": f"{'w' * 900} wide\n" * 2000,
@@ -239,7 +226,7 @@ def test_hostile_request(server: Server, name: str, message: Any, check: Check) 
 def test_search_over_a_damaged_index_then_rebuilt(tmp_path: Path) -> None:
     """A byte of the index's schema flipped: MCP search scans meanwhile, the index is rebuilt."""
     files = {f"n{i:03d}.md": f"note {i}\nneedle {i % 7}\n" for i in range(80)}
-    config = build_cache(tmp_path, files)
+    config = client_with_cache(tmp_path, files)
     cache = Cache(tmp_path / "cache")
     refresh_index(cache)
     flip_schema_byte(index_path(cache))

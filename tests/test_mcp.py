@@ -88,19 +88,24 @@ class Server:
         return code
 
 
+def client_with_cache(root: Path, files: dict[str, str]) -> Path:
+    """A cache under `root` of one namespace holding `files`; the client.json that names it."""
+    info = NamespaceInfo(NS, "lab", "codex", "codex", 1, "2026-01-01T00:00:00Z")
+    Cache(root / "cache").apply(
+        [(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [], {NS: info})
+    path = root / "client.json"
+    path.write_text(json.dumps({
+        "machine": "lab", "transport": {"kind": "local", "store": str(root / "s.sqlite3")},
+        "sources": [], "cache": str(root / "cache"), "state": str(root / "state")}))
+    return path
+
+
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     files = {"MEMORY.md": "# Memory\nuse SessionManager for sessions\n",
              "memory_summary.md": "summary: Décision prise\n"}
     files.update({f"notes/n{i:02d}.md": f"note {i} session\n" for i in range(12)})
-    info = NamespaceInfo(NS, "lab", "codex", "codex", 1, "2026-01-01T00:00:00Z")
-    Cache(tmp_path / "cache").apply(
-        [(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [], {NS: info})
-    path = tmp_path / "client.json"
-    path.write_text(json.dumps({
-        "machine": "lab", "transport": {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
-        "sources": [], "cache": str(tmp_path / "cache"), "state": str(tmp_path / "state")}))
-    return path
+    return client_with_cache(tmp_path, files)
 
 
 @pytest.fixture

@@ -13,7 +13,9 @@ import errno
 import os
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from sharedmem.core import PathRuleError, ProtocolError
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem, note_filename_problem, path_problems
@@ -110,6 +112,9 @@ class Folders:
         return real + os.sep + name
 
 
+T = TypeVar("T")
+
+
 class CacheFiles:
     """Cached files opened below the root without following any link, for whatever reads them.
 
@@ -142,27 +147,16 @@ class CacheFiles:
         Raises PathRuleError when it or a folder above it is a link.
         """
         handle = self._folders.get(relpath)
-        if handle is not None:
-            return handle
-        try:
-            if not relpath:
-                handle = open_root(self.root)  # the root may be a link the user named
+        if handle is None:
+            if relpath:
+                handle = self._at(relpath, self._open_folder)
             else:
-                head, _, name = relpath.rpartition("/")
-                parent = self.folder(head)
-                if parent is None:
-                    return None
                 try:
-                    handle = open_child_dir(parent, name)
-                except NotADirectoryError:  # a file in the way, or (with O_NOFOLLOW) a link
-                    if stat.S_ISLNK(self._lstat(parent, name).st_mode):
-                        raise OSError(errno.ELOOP, "is a link", relpath) from None
+                    handle = open_root(self.root)  # the root may be a link the user named
+                except (FileNotFoundError, NotADirectoryError):
                     return None
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            raise self._refusal(relpath, exc) from None
-        self._folders[relpath] = handle
+            if handle is not None:
+                self._folders[relpath] = handle
         return handle
 
     def read(self, relpath: str) -> bytes | None:
@@ -171,16 +165,9 @@ class CacheFiles:
         Raises PathRuleError for a link, a file that is not a regular file, or one that cannot
         be read.
         """
-        head, _, name = relpath.rpartition("/")
-        parent = self.folder(head)
-        if parent is None:
+        fd = self._at(relpath, open_file)
+        if fd is None:
             return None
-        try:
-            fd = open_file(parent, name)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            raise self._refusal(relpath, exc) from None
         try:
             return read_open(fd, relpath, sys.maxsize)[0]
         except Refused:
@@ -193,14 +180,28 @@ class CacheFiles:
 
     def stat(self, relpath: str) -> os.stat_result | None:
         """The cached file's own status (a link's, never its target's); None when missing."""
+        return self._at(relpath, self._lstat)
+
+    def _at(self, relpath: str, action: Callable[[Handle, str], T]) -> T | None:
+        """`action` on the entry's open parent folder and name; None when either is missing."""
         head, _, name = relpath.rpartition("/")
         parent = self.folder(head)
         if parent is None:
             return None
         try:
-            return self._lstat(parent, name)
+            return action(parent, name)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:
+            raise self._refusal(relpath, exc) from None
+
+    def _open_folder(self, parent: Handle, name: str) -> Handle:
+        try:
+            return open_child_dir(parent, name)
+        except NotADirectoryError:  # a file in the way, or (with O_NOFOLLOW) a link
+            if stat.S_ISLNK(self._lstat(parent, name).st_mode):
+                raise OSError(errno.ELOOP, "is a link", name) from None
+            raise
 
     @staticmethod
     def _lstat(parent: Handle, name: str) -> os.stat_result:
