@@ -38,6 +38,7 @@ def rpc(method: str, **fields: Any) -> dict[str, Any]:
 
 
 def _text(reply: dict[str, Any]) -> str:
+    """The text content of a tool call's result."""
     assert "result" in reply, reply
     return reply["result"]["content"][0]["text"]
 

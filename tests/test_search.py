@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import sys
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -246,8 +247,8 @@ FILES = {f"f{i:02d}.md": f"alpha {i}\nbeta\n" for i in range(10)}
 
 
 @pytest.mark.parametrize("damage, noticed", DAMAGE, ids=[f.__name__ for f, _ in DAMAGE])
-def test_a_damaged_index_is_scanned_past_deleted_and_rebuilt(tmp_path: Path, damage,
-                                                             noticed: bool) -> None:
+def test_a_damaged_index_is_scanned_past_deleted_and_rebuilt(
+        tmp_path: Path, damage: Callable[[Path], None], noticed: bool) -> None:
     cache = make_cache(tmp_path / "cache", FILES)
     search_mod.refresh_index(cache)
     expected = reference(cache, ["alpha"])

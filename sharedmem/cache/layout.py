@@ -196,20 +196,23 @@ class CacheFiles:
             raise self._refusal(relpath, exc) from None
 
     def _open_folder(self, parent: Handle, name: str) -> Handle:
+        """Open a folder; with O_NOFOLLOW a link fails as a file in the way would: tell them apart."""
         try:
             return open_child_dir(parent, name)
-        except NotADirectoryError:  # a file in the way, or (with O_NOFOLLOW) a link
+        except NotADirectoryError:
             if stat.S_ISLNK(self._lstat(parent, name).st_mode):
                 raise OSError(errno.ELOOP, "is a link", name) from None
             raise
 
     @staticmethod
     def _lstat(parent: Handle, name: str) -> os.stat_result:
+        """The entry's own status (never a link's target's), from its open parent."""
         if isinstance(parent, int):
             return os.stat(name, dir_fd=parent, follow_symlinks=False)
         return os.lstat(os.path.join(parent, name))
 
     def _refusal(self, relpath: str, exc: OSError) -> PathRuleError:
+        """The error for an entry that exists but cannot be opened: a link, or permissions."""
         if refusal(exc, relpath).reason == "symlink":
             return PathRuleError(f"{relpath!r} in the cache {self.root} is a link or lies in a "
                                  "linked folder; links in the cache are never followed: remove "
