@@ -61,5 +61,9 @@ class LockError(SharedMemoryError):
     """Another process holds a lock this one needs."""
 
 
+class CacheError(SharedMemoryError):
+    """The client's cache, or the search index derived from it, cannot be used."""
+
+
 class JSONError(SharedMemoryError):
     """A text is not JSON, or a value has no JSON form."""

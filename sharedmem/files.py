@@ -1,24 +1,10 @@
-"""Safe file writing: paths confined to their root after resolving, writes never seen half-done."""
+"""Safe file writing: writes never seen half-done."""
 
 from __future__ import annotations
 
 import itertools
 import os
 from pathlib import Path
-
-from sharedmem.core import PathRuleError
-from sharedmem.rules import check_path
-
-
-def confine(root: Path, relpath: str, *, folder: bool = False) -> Path:
-    """Check `relpath` by the path rule, resolve it under `root`, refuse it if it lands outside."""
-    check_path(relpath, folder=folder)
-    base = root.resolve()
-    target = (base / relpath).resolve()
-    if target != base and base not in target.parents:
-        raise PathRuleError(f"path {relpath!r} escapes {base}: refusing to touch it")
-    return target
-
 
 _TEMP_NUMBERS = itertools.count()
 

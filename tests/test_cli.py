@@ -104,7 +104,8 @@ def test_a_note_that_is_not_utf8_is_refused_by_the_note_rule(tmp_path: Path) -> 
     cfg = status_config(tmp_path)
     result = run_cli("note", "--config", str(cfg), "2026-01-31T09-30-00-x.md", "bad \udcff byte")
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("shared_memory.py note: error: note is not valid UTF-8 text")
+    assert result.stderr.startswith("shared_memory.py note: error: argument 'note' of "
+                                    "add_ad_hoc_note is not valid UTF-8 text")
     assert len(Outbox(tmp_path / "client" / "state" / "outbox").pending()) == 1  # only "idea"
 
 

@@ -1,15 +1,13 @@
-"""Tests for sharedmem.files: atomic writes and confined paths."""
+"""Tests for sharedmem.files: atomic writes."""
 
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 
 import pytest
 
-from sharedmem.core import PathRuleError
-from sharedmem.files import atomic_write, confine
+from sharedmem.files import atomic_write
 
 
 def test_atomic_write_creates_and_replaces(tmp_path: Path) -> None:
@@ -39,32 +37,3 @@ def test_atomic_write_failure_leaves_old_file_and_no_temp(tmp_path: Path) -> Non
         atomic_write(folder, b"data")
     assert (folder / "inside").read_bytes() == b"keep"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.md", "folder.md"]
-
-
-def test_confine(tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    (root / "a").mkdir(parents=True)
-    assert confine(root, "a/b.md") == (root / "a" / "b.md").resolve()
-    assert confine(root, "a", folder=True) == (root / "a").resolve()
-    for escape in ("../x.md", "a/../../x.md", "/etc/x.md", "C:/x.md", "a\\..\\..\\x.md"):
-        with pytest.raises(PathRuleError):
-            confine(root, escape)
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    os.symlink(outside, root / "link")
-    with pytest.raises(PathRuleError, match="escapes"):
-        confine(root, "link/x.md")
-    with pytest.raises(PathRuleError, match="escapes"):
-        confine(root, "link", folder=True)
-    os.symlink(outside / "target.md", root / "a" / "file.md")
-    with pytest.raises(PathRuleError, match="escapes"):
-        confine(root, "a/file.md")
-    os.symlink(root / "a", root / "inner")
-    assert confine(root, "inner/b.md") == (root / "a" / "b.md").resolve()
-
-
-def test_confine_through_a_linked_root(tmp_path: Path) -> None:
-    real = tmp_path / "real"
-    real.mkdir()
-    os.symlink(real, tmp_path / "alias")
-    assert confine(tmp_path / "alias", "x.md") == real.resolve() / "x.md"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
 
-from sharedmem.cache.layout import Folders, namespace_key, published_path_problems
-from sharedmem.core import ProtocolError
+from sharedmem.cache.layout import CacheFiles, Folders, namespace_key, published_path_problems
+from sharedmem.core import PathRuleError, ProtocolError
 from sharedmem.rules import NOTES_DIR
 
 NOTE = "extensions/ad_hoc/notes/2026-01-31T09-30-00-release-checklist.md"
@@ -82,3 +83,40 @@ def test_a_file_in_the_way_is_refused_only_when_writing(tmp_path: Path) -> None:
     for kwargs in ({"create": True}, {"create": False, "strict": True}):
         with pytest.raises(ProtocolError, match="remove it, then sync again"):
             Folders(root).target("machines/m/s/a.md", **kwargs)
+
+
+def test_cache_files_read_stat_and_missing(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "x.md").write_bytes(b"text\n")
+    (tmp_path / "a" / "file.md").write_bytes(b"")
+    with CacheFiles(tmp_path) as disk:
+        assert disk.read("a/b/x.md") == b"text\n"
+        assert disk.stat("a/b/x.md").st_size == 5
+        assert disk.read("a/b/none.md") is None and disk.stat("a/b/none.md") is None
+        assert disk.read("a/none/x.md") is None and disk.folder("a/none") is None
+        assert disk.read("a/file.md/x.md") is None and disk.folder("a/file.md") is None
+        assert disk.folder("a/b") is not None
+    assert CacheFiles(tmp_path / "absent").read("x.md") is None
+
+
+def test_cache_files_follow_no_link(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "real").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.md").write_bytes(b"secret\n")
+    (root / "real" / "x.md").write_bytes(b"x\n")
+    os.symlink(outside / "secret.md", root / "real" / "out.md")
+    os.symlink("x.md", root / "real" / "in.md")
+    os.symlink(outside, root / "linked", target_is_directory=True)
+    os.mkfifo(root / "real" / "pipe.md")
+    with CacheFiles(root) as disk:
+        for path in ("real/out.md", "real/in.md", "linked/secret.md"):
+            with pytest.raises(PathRuleError, match="links in the cache are never followed"):
+                disk.read(path)
+        with pytest.raises(PathRuleError, match="never followed"):
+            disk.folder("linked")
+        with pytest.raises(PathRuleError, match="not a regular file"):
+            disk.read("real/pipe.md")
+        assert stat.S_ISLNK(disk.stat("real/out.md").st_mode)
+    os.symlink(root, tmp_path / "alias", target_is_directory=True)
+    assert CacheFiles(tmp_path / "alias").read("real/x.md") == b"x\n"

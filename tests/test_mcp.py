@@ -88,19 +88,24 @@ class Server:
         return code
 
 
+def client_with_cache(root: Path, files: dict[str, str]) -> Path:
+    """A cache under `root` of one namespace holding `files`; the client.json that names it."""
+    info = NamespaceInfo(NS, "lab", "codex", "codex", 1, "2026-01-01T00:00:00Z")
+    Cache(root / "cache").apply(
+        [(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [], {NS: info})
+    path = root / "client.json"
+    path.write_text(json.dumps({
+        "machine": "lab", "transport": {"kind": "local", "store": str(root / "s.sqlite3")},
+        "sources": [], "cache": str(root / "cache"), "state": str(root / "state")}))
+    return path
+
+
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     files = {"MEMORY.md": "# Memory\nuse SessionManager for sessions\n",
              "memory_summary.md": "summary: Décision prise\n"}
     files.update({f"notes/n{i:02d}.md": f"note {i} session\n" for i in range(12)})
-    info = NamespaceInfo(NS, "lab", "codex", "codex", 1, "2026-01-01T00:00:00Z")
-    Cache(tmp_path / "cache").apply(
-        [(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [], {NS: info})
-    path = tmp_path / "client.json"
-    path.write_text(json.dumps({
-        "machine": "lab", "transport": {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
-        "sources": [], "cache": str(tmp_path / "cache"), "state": str(tmp_path / "state")}))
-    return path
+    return client_with_cache(tmp_path, files)
 
 
 @pytest.fixture
@@ -361,3 +366,21 @@ def test_note_end_to_end_with_the_client(tmp_path: Path, config: Path) -> None:
     read = srv.call("read", path="extensions/ad_hoc/notes/2026-01-31T09-30-00-e2e.md")
     assert "remember the e2e path" in read["content"][0]["text"]
     assert srv.close() == 0
+
+
+def test_a_batch_stops_running_requests_past_the_reply_limit(config: Path) -> None:
+    from sharedmem.mcp import server as mcp
+    big = Path(json.loads(config.read_text())["cache"]) / NS / "big.md"
+    big.write_text("z" * (300 * 1024) + "\n")  # read ignores the manifest: the file is the truth
+    srv = mcp.Server(str(config))
+    srv.handle(b'{"jsonrpc":"2.0","id":0,"method":"initialize",'
+               b'"params":{"protocolVersion":"2025-03-26"}}')
+    read = {"jsonrpc": "2.0", "method": "tools/call",
+            "params": {"name": "read", "arguments": {"path": f"{NS}/big.md"}}}
+    replies = srv.batch([{**read, "id": i} for i in range(30)]
+                        + [{"jsonrpc": "2.0", "method": "notifications/initialized"}, 7])
+    assert srv.initialized and replies[-1]["error"]["code"] == mcp.INVALID_REQUEST
+    done = [r for r in replies[:30] if "result" in r]
+    assert len(done) == mcp.MAX_REPLY_BYTES // len(mcp._dumps(done[0])) + 1
+    assert all(r["error"]["code"] == mcp.REPLY_LIMIT for r in replies[len(done):30])
+    assert mcp._dumps([{"id": "\ud800"}, {"id": "é"}]) == '[{"id":"\\ud800"},{"id":"é"}]'

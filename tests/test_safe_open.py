@@ -115,3 +115,25 @@ def test_invalid_utf8_and_missing_files_are_named(tree, root_handle):
     with pytest.raises(safe_open.Refused) as info:
         safe_open.read_text(root_handle, "gone.md", "gone.md", 100)
     assert info.value.reason == "vanished"
+
+
+@needs_symlinks
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs mkfifo")
+def test_open_file_then_read_open(tree: Path, root_handle: int | str) -> None:
+    from sharedmem.sources.safe_open import Refused, open_file, read_open, refusal
+    with pytest.raises(OSError) as info:
+        open_file(root_handle, "linked.md")
+    assert refusal(info.value, "linked.md").reason == "symlink"
+    fd = open_file(root_handle, "top.md")
+    try:
+        data, st = read_open(fd, "top.md", 2**62)  # no cap worth the name: one read
+    finally:
+        os.close(fd)
+    assert data == b"top\n" and st.st_size == 4
+    os.mkfifo(tree / "pipe.md")
+    fd = run_with_timeout(lambda: open_file(root_handle, "pipe.md"))
+    try:
+        with pytest.raises(Refused, match="not a regular file"):
+            read_open(fd, "pipe.md", 100)
+    finally:
+        os.close(fd)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import sqlite3
 import sys
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import cache_of
+from conftest import cache_of, run_cli
 
 from sharedmem.cache import search as search_mod
 from sharedmem.cache.cache import Cache, NamespaceInfo
@@ -190,14 +193,151 @@ def test_refresh_skips_a_file_being_rewritten(tmp_path: Path) -> None:
     assert search_mod.refresh_index(cache) == {"changed": 0, "files": 2}
 
 
-def test_corrupt_index_is_rebuilt(tmp_path: Path) -> None:
-    cache = make_cache(tmp_path, {"a.md": "alpha\n"})
+def flip_schema_byte(path: Path) -> None:
+    """One bit of the index's schema text flipped: SQLite's error about it is not even UTF-8."""
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    data = bytearray(path.read_bytes())
+    data[data.index(b"CREATE TABLE 'grams_config'") + 2] ^= 0x80  # E: 'CR\xc5ATE'
+    path.write_bytes(bytes(data))
+
+
+def garbage(path: Path) -> None:
+    path.write_bytes(b"this is not a database" * 100)
+
+
+def garbage_after_header(path: Path) -> None:
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[:100] + bytes(range(256)) * (size // 256))
+
+
+def truncated(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    path.write_bytes(path.read_bytes()[:3000])
+
+
+def wrong_values(path: Path) -> None:
+    """A valid database whose rows are not what the index writes."""
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value='not a number' WHERE key='generation'")
+    conn.execute("UPDATE files SET path=randomblob(4), sha256=7")
+    conn.commit()
+    conn.close()
+
+
+def folder_in_its_place(path: Path) -> None:
+    for name in [p for p in path.parent.iterdir()]:
+        name.unlink()
+    (path / "inner").mkdir(parents=True)
+
+
+def file_in_place_of_its_folder(path: Path) -> None:
+    shutil.rmtree(path.parent)
+    path.parent.write_bytes(b"not a folder")
+
+
+# Each kind of damage, and whether a search notices it (wrong values only make every file stale).
+DAMAGE = [(flip_schema_byte, True), (garbage, True), (garbage_after_header, True),
+          (truncated, True), (wrong_values, False), (folder_in_its_place, True),
+          (file_in_place_of_its_folder, True)]
+FILES = {f"f{i:02d}.md": f"alpha {i}\nbeta\n" for i in range(10)}
+
+
+@pytest.mark.parametrize("damage, noticed", DAMAGE, ids=[f.__name__ for f, _ in DAMAGE])
+def test_a_damaged_index_is_scanned_past_deleted_and_rebuilt(
+        tmp_path: Path, damage: Callable[[Path], None], noticed: bool) -> None:
+    cache = make_cache(tmp_path / "cache", FILES)
+    search_mod.refresh_index(cache)
+    expected = reference(cache, ["alpha"])
+    search_mod._SEARCHERS.clear()
+    damage(search_mod.index_path(cache))
+    search_mod.AUTO_REFRESH_STALE, saved = 10**9, search_mod.AUTO_REFRESH_STALE
+    try:
+        for _ in range(2):
+            got = all_pages(cache, queries=["alpha"], max_results=3)
+            assert [(r["path"], r["line_number"]) for r in got] == expected
+    finally:
+        search_mod.AUTO_REFRESH_STALE = saved
+    assert search_mod.index_path(cache).exists() is not noticed  # the search deleted it
+    assert search_mod.refresh_index(cache) == {"changed": 10, "files": 10}
+    assert search_mod.refresh_index(cache) == {"changed": 0, "files": 10}
+    conn = sqlite3.connect(search_mod.index_path(cache))
+    assert conn.execute("SELECT count(*) FROM files").fetchone() == (10,)
+    conn.close()
+    got = tools.search(cache, ["alpha"], max_results=200)["results"]
+    assert [(r["path"], r["line_number"]) for r in got] == expected
+
+
+def test_a_link_in_place_of_the_index_is_removed_not_written_through(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path / "cache", FILES)
+    other = tmp_path / "someone-elses.sqlite3"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT, sha256 TEXT)")
+    conn.execute("INSERT INTO files VALUES (1, 'keep', 'me')")
+    conn.commit()
+    conn.close()
+    before = other.read_bytes()
     path = search_mod.index_path(cache)
     path.parent.mkdir(parents=True)
-    path.write_bytes(b"this is not a database" * 100)
-    assert tools.search(cache, ["alpha"])["results"][0]["line"] == "alpha"
-    search_mod.refresh_index(cache)
-    assert tools.search(cache, ["alpha"])["results"][0]["line"] == "alpha"
+    path.symlink_to(other)
+    assert len(tools.search(cache, ["alpha"])["results"]) == 10
+    assert search_mod.refresh_index(cache) == {"changed": 10, "files": 10}
+    assert other.read_bytes() == before and not path.is_symlink()
+    (tmp_path / "elsewhere").mkdir()
+    for name in list(path.parent.iterdir()):
+        name.unlink()
+    path.parent.rmdir()
+    path.parent.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert search_mod.refresh_index(cache) == {"changed": 10, "files": 10}
+    assert list((tmp_path / "elsewhere").iterdir()) == [] and not path.parent.is_symlink()
+
+
+def test_the_index_command_rebuilds_a_damaged_index(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path / "cache", FILES)
+    for damage in (None, flip_schema_byte, garbage):
+        if damage is not None:
+            damage(search_mod.index_path(cache))
+        for _ in range(2):
+            done = run_cli("index", "--cache", str(cache.root), "--json")
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["files"] == 10 and done.stderr == ""
+    assert [r["line"] for r in tools.search(cache, ["alpha 3"])["results"]] == ["alpha 3"]
+
+
+def test_links_are_neither_searched_nor_indexed(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path / "cache", {"a.md": "alpha\n", "b.md": "beta\n"})
+    outside = tmp_path / "outside.md"
+    outside.write_text("beta\n")  # even the very text the manifest names is not read there
+    target = cache.root / NS / "b.md"
+    target.unlink()
+    target.symlink_to(outside)
+    assert tools.search(cache, ["beta"])["results"] == []
+    assert search_mod.refresh_index(cache) == {"changed": 1, "files": 1}
+    assert tools.search(cache, ["beta"])["results"] == []
+
+
+@pytest.mark.parametrize("queries", [["needle"], ["needle", "other"]], ids=["ordered", "ranked"])
+def test_pages_end_at_the_size_cap_and_join(tmp_path: Path, queries: list[str]) -> None:
+    filler = "".join(f"{'f' * 990} {i}\n" for i in range(10))
+    files = {f"f{i:03d}.md": f"{filler}needle {'n' * 990}\n{filler}" for i in range(60)}
+    files["other.md"] = "other needle\n"
+    cache = make_cache(tmp_path, files)
+    got, cursor, capped = [], None, []
+    while True:
+        page = tools.search(cache, queries, context_lines=10, max_results=200, cursor=cursor)
+        text = sum(len(t.encode()) for r in page["results"] for t in (
+            r["path"], r["line"], *r["context_before"], *r["context_after"],
+            *r["matched_queries"]))
+        assert text <= tools.RESULT_MAX_BYTES - sum(len(q) for q in queries)
+        got += [(r["path"], r["line_number"]) for r in page["results"]]
+        capped.append(page["capped"])
+        if not (cursor := page["next_cursor"]):
+            break
+    assert got == reference(cache, queries) and len(got) == 61
+    assert len(capped) > 2 and all(capped[:-1]) and not capped[-1]
 
 
 def test_path_limits_to_subtree(tmp_path: Path) -> None:

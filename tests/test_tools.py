@@ -90,6 +90,59 @@ def test_read_windows(cache: Cache) -> None:
     assert crlf["lines"] == ["short", "windows endings"]
 
 
+@pytest.mark.parametrize("text, budget, expected", [
+    ("abc", 5, "abc"),
+    ("abcdef", 3, "abc"),
+    ("aé" * 3, 4, "aéa"),  # é is two bytes: 'aéaé' would be 6
+    ("aé" * 3, 5, "aéa"),
+    ("€€", 5, "€"),  # three bytes each
+    ("\U0001f600\U0001f600", 7, "\U0001f600"),  # four bytes, two UTF-16 halves in JSON
+    ("\U0001f600", 3, ""),
+    ("a\ud800b", 4, "a\ud800"),  # a lone surrogate counts as three bytes, and is whole
+])
+def test_cut_text_keeps_whole_characters(text: str, budget: int, expected: str) -> None:
+    assert tools.cut_text(text, budget) == expected
+
+
+def test_read_caps_its_window_and_says_where_to_go_on(tmp_path: Path) -> None:
+    cap = tools.RESULT_MAX_BYTES
+    cache = make_cache(tmp_path / "cache", {
+        "long.md": "é" * cap + "\nshort\n", "many.md": ("x" * 999 + "\n") * 600})
+    first = tools.read_file(cache, f"{NS}/long.md")
+    assert first["lines"] == ["é" * (cap // 2)] and first["capped"] and first["truncated"]
+    assert (first["next_offset"], first["next_char_offset"]) == (1, cap // 2)
+    full = tools.read_file(cache, f"{NS}/long.md", char_offset=cap // 2)
+    assert full["lines"] == ["é" * (cap // 2)] and full["capped"]  # exactly the cap: no more
+    assert (full["next_offset"], full["next_char_offset"]) == (2, None)
+    rest = tools.read_file(cache, f"{NS}/long.md", char_offset=cap // 2 + 10)
+    assert rest["lines"] == ["é" * (cap // 2 - 10), "short"] and rest["char_offset"] == cap // 2 + 10
+    assert not rest["capped"] and not rest["truncated"] and rest["next_offset"] is None
+    many = tools.read_file(cache, f"{NS}/many.md", max_lines=600)
+    assert len(many["lines"]) == cap // 999 and many["capped"]
+    assert many["next_offset"] == cap // 999 + 1 and many["next_char_offset"] is None
+    asked = tools.read_file(cache, f"{NS}/many.md", max_lines=10)
+    assert len(asked["lines"]) == 10 and not asked["capped"] and asked["truncated"]
+    assert "character 131072 (--char-offset)" in tools.format_text("read", first)
+    with pytest.raises(SharedMemoryError, match="char_offset 6 is past the end of line 2 .* 5 char"):
+        tools.read_file(cache, f"{NS}/long.md", line_offset=2, char_offset=6)
+
+
+def test_list_caps_its_page(tmp_path: Path) -> None:
+    names = {f"{'n' * 240}{i:04d}.md": "x\n" for i in range(600)}
+    cache = make_cache(tmp_path / "cache", names)
+    seen, cursor, pages = [], None, []
+    while True:
+        page = tools.list_files(cache, NS, cursor, max_results=2000)
+        text = sum(len(e["name"]) + len(e["path"]) for e in page["entries"])
+        pages.append((text, page["capped"]))
+        seen += [e["name"] for e in page["entries"]]
+        if not (cursor := page["next_cursor"]):
+            break
+    assert seen == sorted(names) and len(pages) > 1
+    assert all(capped for _, capped in pages[:-1]) and not pages[-1][1]
+    assert all(text <= tools.RESULT_MAX_BYTES for text, _ in pages)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"path": "machines/lab/codex/nope.md"}, "no file"),
     ({"path": "../../etc/passwd.md"}, "component"),
@@ -104,12 +157,19 @@ def test_read_refusals(cache: Cache, kwargs: dict, message: str) -> None:
         tools.read_file(cache, **kwargs)
 
 
-def test_read_symlink_escape_refused(cache: Cache, tmp_path: Path) -> None:
-    outside = tmp_path / "secret.md"
-    outside.write_text("secret\n")
-    (cache.root / NS / "link.md").symlink_to(outside)
-    with pytest.raises(SharedMemoryError, match="escapes"):
-        tools.read_file(cache, f"{NS}/link.md")
+def test_links_refused_alike_by_read_search_and_list(cache: Cache, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.md").write_text("secret\n")
+    (cache.root / NS / "link.md").symlink_to(outside / "secret.md")
+    (cache.root / NS / "inner.md").symlink_to("MEMORY.md")
+    (cache.root / NS / "linked").symlink_to(outside, target_is_directory=True)
+    for path in ("link.md", "inner.md", "linked/secret.md"):
+        with pytest.raises(SharedMemoryError, match="never followed"):
+            tools.read_file(cache, f"{NS}/{path}")
+    for tool in (tools.list_files, lambda cache, path: tools.search(cache, ["x"], path=path)):
+        with pytest.raises(SharedMemoryError, match="never followed"):
+            tool(cache, f"{NS}/linked")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -145,6 +205,11 @@ def test_call_checks_types_and_names(cache: Cache) -> None:
         ("search", {"queries": "x"}, "list of strings"),
         ("search", {"queries": [1]}, "list of strings"),
         ("list", {"bogus": 1}, "no argument 'bogus'"),
+        ("search", {"queries": ["ok", "\ud800"]},
+         r"'queries' of search .*string 2 holds .* \(U\+D800\) at character 0"),
+        ("read", {"path": "a\udcff.md"},
+         r"'path' of read .*it holds .* \(U\+DCFF\) at character 1"),
+        ("add_ad_hoc_note", {"filename": "x.md", "note": "\udfff"}, "'note' of add_ad_hoc_note"),
         ("delete", {}, "unknown tool"),
     ]:
         with pytest.raises(SharedMemoryError, match=message):

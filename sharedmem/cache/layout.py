@@ -2,17 +2,33 @@
 
 Paths from a server are never trusted: each is checked against the path rule and the layout
 (`machines/<machine>/<source>/...` or `extensions/ad_hoc/notes/<note>.md`), and each folder is
-then walked without following links before anything is made in it.
+then walked without following links before anything is made in it. What reads the cache
+(the tools list, read and search, and the search index) opens its files through `CacheFiles`,
+which follows no link either.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from sharedmem.core import ProtocolError
+from sharedmem.core import PathRuleError, ProtocolError
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem, note_filename_problem, path_problems
+from sharedmem.sources.safe_open import (
+    Handle,
+    Refused,
+    close,
+    open_child_dir,
+    open_file,
+    open_root,
+    read_open,
+    refusal,
+)
 
 
 def namespace_key(path: str) -> str:
@@ -94,3 +110,112 @@ class Folders:
                     return None
             self.seen[folder] = real
         return real + os.sep + name
+
+
+T = TypeVar("T")
+
+
+class CacheFiles:
+    """Cached files opened below the root without following any link, for whatever reads them.
+
+    The tools list, read and search and the index refresh open cached paths only through this,
+    so a link planted in the cache (to a file outside it, or to another cached file) is refused
+    the same way everywhere, and a FIFO cannot block a read. Each folder is opened once, from
+    its parent; `close` (or the end of a `with`) releases them. Paths are trusted to have passed
+    the path rule already: this only confines them.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._folders: dict[str, Handle] = {}
+
+    def __enter__(self) -> CacheFiles:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release every folder opened so far."""
+        for handle in self._folders.values():
+            close(handle)
+        self._folders.clear()
+
+    def folder(self, relpath: str) -> Handle | None:
+        """The folder at `relpath` ('' is the root), or None when it or one above is missing.
+
+        Raises PathRuleError when it or a folder above it is a link.
+        """
+        handle = self._folders.get(relpath)
+        if handle is None:
+            if relpath:
+                handle = self._at(relpath, self._open_folder)
+            else:
+                try:
+                    handle = open_root(self.root)  # the root may be a link the user named
+                except (FileNotFoundError, NotADirectoryError):
+                    return None
+            if handle is not None:
+                self._folders[relpath] = handle
+        return handle
+
+    def read(self, relpath: str) -> bytes | None:
+        """The bytes of the cached file at `relpath`, or None when there is no such file.
+
+        Raises PathRuleError for a link, a file that is not a regular file, or one that cannot
+        be read.
+        """
+        fd = self._at(relpath, open_file)
+        if fd is None:
+            return None
+        try:
+            return read_open(fd, relpath, sys.maxsize)[0]
+        except Refused:
+            raise PathRuleError(f"{relpath!r} in the cache {self.root} is not a regular file: "
+                                "remove it, then sync again") from None
+        except OSError as exc:
+            raise self._refusal(relpath, exc) from None
+        finally:
+            os.close(fd)
+
+    def stat(self, relpath: str) -> os.stat_result | None:
+        """The cached file's own status (a link's, never its target's); None when missing."""
+        return self._at(relpath, self._lstat)
+
+    def _at(self, relpath: str, action: Callable[[Handle, str], T]) -> T | None:
+        """`action` on the entry's open parent folder and name; None when either is missing."""
+        head, _, name = relpath.rpartition("/")
+        parent = self.folder(head)
+        if parent is None:
+            return None
+        try:
+            return action(parent, name)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise self._refusal(relpath, exc) from None
+
+    def _open_folder(self, parent: Handle, name: str) -> Handle:
+        """Open a folder; with O_NOFOLLOW a link fails as a file in the way would: tell them apart."""
+        try:
+            return open_child_dir(parent, name)
+        except NotADirectoryError:
+            if stat.S_ISLNK(self._lstat(parent, name).st_mode):
+                raise OSError(errno.ELOOP, "is a link", name) from None
+            raise
+
+    @staticmethod
+    def _lstat(parent: Handle, name: str) -> os.stat_result:
+        """The entry's own status (never a link's target's), from its open parent."""
+        if isinstance(parent, int):
+            return os.stat(name, dir_fd=parent, follow_symlinks=False)
+        return os.lstat(os.path.join(parent, name))
+
+    def _refusal(self, relpath: str, exc: OSError) -> PathRuleError:
+        """The error for an entry that exists but cannot be opened: a link, or permissions."""
+        if refusal(exc, relpath).reason == "symlink":
+            return PathRuleError(f"{relpath!r} in the cache {self.root} is a link or lies in a "
+                                 "linked folder; links in the cache are never followed: remove "
+                                 "it, then sync again")
+        return PathRuleError(f"cannot read {relpath!r} in the cache {self.root} "
+                             f"({exc.strerror or exc}): check its permissions")

@@ -5,6 +5,8 @@ index of each file's normalized text under `<cache>/.sharedmem/index/`; a search
 files can possibly match and then verifies every candidate against the real file. Files whose
 indexed digest differs from the manifest (or that the index lacks) are always scanned, and a
 missing or broken index means a full scan, so results never depend on the index being current.
+An index that cannot be read (damaged, or a link or folder in its place) is deleted by whichever
+finds it, a search or a refresh, and the refresh builds it again.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import sqlite3
+import stat
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from sharedmem.cache.cache import META_DIR, Cache, Manifest
+from sharedmem.cache.layout import CacheFiles
+from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.program import LAUNCHER
 
 INDEX_VERSION = "1"
@@ -49,6 +55,61 @@ def index_path(cache: Cache) -> Path:
     return cache.root / META_DIR / "index" / INDEX_FILE
 
 
+_COMPANIONS = ("", "-journal", "-wal", "-shm")
+_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: another process holds the index, which is fine
+# What reading an index can raise when the file is not what a refresh wrote: SQLite's errors,
+# UnicodeDecodeError (a ValueError) for text or even an error message that is not UTF-8, and
+# ValueError or TypeError for values of the wrong kind.
+_READ_ERRORS = (sqlite3.Error, ValueError, TypeError)
+
+
+def _busy(exc: Exception) -> bool:
+    """True when `exc` says the index is locked by another process, not that it is damaged."""
+    code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.Error) else None
+    return code is not None and code & 0xFF in _BUSY
+
+
+def _planted(path: Path) -> bool:
+    """True when a link or a non-file stands where the index or its folder should be.
+
+    SQLite would follow a link there, and a refresh would then write into whatever it names.
+    """
+    try:
+        if not stat.S_ISDIR(os.lstat(path.parent).st_mode):
+            return True
+    except FileNotFoundError:
+        return False
+    for suffix in _COMPANIONS:
+        try:
+            mode = os.lstat(str(path) + suffix).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(mode):
+            return True
+    return False
+
+
+def delete_index(path: Path) -> None:
+    """Remove the index and its companion files: derived data, which a refresh builds again.
+
+    A link goes itself, never what it names; a folder planted in the index's place goes too.
+    """
+    if os.path.lexists(path.parent) and not _real_folder(path.parent):
+        os.unlink(path.parent)
+        return
+    for suffix in _COMPANIONS:
+        name = str(path) + suffix
+        if _real_folder(name):
+            shutil.rmtree(name)
+        else:
+            Path(name).unlink(missing_ok=True)
+
+
+def _real_folder(path: os.PathLike[str] | str) -> bool:
+    """A folder, not a link to one."""
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=10, isolation_level=None)
     conn.execute("PRAGMA busy_timeout=10000")
@@ -76,13 +137,22 @@ def refresh_index(cache: Cache) -> dict[str, int]:
     (`changed`) and files indexed in all (`files`).
     """
     path = index_path(cache)
+    if _planted(path):
+        delete_index(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         return _refresh(cache, path)
-    except sqlite3.DatabaseError:
-        for suffix in ("", "-journal", "-wal", "-shm"):
-            Path(str(path) + suffix).unlink(missing_ok=True)
+    except _READ_ERRORS as exc:
+        if _busy(exc):
+            raise CacheError(f"the search index {path} is busy: another `index` holds it; "
+                             "try again when it is done") from None
+    delete_index(path)  # damaged: derived data, so built again from the cache
+    try:
         return _refresh(cache, path)
+    except _READ_ERRORS as exc:
+        raise CacheError(f"the search index {path} cannot be built ({exc}): delete the folder "
+                         f"{path.parent} (derived data only) and run `shared_memory.py index` "
+                         "again") from None
 
 
 def refresh_in_background(cache: Cache) -> bool:
@@ -107,6 +177,7 @@ def refresh_in_background(cache: Cache) -> bool:
 
 def _refresh(cache: Cache, path: Path) -> dict[str, int]:
     conn = _connect(path)
+    disk = CacheFiles(cache.root)
     try:
         conn.execute("BEGIN IMMEDIATE")
         for statement in _SCHEMA:
@@ -129,11 +200,8 @@ def _refresh(cache: Cache, path: Path) -> dict[str, int]:
             old = indexed.get(relpath)
             if old is not None and old[1] == meta.sha256:
                 continue
-            try:
-                data = (cache.root / relpath).read_bytes()
-            except OSError:
-                continue
-            if hashlib.sha256(data).hexdigest() != meta.sha256:
+            data = _read(disk, relpath)
+            if data is None or hashlib.sha256(data).hexdigest() != meta.sha256:
                 continue  # a sync is rewriting it: left unindexed, so searches scan it
             text = data.decode("utf-8", "replace")
             row_id = conn.execute("INSERT INTO files(path, sha256) VALUES (?, ?)",
@@ -148,6 +216,7 @@ def _refresh(cache: Cache, path: Path) -> dict[str, int]:
         conn.execute("COMMIT")
         return {"changed": changed, "files": indexed_now}
     finally:
+        disk.close()
         conn.close()
 
 
@@ -171,15 +240,25 @@ class _Index:
         self.conn: sqlite3.Connection | None = None
         self.generation: str | None = None
         self.ids: dict[int, tuple[str, str]] = {}
+        self._identity: tuple[int, int] | None = None  # the file this connection reads
 
     def open(self) -> bool:
-        """(Re)load the id map when the index changed; False when there is no usable index."""
+        """(Re)load the id map when the index changed; False when there is no usable index.
+
+        An index that cannot be read is deleted (see `_unreadable`), so the searches scan and
+        the next refresh builds it again.
+        """
         try:
             if self.conn is None:
+                if _planted(self.path):
+                    delete_index(self.path)
+                    return False
                 if not self.path.is_file():
                     return False
                 self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10,
                                             isolation_level=None, check_same_thread=False)
+                info = os.stat(self.path)
+                self._identity = (info.st_dev, info.st_ino)
             row = self.conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
             if row is None:
                 return False
@@ -188,15 +267,32 @@ class _Index:
                             self.conn.execute("SELECT id, path, sha256 FROM files")}
                 self.generation = row[0]
             return True
-        except sqlite3.Error:
-            self.close()
+        except (*_READ_ERRORS, OSError) as exc:
+            self._unreadable(exc)
             return False
 
     def close(self) -> None:
         """Forget the connection so the next search reopens (or scans)."""
         if self.conn is not None:
             self.conn.close()
-        self.conn, self.generation, self.ids = None, None, {}
+        self.conn, self.generation, self.ids, self._identity = None, None, {}, None
+
+    def _unreadable(self, exc: Exception) -> None:
+        """Close, and delete the file unless it is only locked, or new and not yet written.
+
+        Only the very file this connection read is deleted, not one a refresh has put in its
+        place since.
+        """
+        identity = self._identity
+        self.close()
+        if isinstance(exc, OSError) or _busy(exc) or identity is None or _is_new(self.path):
+            return
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return
+        if (info.st_dev, info.st_ino) == identity:
+            delete_index(self.path)
 
     def candidates(self, key: str) -> set[str] | None:
         """Indexed paths whose text may contain `key`; None when the index cannot narrow it."""
@@ -211,7 +307,10 @@ class _Index:
         try:
             row = self.conn.execute("SELECT group_concat(rowid) FROM grams WHERE grams MATCH ?",
                                     (expr,)).fetchone()
-        except (sqlite3.Error, UnicodeEncodeError):
+        except UnicodeEncodeError:  # a lone surrogate: no indexed text holds one
+            return None
+        except _READ_ERRORS as exc:
+            self._unreadable(exc)
             return None
         found = (row[0] or "").split(",") if row[0] else []
         if len(found) > len(self.ids) * _DENSE:
@@ -220,13 +319,47 @@ class _Index:
         return {ids[int(i)][0] for i in found if int(i) in ids}
 
 
+def _is_new(path: Path) -> bool:
+    """True for an index a refresh has created but not yet committed to: no tables at all."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        try:
+            return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+        finally:
+            conn.close()
+    except _READ_ERRORS:
+        return False
+
+
+class _Page:
+    """The results of one page, which ends at `limit` results or `max_bytes` of their text."""
+
+    def __init__(self, query: Query, manifest: Manifest, limit: int, max_bytes: int) -> None:
+        self.query, self.manifest, self.limit = query, manifest, limit
+        self.left = max_bytes
+        self.results: list[dict[str, Any]] = []
+
+    def add(self, relpath: str, text: str, number: int, which: Iterable[int]) -> bool:
+        """Add the result for this line; False when the page has no room for it (it is full)."""
+        if len(self.results) == self.limit:
+            return False
+        result = _result(self.query, self.manifest, relpath, text, number, which)
+        cost = sum(len(t.encode("utf-8", "surrogatepass")) for t in (
+            relpath, result["line"], *result["context_before"], *result["context_after"],
+            *result["matched_queries"]))
+        if self.results and cost > self.left:
+            return False
+        self.results.append(result)
+        self.left -= cost
+        return True
+
+
 class Searcher:
     """Search over one cache; long-lived in the MCP server so the index stays open."""
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
         self.index = _Index(index_path(cache))
-        self._root = os.fspath(cache.root)
         self._state: tuple[int, str | None, list[str], set[str]] | None = None
         self._refreshed_for: int | None = None
 
@@ -243,9 +376,13 @@ class Searcher:
             self._state = (*stamp, sorted(manifest.files), stale)
         return self._state[2], self._state[3]
 
-    def search(self, query: Query, after: list[Any] | None, limit: int) -> tuple[list[dict[str, Any]],
-                                                                               list[Any] | None]:
-        """Up to `limit` results after the sort key `after`, and the key to resume from."""
+    def search(self, query: Query, after: list[Any] | None, limit: int,
+               max_bytes: int) -> tuple[list[dict[str, Any]], list[Any] | None]:
+        """Up to `limit` results after the sort key `after`, and the key to resume from.
+
+        A page also ends before the result that would take its text past `max_bytes` (see
+        `_Page`); it always holds one result when there is one.
+        """
         manifest = self.cache.load()
         paths, stale = self._files(manifest)
         fold = _folder(query)
@@ -256,10 +393,11 @@ class Searcher:
         if query.path:
             prefix = query.path.rstrip("/") + "/"
             paths = [p for p in paths if p.startswith(prefix) or p == query.path]
-        ordered = len(needles) == 1 or query.match_mode == "all"
-        if ordered:
-            return self._ordered(query, manifest, paths, needles, fold, after, limit)
-        return self._ranked(query, manifest, paths, needles, fold, after, limit)
+        page = _Page(query, manifest, limit, max_bytes)
+        with CacheFiles(self.cache.root) as disk:
+            if len(needles) == 1 or query.match_mode == "all":
+                return self._ordered(disk, page, paths, needles, fold, after)
+            return self._ranked(disk, page, paths, needles, fold, after)
 
     def _candidates(self, query: Query, stale: set[str]) -> set[str] | None:
         sets = [self.index.candidates(normalize(q)) for q in query.queries]
@@ -274,34 +412,32 @@ class Searcher:
             out = set().union(*sets)
         return out | stale
 
-    def _ordered(self, query: Query, manifest: Manifest, paths: list[str], needles: list[str],
-                 fold: Any, after: list[Any] | None, limit: int) -> tuple[list[dict[str, Any]],
-                                                                           list[Any] | None]:
-        results: list[dict[str, Any]] = []
+    def _ordered(self, disk: CacheFiles, page: _Page, paths: list[str], needles: list[str],
+                 fold: Any, after: list[Any] | None) -> tuple[list[dict[str, Any]],
+                                                               list[Any] | None]:
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         for relpath in paths:
             if relpath < last_path:
                 continue
-            text, hits = self._scan(relpath, needles, fold)
-            if text is None or (query.match_mode == "all" and not all(hits)):
+            text, hits = self._scan(disk, relpath, needles, fold)
+            if text is None or (page.query.match_mode == "all" and not all(hits)):
                 continue
             lines = _merge(hits)
             for number in lines:
                 if relpath == last_path and number <= last_line:
                     continue
-                if len(results) == limit:
-                    last = results[-1]
-                    return results, [last["path"], last["line_number"]]
-                results.append(_result(query, manifest, relpath, text, number, lines[number]))
-        return results, None
+                if not page.add(relpath, text, number, lines[number]):
+                    last = page.results[-1]
+                    return page.results, [last["path"], last["line_number"]]
+        return page.results, None
 
-    def _ranked(self, query: Query, manifest: Manifest, paths: list[str], needles: list[str],
-                fold: Any, after: list[Any] | None, limit: int) -> tuple[list[dict[str, Any]],
-                                                                          list[Any] | None]:
+    def _ranked(self, disk: CacheFiles, page: _Page, paths: list[str], needles: list[str],
+                fold: Any, after: list[Any] | None) -> tuple[list[dict[str, Any]],
+                                                              list[Any] | None]:
         found: list[tuple[str, str, list[set[int]]]] = []
         freq = [0] * len(needles)
         for relpath in paths:
-            text, hits = self._scan(relpath, needles, fold)
+            text, hits = self._scan(disk, relpath, needles, fold)
             if text is None or not any(hits):
                 continue
             found.append((relpath, text, hits))
@@ -316,18 +452,19 @@ class Searcher:
         keyed.sort(key=lambda item: item[0])
         if after is not None:
             keyed = [item for item in keyed if item[0] > after]
-        results = [_result(query, manifest, rel, text, number, which)
-                   for _, rel, text, number, which in keyed[:limit]]
-        return results, (keyed[limit - 1][0] if len(keyed) > limit else None)
+        for i, (_, relpath, text, number, which) in enumerate(keyed):
+            if not page.add(relpath, text, number, which):
+                return page.results, keyed[i - 1][0]
+        return page.results, None
 
-    def _scan(self, relpath: str, needles: list[str], fold: Any) -> tuple[str | None,
-                                                                          list[set[int]]]:
+    @staticmethod
+    def _scan(disk: CacheFiles, relpath: str, needles: list[str],
+              fold: Any) -> tuple[str | None, list[set[int]]]:
         """The file's text and, per needle, the 1-based numbers of the lines containing it."""
-        try:
-            with open(os.path.join(self._root, relpath), "rb") as handle:
-                text = handle.read().decode("utf-8", "replace")
-        except OSError:
+        data = _read(disk, relpath)
+        if data is None:
             return None, []
+        text = data.decode("utf-8", "replace")
         hay = fold(text)
         hits = []
         for needle in needles:
@@ -342,6 +479,14 @@ class Searcher:
                 pos = hay.find(needle, counted)
             hits.append(lines)
         return text, hits
+
+
+def _read(disk: CacheFiles, relpath: str) -> bytes | None:
+    """A cached file's bytes; None when it is missing, a link (never followed) or unreadable."""
+    try:
+        return disk.read(relpath)
+    except SharedMemoryError:
+        return None
 
 
 def _folder(query: Query) -> Any:

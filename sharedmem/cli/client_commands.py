@@ -164,6 +164,9 @@ def build_tools(sub: Any) -> None:
     p.add_argument("path", help="published path, e.g. machines/laptop/codex/MEMORY.md")
     p.add_argument("--line-offset", type=int, default=1, help="first line, 1-based")
     p.add_argument("--max-lines", type=int, help="how many lines at most")
+    p.add_argument("--char-offset", type=int,
+                   help="characters of the first line to skip: the rest of a line cut at the "
+                        "256 KiB a result holds")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run_tool, tool="read")
 
@@ -202,7 +205,8 @@ def run_tool(args: Any) -> int:
     if args.tool == "list":
         params = {"path": args.path, "cursor": args.cursor, "max_results": args.max_results}
     elif args.tool == "read":
-        params = {"path": args.path, "line_offset": args.line_offset, "max_lines": args.max_lines}
+        params = {"path": args.path, "line_offset": args.line_offset, "max_lines": args.max_lines,
+                  "char_offset": args.char_offset}
     elif args.tool == "search":
         params = {"queries": args.queries, "match_mode": args.match_mode, "path": args.path,
                   "cursor": args.cursor, "context_lines": args.context_lines,

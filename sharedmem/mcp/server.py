@@ -23,9 +23,11 @@ VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST = VERSIONS[-1]
 BATCH_VERSION = "2025-03-26"
 MAX_LINE_BYTES = 4 * 1024 * 1024
+MAX_REPLY_BYTES = 4 * 1024 * 1024  # past this much of a batch's reply, requests are not run
 TOOLS_PAGE = 50
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 INTERNAL_ERROR = -32603
+REPLY_LIMIT = -32001  # a JSON-RPC server error of our own: the batch's reply is full
 INSTRUCTIONS = (
     "Shared memory: Markdown notes and memory files synced from the user's machines and coding "
     "agents. Start from the index files (memory_summary.md, MEMORY.md) under machines/<machine>/"
@@ -116,9 +118,31 @@ class Server:
                               f"protocol version {BATCH_VERSION} was negotiated")
             if not message:
                 return _error(None, INVALID_REQUEST, "empty batch")
-            replies = [r for r in (self.message(m) for m in message) if r is not None]
-            return replies or None
+            return self.batch(message)
         return self.message(message)
+
+    def batch(self, messages: list[Any]) -> list[dict[str, Any]] | None:
+        """Answer a batch in order, until its reply passes MAX_REPLY_BYTES.
+
+        From then on each request is answered with a REPLY_LIMIT error instead of being run (a
+        note is not added), so one batch of large reads cannot make a reply of hundreds of MiB:
+        a reply holds at most the limit plus one request's answer.
+        """
+        replies: list[dict[str, Any]] = []
+        size = 0
+        for msg in messages:
+            if size > MAX_REPLY_BYTES and isinstance(msg, dict) and "method" in msg \
+                    and _valid_id(msg.get("id")):
+                reply: dict[str, Any] | None = _error(
+                    msg["id"], REPLY_LIMIT, f"reply limit reached: this batch's answers passed "
+                    f"{MAX_REPLY_BYTES} bytes, so this request was not run; send it again on "
+                    "its own or in a later batch")
+            else:
+                reply = self.message(msg)
+            if reply is not None:
+                replies.append(reply)
+                size += len(_dumps(reply).encode("utf-8"))
+        return replies or None
 
     def message(self, msg: object) -> dict[str, Any] | None:
         """Check one JSON-RPC message and answer it (None for notifications and responses)."""
@@ -244,7 +268,13 @@ class Server:
 
 
 def _dumps(obj: Any) -> str:
-    """A reply as one line: non-ASCII as UTF-8, unless a lone surrogate leaves only escapes."""
+    """A reply as one line: non-ASCII as UTF-8, unless a lone surrogate leaves only escapes.
+
+    A batch's replies are written one by one, so one with a lone surrogate (in an id the
+    client chose) escapes only itself, and the batch is the size `Server.batch` counted.
+    """
+    if isinstance(obj, list):
+        return "[" + ",".join(map(_dumps, obj)) + "]"
     text = dumps(obj)
     try:
         text.encode("utf-8")

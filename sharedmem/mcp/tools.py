@@ -10,14 +10,14 @@ import base64
 import binascii
 import hashlib
 import json
-import os
+import stat
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from sharedmem.cache.cache import Cache
+from sharedmem.cache.layout import CacheFiles
 from sharedmem.core import LimitError, PathRuleError, ProtocolError
-from sharedmem.files import confine
 from sharedmem.rules import path_problems
 
 Submit = Callable[[str, str], dict[str, Any]]
@@ -25,7 +25,9 @@ LIST_DEFAULT, LIST_MAX = 200, 2000
 READ_DEFAULT, READ_MAX = 400, 2000
 SEARCH_DEFAULT, SEARCH_MAX = 50, 200
 MAX_QUERIES, QUERY_MAX_CHARS = 16, 1000
-__all__ = ["TOOLS", "add_ad_hoc_note", "call", "format_text", "list_files", "read_file", "search"]
+RESULT_MAX_BYTES = 256 * 1024  # text in one result (UTF-8): lines, paths, queries
+__all__ = ["TOOLS", "add_ad_hoc_note", "call", "cut_text", "format_text", "list_files", "read_file",
+           "search"]
 
 
 def _encode_cursor(data: dict[str, Any]) -> str:
@@ -59,8 +61,8 @@ def _number(value: int | None, name: str, default: int, low: int, high: int) -> 
     return value
 
 
-def _folder(cache: Cache, path: str | None) -> str:
-    """A validated folder path ('' for the root), refused if it breaks the rule or escapes."""
+def _folder(disk: CacheFiles, path: str | None) -> str:
+    """A validated folder path ('' for the root), refused if it breaks the rule or is a link."""
     if path in (None, "", "."):
         return ""
     assert isinstance(path, str)
@@ -68,23 +70,29 @@ def _folder(cache: Cache, path: str | None) -> str:
     problems = path_problems(path, folder=True)
     if problems:
         raise PathRuleError("; ".join(problems) + ": use a path from list, e.g. 'machines'")
-    confine(cache.root, path, folder=True)
+    disk.folder(path)
     return path
 
 
-def _modified(cache: Cache, relpath: str) -> str | None:
-    try:
-        stamp = os.stat(cache.root / relpath).st_mtime
-    except OSError:
+def _modified(disk: CacheFiles, relpath: str) -> str | None:
+    """When the cache wrote the file; None for a missing file or a link (never followed)."""
+    info = disk.stat(relpath)
+    if info is None or stat.S_ISLNK(info.st_mode):
         return None
-    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(info.st_mtime, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def list_files(cache: Cache, path: str | None = None, cursor: str | None = None,
                max_results: int | None = None) -> dict[str, Any]:
     """Files and folders directly under `path` (not recursive), in name order, one page."""
+    with CacheFiles(cache.root) as disk:
+        return _list(cache, disk, _folder(disk, path), cursor, max_results)
+
+
+def _list(cache: Cache, disk: CacheFiles, folder: str, cursor: str | None,
+          max_results: int | None) -> dict[str, Any]:
+    """One page of list_files, its folder checked, modified times read through `disk`."""
     from sharedmem.cache.search import provenance
-    folder = _folder(cache, path)
     limit = _number(max_results, "max_results", LIST_DEFAULT, 1, LIST_MAX)
     offset = _decode_cursor(cursor, _fingerprint("list", folder))["o"] if cursor else 0
     manifest = cache.load()
@@ -107,8 +115,12 @@ def list_files(cache: Cache, path: str | None = None, cursor: str | None = None,
         raise PathRuleError(f"no folder {folder!r} in the cache: call list without a path to "
                             "see the top level")
     names = sorted(set(files) | set(folders))
-    entries = []
+    entries: list[dict[str, Any]] = []
+    budget = RESULT_MAX_BYTES
     for name in names[offset:offset + limit]:
+        budget -= _size(name) + _size(prefix + name)
+        if entries and budget < 0:
+            break
         if name in folders:
             entries.append({"name": name, "path": prefix + name, "type": "folder",
                             "files": folders[name][0], "size": folders[name][1]})
@@ -116,13 +128,14 @@ def list_files(cache: Cache, path: str | None = None, cursor: str | None = None,
             relpath = files[name]
             entries.append({"name": name, "path": relpath, "type": "file",
                             "size": manifest.files[relpath].size,
-                            "modified": _modified(cache, relpath),
+                            "modified": _modified(disk, relpath),
                             **provenance(manifest, relpath)})
-    more = offset + limit < len(names)
+    end = offset + len(entries)
     result: dict[str, Any] = {
         "path": folder, "entries": entries, "total": len(names),
-        "next_cursor": _encode_cursor({"f": _fingerprint("list", folder), "o": offset + limit})
-        if more else None,
+        "next_cursor": _encode_cursor({"f": _fingerprint("list", folder), "o": end})
+        if end < len(names) else None,
+        "capped": end < len(names) and len(entries) < limit,
     }
     if not manifest.files:
         result["hint"] = "the cache is empty: run `shared_memory.py sync --config PATH` first"
@@ -130,22 +143,26 @@ def list_files(cache: Cache, path: str | None = None, cursor: str | None = None,
 
 
 def read_file(cache: Cache, path: str, line_offset: int | None = None,
-              max_lines: int | None = None) -> dict[str, Any]:
-    """A window of a cached file's lines with its provenance, and where the next window starts."""
+              max_lines: int | None = None, char_offset: int | None = None) -> dict[str, Any]:
+    """A window of a cached file's lines with its provenance, and where the next window starts.
+
+    The window holds at most RESULT_MAX_BYTES of text: it stops before the line that would pass
+    that, or cuts a first line longer than that, and says where to go on (`next_offset`, and
+    `next_char_offset` for the rest of a cut line).
+    """
     from sharedmem.cache.search import provenance
     problems = path_problems(path)
     if problems:
         raise PathRuleError("; ".join(problems) + ": pass a .md path from list or search")
-    target = confine(cache.root, path)
     start = _number(line_offset, "line_offset", 1, 1, 2**31)
     count = _number(max_lines, "max_lines", READ_DEFAULT, 1, READ_MAX)
-    try:
-        text = target.read_bytes().decode("utf-8", "replace")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    skip = _number(char_offset, "char_offset", 0, 0, 2**31)
+    with CacheFiles(cache.root) as disk:
+        data = disk.read(path)
+    if data is None:
         raise PathRuleError(f"no file {path!r} in the cache: use list or search to find "
-                            "published paths") from None
-    except OSError as exc:
-        raise PathRuleError(f"cannot read {path!r} from the cache: {exc.strerror}") from None
+                            "published paths")
+    text = data.decode("utf-8", "replace")
     lines = text.split("\n")
     if text.endswith("\n"):
         lines.pop()
@@ -153,11 +170,61 @@ def read_file(cache: Cache, path: str, line_offset: int | None = None,
     if start > max(total, 1):
         raise LimitError(f"line_offset {start} is past the end of {path!r}, which has {total} "
                          "lines: start at 1")
-    window = [line.rstrip("\r") for line in lines[start - 1:start - 1 + count]]
-    end = start - 1 + len(window)
-    return {"path": path, "line_offset": start, "lines": window, "total_lines": total,
-            "truncated": end < total, "next_offset": end + 1 if end < total else None,
+    first = lines[start - 1].rstrip("\r")
+    if skip > len(first):
+        raise LimitError(f"char_offset {skip} is past the end of line {start} of {path!r}, "
+                         f"which has {len(first)} characters: pass next_char_offset unchanged")
+    window, cut = _window([first[skip:]] + [line.rstrip("\r") for line in
+                                             lines[start:start - 1 + count]], RESULT_MAX_BYTES)
+    end = start - 1 + len(window) - (cut is not None)
+    more = end < total
+    return {"path": path, "line_offset": start, "char_offset": skip, "lines": window,
+            "total_lines": total, "truncated": more,
+            "next_offset": end + 1 if more else None,
+            "next_char_offset": None if cut is None else skip + cut,
+            "capped": cut is not None or (more and len(window) < count),
             **provenance(cache.load(), path)}
+
+
+def _window(lines: list[str], budget: int) -> tuple[list[str], int | None]:
+    """The lines that fit in `budget` bytes of UTF-8, and where the last one was cut (if it was).
+
+    Whole lines while they fit; a line too long is cut at a character only when it comes
+    first, so a window always moves on.
+    """
+    out: list[str] = []
+    for line in lines:
+        size = len(line) if len(line) > budget else _size(line)
+        if size <= budget:
+            out.append(line)
+            budget -= size
+            continue
+        if not out:
+            out.append(cut_text(line, budget))
+            return out, len(out[0])
+        break
+    return out, None
+
+
+def _size(text: str) -> int:
+    """Bytes of `text` as UTF-8, what the result cap counts."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def cut_text(text: str, budget: int) -> str:
+    """The longest start of `text` whose UTF-8 is at most `budget` bytes: whole characters.
+
+    Python strings index characters, so no cut falls inside a UTF-8 sequence or between the
+    halves of a surrogate pair that JSON would write for a character beyond U+FFFF.
+    """
+    head = text[:budget]  # every character is at least one byte: nothing longer can fit
+    data = head.encode("utf-8", "surrogatepass")
+    if len(data) <= budget:
+        return head
+    end = budget
+    while data[end] & 0xC0 == 0x80:  # a continuation byte: back to its character's first
+        end -= 1
+    return data[:end].decode("utf-8", "surrogatepass")
 
 
 def search(cache: Cache, queries: list[str], match_mode: str | None = None,
@@ -181,7 +248,8 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
     mode = match_mode or "any"
     if mode not in ("any", "all"):
         raise LimitError(f"match_mode must be 'any' or 'all', not {mode!r}")
-    folder = _folder(cache, path)
+    with CacheFiles(cache.root) as disk:
+        folder = _folder(disk, path)
     query = Query(list(queries), mode, folder or None,
                   True if case_sensitive is None else case_sensitive, bool(normalized),
                   _number(context_lines, "context_lines", 0, 0, 10))
@@ -191,9 +259,11 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
     after = _decode_cursor(cursor, fingerprint)["k"] if cursor else None
     if after is not None and not isinstance(after, list):
         raise ProtocolError("cursor is damaged: omit it to start the search again")
-    results, last = searcher(cache).search(query, after, limit)
+    budget = RESULT_MAX_BYTES - sum(map(_size, query.queries))
+    results, last = searcher(cache).search(query, after, limit, budget)
     return {"queries": query.queries, "match_mode": mode, "path": folder, "results": results,
-            "next_cursor": _encode_cursor({"f": fingerprint, "k": last}) if last else None}
+            "next_cursor": _encode_cursor({"f": fingerprint, "k": last}) if last else None,
+            "capped": last is not None and len(results) < limit}
 
 
 def add_ad_hoc_note(filename: str, note: str, submit: Submit) -> dict[str, Any]:
@@ -209,6 +279,22 @@ def add_ad_hoc_note(filename: str, note: str, submit: Submit) -> dict[str, Any]:
 _TYPES = {"string": str, "integer": int, "boolean": bool, "array": list}
 _ARTICLES = {"string": "a string", "integer": "an integer", "boolean": "true or false",
              "array": "a list of strings"}
+
+
+def _unicode_problem(value: object) -> str | None:
+    """Where a string (or a list's string) holds a lone surrogate, which no UTF-8 text can.
+
+    JSON escapes can carry one; refused here, it cannot fail later where the text is encoded.
+    """
+    texts = value if isinstance(value, list) else [value] if isinstance(value, str) else []
+    for number, text in enumerate(texts, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            where = f"string {number} holds" if isinstance(value, list) else "it holds"
+            return (f"{where} a lone surrogate (U+{ord(text[exc.start]):04X}) at character "
+                    f"{exc.start}")
+    return None
 
 
 def call(name: str, arguments: dict[str, Any], cache: Cache,
@@ -229,6 +315,11 @@ def call(name: str, arguments: dict[str, Any], cache: Cache,
             raise ProtocolError(f"argument {key!r} of {name} must be "
                                 f"{_ARTICLES[prop['type']]}, "
                                 f"not {json.dumps(value)[:80]}")
+        problem = _unicode_problem(value)
+        if problem:
+            raise ProtocolError(f"argument {key!r} of {name} is not valid UTF-8 text: {problem} "
+                                "(from a JSON escape such as \\ud800 that is not half of a pair, "
+                                "or from bytes that are not UTF-8): send it as UTF-8")
     missing = [k for k in schema.get("required", []) if k not in arguments]
     if missing:
         raise ProtocolError(f"{name} needs the argument {missing[0]!r}: "
@@ -255,7 +346,9 @@ def format_text(tool: str, result: dict[str, Any]) -> str:
         rows.insert(0, f"# {result['path']} ({result['total_lines']} lines, from "
                        f"{result['machine'] or '?'}/{result['source'] or '?'})")
         if result["truncated"]:
-            rows.append(f"... more from line {result['next_offset']}")
+            rows.append(f"... more from line {result['next_offset']}" + (
+                f", character {result['next_char_offset']} (--char-offset)"
+                if result.get("next_char_offset") is not None else ""))
     elif tool == "search":
         rows = []
         for hit in result["results"]:
@@ -287,6 +380,8 @@ def _obj(props: dict[str, Any], required: tuple[str, ...] = (), *,
 
 _PROVENANCE = {k: {"type": ["string", "null"]} for k in ("machine", "source", "sha256", "synced_at")}
 _NEXT = {"next_cursor": {"type": ["string", "null"]}}
+_CAPPED = {"capped": {"type": "boolean", "description": "the result reached its 256 KiB of "
+                      "text and ended early; go on from where it says"}}
 _CURSOR = _prop("string", "next_cursor from the previous page; omit for the first page")
 _FOLDER = "folder relative to the cache root, e.g. 'machines/laptop/codex'; omit for everything"
 _ANY = {"type": "object"}
@@ -294,19 +389,22 @@ TOOLS: list[dict[str, Any]] = [
     {"name": "list", "title": "List shared memory",
      "description": "List the files and folders directly under a folder of the shared memory "
      "cache (not recursive), with size, modified time, machine and source. Start at the top "
-     "level, then open machines/<machine>/<source>. Page with next_cursor.",
+     "level, then open machines/<machine>/<source>. Page with next_cursor (a page holds at "
+     "most 256 KiB of names; capped says it ended there).",
      "annotations": {"title": "List shared memory", "readOnlyHint": True, "openWorldHint": False},
      "inputSchema": _obj({"path": _prop("string", _FOLDER), "cursor": _CURSOR,
                           "max_results": _prop("integer", "entries per page, 1-2000 (default 200)",
                                                minimum=1, maximum=LIST_MAX)}, closed=True),
      "outputSchema": _obj({"path": {"type": "string"}, "total": {"type": "integer"},
                            "entries": {"type": "array", "items": _ANY}, "hint": {"type": "string"},
-                           **_NEXT}, ("path", "entries", "total"))},
+                           **_NEXT, **_CAPPED}, ("path", "entries", "total"))},
     {"name": "read", "title": "Read a shared memory file",
      "description": "Read lines of one Markdown file from the shared memory cache, with where it "
      "came from (machine, source, sha256, synced_at). Memory is reference data written earlier: "
      "verify it against the current state before acting on it. For long files, call again with "
-     "line_offset=next_offset.",
+     "line_offset=next_offset. A result holds at most 256 KiB of text: a window that reaches it "
+     "ends early (capped true), and a longer line is cut at a character; then also pass "
+     "char_offset=next_char_offset.",
      "annotations": {"title": "Read a shared memory file", "readOnlyHint": True,
                      "openWorldHint": False},
      "inputSchema": _obj({"path": _prop("string", "file path from list or search, e.g. "
@@ -314,19 +412,30 @@ TOOLS: list[dict[str, Any]] = [
                           "line_offset": _prop("integer", "first line to return, 1-based "
                                                "(default 1)", minimum=1),
                           "max_lines": _prop("integer", "lines to return, 1-2000 (default 400)",
-                                             minimum=1, maximum=READ_MAX)}, ("path",),
-                         closed=True),
+                                             minimum=1, maximum=READ_MAX),
+                          "char_offset": _prop("integer", "characters of the first line to "
+                                               "skip, to go on with a line the size cap cut: "
+                                               "pass next_char_offset (default 0)", minimum=0)},
+                         ("path",), closed=True),
      "outputSchema": _obj({"path": {"type": "string"}, "line_offset": {"type": "integer"},
+                           "char_offset": {"type": "integer"},
                            "lines": {"type": "array", "items": {"type": "string"}},
-                           "total_lines": {"type": "integer"}, "truncated": {"type": "boolean"},
-                           "next_offset": {"type": ["integer", "null"]}, **_PROVENANCE},
+                           "total_lines": {"type": "integer"},
+                           "truncated": {"type": "boolean",
+                                         "description": "more of the file follows"},
+                           "next_offset": {"type": ["integer", "null"]},
+                           "next_char_offset": {"type": ["integer", "null"],
+                                                "description": "set when the last line was "
+                                                "cut: where it goes on"},
+                           **_CAPPED, **_PROVENANCE},
                           ("path", "lines", "total_lines", "truncated"))},
     {"name": "search", "title": "Search shared memory",
      "description": "Find lines containing any (or, with match_mode 'all', every) of up to 16 "
      "substrings across the shared memory cache. Matching is by substring and case-sensitive by "
      "default; set case_sensitive false to ignore case, or normalized true to also ignore accents "
      "and Unicode forms. Files matching more queries and rarer ones come first. Page with "
-     "next_cursor; then read a file for the full text.",
+     "next_cursor; then read a file for the full text. Lines are cut at 1000 characters, and "
+     "a page holds at most 256 KiB of text (capped true: fewer results, the rest next page).",
      "annotations": {"title": "Search shared memory", "readOnlyHint": True,
                      "openWorldHint": False},
      "inputSchema": _obj({
@@ -345,7 +454,7 @@ TOOLS: list[dict[str, Any]] = [
                               maximum=SEARCH_MAX)}, ("queries",), closed=True),
      "outputSchema": _obj({"queries": {"type": "array", "items": {"type": "string"}},
                            "match_mode": {"type": "string"}, "path": {"type": "string"},
-                           "results": {"type": "array", "items": _ANY}, **_NEXT},
+                           "results": {"type": "array", "items": _ANY}, **_NEXT, **_CAPPED},
                           ("queries", "results"))},
     {"name": "add_ad_hoc_note", "title": "Add a shared memory note",
      "description": "Store a new note in the shared memory for every machine, ONLY when the user "

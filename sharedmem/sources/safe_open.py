@@ -31,6 +31,7 @@ _FILE_FLAGS = (
     | getattr(os, "O_BINARY", 0)
 )
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_GROWN_CHUNK = 1 << 20
 _LINK_ERRNOS = {errno.ELOOP, getattr(errno, "EMLINK", -1), getattr(errno, "EFTYPE", -1)}
 
 
@@ -123,43 +124,55 @@ def read_text(parent: Handle, name: str, shown: str,
     return text, st
 
 
+def open_file(parent: Handle, name: str) -> int:
+    """Open file `name` in `parent` to read, refusing a link (ELOOP) and never blocking on a FIFO."""
+    if isinstance(parent, int):
+        return os.open(name, _FILE_FLAGS, dir_fd=parent)
+    path = os.path.join(parent, name)
+    lstat_no_link(path)
+    return os.open(path, _FILE_FLAGS)
+
+
+def read_open(fd: int, shown: str, max_bytes: int) -> tuple[bytes, os.stat_result]:
+    """The bytes of the open file `fd`, a regular file of at most `max_bytes`, and its fstat.
+
+    Raises Refused (not-regular, too-large) and OSError; reads at most max+1 bytes.
+    """
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or getattr(st, "st_file_attributes", 0) & REPARSE_POINT:
+        raise Refused("not-regular", f"{shown} is not a regular file; it is not published")
+    if st.st_size > max_bytes:
+        raise too_large(shown, st.st_size, max_bytes)
+    chunks: list[bytes] = []
+    total = 0
+    want = min(max_bytes, st.st_size) + 1  # one read, one exact buffer, for a file as stat'ed
+    while total <= max_bytes:
+        chunk = os.read(fd, want)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        if len(chunk) < want:  # a short read of a regular file: its end
+            break
+        want = min(max_bytes + 1 - total, _GROWN_CHUNK)  # it grew while read
+    if total > max_bytes:
+        raise too_large(shown, total, max_bytes)
+    return b"".join(chunks), st
+
+
 def read_utf8(parent: Handle, name: str, shown: str,
               max_bytes: int) -> tuple[str, bytes, os.stat_result]:
     """`read_text`, also returning the bytes read: they are the text's UTF-8, to hash or write."""
     try:
-        if isinstance(parent, int):
-            fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
-        else:
-            path = os.path.join(parent, name)
-            lstat_no_link(path)
-            fd = os.open(path, _FILE_FLAGS)
+        fd = open_file(parent, name)
     except OSError as exc:
         raise refusal(exc, shown) from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or getattr(st, "st_file_attributes", 0) & REPARSE_POINT:
-            raise Refused("not-regular", f"{shown} is not a regular file; it is not published")
-        if st.st_size > max_bytes:
-            raise too_large(shown, st.st_size, max_bytes)
-        chunks: list[bytes] = []
-        total = 0
-        want = min(max_bytes, st.st_size) + 1  # one read, one exact buffer, for a file as stat'ed
-        while total <= max_bytes:
-            chunk = os.read(fd, want)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if len(chunk) < want:  # a short read of a regular file: its end
-                break
-            want = max_bytes + 1 - total
-        if total > max_bytes:
-            raise too_large(shown, total, max_bytes)
+        data, st = read_open(fd, shown, max_bytes)
     except OSError as exc:
         raise refusal(exc, shown) from None
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     try:
         return data.decode("utf-8"), data, st
     except UnicodeDecodeError as exc:
