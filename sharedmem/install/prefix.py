@@ -103,16 +103,16 @@ def install_code(prefix: Path, console: Console, *, dry_run: bool) -> list[str]:
     wanted = release_files()
     changed: list[str] = []
     try:
+        data = {rel: source.read_bytes() for rel, source in wanted.items()}
         updates = [rel for rel in sorted(wanted, key=_write_order)
-                   if not ((prefix / rel).is_file()
-                           and (prefix / rel).read_bytes() == wanted[rel].read_bytes())]
+                   if not ((prefix / rel).is_file() and (prefix / rel).read_bytes() == data[rel])]
         stale = _stale(prefix, wanted)
         if not prefix.exists() and not dry_run:
             prefix.mkdir(parents=True, mode=0o700)
         for rel in [r for r in updates if r != LAUNCHER_NAME]:
             changed.append(rel)
             if not dry_run:
-                atomic_write(prefix / rel, wanted[rel].read_bytes(), mode=0o644)
+                atomic_write(prefix / rel, data[rel], mode=0o644)
         for path in stale:
             folder = path.is_dir()
             changed.append(f"{path.relative_to(prefix).as_posix()}{'/' if folder else ''} "
@@ -122,8 +122,7 @@ def install_code(prefix: Path, console: Console, *, dry_run: bool) -> list[str]:
         if LAUNCHER_NAME in updates:
             changed.append(LAUNCHER_NAME)
             if not dry_run:
-                atomic_write(prefix / LAUNCHER_NAME, wanted[LAUNCHER_NAME].read_bytes(),
-                             mode=0o755)
+                atomic_write(prefix / LAUNCHER_NAME, data[LAUNCHER_NAME], mode=0o755)
     except OSError as exc:
         raise InstallError(f"cannot install the code into {prefix}: {exc}; check that the "
                            "folder is writable, or pass another --prefix") from None
