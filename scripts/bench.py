@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Maintainer benchmarks: `bench.py mcp` (the MCP server) and `bench.py sync` (the sync exchange)."""
+"""Maintainer benchmarks: `bench.py mcp` (the MCP server), `sync` (the sync exchange), `scale`."""
 
 from __future__ import annotations
 
@@ -26,9 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument("--baseline", metavar="CHECKOUT",
                       help="another checkout of this project (say, one without a speed trick) "
                            "timed in the same runs, interleaved, with the same key and corpus")
+    import bench_scale
+    bench_scale.add_arguments(sub.add_parser(
+        "scale", help="a store of several machines: a new client's first pull, no-change "
+                      "syncs, search and memory (scripts/bench_scale.py)"))
     args = parser.parse_args(argv)
     if args.command == "mcp":
         return bench_mcp.main(args)
+    if args.command == "scale":
+        return bench_scale.run(args)
     import bench_sync
     return bench_sync.main(args)
 

@@ -1,0 +1,257 @@
+"""`bench.py scale`: one store of several machines, a new client's first pull, and search at once.
+
+Builds a store the way users do (each machine publishes a generated Markdown folder with a
+local install), then a new client, over a real sshd on loopback, pulls the whole store; each
+figure is printed beside its anchor (`rsync -a` of the same tree over the same sshd, `rg` over
+the same cache) and its target from issue 15. Memory is each process's peak RSS, taken from
+`getrusage` by a small wrapper around it, so nothing is sampled and no peak is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import corpus  # noqa: E402
+from bench_mcp import Session, pct  # noqa: E402
+from loopback_sshd import LAUNCHER, Sshd, start_sshd  # noqa: E402
+
+SEARCHES = [  # (label, arguments, rg flags): every query shape issue 15 names
+    ("rare identifier", {"queries": ["RareIdent0007"]}, []),
+    ("three common words", {"queries": ["rotate the signing"]}, []),
+    ("non-Latin word", {"queries": ["Привет"]}, []),
+    ("accented, normalized", {"queries": ["décision"], "normalized": True}, ["-i"]),
+    ("common word", {"queries": ["session"]}, []),
+    ("case-insensitive", {"queries": ["Release"], "case_sensitive": False}, ["-i"]),
+    ("all of three", {"queries": ["rotate", "signing", "key"], "match_mode": "all"}, []),
+    ("any of three", {"queries": ["RareIdent0003", "Ελληνικά", "façade"],
+                      "match_mode": "any"}, []),
+]
+
+# Reports the peak RSS (KiB) of the command it runs, in a file, and exits with its code.
+WRAPPER = """\
+import resource, subprocess, sys
+code = subprocess.call(sys.argv[2:])
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+open(sys.argv[1], "w").write(str(peak))
+sys.exit(code)
+"""
+
+
+def _peak_mb(path: Path) -> float:
+    return int(path.read_text()) / 1024
+
+
+def _build(work: Path, files: int, machines: int) -> tuple[Path, dict[str, int]]:
+    """Each machine publishes its own generated folder into one store, as a local install."""
+    store = work / "server" / "store.sqlite3"
+    totals = {"files": 0, "bytes": 0}
+    for m in range(machines):
+        name = f"machine{m}"
+        src = work / "sources" / name
+        stats = corpus.generate(src, files // machines + (m < files % machines), seed=m + 1)
+        totals["files"] += stats["files"]
+        totals["bytes"] += stats["bytes"]
+        config = work / "publishers" / name / "client.json"
+        config.parent.mkdir(parents=True)
+        config.write_text(json.dumps({
+            "machine": name, "transport": {"kind": "local", "store": str(store)},
+            "sources": [{"name": "notes", "kind": "markdown", "path": str(src)}],
+            "cache": str(config.parent / "cache"), "state": str(config.parent / "state")}))
+        proc = subprocess.run([sys.executable, str(LAUNCHER), "sync", "--config", str(config)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"publishing {name} failed: {proc.stderr[-800:]}")
+        shutil.rmtree(config.parent / "cache")  # only the store is kept
+        print(f"published {name}: {stats['files']} files", file=sys.stderr)
+    return store, totals
+
+
+def _reader(work: Path, server: Sshd, store: Path, run: int) -> Path:
+    """A new client with no sources; its serve runs under the wrapper to report its RSS."""
+    config = work / f"reader-{run}" / "client.json"
+    config.parent.mkdir(parents=True)
+    transport = server.transport(pinned=False, remote_command=[
+        sys.executable, str(work / "rss.py"), str(config.parent / "serve.rss"),
+        sys.executable, "-S", str(LAUNCHER), "serve", "--store", str(store)])
+    config.write_text(json.dumps({
+        "machine": f"reader{run}", "transport": transport, "sources": [],
+        "cache": str(config.parent / "cache"), "state": str(config.parent / "state")}))
+    return config
+
+
+def _sync(work: Path, config: Path) -> dict[str, float]:
+    """One timed sync with the peak RSS of the client and of its serve."""
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(work / "rss.py"), str(config.parent / "client.rss"),
+                           sys.executable, str(LAUNCHER), "sync", "--config", str(config),
+                           "--json"], capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"sync failed: {proc.stdout[-400:]} {proc.stderr[-800:]}")
+    deadline = time.monotonic() + 10  # serve reports after the client has gone
+    while not (config.parent / "serve.rss").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    out = {"seconds": seconds, "client_mb": _peak_mb(config.parent / "client.rss"),
+           "serve_mb": _peak_mb(config.parent / "serve.rss")}
+    (config.parent / "serve.rss").unlink()
+    return out
+
+
+def _rsync(server: Sshd, tree: Path, dest: Path) -> float:
+    ssh = (f"ssh -p {server.port} -i {server.free_key} -o IdentitiesOnly=yes -o BatchMode=yes "
+           f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={server.known_hosts} "
+           "-o GlobalKnownHostsFile=/dev/null -o LogLevel=ERROR")
+    started = time.perf_counter()
+    proc = subprocess.run(["rsync", "-a", "--exclude", ".sharedmem", "-e", ssh, f"{tree}/",
+                           f"{server.user}@127.0.0.1:{dest}/"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"rsync failed: {proc.stderr[-800:]}")
+    return time.perf_counter() - started
+
+
+def _rg(flags: list[str], query: str, root: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run(["rg", "-l", "-F", *flags, "--", query, str(root)],
+                   stdout=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - started
+
+
+def _mcp_command(config: Path) -> list[str]:
+    return [sys.executable, str(LAUNCHER), "mcp", "--config", str(config)]
+
+
+def _search(config: Path, runs: int) -> tuple[list[tuple[str, float, float, float]], dict]:
+    """Search at once after the sync, then each shape; and RSS after 1,000 searches."""
+    cache = config.parent / "cache"
+    session = Session(_mcp_command(config))
+    first = session.timed_call("search", SEARCHES[0][1])
+    rows = []
+    for label, arguments, flags in SEARCHES:
+        times = [session.timed_call("search", arguments) for _ in range(runs)]
+        rg = statistics.median(_rg(flags, arguments["queries"][0], cache) for _ in range(3))
+        rows.append((label, pct(times, 0.5), pct(times, 0.95), rg))
+    for i in range(1000):
+        session.timed_call("search", SEARCHES[i % len(SEARCHES)][1])
+    rss, _ = session.rss_kib()
+    session.close()
+    restarted = Session(_mcp_command(config))
+    cold = restarted.timed_call("search", SEARCHES[1][1])
+    restarted.close()
+    index = sum(p.stat().st_size for p in (cache / ".sharedmem" / "index").glob("search*")) \
+        if (cache / ".sharedmem" / "index").is_dir() else 0
+    return rows, {"first_search_after_sync_s": first, "first_search_after_start_s": cold,
+                  "rss_after_1000_mb": rss / 1024, "index_bytes": index}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build, measure, print the table; exit 1 if a target is missed."""
+    for tool in ("rsync", "rg"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not installed: apt-get install -y "
+                             f"{'ripgrep' if tool == 'rg' else tool}")
+    work = Path(tempfile.mkdtemp(prefix="sharedmem-bench-scale-", dir=args.dir))
+    try:
+        (work / "rss.py").write_text(WRAPPER)
+        started = time.perf_counter()
+        store, totals = _build(work, args.files, args.machines)
+        print(f"store: {args.machines} machines, {totals['files']} files, "
+              f"{totals['bytes'] / 1e6:.0f} MB, built in {time.perf_counter() - started:.0f} s",
+              file=sys.stderr)
+        server = start_sshd(work / "sshd", store)
+        firsts, nochanges, rsyncs, rsync_nochanges = [], [], [], []
+        try:
+            for run_no in range(args.runs):
+                config = _reader(work, server, store, run_no)
+                dest = work / f"rsync-{run_no}"
+                if run_no % 2:
+                    rsyncs.append(_rsync(server, work / "sources", dest))
+                firsts.append(_sync(work, config))
+                if not run_no % 2:
+                    rsyncs.append(_rsync(server, work / "sources", dest))
+                for _ in range(3):
+                    nochanges.append(_sync(work, config))
+                    rsync_nochanges.append(_rsync(server, work / "sources", dest))
+            rows, mcp = _search(config, args.searches)
+        finally:
+            server.stop()
+        text_bytes = sum(p.stat().st_size for p in (config.parent / "cache").rglob("*.md"))
+        first = statistics.median(r["seconds"] for r in firsts)
+        nochange = statistics.median(r["seconds"] for r in nochanges)
+        figures: list[tuple[str, str, str, bool]] = [
+            ("first pull", f"{first:.2f} s",
+             f"rsync -a {statistics.median(rsyncs):.2f} s; <= 2x",
+             first <= 2 * statistics.median(rsyncs)),
+            ("first pull: client / serve peak RSS",
+             f"{max(r['client_mb'] for r in firsts):.0f} / "
+             f"{max(r['serve_mb'] for r in firsts):.0f} MB", "<= 100 MB each",
+             max(max(r["client_mb"], r["serve_mb"]) for r in firsts) <= 100),
+            ("no-change sync", f"{nochange:.2f} s",
+             f"rsync -a {statistics.median(rsync_nochanges):.2f} s; <= 1x",
+             nochange <= statistics.median(rsync_nochanges)),
+            ("no-change sync: client / serve peak RSS",
+             f"{max(r['client_mb'] for r in nochanges):.0f} / "
+             f"{max(r['serve_mb'] for r in nochanges):.0f} MB", "<= 100 MB each",
+             max(max(r["client_mb"], r["serve_mb"]) for r in nochanges) <= 100),
+        ]
+        limit = 0.010 if totals["files"] <= 10_000 else 0.025
+        for label, p50, p95, rg in rows:
+            figures.append((f"search {label} p50/p95", f"{p50 * 1e3:.1f} / {p95 * 1e3:.1f} ms",
+                            f"rg -l {rg * 1e3:.0f} ms; p50 <= {limit * 1e3:.0f} ms",
+                            p50 <= limit))
+        figures += [
+            ("first search right after the sync", f"{mcp['first_search_after_sync_s'] * 1e3:.0f}"
+             " ms", "", True),
+            ("first search after the server starts",
+             f"{mcp['first_search_after_start_s'] * 1e3:.0f} ms", "<= 150 ms",
+             mcp["first_search_after_start_s"] <= 0.150),
+            ("MCP RSS after 1,000 searches", f"{mcp['rss_after_1000_mb']:.0f} MB",
+             f"<= {64 if totals['files'] <= 10_000 else 96} MB",
+             mcp["rss_after_1000_mb"] <= (64 if totals["files"] <= 10_000 else 96)),
+            ("search index size", f"{mcp['index_bytes'] / 1e6:.0f} MB",
+             f"text {text_bytes / 1e6:.0f} MB; <= 1.0x", mcp["index_bytes"] <= text_bytes),
+        ]
+        width = [max(len(f[i]) for f in figures) for i in range(3)]
+        print(f"{totals['files']} files from {args.machines} machines, "
+              f"{totals['bytes'] / 1e6:.0f} MB; median of {args.runs} first pulls, "
+              f"{3 * args.runs} no-change syncs")
+        for f in figures:
+            print(" | ".join(c.ljust(w) for c, w in zip(f[:3], width, strict=True))
+                  + (" | pass" if f[3] else " | FAIL"))
+        if args.json:
+            print(json.dumps({"files": totals["files"], "bytes": totals["bytes"],
+                              "machines": args.machines, "first": firsts,
+                              "nochange": nochanges, "rsync_first": rsyncs,
+                              "rsync_nochange": rsync_nochanges, "mcp": mcp,
+                              "search": [{"shape": r[0], "p50_s": r[1], "p95_s": r[2],
+                                          "rg_s": r[3]} for r in rows]}, indent=2))
+        return 0 if all(f[3] for f in figures) else 1
+    finally:
+        if args.keep:
+            print(f"kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `bench.py scale`."""
+    parser.add_argument("--files", type=int, default=100_000,
+                        help="files in the store, over all machines (default 100000)")
+    parser.add_argument("--machines", type=int, default=8, help="publishing machines (default 8)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="first pulls by new clients, each followed by 3 no-change syncs")
+    parser.add_argument("--searches", type=int, default=21, help="timed searches per shape")
+    parser.add_argument("--dir", help="where to build (default: the system's temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the folder it built")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
