@@ -24,6 +24,14 @@ RESERVED_SOURCE_NAMES = frozenset({SOURCE_CODEX, SOURCE_CLAUDE})
 MACHINES_DIR = "machines"
 NOTES_DIR = "extensions/ad_hoc/notes"
 NOTE_MAX_BYTES = 64 * KIB
+# A note file as the server renders it (each entry under its heading, in its fence) stays within
+# this, the default per-file limit (Limits().file_bytes), so every client can pull it: an entry
+# that would take it past is refused (start a new note file), and a file stored before this
+# bound is shown up to it, with a marker saying how many entries are left out.
+NOTE_FILE_MAX_BYTES = 1 * MIB
+# What one machine may add in one UTC day, over all note files: entries, and bytes of text.
+NOTE_DAY_MAX_NOTES = 200
+NOTE_DAY_MAX_BYTES = 4 * MIB
 
 MAX_COMPONENT_BYTES = 255
 MAX_PATH_BYTES = 1024

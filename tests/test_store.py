@@ -20,8 +20,9 @@ from sharedmem.hashing import sha256_text
 from sharedmem.rules import NOTES_DIR
 from sharedmem.server import store as store_module
 from sharedmem.server.ingest import IncomingFile, ingest
+from sharedmem.server.note_log import GENESIS, chain_hash
 from sharedmem.server.schema import SCHEMA_VERSION
-from sharedmem.server.store import GENESIS, Store
+from sharedmem.server.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 NOTE = "2026-01-31T09-30-00-release-checklist.md"
@@ -202,7 +203,7 @@ def test_note_chain_and_tamper_detection(tmp_path: Path) -> None:
     prev, note_id, fn, machine, created = raw.execute(
         "SELECT prev_sha256, note_id, filename, machine, created_at FROM notes WHERE seq=2").fetchone()
     raw.execute("UPDATE notes SET body='forged', sha256=? WHERE seq=2", (
-        store_module.chain_hash(prev, note_id, fn, machine, created, "forged"),))
+        chain_hash(prev, note_id, fn, machine, created, "forged"),))
     raw.commit()
     raw.close()
     with Store.open(forged) as st:
@@ -254,9 +255,9 @@ def test_note_file_renders_every_entry_in_order(st: Store) -> None:
     assert [t for t, _ in heads] == sorted(t for t, _ in heads)
     assert text.index("first entry") < text.index("second entry") < text.index("third entry")
     assert "elsewhere" not in text
-    assert re.fullmatch(r"## \S+ · laptop\n\nfirst entry\n\n## \S+ · desktop\n\nsecond entry\n\n"
-                        r"## \S+ · laptop\n\nthird entry\n", text)
-    assert exported(st)[f"{NOTES_DIR}/{other}"].endswith("· desktop\n\nelsewhere\n")
+    assert re.fullmatch(r"## \S+ · laptop\n\n```\nfirst entry\n```\n\n## \S+ · desktop\n\n```\n"
+                        r"second entry\n```\n\n## \S+ · laptop\n\n```\nthird entry\n```\n", text)
+    assert exported(st)[f"{NOTES_DIR}/{other}"].endswith("· desktop\n\n```\nelsewhere\n```\n")
     assert st.note_generation() == 4
 
 

@@ -9,31 +9,17 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Se
 from pathlib import Path
 
 from sharedmem.clock import utc_now
-from sharedmem.core import NoteError, StoreError
-from sharedmem.hashing import sha256_text
+from sharedmem.core import StoreError
 from sharedmem.namespaces import Namespace, NamespaceList
 from sharedmem.rules import (
     MACHINES_DIR,
     NOTES_DIR,
     check_machine_name,
 )
+from sharedmem.server import note_log
 from sharedmem.server.schema import MIGRATIONS, statements
 
-GENESIS = "0" * 64
 BUSY_TIMEOUT_MS = 60_000
-
-
-
-def render_note(entries: Sequence[tuple[str, str, str]]) -> str:
-    """A note file: every (created_at, machine, body) entry in order, each under its own heading."""
-    parts = [f"## {created} · {machine}\n\n{body.rstrip()}\n" for created, machine, body in entries]
-    return "\n".join(parts)
-
-
-def chain_hash(prev: str, note_id: str, filename: str, machine: str, created: str,
-               body: str) -> str:
-    """The hash that links a note entry to its predecessor, so a rewrite is detectable."""
-    return sha256_text("\n".join((prev, note_id, filename, machine, created, body)))
 
 
 class Store:
@@ -214,42 +200,18 @@ class Store:
 
     def append_note(self, machine: str, filename: str, text: str,
                     note_id: str | None = None) -> tuple[str, bool]:
-        """Append one entry to a note file; returns (published path, stored now or already)."""
-        check_machine_name(machine)
-        from sharedmem.redact.redactor import redact_note
-        body = redact_note(filename, text)[0]
-        if note_id is None:
-            import uuid
-            note_id = uuid.uuid4().hex
-        if not isinstance(note_id, str) or not 8 <= len(note_id) <= 128:
-            raise NoteError(f"note id {note_id!r} must be a string of 8 to 128 characters")
-        path = f"{NOTES_DIR}/{filename}"
+        """Append one entry to a note file, within its bounds (note_log); (path, stored now)."""
+        body, note_id = note_log.prepare(machine, filename, text, note_id)
         with self.transaction() as conn:
-            if conn.execute("SELECT 1 FROM notes WHERE note_id=?", (note_id,)).fetchone():
-                return path, False
-            last = conn.execute("SELECT sha256 FROM notes ORDER BY seq DESC LIMIT 1").fetchone()
-            prev = last[0] if last else GENESIS
-            created = utc_now()
-            conn.execute(
-                "INSERT INTO notes(note_id, filename, machine, created_at, body, prev_sha256,"
-                " sha256) VALUES (?,?,?,?,?,?,?)",
-                (note_id, filename, machine, created, body, prev,
-                 chain_hash(prev, note_id, filename, machine, created, body)))
-        return path, True
+            return note_log.append(conn, machine, filename, body, note_id)
 
     def note_generation(self) -> int:
-        """The sequence number of the newest note: the notes namespace's generation."""
-        return self.conn.execute("SELECT coalesce(max(seq), 0) FROM notes").fetchone()[0]
+        """The sequence number of the newest note, which backups compare (0 for none)."""
+        return note_log.newest_seq(self.conn)
 
     def _note_files(self, since: int = 0) -> Iterator[tuple[str, str, str]]:
-        names = [r[0] for r in self.conn.execute(
-            "SELECT filename FROM notes GROUP BY filename HAVING max(seq) > ? ORDER BY filename",
-            (since,))]
-        for name in names:
-            entries = self.conn.execute("SELECT created_at, machine, body FROM notes WHERE "
-                                        "filename=? ORDER BY seq", (name,)).fetchall()
-            text = render_note(entries)
-            yield f"{NOTES_DIR}/{name}", sha256_text(text), text
+        """Note files changed since the client's notes generation (all for 0)."""
+        return note_log.files_since(self.conn, since)
 
     def namespaces(self) -> NamespaceList:
         """Every namespace with its counts, and the notes folder as one more."""
@@ -260,7 +222,8 @@ class Store:
                                   "max(created_at) FROM notes").fetchone()
         return NamespaceList(
             [Namespace(f"{MACHINES_DIR}/{r[0]}/{r[1]}", *r) for r in rows],
-            Namespace(NOTES_DIR, None, "ad_hoc", "notes", notes[1], 0, notes[2], notes[0], 0, ""))
+            Namespace(NOTES_DIR, None, "ad_hoc", "notes", note_log.generation(notes[1]), 0,
+                      notes[2], notes[0], 0, ""))
 
     def export(self) -> Iterator[tuple[str, str, str]]:
         """Every published file as (path, sha256, text), namespaces first, then notes."""
@@ -360,17 +323,7 @@ class Store:
         problems = [r[0] for r in self.conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
         problems += [f"foreign key broken in {r[0]} row {r[1]}"
                      for r in self.conn.execute("PRAGMA foreign_key_check")]
-        prev = GENESIS
-        for seq, note_id, filename, machine, created, body, prev_sha, sha in self.conn.execute(
-                "SELECT seq, note_id, filename, machine, created_at, body, prev_sha256, sha256 "
-                "FROM notes ORDER BY seq"):
-            if prev_sha != prev or sha != chain_hash(prev, note_id, filename, machine, created,
-                                                     body):
-                problems.append(f"note chain broken at entry {seq} ({filename}): the history "
-                                "was rewritten; restore from a verified backup")
-                break
-            prev = sha
-        return problems
+        return problems + note_log.chain_problems(self.conn)
 
     def counts(self) -> dict[str, int]:
         """Sizes for reports and backup manifests."""
