@@ -21,6 +21,7 @@ from sharedmem.core import LockError
 DEFAULT_WAIT = 90.0
 _POLL = 0.05  # seconds between tries while waiting
 _REPORT_EVERY = 15.0  # seconds between "still waiting" messages
+_RECORD = 96  # bytes of the holder's record in the lock file
 Waiting = Callable[[str], None]
 
 
@@ -40,32 +41,37 @@ def sync_lock(state: Path, wait: float = 0.0, waiting: Waiting | None = None,
     told: tuple[str, float] | None = None  # the holder last described, and when
     try:
         while not _try_lock(fd):
-            holder = _holder(fd)
+            what, who = _holder(fd)
             now = time.monotonic()
             if now - started >= wait:
-                waited = f" (waited {now - started:.0f} s)" if wait > 0 else ""
-                raise LockError(f"another sync of this machine is running (the {holder}; lock "
-                                f"{path}){waited}: wait for it to finish, or run `sync --wait "
-                                "SECONDS` to wait longer")
-            if waiting is not None and (told is None or told[0] != holder
+                waited = f", waited {now - started:.0f} s" if wait > 0 else ""
+                raise LockError(f"another sync of this machine is running (the {what} {who}; "
+                                f"lock {path}{waited}): wait for it to finish, or run `sync "
+                                "--wait SECONDS` to wait longer")
+            if waiting is not None and (told is None or told[0] != who
                                         or now - told[1] >= _REPORT_EVERY):
-                waiting(f"waiting for the {holder} (lock {path}; {now - started:.0f} s of at "
-                        f"most {wait:g} s)")
-                told = (holder, now)
+                waiting(f"waiting for the {what} of this machine {who} (lock {path}; "
+                        f"{now - started:.0f} s of at most {wait:g} s)")
+                told = (who, now)
             time.sleep(min(_POLL, max(0.0, wait - (now - started))))
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {utc_now()} {purpose}\n".encode(), 0)
+        # One write of a fixed width over the last holder's record: never seen half-empty.
+        record = f"{os.getpid()} {utc_now()} {purpose}".ljust(_RECORD - 1).encode() + b"\n"
+        os.pwrite(fd, record, 0)
+        os.ftruncate(fd, len(record))
         yield
     finally:
         os.close(fd)
 
 
-def _holder(fd: int) -> str:
-    """Who holds the lock, as its holder recorded it (an older holder recorded only its pid)."""
-    words = os.pread(fd, 200, 0).decode("ascii", "replace").split(maxsplit=2)
+def _holder(fd: int) -> tuple[str, str]:
+    """What holds the lock and who: ('sync', 'started at T by pid N'), as its holder recorded.
+
+    An older holder recorded only its pid.
+    """
+    words = os.pread(fd, _RECORD, 0).decode("ascii", "replace").split(maxsplit=2)
     if len(words) == 3:
-        return f"{words[2].strip()} of this machine started at {words[1]} by pid {words[0]}"
-    return f"sync of this machine run by pid {words[0] if words else '?'}"
+        return words[2].strip(), f"started at {words[1]} by pid {words[0]}"
+    return "sync", f"run by pid {words[0] if words else '?'}"
 
 
 @contextlib.contextmanager
