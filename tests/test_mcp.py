@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -354,17 +355,104 @@ def test_lazy_imports_until_first_tool_call(config: Path) -> None:
     assert out.strip() == "[]"
 
 
-def test_note_end_to_end_with_the_client(tmp_path: Path, config: Path) -> None:
+def hung_ssh(folder: Path) -> tuple[Path, Path]:
+    """An `ssh` that never answers, in `folder`/bin: (that bin folder, the log of its pids)."""
+    bin_dir, log = folder / "bin", folder / "ssh-starts.log"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / "ssh"
+    script.write_text(f"#!/bin/sh\necho $$ >> '{log}'\nexec sleep 300\n", encoding="utf-8")
+    script.chmod(0o755)
+    return bin_dir, log
+
+
+def ssh_client(folder: Path) -> Path:
+    """A client.json whose server is reached by `ssh` (the one on PATH)."""
+    path = folder / "laptop" / "client.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "machine": "laptop", "sources": [], "cache": str(folder / "laptop" / "cache"),
+        "state": str(folder / "laptop" / "state"),
+        "transport": {"kind": "ssh", "host": "server.invalid",
+                      "remote_command": ["python3", "shared_memory.py", "serve"]}}))
+    return path
+
+
+def kill_logged(log: Path) -> None:
+    """Kill every hung `ssh` that wrote its pid to `log`."""
+    for pid in log.read_text().split() if log.exists() else []:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def delivery_done(state: Path, seconds: float = 30) -> bool:
+    """Wait until no note delivery of this client runs (none started, or it has ended)."""
+    from sharedmem.client.lock import delivery_lock
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with delivery_lock(state) as free:
+            if free:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def test_note_is_delivered_in_the_background(tmp_path: Path, config: Path) -> None:
     env = {**os.environ, "HOME": str(tmp_path)}
     srv = Server(config, env=env)
     srv.init()
+    path = "extensions/ad_hoc/notes/2026-01-31T09-30-00-e2e.md"
     result = srv.call("add_ad_hoc_note", filename="2026-01-31T09-30-00-e2e.md",
                       note="remember the e2e path")
     assert result["isError"] is False, result
     outcome = result["structuredContent"]
-    assert outcome["status"] == "stored", outcome
-    read = srv.call("read", path="extensions/ad_hoc/notes/2026-01-31T09-30-00-e2e.md")
-    assert "remember the e2e path" in read["content"][0]["text"]
+    assert (outcome["status"], outcome["delivery"], outcome["path"]) == (
+        "queued", "started", path), outcome
+    assert path in outcome["message"]
+    deadline = time.monotonic() + 30
+    while (read := srv.call("read", path=path))["isError"]:  # no sync is run by hand
+        assert time.monotonic() < deadline, read
+        time.sleep(0.05)
+    assert "remember the e2e path" in read["structuredContent"]["lines"][-1]
+    assert delivery_done(tmp_path / "state")
+    assert list((tmp_path / "state" / "outbox").iterdir()) == []
+    assert srv.close() == 0
+
+
+def test_a_hung_server_never_blocks_the_tools(tmp_path: Path) -> None:
+    bin_dir, log = hung_ssh(tmp_path)
+    client_with_cache(tmp_path / "laptop", {"MEMORY.md": "# Memory\nuse SessionManager\n"})
+    cfg = ssh_client(tmp_path)  # the same cache, reached through the hung `ssh`
+    env = {**os.environ, "HOME": str(tmp_path), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    srv = Server(cfg, env=env)
+    try:
+        srv.init()
+        answers: list[dict[str, Any]] = []
+        for i in range(4):
+            started = time.monotonic()
+            answers.append(srv.call("add_ad_hoc_note", filename=f"2026-01-31T09-30-0{i}-x.md",
+                                    note=f"note {i}")["structuredContent"])
+            assert time.monotonic() - started < 5, answers[-1]
+            for name, args in [("list", {"path": NS}), ("read", {"path": f"{NS}/MEMORY.md"}),
+                               ("search", {"queries": ["SessionManager"]})]:
+                started = time.monotonic()
+                assert srv.call(name, **args)["isError"] is False
+                assert time.monotonic() - started < 5, name
+        assert {a["status"] for a in answers} == {"queued"}
+        assert answers[0]["delivery"] == "started"
+        assert {a["delivery"] for a in answers[1:]} <= {"started", "already running"}
+        deadline = time.monotonic() + 20
+        while not log.exists():
+            assert time.monotonic() < deadline, "the delivery never reached for the server"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert len(log.read_text().split()) == 1  # one delivery at a time
+        assert srv.call("list", path=NS)["isError"] is False
+    finally:
+        kill_logged(log)  # the server end goes away: the delivery gives up
+    assert delivery_done(tmp_path / "laptop" / "state")
+    assert len(list((tmp_path / "laptop" / "state" / "outbox").iterdir())) == 4
     assert srv.close() == 0
 
 

@@ -234,6 +234,29 @@ def test_note_redacts_and_submits(cache: Cache) -> None:
     assert "stored" in tools.format_text("add_ad_hoc_note", result)
 
 
+def test_note_is_queued_with_where_it_will_be_read(tmp_path: Path, cache: Cache, home: Path) -> None:
+    from functools import partial
+
+    from conftest import write_config
+
+    from sharedmem.client import config, note
+    cfg = config.load(write_config(tmp_path / "client.json", "lab",
+                                   {"kind": "local", "store": str(tmp_path / "s.sqlite3")}, [],
+                                   cache.root))
+    secret = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+    result = tools.call("add_ad_hoc_note", {"filename": "2026-01-31T09-30-00-ci.md",
+                                            "note": f"use token {secret} for CI"},
+                        cache, lambda: partial(note.queue_note, cfg))
+    path = "extensions/ad_hoc/notes/2026-01-31T09-30-00-ci.md"
+    assert (result["status"], result["path"], result["delivery"]) == ("queued", path, "started")
+    assert result["redactions"] and json.dumps(result)
+    text = tools.format_text("add_ad_hoc_note", result)
+    assert f"queued at {path}" in text and "delivery to the server was started" in text
+    assert note.wait_for_delivery(cfg, 30)
+    stored = (cache.root / path).read_text(encoding="utf-8")
+    assert "use token [REDACTED:" in stored and secret not in stored
+
+
 @pytest.mark.parametrize("filename, note, message", [
     ("notes.md", "x", "invalid"),
     ("2026-02-30T09-30-00-x.md", "x", "real date"),

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 # sync --------------------------------------------------------------------------------------------
 
 def build_sync(sub: Any) -> None:
+    from sharedmem.client.lock import DEFAULT_WAIT
     p = sub.add_parser("sync", help="publish this machine's sources and refresh the cache",
                        description="Snapshot each enabled source, send it to the server, deliver "
                        "queued notes, then pull what changed into the cache. Exit status: 0 all "
@@ -24,18 +25,58 @@ def build_sync(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--max-protocol", type=int, choices=(1, 2), default=2,
                    help="highest protocol version to speak (1 to talk to an old server)")
+    p.add_argument("--wait", type=_seconds, default=DEFAULT_WAIT, metavar="SECONDS",
+                   help="while another sync or a note's delivery of this machine runs, wait up "
+                        f"to this long for it to finish, then run (default {DEFAULT_WAIT:g}; 0 "
+                        "fails at once)")
+    p.add_argument("--notes-only", action="store_true",
+                   help="only deliver the queued notes and refresh the cache, publishing "
+                        "nothing (what add_ad_hoc_note starts in the background)")
     p.set_defaults(handler=run_sync)
 
 
+def _seconds(value: str) -> float:
+    import argparse
+    import math
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= 86400:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds from 0 to 86400 "
+                                         "(e.g. --wait 90, or --wait 0 to fail at once)")
+    return seconds
+
+
+def _waiting(message: str) -> None:
+    print(f"sync: {message}", file=sys.stderr, flush=True)
+
+
 def run_sync(args: Any) -> int:
-    from sharedmem.client import sync as client
     config = load_config(args.config)
+    if args.notes_only:
+        from sharedmem.client.note import deliver_queued
+        report = deliver_queued(config, args.wait, _waiting)
+        emit(report, args.json, _delivery_text(report))
+        if report["status"] == "failed":
+            print(f"note delivery failed: {report['error']}", file=sys.stderr)
+        return {"ok": 0, "partial": 1}.get(report["status"], 2)
+    from sharedmem.client import sync as client
     report = client.sync(config, max_version=args.max_protocol,
-                         progress=progress(sys.stderr.isatty() and not args.json))
+                         progress=progress(sys.stderr.isatty() and not args.json),
+                         lock_wait=args.wait, waiting=_waiting)
     emit(report, args.json, _sync_text(report))
     if report["status"] == "failed":
         print(f"sync failed: {report['error']}", file=sys.stderr)
     return int(report["exit_code"])
+
+
+def _delivery_text(report: dict[str, Any]) -> str:
+    notes = report["notes"]
+    lines = [f"notes delivered: {notes['delivered']}, still queued: {report['pending']}"
+             + (f" ({report['message']})" if report.get("message") else "")]
+    lines += [f"  note refused {item['filename']}: {item['message']}" for item in notes["refused"]]
+    return "\n".join(lines)
 
 
 def _sync_text(report: dict[str, Any]) -> str:

@@ -59,8 +59,10 @@ class Sync:
     """One sync run: publish, then the exchange's pull; `report` is what `sync --json` prints."""
 
     def __init__(self, config: ClientConfig, max_version: int = max(VERSIONS),
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, lock_wait: float = 0.0,
+                 waiting: Progress | None = None) -> None:
         self.config = config
+        self.lock_wait, self.waiting = lock_wait, waiting  # see lock.sync_lock
         self.max_version = max_version
         self.progress = progress or (lambda _msg: None)
         self.exchange = Exchange(config, self.progress)
@@ -76,7 +78,8 @@ class Sync:
         """Publish, deliver, pull; any failure leaves the cache and the outbox as they were."""
         started = time.monotonic()
         try:
-            with sync_lock(self.config.state), Connection(self.config, self.max_version) as conn:
+            with sync_lock(self.config.state, self.lock_wait, self.waiting), \
+                    Connection(self.config, self.max_version) as conn:
                 ahead = Ahead(conn)
                 with conn.handshake():
                     self._prepare(ahead)
@@ -314,13 +317,14 @@ def _write_json(path: Path, value: object) -> None:
 
 
 def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
-         progress: Progress | None = None) -> dict[str, Any]:
+         progress: Progress | None = None, lock_wait: float = 0.0,
+         waiting: Progress | None = None) -> dict[str, Any]:
     """One whole sync; see Sync.run.
 
     The run is kept alive afterwards: freeing ten thousand snapshot entries one by one costs a
     sync that ends the process anyway (`shared_memory.py sync`) several milliseconds.
     """
-    runner = Sync(config, max_version, progress)
+    runner = Sync(config, max_version, progress, lock_wait, waiting)
     _FINISHED[:] = [runner]  # only the last: a process that syncs again frees the one before
     return runner.run()
 

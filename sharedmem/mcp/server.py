@@ -256,15 +256,16 @@ class Server:
 
     @staticmethod
     def _submit(config: Any) -> Any:
+        """Queue the note and deliver it in the background, so no tool waits on the server."""
         from functools import partial
 
         from sharedmem.core import NoteError
         try:
-            from sharedmem.client.note import submit_note
+            from sharedmem.client.note import queue_note
         except ImportError:
             raise NoteError("note delivery is not available in this installation: update it "
                             "with install_client.py") from None
-        return partial(submit_note, config)
+        return partial(queue_note, config)
 
 
 def _dumps(obj: Any) -> str:

@@ -267,7 +267,11 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
 
 
 def add_ad_hoc_note(filename: str, note: str, submit: Submit) -> dict[str, Any]:
-    """Check and redact a note, then hand it to `submit` (deliver now or queue in the outbox)."""
+    """Check and redact a note, then hand it to `submit`, which queues it in the outbox.
+
+    MCP's submit starts the delivery in the background and answers at once; the CLI's `note`
+    delivers before it answers.
+    """
     from sharedmem.redact.redactor import redact_note
     text, counts = redact_note(filename, note)
     outcome = dict(submit(filename, text))
@@ -362,6 +366,7 @@ def format_text(tool: str, result: dict[str, Any]) -> str:
     else:
         rows = [f"note {result.get('filename')}: {result.get('status', 'done')}"
                 + (f" at {result['path']}" if result.get("path") else "")]
+        rows.extend([result["message"]] if result.get("message") else [])
         rows.extend(f"redacted {n} {kind}" for kind, n in result.get("redactions", {}).items())
     if result.get("next_cursor"):
         rows.append(f"(more: --cursor {result['next_cursor']})")
@@ -458,8 +463,10 @@ TOOLS: list[dict[str, Any]] = [
                           ("queries", "results"))},
     {"name": "add_ad_hoc_note", "title": "Add a shared memory note",
      "description": "Store a new note in the shared memory for every machine, ONLY when the user "
-     "asks to remember something. Notes are append-only and credentials are redacted. If the "
-     "server is unreachable the note is queued and delivered at the next sync.",
+     "asks to remember something. Notes are append-only and credentials are redacted. The note "
+     "is queued on this machine and delivered to the server in the background (usually within "
+     "seconds); the result gives the path where it can then be read. If the server is "
+     "unreachable it stays queued and the next sync delivers it.",
      "annotations": {"title": "Add a shared memory note", "readOnlyHint": False,
                      "destructiveHint": False, "idempotentHint": False, "openWorldHint": False},
      "inputSchema": _obj({"filename": _prop("string", "YYYY-MM-DDTHH-MM-SS-<slug>.md with a "
@@ -467,6 +474,14 @@ TOOLS: list[dict[str, Any]] = [
                                             "2026-01-31T09-30-00-release-checklist.md"),
                           "note": _prop("string", "the note's Markdown text, at most 64 KiB")},
                          ("filename", "note"), closed=True),
-     "outputSchema": _obj({"status": {"type": "string"}, "filename": {"type": "string"},
-                           "path": {"type": "string"}, "redactions": _ANY}, ("status",))},
+     "outputSchema": _obj({
+         "status": {"type": "string", "description": "'queued': waiting on this machine for "
+                    "its delivery; 'stored': the server has it"},
+         "filename": {"type": "string"}, "note_id": {"type": "string"},
+         "path": {"type": "string", "description": "where the note can be read (read, list) "
+                  "once it is delivered"},
+         "delivery": {"type": "string", "description": "'started', 'already running' (that "
+                      "delivery takes this note too) or 'not started' (the next sync "
+                      "delivers it)"},
+         "message": {"type": "string"}, "redactions": _ANY}, ("status",))},
 ]
