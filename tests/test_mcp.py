@@ -414,7 +414,7 @@ def test_note_is_delivered_in_the_background(tmp_path: Path, config: Path) -> No
     while (read := srv.call("read", path=path))["isError"]:  # no sync is run by hand
         assert time.monotonic() < deadline, read
         time.sleep(0.05)
-    assert "remember the e2e path" in read["structuredContent"]["lines"][-1]
+    assert read["structuredContent"]["lines"][-3:] == ["```", "remember the e2e path", "```"]
     assert delivery_done(tmp_path / "state")
     assert list((tmp_path / "state" / "outbox").iterdir()) == []
     assert srv.close() == 0
