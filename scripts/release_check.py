@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Release check: lint, tests, lock file, secrets, private paths and hosts, version, changelog.
+"""Release check: lint, tests, lock file, real harnesses, secrets, private paths, version, changelog.
 
 Every check runs, every problem is printed (file, line and kind; never a secret's text), and the
 exit status is 1 when there was any problem, 0 otherwise. See docs/CONTRIBUTING.md.
 
   python3 scripts/release_check.py                    # before merging
-  python3 scripts/release_check.py --public-release   # before tagging: also a clean tree and
-                                                      # a CHANGELOG.md entry for the version
+  python3 scripts/release_check.py --public-release   # before tagging: also a clean tree, a
+                                                      # CHANGELOG.md entry for the version, and
+                                                      # the harnesses fresh from npm
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 import shutil
 import subprocess
@@ -77,6 +79,35 @@ def tool_check(report: Report, name: str, argv: list[str], cwd: Path) -> None:
     tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
     report.problem(f"{name}: `{' '.join(argv)}` exited {done.returncode}:\n       "
                    + "\n       ".join(tail))
+
+
+def check_interop(report: Report, root: Path, install: bool) -> None:
+    """scripts/interop_check.py: the real Codex CLI, Claude Code and OpenCode against this code.
+
+    Harnesses not found on PATH are skipped (a note, not a problem); a public release installs
+    them from npm first (--install).
+    """
+    script = root / "scripts" / "interop_check.py"
+    if not script.is_file():
+        print(f"note interop: {script} does not exist; skipped")
+        return
+    done = run([sys.executable, str(script), "--json", *(["--install"] if install else [])],
+               root)
+    try:
+        rows = json.loads(done.stdout)["rows"]
+    except (ValueError, KeyError, TypeError):
+        tail = (done.stdout + done.stderr).strip().splitlines()[-10:]
+        report.problem(f"interop: {script.name} exited {done.returncode}:\n       "
+                       + "\n       ".join(tail))
+        return
+    failed = [r for r in rows if r["status"] == "fail"]
+    for row in failed:
+        report.problem(f"interop: {row['harness']} {row['check']}: {row['detail']}")
+    skipped = sorted({r["harness"] for r in rows if r["status"] == "skip"})
+    if not failed:
+        report.ok(f"interop: {sum(r['status'] == 'ok' for r in rows)} checks passed"
+                  + (f" ({', '.join(skipped)} not found: skipped; --public-release installs "
+                     "them from npm)" if skipped else ""))
 
 
 def repo_files(root: Path) -> list[str]:
@@ -238,8 +269,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-tests", action="store_true", help="do not run the test suite")
     p.add_argument("--skip-tools", action="store_true",
                    help="run none of ruff, pytest and `uv lock --check` (content checks only)")
+    p.add_argument("--skip-interop", action="store_true",
+                   help="do not run scripts/interop_check.py (the real harnesses)")
     p.add_argument("--public-release", action="store_true",
-                   help="also require a clean git tree and a CHANGELOG.md entry for the version")
+                   help="also require a clean git tree and a CHANGELOG.md entry for the version, "
+                        "and check the harnesses installed fresh from npm")
     return p
 
 
@@ -254,6 +288,8 @@ def main(argv: Sequence[str]) -> int:
         tool_check(report, "lock", ["uv", "lock", "--check", "--offline"], root)
         if not args.skip_tests:
             tool_check(report, "tests", [*tools, "pytest", "-q"], root)
+        if not args.skip_interop:
+            check_interop(report, root, install=args.public_release)
     files = repo_files(root)
     check_secrets(report, root, files)
     check_private(report, root)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from sharedmem.client import config as config_mod
 from sharedmem.core import ConfigError, InstallError
 from sharedmem.install import client_install as ci
+from sharedmem.install import harnesses
 from sharedmem.install.console import Console
 from sharedmem.rules import Limits
 
@@ -117,3 +119,81 @@ def test_body_refuses_bad_arguments_before_writing(tmp_path: Path) -> None:
         assert needle in text, needle
     assert "4 problem(s)" in text
     assert list(home.iterdir()) == [] and out.getvalue() == ""
+
+
+# --- what a run says: true numbers, and nothing repeated when nothing changed -------------------
+
+def install(home: Path, *argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = ci.client_main(["--local", "--schedule", "none", *argv], {"HOME": str(home)},
+                          out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_each_run_says_what_its_sync_did(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    notes = home / "notes"
+    notes.mkdir(parents=True)
+    for name in ("a.md", "b.md", "c.md"):
+        (notes / name).write_text(f"{name}\n")
+    store = str(tmp_path / "store.sqlite3")
+    laptop = ["--machine", "laptop", "--store", store, "--markdown", f"notes={notes}",
+              "--harness", "codex"]
+    code, out, err = install(home, *laptop)
+    assert code == 0, err
+    assert "running the first sync with the local store" in err
+    assert "sending 0 changed files" not in err
+    assert "  first sync: ok (3 files published, 0 pulled; 3 files in the cache)" in out
+
+    code, out, err = install(home, *laptop)
+    assert code == 0, err
+    assert "first sync" not in out + err and "syncing with the local store" in err
+    assert "  sync: ok (nothing changed; 3 files in the cache)" in out
+    assert "  codex: already registered, unchanged (" in out
+
+    (notes / "a.md").write_text("changed\n")
+    (notes / "d.md").write_text("new\n")
+    desk = tmp_path / "desk"
+    desk.mkdir()
+    (desk / "x.md").write_text("from the desk\n")
+    code, _, err = install(tmp_path / "desk-home", "--machine", "desk", "--store", store,
+                           "--prefix", str(tmp_path / "desk-prefix"), "--markdown",
+                           f"d={desk}", "--harness", "codex")
+    assert code == 0, err
+    code, out, err = install(home, *laptop)
+    assert code == 0, err
+    assert "  sync: ok (2 files published, 1 pulled; 5 files in the cache)" in out
+
+
+def test_the_cursor_block_is_shown_when_new_or_asked(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".cursor").mkdir(parents=True)
+    base = ["--machine", "pc", "--harness", "cursor"]
+    intro = "Cursor has no global instructions file: paste this block"
+    code, out, _ = install(home, *base, "--dry-run")
+    assert code == 0 and intro in out
+    code, out, _ = install(home, *base)
+    assert code == 0 and intro in out and "<!-- BEGIN codex-shared-memory" in out
+    code, out, _ = install(home, *base)
+    assert code == 0 and intro not in out and "BEGIN codex-shared-memory" not in out
+    assert "is the one shown before (--cursor-rules prints it again)" in out
+    code, out, _ = install(home, *base, "--cursor-rules")
+    assert code == 0 and intro in out
+    code, out, _ = install(home, *base, "--json")
+    summary = json.loads(out)
+    assert summary["cursor_block"].startswith("<!-- BEGIN") and not summary["cursor_block_shown"]
+
+
+def test_python_names_the_interpreter_to_register(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True)
+    code, _, err = install(home, "--machine", "pc", "--python", str(tmp_path / "gone"))
+    assert code == 2 and f"--python {tmp_path / 'gone'}: no Python runs there" in err
+    assert not (home / ".local").exists()
+    python = tmp_path / "bin" / "python3"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    code, out, err = install(home, "--machine", "pc", "--python", str(python))
+    assert code == 0, err
+    assert f"  python: {python} (what the harnesses and the schedule run)" in out
+    assert harnesses.registered_command("codex", {"HOME": str(home)})[0] == str(python)

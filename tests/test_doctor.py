@@ -228,3 +228,22 @@ def test_rewritten_note_history_fails_server_and_store(tmp_path: Path, home: Pat
     assert report.failed() == ["server"]
     assert "note chain broken" in by_name(report)["server"].message
     assert doctor_store(store).failed() == ["store"]
+
+
+@pytest.mark.parametrize(("program", "gone"), [
+    ("{tmp}/venv/bin/python3", "no longer exists"),
+    ("{tmp}/.pyenv/versions/3.12.1/bin/python3.12", "no longer exists"),
+    ("python3.99-not-installed", "is not on PATH"),
+])
+def test_a_registered_interpreter_that_is_gone_names_the_fix(tmp_path: Path, home: Path,
+                                                            program: str, gone: str) -> None:
+    cfg, env = make_client(tmp_path, home)
+    program = program.format(tmp=tmp_path)
+    harnesses.register("codex", [program, str(LAUNCHER), "mcp", "--config", str(cfg)], env)
+    report = doctor(cfg, env)
+    assert report.failed() == ["mcp codex"]
+    check = by_name(report)["mcp codex"]
+    assert check.message == (f"interpreter {program} registered for codex {gone}: re-run "
+                             "install_client.py")
+    assert "--python PATH" in check.fix
+    assert by_name(report)["mcp claude-code"].status == OK

@@ -297,25 +297,27 @@ def test_opencode_servers_shape_and_xdg(tmp_path: Path, env: dict[str, str]) -> 
 
 
 def test_opencode_jsonc(home: Path, env: dict[str, str]) -> None:
+    """OpenCode reads JSONC: its comments and trailing commas stay, and our entry goes in."""
     path = home / ".config" / "opencode" / "opencode.jsonc"
     path.parent.mkdir(parents=True)
     commented = '{\n  // my servers\n  "mcp": {},\n}\n'
     path.write_text(commented)
     change = h.register("opencode", CMD, env)
-    assert change.action == "manual" and change.path == path
-    assert '"shared_memories"' in change.message and '"local"' in change.message
+    assert change.action == "added" and change.path == path
+    assert path.read_text().startswith('{\n  // my servers\n  "mcp": {\n    "shared_memories": {')
+    assert path.read_text().endswith("\n  },\n}\n")
+    assert h.registered_command("opencode", env) == CMD
+    assert not (path.parent / "opencode.json").exists()
+    assert h.unregister("opencode", env).action == "removed"
     assert path.read_text() == commented
-    assert h.unregister("opencode", env).action == "manual"
     assert h.registered_command("opencode", env) is None
     added_by_hand = commented.replace('"mcp": {}', '"mcp": {/* ours */ "shared_memories": {\n'
                                       '"type": "local", // "http://x"\n"command": '
                                       + json.dumps(CMD) + ",},}")
     path.write_text(added_by_hand)
     assert h.registered_command("opencode", env) == CMD  # read back despite the comments
-    path.write_text('{"mcp": {}}')  # a .jsonc without comments is edited normally
-    assert h.register("opencode", CMD, env).action == "added"
-    assert not (path.parent / "opencode.json").exists()
-    assert h.registered_command("opencode", env) == CMD
+    assert h.unregister("opencode", env).action == "removed"
+    assert path.read_text() == '{\n  // my servers\n  "mcp": {/* ours */},\n}\n'
 
 
 def test_detect(tmp_path: Path, home: Path, env: dict[str, str]) -> None:
@@ -463,3 +465,126 @@ def test_codex_quoted_header_and_trick_string(home: Path, env: dict[str, str]) -
     with pytest.raises(InstallError, match="nothing was written"):
         h.register("codex", CMD, env)
     assert path.read_text() == tricky
+
+
+# --- JSON files keep every byte but ours -----------------------------------------------------------
+
+def one_insertion(before: str, after: str) -> str:
+    """The text `after` adds to `before` at one place (fails if anything else changed)."""
+    assert len(after) > len(before)
+    head = 0
+    while head < len(before) and before[head] == after[head]:
+        head += 1
+    inserted = after[head:head + len(after) - len(before)]
+    assert after[:head] + after[head + len(inserted):] == before, "more than one place changed"
+    return inserted
+
+
+JSON_SHAPES = {
+    "one-line arrays": '{\n  "numStartups": 7,\n  "tips": ["a", "b"],\n  "@": {\n    "alpha": '
+                       '{"command": "a", "args": ["x", "y"]}\n  },\n  "projects": {"/s": '
+                       '{"allowedTools": [], "n": [1, 2, 3]}}\n}\n',
+    "tabs": '{\n\t"@": {\n\t\t"alpha": {\n\t\t\t"command": "a"\n\t\t}\n\t},\n\t"x": [1,2]\n}\n',
+    "crlf": '{\r\n  "theme": "dark",\r\n  "@": {\r\n    "alpha": {}\r\n  }\r\n}\r\n',
+    "no trailing newline": '{\n    "@": {\n        "a": {"command": "b"}\n    }\n}',
+    "unicode escapes": '{\n  "n\\u00e4me": "caf\\u00e9",\n  "@": {\n    "\\u00fc": {}\n  }\n}\n',
+    "raw unicode": '{\n  "name": "café ☕",\n  "@": {"ünï": {"command": "x"}}\n}\n',
+    "compact": '{"a":1,"@":{"b":{"command":"x","args":[]}},"c":[1,2]}',
+    "empty container": '{\n  "numStartups": 1,\n  "@": {},\n  "z": [null, 1]\n}\n',
+    "no container": '{\n  "numStartups": 1,\n  "projects": {\n    "/x": {}\n  }\n}\n',
+    "no container, one line": '{"numStartups": 1, "theme": "dark"}',
+    "empty object": "{}\n",
+    "nested": '{\n  "@": {\n    "a": {\n      "command": "x",\n      "env": {"K": {"d": [{}]}}\n'
+              '    }\n  },\n  "projects": {"/x": {"mcpServers": {"q": 1}}}\n}\n',
+    "byte order mark": '\ufeff{\n  "@": {\n    "a": {}\n  }\n}\n',
+}
+
+
+def shaped(harness: str, shape: str) -> str:
+    return JSON_SHAPES[shape].replace('"@"', '"mcp"' if harness == "opencode" else '"mcpServers"')
+
+
+@pytest.mark.parametrize("shape", sorted(JSON_SHAPES))
+@pytest.mark.parametrize("harness", sorted(JSON_CASES))
+def test_json_files_keep_every_byte_but_ours(home: Path, env: dict[str, str], harness: str,
+                                            shape: str) -> None:
+    rel, keys, entry = JSON_CASES[harness]
+    path = home / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    original = shaped(harness, shape).encode("utf-8")
+    path.write_bytes(original)
+    assert h.register(harness, CMD, env).action == "added"
+    ours = one_insertion(original.decode(), path.read_bytes().decode())
+    assert h.backup_path(path).read_bytes() == original
+    assert h.registered_command(harness, env) == CMD
+    text = original.decode()
+    if "\r\n" in text:
+        assert "\n" not in ours.replace("\r\n", "")
+    if "\t" in text:
+        assert "\n  " not in ours and "\n\t\t" in ours
+    if "\n" not in text.strip() and text.strip() != "{}":
+        assert "\n" not in ours
+    moved = [*CMD[:1], "/elsewhere/shared_memory.py", *CMD[2:]]
+    assert h.register(harness, moved, env).action == "updated"
+    assert h.registered_command(harness, env) == moved
+    assert h.unregister(harness, env).action == "removed"
+    assert path.read_bytes() == original  # every byte back, even the objects we added
+
+
+def test_json_a_blank_file_gets_its_bytes_back(home: Path, env: dict[str, str]) -> None:
+    path = home / ".cursor" / "mcp.json"
+    path.parent.mkdir()
+    path.write_bytes(b"\n")
+    assert h.register("cursor", CMD, env).action == "added"
+    assert json.loads(path.read_text()) == {"mcpServers": {"shared_memories": JSON_CASES[
+        "cursor"][2]}}
+    assert h.unregister("cursor", env).action == "removed"
+    assert path.read_bytes() == b"\n"
+
+
+def test_json_objects_the_user_had_stay_when_emptied(home: Path, env: dict[str, str]) -> None:
+    path = home / ".claude.json"
+    path.write_text('{"mcpServers": {}}')
+    h.register("claude-code", CMD, env)
+    path.write_text(path.read_text().replace('{"mcpServers"', '{"numStartups": 2, "mcpServers"'))
+    assert h.unregister("claude-code", env).action == "removed"
+    assert path.read_text() == '{"numStartups": 2, "mcpServers": {}}'
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "cursor"])
+@pytest.mark.parametrize(("text", "why"), [
+    ('{\n  // mine\n  "mcpServers": {}\n}\n', "(a comment at line 2, column 3: comments are "
+     "not allowed in this file)"),
+    ('{"mcpServers": {"a": 1,}}', "(Expecting property name enclosed in double quotes at line "
+     "1, column 24)"),
+    ('{"mcpServers": {} /* x */}', "(a comment at line 1, column 19: comments are not allowed"),
+])
+def test_json_comments_are_refused_where_the_harness_reads_plain_json(
+        home: Path, env: dict[str, str], harness: str, text: str, why: str) -> None:
+    path = home / JSON_CASES[harness][0]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    for call in (lambda: h.register(harness, CMD, env), lambda: h.unregister(harness, env),
+                 lambda: h.registered_command(harness, env)):
+        with pytest.raises(InstallError) as exc:
+            call()
+        assert f"{path} is not valid JSON {why}" in str(exc.value)
+        assert "left untouched" in str(exc.value)
+    assert path.read_text() == text and not h.backup_path(path).exists()
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ('{"mcp": {"a": 1} // x\n', "Expecting ',' delimiter at line 2, column 1"),
+    ('{"mcp": {"a": 1}} /* x', "unterminated comment at line 1, column 19"),
+    ('{"mcp": {"shared_memories": {}, "shared_memories": {}}}', "2 times"),
+    ('{"mcp": {}} trailing', "unexpected character"),
+])
+def test_opencode_file_we_cannot_edit_is_refused_and_untouched(
+        home: Path, env: dict[str, str], text: str, why: str) -> None:
+    path = home / ".config" / "opencode" / "opencode.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(InstallError, match=why) as exc:
+        h.register("opencode", CMD, env)
+    assert str(path) in str(exc.value)
+    assert path.read_text() == text and not h.backup_path(path).exists()

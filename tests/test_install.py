@@ -19,7 +19,7 @@ from conftest import REPO
 
 from sharedmem.core import InstallError
 from sharedmem.install import authorized_keys as authkeys
-from sharedmem.install import harnesses
+from sharedmem.install import harnesses, interpreter
 from sharedmem.install.client_install import client_main
 from sharedmem.server.store import Store
 
@@ -236,7 +236,9 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
     cache = prefix / "cache" / "machines" / "laptop" / "codex"
     assert (cache / "MEMORY.md").read_text() == "# Memory\n- deploy with make\n"
     assert (cache / "rollout_summaries" / "r1.md").is_file()
-    assert "first sync: ok" in first.stdout
+    assert "first sync: ok (2 files published, 0 pulled; 2 files in the cache)" in first.stdout
+    assert "running the first sync with ssh" in first.stderr
+    assert "sending 0 changed files" not in first.stderr
     with Store.open(server_home / PREFIX / "store.sqlite3", create=False) as store:
         assert "machines/laptop/codex/MEMORY.md" in store.manifest()
     cfg = json.loads((prefix / "client.json").read_text())
@@ -244,7 +246,7 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
     assert mode(prefix / "client.json") == 0o600
     assert list((prefix / "sharedmem" / "client" / "__pycache__").glob("sync.cpython-*.pyc"))
 
-    mcp = [sys.executable, str(prefix / "shared_memory.py"), "mcp", "--config",
+    mcp = [interpreter.choose().path, str(prefix / "shared_memory.py"), "mcp", "--config",
            str(prefix / "client.json")]
     env = {"HOME": str(home)}
     for name in harnesses.HARNESSES:
@@ -273,13 +275,25 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
     second = run("install_client.py", *args, home=home, cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert tree(home, skip) == installed
+    assert "first sync" not in second.stdout + second.stderr
+    assert "  sync: ok (nothing changed; 2 files in the cache)" in second.stdout
+    for name in harnesses.HARNESSES:
+        assert f"  {name}: already registered, unchanged (" in second.stdout, name
+    assert "Cursor has no global instructions file" not in second.stdout
+    assert "--cursor-rules prints it again" in second.stdout
+    (home / ".codex" / "memories" / "MEMORY.md").write_text("# Memory\n- deploy with tox\n")
+    third = run("install_client.py", *args, "--cursor-rules", home=home, cwd=tmp_path)
+    assert third.returncode == 0, third.stderr
+    assert "  sync: ok (1 file published, 0 pulled; 2 files in the cache)" in third.stdout
+    assert "Cursor has no global instructions file" in third.stdout
 
     gone = run("install_client.py", "--uninstall", home=home, cwd=tmp_path)
     assert gone.returncode == 0, gone.stderr
     assert (home / ".codex" / "config.toml").read_text() == TOML
     assert (home / ".codex" / "AGENTS.md").read_text() == AGENTS
-    assert json.loads((home / ".claude.json").read_text()) == {**CLAUDE, "mcpServers": {}}
-    assert json.loads((home / ".cursor" / "mcp.json").read_text()) == CURSOR
+    for rel, data in ((".claude.json", CLAUDE), (".cursor/mcp.json", CURSOR),
+                      (".config/opencode/opencode.json", OPENCODE)):
+        assert (home / rel).read_bytes() == json.dumps(data).encode(), rel  # every byte back
     assert not (home / ".claude" / "CLAUDE.md").exists()
     assert (cache / "MEMORY.md").is_file()
 
@@ -384,7 +398,7 @@ def test_flat_layout_install_upgrades_in_place(tmp_path, sshd):
     assert (server_home / ".ssh" / "authorized_keys").read_bytes() == keys
     proc = run("install_client.py", *client_args, home=home, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
-    assert "first sync: ok" in proc.stdout
+    assert "  sync: ok (nothing changed; 2 files in the cache)" in proc.stdout
     for prefix in prefixes:
         sources, compiled, folders = package_tree(prefix)
         assert sources == new, (sources - new, new - sources)

@@ -175,3 +175,46 @@ def test_the_real_repository_passes() -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--skip-tests"], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok   interop: " in done.stdout  # the real harness check ran (or skipped each one)
+
+
+def test_interop_check_help() -> None:
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "interop_check.py"), "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for option in ("--install", "--npm-prefix", "--json", "--keep"):
+        assert option in done.stdout, option
+    assert "npm install --prefix" in done.stdout
+
+
+STAND_IN = '''import json
+import sys
+from pathlib import Path
+
+status = Path(sys.argv[0] + ".status").read_text().strip()
+print(json.dumps({"ok": status == "ok", "rows": [
+    {"harness": "codex", "check": "mcp list", "status": status, "detail": " ".join(sys.argv[1:])},
+    {"harness": "opencode", "check": "found", "status": "skip", "detail": "not on PATH"}]}))
+'''
+
+
+def test_release_check_runs_the_interop_check(tree: tuple[Path, dict[str, str]]) -> None:
+    """A stand-in interop_check.py in the checked tree: its rows become the check's result."""
+    root, env = tree
+    script = root / "scripts" / "interop_check.py"
+    script.parent.mkdir()
+    script.write_text(STAND_IN)
+    (root / "scripts" / "interop_check.py.status").write_text("ok")
+    done = check_with_tools(root, env)
+    assert "ok   interop: 1 checks passed (opencode not found: skipped" in done.stdout
+    (root / "scripts" / "interop_check.py.status").write_text("fail")
+    done = check_with_tools(root, env, "--public-release")
+    assert done.returncode == 1
+    assert "FAIL interop: codex mcp list: --json --install" in done.stdout
+    done = check_with_tools(root, env, "--skip-interop")
+    assert "ok   interop" not in done.stdout and "FAIL interop" not in done.stdout
+
+
+def check_with_tools(root: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--root", str(root), "--skip-tests",
+                           *extra], env=env, capture_output=True, text=True, timeout=300)

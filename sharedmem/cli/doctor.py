@@ -261,6 +261,15 @@ def _missing_file(command: list[str], env: Mapping[str, str]) -> str | None:
 def _probe_mcp(report: Report, name: str, command: list[str], env: Mapping[str, str]) -> None:
     check = f"mcp {name}"
     missing = _missing_file(command, env)
+    if missing and missing == command[0]:
+        gone = ("no longer exists" if "/" in missing or "\\" in missing
+                else "is not on PATH")
+        report.add(check, FAIL, f"interpreter {missing} registered for {name} {gone}: re-run "
+                   "install_client.py", "re-run install_client.py: it registers a system "
+                   "Python 3.11+ where there is one (a version manager or an upgrade may have "
+                   "removed this one), or the one named with --python PATH", command=command,
+                   missing=missing)
+        return
     if missing:
         report.add(check, FAIL, f"the registered command runs {missing}, which does not exist",
                    f"re-run install_client.py --harness {name} to register the installed "

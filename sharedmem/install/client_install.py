@@ -22,7 +22,7 @@ from sharedmem.client import config as config_mod
 from sharedmem.client.config import ClientConfig, SourceConfig, Transport
 from sharedmem.core import InstallError, SharedMemoryError
 from sharedmem.files import atomic_write
-from sharedmem.install import guidance, harnesses, scheduler
+from sharedmem.install import guidance, harnesses, interpreter, scheduler
 from sharedmem.install.console import Console, Parser, fail_if, run_main
 from sharedmem.install.prefix import (
     DEFAULT_PREFIX,
@@ -46,6 +46,7 @@ from sharedmem.rules import (
 from sharedmem.sources import kinds as sources
 
 DRYRUN_ENV = "SHAREDMEM_SCHEDULER_DRYRUN"
+CURSOR_SHOWN = "cursor-rules.md"  # in the state folder: the block Cursor was last shown
 SOURCES = (SOURCE_CODEX, SOURCE_CLAUDE)
 
 
@@ -82,6 +83,11 @@ def parser() -> Parser:
     p.add_argument("--harness", action="append", default=[],
                    metavar="codex|claude-code|opencode|cursor",
                    help="register with this harness (repeatable; default: each one detected)")
+    p.add_argument("--python", metavar="PATH",
+                   help="the Python 3.11+ the harnesses and the schedule run (default: a "
+                        "system one of this version, else this one)")
+    p.add_argument("--cursor-rules", action="store_true",
+                   help="print the Cursor rules block even when it has not changed")
     p.add_argument("--schedule", default="auto", metavar="auto|none",
                    help="auto: sync every two minutes (systemd, cron, launchd or schtasks); "
                         f"none: do not. Testing aid: {DRYRUN_ENV}=1 only shows the schedule")
@@ -107,6 +113,11 @@ def _validate(args: Any, env: Mapping[str, str]) -> list[str]:
         problems.append("--purge only goes with --uninstall")
     if args.uninstall:
         return problems
+    if args.python:
+        try:
+            interpreter.given(args.python)
+        except SharedMemoryError as exc:
+            problems.append(str(exc))
     if args.machine is None:
         problems.append("--machine NAME is required: name this machine, e.g. --machine laptop")
     elif problem := name_problem(args.machine, "--machine"):
@@ -223,14 +234,15 @@ def _pretend(argv: list[str], stdin: str | None = None) -> subprocess.CompletedP
 
 
 def _schedule(install: bool, prefix: Path, env: Mapping[str, str], console: Console, run: Any,
-              platform: str | None, dry_run: bool) -> dict[str, Any] | None:
+              platform: str | None, dry_run: bool,
+              python: str = sys.executable) -> dict[str, Any] | None:
     """Install or remove the two-minute job; a failure is a warning, not the end of the install."""
     pretend = env.get(DRYRUN_ENV) == "1"
     runner = _pretend if pretend else (run or scheduler.default_run)
     dry = dry_run or pretend
     try:
         if install:
-            command = [sys.executable, str(prefix / LAUNCHER_NAME), "sync", "--config",
+            command = [python, str(prefix / LAUNCHER_NAME), "sync", "--config",
                        str(prefix / "client.json")]
             plan = scheduler.install(command, prefix / "sync.log", env, platform=platform,
                                      run=runner, dry_run=dry)
@@ -259,6 +271,12 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
                                "sources": [{"name": s.name, "kind": s.kind, "path": str(s.path)}
                                            for s in cfg.sources]}
     diffs: list[str] = []
+    python = interpreter.given(args.python) if args.python else interpreter.choose()
+    if python.volatile:
+        console.warn(python.note, counts=False)
+    elif python.note:
+        console.progress(python.note)
+    summary["python"] = python.path
     if not dry or cfg.transport.kind == "ssh":
         summary["server"] = check_connection(cfg, console).get("server")
     summary["files"] = install_code(prefix, console, dry_run=dry)
@@ -272,14 +290,8 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
             atomic_write(cfg.path, text.encode("utf-8"), mode=0o600)
         for folder in (cfg.cache, cfg.state):
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        from sharedmem.client import sync as client
-        console.progress("running the first sync")
-        report = client.sync(config_mod.load(cfg.path, env), progress=console.progress)
-        summary["sync"] = report
-        if report["status"] != "ok":
-            console.warn(f"the first sync was {report['status']}: "
-                         f"{report.get('error') or 'some files were skipped (see the report)'}")
-    mcp = [sys.executable, str(prefix / LAUNCHER_NAME), "mcp", "--config", str(cfg.path)]
+        summary["sync"] = _sync(cfg, env, console)
+    mcp = [python.path, str(prefix / LAUNCHER_NAME), "mcp", "--config", str(cfg.path)]
     names = list(dict.fromkeys(args.harness)) or harnesses.detect(env)
     summary["harnesses"], summary["guidance"], summary["cursor_block"] = [], [], None
     for name in names:
@@ -292,11 +304,71 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
                 summary["cursor_block"] = change.after
             elif dry and change.before != change.after:
                 diffs.append(_diff(change.path, change.before, change.after))
+    summary["cursor_block_shown"] = _show_cursor_block(summary, cfg.state, args.cursor_rules, dry)
     if args.schedule == "auto":
-        summary["schedule"] = _schedule(True, prefix, env, console, run, platform, dry)
+        summary["schedule"] = _schedule(True, prefix, env, console, run, platform, dry,
+                                        python.path)
     summary["diffs"] = [d for d in diffs if d]
     _report(summary, args.json, console)
     return 1 if console.warnings else 0
+
+
+def _cache_files(cache: Path) -> dict[str, str]:
+    """Each cached path and its sha256, from the cache's manifest ({} without a cache)."""
+    from sharedmem.cache.cache import Cache
+    try:
+        return {path: meta.sha256 for path, meta in Cache(cache).load().files.items()}
+    except (SharedMemoryError, OSError, ValueError):
+        return {}
+
+
+def _sync(cfg: ClientConfig, env: Mapping[str, str], console: Console) -> dict[str, Any]:
+    """Run a sync and count what it truly moved: own files published, others pulled."""
+    from sharedmem.client import sync as client
+    first = not (cfg.state / "last-sync.json").exists()
+    where = f"ssh {cfg.transport.host}" if cfg.transport.kind == "ssh" else "the local store"
+    console.progress(("running the first sync with " if first else "syncing with ") + where)
+    before = _cache_files(cfg.cache)
+    report = client.sync(config_mod.load(cfg.path, env))
+    after = _cache_files(cfg.cache)
+    published_sources = {s["source"] for s in report.get("sources", [])
+                         if s.get("status") == "published"}
+    own = f"machines/{cfg.machine}/"
+    published = pulled = 0
+    for path, sha in after.items():
+        if before.get(path) == sha:
+            continue
+        source = path[len(own):].split("/", 1)[0] if path.startswith(own) else None
+        if source in published_sources:
+            published += 1
+        else:
+            pulled += 1
+    report["first"] = first
+    report["counts"] = {"published": published, "pulled": pulled,
+                        "removed": len(before.keys() - after.keys()), "cached": len(after)}
+    if report["status"] != "ok":
+        console.warn(f"the {'first ' if first else ''}sync was {report['status']}: "
+                     f"{report.get('error') or 'some files were skipped (see the report)'}")
+    return report
+
+
+def _show_cursor_block(summary: dict[str, Any], state: Path, asked: bool, dry: bool) -> bool:
+    """Whether to print Cursor's rules block: when asked, or when it differs from the last one.
+
+    Cursor has no instructions file to write, so the block shown last is kept in the state
+    folder; a re-run that would show the very same block again says so in one line instead.
+    """
+    block = summary.get("cursor_block")
+    if block is None:
+        return False
+    record = state / CURSOR_SHOWN
+    try:
+        shown = record.read_text(encoding="utf-8")
+    except OSError:
+        shown = None
+    if shown != block and not dry:
+        atomic_write(record, block.encode("utf-8"), mode=0o600)
+    return asked or shown != block
 
 
 def _uninstall(args: Any, env: Mapping[str, str], prefix: Path, console: Console, run: Any,
@@ -360,14 +432,10 @@ def _report(summary: dict[str, Any], as_json: bool, console: Console) -> None:
         if not summary["sources"]:
             lines.append("  no sources: this machine only reads the shared memory")
         lines.append(f"  code: {len(summary['files'])} file(s) changed")
+        lines.append(f"  python: {summary['python']} (what the harnesses and the schedule run)")
     if "sync" in summary:
-        sync = summary["sync"]
-        pulled = sync.get("pull", {}).get("files", 0)
-        lines.append(f"  first sync: {sync['status']}, {pulled} file(s) in the cache"
-                     + (f" - {sync['error']}" if sync.get("error") else ""))
-    for item in summary["harnesses"] + summary["guidance"]:
-        if item["action"] != "manual":
-            lines.append(f"  {item['harness']}: {item['message']}")
+        lines.append("  " + _sync_line(summary["sync"]))
+    lines += _harness_lines(summary)
     for path in summary.get("removed", []):
         lines.append(f"  {'would remove' if dry else 'removed'} {path}")
     schedule = summary.get("schedule")
@@ -378,9 +446,12 @@ def _report(summary: dict[str, Any], as_json: bool, console: Console) -> None:
                   for c in schedule["commands"]]
     elif schedule is None and not summary.get("uninstall"):
         lines.append("  schedule: none (run `shared_memory.py sync --config ...` yourself)")
-    if summary.get("cursor_block"):
+    if summary.get("cursor_block_shown"):
         lines += ["", "Cursor has no global instructions file: paste this block into Cursor "
                   "Settings > Rules > User Rules:", "", summary["cursor_block"]]
+    elif summary.get("cursor_block"):
+        lines.append("  cursor: the rules block to paste into Cursor Settings > Rules > User "
+                     "Rules is the one shown before (--cursor-rules prints it again)")
     elif summary.get("uninstall") and any(i["harness"] == "cursor"
                                           for i in summary["guidance"]):
         lines.append("  cursor: remove the shared-memory block from Cursor Settings > Rules > "
@@ -388,6 +459,48 @@ def _report(summary: dict[str, Any], as_json: bool, console: Console) -> None:
     if summary.get("diffs"):
         lines += ["", "What would change:", *summary["diffs"]]
     console.say("\n".join(lines))
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _sync_line(sync: dict[str, Any]) -> str:
+    """What the install's sync did, in true numbers."""
+    label = "first sync" if sync.get("first") else "sync"
+    if sync["status"] == "failed":
+        return f"{label}: failed - {sync.get('error')}"
+    counts = sync.get("counts", {})
+    moved = [f"{_plural(counts.get('published', 0), 'file')} published",
+             f"{counts.get('pulled', 0)} pulled"]
+    if counts.get("removed"):
+        moved.append(f"{counts['removed']} removed")
+    if not any(counts.get(k) for k in ("published", "pulled", "removed")):
+        moved = ["nothing changed"]
+    problems = sum(len(s.get("problems", [])) for s in sync.get("sources", []))
+    tail = f"; {_plural(problems, 'file')} skipped, see --json" if problems else ""
+    return (f"{label}: {sync['status']} ({', '.join(moved)}; "
+            f"{_plural(counts.get('cached', 0), 'file')} in the cache{tail})")
+
+
+def _harness_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per harness when nothing changed for it, else one per file that changed."""
+    if summary.get("uninstall"):
+        return [f"  {i['harness']}: {i['message']}" for i in summary["harnesses"]
+                + summary["guidance"] if i["action"] != "manual"]
+    lines = []
+    guides = {i["harness"]: i for i in summary["guidance"]}
+    for item in summary["harnesses"]:
+        guide = guides.get(item["harness"])
+        if item["action"] == "unchanged" and (guide is None or guide["action"] in (
+                "unchanged", "skipped", "manual")):
+            where = (f"{item['path']}, guidance in {guide['path']}" if guide and
+                     guide["action"] != "manual" else item["path"])
+            lines.append(f"  {item['harness']}: already registered, unchanged ({where})")
+            continue
+        lines += [f"  {i['harness']}: {i['message']}" for i in (item, guide)
+                  if i is not None and i["action"] != "manual"]
+    return lines
 
 
 def client_main(argv: Sequence[str], env: Mapping[str, str] | None = None, *,

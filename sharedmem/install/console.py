@@ -23,9 +23,12 @@ class Console:
         self.err.write(f"... {message}\n")
         self.err.flush()
 
-    def warn(self, message: str) -> None:
-        """A problem that did not stop the install; it makes the exit status 1."""
-        self.warnings += 1
+    def warn(self, message: str, *, counts: bool = True) -> None:
+        """A problem that did not stop the install; it makes the exit status 1 if it `counts`.
+
+        A risk for later, not a fault now (an interpreter that may be removed), does not.
+        """
+        self.warnings += counts
         self.err.write(f"warning: {message}\n")
         self.err.flush()
 

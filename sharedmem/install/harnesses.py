@@ -1,8 +1,9 @@
 """Register the `shared_memories` MCP server with each coding-agent harness (guidance: see `guidance`).
 
 Every edit is a merge: only our entry (or our guidance block) changes; every other byte of a
-TOML file (edited by `codex_toml`), and every other key (in its order) of a JSON file, stays as
-it was. Before the first change to an existing file, a copy of it is kept beside it as
+TOML file (edited by `codex_toml`) or a JSON file (edited by `json_edit`, comments included
+where OpenCode allows them) stays as it was, and removing our entry gives back the bytes it
+was added to. Before the first change to an existing file, a copy of it is kept beside it as
 `<file>.bak-shared-memory`; that copy is never overwritten, so it always holds the file as it
 was before this project first touched it. Re-running with the same inputs writes nothing, and
 `dry_run` only reports.
@@ -11,7 +12,6 @@ was before this project first touched it. Re-running with the same inputs writes
 from __future__ import annotations
 
 import json
-import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sharedmem.core import InstallError
 from sharedmem.files import atomic_write
-from sharedmem.install import codex_toml
+from sharedmem.install import codex_toml, json_edit
 
 HARNESSES = ("codex", "claude-code", "opencode", "cursor")
 SERVER_NAME = "shared_memories"
@@ -163,16 +163,13 @@ def codex_table(command: list[str], newline: str = "\n") -> str:
 
 # --- JSON harnesses -------------------------------------------------------------------------------
 
-def _json_load(path: Path, text: str) -> dict:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InstallError(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
-                           f"{exc.msg}); fix it or move it aside, then re-run -- it was left "
-                           "untouched") from exc
-    if not isinstance(data, dict):
-        raise InstallError(f"{path} does not hold a JSON object; fix it or move it aside")
-    return data
+def jsonc(harness: str) -> bool:
+    """Whether `harness` reads its file as JSONC: OpenCode does (comments, trailing commas)."""
+    return harness == "opencode"
+
+
+def _document(harness: str, path: Path, text: str) -> json_edit.Document:
+    return json_edit.Document(path, text, jsonc=jsonc(harness))
 
 
 def _json_keys(harness: str, data: dict) -> tuple[str, ...]:
@@ -193,21 +190,10 @@ def _json_entry(harness: str, command: list[str]) -> dict[str, object]:
     return {"command": command[0], "args": list(command[1:])}
 
 
-def _container(path: Path, data: dict, keys: tuple[str, ...], create: bool) -> dict | None:
-    node = data
-    for depth, key in enumerate(keys, 1):
-        if key not in node:
-            if not create:
-                return None
-            node[key] = {}
-        if not isinstance(node[key], dict):
-            raise InstallError(f"{path}: {'.'.join(keys[:depth])} is not a JSON object; fix it "
-                               "by hand, then re-run")
-        node = node[key]
-    return node
-
-
-def _dump(data: dict) -> str:
+def _new_json(harness: str, command: list[str]) -> str:
+    """A whole new file holding our entry, for a harness whose file is absent or blank."""
+    data: dict[str, object] = {"$schema": OPENCODE_SCHEMA} if harness == "opencode" else {}
+    data[_json_keys(harness, data)[0]] = {SERVER_NAME: _json_entry(harness, command)}
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -217,14 +203,45 @@ def _skeleton_only(data: object) -> bool:
         key == "$schema" or _skeleton_only(value) for key, value in data.items())
 
 
-def _manual_jsonc(harness: str, path: Path, command: list[str] | None) -> Change:
-    if command is None:
-        text = f"remove the \"{SERVER_NAME}\" entry under \"mcp\" by hand"
-    else:
-        entry = json.dumps({SERVER_NAME: _json_entry(harness, command)}, indent=2)
-        text = f"add this entry under \"mcp\" by hand:\n{entry}"
-    return Change(harness, path, "manual", f"{path} has comments or trailing commas, so it "
-                  f"cannot be edited safely and was left alone: {text}")
+def _backup_data(harness: str, path: Path) -> dict | None:
+    """The parsed backup of `path` (the file before our first change), if it reads as JSON."""
+    try:
+        text = read_text(backup_path(path))
+        return _document(harness, path, text).data if text and text.strip() else {}
+    except InstallError:
+        return None
+
+
+def _unregister_json(harness: str, path: Path, doc: json_edit.Document) -> str | None:
+    """The file without our entry; objects the install added (absent from the backup) go too.
+
+    Taking out our member undoes its insertion byte for byte, and an `mcpServers` object we
+    added is removed again once empty, so a file nothing else changed gets its bytes back.
+    """
+    keys = _json_keys(harness, doc.data)
+    after = doc.remove((*keys, SERVER_NAME))
+    backup = _backup_data(harness, path) if backup_path(path).exists() else None
+    for depth in range(len(keys), 0, -1):
+        doc = _document(harness, path, after)
+        if backup is None or doc.get(keys[:depth]) != {} or _has(backup, keys[:depth]):
+            break
+        after = doc.remove(keys[:depth])
+    if _skeleton_only(_document(harness, path, after).data):
+        if not backup_path(path).exists():
+            return None  # we created the file, and it holds nothing else
+        blank = read_text(backup_path(path))
+        if blank is not None and not blank.strip():
+            return blank
+    return after
+
+
+def _has(data: dict, keys: tuple[str, ...]) -> bool:
+    node: object = data
+    for key in keys:
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
 
 
 # --- the public operations ---------------------------------------------------------------------------
@@ -241,42 +258,37 @@ def _entry_command(harness: str, entry: object) -> list[str] | None:
     return None
 
 
-def _load(harness: str, path: Path, text: str) -> tuple[dict, object]:
-    """The parsed file and our entry in it (None when absent)."""
+def _load(harness: str, path: Path, text: str) -> tuple[json_edit.Document | None, object]:
+    """The parsed JSON file (None for Codex, or a blank file) and our entry in it (or None).
+
+    A file we cannot read is refused with an error naming it and the place.
+    """
     if harness == "codex":
-        data = codex_toml.load(path, text)
-        return data, codex_toml.server_entry(data, SERVER_NAME)
-    data = _json_load(path, text)
-    node = _container(path, data, _json_keys(harness, data), create=False)
-    return data, (node or {}).get(SERVER_NAME)
+        return None, codex_toml.server_entry(codex_toml.load(path, text), SERVER_NAME)
+    if not text.strip():
+        return None, None
+    doc = _document(harness, path, text)
+    return doc, doc.get((*_json_keys(harness, doc.data), SERVER_NAME))
 
 
 def register(harness: str, command: list[str], env: Mapping[str, str], *,
              dry_run: bool = False) -> Change:
-    """Add or update our MCP server entry in `harness`'s config, leaving the rest as it was."""
+    """Add or update our MCP server entry in `harness`'s config, leaving every other byte."""
     _check_command(command)
     path = config_path(harness, env)
     before = read_text(path)
     text = before if before is not None else ""
-    if harness == "opencode" and before is not None and path.suffix == ".jsonc":
-        try:
-            json.loads(before)
-        except json.JSONDecodeError:
-            return _manual_jsonc(harness, path, command)
-    if before is None and harness != "codex":
-        text = _dump({"$schema": OPENCODE_SCHEMA} if harness == "opencode" else {})
-    data, old = _load(harness, path, text)
+    doc, old = _load(harness, path, text)
     wanted = codex_toml.entry(command) if harness == "codex" else _json_entry(harness, command)
     if old == wanted:
-        return Change(harness, path, "unchanged", f"{SERVER_NAME} already registered in {path}",
-                      before, before)
+        return Change(harness, path, "unchanged", f"{SERVER_NAME} already registered in {path}, "
+                      "unchanged", before, before)
     if harness == "codex":
         after = codex_toml.edit(path, text, SERVER_NAME, command)
+    elif doc is None:
+        after = _new_json(harness, command)
     else:
-        node = _container(path, data, _json_keys(harness, data), create=True)
-        assert node is not None
-        node[SERVER_NAME] = wanted
-        after = _dump(data)
+        after = doc.set((*_json_keys(harness, doc.data), SERVER_NAME), wanted)
     if old is None:
         change = Change(harness, path, "added", f"{SERVER_NAME} added to {path}", before, after)
     else:
@@ -290,60 +302,28 @@ def unregister(harness: str, env: Mapping[str, str], *, dry_run: bool = False) -
     """Remove our MCP server entry; remove the file too when we created it and nothing else is left."""
     path = config_path(harness, env)
     before = read_text(path)
-    if harness == "opencode" and before is not None and path.suffix == ".jsonc":
-        try:
-            json.loads(before)
-        except json.JSONDecodeError:
-            return _manual_jsonc(harness, path, None)
     if before is None:
         return Change(harness, path, "unchanged", f"{path} does not exist: nothing to remove")
-    data, old = _load(harness, path, before)
+    doc, old = _load(harness, path, before)
     if old is None:
         return Change(harness, path, "unchanged", f"{SERVER_NAME} is not registered in {path}",
                       before, before)
+    after: str | None
     if harness == "codex":
-        after: str | None = codex_toml.edit(path, before, SERVER_NAME, None)
-        empty = not (after or "").strip()
+        after = codex_toml.edit(path, before, SERVER_NAME, None)
+        if not (after or "").strip() and not backup_path(path).exists():
+            after = None
     else:
-        node = _container(path, data, _json_keys(harness, data), create=False)
-        assert node is not None
-        del node[SERVER_NAME]
-        after, empty = _dump(data), _skeleton_only(data)
-    if empty and not backup_path(path).exists():
-        after = None
+        assert doc is not None
+        after = _unregister_json(harness, path, doc)
     change = Change(harness, path, "removed", f"{SERVER_NAME} removed from {path}"
                     + (" (the file held nothing else and was deleted)" if after is None else ""),
                     before, after)
     return finish(change, dry_run=dry_run, new_mode=CONFIG_MODE)
 
 
-def _strip_jsonc(text: str) -> str:
-    """`text` without // and /* */ comments and trailing commas, for reading only."""
-    out: list[str] = []
-    i, in_string = 0, False
-    while i < len(text):
-        ch = text[i]
-        if in_string:
-            out.append(text[i:i + 2] if ch == "\\" else ch)
-            i += 2 if ch == "\\" else 1
-            in_string = ch != '"'
-        elif text.startswith("//", i) or text.startswith("/*", i):
-            close = "\n" if text[i + 1] == "/" else "*/"
-            end = text.find(close, i + 2)
-            i = len(text) if end < 0 else end + (0 if close == "\n" else 2)
-        else:
-            out.append(ch)
-            in_string = ch == '"'
-            i += 1
-    return re.sub(r",(\s*[}\]])", r"\1", "".join(out))
-
-
 def registered_command(harness: str, env: Mapping[str, str]) -> list[str] | None:
     """The command `harness` would run for our server, read back from its file (None if absent)."""
     path = config_path(harness, env)
     text = read_text(path)
-    if text is None:
-        return None
-    if path.suffix == ".jsonc":
-        text = _strip_jsonc(text)
-    return _entry_command(harness, _load(harness, path, text)[1])
+    return None if text is None else _entry_command(harness, _load(harness, path, text)[1])
