@@ -284,3 +284,22 @@ def test_a_claim_outlives_another_process_taking_its_session_for_dead(tmp_path: 
         assert s.session is not None and s.session != first
         assert s.conn.execute("SELECT count(*) FROM claims").fetchone()[0] == 1
         assert s.finish() is not None and s.counts()["blobs"] == 0
+
+
+def test_the_v2_fixture_opens_as_is_and_collects_what_its_time_made_due(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript((Path(__file__).parent / "fixtures" / "store-v2.sql").read_text("utf-8"))
+    conn.execute("PRAGMA user_version=2")
+    conn.close()
+    with Store.open(path, before_migrate=lambda p, v: pytest.fail("no migration is due")) as s:
+        files = exported(s, "machines/")
+        assert len(files) == 6 and s.verify() == []
+        done = s.collect(now=1_780_000_000 + 3600)  # an hour on: the unused bodies go
+        assert (done.sessions, done.bodies, done.tombstones) == (0, 2, 0)
+        assert s.counts()["blobs"] == 7  # the claimed one stays: its session is elsewhere
+        done = s.collect(now=1_780_000_000 + 8 * 24 * 3600)  # unseen for a day; a week on
+        assert (done.sessions, done.bodies, done.tombstones) == (1, 1, 1)
+        assert s.counts()["blobs"] == 6 and exported(s, "machines/") == files
+        assert s.conn.execute("SELECT value FROM meta WHERE key='tombstones_compacted'"
+                              ).fetchone() == ("6",)

@@ -369,7 +369,7 @@ def doctor_store(store: Path, repair: bool = False) -> Report:
                            f"migrated ({exc})", "run a sync (it migrates after a backup)")
         finally:
             conn.close()
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, UnicodeDecodeError) as exc:  # SQLite quoting damaged bytes
         report.add("store", FAIL, f"store {store} cannot be read as SQLite ({exc})",
                    "restore the newest verified backup (docs/OPERATIONS.md)")
         return report

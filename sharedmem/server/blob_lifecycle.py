@@ -122,8 +122,9 @@ def collect(conn: sqlite3.Connection, now: int, ended: Sequence[int], *,
     done = Collected()
     if ended:
         ids = [(session,) for session in ended]
-        conn.executemany("INSERT OR IGNORE INTO unused SELECT sha256, 0 FROM claims "
-                         "WHERE session_id=?", ids)
+        conn.executemany("INSERT OR IGNORE INTO unused SELECT sha256, 0 FROM claims c WHERE "
+                         "session_id=? AND NOT EXISTS (SELECT 1 FROM files f "
+                         "WHERE f.sha256 = c.sha256)", ids)  # what a commit used is kept
         conn.executemany("DELETE FROM sessions WHERE id=?", ids)  # and its claims
         done.sessions = len(ids)
     if strays:

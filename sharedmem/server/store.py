@@ -81,7 +81,7 @@ class Store:
             raise StoreError(f"store {path} cannot be opened ({exc}): check that the path is "
                              "right and that this account may read and write it and its "
                              "folder") from None
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # SQLite quoting bad bytes
             raise StoreError(f"store {path} cannot be opened as SQLite ({exc}): restore it from "
                              "a backup (see docs/OPERATIONS.md)") from None
         store = cls(path, conn)
@@ -434,20 +434,30 @@ class Store:
         return int(count[0])
 
     def verify(self) -> list[str]:
-        """Problems found by `integrity_check`, foreign keys and the note chain (empty = sound)."""
-        problems = [r[0] for r in self.conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
-        problems += [f"foreign key broken in {r[0]} row {r[1]}"
-                     for r in self.conn.execute("PRAGMA foreign_key_check")]
-        prev = GENESIS
-        for seq, note_id, filename, machine, created, body, prev_sha, sha in self.conn.execute(
-                "SELECT seq, note_id, filename, machine, created_at, body, prev_sha256, sha256 "
-                "FROM notes ORDER BY seq"):
-            if prev_sha != prev or sha != chain_hash(prev, note_id, filename, machine, created,
-                                                     body):
-                problems.append(f"note chain broken at entry {seq} ({filename}): the history "
-                                "was rewritten; restore from a verified backup")
-                break
-            prev = sha
+        """Problems found by `integrity_check`, foreign keys and the note chain (empty = sound).
+
+        Text is decoded leniently meanwhile: in a damaged file a note (or a key that
+        integrity_check quotes) may not be UTF-8, which then breaks the chain, not the check.
+        """
+        factory = self.conn.text_factory
+        self.conn.text_factory = _lenient
+        try:
+            problems = [r[0] for r in self.conn.execute("PRAGMA integrity_check")
+                        if r[0] != "ok"]
+            problems += [f"foreign key broken in {r[0]} row {r[1]}"
+                         for r in self.conn.execute("PRAGMA foreign_key_check")]
+            prev = GENESIS
+            for seq, note_id, filename, machine, created, body, prev_sha, sha in \
+                    self.conn.execute("SELECT seq, note_id, filename, machine, created_at, body, "
+                                      "prev_sha256, sha256 FROM notes ORDER BY seq"):
+                if prev_sha != prev or sha != chain_hash(prev, note_id, filename, machine,
+                                                         created, body):
+                    problems.append(f"note chain broken at entry {seq} ({filename}): the "
+                                    "history was rewritten; restore from a verified backup")
+                    break
+                prev = sha
+        finally:
+            self.conn.text_factory = factory
         return problems
 
     def counts(self) -> dict[str, int]:
@@ -456,6 +466,11 @@ class Store:
             "SELECT (SELECT count(*) FROM namespaces), (SELECT count(*) FROM files), "
             "(SELECT count(*) FROM blobs), (SELECT count(*) FROM notes)").fetchone()
         return {"namespaces": row[0], "files": row[1], "blobs": row[2], "notes": row[3]}
+
+
+def _lenient(data: bytes) -> str:
+    """SQLite text as a string even where a damaged file holds bytes that are not UTF-8."""
+    return data.decode("utf-8", "replace")
 
 
 def _wal(conn: sqlite3.Connection) -> None:
