@@ -76,11 +76,11 @@ class Serve:
         self.send(bodies(texts))
         assert self.ask({"type": "status"})["type"] == "status"
 
-    def publish(self, source: str, files: dict[str, str], send: list[str] = ()) -> dict:
-        """A whole manifest; the bodies `need` names (of `send`, if given) go; the result."""
+    def publish(self, source: str, files: dict[str, str]) -> dict:
+        """A whole manifest, then the bodies `need` names; returns the result."""
         need = self.ask(listing(source, files))
         assert need["type"] == "need", need
-        wanted = [t for t in (send or files.values()) if sha256_text(t) in need["sha256"]]
+        wanted = [t for t in files.values() if sha256_text(t) in need["sha256"]]
         if wanted:
             self.send({**bodies(wanted), "source": source})
         return self.ask({"type": "commit", "source": source})
@@ -183,8 +183,8 @@ def test_bodies_of_a_killed_session_are_collected_and_nothing_in_use_is(
     else:
         repair(store)
     assert count(store, UNUSED_BODIES) == AHEAD  # only what the live session claims
-    assert live.publish("notes", {f"{i}.md": t for i, t in enumerate(big("live"))}, send=[])[
-        "refused"] == []
+    result = live.publish("notes", {f"{i}.md": t for i, t in enumerate(big("live"))})
+    assert result["refused"] == [] and result["accepted"] == AHEAD
     live.bye()
     with Store.open(store) as s:
         assert exported(s, "machines/laptop/") == {f"machines/laptop/notes/{p}": t

@@ -222,7 +222,7 @@ class Store:
     def finish(self) -> Collected | None:
         """At a session's end: release its claims, and collect what has come due.
 
-        Cheap when there is nothing to do, the usual case: one read of two small tables, and
+        Cheap when there is nothing to do, the usual case: a read of three small tables, and
         no write. Otherwise one commit releases this session and any that were killed (their
         process is gone), deletes the bodies nothing keeps and compacts old tombstones.
         """
