@@ -152,9 +152,3 @@ def compact(conn: sqlite3.Connection, now: int) -> int:
                  "WHERE key='tombstones_compacted'", (newest,))
     return count
 
-
-def compacted(conn: sqlite3.Connection) -> int:
-    """The newest generation whose tombstones are gone: a cache older than it is sent whole."""
-    row = conn.execute("SELECT CAST(value AS INTEGER) FROM meta "
-                       "WHERE key='tombstones_compacted'").fetchone()
-    return row[0] if row else 0
