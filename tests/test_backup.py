@@ -301,10 +301,9 @@ def test_v1_fixture_opens_intact(tmp_path: Path) -> None:
     files, notes = load_fixture(path)
     assert len(files) == 7 and len(notes) == 3
     assert ("beta", "team-notes", "ops/deploy/checklist.md", "1. backup\n2. migrate\n3. verify\n") in files
-    with Store.open(path, before_migrate=backup.migration_hook) as s:
-        assert s.schema_version() == 1 and s.verify() == []
+    with Store.open(path) as s:
+        assert s.schema_version() == schema.SCHEMA_VERSION and s.verify() == []
     assert contents(path) == (files, notes)
-    assert not (tmp_path / "backups").exists()  # nothing to migrate today: no backup taken
 
 
 def test_migration_from_the_v1_fixture_backs_up_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -319,7 +318,7 @@ def test_migration_from_the_v1_fixture_backs_up_first(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(store, "MIGRATIONS", [*store.MIGRATIONS, "CREATE TABLE t_probe(x);"])
     with Store.open(path, before_migrate=hook) as s:
-        assert s.schema_version() == 2 and s.verify() == []
+        assert s.schema_version() == schema.SCHEMA_VERSION + 1 and s.verify() == []
         assert s.conn.execute("SELECT count(*) FROM t_probe").fetchone() == (0,)
     assert calls == [(path, 1)]
     assert contents(path) == (files, notes)

@@ -247,3 +247,55 @@ def test_a_registered_interpreter_that_is_gone_names_the_fix(tmp_path: Path, hom
                              "install_client.py")
     assert "--python PATH" in check.fix
     assert by_name(report)["mcp claude-code"].status == OK
+
+
+def v1_store(path: Path) -> Path:
+    """The version-1 fixture: a store from before the lifecycle of bodies, with one orphan."""
+    conn = sqlite3.connect(path)
+    fixture = Path(__file__).resolve().parent / "fixtures" / "store-v1.sql"
+    conn.executescript(fixture.read_text(encoding="utf-8"))
+    conn.execute("PRAGMA user_version=1")
+    conn.close()
+    return path
+
+
+def test_doctor_store_names_orphan_bodies_and_repair_collects_them(tmp_path: Path) -> None:
+    store = v1_store(tmp_path / "store.sqlite3")
+    before = store.read_bytes()
+    checks = by_name(doctor_store(store))
+    assert checks["bodies"].status == WARN and checks["bodies"].details["orphans"] == 1
+    assert f"doctor --store {store} --repair" in checks["bodies"].fix
+    assert store.read_bytes() == before  # without --repair: read-only
+    report = doctor_store(store, repair=True)
+    checks = by_name(report)
+    assert report.exit_code == 0, format_text(report)
+    assert checks["repair"].status == OK and checks["repair"].details["bodies"] == 1
+    assert checks["schema"].status == OK  # migrated first, after a backup
+    assert [i.label for i in backup.catalog.list_backups(tmp_path / "backups")] == [
+        "pre-migrate-v1"]
+    assert checks["bodies"].status == OK and checks["bodies"].details["unused"] == 0
+    assert checks["store"].details["counts"]["files"] == 7
+
+
+def test_doctor_repair_never_writes_a_store_that_fails_its_checks(tmp_path: Path) -> None:
+    store = tmp_path / "store.sqlite3"
+    from sharedmem.server.store import Store
+    with Store.open(store) as s:
+        s.append_note("m1", "2026-01-02T03-04-05-decision.md", "we ship on fridays")
+        s.put_blobs([("a" * 64, 3, b"abc")])  # an orphan, after its session is taken for dead
+        s.conn.execute("UPDATE sessions SET seen_at = 0")
+    with sqlite3.connect(store) as conn:
+        conn.execute("DROP TRIGGER notes_append_only_update")
+        conn.execute("UPDATE notes SET body = 'rewritten'")
+    conn.close()
+    report = doctor_store(store, repair=True)
+    assert "repair" in report.failed() and "note chain broken" in by_name(report)["repair"].message
+    with sqlite3.connect(store) as conn:
+        assert conn.execute("SELECT count(*) FROM blobs").fetchone()[0] == 1
+    conn.close()
+
+
+def test_doctor_repair_needs_a_store(tmp_path: Path, home: Path) -> None:
+    proc = run_cli("doctor", "--config", str(tmp_path / "client.json"), "--repair")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--repair works on a server's store: pass --store PATH" in proc.stderr

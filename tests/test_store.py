@@ -499,3 +499,76 @@ def test_close_copies_the_wal_into_the_database_even_while_another_session_reads
     assert path.stat().st_size > 200_000
     assert reader.execute("SELECT count(*) FROM files").fetchone()[0] == 1
     reader.close()
+
+
+# --- bodies and tombstones over their life (blob_lifecycle.py) ---------------------------------
+
+def body(text: str) -> tuple[str, int, bytes]:
+    return sha256_text(text), len(text.encode()), text.encode()
+
+
+def unused_bodies(st: Store) -> set[str]:
+    return {r[0] for r in st.conn.execute(
+        "SELECT body FROM blobs WHERE sha256 NOT IN (SELECT sha256 FROM files)")}
+
+
+def test_forget_keeps_what_a_live_session_claims_and_deletes_the_rest_at_once(
+        tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    with Store.open(path) as live, Store.open(path) as operator:
+        ingest(operator, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "shared"}))
+        live.put_blobs([body("sent ahead"), body("shared")])  # a live session relies on these
+        assert operator.forget("m1") == 2
+        assert unused_bodies(operator) == {"sent ahead", "shared"}  # "A" went at once
+        report = ingest(live, "m2", "notes", "markdown", [
+            IncomingFile(p, sha256_text(t), len(t), 0, None, {})
+            for p, t in (("x.md", "sent ahead"), ("y.md", "shared"))])
+        assert report.refused == [] and report.accepted == 2
+        assert live.finish() is not None  # its claims released: nothing left to collect
+        assert unused_bodies(operator) == set() and operator.verify() == []
+
+
+def test_a_pull_sends_a_namespace_whole_to_a_cache_older_than_its_compacted_tombstones(
+        st: Store) -> None:
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B", "c.md": "C"}))
+    before = st.namespaces().machines[0].generation
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))  # c.md removed
+    removed = st.namespaces().machines[0].generation
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A"}))  # b.md removed
+    assert st.pull({"machines/m1/notes": before})[3] == ["machines/m1/notes/b.md",
+                                                          "machines/m1/notes/c.md"]
+    now = int(time.time())
+    st.conn.execute("UPDATE tombstone_times SET at=? WHERE generation=?",
+                    (now - 8 * 24 * 3600, removed))  # c.md's removal is past the retention
+    done = st.collect(now=now)
+    assert done is not None and done.tombstones == 1
+    _, full, upserts, removals = st.pull({"machines/m1/notes": before})
+    assert full == {"machines/m1/notes"} and removals == []  # c.md's tombstone is gone
+    assert [p for p, _, _ in upserts] == ["machines/m1/notes/a.md"]
+    _, full, _, removals = st.pull({"machines/m1/notes": removed})
+    assert full == set() and removals == ["machines/m1/notes/b.md"]  # newer ones stay
+
+
+def test_a_body_a_file_stopped_using_is_kept_for_the_grace_then_collected(st: Store) -> None:
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "old", "b.md": "moved"}))
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "new", "c.md": "moved"}))  # edit, rename
+    assert unused_bodies(st) == {"old"}
+    assert st.finish() is None  # within the grace: nothing is due, nothing written
+    done = st.collect(now=int(time.time()) + 3601)
+    assert done is not None and (done.bodies, done.bytes) == (1, 3)
+    assert unused_bodies(st) == set() and st.verify() == []
+    assert sorted(exported(st).values()) == ["moved", "new"]
+
+
+def test_migration_marks_the_orphans_a_v1_store_holds(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript((REPO / "tests" / "fixtures" / "store-v1.sql").read_text(encoding="utf-8"))
+    conn.execute("PRAGMA user_version=1")
+    conn.close()
+    with Store.open(path) as st:
+        assert st.schema_version() == SCHEMA_VERSION
+        assert unused_bodies(st) == {"# Beta\n"}  # version 1 left it when a file changed
+        assert st.finish() is not None  # due at once: the end of the next session collects it
+        assert unused_bodies(st) == set() and st.verify() == []
+        assert len(exported(st, "machines/")) == 7

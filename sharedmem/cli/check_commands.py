@@ -22,19 +22,26 @@ def build_doctor(sub: Any) -> None:
                        "the age of the cache, the MCP server started exactly as each harness "
                        "registered it, the registrations, the agent guidance and the sync "
                        "schedule. With --store, check a server's store and its backups instead "
-                       "(read-only). Exit status: 0 nothing failed (warnings allowed), 1 a check "
-                       "failed.")
+                       "(read-only unless --repair). Exit status: 0 nothing failed (warnings "
+                       "allowed), 1 a check failed.")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--config", help="path of client.json: check this client end to end")
     which.add_argument("--store", help="path of the server's SQLite store: check it and its "
                        "backups")
+    p.add_argument("--repair", action="store_true", help="with --store: first delete the bodies "
+                   "no file or running session uses (orphans of killed sessions) and tombstones "
+                   "past their retention; safe while clients sync")
     p.add_argument("--json", action="store_true", help="print every check as JSON")
     p.set_defaults(handler=run_doctor)
 
 
 def run_doctor(args: Any) -> int:
     from sharedmem.cli import doctor
-    report = (doctor.doctor_store(user_path(args.store)) if args.store
+    if args.repair and not args.store:
+        from sharedmem.core import SharedMemoryError
+        raise SharedMemoryError("--repair works on a server's store: pass --store PATH with it "
+                                "(it has nothing to repair with --config)")
+    report = (doctor.doctor_store(user_path(args.store), repair=args.repair) if args.store
               else doctor.doctor(user_path(args.config), os.environ))
     emit(report.to_json(), args.json, doctor.format_text(report))
     return report.exit_code

@@ -347,8 +347,13 @@ def _check_schedule(report: Report, env: Mapping[str, str]) -> None:
 
 # --- doctor --store ------------------------------------------------------------------------------
 
-def doctor_store(store: Path) -> Report:
-    """Check a server's store without changing it: integrity, note chain, schema and backups."""
+def doctor_store(store: Path, repair: bool = False) -> Report:
+    """Check a server's store: integrity, note chain, schema, unused bodies and backups.
+
+    Read-only, unless `repair`: then, once the store verifies, the bodies no file or live
+    session uses and the tombstones past their retention are collected first (after migrating
+    an older schema, with its backup), and the checks report the store as it is afterwards.
+    """
     from sharedmem.server.store import MIGRATIONS, Store
     store = Path(store)
     report = Report(str(store))
@@ -356,6 +361,8 @@ def doctor_store(store: Path) -> Report:
         report.add("store", FAIL, f"store {store} does not exist", "pass the right --store, or "
                    "create it with install_server.py")
         return report
+    if repair:
+        _repair(report, store)
     try:
         conn = sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)
         try:
@@ -371,14 +378,14 @@ def doctor_store(store: Path) -> Report:
                            f"migrated ({exc})", "run a sync (it migrates after a backup)")
         finally:
             conn.close()
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, UnicodeDecodeError) as exc:  # SQLite quoting damaged bytes
         report.add("store", FAIL, f"store {store} cannot be read as SQLite ({exc})",
                    "restore the newest verified backup (docs/OPERATIONS.md)")
         return report
     if problems:
         report.add("store", FAIL, "; ".join(problems), "stop syncs, then restore the newest "
                    "verified backup (docs/OPERATIONS.md)", problems=problems)
-    elif not report.checks:
+    elif counts:  # empty when the schema was too old to verify (warned above)
         listed = ", ".join(f"{v} {k}" for k, v in counts.items())
         report.add("store", OK, "integrity, foreign keys and note chain verified"
                    + (f" ({listed})" if listed else ""), counts=counts)
@@ -391,8 +398,86 @@ def doctor_store(store: Path) -> Report:
                    "the next sync migrates it after taking a verified backup")
     else:
         report.add("schema", OK, f"schema {version} (current)")
+    if not problems and version <= latest:
+        _check_bodies(report, store, version)
     _check_backups(report, store)
     return report
+
+
+def _repair(report: Report, store: Path) -> None:
+    """Collect what nothing keeps, once the store verifies: it is never written otherwise."""
+    from sharedmem.server.backup import migration_hook
+    from sharedmem.server.store import Store
+    fix = "restore the newest verified backup (docs/OPERATIONS.md), then run --repair again"
+    try:
+        with Store.open(store, create=False, before_migrate=migration_hook) as opened:
+            problems = opened.verify()
+            if problems:
+                report.add("repair", FAIL, "not repaired: " + "; ".join(problems), fix,
+                           problems=problems)
+                return
+            done = opened.collect(strays=True)
+    except SharedMemoryError as exc:
+        report.add("repair", FAIL, f"not repaired: {exc}", "fix what the message says, then "
+                   "run --repair again")
+        return
+    except sqlite3.Error as exc:
+        report.add("repair", FAIL, f"not repaired: store {store} cannot be written ({exc})",
+                   fix)
+        return
+    assert done is not None  # not `when_due`: a collection always runs
+    report.add("repair", OK, f"deleted {done.bodies} unused bod{'y' if done.bodies == 1 else 'ies'}"
+               f" ({done.bytes} bytes), released {done.sessions} ended session(s), compacted "
+               f"{done.tombstones} tombstone(s)", **done.to_json())
+
+
+def _check_bodies(report: Report, store: Path, version: int) -> None:
+    """Bodies no file uses: kept for a live session or a grace, or orphans to collect."""
+    from sharedmem.server import blob_lifecycle as life
+    conn = sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        unused = "NOT EXISTS (SELECT 1 FROM files WHERE files.sha256 = blobs.sha256)"
+        total = conn.execute(f"SELECT count(*), coalesce(sum(size), 0) FROM blobs "
+                             f"WHERE {unused}").fetchone()
+        if version < 2:  # before the lifecycle tables: every one is an orphan
+            stray, held, waiting, dead, tombstones = total, 0, 0, 0, 0
+        else:
+            now = int(time.time())
+            sessions = conn.execute("SELECT id, pid, host, seen_at FROM sessions").fetchall()
+            live = [r[0] for r in sessions if life.alive(r[1], r[2], r[3], now)]
+            dead = len(sessions) - len(live)
+            marks = ",".join("?" * len(live))
+            held = conn.execute(f"SELECT count(*) FROM blobs WHERE {unused} AND EXISTS (SELECT 1 "
+                                f"FROM claims c WHERE c.sha256 = blobs.sha256 AND c.session_id "
+                                f"IN ({marks}))", live).fetchone()[0] if live else 0
+            waiting = conn.execute(f"SELECT count(*) FROM blobs WHERE {unused} AND sha256 IN "
+                                   "(SELECT sha256 FROM unused)").fetchone()[0]
+            stray = conn.execute(f"SELECT count(*), coalesce(sum(size), 0) FROM blobs WHERE "
+                                 f"{life.UNKEPT} AND sha256 NOT IN (SELECT sha256 FROM unused)"
+                                 ).fetchone()
+            tombstones = conn.execute("SELECT count(*) FROM tombstones").fetchone()[0]
+    except sqlite3.Error as exc:
+        report.add("bodies", WARN, f"unused bodies could not be counted ({exc})",
+                   "run `doctor --store` again; if it persists, restore a verified backup")
+        return
+    finally:
+        conn.close()
+    details = {"unused": total[0], "unused_bytes": total[1], "claimed": held,
+               "waiting": waiting, "orphans": stray[0], "orphan_bytes": stray[1],
+               "killed_sessions": dead, "tombstones": tombstones}
+    kept = (f"{total[0]} bod{'y' if total[0] == 1 else 'ies'} no file uses ({total[1]} bytes)"
+            if total[0] else "every body is used by a file")
+    if stray[0]:
+        report.add("bodies", WARN, f"{kept}; {stray[0]} of them ({stray[1]} bytes) are orphans "
+                   "nothing will collect", f"run `shared_memory.py doctor --store {store} "
+                   "--repair`", **details)
+        return
+    parts = [f"{held} claimed by running sessions" if held else "",
+             f"{waiting} kept for an hour after their last file went, or released by a session "
+             "that ended" if waiting else "",
+             f"{dead} session(s) ended without cleaning up, collected by the next session or "
+             "--repair" if dead else "", f"{tombstones} tombstone(s)"]
+    report.add("bodies", OK, "; ".join([kept, *filter(None, parts)]), **details)
 
 
 def _check_backups(report: Report, store: Path) -> None:

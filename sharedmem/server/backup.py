@@ -151,7 +151,7 @@ def _check_copy(archive: Path, entry: dict | None) -> list[str]:
         with contextlib.closing(_open_ro(archive)) as conn:
             problems = [f"backup {archive}: {p}" for p in Store(archive, conn).verify()]
             details = _details(conn)
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, UnicodeDecodeError) as exc:  # SQLite quoting damaged bytes
         return [f"backup {archive} cannot be read as a store ({exc}): it is damaged; use "
                 "another backup"]
     for key in ("counts", "schema_version"):

@@ -46,6 +46,39 @@ MIGRATIONS: list[str] = [
         forgotten_at TEXT NOT NULL, reason TEXT NOT NULL);
     INSERT INTO meta VALUES ('generation', '0');
     """,
+    # 2: the lifecycle of bodies and tombstones (blob_lifecycle.py). `sessions` and `claims`:
+    # the `serve` processes that stored bodies ahead of the files that will use them, and those
+    # bodies, so another session's clean-up leaves them alone. `unused`: bodies that may no
+    # longer be used, since when (a file stopped using them, through the trigger, which
+    # Store.open's recursive_triggers also fires for INSERT OR REPLACE). `tombstone_times`:
+    # when each generation removed paths, so tombstones are compacted after a retention; the
+    # newest compacted generation is meta's `tombstones_compacted`. The bodies no file uses
+    # today (orphans of killed sessions, and old versions of files) are due at once; today's
+    # tombstones count as new.
+    """
+    CREATE TABLE sessions(
+        id INTEGER PRIMARY KEY AUTOINCREMENT, pid INTEGER NOT NULL, host TEXT NOT NULL,
+        started_at INTEGER NOT NULL, seen_at INTEGER NOT NULL);
+    CREATE TABLE claims(
+        sha256 TEXT NOT NULL,
+        session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        PRIMARY KEY(sha256, session_id)) WITHOUT ROWID;
+    CREATE INDEX claims_by_session ON claims(session_id);
+    CREATE TABLE unused(sha256 TEXT PRIMARY KEY, since INTEGER NOT NULL) WITHOUT ROWID;
+    CREATE INDEX unused_by_since ON unused(since);
+    CREATE INDEX files_by_sha256 ON files(sha256);
+    CREATE TRIGGER files_unused AFTER DELETE ON files
+        BEGIN INSERT OR REPLACE INTO unused
+              VALUES (OLD.sha256, CAST(strftime('%s', 'now') AS INTEGER)); END;
+    CREATE TABLE tombstone_times(generation INTEGER PRIMARY KEY, at INTEGER NOT NULL);
+    CREATE TRIGGER tombstones_timed AFTER INSERT ON tombstones
+        BEGIN INSERT OR IGNORE INTO tombstone_times
+              VALUES (NEW.generation, CAST(strftime('%s', 'now') AS INTEGER)); END;
+    INSERT INTO meta VALUES ('tombstones_compacted', '0');
+    INSERT INTO unused SELECT sha256, 0 FROM blobs WHERE sha256 NOT IN (SELECT sha256 FROM files);
+    INSERT INTO tombstone_times SELECT DISTINCT generation, CAST(strftime('%s', 'now') AS INTEGER)
+        FROM tombstones;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

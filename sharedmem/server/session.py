@@ -43,10 +43,10 @@ class Session:
         # Verified, redacted bodies not yet committed: sha256 -> (text, redactions, size). A
         # version 2 client may send bodies ahead of their manifest, up to `ahead_bytes`; those
         # redaction left as they were are stored in batches of STORE_AHEAD_BYTES as they come
-        # (text None here), in `stored`. Fewer wait in `unstored` for the commit to store them.
+        # (text None here), claimed for this session until it ends (Store.put_blobs). Fewer
+        # wait in `unstored` for the commit to store them.
         self.pool: dict[str, tuple[str | None, dict[str, int], int]] = {}
         self.ahead_bytes = 0
-        self.stored: set[str] = set()  # of those, the ones no committed file uses yet
         self.unstored: list[tuple[str, int, bytes]] = []
         self.unstored_bytes = 0
 
@@ -70,11 +70,10 @@ class Session:
             return 1
         finally:
             if self.store is not None:
-                if self.stored:  # bodies sent ahead that no committed file uses
-                    try:
-                        self.store.drop_unused_blobs(self.stored)
-                    except (StoreError, sqlite3.Error) as exc:
-                        sys.stderr.write(f"serve: could not drop unused bodies: {exc}\n")
+                try:  # release this session's claims; collect what has come due (usually none)
+                    self.store.finish()
+                except (StoreError, sqlite3.Error) as exc:
+                    sys.stderr.write(f"serve: could not collect unused bodies: {exc}\n")
                 self.store.close()
 
     def _fail(self, code: str, message: str) -> None:
@@ -168,7 +167,7 @@ class Session:
         if base is None and "files" not in message:
             raise PeerError("bad-field", "manifest needs files (whole) or base (delta)")
         shas = {sha for _, sha, _, _ in entries}
-        need = self.store.missing(shas - self.pool.keys())
+        need = self.store.need(shas - self.pool.keys())
         self.channel.send({"type": "need", "source": source, "sha256": need})
         if need and "sharedmem.redact.redactor" not in sys.modules:
             _load_redactor_meanwhile()
@@ -234,7 +233,7 @@ class Session:
             # would cost it more than it saves.
             assert self.store is not None
             rows, self.unstored, self.unstored_bytes = self.unstored, [], 0
-            self.stored.update(self.store.put_blobs(rows))
+            self.store.put_blobs(rows)
             for sha, size, _ in rows:
                 self.pool[sha] = (None, {}, size)
 
@@ -252,9 +251,6 @@ class Session:
                            "refused": report.refused, "redacted": report.redacted,
                            "stored": report.stored,
                            "digest": self.store.namespace_digest(self.machine, source)})
-        if self.stored:  # what the namespace now uses is no longer the session's to drop
-            refused = {item["path"] for item in report.refused}
-            self.stored.difference_update(f.sha256 for f in files if f.path not in refused)
 
     def _on_note(self, message: dict[str, Any]) -> None:
         assert self.store is not None

@@ -1,4 +1,8 @@
-"""The server's SQLite store: the connection, the one transaction helper, migrations, notes, pulls."""
+"""The server's SQLite store: the connection, the one transaction helper, migrations, notes, pulls.
+
+How long it keeps bodies no file uses, and tombstones, is `blob_lifecycle.py`'s; the methods that
+write them (`put_blobs`, `need`, `finish`, `collect`, `forget`) run its steps in their transactions.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,10 @@ from sharedmem.rules import (
 from sharedmem.server import note_log
 from sharedmem.server.schema import MIGRATIONS, statements
 
+TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
+if TYPE_CHECKING:
+    from sharedmem.server.blob_lifecycle import Collected
+
 BUSY_TIMEOUT_MS = 60_000
 
 
@@ -28,6 +36,7 @@ class Store:
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
         self.path = path
         self.conn = conn
+        self.session: int | None = None  # this process's row in `sessions`, once it claims
 
     @classmethod
     def open(cls, path: Path | str, *, create: bool = True,
@@ -51,12 +60,14 @@ class Store:
             _wal(conn)
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
+            # So INSERT OR REPLACE of a file fires the trigger that marks its old body unused.
+            conn.execute("PRAGMA recursive_triggers=ON")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.OperationalError as exc:
             raise StoreError(f"store {path} cannot be opened ({exc}): check that the path is "
                              "right and that this account may read and write it and its "
                              "folder") from None
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # SQLite quoting bad bytes
             raise StoreError(f"store {path} cannot be opened as SQLite ({exc}): restore it from "
                              "a backup (see docs/OPERATIONS.md)") from None
         store = cls(path, conn)
@@ -150,24 +161,78 @@ class Store:
         """Store (sha256, size, text in UTF-8) bodies ahead of the namespace that lists them.
 
         SQLite turns the bytes into TEXT itself, so the caller's UTF-8 is not made again from
-        the string. Returns the sha256s stored now (not there before): the session that sent
-        them drops those no file uses when it ends (`drop_unused_blobs`).
+        the string. Every body of `rows`, stored now or there before, is claimed for this
+        session in the same commit, so no other session's clean-up deletes it; `finish`
+        releases the claims. Returns the sha256s stored now (not there before).
         """
         new = set(self.missing(row[0] for row in rows))
-        if new:
-            with self.transaction(durable=False) as conn:
+        with self.transaction(durable=False) as conn:
+            if new:
                 conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,CAST(? AS TEXT))",
                                  [row for row in rows if row[0] in new])
+            session = self._claim(conn, [row[0] for row in rows])
+        self.session = session
         return sorted(new)
 
-    def drop_unused_blobs(self, shas: Iterable[str]) -> None:
-        """Delete these bodies where no file uses them (a session stored them for nothing)."""
+    def need(self, shas: Iterable[str]) -> list[str]:
+        """The bodies a manifest lists that the store lacks: the server's `need`.
+
+        Those it holds that no file uses (sent ahead by another session, or no longer used)
+        could be collected before this session's commit, so they are claimed for it first;
+        one collected meanwhile is named in `need` after all.
+        """
         wanted = sorted(set(shas))
-        with self.transaction() as conn:
-            for i in range(0, len(wanted), 500):
-                chunk = wanted[i:i + 500]
-                conn.execute(f"DELETE FROM blobs WHERE sha256 IN ({','.join('?' * len(chunk))}) "
-                             "AND sha256 NOT IN (SELECT sha256 FROM files)", chunk)
+        have: set[str] = set()
+        loose: list[str] = []
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i:i + 500]
+            for sha, used in self.conn.execute(
+                    "SELECT sha256, EXISTS (SELECT 1 FROM files f WHERE f.sha256 = b.sha256) "
+                    f"FROM blobs b WHERE sha256 IN ({','.join('?' * len(chunk))})", chunk):
+                have.add(sha)
+                if not used:
+                    loose.append(sha)
+        if loose:
+            with self.transaction(durable=False) as conn:
+                session = self._claim(conn, loose)
+                have.difference_update(sha for sha in loose if conn.execute(
+                    "SELECT 1 FROM blobs WHERE sha256=?", (sha,)).fetchone() is None)
+            self.session = session
+        return [sha for sha in wanted if sha not in have]
+
+    def _claim(self, conn: sqlite3.Connection, shas: Sequence[str]) -> int:
+        """Claim these bodies (those present) for this session, registered first if need be."""
+        from sharedmem.server import blob_lifecycle
+        return blob_lifecycle.claim(conn, self.session, shas, int(time.time()))
+
+    def finish(self) -> Collected | None:
+        """At a session's end: release its claims, and collect what has come due.
+
+        Cheap when there is nothing to do, the usual case: a read of three small tables, and
+        no write. Otherwise one commit releases this session and any that were killed (their
+        process is gone), deletes the bodies nothing keeps and compacts old tombstones.
+        """
+        return self.collect(own=True, when_due=True)
+
+    def collect(self, *, own: bool = False, when_due: bool = False, strays: bool = False,
+                now: int | None = None) -> Collected | None:
+        """Release ended sessions (and this one, with `own`), delete unkept bodies past grace.
+
+        With `when_due`, nothing is written (and None returned) unless a session ended or
+        something's time ran out. With `strays`, bodies no file uses that no table marks are
+        collected too (a full scan: `doctor --store --repair`). `now` is for tests.
+        """
+        from sharedmem.server import blob_lifecycle
+        now = int(time.time()) if now is None else now
+        mine = self.session if own else None
+        ended = blob_lifecycle.ended_sessions(self.conn, now, mine)
+        if when_due and not ended and not blob_lifecycle.due(self.conn, now):
+            return None
+        with self.transaction(durable=False) as conn:
+            done = blob_lifecycle.collect(conn, now, ended, strays=strays)
+        if own:
+            self.session = None
+        return done
 
     def missing(self, shas: Iterable[str]) -> list[str]:
         """Which of these content addresses the store has no body for."""
@@ -241,14 +306,14 @@ class Store:
 
     def changes(self, known: Mapping[str, int],
                 namespaces: NamespaceList | None = None,
-                have: Container[str] = frozenset(),
+                have: Container[str] = frozenset(), compacted: int = 0,
                 ) -> Iterator[tuple[str, str, str | None, str]]:
         """Files of machine namespaces changed since the client's generations: (path, sha, text, ns).
 
         The text is None for a sha256 in `have`: the client holds that body, so it is not read.
         """
         for ns in (namespaces or self.namespaces()).machines:
-            since = _since(ns, known)
+            since = _since(ns, known, compacted)
             if since is None:
                 continue
             where = ("FROM files f JOIN namespaces n ON n.id=f.namespace_id WHERE n.machine=? "
@@ -273,13 +338,19 @@ class Store:
         An upsert's text is None when its sha256 is in `have` (the client holds the body).
 
         A namespace is sent whole ("full") when the client's generation predates its creation
-        (it was forgotten and re-created) or is from the future (the store was restored).
+        (it was forgotten and re-created) or the tombstones compacted since (blob_lifecycle.py),
+        or is from the future (the store was restored).
         """
         namespaces = self.namespaces()
         full: set[str] = set()
         removals: list[str] = []
+        compacted = 0
+        if any(known.get(ns.key, 0) != ns.generation for ns in namespaces.machines):
+            row = self.conn.execute("SELECT CAST(value AS INTEGER) FROM meta "
+                                    "WHERE key='tombstones_compacted'").fetchone()
+            compacted = row[0] if row else 0
         for ns in namespaces.machines:
-            since = _since(ns, known)
+            since = _since(ns, known, compacted)
             if since == 0:
                 full.add(ns.key)
             elif since is not None:
@@ -292,7 +363,7 @@ class Store:
         newest_note = namespaces.notes.generation
 
         def upserts() -> Iterator[tuple[str, str, str | None]]:
-            for path, sha, body, _ in self.changes(known, namespaces, have):
+            for path, sha, body, _ in self.changes(known, namespaces, have, compacted):
                 yield path, sha, body
             if since_notes != newest_note:
                 yield from self._note_files(since_notes if since_notes <= newest_note else 0)
@@ -300,8 +371,14 @@ class Store:
         return namespaces, full, upserts(), removals
 
     def forget(self, machine: str, source: str | None = None, reason: str = "") -> int:
-        """Remove a machine's namespaces (all, or one source) in one transaction; notes stay."""
+        """Remove a machine's namespaces (all, or one source) in one transaction; notes stay.
+
+        Their bodies go at once, with every other body no file uses, except those a live
+        session claims (it is about to commit them).
+        """
+        from sharedmem.server import blob_lifecycle
         check_machine_name(machine)
+        now = int(time.time())
         with self.transaction() as conn:
             where, args = "machine=?", [machine]
             if source is not None:
@@ -315,15 +392,26 @@ class Store:
             conn.execute(f"DELETE FROM namespaces WHERE {where}", args)
             conn.execute("INSERT INTO forgotten(machine, source, files, forgotten_at, reason) "
                          "VALUES (?,?,?,?,?)", (machine, source, count[0], utc_now(), reason))
-            conn.execute("DELETE FROM blobs WHERE sha256 NOT IN (SELECT sha256 FROM files)")
+            blob_lifecycle.collect(conn, now, blob_lifecycle.ended_sessions(conn, now, None),
+                                   grace=0, strays=True)
         return int(count[0])
 
     def verify(self) -> list[str]:
-        """Problems found by `integrity_check`, foreign keys and the note chain (empty = sound)."""
-        problems = [r[0] for r in self.conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
-        problems += [f"foreign key broken in {r[0]} row {r[1]}"
-                     for r in self.conn.execute("PRAGMA foreign_key_check")]
-        return problems + note_log.chain_problems(self.conn)
+        """Problems found by `integrity_check`, foreign keys and the note chain (empty = sound).
+
+        Text is decoded leniently meanwhile: in a damaged file a note (or a key that
+        integrity_check quotes) may not be UTF-8, which then breaks the chain, not the check.
+        """
+        factory = self.conn.text_factory
+        self.conn.text_factory = _lenient
+        try:
+            problems = [r[0] for r in self.conn.execute("PRAGMA integrity_check")
+                        if r[0] != "ok"]
+            problems += [f"foreign key broken in {r[0]} row {r[1]}"
+                         for r in self.conn.execute("PRAGMA foreign_key_check")]
+            return problems + note_log.chain_problems(self.conn)
+        finally:
+            self.conn.text_factory = factory
 
     def counts(self) -> dict[str, int]:
         """Sizes for reports and backup manifests."""
@@ -331,6 +419,11 @@ class Store:
             "SELECT (SELECT count(*) FROM namespaces), (SELECT count(*) FROM files), "
             "(SELECT count(*) FROM blobs), (SELECT count(*) FROM notes)").fetchone()
         return {"namespaces": row[0], "files": row[1], "blobs": row[2], "notes": row[3]}
+
+
+def _lenient(data: bytes) -> str:
+    """SQLite text as a string even where a damaged file holds bytes that are not UTF-8."""
+    return data.decode("utf-8", "replace")
 
 
 def _wal(conn: sqlite3.Connection) -> None:
@@ -349,14 +442,15 @@ def _wal(conn: sqlite3.Connection) -> None:
             time.sleep(0.01)
 
 
-def _since(ns: Namespace, known: Mapping[str, int]) -> int | None:
+def _since(ns: Namespace, known: Mapping[str, int], compacted: int = 0) -> int | None:
     """The generation a client's copy of a namespace is at: None when current, 0 to send it whole.
 
-    0 also covers a generation from before the namespace was (re)created or after its newest.
+    0 also covers a generation from before the namespace was (re)created, or before the newest
+    generation whose tombstones were compacted (its removals may be gone), or after its newest.
     """
     since = known.get(ns.key, 0)
     if since == ns.generation:
         return None
-    if not ns.created_generation <= since <= ns.generation:
+    if not max(ns.created_generation, compacted) <= since <= ns.generation:
         return 0
     return since

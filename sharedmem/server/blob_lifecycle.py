@@ -1,0 +1,154 @@
+"""How long the store keeps what no file uses any more: bodies (blobs) and tombstones.
+
+A body stays while a file uses it, while a live `serve` session claims it, and for
+GRACE_SECONDS after a file stopped using it; then a collection deletes it. A session claims
+what it relies on before any file uses it: the bodies it stored ahead of their manifest
+(`Store.put_blobs`), and bodies the store held that no file used when the session told its
+client it need not send them (`Store.need`). The grace covers the other case, a body a file
+used when a session was told the store holds it, whose last file then went before that
+session's commit. A session releases its claims when it ends; the claims of one that was
+killed (its process is gone, or it has not been seen for SESSION_STALE_SECONDS, in case its pid
+was reused) are released by the next session to end, or by `doctor --store --repair`.
+
+Tombstones (paths a namespace removed, which a pull sends a client that still has them) are
+kept TOMBSTONE_SECONDS; older ones are compacted about once a day, and the newest generation
+compacted is kept in meta (`tombstones_compacted`): a client whose cache predates it is sent
+each namespace that changed since whole (`Store.pull`).
+
+Every function runs inside the caller's transaction (`Store.transaction`), except the reads
+`ended_sessions` and `due`, which tell a session's end whether to open one at all.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+
+GRACE_SECONDS = 3600  # a body no file uses any more is kept this long
+SESSION_STALE_SECONDS = 24 * 3600  # a session not seen for this long is taken as dead
+TOMBSTONE_SECONDS = 7 * 24 * 3600  # a removed path's tombstone is kept this long
+COMPACT_EVERY_SECONDS = 24 * 3600  # tombstones are compacted once this much is past retention
+
+# What keeps a body: each line a condition on `blobs.sha256`, all in one place, so a table of
+# retained previous versions (file history) adds its own line here and every collection, a
+# session's, `forget`'s and `doctor --repair`'s, honours it.
+KEEPS = (
+    "EXISTS (SELECT 1 FROM files WHERE files.sha256 = blobs.sha256)",
+    "EXISTS (SELECT 1 FROM claims WHERE claims.sha256 = blobs.sha256)",
+)
+UNKEPT = " AND ".join(f"NOT {condition}" for condition in KEEPS)
+
+
+class Collected:
+    """What one collection released and deleted, for `doctor --repair` and the tests."""
+
+    def __init__(self) -> None:
+        self.sessions = 0  # sessions released: the one ending, and those that were killed
+        self.bodies = 0
+        self.bytes = 0
+        self.tombstones = 0
+
+    def to_json(self) -> dict[str, int]:
+        """The counts, as `doctor --json` prints them."""
+        return {"sessions": self.sessions, "bodies": self.bodies, "bytes": self.bytes,
+                "tombstones": self.tombstones}
+
+
+def host() -> str:
+    """This machine's name, recorded with each session: only a local pid can be checked."""
+    return os.uname().nodename if hasattr(os, "uname") else os.environ.get("COMPUTERNAME", "")
+
+
+def claim(conn: sqlite3.Connection, session: int | None, shas: Iterable[str], now: int) -> int:
+    """Claim these bodies, those the store holds, for a session; returns the session's id.
+
+    The session is registered (a row for this process) at its first claim, and again if its
+    row is gone (another process took it for dead after SESSION_STALE_SECONDS unseen).
+    """
+    if session is None or not conn.execute("UPDATE sessions SET seen_at=? WHERE id=?",
+                                           (now, session)).rowcount:
+        session = int(conn.execute(
+            "INSERT INTO sessions(pid, host, started_at, seen_at) VALUES (?,?,?,?)",
+            (os.getpid(), host(), now, now)).lastrowid or 0)
+    conn.executemany("INSERT OR IGNORE INTO claims SELECT sha256, ? FROM blobs WHERE sha256=?",
+                     [(session, sha) for sha in shas])
+    return session
+
+
+def alive(pid: int, where: str, seen_at: int, now: int) -> bool:
+    """Whether a session's process may still run: its pid exists here, or it is elsewhere.
+
+    Past SESSION_STALE_SECONDS it is taken as dead even if the pid exists (it may be another
+    process's by now). On Windows a pid is not probed: `os.kill` there would stop the process.
+    """
+    if seen_at < now - SESSION_STALE_SECONDS:
+        return False
+    if where != host() or os.name == "nt":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another account's process: it exists
+        return True
+    return True
+
+
+def ended_sessions(conn: sqlite3.Connection, now: int, own: int | None) -> list[int]:
+    """The sessions whose claims can go: `own` (ending now) and those whose process is gone."""
+    return [row[0] for row in conn.execute("SELECT id, pid, host, seen_at FROM sessions")
+            if row[0] == own or not alive(row[1], row[2], row[3], now)]
+
+
+def due(conn: sqlite3.Connection, now: int) -> bool:
+    """Whether a body's grace or the tombstones' retention has run out: one indexed read."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM unused WHERE since <= ?), coalesce((SELECT at FROM "
+        "tombstone_times ORDER BY generation LIMIT 1) <= ?, 0)",
+        (now - GRACE_SECONDS, now - TOMBSTONE_SECONDS - COMPACT_EVERY_SECONDS)).fetchone()
+    return bool(row[0] or row[1])
+
+
+def collect(conn: sqlite3.Connection, now: int, ended: Sequence[int], *,
+            grace: int = GRACE_SECONDS, strays: bool = False) -> Collected:
+    """Release the `ended` sessions, delete the bodies nothing keeps, compact old tombstones.
+
+    A released claim's body may go at once: a session told the store held it claimed it too.
+    With `strays`, bodies no file uses that are not yet marked unused (written by a version
+    before these tables, or by a connection without the triggers) are collected too: a full
+    scan, for `doctor --repair` and `forget`.
+    """
+    done = Collected()
+    if ended:
+        ids = [(session,) for session in ended]
+        conn.executemany("INSERT OR IGNORE INTO unused SELECT sha256, 0 FROM claims c WHERE "
+                         "session_id=? AND NOT EXISTS (SELECT 1 FROM files f "
+                         "WHERE f.sha256 = c.sha256)", ids)  # what a commit used is kept
+        conn.executemany("DELETE FROM sessions WHERE id=?", ids)  # and its claims
+        done.sessions = len(ids)
+    if strays:
+        conn.execute(f"INSERT OR IGNORE INTO unused SELECT sha256, 0 FROM blobs WHERE {UNKEPT}")
+    cutoff = now - grace
+    gone = f"sha256 IN (SELECT sha256 FROM unused WHERE since <= ?) AND {UNKEPT}"
+    done.bodies, done.bytes = conn.execute(
+        f"SELECT count(*), coalesce(sum(size), 0) FROM blobs WHERE {gone}", (cutoff,)).fetchone()
+    if done.bodies:
+        conn.execute(f"DELETE FROM blobs WHERE {gone}", (cutoff,))
+    conn.execute("DELETE FROM unused WHERE since <= ?", (cutoff,))
+    done.tombstones = compact(conn, now)
+    return done
+
+
+def compact(conn: sqlite3.Connection, now: int) -> int:
+    """Delete tombstones older than the retention; returns how many."""
+    (newest,) = conn.execute("SELECT max(generation) FROM tombstone_times WHERE at <= ?",
+                             (now - TOMBSTONE_SECONDS,)).fetchone()
+    if newest is None:
+        return 0
+    count = conn.execute("DELETE FROM tombstones WHERE generation <= ?", (newest,)).rowcount
+    conn.execute("DELETE FROM tombstone_times WHERE generation <= ?", (newest,))
+    conn.execute("UPDATE meta SET value=CAST(max(CAST(value AS INTEGER), ?) AS TEXT) "
+                 "WHERE key='tombstones_compacted'", (newest,))
+    return count
+
