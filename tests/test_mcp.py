@@ -671,3 +671,16 @@ def test_resources_list_the_entry_files_then_the_notes_page_by_page(tmp_path: Pa
     escaped = "sharedmem://cache/machines%2Flab%2Fcodex%2Fmemory_summary.md"  # {path} expanded
     assert srv.ask("resources/read", {"uri": escaped})["result"]["contents"][0]["text"] == "s\n"
     assert srv.close() == 0
+
+
+def test_resources_without_a_configuration_say_why(tmp_path: Path) -> None:
+    srv = Server(tmp_path / "missing.json")
+    result = srv.init()
+    assert result["instructions"].endswith("when the user asks you to remember something.")
+    assert srv.ask("resources/templates/list")["result"]["resourceTemplates"]
+    for method, params in [("resources/list", {}),
+                           ("resources/read", {"uri": f"sharedmem://cache/{NS}/MEMORY.md"})]:
+        error = srv.ask(method, params)["error"]
+        assert error["code"] == -32603 and "missing.json does not exist: run install_client.py" \
+            in error["message"], error
+    assert srv.close() == 0

@@ -69,6 +69,7 @@ def test_what_the_cache_holds_and_what_waits(tmp_path: Path) -> None:
     ("~/memory/cache", "~/memory/state", "folder"),
     ("~", "rel/state", "folder"),
     ("cache", "state", "cwd"),
+    ("cache", None, "link"),  # a client.json kept elsewhere (dotfiles) and linked
 ])
 def test_the_cheap_paths_are_the_configuration_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 cache: str, state: str | None,
@@ -82,6 +83,10 @@ def test_the_cheap_paths_are_the_configuration_s(tmp_path: Path, monkeypatch: py
     path = tmp_path / "sub" / "client.json" if where == "folder" else Path("client.json")
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(raw))
+    if where == "link":
+        path = tmp_path / "linked" / "client.json"
+        path.parent.mkdir()
+        path.symlink_to(tmp_path / "client.json")
     cfg = config_mod.load(path)
     assert config_paths(str(path)) == (str(cfg.cache), str(cfg.state))
 
@@ -127,7 +132,8 @@ def test_freshness_reads_damaged_bookkeeping_as_unknown_without_blocking(
     state.mkdir()
     outside = tmp_path / "outside.json"
     outside.write_text('{"last_sync": "2026-01-31T09:30:00Z", "status": "ok"}')
-    for target in (meta / "namespaces.json", state / "last-sync.json"):
+    targets = [meta / "namespaces.json", state / "last-sync.json"]
+    for target in targets[:1] if damage == "link" else targets:  # state's links are the user's
         if damage == "fifo":
             os.mkfifo(target)
         elif damage == "link":

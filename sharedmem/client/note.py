@@ -4,7 +4,8 @@
 --notes-only`), so no tool ever waits on the server; `note` (the CLI) delivers in its own time.
 A delivery is the exchange (exchange.py) with nothing published first, so a note never loads
 the sync. It holds the sync lock, runs one at a time per machine, and gives up once the server
-has not finished within DELIVERY_TIMEOUT seconds: its notes then wait for the next sync.
+has not finished within DELIVERY_TIMEOUT seconds: its notes then wait for the next sync. The same
+detached start runs the whole `sync` an MCP server starts on a stale cache (`start_sync`).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def status(config: ClientConfig) -> dict[str, Any]:
     from sharedmem.client.outbox import Outbox
     cache = Cache(config.cache)
     manifest = cache.load()
-    last = _read_json(os.path.join(config.state, LAST_ATTEMPT_FILE))
+    last = _read_json(os.path.join(config.state, LAST_ATTEMPT_FILE), follow=True)
     age = time.time() - parse_utc(manifest.last_sync) if manifest.last_sync else None
     counts: dict[str, int] = {}
     for meta in manifest.files.values():
@@ -63,7 +63,7 @@ def config_paths(config_path: str) -> tuple[str, str] | None:
     HOME, the state folder `state` beside the file by default), without validating the rest:
     a broken configuration is reported by the first tool call.
     """
-    raw = _read_json(os.path.expanduser(config_path))
+    raw = _read_json(os.path.expanduser(config_path), follow=True)
     base = os.path.dirname(os.path.expanduser(config_path))
     cache, state = raw.get("cache"), raw.get("state", os.path.join(base, "state"))
     if not (isinstance(cache, str) and cache and isinstance(state, str) and state):
@@ -88,7 +88,7 @@ def freshness(cache: str, state: str, now: float | None = None) -> dict[str, Any
     now = time.time() if now is None else now
     last_sync = _read_json(os.path.join(cache, *NAMESPACES_FILE)).get("last_sync")
     synced = _when(last_sync)
-    raw = _read_json(os.path.join(state, LAST_ATTEMPT_FILE))
+    raw = _read_json(os.path.join(state, LAST_ATTEMPT_FILE), follow=True)
     attempt = {k: raw[k] for k in ("status", "error", "finished_at") if isinstance(raw.get(k), str)}
     age = None if synced is None else max(0, int(now - synced))
     return {"last_sync": last_sync if synced is not None else None, "age_seconds": age,
@@ -177,13 +177,16 @@ def _count_notes(folder: str) -> int:
         return 0
 
 
-def _read_json(path: str) -> dict[str, Any]:
+def _read_json(path: str, *, follow: bool = False) -> dict[str, Any]:
     """A small JSON object from a file; {} when it is missing, damaged, large or not a file.
 
-    Opened without blocking and without following a final link, so a FIFO or a link planted in
-    its place cannot stall the MCP server's start.
+    Opened without blocking, so a FIFO in its place cannot stall the MCP server's start; a link
+    is followed only with `follow` (the user's own files: client.json, the state folder), never
+    in the cache, which others may write.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
     except OSError:

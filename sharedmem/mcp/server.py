@@ -248,6 +248,8 @@ class Server:
             status, why, self._process = start_sync(config)
         except (SharedMemoryError, ImportError, OSError) as exc:
             status, why = "not started", str(exc)
+        except Exception as exc:  # noqa: BLE001 - a failed start must not end the session
+            status, why = "not started", f"{type(exc).__name__}: {exc}"
         self.background = {"status": status, "reason": reason, "started_at": started_at}
         if why:
             self.background["why"] = why
