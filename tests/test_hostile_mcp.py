@@ -96,8 +96,24 @@ def batch_capped(replies: Any, size: int) -> None:
     assert size <= REPLY + 2 * CAP, size
 
 
+def resource(uri: Any) -> dict[str, Any]:
+    """A resources/read request for `uri`; the runner gives it an id."""
+    return rpc("resources/read", params={"uri": uri})
+
+
+def resource_text(predicate: Callable[[str], bool]) -> Check:
+    """resources/read answers one text content for which `predicate` holds."""
+    def check(reply: Any, _size: int) -> None:
+        assert "result" in reply, reply
+        content, = reply["result"]["contents"]
+        assert content["mimeType"] == "text/markdown" and predicate(content["text"]), \
+            content["text"][-300:]
+    return check
+
+
 SURROGATE = "\ud800"
 CAP, REPLY, BIG = 256 * 1024, 4 * 1024 * 1024, 20 * 1024 * 1024
+R = "sharedmem://cache/"
 CASES: list[tuple[str, Any, Check]] = [
     ("lone surrogate in a query", call("search", queries=[SURROGATE]),
      tool_error("argument 'queries' of search is not valid UTF-8 text")),
@@ -168,6 +184,58 @@ CASES: list[tuple[str, Any, Check]] = [
     ("list gives no time of a link's target", call("list", path=NS),
      returns(lambda r: {e["name"] for e in r["entries"] if e["type"] == "file"
                         and e["modified"] is None} == {"alias.md", "linked.md"})),
+    ("resource uri with '..'", resource(f"{R}machines/../../../etc/passwd.md"),
+     rpc_error(-32602, "component")),
+    ("resource uri with escaped '..'", resource(f"{R}machines/%2E%2E/%2e%2e/etc/passwd.md"),
+     rpc_error(-32602, "component")),
+    ("resource uri with an absolute path", resource(f"{R}/etc/passwd.md"),
+     rpc_error(-32602, "absolute")),
+    ("resource uri with an escaped absolute path", resource(f"{R}%2Fetc%2Fpasswd.md"),
+     rpc_error(-32602, "absolute")),
+    ("resource uri of another scheme", resource("file:///etc/passwd"),
+     rpc_error(-32602, "is not a shared memory resource")),
+    ("resource uri of the cache's own files", resource(f"{R}.sharedmem/manifest.json"),
+     rpc_error(-32602, "hidden")),
+    ("resource uri with a query", resource(f"{R}{NS}/MEMORY.md?x=1"),
+     rpc_error(-32602, "query or fragment")),
+    ("resource uri with a lone surrogate", resource(f"{R}{NS}/{SURROGATE}.md"),
+     rpc_error(-32602, "lone surrogate (U+D800)")),
+    ("resource uri with escapes that are not UTF-8", resource(f"{R}{NS}/%FF%FE.md"),
+     rpc_error(-32602, "not UTF-8")),
+    ("resource uri with an escaped NUL", resource(f"{R}{NS}/a%00.md"),
+     rpc_error(-32602, "NUL")),
+    ("resource uri with a stray %", resource(f"{R}{NS}/100%.md"),
+     rpc_error(-32602, "two hex digits")),
+    ("resource uri that is not a string", resource([f"{R}{NS}/MEMORY.md"]),
+     rpc_error(-32602, "uri must be a string")),
+    ("resource not in the cache", resource(f"{R}{NS}/missing.md"),
+     answers(lambda r: r["error"]["code"] == -32002
+             and r["error"]["message"].startswith("Resource not found: no file")
+             and r["error"]["data"] == {"uri": f"{R}{NS}/missing.md"})),
+    ("resource through a link to outside", resource(f"{R}{NS}/linked.md"),
+     rpc_error(-32002, "links in the cache are never followed")),
+    ("resource through a link inside the cache", resource(f"{R}{NS}/alias.md"),
+     rpc_error(-32002, "links in the cache are never followed")),
+    ("resource in a linked folder", resource(f"{R}{NS}/elsewhere/inner.md"),
+     rpc_error(-32002, "links in the cache are never followed")),
+    ("resource that is a FIFO", resource(f"{R}{NS}/pipe.md"),
+     rpc_error(-32002, "not a regular file")),
+    ("resource of 20 MiB in one line", resource(f"{R}{NS}/big.md"),
+     resource_text(lambda t: utf8([t]) <= CAP and t.startswith("y" * (CAP - 1000))
+                   and t.endswith(f"goes on with path \"{NS}/big.md\", line_offset 1, "
+                                  f"char_offset {t.index(chr(10))}]"))),
+    ("resource of characters beyond U+FFFF", resource(f"{R}{NS}/emoji.md"),
+     resource_text(lambda t: utf8([t]) <= CAP and t.startswith("\U0001f600" * 1000)
+                   and "char_offset" in t)),
+    ("resource of many long lines", resource(f"{R}{NS}/wide.md"),
+     resource_text(lambda t: utf8([t]) <= CAP and t.endswith(
+         f"line_offset {t.count(chr(10)) - 1}]"))),
+    ("a batch of 40 resource reads of 20 MiB", [resource(f"{R}{NS}/big.md")] * 40,
+     batch_capped),
+    ("resources listed from the manifest, links and all", rpc("resources/list"),
+     answers(lambda r: [x["uri"] for x in r["result"]["resources"]] == [f"{R}{NS}/MEMORY.md"])),
+    ("resources listed from a cursor of another list", rpc("resources/list", params={
+        "cursor": "eyJmIjoiMDAwMCIsIm8iOjF9"}), rpc_error(-32602, "invalid cursor")),
 ]
 
 

@@ -124,11 +124,28 @@ def test_transcript_per_revision(config: Path, version: str) -> None:
     result = srv.init(version)
     expected = version if version in VERSIONS else "2025-11-25"
     assert result["protocolVersion"] == expected
-    assert result["capabilities"] == {"tools": {"listChanged": False}}
+    assert result["capabilities"] == {"tools": {"listChanged": False},
+                                      "resources": {"subscribe": False, "listChanged": False}}
     assert result["serverInfo"]["name"] == "shared_memories" and result["instructions"]
     modern = expected >= "2025-06-18"
     assert ("title" in result["serverInfo"]) == modern
     srv.alive()
+    offered = srv.ask("resources/list")["result"]
+    assert [r["uri"] for r in offered["resources"]] == [
+        f"sharedmem://cache/{NS}/MEMORY.md", f"sharedmem://cache/{NS}/memory_summary.md"]
+    assert "nextCursor" not in offered
+    for item in offered["resources"]:
+        assert item["mimeType"] == "text/markdown" and ("title" in item) == modern
+    contents = srv.ask("resources/read", {"uri": offered["resources"][1]["uri"]})["result"]
+    assert contents == {"contents": [{"uri": offered["resources"][1]["uri"],
+                                      "mimeType": "text/markdown",
+                                      "text": "summary: Décision prise\n"}]}
+    template, = srv.ask("resources/templates/list")["result"]["resourceTemplates"]
+    assert template["uriTemplate"] == "sharedmem://cache/{path}"
+    assert ("title" in template) == modern
+    read_by_template = srv.ask("resources/read", {"uri": template["uriTemplate"].replace(
+        "{path}", f"{NS}/notes/n03.md")})["result"]["contents"][0]["text"]
+    assert read_by_template == "note 3 session\n"
     tools = srv.ask("tools/list")["result"]["tools"]
     assert [t["name"] for t in tools] == ["list", "read", "search", "add_ad_hoc_note"]
     for tool in tools:
@@ -198,7 +215,18 @@ BAD_INPUTS: list[tuple[bytes, int | None]] = [
     (b'{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', -32600),
     (b'{"jsonrpc": "2.0", "id": true, "method": "ping"}', -32600),
     (b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}', -32600),
-    (b'{"jsonrpc": "2.0", "id": 1, "method": "resources/list"}', -32601),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "resources/subscribe", '
+     b'"params": {"uri": "sharedmem://cache/machines/lab/codex/MEMORY.md"}}', -32601),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "resources/read"}', -32602),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "resources/read", "params": {"uri": 7}}', -32602),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "resources/read", '
+     b'"params": {"uri": "sharedmem://cache/machines/lab/codex/none.md"}}', -32002),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "resources/list", "params": {"cursor": "zzz"}}',
+     -32602),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "resources/list", "params": {"cursor": 3}}',
+     -32602),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "resources/templates/list", '
+     b'"params": {"cursor": "x"}}', -32602),
     (b'{"jsonrpc": "2.0", "method": "notifications/unknown"}', None),
     (b'{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3}}',
      None),
@@ -347,7 +375,8 @@ def test_lazy_imports_until_first_tool_call(config: Path) -> None:
         "m._dumps(s.handle(b'{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{}}'))\n"
         "print(sorted(n for n in ('sqlite3', 'argparse', 'sharedmem.cache.search',"
         " 'sharedmem.mcp.tools', 'sharedmem.cache.cache', 'sharedmem.client.config',"
-        " 'sharedmem.redact.redactor', 'json', 're', 'pathlib')"
+        " 'sharedmem.redact.redactor', 'json', 're', 'pathlib', 'datetime', '_strptime',"
+        " 'subprocess', 'sharedmem.client.note', 'sharedmem.client.lock')"
         " if n in sys.modules))\n"
     ).replace("REPO_PATH", repr(str(REPO)))
     out = subprocess.run([sys.executable, "-c", probe, str(config)], capture_output=True,
@@ -472,3 +501,186 @@ def test_a_batch_stops_running_requests_past_the_reply_limit(config: Path) -> No
     assert len(done) == mcp.MAX_REPLY_BYTES // len(mcp._dumps(done[0])) + 1
     assert all(r["error"]["code"] == mcp.REPLY_LIMIT for r in replies[len(done):30])
     assert mcp._dumps([{"id": "\ud800"}, {"id": "é"}]) == '[{"id":"\\ud800"},{"id":"é"}]'
+
+
+# freshness ---------------------------------------------------------------------------------------
+
+def test_initialize_and_the_top_level_say_how_fresh_the_cache_is(tmp_path: Path,
+                                                                  config: Path) -> None:
+    from sharedmem.client.outbox import Outbox
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "last-sync.json").write_text(json.dumps({
+        "status": "failed", "exit_code": 2, "finished_at": "2026-01-31T09:30:00Z",
+        "error": "ssh: connect to host server.invalid port 22: Name or service not known"}))
+    for i in range(2):
+        Outbox(state / "outbox").put(f"2026-01-31T09-30-0{i}-later.md", f"note {i}")
+    srv = Server(config)
+    instructions = srv.init()["instructions"]
+    assert "The shared memory cache was last synced at " in instructions
+    assert ("The last sync attempt (2026-01-31T09:30:00Z) failed: ssh: connect to host "
+            "server.invalid port 22: Name or service not known.") in instructions
+    assert "2 notes wait on this machine to be delivered" in instructions
+    assert "background" not in instructions  # a cache synced just now is not stale
+    fresh = srv.call("list")["structuredContent"]["freshness"]
+    assert fresh["last_sync"] is not None and 0 <= fresh["age_seconds"] < 120
+    assert fresh["last_attempt"]["status"] == "failed" and fresh["pending_notes"] == 2
+    assert "background_sync" not in fresh and "failed: ssh: connect" in fresh["summary"]
+    assert "freshness" not in srv.call("list", path=NS)["structuredContent"]
+    assert srv.close() == 0
+
+
+def _age_cache(cache: Path, state: Path, seconds: int) -> str:
+    """Make the cache's last sync and the last attempt `seconds` old; the stamp written."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds))
+    listing = cache / ".sharedmem" / "namespaces.json"
+    listing.write_text(json.dumps({**json.loads(listing.read_text()), "last_sync": stamp}))
+    (state / "last-sync.json").write_text(json.dumps({"status": "ok", "finished_at": stamp}))
+    return stamp
+
+
+def _syncs_running(config: Path) -> int:
+    """Processes running `sync --config=CONFIG` (Linux /proc)."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        count += b"sync" in argv and f"--config={config}".encode() in argv
+    return count
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="counts processes in /proc")
+def test_a_stale_cache_gets_one_background_sync(tmp_path: Path) -> None:
+    from sharedmem.client.lock import sync_lock
+    notes_folder = tmp_path / "mine"
+    notes_folder.mkdir()
+    (notes_folder / "a.md").write_text("# mine\n")
+    cfg = tmp_path / "client.json"
+    cfg.write_text(json.dumps({
+        "machine": "lab", "transport": {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
+        "sources": [{"name": "mine", "kind": "markdown", "path": str(notes_folder)}],
+        "cache": str(tmp_path / "cache"), "state": str(tmp_path / "state")}))
+    env = {**os.environ, "HOME": str(tmp_path)}
+    first = subprocess.run([sys.executable, str(LAUNCHER), "sync", "--config", str(cfg)],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert first.returncode == 0, first.stderr
+    old = _age_cache(tmp_path / "cache", tmp_path / "state", 3600)  # a laptop that slept
+    (notes_folder / "b.md").write_text("# written while it slept\n")
+    servers = []
+    try:
+        with sync_lock(tmp_path / "state"):  # a scheduled sync runs: the background one waits
+            a = Server(cfg, env=env)
+            servers.append(a)
+            started = time.monotonic()
+            instructions = a.init()["instructions"]
+            assert "A sync is being started in the background because the cache was 1h 0m " \
+                "old (unless one already runs)" in instructions, instructions
+            fresh = a.call("list")["structuredContent"]["freshness"]
+            assert time.monotonic() - started < 10  # nothing waited for the sync
+            assert fresh["last_sync"] == old
+            background = fresh["background_sync"]
+            assert (background["status"], background["running"]) == ("started", True)
+            assert "because the cache was 1h 0m old; it is still running" in fresh["summary"]
+            b = Server(cfg, env=env)  # a second agent starts meanwhile
+            servers.append(b)
+            assert "being started in the background" in b.init()["instructions"]
+            fresh = b.call("list")["structuredContent"]["freshness"]
+            assert fresh["background_sync"]["status"] == "already running"
+            assert "already running in the background, so none was started" in fresh["summary"]
+            note = b.call("add_ad_hoc_note", filename="2026-01-31T09-30-00-meanwhile.md",
+                          note="queued while the background sync waited")["structuredContent"]
+            assert note["delivery"] == "already running"
+            assert _syncs_running(cfg) == 1
+            assert time.monotonic() - started < 20
+        deadline = time.monotonic() + 90
+        while (fresh := a.call("list")["structuredContent"]["freshness"])["last_sync"] == old \
+                or fresh["background_sync"]["running"]:
+            assert time.monotonic() < deadline, fresh
+            time.sleep(0.1)
+        assert fresh["last_attempt"]["status"] == "ok"
+        assert a.call("read", path="machines/lab/mine/b.md")["isError"] is False  # published
+        assert b.call("read", path=note["path"])["isError"] is False  # and the note delivered
+    finally:
+        for srv in servers:
+            assert srv.close() == 0 and "Traceback" not in srv.stderr
+        assert delivery_done(tmp_path / "state", 90)
+
+
+def test_a_cache_never_synced_gets_no_background_sync(tmp_path: Path) -> None:
+    cfg = tmp_path / "client.json"
+    cfg.write_text(json.dumps({
+        "machine": "lab", "transport": {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
+        "sources": [], "cache": str(tmp_path / "cache"), "state": str(tmp_path / "state")}))
+    srv = Server(cfg, env={**os.environ, "HOME": str(tmp_path)})
+    assert "No sync has completed into the shared memory cache yet" in srv.init()["instructions"]
+    fresh = srv.call("list")["structuredContent"]["freshness"]
+    assert fresh["last_sync"] is None and "background_sync" not in fresh
+    assert srv.close() == 0
+    assert not (tmp_path / "s.sqlite3").exists() and not (tmp_path / "state" / "delivery.lock").exists()
+
+
+# resources ---------------------------------------------------------------------------------------
+
+def _stamp(i: int) -> str:
+    """The time in a note's filename, a second apart for each i."""
+    return f"2026-01-31T09-{i // 60:02d}-{i % 60:02d}"
+
+
+def test_resources_list_the_entry_files_then_the_notes_page_by_page(tmp_path: Path) -> None:
+    from sharedmem.rules import NOTES_DIR
+    layout = {
+        "machines/lab/codex": ("codex", {"MEMORY.md": "m\n", "memory_summary.md": "s\n",
+                                         "rollout_summaries/r.md": "r\n"}),
+        "machines/lab/claude-code": ("claude-code", {"web/MEMORY.md": "w\n", "web/x.md": "x\n",
+                                                     "api/MEMORY.md": "a\n"}),
+        "machines/lab/notes": ("markdown", {"MEMORY.md": "not an agent's\n"}),
+        NOTES_DIR: ("notes", {f"{_stamp(i)}-n{i}.md": f"note {i}\n" for i in range(150)}),
+    }
+    upserts, namespaces = [], {}
+    for key, (kind, files) in layout.items():
+        machine, source = ("lab", key.split("/")[2]) if key != NOTES_DIR else (None, "ad_hoc")
+        namespaces[key] = NamespaceInfo(key, machine, source, kind, 1, "2026-01-31T09:30:00Z")
+        upserts += [(f"{key}/{p}", sha256_text(t), t) for p, t in files.items()]
+    Cache(tmp_path / "cache").apply(upserts, [], namespaces)
+    cfg = tmp_path / "client.json"
+    cfg.write_text(json.dumps({
+        "machine": "lab", "transport": {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
+        "sources": [], "cache": str(tmp_path / "cache"), "state": str(tmp_path / "state")}))
+    srv = Server(cfg)
+    srv.init("2025-11-25")
+    uris, cursor, pages = [], None, 0
+    while True:
+        page = srv.ask("resources/list", {"cursor": cursor} if cursor else {})["result"]
+        uris += [r["uri"] for r in page["resources"]]
+        pages += 1
+        if not (cursor := page.get("nextCursor")):
+            break
+    assert pages == 2
+    entries = ["machines/lab/claude-code/api/MEMORY.md", "machines/lab/claude-code/web/MEMORY.md",
+               "machines/lab/codex/MEMORY.md", "machines/lab/codex/memory_summary.md"]
+    notes = [f"{NOTES_DIR}/{_stamp(i)}-n{i}.md" for i in range(150)]
+    assert uris == [f"sharedmem://cache/{p}" for p in entries + notes]
+    first = srv.ask("resources/list")["result"]["resources"][0]
+    assert first["title"] == "MEMORY.md of lab (claude-code/api)"
+    assert "Claude Code memory index of machine lab, synced 2026-01-31T09:30:00Z" in \
+        first["description"]
+    note = srv.ask("resources/read", {"uri": uris[-1]})["result"]["contents"]
+    assert note == [{"uri": uris[-1], "mimeType": "text/markdown", "text": "note 149\n"}]
+    escaped = "sharedmem://cache/machines%2Flab%2Fcodex%2Fmemory_summary.md"  # {path} expanded
+    assert srv.ask("resources/read", {"uri": escaped})["result"]["contents"][0]["text"] == "s\n"
+    assert srv.close() == 0
+
+
+def test_resources_without_a_configuration_say_why(tmp_path: Path) -> None:
+    srv = Server(tmp_path / "missing.json")
+    result = srv.init()
+    assert result["instructions"].endswith("when the user asks you to remember something.")
+    assert srv.ask("resources/templates/list")["result"]["resourceTemplates"]
+    for method, params in [("resources/list", {}),
+                           ("resources/read", {"uri": f"sharedmem://cache/{NS}/MEMORY.md"})]:
+        error = srv.ask(method, params)["error"]
+        assert error["code"] == -32603 and "missing.json does not exist: run install_client.py" \
+            in error["message"], error
+    assert srv.close() == 0

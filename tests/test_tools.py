@@ -292,3 +292,33 @@ def test_tool_specs_are_well_formed() -> None:
     assert all(hints[n]["readOnlyHint"] for n in ("list", "read", "search"))
     assert hints["add_ad_hoc_note"]["readOnlyHint"] is False
     assert hints["add_ad_hoc_note"]["idempotentHint"] is False
+
+
+def test_only_the_top_level_says_how_fresh_the_cache_is(cache: Cache) -> None:
+    asked: list[int] = []
+
+    def freshness() -> dict[str, object]:
+        asked.append(1)
+        return {"summary": "The shared memory cache was last synced just now."}
+
+    def no_notes() -> tools.Submit:
+        raise AssertionError("list adds no note")
+
+    top = tools.call("list", {}, cache, no_notes, freshness)
+    assert top["freshness"]["summary"].startswith("The shared memory cache")
+    assert "last synced just now" in tools.format_text("list", top)
+    assert "freshness" not in tools.call("list", {"path": NS}, cache, no_notes, freshness)
+    assert "freshness" not in tools.list_files(cache)
+    assert asked == [1]
+
+
+@pytest.mark.parametrize("path, message", [
+    (f"{NS}/MEMORY.md", None), ("../x.md", "component"), (f"{NS}/none.md", "no file"),
+])
+def test_a_cached_file_is_opened_as_read_opens_it(cache: Cache, path: str,
+                                                  message: str | None) -> None:
+    if message is None:
+        assert tools.cached_bytes(cache, path) == cache.root.joinpath(path).read_bytes()
+    else:
+        with pytest.raises(SharedMemoryError, match=message):
+            tools.cached_bytes(cache, path)

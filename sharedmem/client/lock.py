@@ -81,10 +81,22 @@ def delivery_lock(state: Path) -> Iterator[bool]:
     One delivery runs at a time; one that finds the lock held leaves its notes to the holder,
     which looks for notes queued meanwhile once it lets go.
     """
+    with delivery_lock_file(state) as fd:
+        yield fd is not None
+
+
+@contextlib.contextmanager
+def delivery_lock_file(state: Path) -> Iterator[int | None]:
+    """The delivery lock's open file while this process holds it; None when another holds it.
+
+    On POSIX a child given the file (`pass_fds`) holds the lock with it until it ends, after
+    this process closed its own: how the MCP server's background sync keeps a second from
+    starting, with no moment when neither holds it.
+    """
     state.mkdir(parents=True, exist_ok=True)
     fd = os.open(state / "delivery.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        yield _try_lock(fd)
+        yield fd if _try_lock(fd) else None
     finally:
         os.close(fd)
 

@@ -4,7 +4,8 @@
 --notes-only`), so no tool ever waits on the server; `note` (the CLI) delivers in its own time.
 A delivery is the exchange (exchange.py) with nothing published first, so a note never loads
 the sync. It holds the sync lock, runs one at a time per machine, and gives up once the server
-has not finished within DELIVERY_TIMEOUT seconds: its notes then wait for the next sync.
+has not finished within DELIVERY_TIMEOUT seconds: its notes then wait for the next sync. The same
+detached start runs the whole `sync` an MCP server starts on a stale cache (`start_sync`).
 """
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sharedmem.client.config import ClientConfig
 from sharedmem.client.exchange import Exchange
-from sharedmem.client.lock import Waiting, delivery_lock, sync_lock
+from sharedmem.client.lock import Waiting, delivery_lock, delivery_lock_file, sync_lock
 from sharedmem.client.outbox import Outbox, QueuedNote
 from sharedmem.client.transport import Connection
 from sharedmem.core import NoteError, SharedMemoryError, TransportError
 from sharedmem.rules import NOTES_DIR
+
+if TYPE_CHECKING:
+    import subprocess
 
 DELIVERY_TIMEOUT = 30.0  # seconds a delivery waits on the server, from starting ssh to the pull
 NOTE_LOCK_WAIT = 30.0  # seconds `note` waits for a running sync before leaving the note queued
@@ -57,9 +61,9 @@ def queue_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any]
         "started": f"Queued; a delivery to the server was started in the background. Once the "
                    f"server has stored the note (usually within seconds) it can be read at "
                    f"{path}. {later}",
-        "already running": f"Queued; the delivery already running on this machine takes it too. "
-                           f"Once the server has stored the note (usually within seconds) it "
-                           f"can be read at {path}. {later}",
+        "already running": f"Queued; the delivery (or background sync) already running on this "
+                           f"machine takes it too. Once the server has stored the note (usually "
+                           f"within seconds) it can be read at {path}. {later}",
         "not started": f"Queued on this machine, but no delivery could be started ({why}): the "
                        f"next sync delivers it, and it can then be read at {path}.",
     }[delivery]
@@ -69,24 +73,47 @@ def queue_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any]
 
 def start_delivery(config: ClientConfig) -> tuple[str, str]:
     """Start `sync --notes-only` detached, unless a delivery runs: (what happened, why not)."""
-    with delivery_lock(config.state) as free:
-        if not free:  # the holder looks for notes queued meanwhile once it is done
-            return "already running", ""
+    what, why, _ = start_detached(config, "--notes-only")
+    return what, why
+
+
+def start_sync(config: ClientConfig) -> tuple[str, str, subprocess.Popen[bytes] | None]:
+    """Start a whole `sync` detached (the MCP server, on a stale cache), unless one runs.
+
+    The same start as a delivery's, and the same lock: the sync holds the delivery lock until it
+    ends (handed over on POSIX), so a second MCP server starts no second one, and a note added
+    meanwhile is delivered by it (or, when it has passed that step, by the next sync).
+    """
+    return start_detached(config, hold=True)
+
+
+def start_detached(config: ClientConfig, *flags: str, hold: bool = False
+                   ) -> tuple[str, str, subprocess.Popen[bytes] | None]:
+    """Start `sync FLAGS` detached unless the delivery lock is held: (what, why not, process).
+
+    'already running' when a delivery (which looks for notes queued meanwhile once it is done)
+    or a background sync holds the lock. With `hold`, the child is handed the lock.
+    """
     import subprocess
     import sys
 
     from sharedmem.program import LAUNCHER
-    # `--config=PATH`, one word: so `sync` starts no ssh ahead, which a delivery that finds
-    # another one running would only have to stop.
-    argv = [sys.executable, str(LAUNCHER), "sync", "--notes-only", f"--config={config.path}"]
-    try:
-        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, close_fds=True,
-                         creationflags=_DETACHED if os.name == "nt" else 0,
-                         start_new_session=os.name != "nt")
-    except OSError as exc:
-        return "not started", f"cannot run {sys.executable}: {exc}"
-    return "started", ""
+    with delivery_lock_file(config.state) as fd:
+        if fd is None:
+            return "already running", "", None
+        # `--config=PATH`, one word: so `sync` starts no ssh ahead, which a delivery that finds
+        # another one running would only have to stop.
+        argv = [sys.executable, str(LAUNCHER), "sync", *flags, f"--config={config.path}"]
+        try:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, close_fds=True,
+                pass_fds=(fd,) if hold and os.name != "nt" else (),
+                creationflags=_DETACHED if os.name == "nt" else 0,
+                start_new_session=os.name != "nt")
+        except OSError as exc:
+            return "not started", f"cannot run {sys.executable}: {exc}", None
+    return "started", "", process
 
 
 def deliver_queued(config: ClientConfig, lock_wait: float, waiting: Waiting | None = None,

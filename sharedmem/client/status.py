@@ -1,23 +1,42 @@
-"""`status`: what a client's cache holds, how old it is, and what waits in its outbox."""
+"""What a client's cache holds, how old it is, the last sync attempt, and the notes waiting.
+
+`freshness` is what the MCP server tells an agent at `initialize` and in `list`: it reads three
+small things (the cache's namespaces file, `state/last-sync.json`, the names in the outbox) with
+`os` and the C JSON of fastjson.py only, so the server's start stays small. `status` (the
+command) is the whole picture.
+"""
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 import time
-from pathlib import Path
-from typing import Any
 
-from sharedmem.cache.cache import Cache
-from sharedmem.client.config import ClientConfig
-from sharedmem.client.outbox import Outbox
-from sharedmem.clock import age_text, parse_utc
+from sharedmem.clock import SYNC_INTERVAL_SECONDS, age_text, parse_utc
+from sharedmem.core import JSONError
+from sharedmem.fastjson import loads
+
+TYPE_CHECKING = False  # typing imports re: the MCP server's start does not pay for it
+if TYPE_CHECKING:
+    from typing import Any
+
+    from sharedmem.client.config import ClientConfig
+
+STALE_PERIODS = 3  # a cache older than this many schedule periods is stale: a sync has been missed
+NAMESPACES_FILE = (".sharedmem", "namespaces.json")  # below the cache: Cache.namespaces_path
+LAST_ATTEMPT_FILE = "last-sync.json"  # below the state folder, written by every sync
+OUTBOX = "outbox"  # below the state folder: outbox.Outbox, one `.json` file a note
+_SMALL = 1 << 20  # a bookkeeping file larger than this is damaged: read as nothing
+_ERROR_CHARS = 300  # of a failed attempt's error, in the one-line summary
 
 
 def status(config: ClientConfig) -> dict[str, Any]:
     """What the cache holds, how old it is, and what waits in the outbox."""
+    from sharedmem.cache.cache import Cache
+    from sharedmem.client.outbox import Outbox
     cache = Cache(config.cache)
     manifest = cache.load()
-    last = _read_json(config.state / "last-sync.json")
+    last = _read_json(os.path.join(config.state, LAST_ATTEMPT_FILE), follow=True)
     age = time.time() - parse_utc(manifest.last_sync) if manifest.last_sync else None
     counts: dict[str, int] = {}
     for meta in manifest.files.values():
@@ -29,7 +48,7 @@ def status(config: ClientConfig) -> dict[str, Any]:
         "age_seconds": None if age is None else int(age),
         "age": None if age is None else age_text(age),
         "last_attempt": last,
-        "pending_notes": [n.filename for _, n in Outbox(config.state / "outbox").pending()],
+        "pending_notes": [n.filename for _, n in Outbox(config.state / OUTBOX).pending()],
         "namespaces": [
             {"key": k, "machine": ns.machine, "source": ns.source, "kind": ns.kind,
              "files": counts.get(k, 0), "synced_at": ns.synced_at}
@@ -37,9 +56,150 @@ def status(config: ClientConfig) -> dict[str, Any]:
     }
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def config_paths(config_path: str) -> tuple[str, str] | None:
+    """The cache and state folders `client.json` names, read cheaply; None if it cannot say.
+
+    The same paths as `config.load` gives (relative to the file's folder, a leading `~` for
+    HOME, the state folder `state` beside the file by default), without validating the rest:
+    a broken configuration is reported by the first tool call.
+    """
+    raw = _read_json(os.path.expanduser(config_path), follow=True)
+    base = os.path.dirname(os.path.expanduser(config_path))
+    cache, state = raw.get("cache"), raw.get("state", os.path.join(base, "state"))
+    if not (isinstance(cache, str) and cache and isinstance(state, str) and state):
+        return None
+    return os.path.join(base, _home(cache)), os.path.join(base, _home(state))
+
+
+def _home(value: str) -> str:
+    """A leading `~` as config.expand reads it: HOME, else the user's home."""
+    if value == "~" or value.startswith("~/"):
+        return (os.environ.get("HOME") or os.path.expanduser("~")) + value[1:]
+    return value
+
+
+def freshness(cache: str, state: str, now: float | None = None) -> dict[str, Any]:
+    """When the cache last synced and its age, the last attempt, and how many notes wait.
+
+    `last_sync` is the last pull written into the cache; `last_attempt` the last whole sync's
+    outcome (status, error, finished_at), None before the first; `pending_notes` the notes in
+    the outbox. Nothing here fails: what cannot be read is reported as unknown.
+    """
+    now = time.time() if now is None else now
+    last_sync = _read_json(os.path.join(cache, *NAMESPACES_FILE)).get("last_sync")
+    synced = _when(last_sync)
+    raw = _read_json(os.path.join(state, LAST_ATTEMPT_FILE), follow=True)
+    attempt = {k: raw[k] for k in ("status", "error", "finished_at") if isinstance(raw.get(k), str)}
+    age = None if synced is None else max(0, int(now - synced))
+    return {"last_sync": last_sync if synced is not None else None, "age_seconds": age,
+            "age": None if age is None else age_text(age),
+            "last_attempt": attempt if attempt.get("status") else None,
+            "pending_notes": _count_notes(os.path.join(state, OUTBOX))}
+
+
+def stale_reason(fresh: dict[str, Any], now: float | None = None) -> str | None:
+    """Why a sync should start now ('the cache was 2h 5m old'), or None.
+
+    Stale is older than STALE_PERIODS runs of the schedule: a laptop that slept, a schedule
+    that stopped. Never for a cache no sync has completed into (the installer's first sync, or
+    a person's, is what sets a client up), nor when a sync finished within the last period (the
+    schedule is trying: the server is likely unreachable, and another try would only fail too).
+    """
+    age = fresh.get("age_seconds")
+    if age is None or age <= STALE_PERIODS * SYNC_INTERVAL_SECONDS:
+        return None
+    now = time.time() if now is None else now
+    tried = _when((fresh.get("last_attempt") or {}).get("finished_at"))
+    if tried is not None and 0 <= now - tried < SYNC_INTERVAL_SECONDS:
+        return None
+    return f"the cache was {fresh['age']} old"
+
+
+def describe(fresh: dict[str, Any]) -> str:
+    """The freshness as sentences an agent reads: age, a failed last attempt, notes waiting.
+
+    A `background_sync` entry (added by the MCP server) says what it started.
+    """
+    if fresh.get("last_sync"):
+        parts = [f"The shared memory cache was last synced at {fresh['last_sync']} "
+                 f"({fresh['age']} ago)."]
+    else:
+        parts = ["No sync has completed into the shared memory cache yet, so it may be empty: "
+                 "run `shared_memory.py sync --config PATH` on this machine."]
+    attempt = fresh.get("last_attempt") or {}
+    if attempt.get("status") == "failed":
+        error = " ".join(str(attempt.get("error") or "no reason recorded").split())
+        if len(error) > _ERROR_CHARS:
+            error = error[:_ERROR_CHARS] + "…"
+        if not error.endswith((".", "!", "?", "…")):
+            error += "."
+        parts.append(f"The last sync attempt ({attempt.get('finished_at') or 'time unknown'}) "
+                     f"failed: {error}")
+    pending = fresh.get("pending_notes") or 0
+    if pending:
+        parts.append(f"{pending} note{'s wait' if pending > 1 else ' waits'} on this machine "
+                     "to be delivered to the server.")
+    background = fresh.get("background_sync") or {}
+    if background.get("status") == "starting":
+        parts.append(f"A sync is being started in the background because "
+                     f"{background['reason']} (unless one already runs); `list` without a path "
+                     "says which, and how it goes.")
+    elif background.get("status") == "started":
+        parts.append(f"A sync was started in the background at {background['started_at']} "
+                     f"because {background['reason']}"
+                     + ("; it is still running." if background.get("running") else "."))
+    elif background.get("status") == "already running":
+        parts.append(f"{background['reason'][0].upper()}{background['reason'][1:]}; a sync or "
+                     "note delivery of this machine was already running in the background, "
+                     "so none was started.")
+    elif background.get("status") == "not started":
+        parts.append(f"{background['reason'][0].upper()}{background['reason'][1:]}, but no "
+                     f"background sync could be started: {background['why']}.")
+    return " ".join(parts)
+
+
+def _when(stamp: object) -> float | None:
+    """The time of a stamp as utc_now writes it; None for anything else."""
+    if not isinstance(stamp, str):
+        return None
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return parse_utc(stamp)
+    except ValueError:
+        return None
+
+
+def _count_notes(folder: str) -> int:
+    """Notes queued in the outbox: its `.json` entries, as Outbox.pending lists them (unread)."""
+    try:
+        with os.scandir(folder) as entries:
+            return sum(1 for e in entries if e.name.endswith(".json") and not e.name.startswith("."))
+    except OSError:
+        return 0
+
+
+def _read_json(path: str, *, follow: bool = False) -> dict[str, Any]:
+    """A small JSON object from a file; {} when it is missing, damaged, large or not a file.
+
+    Opened without blocking, so a FIFO in its place cannot stall the MCP server's start; a link
+    is followed only with `follow` (the user's own files: client.json, the state folder), never
+    in the cache, which others may write.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+    except OSError:
         return {}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        data = b""
+        while len(data) <= _SMALL and (chunk := os.read(fd, _SMALL + 1 - len(data))):
+            data += chunk
+        value = loads(data.decode("utf-8")) if len(data) <= _SMALL else None
+    except (OSError, UnicodeDecodeError, JSONError):
+        return {}
+    finally:
+        os.close(fd)
     return value if isinstance(value, dict) else {}

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sharedmem.clock import SYNC_INTERVAL_SECONDS
 from sharedmem.core import InstallError
 from sharedmem.files import atomic_write
 
@@ -27,7 +28,7 @@ TIMER = f"{UNIT_NAME}.timer"
 CRON_TAG = "# codex-shared-memory"
 LAUNCHD_LABEL = "com.codex-shared-memory.sync"
 TASK_NAME = "CodexSharedMemorySync"
-INTERVAL_SECONDS = 120
+INTERVAL_SECONDS = SYNC_INTERVAL_SECONDS  # the MCP server judges a cache's age by it too
 SCHTASKS_TR_MAX = 261  # schtasks refuses a longer /TR; then a .cmd wrapper runs the command
 WRAPPER_NAME = f"{UNIT_NAME}.cmd"
 

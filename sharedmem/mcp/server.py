@@ -1,8 +1,10 @@
-"""The MCP server: JSON-RPC 2.0 on stdio, one message a line, over the tools in tools.py.
+"""The MCP server: JSON-RPC 2.0 on stdio, one message a line, over tools.py and resources.py.
 
 Start-up is kept small on purpose: answering `initialize` needs only os, sys and the C JSON
-of fastjson.py (not `json`, which loads `re`); the configuration, cache, tools and search index
-are loaded on the first tool request.
+of fastjson.py (not `json`, which loads `re`), and three small files read for the cache's
+freshness (client/status.py); the configuration, cache, tools and search index are loaded on
+the first tool request. A stale cache gets one sync started in the background, after the
+`initialize` reply is written (client/note.py `start_sync`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 import sys
 
 from sharedmem import __version__
+from sharedmem.client.status import config_paths, describe, freshness, stale_reason
+from sharedmem.clock import utc_now
 from sharedmem.core import JSONError
 from sharedmem.fastjson import dumps, loads
 
@@ -28,6 +32,9 @@ TOOLS_PAGE = 50
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 INTERNAL_ERROR = -32603
 REPLY_LIMIT = -32001  # a JSON-RPC server error of our own: the batch's reply is full
+RESOURCE_NOT_FOUND = -32002  # what the MCP specification asks of resources/read
+CAPABILITIES = {"tools": {"listChanged": False},
+                "resources": {"subscribe": False, "listChanged": False}}
 INSTRUCTIONS = (
     "Shared memory: Markdown notes and memory files synced from the user's machines and coding "
     "agents. Start from the index files (memory_summary.md, MEMORY.md) under machines/<machine>/"
@@ -77,8 +84,11 @@ def read_lines(fd: int, limit: int = MAX_LINE_BYTES) -> Iterator[bytes | LineToo
             start = end + 1
 
 
-def _error(ident: Any, code: int, message: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
+def _error(ident: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": ident, "error": error}
 
 
 def _ok(ident: Any, result: dict[str, Any]) -> dict[str, Any]:
@@ -97,6 +107,9 @@ class Server:
         self.version: str | None = None
         self.initialized = False
         self._context: tuple[Any, Any] | None = None
+        self._stale: str | None = None  # why a background sync is due, until after_reply starts it
+        self.background: dict[str, Any] | None = None  # what that start did, for freshness
+        self._process: Any = None  # the sync it started
 
     def handle(self, line: bytes | LineTooLong) -> Any:
         """The reply to one input line (a dict, a list for a batch), or None for silence."""
@@ -188,9 +201,8 @@ class Server:
             info = {"name": "shared_memories", "version": __version__}
             if self.version >= "2025-06-18":
                 info["title"] = "Shared memories"
-            return _ok(ident, {"protocolVersion": self.version,
-                               "capabilities": {"tools": {"listChanged": False}},
-                               "serverInfo": info, "instructions": INSTRUCTIONS})
+            return _ok(ident, {"protocolVersion": self.version, "capabilities": CAPABILITIES,
+                               "serverInfo": info, "instructions": self._instructions()})
         if self.version is None:
             return _error(ident, METHOD_NOT_FOUND,
                           f"method {method!r} is not available before initialize")
@@ -204,7 +216,86 @@ class Server:
             if not isinstance(arguments, dict):
                 return _error(ident, INVALID_PARAMS, "arguments must be an object")
             return _ok(ident, self._call(name, arguments))
+        if method in ("resources/list", "resources/read", "resources/templates/list"):
+            return self._resources(ident, method, params)
         return _error(ident, METHOD_NOT_FOUND, f"method {method!r} not found")
+
+    def _instructions(self) -> str:
+        """INSTRUCTIONS, then how fresh the cache is; a stale one is due a background sync.
+
+        Read from the raw client.json and three small files, so `initialize` stays fast; the
+        sync itself is started once this reply is written (`after_reply`).
+        """
+        paths = config_paths(self.config_path)
+        if paths is None:
+            return INSTRUCTIONS
+        fresh = freshness(*paths)
+        self._stale = stale_reason(fresh)
+        if self._stale is not None:
+            fresh["background_sync"] = {"status": "starting", "reason": self._stale}
+        return f"{INSTRUCTIONS}\n\n{describe(fresh)}"
+
+    def after_reply(self) -> None:
+        """Start the background sync `initialize` found due: once its reply is on its way."""
+        if self._stale is None:
+            return
+        reason, self._stale = self._stale, None
+        from sharedmem.core import SharedMemoryError
+        started_at = utc_now()
+        try:
+            from sharedmem.client.note import start_sync
+            config, _ = self._load()
+            status, why, self._process = start_sync(config)
+        except (SharedMemoryError, ImportError, OSError) as exc:
+            status, why = "not started", str(exc)
+        except Exception as exc:  # noqa: BLE001 - a failed start must not end the session
+            status, why = "not started", f"{type(exc).__name__}: {exc}"
+        self.background = {"status": status, "reason": reason, "started_at": started_at}
+        if why:
+            self.background["why"] = why
+        _log(f"background sync {status} ({reason})" + (f": {why}" if why else ""))
+
+    def cache_freshness(self) -> dict[str, Any]:
+        """How fresh the cache is now, and what this server's background sync did."""
+        config, _ = self._load()
+        fresh = freshness(str(config.cache), str(config.state))
+        if self.background is not None:
+            fresh["background_sync"] = dict(self.background)
+            if self._process is not None:
+                fresh["background_sync"]["running"] = self._process.poll() is None
+        fresh["summary"] = describe(fresh)
+        return fresh
+
+    def _resources(self, ident: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """resources/list, resources/read and resources/templates/list (resources.py)."""
+        from sharedmem.core import SharedMemoryError
+        from sharedmem.mcp import resources
+        assert self.version is not None
+        try:
+            if method == "resources/templates/list":
+                return _ok(ident, resources.templates(params.get("cursor"), self.version))
+        except SharedMemoryError as exc:
+            return _error(ident, INVALID_PARAMS, str(exc))
+        try:
+            _, cache = self._load()
+        except SharedMemoryError as exc:
+            return _error(ident, INTERNAL_ERROR, f"the shared memory cannot be read: {exc}")
+        if method == "resources/list":
+            try:
+                return _ok(ident, resources.list_resources(cache, params.get("cursor"),
+                                                           self.version))
+            except SharedMemoryError as exc:
+                return _error(ident, INVALID_PARAMS, str(exc))
+        uri = params.get("uri")
+        data = {"uri": uri} if isinstance(uri, str) and len(uri) <= 4096 else None
+        try:
+            path = resources.path_of(uri)
+        except SharedMemoryError as exc:
+            return _error(ident, INVALID_PARAMS, str(exc), data)
+        try:
+            return _ok(ident, resources.read(cache, uri, path))
+        except SharedMemoryError as exc:
+            return _error(ident, RESOURCE_NOT_FOUND, f"Resource not found: {exc}", data)
 
     def _tools_list(self, ident: Any, params: dict[str, Any]) -> dict[str, Any]:
         from sharedmem.mcp.tools import TOOLS
@@ -231,7 +322,8 @@ class Server:
         from sharedmem.mcp.tools import call
         try:
             config, cache = self._load()
-            result = call(name, arguments, cache, lambda: self._submit(config))
+            result = call(name, arguments, cache, lambda: self._submit(config),
+                          self.cache_freshness)
         except SharedMemoryError as exc:
             return {"content": [{"type": "text", "text": f"{name} failed: {exc}"}],
                     "isError": True}
@@ -311,6 +403,7 @@ def main(config_path: str) -> int:
             reply = server.handle(line)
             if reply is not None:
                 _write_all(out, (_dumps(reply) + "\n").encode("utf-8"))
+            server.after_reply()
     except (BrokenPipeError, KeyboardInterrupt):
         pass
     except OSError as exc:

@@ -26,8 +26,8 @@ READ_DEFAULT, READ_MAX = 400, 2000
 SEARCH_DEFAULT, SEARCH_MAX = 50, 200
 MAX_QUERIES, QUERY_MAX_CHARS = 16, 1000
 RESULT_MAX_BYTES = 256 * 1024  # text in one result (UTF-8): lines, paths, queries
-__all__ = ["TOOLS", "add_ad_hoc_note", "call", "cut_text", "format_text", "list_files", "read_file",
-           "search"]
+__all__ = ["TOOLS", "add_ad_hoc_note", "cached_bytes", "call", "cut_text", "format_text",
+           "list_files", "read_file", "search"]
 
 
 def _encode_cursor(data: dict[str, Any]) -> str:
@@ -83,10 +83,19 @@ def _modified(disk: CacheFiles, relpath: str) -> str | None:
 
 
 def list_files(cache: Cache, path: str | None = None, cursor: str | None = None,
-               max_results: int | None = None) -> dict[str, Any]:
-    """Files and folders directly under `path` (not recursive), in name order, one page."""
+               max_results: int | None = None,
+               freshness: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Files and folders directly under `path` (not recursive), in name order, one page.
+
+    A page of the top level also says how fresh the cache is, when `freshness` can tell
+    (client/status.py: last sync, last attempt, notes waiting, a background sync).
+    """
     with CacheFiles(cache.root) as disk:
-        return _list(cache, disk, _folder(disk, path), cursor, max_results)
+        folder = _folder(disk, path)
+        result = _list(cache, disk, folder, cursor, max_results)
+    if not folder and freshness is not None:
+        result["freshness"] = freshness()
+    return result
 
 
 def _list(cache: Cache, disk: CacheFiles, folder: str, cursor: str | None,
@@ -151,18 +160,11 @@ def read_file(cache: Cache, path: str, line_offset: int | None = None,
     `next_char_offset` for the rest of a cut line).
     """
     from sharedmem.cache.search import provenance
-    problems = path_problems(path)
-    if problems:
-        raise PathRuleError("; ".join(problems) + ": pass a .md path from list or search")
+    _check_file_path(path)
     start = _number(line_offset, "line_offset", 1, 1, 2**31)
     count = _number(max_lines, "max_lines", READ_DEFAULT, 1, READ_MAX)
     skip = _number(char_offset, "char_offset", 0, 0, 2**31)
-    with CacheFiles(cache.root) as disk:
-        data = disk.read(path)
-    if data is None:
-        raise PathRuleError(f"no file {path!r} in the cache: use list or search to find "
-                            "published paths")
-    text = data.decode("utf-8", "replace")
+    text = _read_cached(cache, path).decode("utf-8", "replace")
     lines = text.split("\n")
     if text.endswith("\n"):
         lines.pop()
@@ -184,6 +186,31 @@ def read_file(cache: Cache, path: str, line_offset: int | None = None,
             "next_char_offset": None if cut is None else skip + cut,
             "capped": cut is not None or (more and len(window) < count),
             **provenance(cache.load(), path)}
+
+
+def cached_bytes(cache: Cache, path: str) -> bytes:
+    """A cached file's bytes by its published path, as `read` opens it (MCP resources too).
+
+    The path rule first, then CacheFiles, which follows no link: PathRuleError names the path
+    and says what to do when it breaks the rule, is not in the cache, or is a link or a FIFO.
+    """
+    _check_file_path(path)
+    return _read_cached(cache, path)
+
+
+def _check_file_path(path: str) -> None:
+    problems = path_problems(path)
+    if problems:
+        raise PathRuleError("; ".join(problems) + ": pass a .md path from list or search")
+
+
+def _read_cached(cache: Cache, path: str) -> bytes:
+    with CacheFiles(cache.root) as disk:
+        data = disk.read(path)
+    if data is None:
+        raise PathRuleError(f"no file {path!r} in the cache: use list or search to find "
+                            "published paths")
+    return data
 
 
 def _window(lines: list[str], budget: int) -> tuple[list[str], int | None]:
@@ -301,9 +328,12 @@ def _unicode_problem(value: object) -> str | None:
     return None
 
 
-def call(name: str, arguments: dict[str, Any], cache: Cache,
-         submit: Callable[[], Submit]) -> dict[str, Any]:
-    """Check `arguments` against the tool's input schema, then run it."""
+def call(name: str, arguments: dict[str, Any], cache: Cache, submit: Callable[[], Submit],
+         freshness: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Check `arguments` against the tool's input schema, then run it.
+
+    `freshness` says how fresh the cache is, for `list` of the top level.
+    """
     spec = next((t for t in TOOLS if t["name"] == name), None)
     if spec is None:
         raise ProtocolError(f"unknown tool {name!r}: use list, read, search or add_ad_hoc_note")
@@ -329,7 +359,7 @@ def call(name: str, arguments: dict[str, Any], cache: Cache,
         raise ProtocolError(f"{name} needs the argument {missing[0]!r}: "
                             f"{schema['properties'][missing[0]]['description']}")
     if name == "list":
-        return list_files(cache, **arguments)
+        return list_files(cache, **arguments, freshness=freshness)
     if name == "read":
         return read_file(cache, **arguments)
     if name == "search":
@@ -344,6 +374,7 @@ def format_text(tool: str, result: dict[str, Any]) -> str:
                 else f"{e['path']}  {e['size']} bytes  {e.get('modified') or ''}"
                 for e in result["entries"]]
         rows.extend([result["hint"]] if result.get("hint") else [])
+        rows.extend([result["freshness"]["summary"]] if result.get("freshness") else [])
     elif tool == "read":
         first = result["line_offset"]
         rows = [f"{first + i:>6}  {line}" for i, line in enumerate(result["lines"])]
@@ -394,14 +425,18 @@ TOOLS: list[dict[str, Any]] = [
     {"name": "list", "title": "List shared memory",
      "description": "List the files and folders directly under a folder of the shared memory "
      "cache (not recursive), with size, modified time, machine and source. Start at the top "
-     "level, then open machines/<machine>/<source>. Page with next_cursor (a page holds at "
-     "most 256 KiB of names; capped says it ended there).",
+     "level, which also says how fresh the cache is (freshness: last sync, a failed last "
+     "attempt, notes waiting), then open machines/<machine>/<source>. Page with next_cursor "
+     "(a page holds at most 256 KiB of names; capped says it ended there).",
      "annotations": {"title": "List shared memory", "readOnlyHint": True, "openWorldHint": False},
      "inputSchema": _obj({"path": _prop("string", _FOLDER), "cursor": _CURSOR,
                           "max_results": _prop("integer", "entries per page, 1-2000 (default 200)",
                                                minimum=1, maximum=LIST_MAX)}, closed=True),
      "outputSchema": _obj({"path": {"type": "string"}, "total": {"type": "integer"},
                            "entries": {"type": "array", "items": _ANY}, "hint": {"type": "string"},
+                           "freshness": {"type": "object", "description": "top level only: "
+                                         "last_sync, age, last_attempt, pending_notes, "
+                                         "background_sync and a summary sentence"},
                            **_NEXT, **_CAPPED}, ("path", "entries", "total"))},
     {"name": "read", "title": "Read a shared memory file",
      "description": "Read lines of one Markdown file from the shared memory cache, with where it "
