@@ -6,6 +6,7 @@ docs/PROTOCOL.md is the contract; this module is its one implementation, used by
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 from sharedmem.core import ProtocolError
@@ -17,11 +18,17 @@ if TYPE_CHECKING:
 
 VERSIONS = (1, 2)
 MAX_LINE_BYTES = 32 * MIB
+# Parsing costs about 75 bytes a JSON value on top of the text (an empty list, a dict entry), so
+# a line of 32 MiB of `[],` or `"a":0,` would cost 27 times its size. A million values cost
+# about 75 MB, what the largest legal line of text costs anyway; no message either end sends
+# comes near it (a manifest of 20,000 files holds about 100,000).
+MAX_LINE_VALUES = 1_000_000
 CHUNK_BYTES = 4 * MIB
 
 ERROR_CODES = {
     "bad-json": "a line is not one JSON object in UTF-8",
     "line-too-long": f"a line is longer than {MAX_LINE_BYTES} bytes",
+    "too-many-values": f"a line holds more than {MAX_LINE_VALUES} JSON values",
     "unknown-type": "the message type is unknown for the negotiated version",
     "out-of-order": "the message is not allowed at this point of the session",
     "bad-field": "a field is missing or has the wrong type or value",
@@ -29,6 +36,7 @@ ERROR_CODES = {
     "machine-mismatch": "the client names a machine other than the one its key is pinned to",
     "stale-base": "a delta manifest's base is not what the server holds; send the whole manifest",
     "ahead-full": "bodies sent ahead of their manifest exceed the server's hello.ahead_bytes",
+    "too-many-files": "a manifest or publish lists more files than the server's namespace quota",
     "store": "the server's store refused or failed the operation",
     "note": "a note was refused",
 }
@@ -43,8 +51,53 @@ class PeerError(ProtocolError):
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    """One message as one line of UTF-8 JSON."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    """One message as one line of UTF-8 JSON; ProtocolError if a text in it is not Unicode.
+
+    A lone surrogate (which a JSON escape can carry) has no UTF-8 form: a side that echoes
+    what its peer sent makes it printable first (`printable`).
+    """
+    try:
+        return (json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+                + b"\n")
+    except UnicodeEncodeError:
+        raise ProtocolError(f"a {message.get('type')!r} message holds text that is not valid "
+                            "Unicode (a lone surrogate); it was not sent") from None
+
+
+def printable(text: str) -> str:
+    """`text` as it is, or with each lone surrogate written out as six characters, to be sent."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def json_values(line: bytes) -> int:
+    """How many values a line of JSON holds, at most: the `[`, `{`, `,` and `:` outside strings.
+
+    Every value but the outermost follows one of them. Counting them in the whole line is a few
+    passes at memory speed; only a line where strings hold many of them (a body of JSON or CSV
+    text) is walked string by string, to leave out those inside long strings, and a walk stops
+    once the strings alone are too many (each is a value). Nothing is copied.
+    """
+    rough = sum(line.count(c) for c in _STRUCTURE)
+    if rough <= MAX_LINE_VALUES:
+        return rough
+    inside = 0
+    for n, string in enumerate(_STRINGS.finditer(line)):
+        if n >= MAX_LINE_VALUES:
+            return n + 1
+        start, end = string.span()
+        if end - start > 64:  # in a short one they are few: counted, as if outside
+            inside += sum(line.count(c, start, end) for c in _STRUCTURE)
+    return rough - inside
+
+
+_STRUCTURE = (b"[", b"{", b",", b":")
+# A JSON string, or an unterminated one up to the end of the line: every match succeeds and
+# nothing backtracks (possessive), so the walk is linear even on hostile text.
+_STRINGS = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.DOTALL)
 
 
 # Control characters JSON must escape, other than the three `json_text` replaces itself.
@@ -111,8 +164,14 @@ class Channel:
         if len(line) > MAX_LINE_BYTES:
             raise PeerError("line-too-long", f"a message from the {self.peer} is longer than "
                             f"{MAX_LINE_BYTES} bytes; refused")
+        if len(line) > MAX_LINE_VALUES and json_values(line) > MAX_LINE_VALUES:
+            raise PeerError("too-many-values", f"a message from the {self.peer} holds more than "
+                            f"{MAX_LINE_VALUES} JSON values (lists, objects, strings, numbers); "
+                            "refused: split it into several messages")
         try:
-            message = json.loads(line.decode("utf-8"))
+            text = line.decode("utf-8")
+            del line  # parsed from the text alone: the bytes need not stay meanwhile
+            message = json.loads(text)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise PeerError("bad-json", f"the {self.peer} sent a line that is not one UTF-8 JSON "
                             "object") from None

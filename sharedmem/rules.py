@@ -10,7 +10,7 @@ import unicodedata
 from collections import namedtuple
 from collections.abc import Sequence
 
-from sharedmem.core import NameRuleError, NoteError, PathRuleError
+from sharedmem.core import LimitError, NameRuleError, NoteError, PathRuleError
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -56,10 +56,14 @@ _RESERVED_WINDOWS = frozenset(
 )  # Windows also treats the superscript digits 1-3 as port numbers
 
 
-class Limits(namedtuple("Limits", "file_bytes namespace_bytes namespace_files",
-                         defaults=(1 * MIB, 64 * MIB, 20_000))):
-    """Size limits: bytes a file, bytes and files a namespace; the defaults protect both ends.
+class Limits(namedtuple("Limits", "file_bytes namespace_bytes namespace_files machine_bytes "
+                         "machine_files machine_namespaces",
+                         defaults=(1 * MIB, 64 * MIB, 20_000, 256 * MIB, 100_000, 64))):
+    """Size limits: a file; a namespace; a machine, over all its namespaces on the server.
 
+    The defaults protect both ends. The machine totals hold only on the server, which alone
+    sees every namespace of a machine (an operator sets them with `serve --limit`): without
+    them one machine could fill the server's disk with namespaces each within its quota.
     A named tuple, not a dataclass: the dataclasses module alone would cost `serve` about 10 ms.
     """
 
@@ -68,11 +72,35 @@ class Limits(namedtuple("Limits", "file_bytes namespace_bytes namespace_files",
     def problems(self) -> list[str]:
         """Every reason these limits are unusable."""
         out = []
-        for name in ("file_bytes", "namespace_bytes", "namespace_files"):
+        for name in self._fields:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 out.append(f"limit {name} must be a positive integer, not {value!r}")
         return out
+
+    @classmethod
+    def parse(cls, settings: Sequence[str]) -> Limits:
+        """Limits from `NAME=VALUE` settings (`serve --limit`), the rest at their defaults.
+
+        Raises LimitError naming each bad setting and the names there are.
+        """
+        values: dict[str, int] = {}
+        problems: list[str] = []
+        for setting in settings:
+            name, _, raw = setting.partition("=")
+            name = name.strip().replace("-", "_")
+            if name not in cls._fields:
+                problems.append(f"unknown limit {setting!r}: use NAME=VALUE with NAME one of "
+                                f"{', '.join(cls._fields)}")
+            elif not (raw.strip().isascii() and raw.strip().isdigit()):
+                problems.append(f"limit {name} must be a positive integer, not {raw!r}")
+            else:
+                values[name] = int(raw)
+        limits = cls(**values)
+        problems += limits.problems()
+        if problems:
+            raise LimitError("; ".join(problems))
+        return limits
 
 
 def name_problem(name: object, what: str = "name") -> str | None:

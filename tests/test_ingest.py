@@ -10,7 +10,7 @@ from conftest import exported, files, raw_rows
 from sharedmem.core import NameRuleError, SharedMemoryError, StoreError
 from sharedmem.hashing import digest_of, sha256_text
 from sharedmem.rules import NOTES_DIR, Limits
-from sharedmem.server.ingest import IncomingFile, StaleBase, ingest
+from sharedmem.server.ingest import MAX_MESSAGE_CHARS, IncomingFile, StaleBase, ingest
 from sharedmem.server.store import Store
 
 GITHUB_TOKEN = "ghp_" + "a" * 36
@@ -283,3 +283,97 @@ def test_a_namespace_commit_is_not_fsynced_but_a_note_is(st: Store) -> None:
     st.conn.set_trace_callback(None)
     assert seen == [1, 2]  # NORMAL, then FULL
     assert st.conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+
+
+def test_the_file_limit_holds_for_a_body_the_store_already_has(st: Store) -> None:
+    # An orphan of a killed session, or a body stored under a larger limit: a manifest naming
+    # it by sha256 alone must not slip past the file limit.
+    big, small = "b" * 2000, "small"
+    st.put_blobs([(sha256_text(t), len(t), t.encode()) for t in (big, small)])
+    report = ingest(st, "m1", "notes", "markdown", [
+        IncomingFile("big.md", sha256_text(big), 10, 0), IncomingFile("ok.md", sha256_text(small))],
+        limits=Limits(file_bytes=1000))
+    assert [(r["path"], r["reason"]) for r in report.refused] == [("big.md", "too-large")]
+    assert "is 2000 bytes, over the 1000-byte file limit" in report.refused[0]["message"]
+    assert st.manifest() == {"machines/m1/notes/ok.md": sha256_text(small)}
+
+
+def test_refusals_decided_as_the_bodies_came(st: Store) -> None:
+    limits = Limits(file_bytes=10)
+    report = ingest(st, "m1", "notes", "markdown", [
+        IncomingFile("a.md", "a" * 64, 50, 0, refused="too-large"),
+        IncomingFile("b.md", "b" * 64, 5, 0, refused="quota"),
+        IncomingFile("c.md", None, 0, 0, refused="invalid-utf8"),
+        IncomingFile("../d.md", "d" * 64, 50, 0, refused="too-large"),  # the path rule first
+        *files({"e.md": "kept"})], limits=limits)
+    assert {r["path"]: (r["reason"], r["message"]) for r in report.refused} == {
+        "a.md": ("too-large", "'a.md' is 50 bytes, over the 10-byte file limit"),
+        "b.md": ("quota", f"'b.md' is past the namespace quota ({limits.namespace_files} files, "
+                          f"{limits.namespace_bytes} bytes)"),
+        "c.md": ("invalid-utf8", "'c.md' is not valid UTF-8 text"),
+        "../d.md": ("bad-path", report.refused[0]["message"])}
+    assert exported(st) == {"machines/m1/notes/e.md": "kept"}
+    assert st.counts()["blobs"] == 1
+
+
+def test_a_body_stored_redacted_as_it_arrived(st: Store) -> None:
+    sent = f"key {GITHUB_TOKEN}"
+    clean = "key [REDACTED:github-token]"
+    st.put_blobs([(sha256_text(clean), len(clean), clean.encode())])
+    report = ingest(st, "m1", "notes", "markdown", [
+        IncomingFile("a.md", sha256_text(sent), len(clean), 0, None, {"github-token": 1},
+                     sha256_text(clean))])
+    assert report.accepted == 1 and report.redacted == {"github-token": 1}
+    assert report.stored == {"a.md": sha256_text(clean)}
+    assert exported(st) == {"machines/m1/notes/a.md": clean} and st.verify() == []
+
+
+def test_a_machine_has_totals_over_all_its_namespaces(st: Store) -> None:
+    limits = Limits(machine_files=3, machine_bytes=30, machine_namespaces=3)
+    ingest(st, "m1", "a", "markdown", files({"1.md": "a" * 10, "2.md": "b" * 10}), limits=limits)
+    ingest(st, "m2", "a", "markdown", files({"1.md": "x" * 25}), limits=limits)  # not m1's
+    report = ingest(st, "m1", "b", "markdown", files({"1.md": "c" * 5, "2.md": "d"}),
+                    limits=limits)
+    assert [(r["path"], r["reason"]) for r in report.refused] == [("2.md", "machine-quota")]
+    message = report.refused[0]["message"]
+    assert ("would take machine 'm1' past its total over all its namespaces (3 files, 30 bytes; "
+            "its other 1 namespaces hold 2 files, 20 bytes)") in message
+    assert "forget --store STORE --machine m1 --source NAME" in message
+    assert "serve --limit machine_bytes=N --limit machine_files=N" in message
+    report = ingest(st, "m1", "b", "markdown", files({"1.md": "c" * 11}), limits=limits)
+    assert [r["reason"] for r in report.refused] == ["machine-quota"]  # 31 bytes
+    # A namespace re-published counts itself once: shrinking it makes room elsewhere.
+    ingest(st, "m1", "a", "markdown", files({"1.md": "a"}), limits=limits)
+    report = ingest(st, "m1", "b", "markdown", files({"1.md": "c" * 11, "2.md": "d"}),
+                    limits=limits)
+    assert report.refused == [] and report.accepted == 2
+    base = st.namespace_digest("m1", "b")
+    report = ingest(st, "m1", "b", "markdown", files({"3.md": "e"}), base_digest=base,
+                    limits=limits)  # a delta: its kept files count too
+    assert [r["reason"] for r in report.refused] == ["machine-quota"]
+    ingest(st, "m1", "c", "markdown", [], limits=limits)
+    report = ingest(st, "m1", "d", "markdown", files({"1.md": "x"}), limits=limits)
+    assert report.accepted == 0 and report.generation == 0
+    assert [r["reason"] for r in report.refused] == ["machine-quota"]
+    assert "machine 'm1' already has 3 namespaces" in report.refused[0]["message"]
+    assert "serve --limit machine_namespaces=N" in report.refused[0]["message"]
+    assert st.namespace_digest("m1", "d") is None and st.verify() == []
+
+
+def test_a_delta_naming_paths_sqlite_cannot_take_refuses_them(st: Store) -> None:
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A"}))
+    report = ingest(st, "m1", "notes", "markdown",
+                    [IncomingFile("b\ud800.md", text="x"), *files({"c.md": "C"})],
+                    removed=["gone\udfff.md"], base_digest=st.namespace_digest("m1", "notes"))
+    assert [(r["path"], r["reason"]) for r in report.refused] == [("b\ud800.md", "bad-path")]
+    assert sorted(exported(st)) == ["machines/m1/notes/a.md", "machines/m1/notes/c.md"]
+    report = ingest(st, "m1", "notes", "markdown", [IncomingFile("d.md", "\ud800" * 64)])
+    assert [r["reason"] for r in report.refused] == ["missing-body"]
+
+
+def test_a_refusal_message_is_cut_however_long_the_path(st: Store) -> None:
+    path = "\x01" * 5000 + ".md"
+    report = ingest(st, "m1", "notes", "markdown", [IncomingFile(path, text="x")])
+    refusal = report.refused[0]
+    assert refusal["path"] == path and refusal["reason"] == "bad-path"
+    assert len(refusal["message"]) == MAX_MESSAGE_CHARS and refusal["message"].endswith("…")

@@ -12,6 +12,7 @@ from sharedmem.core import ProtocolError
 from sharedmem.protocol import (
     CHUNK_BYTES,
     MAX_LINE_BYTES,
+    MAX_LINE_VALUES,
     Channel,
     PeerError,
     choose_version,
@@ -20,6 +21,8 @@ from sharedmem.protocol import (
     encode_bodies,
     error,
     field,
+    json_values,
+    printable,
 )
 
 
@@ -192,3 +195,66 @@ def test_bodies_encoded_from_bytes_decode_to_the_same_texts() -> None:
     assert json.loads(line) == {"type": "bodies", "bodies": [[s, t] for (s, _), t in
                                                                 zip(bodies, texts, strict=True)]}
     assert json.loads(encode_bodies([])) == {"type": "bodies", "bodies": []}
+
+
+@pytest.mark.parametrize(("value", "count"), [
+    ({"type": "x"}, 2),
+    ({"type": "x", "v": [1, [2, {"a": []}], "s"]}, 12),
+    ({"type": "x", "v": "[{,:" * 400_000}, 4),  # inside one long string: not values
+    # Escaped quotes and backslashes end no string; a short string's few count as values.
+    ({"type": "x", "v": ['a"b\\', '\\\\"[,', "c,:[{" * 300_000]}, 9),
+])
+def test_json_values_counts_the_structure_outside_strings(value: object, count: int) -> None:
+    line = encode(value)  # type: ignore[arg-type]
+    if len(line) > MAX_LINE_VALUES:
+        assert json_values(line) == count
+    else:  # a short line is counted roughly: never more than its length, so never refused
+        assert count <= json_values(line) <= len(line)
+
+
+def test_json_values_walks_hostile_text_in_linear_time() -> None:
+    import time
+    for line in (b'"' + b'\\"' * 2_000_000, b'["' + b'\\"\\\\' * 1_000_000 + b"\\",
+                 b"[" + b'"a",' * 1_100_000 + b"0]"):
+        start = time.perf_counter()
+        json_values(line)
+        assert time.perf_counter() - start < 2
+
+
+@pytest.mark.parametrize("line", [
+    b'{"type":"x","v":[' + b"[]," * 600_000 + b"[]]}\n",
+    b'{"type":"x","v":{' + b",".join(b'"%d":0' % i for i in range(600_000)) + b"}}\n",
+    b'{"type":"x","v":[' + b'"ab",' * 1_100_000 + b'""]}\n',
+])
+def test_a_line_of_too_many_values_is_refused_before_it_is_parsed(line: bytes) -> None:
+    with pytest.raises(PeerError, match="more than 1000000 JSON values") as exc:
+        channel_over(line).receive()
+    assert exc.value.code == "too-many-values"
+
+
+def test_what_a_sync_client_sends_stays_far_under_the_value_bound() -> None:
+    files = [[f"folder{i // 500}/note-{i}.md", f"{i:064x}", 1234, 1_700_000_000_000_000_000]
+             for i in range(20_000)]
+    tiny = [(f"{i:064x}", b"") for i in range(CHUNK_BYTES // 80)]  # a batch of empty files
+    csv = [(f"{i:064x}", b"a,b:[c]{d}," * 100_000) for i in range(3)]  # text full of structure
+    lines = [encode({"type": "manifest", "source": "notes", "kind": "markdown",
+                     "digest": "0" * 64, "files": files}),
+             encode({"type": "pull", "known": {}, "have": [f"{i:064x}" for i in range(100_000)]}),
+             encode_bodies(tiny), encode_bodies(csv),
+             encode({"type": "bodies", "bodies": [["0" * 64, "\x01" * (1 << 20)]]})]
+    for line in lines:
+        assert json_values(line) <= MAX_LINE_VALUES // 3, line[:40]
+        assert channel_over(line).receive()["type"] in ("manifest", "pull", "bodies")
+
+
+def test_a_text_without_a_utf8_form_is_not_sent_and_printable_shows_it() -> None:
+    writer = io.BytesIO()
+    channel = Channel(io.BufferedReader(io.BytesIO()), writer, "client")
+    with pytest.raises(ProtocolError, match="'result' message holds text that is not valid "
+                       "Unicode"):
+        channel.send({"type": "result", "refused": [{"path": "a\ud800.md"}]})
+    assert writer.getvalue() == b"" and channel.sent == 0
+    assert printable("a\ud800b\udfff") == "a\\ud800b\\udfff"
+    assert printable("café ✓") == "café ✓"
+    channel.send({"type": "result", "path": printable("a\ud800.md")})
+    assert json.loads(writer.getvalue()) == {"type": "result", "path": "a\\ud800.md"}

@@ -304,3 +304,23 @@ def test_each_version_takes_its_own_message_types_and_refuses_the_rest(tmp_path:
             code = "out-of-order" if kind in {"files", "bodies", "commit"} else "unknown-type"
             assert replies == [{"type": "error", "code": code, "message": f"message type {kind!r} "
                                 f"is not allowed here in protocol version {version}"}], kind
+
+
+@pytest.mark.parametrize("secret", ["", "password = 'Zq8vN2mL" + "p4Rt7Ws1'\n"])
+def test_bodies_ahead_that_no_manifest_lists_are_stored_not_held(tmp_path: Path, monkeypatch,
+                                                                  secret: str) -> None:
+    # Bodies ahead in rounds below a batch, between manifests that list none of them: the
+    # session must store them as they add up, not keep them all as text; bodies redaction
+    # changes too (stored as redacted).
+    monkeypatch.setattr(server_module, "STORE_AHEAD_BYTES", 100_000)
+    lines = [enc(HELLO)]
+    for round_ in range(6):
+        lines.append(ahead([f"{secret}round {round_} body {i} " + "r" * 30_000
+                            for i in range(3)]))
+        lines += manifest(f"s{round_}", "markdown", [("a.md", f"listed {round_}")])
+    session = Session(tmp_path / "store.sqlite3",
+                      Channel(io.BytesIO(b"".join(lines)), io.BytesIO(), "client"), None)
+    assert session.run() == 0
+    held = sum(len(body[0]) for body in session.pool.values() if body[0] is not None)
+    assert held < 100_000
+    assert blob_count(tmp_path / "store.sqlite3") == 6  # the listed ones; the rest dropped

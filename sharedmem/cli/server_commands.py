@@ -22,13 +22,18 @@ def build_serve(sub: Any) -> None:
     p.add_argument("--machine", help="pin the session to this machine name (SSH forced command)")
     p.add_argument("--max-protocol", type=int, choices=(1, 2), default=2,
                    help="highest protocol version to speak (1 to serve old clients only)")
+    p.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
+                   help="a server limit other than its default, e.g. machine_bytes=1073741824 "
+                   "(repeatable; names and defaults in docs/CONFIGURATION.md)")
     p.set_defaults(handler=run_serve)
 
 
 def run_serve(args: Any) -> int:
     from sharedmem.server import session as server
+    settings = getattr(args, "limit", None)  # the quick parse of a forced command has none
+    limits = server.Limits.parse(settings) if settings else None
     return server.serve(user_path(args.store), args.machine,
-                        max_version=args.max_protocol)
+                        max_version=args.max_protocol, limits=limits)
 
 
 # backup ------------------------------------------------------------------------------------------

@@ -30,13 +30,17 @@ if TYPE_CHECKING:
     from sharedmem.server.store import Store
 
 
-class IncomingFile(namedtuple("IncomingFile", "path sha256 size mtime_ns text redactions",
-                               defaults=(None, None, 0, None, None))):
+class IncomingFile(namedtuple("IncomingFile",
+                               "path sha256 size mtime_ns text redactions stored refused",
+                               defaults=(None, None, 0, None, None, None, None))):
     """A file a client publishes: its text, or only its sha256 when the server may have the body.
 
     `redactions` is set when the server already redacted `text` as it arrived; when it is
-    empty (nothing was redacted), `sha256` and `size` are those the server computed for `text`,
-    and `text` may be None: the server stored that body as it arrived (`Store.put_blobs`).
+    empty (nothing was redacted), `sha256` and `size` are those the server computed for `text`.
+    `text` None with `redactions` set: the server stored the body, redacted, as it arrived
+    (`Store.put_blobs`), under `stored` (its sha256, which is `sha256` when nothing was
+    redacted) and `size` is its size. `refused` is a reason the server refused the body for as
+    it arrived (`too-large`, `quota`, `invalid-utf8`), keeping nothing of it.
     """
 
     __slots__ = ()
@@ -56,6 +60,41 @@ class IngestReport:
 
 class StaleBase(StoreError):
     """A delta was based on a namespace digest the server no longer holds."""
+
+
+MAX_MESSAGE_CHARS = 1000  # of one refusal's message: a hostile path is shown whole only once
+
+
+class _Machine:
+    """What a machine's other namespaces hold, against its totals (`Limits.machine_*`)."""
+
+    def __init__(self, machine: str, source: str, limits: Limits,
+                 row: tuple[int, int, int]) -> None:
+        self.machine, self.source, self.limits = machine, source, limits
+        self.namespaces, self.files, self.size = row
+
+    def full(self, files: int, size: int) -> bool:
+        """Whether `files` more files of `size` bytes in all would pass the machine's totals."""
+        return (self.files + files > self.limits.machine_files
+                or self.size + size > self.limits.machine_bytes)
+
+    def message(self, path: object) -> str:
+        """Why a file is refused for the machine's totals, and the two ways out."""
+        limits = self.limits
+        return (f"{path!r} would take machine {self.machine!r} past its total over all its "
+                f"namespaces ({limits.machine_files} files, {limits.machine_bytes} bytes; its "
+                f"other {self.namespaces} namespaces hold {self.files} files, {self.size} bytes): "
+                f"forget namespaces it no longer publishes (shared_memory.py forget --store "
+                f"STORE --machine {self.machine} --source NAME), or raise the totals for its key "
+                f"(serve --limit machine_bytes=N --limit machine_files=N)")
+
+    def too_many(self) -> str:
+        """Why a new namespace is refused, and the two ways out."""
+        return (f"machine {self.machine!r} already has {self.namespaces} namespaces, its limit "
+                f"(machine_namespaces): source {self.source!r} was not created. Forget "
+                f"namespaces it no longer publishes (shared_memory.py forget --store STORE "
+                f"--machine {self.machine} --source NAME), or raise the limit for its key "
+                f"(serve --limit machine_namespaces=N)")
 
 
 def ingest(store: Store, machine: str, source: str, kind: str,
@@ -80,14 +119,24 @@ def ingest(store: Store, machine: str, source: str, kind: str,
             kept = _Kept(conn, None, set(), 0, 0)
         else:
             drop = set(removed or ()) | {f.path for f in files}
-            current = _rows(conn, row[0], drop)
+            current = _rows(conn, row[0], _storable(drop))
             # Every ingest writes the namespace's count and size with its rows.
             kept = _Kept(conn, row[0], drop, row[3] - len(current),
                          row[4] - sum(v[1] for v in current.values()))
         report = IngestReport(machine, source, 0)
-        stored = [f.sha256 for f in files if f.text is None and f.redactions == {}]
+        others = _Machine(machine, source, limits, conn.execute(
+            "SELECT count(*), coalesce(sum(file_count), 0), coalesce(sum(byte_count), 0) "
+            "FROM namespaces WHERE machine=? AND source<>?", (machine, source)).fetchone())
+        if row is None and others.namespaces >= limits.machine_namespaces:
+            why = others.too_many()
+            for item in files:
+                report.refused.append({"path": str(item.path), "reason": "machine-quota",
+                                       "message": why})
+            return report  # nothing written: generation 0, no namespace
+        stored = [f.stored or f.sha256 for f in files
+                  if f.text is None and f.redactions is not None]
         absent = set(store.missing(stored)) if stored else set()
-        accepted = _check_files(conn, kind, files, limits, report, kept, current, absent)
+        accepted = _check_files(conn, kind, files, limits, report, kept, current, absent, others)
         gone = [p for p in current if p not in accepted]
         # mtime_ns is not compared: a kept file's row is never rewritten, only changed ones.
         changed = [(p, s, z, m) for p, (s, z, m) in accepted.items()
@@ -183,15 +232,39 @@ class _Kept:
         return self._keys
 
 
+def _storable(paths: set[str]) -> set[str]:
+    """The paths SQLite can be asked about: a lone surrogate has no UTF-8 (such a path is refused)."""
+    try:
+        "".join(p for p in paths if type(p) is str).encode("utf-8")
+    except UnicodeEncodeError:
+        return {p for p in paths if type(p) is not str or _encodes(p)}
+    return paths
+
+
+def _address(sha: object) -> bool:
+    """Whether `sha` may be looked up: a string SQLite can take (no lone surrogate)."""
+    return isinstance(sha, str) and (sha.isascii() or _encodes(sha))
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
                  limits: Limits, report: IngestReport, kept: _Kept,
-                 existing: Container[str] = (),
-                 absent: Container[str] = ()) -> dict[str, tuple[str, int, int]]:
+                 existing: Container[str] = (), absent: Container[str] = (),
+                 machine: _Machine | None = None) -> dict[str, tuple[str, int, int]]:
     """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted.
 
     `kept` are files a delta leaves as they are: they passed these checks when stored, and
     count towards the quota; `existing` holds the names of `files` stored now; `absent` are
-    bodies the server stored as they arrived that are gone again (another session dropped them).
+    bodies the server stored as they arrived that are gone again (another session dropped them);
+    `machine` what the machine's other namespaces hold, against its totals. The file limit
+    holds for every body, however it came: sent now, stored as it arrived, or already stored.
     """
     accepted: dict[str, tuple[str, int, int]] = {}
     keys: set[str] = set()  # of the files accepted from `files`
@@ -199,6 +272,8 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
     blobs: list[tuple[str, int, str]] = []  # inserted together: one call, not one per file
 
     def refuse(path: object, reason: str, message: str) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS - 1] + "…"
         report.refused.append({"path": str(path), "reason": reason, "message": message})
 
     paths = [f.path for f in files]
@@ -218,7 +293,14 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
             refuse(item.path, "collision", f"{item.path!r} collides with another path that "
                    "differs only by case or Unicode form; rename one of them")
             continue
-        if item.redactions == {} and (item.text is not None or item.sha256 not in absent):
+        if item.refused is not None:
+            refuse(item.path, item.refused, _REFUSED[item.refused].format(
+                path=item.path, size=item.size, limits=limits))
+            continue
+        if item.text is None and item.redactions is not None and (
+                item.stored or item.sha256) not in absent:  # stored as it arrived
+            text, counts, sha, size = None, item.redactions, item.stored or item.sha256, item.size
+        elif item.redactions == {} and item.text is not None:  # verified as it arrived
             text, counts, sha, size = item.text, item.redactions, item.sha256, item.size
         elif item.text is not None:
             try:
@@ -233,34 +315,45 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
                 continue
             sha, size = sha256_text(text), len(body)
         else:
-            found = conn.execute("SELECT size FROM blobs WHERE sha256=?",
-                                 (item.sha256,)).fetchone()
+            found = conn.execute("SELECT size FROM blobs WHERE sha256=?", (item.sha256,)
+                                 ).fetchone() if _address(item.sha256) else None
             if found is None:
                 refuse(item.path, "missing-body", f"{item.path!r}: the server has no body "
                        f"for sha256 {item.sha256}; send it")
                 continue
-            sha, size, counts = str(item.sha256), found[0], None
-        if counts is not None:  # a body sent this time: its size and redactions count
-            if size > limits.file_bytes:
-                refuse(item.path, "too-large", f"{item.path!r} is {size} bytes, over the "
-                       f"{limits.file_bytes}-byte file limit")
-                continue
-            for name, count in counts.items():
-                report.redacted[name] = report.redacted.get(name, 0) + count
+            text, counts, sha, size = None, None, str(item.sha256), found[0]
+        if size > limits.file_bytes:  # every body: one stored before may be over it
+            refuse(item.path, "too-large", _REFUSED["too-large"].format(
+                path=item.path, size=size, limits=limits))
+            continue
         if (kept.count + len(accepted) >= limits.namespace_files
                 or total + size > limits.namespace_bytes):
-            refuse(item.path, "quota", f"{item.path!r} is past the namespace quota "
-                   f"({limits.namespace_files} files, {limits.namespace_bytes} bytes)")
+            refuse(item.path, "quota", _REFUSED["quota"].format(path=item.path, limits=limits))
             continue
-        if item.text is not None:  # only now: a body refused by the quota is not stored
+        if machine is not None and machine.full(kept.count + len(accepted) + 1, total + size):
+            refuse(item.path, "machine-quota", machine.message(item.path))
+            continue
+        if counts:  # a body sent this time: its redactions count
+            for name, count in counts.items():
+                report.redacted[name] = report.redacted.get(name, 0) + count
+        if text is not None:  # only now: a body refused by the quota is not stored
             blobs.append((sha, size, text))
-            if sha != item.sha256:
-                report.stored[item.path] = sha
+        if sha != item.sha256:
+            report.stored[item.path] = sha
         keys.add(key)
         total += size
         accepted[item.path] = (sha, size, int(item.mtime_ns or 0))
     conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", blobs)
     return accepted
+
+
+# The message of each refusal a session may decide as a body arrives (IncomingFile.refused).
+_REFUSED = {
+    "too-large": "{path!r} is {size} bytes, over the {limits.file_bytes}-byte file limit",
+    "quota": "{path!r} is past the namespace quota ({limits.namespace_files} files, "
+             "{limits.namespace_bytes} bytes)",
+    "invalid-utf8": "{path!r} is not valid UTF-8 text",
+}
 
 
 def _check_namespace(machine: str, source: str, kind: str) -> None:

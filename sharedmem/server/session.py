@@ -6,6 +6,7 @@ command with `--machine`, which pins the key to one machine). Only protocol goes
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import sys
 from pathlib import Path
@@ -13,7 +14,16 @@ from pathlib import Path
 from sharedmem import __version__
 from sharedmem.core import NoteError, ProtocolError, SharedMemoryError, StoreError
 from sharedmem.hashing import sha256_bytes
-from sharedmem.protocol import VERSIONS, Channel, PeerError, choose_version, chunks, error, field
+from sharedmem.protocol import (
+    VERSIONS,
+    Channel,
+    PeerError,
+    choose_version,
+    chunks,
+    error,
+    field,
+    printable,
+)
 from sharedmem.rules import KIND_MARKDOWN, MIB, SOURCE_KINDS, Limits, name_problem
 from sharedmem.server.ingest import IncomingFile, StaleBase, ingest
 from sharedmem.server.store import Store
@@ -24,7 +34,8 @@ if TYPE_CHECKING:
     from typing import IO, Any
 
 
-STORE_AHEAD_BYTES = 4 * MIB  # bodies sent ahead are stored in batches of about this much
+STORE_AHEAD_BYTES = 4 * MIB  # bodies are stored in batches of about this much as they come
+MAX_ERROR_CHARS = 2000  # of an error's text: a client's own error, echoed, is cut there
 
 
 class Session:
@@ -40,15 +51,22 @@ class Session:
         self.store: Store | None = None
         self.machine = ""
         self.version = 0
-        # Verified, redacted bodies not yet committed: sha256 -> (text, redactions, size). A
-        # version 2 client may send bodies ahead of their manifest, up to `ahead_bytes`; those
-        # redaction left as they were are stored in batches of STORE_AHEAD_BYTES as they come
-        # (text None here), claimed for this session until it ends (Store.put_blobs). Fewer
-        # wait in `unstored` for the commit to store them.
-        self.pool: dict[str, tuple[str | None, dict[str, int], int]] = {}
+        # Verified, redacted bodies not yet committed, by the sha256 the client gave them:
+        # sha256 -> (text, redactions, size, sha256 as stored), size and address those of the
+        # redacted text. Every body (sent ahead, answering a need, or in a version 1 `files`)
+        # goes to `unstored`, and once those pass STORE_AHEAD_BYTES they are stored as they are
+        # (text None here), claimed for this session until it ends (Store.put_blobs): the
+        # session holds no more text than that. Fewer wait for the commit that lists them to
+        # store them in its own transaction.
+        self.pool: dict[str, tuple[str | None, dict[str, int], int, str]] = {}
         self.ahead_bytes = 0
         self.unstored: list[tuple[str, int, bytes]] = []
+        self.unstored_keys: list[str] = []  # the client's sha256 of each row of `unstored`
         self.unstored_bytes = 0
+        # Bodies refused as they came, kept as (reason, size) and none of their text: over the
+        # file limit (for the session), or past the namespace quota of one exchange (`budget`).
+        self.refused: dict[str, tuple[str, int]] = {}
+        self.budget = 0  # bytes one exchange may still send (answering need, or version 1)
 
     def run(self) -> int:
         """Serve until `bye` or end of input; a protocol error is answered, then ends the session."""
@@ -65,6 +83,9 @@ class Session:
         except StoreError as exc:
             self._fail("store", str(exc))
             return 1
+        except sqlite3.Error as exc:  # a full disk, an I/O error: the store failed, not the peer
+            self._fail("store", f"the store {self.store_path} failed: {exc}")
+            return 1
         except SharedMemoryError as exc:
             self._fail("bad-field", str(exc))
             return 1
@@ -77,9 +98,11 @@ class Session:
                 self.store.close()
 
     def _fail(self, code: str, message: str) -> None:
+        """Say why the session ends; `code` and `message` may echo the peer's own error."""
+        message = printable(message[:MAX_ERROR_CHARS])
         sys.stderr.write(f"serve: {message}\n")
         try:
-            self.channel.send(error(code, message))
+            self.channel.send(error(printable(code[:MAX_ERROR_CHARS]), message))
         except ProtocolError:
             pass
 
@@ -127,28 +150,59 @@ class Session:
         return source, kind
 
     def _on_publish(self, message: dict[str, Any]) -> None:
-        """Version 1: the whole snapshot in `files` chunks, then `commit`."""
+        """Version 1: the whole snapshot in `files` chunks, then `commit`.
+
+        Each text is taken as it comes, as a body answering a need is: verified, redacted and
+        stored in batches, so the session holds the names, not the snapshot.
+        """
         source, kind = self._namespace(message)
-        files: list[IncomingFile] = []
+        entries: list[tuple[str, str | None, int, int]] = []
+        self.budget = self.limits.namespace_bytes
         while True:
             part = self.channel.expect("files", "commit")
             if part["type"] == "commit":
                 break
-            for item in field(part, "files", list):
+            items = field(part, "files", list)
+            self._count_files(len(entries) + len(items), source)
+            bodies: dict[str, tuple[str, bytes]] = {}
+            for item in items:
                 if not isinstance(item, dict):
                     raise PeerError("bad-field", "files entries must be objects")
-                files.append(IncomingFile(field(item, "path", str), None, None,
-                                          _mtime(item.get("mtime_ns")),
-                                          field(item, "text", str)))
-        self._commit(source, kind, files)
+                path, text = field(item, "path", str), field(item, "text", str)
+                mtime = _mtime(item.get("mtime_ns"))
+                try:
+                    data = text.encode("utf-8")
+                except UnicodeEncodeError:
+                    entries.append((path, None, 0, mtime))  # refused: invalid-utf8
+                    continue
+                sha = sha256_bytes(data)
+                entries.append((path, sha, len(data), mtime))
+                if (sha not in bodies and sha not in self.pool and sha not in self.refused
+                        and self._admit(sha, data, ahead=False)):
+                    bodies[sha] = (text, data)
+            self._keep(bodies)
+        files = [IncomingFile(path, None, size, mtime, refused="invalid-utf8") if sha is None
+                 else self._incoming(path, sha, size, mtime) for path, sha, size, mtime in entries]
+        self._commit(source, kind, files, {sha for _, sha, _, _ in entries if sha is not None})
+
+    def _count_files(self, count: int, source: str) -> None:
+        """Refuse an exchange that lists more files than a namespace may hold, before holding them."""
+        if count > self.limits.namespace_files:
+            raise PeerError("too-many-files", f"the client sent more than "
+                            f"{self.limits.namespace_files} files for source {source!r}, the "
+                            "server's namespace quota (namespace_files): nothing of it was "
+                            "stored. Publish fewer files in it (limits.namespace_files in "
+                            "client.json), or raise the server's quota (serve --limit "
+                            "namespace_files=N)")
 
     def _on_manifest(self, message: dict[str, Any]) -> None:
         """Version 2: a manifest or a delta; the server asks only for the bodies it lacks."""
         assert self.store is not None
         source, kind = self._namespace(message)
-        self.unstored, self.unstored_bytes = [], 0  # left in the pool, for the commits to store
-        digest = field(message, "digest", str)
+        digest = _address(field(message, "digest", str), "manifest.digest")
         base = field(message, "base", str, optional=True)
+        if base is not None:
+            base = _address(base, "manifest.base")
         current = self.store.namespace_digest(self.machine, source)
         if current is not None and current == digest:
             self.channel.send({"type": "result", "source": source, "unchanged": True,
@@ -156,10 +210,13 @@ class Session:
                                "digest": digest, "accepted": None, "refused": [],
                                "redacted": {}, "stored": {}})
             return
-        entries = _entries(field(message, "files", list, optional=True) or [])
+        raw = field(message, "files", list, optional=True) or []
+        self._count_files(len(raw), source)
+        entries = _entries(raw)
         removed = field(message, "removed", list, optional=True) or []
-        if not all(isinstance(p, str) for p in removed):
-            raise PeerError("bad-field", "manifest.removed must be a list of paths")
+        if not all(isinstance(p, str) for p in removed) or not _unicode(removed):
+            raise PeerError("bad-field", "manifest.removed must be a list of paths in valid "
+                            "Unicode")
         if base is not None and current != base:
             self.channel.send(error("stale-base", f"namespace {self.machine}/{source} is not at "
                                     "the base digest; send the whole manifest"))
@@ -167,23 +224,28 @@ class Session:
         if base is None and "files" not in message:
             raise PeerError("bad-field", "manifest needs files (whole) or base (delta)")
         shas = {sha for _, sha, _, _ in entries}
-        need = self.store.need(shas - self.pool.keys())
+        need = self.store.need(shas - self.pool.keys() - self.refused.keys())
         self.channel.send({"type": "need", "source": source, "sha256": need})
         if need and "sharedmem.redact.redactor" not in sys.modules:
             _load_redactor_meanwhile()
         wanted = set(need)
+        self.budget = self.limits.namespace_bytes
         while (part := self.channel.expect("bodies", "commit"))["type"] == "bodies":
             self._take_bodies(part, wanted)
-        pool = self.pool
-        files = [IncomingFile(path, sha, size, mtime)
-                 if (body := pool.get(sha)) is None else
-                 IncomingFile(path, sha, body[2], mtime, body[0], body[1])
-                 for path, sha, size, mtime in entries]
-        try:
-            self._commit(source, kind, files, removed=removed if base else None, base=base)
-        finally:
-            for sha in shas:
-                pool.pop(sha, None)
+        files = [self._incoming(path, sha, size, mtime) for path, sha, size, mtime in entries]
+        self._commit(source, kind, files, shas, removed=removed if base else None, base=base)
+
+    def _incoming(self, path: str, sha: str, size: int, mtime: int) -> IncomingFile:
+        """A listed file with what this session holds of its body: text, stored, or refused."""
+        body = self.pool.get(sha)
+        if body is not None:
+            text, counts, size, address = body
+            return IncomingFile(path, sha, size, mtime, text, counts,
+                                address if text is None else None)
+        refused = self.refused.get(sha)
+        if refused is not None:
+            return IncomingFile(path, sha, refused[1], mtime, refused=refused[0])
+        return IncomingFile(path, sha, size, mtime)
 
     def _on_bodies(self, message: dict[str, Any]) -> None:
         """Version 2: bodies ahead of their manifest, sent while the client still walks."""
@@ -195,50 +257,81 @@ class Session:
         Bodies that are not `wanted` (when given) or do not match their sha256 are dropped:
         the manifest's need, or the commit's missing-body refusal, names what is still due.
         """
-        fresh: dict[str, str] = {}
-        encoded: list[bytes] = []
+        fresh: dict[str, tuple[str, bytes]] = {}
         for pair in field(message, "bodies", list):
             if (not isinstance(pair, list) or len(pair) != 2
                     or not all(isinstance(x, str) for x in pair)):
                 raise PeerError("bad-field", "bodies entries must be [sha256, text]")
             sha, text = pair
-            if (wanted is not None and sha not in wanted) or sha in fresh or sha in self.pool:
+            if ((wanted is not None and sha not in wanted) or sha in fresh or sha in self.pool
+                    or sha in self.refused):
                 continue
             try:
                 data = text.encode("utf-8")
             except UnicodeEncodeError:
                 continue
-            if wanted is None:
+            if wanted is None:  # every body ahead counts, even one dropped below
                 self.ahead_bytes += len(data)
                 if self.ahead_bytes > self.limits.namespace_bytes:
                     raise PeerError("ahead-full", "the client sent more than "
                                     f"{self.limits.namespace_bytes} bytes of bodies ahead of a "
                                     "manifest (hello.ahead_bytes); send the rest when the "
                                     "server names them in need")
-            if sha256_bytes(data) == sha:
-                fresh[sha] = text
-                encoded.append(data)
+            if sha256_bytes(data) == sha and self._admit(sha, data, ahead=wanted is None):
+                fresh[sha] = (text, data)
+        self._keep(fresh)
+
+    def _admit(self, sha: str, data: bytes, *, ahead: bool) -> bool:
+        """Whether to keep a verified body; a refused one is remembered, none of its text.
+
+        A body over the file limit is refused as `too-large` at once, so it is never stored.
+        Bodies ahead are bounded by `ahead_bytes` (`_take_bodies`); the others by the
+        exchange's namespace quota (`budget`), past which each is refused as `quota`: more
+        than that could not all be stored in one namespace anyway.
+        """
+        size = len(data)
+        if size > self.limits.file_bytes:
+            self.refused[sha] = ("too-large", size)
+            return False
+        if not ahead:
+            self.budget -= size
+            if self.budget < 0:
+                self.refused[sha] = ("quota", size)
+                return False
+        return True
+
+    def _keep(self, fresh: dict[str, tuple[str, bytes]]) -> None:
+        """Redact admitted bodies in one pass into the pool; store them once they add up."""
         if not fresh:
             return
         from sharedmem.redact.redactor import redact_many
-        for sha, data, (clean, counts) in zip(
-                fresh, encoded, redact_many(list(fresh.values()), encoded), strict=True):
-            self.pool[sha] = (clean, counts, len(data))
-            if wanted is None and not counts:
-                self.unstored.append((sha, len(data), data))
-                self.unstored_bytes += len(data)
+        texts = [text for text, _ in fresh.values()]
+        for (sha, (_, data)), (clean, counts) in zip(
+                fresh.items(), redact_many(texts, [data for _, data in fresh.values()]),
+                strict=True):
+            address = sha
+            if counts:  # stored as redacted, under the address of what is stored
+                data = clean.encode("utf-8")
+                address = sha256_bytes(data)
+            self.pool[sha] = (clean, counts, len(data), address)
+            self.unstored.append((address, len(data), data))
+            self.unstored_keys.append(sha)
+            self.unstored_bytes += len(data)
         if self.unstored_bytes >= STORE_AHEAD_BYTES:
-            # Stored now, while the client still walks, not in the commit it waits for. A few
-            # bodies (a small re-sync's) are left to that commit: a transaction of their own
-            # would cost it more than it saves.
+            # Stored now, while the client still walks or sends, not in the commit it waits
+            # for, and not held. A few bodies (a small re-sync's) are left to that commit: a
+            # transaction of their own would cost it more than it saves.
             assert self.store is not None
-            rows, self.unstored, self.unstored_bytes = self.unstored, [], 0
+            rows, keys = self.unstored, self.unstored_keys
+            self.unstored, self.unstored_keys, self.unstored_bytes = [], [], 0
             self.store.put_blobs(rows)
-            for sha, size, _ in rows:
-                self.pool[sha] = (None, {}, size)
+            for sha in keys:
+                _, counts, size, address = self.pool[sha]
+                self.pool[sha] = (None, counts, size, address)
 
-    def _commit(self, source: str, kind: str, files: list[IncomingFile], *,
+    def _commit(self, source: str, kind: str, files: list[IncomingFile], shas: set[str], *,
                 removed: list[str] | None = None, base: str | None = None) -> None:
+        """Ingest one namespace, answer its result; the bodies it listed leave the session."""
         assert self.store is not None
         try:
             report = ingest(self.store, self.machine, source, kind, files, limits=self.limits,
@@ -246,15 +339,33 @@ class Session:
         except StaleBase as exc:
             self.channel.send(error("stale-base", str(exc)))
             return
+        finally:
+            self._release(shas)
         self.channel.send({"type": "result", "source": source, "unchanged": report.unchanged,
                            "generation": report.generation, "accepted": report.accepted,
-                           "refused": report.refused, "redacted": report.redacted,
-                           "stored": report.stored,
+                           "refused": [_shown(item) for item in report.refused],
+                           "redacted": report.redacted, "stored": report.stored,
                            "digest": self.store.namespace_digest(self.machine, source)})
+
+    def _release(self, shas: set[str]) -> None:
+        """Forget the bodies a commit listed: it stored what it accepted, and the rest is dropped."""
+        for sha in shas:
+            self.pool.pop(sha, None)
+            self.refused.pop(sha, None)
+        if self.unstored and not shas.isdisjoint(self.unstored_keys):
+            kept = [i for i, sha in enumerate(self.unstored_keys) if sha not in shas]
+            self.unstored = [self.unstored[i] for i in kept]
+            self.unstored_keys = [self.unstored_keys[i] for i in kept]
+            self.unstored_bytes = sum(row[1] for row in self.unstored)
 
     def _on_note(self, message: dict[str, Any]) -> None:
         assert self.store is not None
         note_id = field(message, "note_id", str)
+        if not _unicode([note_id]):  # refused here: SQLite cannot even look it up
+            self.channel.send({"type": "note_result", "note_id": printable(note_id),
+                               "status": "refused", "message": "note id is not valid Unicode "
+                               "(it holds a lone surrogate): the client must make a new one"})
+            return
         try:
             path, stored = self.store.append_note(self.machine, field(message, "filename", str),
                                                   field(message, "text", str), note_id)
@@ -268,9 +379,13 @@ class Session:
     def _on_pull(self, message: dict[str, Any]) -> None:
         assert self.store is not None
         known = field(message, "known", dict)
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in known.values()):
-            raise PeerError("bad-field", "pull.known must map namespace keys to integers")
-        have = set(field(message, "have", list, optional=True) or [])
+        if not all(type(v) is int and 0 <= v < 2**63 for v in known.values()):
+            raise PeerError("bad-field", "pull.known must map namespace keys to generations "
+                            "(integers from 0)")
+        have_list = field(message, "have", list, optional=True) or []
+        if not all(isinstance(sha, str) for sha in have_list):
+            raise PeerError("bad-field", "pull.have must be a list of sha256 strings")
+        have = set(have_list)
         published = field(message, "published", dict, optional=True) or {}
         if not all(isinstance(v, str) for v in published.values()):
             raise PeerError("bad-field", "pull.published must map namespace keys to digests")
@@ -358,11 +473,41 @@ def _entries(raw: list[Any]) -> list[tuple[str, str, int, int]]:
                 or type(item[1]) is not str or len(item[1]) != 64 or type(item[2]) is not int):
             raise PeerError("bad-field", "manifest entries must be [path, sha256, size, mtime_ns]")
         out.append((item[0], item[1], item[2], _mtime(item[3])))
+    if not _HEX.fullmatch("".join(e[1] for e in out)):  # one match for all: each is 64 long
+        raise PeerError("bad-field", "manifest entries must be [path, sha256, size, mtime_ns] "
+                        "with sha256 in 64 lower-case hex digits")
     return out
 
 
+_HEX = re.compile("[0-9a-f]*")
+
+
+def _address(value: str, what: str) -> str:
+    """A sha256 or digest field, which must be 64 lower-case hex digits."""
+    if len(value) != 64 or not _HEX.fullmatch(value):
+        raise PeerError("bad-field", f"{what} must be a sha256 in 64 lower-case hex digits")
+    return value
+
+
+def _unicode(texts: list[str]) -> bool:
+    """Whether every one of `texts` has a UTF-8 form (holds no lone surrogate)."""
+    try:
+        "".join(texts).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(refusal: dict[str, str]) -> dict[str, str]:
+    """A refusal as it can be sent: a path or message with a lone surrogate written out."""
+    if _unicode(list(refusal.values())):
+        return refusal
+    return {key: printable(value) for key, value in refusal.items()}
+
+
 def serve(store: Path, pinned: str | None = None, *, max_version: int = max(VERSIONS),
-          stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None) -> int:
+          stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
+          limits: Limits | None = None) -> int:
     """Run one session on stdin/stdout; logs go to stderr, never to the protocol stream."""
     if pinned is not None and (problem := name_problem(pinned, "--machine")) is not None:
         raise ProtocolError(problem)
@@ -375,4 +520,4 @@ def serve(store: Path, pinned: str | None = None, *, max_version: int = max(VERS
     if stdout is None:
         sys.stdout = sys.stderr
     versions = tuple(v for v in VERSIONS if v <= max_version)
-    return Session(store, Channel(reader, writer, "client"), pinned, versions).run()
+    return Session(store, Channel(reader, writer, "client"), pinned, versions, limits).run()
