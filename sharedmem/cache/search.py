@@ -444,8 +444,11 @@ class Query:
     context_lines: int = 0
 
 
-class _IndexLost(Exception):
-    """The index failed in the middle of a search: that search starts again without it."""
+class _IndexLost(CacheError):
+    """The index failed in the middle of a search: that search starts again without it.
+
+    Never seen outside `Searcher.search`, like `_Changed`.
+    """
 
 
 class _Index:
@@ -947,7 +950,7 @@ class Searcher:
         return found, any(kept is not None for kept in known)
 
 
-class _Changed(Exception):
+class _Changed(CacheError):
     """A remembered match set no longer holds for a file: the search starts again without."""
 
 
