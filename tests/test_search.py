@@ -415,6 +415,7 @@ def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None
     gone = list(files)[10:12]
     cases = generated_queries(rng, [*files.values(), *changed.values(), *added.values()], 45)
     search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
+    search_mod._PROBED, probed = 8, search_mod._PROBED  # dense queries sampled first here too
     try:
         search_mod.refresh_index(cache)
         check_cases(cache, cases, "covering")
@@ -432,7 +433,7 @@ def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None
         search_mod.delete_index(search_mod.index_path(cache))
         check_cases(cache, cases, "missing")
     finally:
-        search_mod.BACKGROUND_REFRESH = saved
+        search_mod.BACKGROUND_REFRESH, search_mod._PROBED = saved, probed
 
 
 def index_bytes(cache: Cache) -> int:

@@ -48,6 +48,7 @@ _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PR
 _MAX_GRAMS = 8
 _SPARSE = 8  # candidates fewer than 1/8 of the files in scope are sorted, else the scope walked
 _DENSE = 0.3  # an index naming more than this share of files does not narrow a page in order
+_PROBED = 4096  # from this many ids on, a sample tells a dense query before all is fetched
 _MEMO_ENTRIES, _MEMO_POSITIONS = 64, 1 << 20  # verified match sets kept for repeated searches
 _SPACES = re.compile(r" [^\S\n]+|[^\S\n ][^\S\n]*")
 _UNCOLLAPSED = re.compile(r"[^\S\n ]|  ")  # what _SPACES would change: a cheap test first
@@ -535,8 +536,12 @@ class _Index:
             self._unreadable(exc)
             raise _IndexLost from None
 
-    def candidates(self, key: str) -> array[int] | None:
-        """Ids of the files whose text may contain `key`; None when the index cannot say."""
+    def candidates(self, key: str, dense: float = 1.0) -> array[int] | None:
+        """Ids of the files whose text may contain `key`; None when the index cannot say.
+
+        Also None when a sample (the first sixteenth of the ids) says more than `dense` of the
+        files would be named: fetching them all costs more than it saves.
+        """
         if len(key) < 3:
             return None
         # Trigrams every third character cover the key; more only cost time in SQLite.
@@ -547,6 +552,16 @@ class _Index:
         expr = " AND ".join('"' + g.replace('"', '""') + '"' for g in grams)
         if _utf8(expr) is None:  # a lone surrogate: SQLite cannot take it
             return None
+        if dense < 1.0:
+            lo, hi = self.rows("SELECT min(id), max(id) FROM files")[0]
+            if isinstance(lo, int) and isinstance(hi, int) and hi - lo >= _PROBED:
+                top = lo + (hi - lo) // 16
+                named = self.rows("SELECT count(*) FROM grams WHERE grams MATCH ? AND rowid"
+                                  " BETWEEN ? AND ?", (expr, lo, top))[0][0]
+                files = self.rows("SELECT count(*) FROM files WHERE id BETWEEN ? AND ?",
+                                  (lo, top))[0][0]
+                if named > dense * files:
+                    return None
         found = self.rows("SELECT group_concat(rowid) FROM grams WHERE grams MATCH ?",
                           (expr,))[0][0]
         if found is not None and not isinstance(found, str):
@@ -673,10 +688,17 @@ class _Matcher:
         self.queries = query.queries
         self.needles = [self.fold(q) for q in query.queries]
         self.raw = [None if "\ufffd" in n else _utf8(n) for n in self.needles]
+        self._last: tuple[bytes, str] | None = None  # the bytes last folded, and their fold
+
+    def folded(self, data: bytes) -> str:
+        """The file's text under the query's folding; once per file, however often asked."""
+        if self._last is None or self._last[0] is not data:
+            self._last = (data, self.fold(data.decode("utf-8", "replace")))
+        return self._last[1]
 
     def which(self, data: bytes, wanted: Iterable[int]) -> set[int]:
         """Indexes (among `wanted`) of the needles found in `data`."""
-        found, text = set(), None
+        found = set()
         lowered = data.lower() if self.kind == "casefold" and data.isascii() else None
         for i in wanted:
             raw = self.raw[i]
@@ -685,9 +707,7 @@ class _Matcher:
             elif lowered is not None and raw is not None:
                 hit = raw in lowered
             else:
-                if text is None:
-                    text = self.fold(data.decode("utf-8", "replace"))
-                hit = self.needles[i] in text
+                hit = self.needles[i] in self.folded(data)
             if hit:
                 found.add(i)
         return found
@@ -708,12 +728,12 @@ class _Page:
         self.left = max_bytes
         self.results: list[dict[str, Any]] = []
 
-    def add(self, relpath: str, text: str, number: int, which: Iterable[int],
+    def add(self, relpath: str, lines: list[str], number: int, which: Iterable[int],
             origin: Callable[[], dict[str, Any]]) -> bool:
         """Add the result for this line; False when the page has no room for it (it is full)."""
         if len(self.results) == self.limit:
             return False
-        result = _result(self.query, relpath, text, number, which, origin)
+        result = _result(self.query, relpath, lines, number, which, origin)
         cost = sum(len(t.encode("utf-8", "surrogatepass")) for t in (
             relpath, result["line"], *result["context_before"], *result["context_after"],
             *result["matched_queries"]))
@@ -846,7 +866,7 @@ class Searcher:
             return known | set(view.stale)
         if view.index.conn is None or len(view.stale) == len(view):
             return None
-        ids = view.index.candidates(normalize(matcher.queries[i]))
+        ids = view.index.candidates(normalize(matcher.queries[i]), dense)
         return None if ids is None or len(ids) > dense * len(view) else view.positions(ids)
 
     def _ordered(self, view: _View, disk: CacheFiles, page: _Page, matcher: _Matcher,
@@ -870,13 +890,13 @@ class Searcher:
             found = matcher.which(data, every) if data is not None else set()
             if not found or everything and found != every:
                 continue
-            text, hits = _lines(data or b"", matcher)
+            rows, hits = _lines(data or b"", matcher)
             if everything and not all(hits):
                 continue
             for number, which in _merge(hits).items():
                 if relpath == last_path and number <= last_line:
                     continue
-                if not page.add(relpath, text, number, which,
+                if not page.add(relpath, rows, number, which,
                                 lambda p=pos, r=relpath: view.provenance(p, r)):
                     last = page.results[-1]
                     return page.results, [last["path"], last["line_number"]]
@@ -909,7 +929,7 @@ class Searcher:
             for pos in members:
                 relpath = view.path(pos)
                 data = _read(disk, relpath)
-                text, hits = _lines(data or b"", matcher)
+                rows, hits = _lines(data or b"", matcher)
                 if remembered and [i for i, lines in enumerate(hits) if lines] != masks[pos]:
                     view.memo.clear()
                     raise _Changed
@@ -917,7 +937,7 @@ class Searcher:
                     key = [*rank, relpath, number]
                     if after is not None and key <= after:
                         continue
-                    if not page.add(relpath, text, number, which,
+                    if not page.add(relpath, rows, number, which,
                                     lambda p=pos, r=relpath: view.provenance(p, r)):
                         return page.results, last
                     last = key
@@ -978,10 +998,9 @@ def _walk(view: _View, spans: list[range], allowed: set[int] | None,
             yield from (p for p in range(lo, span.stop) if p in allowed)
 
 
-def _lines(data: bytes, matcher: _Matcher) -> tuple[str, list[set[int]]]:
-    """The file's text and, per needle, the 1-based numbers of the lines containing it."""
-    text = data.decode("utf-8", "replace")
-    hay = matcher.fold(text)
+def _lines(data: bytes, matcher: _Matcher) -> tuple[list[str], list[set[int]]]:
+    """The file's lines and, per needle, the 1-based numbers of the lines containing it."""
+    hay = matcher.folded(data)
     hits = []
     for needle in matcher.needles:
         lines: set[int] = set()
@@ -994,7 +1013,13 @@ def _lines(data: bytes, matcher: _Matcher) -> tuple[str, list[set[int]]]:
                 break
             pos = hay.find(needle, counted)
         hits.append(lines)
-    return text, hits
+    if not any(hits):
+        return [], hits
+    text = data.decode("utf-8", "replace")
+    rows = text.split("\n")
+    if text.endswith("\n"):
+        rows.pop()
+    return rows, hits
 
 
 def _read(disk: CacheFiles, relpath: str) -> bytes | None:
@@ -1027,11 +1052,8 @@ def _clip(line: str) -> str:
     return line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + "…"
 
 
-def _result(query: Query, relpath: str, text: str, number: int, which: Iterable[int],
+def _result(query: Query, relpath: str, lines: list[str], number: int, which: Iterable[int],
             origin: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
     width = query.context_lines
     start = max(0, number - 1 - width)
     return {
