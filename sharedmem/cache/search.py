@@ -729,7 +729,7 @@ class _Page:
         self.results: list[dict[str, Any]] = []
 
     def add(self, relpath: str, lines: list[str], number: int, which: Iterable[int],
-            origin: Callable[[], dict[str, Any]]) -> bool:
+            origin: dict[str, Any]) -> bool:
         """Add the result for this line; False when the page has no room for it (it is full)."""
         if len(self.results) == self.limit:
             return False
@@ -891,13 +891,13 @@ class Searcher:
             if not found or everything and found != every:
                 continue
             rows, hits = _lines(data or b"", matcher)
-            if everything and not all(hits):
+            if everything and not all(hits) or not any(hits):
                 continue
+            origin = view.provenance(pos, relpath)
             for number, which in _merge(hits).items():
                 if relpath == last_path and number <= last_line:
                     continue
-                if not page.add(relpath, rows, number, which,
-                                lambda p=pos, r=relpath: view.provenance(p, r)):
+                if not page.add(relpath, rows, number, which, origin):
                     last = page.results[-1]
                     return page.results, [last["path"], last["line_number"]]
         return page.results, None
@@ -933,12 +933,12 @@ class Searcher:
                 if remembered and [i for i, lines in enumerate(hits) if lines] != masks[pos]:
                     view.memo.clear()
                     raise _Changed
+                origin = view.provenance(pos, relpath) if any(hits) else {}
                 for number, which in _merge(hits).items():
                     key = [*rank, relpath, number]
                     if after is not None and key <= after:
                         continue
-                    if not page.add(relpath, rows, number, which,
-                                    lambda p=pos, r=relpath: view.provenance(p, r)):
+                    if not page.add(relpath, rows, number, which, origin):
                         return page.results, last
                     last = key
         return page.results, None
@@ -1053,7 +1053,7 @@ def _clip(line: str) -> str:
 
 
 def _result(query: Query, relpath: str, lines: list[str], number: int, which: Iterable[int],
-            origin: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+            origin: dict[str, Any]) -> dict[str, Any]:
     width = query.context_lines
     start = max(0, number - 1 - width)
     return {
@@ -1063,7 +1063,7 @@ def _result(query: Query, relpath: str, lines: list[str], number: int, which: It
         "context_before": [_clip(x) for x in lines[start:number - 1]],
         "context_after": [_clip(x) for x in lines[number:number + width]],
         "matched_queries": [query.queries[i] for i in which],
-        **origin(),
+        **origin,
     }
 
 
