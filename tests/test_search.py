@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
 import sqlite3
@@ -49,12 +50,14 @@ def ref_fold(text: str, case_sensitive: bool, normalized: bool) -> str:
 
 
 def reference(cache: Cache, queries: list[str], mode: str = "any", case_sensitive: bool = True,
-              normalized: bool = False) -> list[tuple[str, int]]:
+              normalized: bool = False, folder: str | None = None) -> list[tuple[str, int]]:
     """(path, line) of every match in the documented order, by brute force."""
     folded = [ref_fold(q, case_sensitive, normalized) for q in queries]
     per_file = {}
     for path in sorted(cache.load().files):
-        lines = (cache.root / path).read_text(encoding="utf-8").split("\n")
+        if folder and not (path.startswith(folder + "/") or path == folder):
+            continue
+        lines = (cache.root / path).read_bytes().decode("utf-8").split("\n")  # "\r" kept
         hits = {}
         for number, line in enumerate(lines, 1):
             which = {i for i, q in enumerate(folded) if q in ref_fold(line, case_sensitive,
@@ -108,12 +111,12 @@ def test_search_equals_reference_scan(corpus_cache: Cache, case: dict, index: st
     else:
         search_mod.index_path(corpus_cache).unlink(missing_ok=True)
         search_mod._SEARCHERS.clear()
-        search_mod.AUTO_REFRESH_STALE, saved = 10**9, search_mod.AUTO_REFRESH_STALE
+        search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
     try:
         got = all_pages(corpus_cache, max_results=7, **case)
     finally:
         if index == "missing":
-            search_mod.AUTO_REFRESH_STALE = saved
+            search_mod.BACKGROUND_REFRESH = saved
     expected = reference(corpus_cache, case["queries"], case.get("match_mode", "any"),
                          case.get("case_sensitive", True), case.get("normalized", False))
     assert [(r["path"], r["line_number"]) for r in got] == expected
@@ -239,9 +242,10 @@ def file_in_place_of_its_folder(path: Path) -> None:
     path.parent.write_bytes(b"not a folder")
 
 
-# Each kind of damage, and whether a search notices it (wrong values only make every file stale).
+# Each kind of damage, and whether a search notices it (all do: an index that covers the
+# manifest is trusted for paths, so values of the wrong kind there are damage too).
 DAMAGE = [(flip_schema_byte, True), (garbage, True), (garbage_after_header, True),
-          (truncated, True), (wrong_values, False), (folder_in_its_place, True),
+          (truncated, True), (wrong_values, True), (folder_in_its_place, True),
           (file_in_place_of_its_folder, True)]
 FILES = {f"f{i:02d}.md": f"alpha {i}\nbeta\n" for i in range(10)}
 
@@ -254,13 +258,13 @@ def test_a_damaged_index_is_scanned_past_deleted_and_rebuilt(
     expected = reference(cache, ["alpha"])
     search_mod._SEARCHERS.clear()
     damage(search_mod.index_path(cache))
-    search_mod.AUTO_REFRESH_STALE, saved = 10**9, search_mod.AUTO_REFRESH_STALE
+    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
     try:
         for _ in range(2):
             got = all_pages(cache, queries=["alpha"], max_results=3)
             assert [(r["path"], r["line_number"]) for r in got] == expected
     finally:
-        search_mod.AUTO_REFRESH_STALE = saved
+        search_mod.BACKGROUND_REFRESH = saved
     assert search_mod.index_path(cache).exists() is not noticed  # the search deleted it
     assert search_mod.refresh_index(cache) == {"changed": 10, "files": 10}
     assert search_mod.refresh_index(cache) == {"changed": 0, "files": 10}
@@ -344,3 +348,169 @@ def test_path_limits_to_subtree(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {"x/a.md": "word\n", "y/a.md": "word\n"})
     got = tools.search(cache, ["word"], path=f"{NS}/y")["results"]
     assert [r["path"] for r in got] == [f"{NS}/y/a.md"]
+
+
+# A generated corpus of awkward text, and queries of every shape cut from it --------------------
+
+TOKENS = ["alpha", "Beta", "GAMMA", "café", unicodedata.normalize("NFD", "café"), "Décision",
+          "decision", "straße", "STRASSE", "ﬁle", "\u212aelvin", "ΣΊΣΥΦΟΣ", "σίσυφος", "한국어",
+          unicodedata.normalize("NFD", "한국어"), "日本語", "Привет", "x\u0301y", "İstanbul",
+          "ǰ", "\ufffd", "🙂", "a", "ab", "abc", "RareIdent0001", "Ｆｕｌｌ", "½", "e\u0301"]
+SEPARATORS = [" ", " ", " ", "  ", "\t", ", ", "\u00a0", " \u2003"]
+FOLDERS = ["x", "x/y", "x-y", "z"]
+
+
+def generated_files(rng: random.Random, count: int) -> dict[str, str]:
+    files = {}
+    for n in range(count):
+        lines = []
+        for _ in range(rng.randint(1, 14)):
+            words = [rng.choice(TOKENS) for _ in range(rng.randint(0, 9))]
+            line = "".join(w + rng.choice(SEPARATORS) for w in words).rstrip(" ")
+            lines.append(line + ("\r" if rng.random() < 0.1 else ""))
+        files[f"{rng.choice(FOLDERS)}/f{n:03d}.md"] = "\n".join(lines) + "\n"
+    return files
+
+
+def generated_queries(rng: random.Random, texts: list[str], count: int) -> list[dict]:
+    def one() -> str:
+        roll = rng.random()
+        if roll < 0.5:
+            line = rng.choice(rng.choice(texts).split("\n")).rstrip("\r")
+            start = rng.randrange(len(line) + 1)
+            return line[start:start + rng.randint(1, 12)]
+        token = rng.choice(TOKENS)
+        return token.upper() if roll < 0.6 else token if roll < 0.9 else token + "zz"
+
+    cases = []
+    while len(cases) < count:
+        queries = [one() for _ in range(rng.choice([1, 1, 2, 3]))]
+        fold = rng.choice([{}, {"case_sensitive": False}, {"normalized": True}])
+        if not all(queries) or fold.get("normalized") and not all(
+                search_mod.normalize(q).strip() for q in queries):
+            continue
+        folder = rng.choice([None, None, f"{NS}/x", f"{NS}/x/y"])
+        cases.append({"queries": queries, "match_mode": rng.choice(["any", "all"]),
+                      "path": folder, "max_results": rng.randint(1, 9), **fold})
+    return cases
+
+
+def check_cases(cache: Cache, cases: list[dict], state: str) -> None:
+    for case in cases:
+        got = all_pages(cache, **case)
+        expected = reference(cache, case["queries"], case["match_mode"],
+                             case.get("case_sensitive", True), case.get("normalized", False),
+                             case["path"])
+        assert [(r["path"], r["line_number"]) for r in got] == expected, (state, repr(case))
+
+
+def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None:
+    """Covering, stale, updated and missing index: always the results of a plain scan."""
+    rng = random.Random(15)
+    files = generated_files(rng, 70)
+    cache = make_cache(tmp_path, files)
+    changed = {p: t + "Décision café ΣΊΣΥΦΟΣ\n" for p, t in list(files.items())[:6]}
+    added = generated_files(random.Random(16), 4)
+    added = {p.replace("/f", "/new"): t for p, t in added.items()}
+    gone = list(files)[10:12]
+    cases = generated_queries(rng, [*files.values(), *changed.values(), *added.values()], 45)
+    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
+    search_mod._PROBED, probed = 8, search_mod._PROBED  # dense queries sampled first here too
+    try:
+        search_mod.refresh_index(cache)
+        check_cases(cache, cases, "covering")
+        assert search_mod.searcher(cache)._view.manifest is None  # the manifest was not parsed
+        mark = search_mod.index_mark(cache)
+        info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+        cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in {**changed, **added}.items()],
+                    [f"{NS}/{p}" for p in gone], {NS: info})
+        check_cases(cache, cases, "stale")
+        done = search_mod.update_index(cache, [f"{NS}/{p}" for p in {**changed, **added}],
+                                       [f"{NS}/{p}" for p in gone], mark)
+        assert done == {"changed": 12, "files": 72}
+        check_cases(cache, cases, "updated")
+        assert search_mod.searcher(cache)._view.manifest is None
+        search_mod.delete_index(search_mod.index_path(cache))
+        check_cases(cache, cases, "missing")
+    finally:
+        search_mod.BACKGROUND_REFRESH, search_mod._PROBED = saved, probed
+
+
+def index_bytes(cache: Cache) -> int:
+    return sum(p.stat().st_size for p in search_mod.index_path(cache).parent.iterdir())
+
+
+def text_bytes(cache: Cache) -> int:
+    return sum(m.size for m in cache.load().files.values())
+
+
+def test_the_index_is_smaller_than_the_text_it_indexes(corpus_cache: Cache) -> None:
+    search_mod.refresh_index(corpus_cache)
+    assert index_bytes(corpus_cache) <= text_bytes(corpus_cache)
+
+
+def test_an_index_of_an_older_version_is_rebuilt_in_place_and_shrinks(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" * 2000 for i in range(20)})
+    path = search_mod.index_path(cache)
+    path.parent.mkdir(parents=True)
+    conn = sqlite3.connect(path)  # what version 1 wrote: FTS5 kept its own copy of each text
+    conn.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute("CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
+                 " sha256 TEXT NOT NULL)")
+    conn.execute("CREATE VIRTUAL TABLE grams USING fts5(body,"
+                 " tokenize='trigram case_sensitive 1', detail=none)")
+    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("version", "1"), ("generation", "1")])
+    conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)",
+                     [(i, "old text " * 5000) for i in range(1, 40)])
+    conn.commit()
+    conn.close()
+    assert search_mod.refresh_index(cache) == {"changed": 20, "files": 20}
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()[0] == \
+        f"2/{unicodedata.unidata_version}"
+    conn.close()
+    assert index_bytes(cache) <= text_bytes(cache)
+    assert [r["path"] for r in tools.search(cache, ["alpha 7"])["results"][:1]] == [
+        f"{NS}/f07.md"]
+
+
+def test_update_index_reads_only_the_files_it_is_given(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(30)})
+    search_mod.refresh_index(cache)
+    mark = search_mod.index_mark(cache)
+    assert mark == sha256_text(cache.manifest_path.read_text(encoding="utf-8"))
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    cache.apply([(f"{NS}/f00.md", sha256_text("beta\n"), "beta\n"),
+                 (f"{NS}/new.md", sha256_text("beta new\n"), "beta new\n")],
+                [f"{NS}/f01.md"], {NS: info})
+    assert search_mod.index_mark(cache) is None  # the index no longer covers the manifest
+    assert search_mod.update_index(cache, [f"{NS}/f00.md", f"{NS}/new.md"], [f"{NS}/f01.md"],
+                                   mark) == {"changed": 3, "files": 30}
+    assert search_mod.index_mark(cache) is not None  # it covers the new manifest whole
+    assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [
+        f"{NS}/f00.md", f"{NS}/new.md"]
+    assert search_mod.searcher(cache)._view.manifest is None
+    cache.apply([(f"{NS}/f05.md", sha256_text("gamma\n"), "gamma\n")], [], {NS: info})
+    # A mark the index no longer matches (a run that changed the cache without updating the
+    # index came between): every file is compared, so the file nobody named is re-read too.
+    assert search_mod.update_index(cache, [], [], mark) == {"changed": 1, "files": 30}
+    assert search_mod.index_mark(cache) is not None
+    assert [r["path"] for r in tools.search(cache, ["gamma"])["results"]] == [f"{NS}/f05.md"]
+
+
+def test_a_stale_index_starts_no_rebuild_a_missing_one_does(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path, {"a.md": "alpha\n"})
+    search_mod.refresh_index(cache)
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    cache.apply([(f"{NS}/n{i:03d}.md", sha256_text(f"alpha {i}\n"), f"alpha {i}\n")
+                 for i in range(100)], [], {NS: info})
+    search_mod._SEARCHERS.clear()
+    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
+    try:
+        assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
+        assert search_mod.searcher(cache)._refreshed_for is None
+        search_mod.delete_index(search_mod.index_path(cache))
+        assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
+        assert search_mod.searcher(cache)._refreshed_for is not None
+    finally:
+        search_mod.BACKGROUND_REFRESH = saved

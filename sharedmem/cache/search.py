@@ -1,12 +1,20 @@
 """Substring search over the cache, with a derived trigram index that only ever narrows the scan.
 
-The cache's Markdown files stay the source of truth. `refresh_index` keeps an SQLite FTS5 trigram
-index of each file's normalized text under `<cache>/.sharedmem/index/`; a search asks it which
-files can possibly match and then verifies every candidate against the real file. Files whose
-indexed digest differs from the manifest (or that the index lacks) are always scanned, and a
-missing or broken index means a full scan, so results never depend on the index being current.
-An index that cannot be read (damaged, or a link or folder in its place) is deleted by whichever
-finds it, a search or a refresh, and the refresh builds it again.
+The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
+holds an SQLite FTS5 trigram table of each file's normalized text, contentless (no copy of the
+text: a zlib copy of it beside, which only a later update reads to take the file's old trigrams
+out), each file's path, sha256 and namespace, and the sha256 of the manifest it covers whole.
+`update_index` (a sync, for the files it wrote or removed) and `refresh_index` (the `index`
+command, a fresh cache) keep it current.
+
+A search asks the index which files can possibly match and verifies every candidate against the
+real file. When the index covers the manifest exactly (same sha256 of `manifest.json`), the
+manifest is never parsed: paths, sha256s and namespaces come from the index. Otherwise the files
+whose indexed sha256 differs from the manifest's (or that the index lacks) are always scanned,
+and a missing or broken index means a full scan, so results never depend on the index. An index
+that cannot be read (damaged, or a link or folder in its place) is deleted by whichever finds
+it, a search or a refresh; only a missing, old or broken index makes a search start a refresh
+in the background.
 """
 
 from __future__ import annotations
@@ -18,36 +26,49 @@ import shutil
 import sqlite3
 import stat
 import unicodedata
-from collections.abc import Iterable
+import zlib
+from array import array
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sharedmem.cache.cache import META_DIR, Cache, Manifest
+from sharedmem.cache.cache import META_DIR, Cache, CachedFile, Manifest, NamespaceInfo
 from sharedmem.cache.layout import CacheFiles
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "1"
+INDEX_VERSION = "2"
 INDEX_FILE = "search.sqlite3"
 LINE_CHARS = 1000
-AUTO_REFRESH_STALE = 64  # more stale files than this and a search starts a background refresh
+BACKGROUND_REFRESH = True  # a missing or broken index makes a search start `index --background`
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 _MAX_GRAMS = 8
-_DENSE = 0.3  # above this share of files, scanning in path order beats the index
+_SPARSE = 8  # candidates fewer than 1/8 of the files in scope are sorted, else the scope walked
+_DENSE = 0.3  # an index naming more than this share of files does not narrow a page in order
+_PROBED = 4096  # from this many ids on, a sample tells a dense query before all is fetched
+_MEMO_ENTRIES, _MEMO_POSITIONS = 64, 1 << 20  # verified match sets kept for repeated searches
 _SPACES = re.compile(r" [^\S\n]+|[^\S\n ][^\S\n]*")
+_UNCOLLAPSED = re.compile(r"[^\S\n ]|  ")  # what _SPACES would change: a cheap test first
+_MARKED = re.compile(r"[^\x00-\u02ff]")
 
 
 def normalize(text: str) -> str:
     """NFKC, casefold, drop accents, collapse blanks: so `decision` finds `Décision`.
 
     Line breaks survive, so line numbers in the normalized text are those of the original.
+    ASCII text skips the Unicode steps, which leave it as it is (casefold is lower there).
     """
-    text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text).casefold())
-    if not text.isascii():
-        for mark in [c for c in set(text) if c > "\u02ff" and unicodedata.combining(c)]:
-            text = text.replace(mark, "")
-    return _SPACES.sub(" ", text)
+    if text.isascii():
+        text = text.lower()
+    else:
+        text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text).casefold())
+        if not text.isascii():
+            for mark in {c for c in _MARKED.findall(text) if unicodedata.combining(c)}:
+                text = text.replace(mark, "")
+    return _SPACES.sub(" ", text) if _UNCOLLAPSED.search(text) else text
 
 
 def index_path(cache: Cache) -> Path:
@@ -58,9 +79,9 @@ def index_path(cache: Cache) -> Path:
 _COMPANIONS = ("", "-journal", "-wal", "-shm")
 _BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: another process holds the index, which is fine
 # What reading an index can raise when the file is not what a refresh wrote: SQLite's errors,
-# UnicodeDecodeError (a ValueError) for text or even an error message that is not UTF-8, and
-# ValueError or TypeError for values of the wrong kind.
-_READ_ERRORS = (sqlite3.Error, ValueError, TypeError)
+# UnicodeDecodeError (a ValueError) for text or even an error message that is not UTF-8,
+# ValueError or TypeError for values of the wrong kind, zlib.error for a damaged stored text.
+_READ_ERRORS = (sqlite3.Error, ValueError, TypeError, zlib.error)
 
 
 def _busy(exc: Exception) -> bool:
@@ -120,46 +141,271 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def _version() -> str:
+    """The index's format and the Unicode tables `normalize` used: either changing rebuilds it."""
+    return f"{INDEX_VERSION}/{unicodedata.unidata_version}"
+
+
 _SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
-    " sha256 TEXT NOT NULL)",
-    "CREATE VIRTUAL TABLE IF NOT EXISTS grams USING fts5(body,"
-    " tokenize='trigram case_sensitive 1', detail=none)",
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
+    " sha256 TEXT NOT NULL, namespace TEXT NOT NULL)",
+    "CREATE TABLE texts(id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
+    "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
+    " detail=none, content='', columnsize=0)",
 )
 
 
-def refresh_index(cache: Cache) -> dict[str, int]:
-    """Bring the index in line with the cache manifest; only changed files are re-read.
+def _manifest_bytes(cache: Cache) -> bytes | None:
+    try:
+        return cache.manifest_path.read_bytes()
+    except OSError:
+        return None
 
-    Run by `index` (which a search that finds many stale files starts in the background);
-    safe to run concurrently (one writer waits). Returns files re-indexed or dropped
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _files_of(data: bytes) -> dict[str, CachedFile] | None:
+    """The file list of these bytes of manifest.json, as `Cache.load` reads it."""
+    from sharedmem import linejson
+    try:
+        raw, _ = linejson.decode(data.decode("utf-8"), "files")
+        return {k: CachedFile(*v) for k, v in raw["files"].items()}
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def refresh_index(cache: Cache) -> dict[str, int]:
+    """Bring the index in line with the whole cache manifest; only changed files are re-read.
+
+    Run by `index` (which a search starts in the background when the index is missing, old or
+    broken); safe to run concurrently (one writer waits). Returns files re-indexed or dropped
     (`changed`) and files indexed in all (`files`).
     """
+    return _write(cache, lambda writer: writer.reconcile(cache))
+
+
+def index_mark(cache: Cache) -> str | None:
+    """What `update_index` needs from before a sync changes the cache: call it first.
+
+    The sha256 of `manifest.json` when the index covers it exactly, else None; reading it
+    costs a read of the manifest file and of the index's own record.
+    """
+    path = index_path(cache)
+    data = _manifest_bytes(cache)
+    if data is None or _planted(path) or not path.is_file():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10,
+                               isolation_level=None)
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta"))
+        finally:
+            conn.close()
+    except _READ_ERRORS:
+        return None
+    digest = _digest(data)
+    return digest if meta.get("version") == _version() and meta.get("manifest") == digest \
+        else None
+
+
+def update_index(cache: Cache, written: Iterable[str], removed: Iterable[str],
+                 mark: str | None) -> dict[str, int]:
+    """Re-index just the files a run wrote or removed, when the index covered the cache before.
+
+    `mark` is what `index_mark` returned before the run changed the cache. With it, only the
+    named paths are read, and the index then covers the new manifest (searches verify that by
+    its sha256). Without it, or if the index changed since, this is `refresh_index`. Call it
+    in the process that changed the cache, right after `Cache.apply`, while no other process
+    can write the cache (the sync lock): the paths' sha256s come from that manifest.
+    """
+    if mark is None:
+        return refresh_index(cache)
+    return _write(cache, lambda writer: writer.delta(cache, set(written), set(removed), mark))
+
+
+def _write(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int]:
+    """Run `work` in a write transaction; a damaged or old index is deleted and built again."""
     path = index_path(cache)
     if _planted(path):
         delete_index(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return _refresh(cache, path)
-    except _READ_ERRORS as exc:
-        if _busy(exc):
-            raise CacheError(f"the search index {path} is busy: another `index` holds it; "
-                             "try again when it is done") from None
-    delete_index(path)  # damaged: derived data, so built again from the cache
-    try:
-        return _refresh(cache, path)
-    except _READ_ERRORS as exc:
-        raise CacheError(f"the search index {path} cannot be built ({exc}): delete the folder "
-                         f"{path.parent} (derived data only) and run `shared_memory.py index` "
-                         "again") from None
+    damaged = False
+    while True:
+        try:
+            done = _Writer.run(path, cache, work)
+        except _READ_ERRORS as exc:
+            if _busy(exc):
+                raise CacheError(f"the search index {path} is busy: another `index` holds it; "
+                                 "try again when it is done") from None
+            if damaged:
+                raise CacheError(f"the search index {path} cannot be built ({exc}): delete "
+                                 f"the folder {path.parent} (derived data only) and run "
+                                 "`shared_memory.py index` again") from None
+            damaged = True
+            delete_index(path)  # damaged: derived data, so built again from the cache
+            continue
+        if done is not None:
+            return done
+        work = lambda writer: writer.reconcile(cache)  # noqa: E731 - the mark did not hold
+
+
+class _Writer:
+    """One write transaction on the index: files read, normalized and (un)indexed."""
+
+    def __init__(self, conn: sqlite3.Connection, disk: CacheFiles) -> None:
+        self.conn, self.disk = conn, disk
+        self.changed = 0
+        self.emptied = False  # an index of another version was emptied: VACUUM after
+
+    @classmethod
+    def run(cls, path: Path, cache: Cache,
+            work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int] | None:
+        conn = _connect(path)
+        try:
+            with CacheFiles(cache.root) as disk:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    writer = cls(conn, disk)
+                    writer.prepare()
+                    done = work(writer)
+                    conn.execute("ROLLBACK" if done is None else "COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            if writer.emptied:
+                conn.execute("VACUUM")  # the old version's pages, which nothing else frees
+            # A big write leaves a WAL as large as itself; searches read the file, not the WAL.
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return done
+        finally:
+            conn.close()
+
+    def prepare(self) -> None:
+        """Create the tables, or empty an index of another version in place."""
+        names = {n for (n,) in self.conn.execute("SELECT name FROM sqlite_master")}
+        version = None
+        if "meta" in names:
+            row = self.conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()
+            version = row[0] if row else None
+        if version == _version() and {"files", "texts", "grams"} <= names:
+            return
+        self.emptied = bool(names)
+        for name in ("grams", "texts", "files", "meta"):
+            self.conn.execute(f"DROP TABLE IF EXISTS {name}")
+        for statement in _SCHEMA:
+            self.conn.execute(statement)
+        self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)",
+                              [("version", _version()), ("generation", "0"),
+                               ("manifest", "")])
+
+    def meta(self, key: str) -> str:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return str(row[0]) if row else ""
+
+    def finish(self, data: bytes, complete: bool) -> dict[str, int]:
+        """Record the generation and which manifest the index now covers whole, if any."""
+        generation = int(self.meta("generation") or 0) + (1 if self.changed else 0)
+        self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                              [("generation", str(generation)),
+                               ("manifest", _digest(data) if complete else "")])
+        files = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
+        return {"changed": self.changed, "files": files}
+
+    def reconcile(self, cache: Cache) -> dict[str, int]:
+        """Compare every indexed file with the manifest; re-read only those that differ."""
+        data = _manifest_bytes(cache)
+        files = _files_of(data) if data is not None else None
+        manifest = files or {}
+        indexed = {p: (i, s) for i, p, s in self.conn.execute(
+            "SELECT id, path, sha256 FROM files")}
+        for relpath, (row_id, sha) in indexed.items():
+            meta = manifest.get(relpath)
+            if meta is None:
+                self.drop(row_id)
+            elif meta.sha256 != sha:
+                self.drop(row_id, keep=True)
+        complete = files is not None
+        for relpath in sorted(manifest):
+            meta = manifest[relpath]
+            old = indexed.get(relpath)
+            if old is not None and old[1] == meta.sha256:
+                continue
+            complete &= self.put(relpath, meta, old[0] if old else None)
+        return self.finish(data or b"", complete and data is not None)
+
+    def delta(self, cache: Cache, written: set[str], removed: set[str],
+              mark: str) -> dict[str, int] | None:
+        """Re-index the named paths; None when the index no longer covers the `mark` manifest."""
+        if self.meta("manifest") != mark:
+            return None
+        before = _stamp(cache.manifest_path)
+        files = cache.load().files
+        data = _manifest_bytes(cache)
+        if data is None or before is None or _stamp(cache.manifest_path) != before:
+            return None
+        complete = True
+        for relpath in sorted(written | removed):
+            row = self.conn.execute("SELECT id, sha256 FROM files WHERE path=?",
+                                    (relpath,)).fetchone()
+            meta = files.get(relpath)
+            if meta is None:
+                if row is not None:
+                    self.drop(row[0])
+            elif row is None or row[1] != meta.sha256:
+                if row is not None:
+                    self.drop(row[0], keep=True)
+                complete &= self.put(relpath, meta, row[0] if row else None)
+        count = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
+        return self.finish(data, complete and count == len(files))
+
+    def drop(self, row_id: int, keep: bool = False) -> None:
+        """Take a file's trigrams out (its old text is stored for that); `keep` its row id."""
+        row = self.conn.execute("SELECT body FROM texts WHERE id=?", (row_id,)).fetchone()
+        if row is not None:
+            self.conn.execute("INSERT INTO grams(grams, rowid, body) VALUES ('delete', ?, ?)",
+                              (row_id, zlib.decompress(row[0]).decode("utf-8")))
+        self.conn.execute("DELETE FROM texts WHERE id=?", (row_id,))
+        if not keep:
+            self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
+            self.changed += 1
+
+    def put(self, relpath: str, meta: CachedFile, row_id: int | None) -> bool:
+        """Index the file as the manifest describes it; False when its bytes do not match.
+
+        Such a file (a sync is rewriting it, or a link stands there) is left unindexed, so
+        searches scan it. `row_id` is the row it had, already dropped from the trigrams.
+        """
+        data = _read(self.disk, relpath)
+        if data is None or hashlib.sha256(data).hexdigest() != meta.sha256:
+            if row_id is not None:
+                self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
+                self.changed += 1
+            return False
+        text = normalize(data.decode("utf-8", "replace"))
+        if row_id is None:
+            row_id = self.conn.execute(
+                "INSERT INTO files(path, sha256, namespace) VALUES (?, ?, ?)",
+                (relpath, meta.sha256, meta.namespace)).lastrowid
+        else:
+            self.conn.execute("UPDATE files SET sha256=?, namespace=? WHERE id=?",
+                              (meta.sha256, meta.namespace, row_id))
+        body = text.encode("utf-8", "surrogatepass")
+        self.conn.execute("INSERT INTO texts(id, body) VALUES (?, ?)",
+                          (row_id, zlib.compress(body, 1)))
+        self.conn.execute("INSERT INTO grams(rowid, body) VALUES (?, ?)", (row_id, text))
+        self.changed += 1
+        return True
 
 
 def refresh_in_background(cache: Cache) -> bool:
     """Start `index --cache DIR --background` detached; False when it could not be started.
 
-    A search that finds many stale files calls this instead of refreshing in its own time, so
-    no request (and no sync) waits for the index; the refresh runs on idle CPU time.
+    A search that finds no usable index calls this instead of building it in its own time, so
+    no request waits for the index; the refresh runs on idle CPU time.
     """
     import subprocess
     import sys
@@ -175,49 +421,16 @@ def refresh_in_background(cache: Cache) -> bool:
     return True
 
 
-def _refresh(cache: Cache, path: Path) -> dict[str, int]:
-    conn = _connect(path)
-    disk = CacheFiles(cache.root)
+Stamp = tuple[int, int, int]
+
+
+def _stamp(path: Path) -> Stamp | None:
+    """What tells a rewritten file from the one already read: mtime, inode, size."""
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        for statement in _SCHEMA:
-            conn.execute(statement)
-        version = conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()
-        if version is not None and version[0] != INDEX_VERSION:
-            conn.execute("DELETE FROM files")
-            conn.execute("DELETE FROM grams")
-        indexed = {p: (i, s) for i, p, s in conn.execute("SELECT id, path, sha256 FROM files")}
-        manifest = cache.load()
-        changed = 0
-        for relpath, (row_id, _sha) in indexed.items():
-            meta = manifest.files.get(relpath)
-            if meta is None or meta.sha256 != _sha:
-                conn.execute("DELETE FROM files WHERE id=?", (row_id,))
-                conn.execute("DELETE FROM grams WHERE rowid=?", (row_id,))
-                changed += 1
-        for relpath in sorted(manifest.files):
-            meta = manifest.files[relpath]
-            old = indexed.get(relpath)
-            if old is not None and old[1] == meta.sha256:
-                continue
-            data = _read(disk, relpath)
-            if data is None or hashlib.sha256(data).hexdigest() != meta.sha256:
-                continue  # a sync is rewriting it: left unindexed, so searches scan it
-            text = data.decode("utf-8", "replace")
-            row_id = conn.execute("INSERT INTO files(path, sha256) VALUES (?, ?)",
-                                  (relpath, meta.sha256)).lastrowid
-            conn.execute("INSERT INTO grams(rowid, body) VALUES (?, ?)", (row_id, normalize(text)))
-            changed += 1
-        generation = conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
-        number = int(generation[0]) + (1 if changed else 0) if generation else 1
-        conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-                         [("version", INDEX_VERSION), ("generation", str(number))])
-        indexed_now = conn.execute("SELECT count(*) FROM files").fetchone()[0]
-        conn.execute("COMMIT")
-        return {"changed": changed, "files": indexed_now}
-    finally:
-        disk.close()
-        conn.close()
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_ino, info.st_size
 
 
 @dataclass
@@ -232,50 +445,64 @@ class Query:
     context_lines: int = 0
 
 
+class _IndexLost(CacheError):
+    """The index failed in the middle of a search: that search starts again without it.
+
+    Never seen outside `Searcher.search`, like `_Changed`.
+    """
+
+
 class _Index:
-    """A read-only view of the index file: which files may contain a normalized string."""
+    """A read-only view of the index file, read in one transaction per search."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.conn: sqlite3.Connection | None = None
-        self.generation: str | None = None
-        self.ids: dict[int, tuple[str, str]] = {}
         self._identity: tuple[int, int] | None = None  # the file this connection reads
 
-    def open(self) -> bool:
-        """(Re)load the id map when the index changed; False when there is no usable index.
+    def begin(self) -> dict[str, str] | None:
+        """Start a read transaction; the index's meta rows, or None when there is no index.
 
-        An index that cannot be read is deleted (see `_unreadable`), so the searches scan and
-        the next refresh builds it again.
+        A file put in place of the one this connection reads (a rebuild) is reopened. An index
+        that cannot be read is deleted (see `_unreadable`), so the searches scan and the next
+        refresh builds it again.
         """
         try:
+            try:
+                info = os.stat(self.path)
+            except OSError:
+                info = None
+            if self.conn is not None and (info is None or (info.st_dev, info.st_ino)
+                                          != self._identity):
+                self.close()
             if self.conn is None:
                 if _planted(self.path):
                     delete_index(self.path)
-                    return False
-                if not self.path.is_file():
-                    return False
+                    return None
+                if info is None or not stat.S_ISREG(info.st_mode):
+                    return None
                 self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10,
                                             isolation_level=None, check_same_thread=False)
-                info = os.stat(self.path)
                 self._identity = (info.st_dev, info.st_ino)
-            row = self.conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
-            if row is None:
-                return False
-            if row[0] != self.generation:
-                self.ids = {i: (p, s) for i, p, s in
-                            self.conn.execute("SELECT id, path, sha256 FROM files")}
-                self.generation = row[0]
-            return True
+            self.conn.execute("BEGIN")
+            return {str(k): str(v) for k, v in self.conn.execute("SELECT key, value FROM meta")}
         except (*_READ_ERRORS, OSError) as exc:
             self._unreadable(exc)
-            return False
+            return None
+
+    def end(self) -> None:
+        """End the read transaction (a later search sees what a refresh committed since)."""
+        if self.conn is not None and self.conn.in_transaction:
+            try:
+                self.conn.execute("COMMIT")
+            except _READ_ERRORS:
+                self.close()
 
     def close(self) -> None:
         """Forget the connection so the next search reopens (or scans)."""
         if self.conn is not None:
             self.conn.close()
-        self.conn, self.generation, self.ids, self._identity = None, None, {}, None
+        self.conn, self._identity = None, None
 
     def _unreadable(self, exc: Exception) -> None:
         """Close, and delete the file unless it is only locked, or new and not yet written.
@@ -294,9 +521,28 @@ class _Index:
         if (info.st_dev, info.st_ino) == identity:
             delete_index(self.path)
 
-    def candidates(self, key: str) -> set[str] | None:
-        """Indexed paths whose text may contain `key`; None when the index cannot narrow it."""
-        if len(key) < 3 or self.conn is None:
+    def damaged(self) -> _IndexLost:
+        """Values of the wrong kind where the index vouches: damage, deleted like any other."""
+        self._unreadable(TypeError("a value of the wrong kind"))
+        return _IndexLost()
+
+    def rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        """Run a query in the current transaction; a failure is `_IndexLost`."""
+        if self.conn is None:
+            raise _IndexLost
+        try:
+            return self.conn.execute(sql, args).fetchall()
+        except _READ_ERRORS as exc:
+            self._unreadable(exc)
+            raise _IndexLost from None
+
+    def candidates(self, key: str, dense: float = 1.0) -> array[int] | None:
+        """Ids of the files whose text may contain `key`; None when the index cannot say.
+
+        Also None when a sample (the first sixteenth of the ids) says more than `dense` of the
+        files would be named: fetching them all costs more than it saves.
+        """
+        if len(key) < 3:
             return None
         # Trigrams every third character cover the key; more only cost time in SQLite.
         grams = sorted({key[i:i + 3] for i in range(0, len(key) - 2, 3)} | {key[-3:]})
@@ -304,19 +550,23 @@ class _Index:
             step = len(grams) / _MAX_GRAMS
             grams = [grams[int(i * step)] for i in range(_MAX_GRAMS)]
         expr = " AND ".join('"' + g.replace('"', '""') + '"' for g in grams)
-        try:
-            row = self.conn.execute("SELECT group_concat(rowid) FROM grams WHERE grams MATCH ?",
-                                    (expr,)).fetchone()
-        except UnicodeEncodeError:  # a lone surrogate: no indexed text holds one
+        if _utf8(expr) is None:  # a lone surrogate: SQLite cannot take it
             return None
-        except _READ_ERRORS as exc:
-            self._unreadable(exc)
-            return None
-        found = (row[0] or "").split(",") if row[0] else []
-        if len(found) > len(self.ids) * _DENSE:
-            return None
-        ids = self.ids
-        return {ids[int(i)][0] for i in found if int(i) in ids}
+        if dense < 1.0:
+            lo, hi = self.rows("SELECT min(id), max(id) FROM files")[0]
+            if isinstance(lo, int) and isinstance(hi, int) and hi - lo >= _PROBED:
+                top = lo + (hi - lo) // 16
+                named = self.rows("SELECT count(*) FROM grams WHERE grams MATCH ? AND rowid"
+                                  " BETWEEN ? AND ?", (expr, lo, top))[0][0]
+                files = self.rows("SELECT count(*) FROM files WHERE id BETWEEN ? AND ?",
+                                  (lo, top))[0][0]
+                if named > dense * files:
+                    return None
+        found = self.rows("SELECT group_concat(rowid) FROM grams WHERE grams MATCH ?",
+                          (expr,))[0][0]
+        if found is not None and not isinstance(found, str):
+            raise self.damaged()
+        return array("q", map(int, found.split(","))) if found else array("q")
 
 
 def _is_new(path: Path) -> bool:
@@ -331,19 +581,159 @@ def _is_new(path: Path) -> bool:
         return False
 
 
+class _View:
+    """Every searchable file in path order, by position: the index's id where it vouches.
+
+    Built once per manifest and index generation. When the index covers the manifest whole,
+    only the ids are held (paths are asked of the index); otherwise the manifest is loaded,
+    and positions the index does not vouch for (id -1) are always scanned.
+    """
+
+    def __init__(self, index: _Index, ids: array[int], paths: list[str] | None,
+                 manifest: Manifest | None, namespaces: dict[str, NamespaceInfo]) -> None:
+        self.index, self.ids, self.paths = index, ids, paths
+        self.manifest, self.namespaces = manifest, namespaces
+        self.stale = [pos for pos, i in enumerate(ids) if i < 0]
+        self.where = array("q", [-1]) * (max(ids, default=0) + 1)
+        for pos, row_id in enumerate(ids):
+            if row_id >= 0:
+                self.where[row_id] = pos
+        self.memo: OrderedDict[tuple[Any, ...], array[int]] = OrderedDict()
+        self.memo_size = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def path(self, pos: int) -> str:
+        if self.paths is not None:
+            return self.paths[pos]
+        rows = self.index.rows("SELECT path FROM files WHERE id=?", (self.ids[pos],))
+        if not rows or not isinstance(rows[0][0], str):
+            raise self.index.damaged()
+        return rows[0][0]
+
+    def provenance(self, pos: int, relpath: str) -> dict[str, Any]:
+        """Where the file came from, as `provenance` says it from the manifest."""
+        if self.manifest is not None:
+            return provenance(self.manifest, relpath)
+        rows = self.index.rows("SELECT sha256, namespace FROM files WHERE id=?",
+                               (self.ids[pos],))
+        if not rows or not all(isinstance(v, str) for v in rows[0]):
+            raise self.index.damaged()
+        info = self.namespaces.get(rows[0][1])
+        return {"machine": info.machine if info else None,
+                "source": info.source if info else None, "sha256": rows[0][0],
+                "synced_at": info.synced_at if info else None}
+
+    def find(self, relpath: str, lo: int = 0) -> int:
+        """The first position whose path is not below `relpath`."""
+        hi = len(self.ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.path(mid) < relpath:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def scope(self, folder: str | None) -> list[range]:
+        """The positions under `folder` (a contiguous run in path order), and the file itself."""
+        if not folder:
+            return [range(len(self.ids))]
+        prefix = folder.rstrip("/") + "/"
+        own = self.find(folder)
+        spans = [range(own, own + 1)] if own < len(self.ids) and self.path(own) == folder \
+            else []
+        lo = self.find(prefix)
+        return spans + [range(lo, self.find(prefix[:-1] + "0", lo))]
+
+    def positions(self, ids: array[int] | None) -> set[int] | None:
+        """Positions of these ids that the index vouches for, and every stale position."""
+        if ids is None:
+            return None
+        where, top = self.where, len(self.where)
+        found = {where[i] for i in ids if i < top}
+        found.discard(-1)
+        found.update(self.stale)
+        return found
+
+    def remember(self, key: tuple[Any, ...], found: set[int]) -> None:
+        """Keep a verified match set (vouched positions only), within a bounded size."""
+        kept = array("q", sorted(p for p in found if self.ids[p] >= 0))
+        self.memo[key] = kept
+        self.memo_size += len(kept)
+        while len(self.memo) > _MEMO_ENTRIES or self.memo_size > _MEMO_POSITIONS:
+            self.memo_size -= len(self.memo.popitem(last=False)[1])
+
+    def recall(self, key: tuple[Any, ...]) -> set[int] | None:
+        kept = self.memo.get(key)
+        if kept is None:
+            return None
+        self.memo.move_to_end(key)
+        return set(kept)
+
+
+class _Matcher:
+    """Whether a file's bytes contain each needle under the query's folding, cheaply.
+
+    A case-sensitive needle is looked for in the bytes themselves: UTF-8 is self-synchronizing,
+    so that is the same as in the decoded text, unless the needle holds U+FFFD, which stands for
+    bytes that are not UTF-8 (then the text is decoded).
+    """
+
+    def __init__(self, query: Query) -> None:
+        self.kind = "normalized" if query.normalized else \
+            "exact" if query.case_sensitive else "casefold"
+        self.fold = _folder(query)
+        self.queries = query.queries
+        self.needles = [self.fold(q) for q in query.queries]
+        self.raw = [None if "\ufffd" in n else _utf8(n) for n in self.needles]
+        self._last: tuple[bytes, str] | None = None  # the bytes last folded, and their fold
+
+    def folded(self, data: bytes) -> str:
+        """The file's text under the query's folding; once per file, however often asked."""
+        if self._last is None or self._last[0] is not data:
+            self._last = (data, self.fold(data.decode("utf-8", "replace")))
+        return self._last[1]
+
+    def which(self, data: bytes, wanted: Iterable[int]) -> set[int]:
+        """Indexes (among `wanted`) of the needles found in `data`."""
+        found = set()
+        lowered = data.lower() if self.kind == "casefold" and data.isascii() else None
+        for i in wanted:
+            raw = self.raw[i]
+            if self.kind == "exact" and raw is not None:
+                hit = raw in data
+            elif lowered is not None and raw is not None:
+                hit = raw in lowered
+            else:
+                hit = self.needles[i] in self.folded(data)
+            if hit:
+                found.add(i)
+        return found
+
+
+def _utf8(text: str) -> bytes | None:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+
+
 class _Page:
     """The results of one page, which ends at `limit` results or `max_bytes` of their text."""
 
-    def __init__(self, query: Query, manifest: Manifest, limit: int, max_bytes: int) -> None:
-        self.query, self.manifest, self.limit = query, manifest, limit
+    def __init__(self, query: Query, limit: int, max_bytes: int) -> None:
+        self.query, self.limit = query, limit
         self.left = max_bytes
         self.results: list[dict[str, Any]] = []
 
-    def add(self, relpath: str, text: str, number: int, which: Iterable[int]) -> bool:
+    def add(self, relpath: str, lines: list[str], number: int, which: Iterable[int],
+            origin: dict[str, Any]) -> bool:
         """Add the result for this line; False when the page has no room for it (it is full)."""
         if len(self.results) == self.limit:
             return False
-        result = _result(self.query, self.manifest, relpath, text, number, which)
+        result = _result(self.query, relpath, lines, number, which, origin)
         cost = sum(len(t.encode("utf-8", "surrogatepass")) for t in (
             relpath, result["line"], *result["context_before"], *result["context_after"],
             *result["matched_queries"]))
@@ -355,26 +745,16 @@ class _Page:
 
 
 class Searcher:
-    """Search over one cache; long-lived in the MCP server so the index stays open."""
+    """Search over one cache; long-lived in the MCP server so the index and its view stay open."""
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
         self.index = _Index(index_path(cache))
-        self._state: tuple[int, str | None, list[str], set[str]] | None = None
-        self._refreshed_for: int | None = None
-
-    def _files(self, manifest: Manifest) -> tuple[list[str], set[str]]:
-        """All paths in order, and the paths the index does not vouch for (always scanned)."""
-        usable = self.index.open()
-        stamp = (id(manifest), self.index.generation if usable else None)
-        if self._state is None or self._state[:2] != stamp:
-            indexed = dict(self.index.ids.values()) if usable else {}
-            stale = {p for p, m in manifest.files.items() if indexed.get(p) != m.sha256}
-            if len(stale) > AUTO_REFRESH_STALE and self._refreshed_for != id(manifest):
-                self._refreshed_for = id(manifest)
-                refresh_in_background(self.cache)  # meanwhile the stale files are scanned
-            self._state = (*stamp, sorted(manifest.files), stale)
-        return self._state[2], self._state[3]
+        self._view: _View | None = None
+        self._view_key: tuple[Any, ...] | None = None
+        self._digests: tuple[Stamp | None, str | None] = (None, None)
+        self._namespaces: tuple[Stamp | None, dict[str, NamespaceInfo] | None] = (None, None)
+        self._refreshed_for: Stamp | None = None
 
     def search(self, query: Query, after: list[Any] | None, limit: int,
                max_bytes: int) -> tuple[list[dict[str, Any]], list[Any] | None]:
@@ -383,102 +763,263 @@ class Searcher:
         A page also ends before the result that would take its text past `max_bytes` (see
         `_Page`); it always holds one result when there is one.
         """
-        manifest = self.cache.load()
-        paths, stale = self._files(manifest)
-        fold = _folder(query)
-        needles = [fold(q) for q in query.queries]
-        allowed = self._candidates(query, stale)
-        if allowed is not None:
-            paths = sorted(p for p in allowed if p in manifest.files)
-        if query.path:
-            prefix = query.path.rstrip("/") + "/"
-            paths = [p for p in paths if p.startswith(prefix) or p == query.path]
-        page = _Page(query, manifest, limit, max_bytes)
+        use_index = True
+        for _ in range(3):
+            try:
+                return self._search(query, after, limit, max_bytes, use_index)
+            except _IndexLost:  # scan without it; a damaged one is gone and rebuilt later
+                self._view, self._view_key, use_index = None, None, False
+            except _Changed:  # a file changed under a remembered match set: verify afresh
+                pass
+            finally:
+                self.index.end()
+        raise AssertionError("unreachable: a search without the index raises neither")
+
+    def _search(self, query: Query, after: list[Any] | None, limit: int, max_bytes: int,
+                use_index: bool) -> tuple[list[dict[str, Any]], list[Any] | None]:
+        view = self._current(use_index)
+        matcher = _Matcher(query)
+        spans = view.scope(query.path)
+        page = _Page(query, limit, max_bytes)
         with CacheFiles(self.cache.root) as disk:
-            if len(needles) == 1 or query.match_mode == "all":
-                return self._ordered(disk, page, paths, needles, fold, after)
-            return self._ranked(disk, page, paths, needles, fold, after)
+            if len(query.queries) == 1 or query.match_mode == "all":
+                return self._ordered(view, disk, page, matcher, spans, after)
+            return self._ranked(view, disk, page, matcher, spans, after)
 
-    def _candidates(self, query: Query, stale: set[str]) -> set[str] | None:
-        sets = [self.index.candidates(normalize(q)) for q in query.queries]
-        if query.match_mode == "all":
-            known = [s for s in sets if s is not None]
-            if not known:
-                return None
-            out = set.intersection(*known)
-        else:
-            if any(s is None for s in sets):
-                return None
-            out = set().union(*sets)
-        return out | stale
+    def _current(self, use_index: bool) -> _View:
+        """The view for the cache and index as they are now, rebuilt only when either changed."""
+        manifest_stamp = _stamp(self.cache.manifest_path)
+        meta = self.index.begin() if use_index else None
+        if use_index and (meta is None or meta.get("version") != _version()):
+            self._start_refresh(manifest_stamp)
+            meta = None
+        key = (manifest_stamp, _stamp(self.cache.namespaces_path), self.index._identity,
+               meta.get("generation") if meta else None)
+        if self._view is not None and self._view_key == key:
+            return self._view
+        view = None
+        if meta and meta.get("manifest") and meta["manifest"] == self._digest(manifest_stamp):
+            namespaces = self._read_namespaces()
+            if namespaces is not None:
+                ids = array("q", (i for (i,) in self.index.rows(
+                    "SELECT id FROM files ORDER BY path")))
+                view = _View(self.index, ids, None, None, namespaces)
+        if view is None:
+            view = self._from_manifest(meta is not None)
+        self._view, self._view_key = view, key
+        return view
 
-    def _ordered(self, disk: CacheFiles, page: _Page, paths: list[str], needles: list[str],
-                 fold: Any, after: list[Any] | None) -> tuple[list[dict[str, Any]],
-                                                               list[Any] | None]:
+    def _from_manifest(self, indexed: bool) -> _View:
+        """The slow way: the whole manifest, each file vouched for only at its sha256."""
+        manifest = self.cache.load()
+        known = {p: (i, s) for i, p, s in self.index.rows(
+            "SELECT id, path, sha256 FROM files")} if indexed else {}
+        paths = sorted(manifest.files)
+        ids = array("q", [-1]) * len(paths)
+        for pos, relpath in enumerate(paths):
+            row = known.get(relpath)
+            if row is not None and row[1] == manifest.files[relpath].sha256:
+                ids[pos] = row[0]
+        return _View(self.index, ids, paths, manifest, manifest.namespaces)
+
+    def _digest(self, stamp: Stamp | None) -> str | None:
+        """The sha256 of manifest.json, hashed again only when the file changed."""
+        if stamp is None:
+            return None
+        if self._digests[0] != stamp:
+            data = _manifest_bytes(self.cache)
+            self._digests = (stamp if _stamp(self.cache.manifest_path) == stamp else None,
+                             _digest(data) if data is not None else None)
+        return self._digests[1]
+
+    def _read_namespaces(self) -> dict[str, NamespaceInfo] | None:
+        """namespaces.json, as `Cache.load` reads it; None when it cannot be read."""
+        import json
+        stamp = _stamp(self.cache.namespaces_path)
+        if stamp is None:
+            return None
+        if self._namespaces[0] != stamp:
+            try:
+                raw = json.loads(self.cache.namespaces_path.read_text(encoding="utf-8"))
+                found = {k: NamespaceInfo.from_row(v) for k, v in raw["namespaces"].items()}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                found = None
+            self._namespaces = (stamp, found)
+        return self._namespaces[1]
+
+    def _start_refresh(self, stamp: Stamp | None) -> None:
+        """No usable index: build it in the background, once for each manifest."""
+        if stamp is not None and self._refreshed_for != stamp:
+            self._refreshed_for = stamp
+            if BACKGROUND_REFRESH:
+                refresh_in_background(self.cache)  # meanwhile every file is scanned
+
+    @staticmethod
+    def _narrowed(view: _View, matcher: _Matcher, i: int, scope: tuple[int, ...],
+                  dense: float = 1.0) -> set[int] | None:
+        """Positions that may hold needle `i`: the verified ones if known, else the index's.
+
+        None when the index cannot narrow, or names more than `dense` of the files.
+        """
+        known = view.recall((matcher.kind, matcher.needles[i], scope))
+        if known is not None:
+            return known | set(view.stale)
+        if view.index.conn is None or len(view.stale) == len(view):
+            return None
+        ids = view.index.candidates(normalize(matcher.queries[i]), dense)
+        return None if ids is None or len(ids) > dense * len(view) else view.positions(ids)
+
+    def _ordered(self, view: _View, disk: CacheFiles, page: _Page, matcher: _Matcher,
+                 spans: list[range], after: list[Any] | None) -> tuple[list[dict[str, Any]],
+                                                                       list[Any] | None]:
+        """One query, or all of several: results in path and line order, read until full.
+
+        When the index names many files, walking the paths in order beats sorting them: the
+        page fills within the first few.
+        """
+        scope = _scope(spans)
+        sets = [s for s in (self._narrowed(view, matcher, i, scope, _DENSE)
+                            for i in range(len(matcher.needles))) if s is not None]
+        allowed = set.intersection(*sets) if sets else None
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
-        for relpath in paths:
-            if relpath < last_path:
+        every = set(range(len(matcher.needles)))
+        everything = page.query.match_mode == "all"
+        for pos in _walk(view, spans, allowed, last_path):
+            relpath = view.path(pos)
+            data = _read(disk, relpath)
+            found = matcher.which(data, every) if data is not None else set()
+            if not found or everything and found != every:
                 continue
-            text, hits = self._scan(disk, relpath, needles, fold)
-            if text is None or (page.query.match_mode == "all" and not all(hits)):
+            rows, hits = _lines(data or b"", matcher)
+            if everything and not all(hits) or not any(hits):
                 continue
-            lines = _merge(hits)
-            for number in lines:
+            origin = view.provenance(pos, relpath)
+            for number, which in _merge(hits).items():
                 if relpath == last_path and number <= last_line:
                     continue
-                if not page.add(relpath, text, number, lines[number]):
+                if not page.add(relpath, rows, number, which, origin):
                     last = page.results[-1]
                     return page.results, [last["path"], last["line_number"]]
         return page.results, None
 
-    def _ranked(self, disk: CacheFiles, page: _Page, paths: list[str], needles: list[str],
-                fold: Any, after: list[Any] | None) -> tuple[list[dict[str, Any]],
-                                                              list[Any] | None]:
-        found: list[tuple[str, str, list[set[int]]]] = []
-        freq = [0] * len(needles)
-        for relpath in paths:
-            text, hits = self._scan(disk, relpath, needles, fold)
-            if text is None or not any(hits):
+    def _ranked(self, view: _View, disk: CacheFiles, page: _Page, matcher: _Matcher,
+                spans: list[range], after: list[Any] | None) -> tuple[list[dict[str, Any]],
+                                                                      list[Any] | None]:
+        """Several queries, any of them: files matching more queries first, then rarer ones.
+
+        Which files match which query is known exactly before any line is read (verified once,
+        then remembered for this view), so only the files on the page are read for their lines.
+        """
+        found, remembered = self._matches(view, disk, matcher, spans)
+        freq = [len(s) for s in found]
+        masks: dict[int, list[int]] = {}
+        for i, positions in enumerate(found):
+            for pos in positions:
+                masks.setdefault(pos, []).append(i)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for pos, which in masks.items():
+            groups.setdefault((-len(which), sum(freq[i] for i in which)), []).append(pos)
+        last: list[Any] | None = None  # the key of the last result on the page
+        for rank in sorted(groups):
+            if after is not None and list(rank) < after[:2]:
                 continue
-            found.append((relpath, text, hits))
-            for i, lines in enumerate(hits):
-                freq[i] += bool(lines)
-        keyed = []
-        for relpath, text, hits in found:
-            matched = [i for i, lines in enumerate(hits) if lines]
-            rank = [-len(matched), sum(freq[i] for i in matched), relpath]
-            for number, which in _merge(hits).items():
-                keyed.append((rank + [number], relpath, text, number, which))
-        keyed.sort(key=lambda item: item[0])
-        if after is not None:
-            keyed = [item for item in keyed if item[0] > after]
-        for i, (_, relpath, text, number, which) in enumerate(keyed):
-            if not page.add(relpath, text, number, which):
-                return page.results, keyed[i - 1][0]
+            members = sorted(groups[rank])
+            if after is not None and list(rank) == after[:2]:
+                members = members[bisect_left(members, view.find(after[2])):]
+            for pos in members:
+                relpath = view.path(pos)
+                data = _read(disk, relpath)
+                rows, hits = _lines(data or b"", matcher)
+                if remembered and [i for i, lines in enumerate(hits) if lines] != masks[pos]:
+                    view.memo.clear()
+                    raise _Changed
+                origin = view.provenance(pos, relpath) if any(hits) else {}
+                for number, which in _merge(hits).items():
+                    key = [*rank, relpath, number]
+                    if after is not None and key <= after:
+                        continue
+                    if not page.add(relpath, rows, number, which, origin):
+                        return page.results, last
+                    last = key
         return page.results, None
 
-    @staticmethod
-    def _scan(disk: CacheFiles, relpath: str, needles: list[str],
-              fold: Any) -> tuple[str | None, list[set[int]]]:
-        """The file's text and, per needle, the 1-based numbers of the lines containing it."""
-        data = _read(disk, relpath)
-        if data is None:
-            return None, []
-        text = data.decode("utf-8", "replace")
-        hay = fold(text)
-        hits = []
-        for needle in needles:
-            lines: set[int] = set()
-            pos, line, counted = hay.find(needle), 1, 0
-            while pos >= 0:
-                line += hay.count("\n", counted, pos)
-                lines.add(line)
-                counted = hay.find("\n", pos)
-                if counted < 0:
-                    break
-                pos = hay.find(needle, counted)
-            hits.append(lines)
-        return text, hits
+    def _matches(self, view: _View, disk: CacheFiles, matcher: _Matcher,
+                 spans: list[range]) -> tuple[list[set[int]], bool]:
+        """For each needle, the positions in scope whose file holds it, verified.
+
+        Also whether any of those sets was remembered rather than verified now.
+        """
+        scope = _scope(spans)
+        keys = [(matcher.kind, n, scope) for n in matcher.needles]
+        known = [view.recall(k) for k in keys]
+        stale = set(view.stale)
+        todo: dict[int, list[int]] = {}
+        for i, kept in enumerate(known):
+            narrowed = stale if kept is not None else self._narrowed(view, matcher, i, scope)
+            for pos in _walk(view, spans, narrowed, ""):
+                todo.setdefault(pos, []).append(i)
+        found: list[set[int]] = [set() if kept is None else kept for kept in known]
+        for pos in sorted(todo):
+            data = _read(disk, view.path(pos))
+            if data is not None:
+                for i in matcher.which(data, todo[pos]):
+                    found[i].add(pos)
+        for i, kept in enumerate(known):
+            if kept is None:
+                view.remember(keys[i], found[i])
+        return found, any(kept is not None for kept in known)
+
+
+class _Changed(CacheError):
+    """A remembered match set no longer holds for a file: the search starts again without."""
+
+
+def _scope(spans: list[range]) -> tuple[int, ...]:
+    """What tells one search's scope from another's within a view."""
+    return tuple(x for span in spans for x in (span.start, span.stop))
+
+
+def _walk(view: _View, spans: list[range], allowed: set[int] | None,
+          start: str) -> Iterable[int]:
+    """Positions in the spans, in order, from the path `start` on; only `allowed` ones if set.
+
+    A few allowed positions are sorted; many are tested one by one along the spans, so a page
+    that fills early stops early.
+    """
+    total = sum(len(s) for s in spans)
+    for span in spans:
+        lo = min(max(view.find(start, span.start) if start else span.start, span.start),
+                 span.stop)
+        if allowed is None:
+            yield from range(lo, span.stop)
+        elif len(allowed) * _SPARSE < total:
+            yield from sorted(p for p in allowed if lo <= p < span.stop)
+        else:
+            yield from (p for p in range(lo, span.stop) if p in allowed)
+
+
+def _lines(data: bytes, matcher: _Matcher) -> tuple[list[str], list[set[int]]]:
+    """The file's lines and, per needle, the 1-based numbers of the lines containing it."""
+    hay = matcher.folded(data)
+    hits = []
+    for needle in matcher.needles:
+        lines: set[int] = set()
+        pos, line, counted = hay.find(needle), 1, 0
+        while pos >= 0:
+            line += hay.count("\n", counted, pos)
+            lines.add(line)
+            counted = hay.find("\n", pos)
+            if counted < 0:
+                break
+            pos = hay.find(needle, counted)
+        hits.append(lines)
+    if not any(hits):
+        return [], hits
+    text = data.decode("utf-8", "replace")
+    rows = text.split("\n")
+    if text.endswith("\n"):
+        rows.pop()
+    return rows, hits
 
 
 def _read(disk: CacheFiles, relpath: str) -> bytes | None:
@@ -489,7 +1030,7 @@ def _read(disk: CacheFiles, relpath: str) -> bytes | None:
         return None
 
 
-def _folder(query: Query) -> Any:
+def _folder(query: Query) -> Callable[[str], str]:
     if query.normalized:
         return normalize
     if not query.case_sensitive:
@@ -511,11 +1052,8 @@ def _clip(line: str) -> str:
     return line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + "…"
 
 
-def _result(query: Query, manifest: Manifest, relpath: str, text: str, number: int,
-            which: Iterable[int]) -> dict[str, Any]:
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
+def _result(query: Query, relpath: str, lines: list[str], number: int, which: Iterable[int],
+            origin: dict[str, Any]) -> dict[str, Any]:
     width = query.context_lines
     start = max(0, number - 1 - width)
     return {
@@ -525,7 +1063,7 @@ def _result(query: Query, manifest: Manifest, relpath: str, text: str, number: i
         "context_before": [_clip(x) for x in lines[start:number - 1]],
         "context_after": [_clip(x) for x in lines[number:number + width]],
         "matched_queries": [query.queries[i] for i in which],
-        **provenance(manifest, relpath),
+        **origin,
     }
 
 

@@ -106,9 +106,9 @@ def _sync_text(report: dict[str, Any]) -> str:
 def build_index(sub: Any) -> None:
     p = sub.add_parser("index", help="bring the cache's search index up to date",
                        description="Re-index the cached files whose content changed since the "
-                       "last refresh. A search that finds many files the index does not cover "
-                       "starts this in the background and scans those files meanwhile, so "
-                       "results never depend on the index.")
+                       "last refresh. Searches scan whatever files the index does not cover, so "
+                       "results never depend on it; a search that finds no usable index (none "
+                       "yet, an older version, or damaged) starts this in the background.")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--config", help="path of client.json (its cache is indexed)")
     where.add_argument("--cache", help="the cache folder itself")
