@@ -31,6 +31,7 @@ ERROR_CODES = {
     "ahead-full": "bodies sent ahead of their manifest exceed the server's hello.ahead_bytes",
     "store": "the server's store refused or failed the operation",
     "note": "a note was refused",
+    "not-found": "the store holds no such file or version (history, show); the session goes on",
 }
 
 
