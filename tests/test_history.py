@@ -396,6 +396,7 @@ def test_history_and_show_on_the_server_with_store(tmp_path: Path, home: Path) -
     (["show", SUMMARY], "names no version: write PATH@VERSION"),
     (["show", f"{SUMMARY}@one"], "names no version"),
     (["show", f"{SUMMARY}@-1"], "names no version"),
+    (["show", f"{SUMMARY}@{'9' * 30}"], "holds no version 999"),
     (["history", "machines/laptop/codex/../x.md"], "'..'"),
     (["history", "extensions/ad_hoc/notes/2026-01-31T09-30-00-x.md"], "append-only"),
     (["history", "--retention-days", "5", SUMMARY], "on its own"),
@@ -471,3 +472,19 @@ def test_a_person_recovers_what_a_consolidation_dropped_after_real_syncs(tmp_pat
     assert new["current"] and not old["current"]
     proc = raw_cli("show", "--config", str(config), f"{SUMMARY}@{old['version']}", env=env)
     assert proc.stdout == b"- deploys go through the staging box\n"
+
+
+GOOD = {"version": 3, "sha256": "a" * 64, "size": 1, "replaced_generation": 4,
+        "replaced_at": "2026-05-29T20:26:40Z", "current": False}
+
+
+@pytest.mark.parametrize("change", [
+    {}, {"replaced_at": None, "current": True},  # the two sound ones
+    {"version": "3"}, {"version": True}, {"size": None}, {"sha256": "A" * 64},
+    {"sha256": "a" * 63}, {"current": "no"}, {"replaced_at": "\x1b[2Jyesterday"},
+    {"replaced_at": 1780086400}, {"replaced_at": "2026-05-29T20:26:40Z\n"},
+], ids=repr)
+def test_a_client_takes_only_versions_as_the_protocol_has_them(change: dict[str, Any]) -> None:
+    from sharedmem.client.history import _sound
+    assert _sound({**GOOD, **change}) is (change in ({}, {"replaced_at": None, "current": True}))
+    assert not _sound([GOOD])

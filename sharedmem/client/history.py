@@ -7,6 +7,7 @@ nor written. The path is checked here first, and again by the server.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sharedmem.cache.layout import published_path_problems
@@ -21,19 +22,30 @@ def history(config: ClientConfig, path: str) -> dict[str, Any]:
     """The versions the server keeps of `path`, oldest first, the current one last."""
     reply = _ask(config, {"type": "history", "path": path}, "history")
     versions = reply.get("versions")
-    if not isinstance(versions, list) or not all(_sound(item) for item in versions):
+    if (type(reply.get("retention_days")) is not int or not isinstance(versions, list)
+            or not all(_sound(item) for item in versions)):
         raise ProtocolError(f"the server's history of {path!r} is not a list of versions as "
                             "docs/PROTOCOL.md describes them: upgrade the server with "
                             "install_server.py")
-    return reply
+    return {**reply, "path": path}
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 
 
 def _sound(item: object) -> bool:
-    """A version as the protocol has it: numbers, a sha256, a time unless it is current."""
-    return (isinstance(item, dict) and type(item.get("version")) is int
-            and type(item.get("size")) is int and isinstance(item.get("sha256"), str)
+    """A version as the protocol has it, with nothing in it a terminal would act on.
+
+    Numbers, a sha256, and a time unless it is the current one.
+    """
+    if not isinstance(item, dict):
+        return False
+    when = item.get("replaced_at")
+    return (type(item.get("version")) is int and type(item.get("size")) is int
+            and isinstance(item.get("sha256"), str) and bool(_SHA256.fullmatch(item["sha256"]))
             and isinstance(item.get("current"), bool)
-            and isinstance(item.get("replaced_at"), str | None))
+            and (when is None or isinstance(when, str) and bool(_TIME.fullmatch(when))))
 
 
 def show(config: ClientConfig, path: str, version: int) -> dict[str, Any]:
@@ -43,7 +55,7 @@ def show(config: ClientConfig, path: str, version: int) -> dict[str, Any]:
     if not isinstance(text, str) or sha256_text(text) != reply.get("sha256"):
         raise ProtocolError(f"the server's text of {path!r} version {version} does not match "
                             "its sha256: nothing was written; run `doctor` on the server")
-    return reply
+    return {**reply, "path": path}
 
 
 def _ask(config: ClientConfig, message: dict[str, Any], answer: str) -> dict[str, Any]:

@@ -465,7 +465,7 @@ class Store:
     def version(self, path: str, number: int) -> dict[str, Any]:
         """One version of a published file with its text (`show PATH@VERSION`)."""
         ns_id, inner = self._namespace_of(path)
-        row = self.conn.execute(
+        row = None if not 0 <= number < 2**63 else self.conn.execute(
             "SELECT v.generation, v.sha256, v.size, v.replaced_generation, v.replaced_at, b.body "
             "FROM versions v JOIN blobs b ON b.sha256 = v.sha256 WHERE v.namespace_id=? AND "
             "v.path=? AND v.generation=? UNION ALL SELECT f.generation, f.sha256, f.size, NULL, "
@@ -497,17 +497,17 @@ class Store:
 
     def history_summary(self) -> dict[str, Any]:
         """The retention and what file history holds: versions, files, bodies only it keeps."""
-        row = self.conn.execute(
-            "SELECT count(*), count(DISTINCT namespace_id || '/' || path), min(replaced_at), "
-            "(SELECT count(*) FROM blobs WHERE EXISTS (SELECT 1 FROM versions v WHERE v.sha256 "
-            "= blobs.sha256) AND NOT EXISTS (SELECT 1 FROM files f WHERE f.sha256 = "
-            "blobs.sha256)), (SELECT coalesce(sum(size), 0) FROM blobs WHERE EXISTS (SELECT 1 "
-            "FROM versions v WHERE v.sha256 = blobs.sha256) AND NOT EXISTS (SELECT 1 FROM "
-            "files f WHERE f.sha256 = blobs.sha256)) FROM versions").fetchone()
+        versions, paths, oldest = self.conn.execute(
+            "SELECT count(*), count(DISTINCT namespace_id || '/' || path), min(replaced_at) "
+            "FROM versions").fetchone()
+        only = self.conn.execute(
+            "SELECT count(*), coalesce(sum(size), 0) FROM blobs WHERE EXISTS (SELECT 1 FROM "
+            "versions v WHERE v.sha256 = blobs.sha256) AND NOT EXISTS (SELECT 1 FROM files f "
+            "WHERE f.sha256 = blobs.sha256)").fetchone()
         return {"store": str(self.path), "retention_days": self.history_days(),
-                "versions": row[0], "files": row[1],
-                "oldest_replaced_at": None if row[2] is None else _utc(row[2]),
-                "bodies": row[3], "bytes": row[4]}
+                "versions": versions, "files": paths,
+                "oldest_replaced_at": None if oldest is None else _utc(oldest),
+                "bodies": only[0], "bytes": only[1]}
 
     def _namespace_of(self, path: str) -> tuple[int, str]:
         """(namespace id, path inside it) of a published file path, every rule checked first."""
