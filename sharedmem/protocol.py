@@ -39,6 +39,7 @@ ERROR_CODES = {
     "too-many-files": "a manifest or publish lists more files than the server's namespace quota",
     "store": "the server's store refused or failed the operation",
     "note": "a note was refused",
+    "not-found": "the store holds no such file or version (history, show); the session goes on",
 }
 
 

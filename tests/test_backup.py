@@ -109,7 +109,8 @@ def test_create_makes_a_checked_self_contained_archive(tmp_path: Path) -> None:
     assert entry["sha256"] == hashlib.sha256(data).hexdigest() == info.sha256
     assert entry["size"] == len(data)
     with Store.open(path) as s:
-        assert entry["counts"] == s.counts() == {"namespaces": 2, "files": 3, "blobs": 3, "notes": 2}
+        assert entry["counts"] == s.counts() == {"namespaces": 2, "files": 3, "blobs": 3, "notes": 2,
+                                                 "versions": 0}
     assert entry["schema_version"] == schema.SCHEMA_VERSION
     assert backup.verify(info.path) == []
     assert sorted(p.name for p in folder.iterdir()) == sorted([info.path.name, "manifest.json"])

@@ -160,7 +160,7 @@ def test_source_and_kind_must_match(st: Store, machine: str, source: str, kind: 
     with pytest.raises(error) as caught:
         ingest(st, machine, source, kind, files({"MEMORY.md": "x"}))
     assert isinstance(caught.value, SharedMemoryError)
-    assert st.counts() == {"namespaces": 0, "files": 0, "blobs": 0, "notes": 0}
+    assert st.counts() == {"namespaces": 0, "files": 0, "blobs": 0, "notes": 0, "versions": 0}
 
 
 def test_delta_ingest_and_stale_base(st: Store) -> None:

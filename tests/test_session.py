@@ -279,7 +279,7 @@ def test_bodies_ahead_serve_every_manifest_of_the_session(tmp_path):
 
 # What each protocol version accepts after hello, pinned here apart from the session's table.
 ACCEPTED = {1: {"publish", "note", "export", "verify", "status"},
-            2: {"manifest", "bodies", "note", "pull", "verify", "status"}}
+            2: {"manifest", "bodies", "note", "pull", "verify", "status", "history", "show"}}
 EVERY_TYPE = sorted(ACCEPTED[1] | ACCEPTED[2] | {"files", "commit", "hello", "gimme"})
 
 

@@ -550,6 +550,7 @@ def test_a_pull_sends_a_namespace_whole_to_a_cache_older_than_its_compacted_tomb
 
 
 def test_a_body_a_file_stopped_using_is_kept_for_the_grace_then_collected(st: Store) -> None:
+    st.set_history_days(0)  # no file history: no previous version keeps it (test_history.py)
     ingest(st, "m1", "notes", "markdown", files({"a.md": "old", "b.md": "moved"}))
     ingest(st, "m1", "notes", "markdown", files({"a.md": "new", "c.md": "moved"}))  # edit, rename
     assert unused_bodies(st) == {"old"}
@@ -572,3 +573,17 @@ def test_migration_marks_the_orphans_a_v1_store_holds(tmp_path: Path) -> None:
         assert st.finish() is not None  # due at once: the end of the next session collects it
         assert unused_bodies(st) == set() and st.verify() == []
         assert len(exported(st, "machines/")) == 7
+
+
+def test_counts_list_previous_versions_from_schema_3_on(tmp_path: Path) -> None:
+    """A backup manifest's counts: an archive of schema 2 is counted as it was listed."""
+    old = tmp_path / "v2.sqlite3"
+    conn = sqlite3.connect(old)
+    conn.executescript((REPO / "tests" / "fixtures" / "store-v2.sql").read_text(encoding="utf-8"))
+    conn.execute("PRAGMA user_version=2")
+    assert Store(old, conn).counts() == {"namespaces": 4, "files": 6, "blobs": 9, "notes": 3}
+    conn.close()
+    with Store.open(tmp_path / "store.sqlite3") as st:
+        ingest(st, "m1", "notes", "markdown", files({"a.md": "one"}))
+        ingest(st, "m1", "notes", "markdown", files({"a.md": "two"}))
+        assert st.counts() == {"namespaces": 1, "files": 1, "blobs": 2, "notes": 0, "versions": 1}

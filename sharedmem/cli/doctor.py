@@ -453,8 +453,8 @@ def _check_bodies(report: Report, store: Path, version: int) -> None:
             waiting = conn.execute(f"SELECT count(*) FROM blobs WHERE {unused} AND sha256 IN "
                                    "(SELECT sha256 FROM unused)").fetchone()[0]
             stray = conn.execute(f"SELECT count(*), coalesce(sum(size), 0) FROM blobs WHERE "
-                                 f"{life.UNKEPT} AND sha256 NOT IN (SELECT sha256 FROM unused)"
-                                 ).fetchone()
+                                 f"{life.unkept(version)} AND sha256 NOT IN "
+                                 "(SELECT sha256 FROM unused)").fetchone()
             tombstones = conn.execute("SELECT count(*) FROM tombstones").fetchone()[0]
     except sqlite3.Error as exc:
         report.add("bodies", WARN, f"unused bodies could not be counted ({exc})",

@@ -24,10 +24,11 @@ def parser() -> Any:
         "coding-agent harnesses. See README.md and docs/.")
     top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from sharedmem.cli import check_commands, client_commands, server_commands
+    from sharedmem.cli import check_commands, client_commands, history_commands, server_commands
     doctor, demo = check_commands.BUILDERS
     serve, *store = server_commands.BUILDERS
-    for build in (serve, *client_commands.BUILDERS, doctor, *store, demo):
+    for build in (serve, *client_commands.BUILDERS, doctor, *store, *history_commands.BUILDERS,
+                  demo):
         build(sub)
     return top
 

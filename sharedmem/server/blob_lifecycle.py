@@ -15,6 +15,11 @@ kept TOMBSTONE_SECONDS; older ones are compacted about once a day, and the newes
 compacted is kept in meta (`tombstones_compacted`): a client whose cache predates it is sent
 each namespace that changed since whole (`Store.pull`).
 
+Previous versions of files (`versions`, schema 3: file history) are kept meta's `history_days`
+days after they were replaced (DEFAULT_HISTORY_DAYS unless set); a version's body stays while
+the version does. Older ones are pruned about once a day, as tombstones are, and their bodies
+counted unused from the moment each version expired.
+
 Every function runs inside the caller's transaction (`Store.transaction`), except the reads
 `ended_sessions` and `due`, which tell a session's end whether to open one at all.
 """
@@ -28,16 +33,28 @@ from collections.abc import Iterable, Sequence
 GRACE_SECONDS = 3600  # a body no file uses any more is kept this long
 SESSION_STALE_SECONDS = 24 * 3600  # a session not seen for this long is taken as dead
 TOMBSTONE_SECONDS = 7 * 24 * 3600  # a removed path's tombstone is kept this long
-COMPACT_EVERY_SECONDS = 24 * 3600  # tombstones are compacted once this much is past retention
+COMPACT_EVERY_SECONDS = 24 * 3600  # tombstones and versions are pruned once this much is past
+DAY = 24 * 3600
+DEFAULT_HISTORY_DAYS = 30  # previous versions of files are kept this many days (meta history_days)
 
-# What keeps a body: each line a condition on `blobs.sha256`, all in one place, so a table of
-# retained previous versions (file history) adds its own line here and every collection, a
-# session's, `forget`'s and `doctor --repair`'s, honours it.
+# What keeps a body: each line the schema version that brought its table and a condition on
+# `blobs.sha256`, all in one place, so every collection, a session's, `forget`'s and `doctor
+# --repair`'s, honours each: a file uses it, a live session claims it, a retained previous
+# version of a file uses it. (`doctor --store` reads a store not yet migrated: `unkept(schema)`.)
 KEEPS = (
-    "EXISTS (SELECT 1 FROM files WHERE files.sha256 = blobs.sha256)",
-    "EXISTS (SELECT 1 FROM claims WHERE claims.sha256 = blobs.sha256)",
+    (1, "EXISTS (SELECT 1 FROM files WHERE files.sha256 = blobs.sha256)"),
+    (2, "EXISTS (SELECT 1 FROM claims WHERE claims.sha256 = blobs.sha256)"),
+    (3, "EXISTS (SELECT 1 FROM versions WHERE versions.sha256 = blobs.sha256)"),
 )
-UNKEPT = " AND ".join(f"NOT {condition}" for condition in KEEPS)
+
+
+def unkept(schema: int | None = None) -> str:
+    """The condition on `blobs.sha256` that nothing keeps a body, in a store of this schema."""
+    return " AND ".join(f"NOT {condition}" for since, condition in KEEPS
+                        if schema is None or since <= schema)
+
+
+UNKEPT = unkept()
 
 
 class Collected:
@@ -48,11 +65,12 @@ class Collected:
         self.bodies = 0
         self.bytes = 0
         self.tombstones = 0
+        self.versions = 0  # previous versions of files past their retention
 
     def to_json(self) -> dict[str, int]:
         """The counts, as `doctor --json` prints them."""
         return {"sessions": self.sessions, "bodies": self.bodies, "bytes": self.bytes,
-                "tombstones": self.tombstones}
+                "tombstones": self.tombstones, "versions": self.versions}
 
 
 def host() -> str:
@@ -102,17 +120,23 @@ def ended_sessions(conn: sqlite3.Connection, now: int, own: int | None) -> list[
 
 
 def due(conn: sqlite3.Connection, now: int) -> bool:
-    """Whether a body's grace or the tombstones' retention has run out: one indexed read."""
+    """Whether a body's grace, the tombstones' or the versions' retention has run out.
+
+    One read of three indexes and a meta key; a day past a retention, so about once a day.
+    """
     row = conn.execute(
         "SELECT EXISTS (SELECT 1 FROM unused WHERE since <= ?), coalesce((SELECT at FROM "
-        "tombstone_times ORDER BY generation LIMIT 1) <= ?, 0)",
-        (now - GRACE_SECONDS, now - TOMBSTONE_SECONDS - COMPACT_EVERY_SECONDS)).fetchone()
-    return bool(row[0] or row[1])
+        "tombstone_times ORDER BY generation LIMIT 1) <= ?, 0), coalesce((SELECT replaced_at "
+        "FROM versions ORDER BY replaced_at LIMIT 1) <= ? - ? * (SELECT CAST(value AS INTEGER) "
+        "FROM meta WHERE key='history_days'), 0)",
+        (now - GRACE_SECONDS, now - TOMBSTONE_SECONDS - COMPACT_EVERY_SECONDS,
+         now - COMPACT_EVERY_SECONDS, DAY)).fetchone()
+    return bool(row[0] or row[1] or row[2])
 
 
 def collect(conn: sqlite3.Connection, now: int, ended: Sequence[int], *,
             grace: int = GRACE_SECONDS, strays: bool = False) -> Collected:
-    """Release the `ended` sessions, delete the bodies nothing keeps, compact old tombstones.
+    """Release ended sessions, prune old versions, delete unkept bodies, compact tombstones.
 
     A released claim's body may go at once: a session told the store held it claimed it too.
     With `strays`, bodies no file uses that are not yet marked unused (written by a version
@@ -127,6 +151,7 @@ def collect(conn: sqlite3.Connection, now: int, ended: Sequence[int], *,
                          "WHERE f.sha256 = c.sha256)", ids)  # what a commit used is kept
         conn.executemany("DELETE FROM sessions WHERE id=?", ids)  # and its claims
         done.sessions = len(ids)
+    done.versions = prune(conn, now)
     if strays:
         conn.execute(f"INSERT OR IGNORE INTO unused SELECT sha256, 0 FROM blobs WHERE {UNKEPT}")
     cutoff = now - grace
@@ -138,6 +163,31 @@ def collect(conn: sqlite3.Connection, now: int, ended: Sequence[int], *,
     conn.execute("DELETE FROM unused WHERE since <= ?", (cutoff,))
     done.tombstones = compact(conn, now)
     return done
+
+
+def history_days(conn: sqlite3.Connection) -> int:
+    """How many days previous versions of files are kept: meta's `history_days`."""
+    row = conn.execute("SELECT CAST(value AS INTEGER) FROM meta WHERE key='history_days'"
+                       ).fetchone()
+    return DEFAULT_HISTORY_DAYS if row is None else max(0, int(row[0]))
+
+
+def prune(conn: sqlite3.Connection, now: int, days: int | None = None) -> int:
+    """Delete the versions replaced over `days` (default: the store's setting) ago; how many.
+
+    Their bodies count as unused from the moment each version expired: past the grace by the
+    time a daily prune comes, they go in the same collection unless something else keeps them
+    (a live session that was told the store holds one claimed it).
+    """
+    keep = DAY * (history_days(conn) if days is None else days)
+    cutoff = now - keep
+    if conn.execute("SELECT 1 FROM versions WHERE replaced_at <= ? LIMIT 1",
+                    (cutoff,)).fetchone() is None:
+        return 0
+    conn.execute("INSERT INTO unused SELECT sha256, max(replaced_at) + ? FROM versions "
+                 "WHERE replaced_at <= ? GROUP BY sha256 ON CONFLICT(sha256) DO UPDATE "
+                 "SET since = max(since, excluded.since)", (keep, cutoff))
+    return conn.execute("DELETE FROM versions WHERE replaced_at <= ?", (cutoff,)).rowcount
 
 
 def compact(conn: sqlite3.Connection, now: int) -> int:

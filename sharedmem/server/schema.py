@@ -79,6 +79,31 @@ MIGRATIONS: list[str] = [
     INSERT INTO tombstone_times SELECT DISTINCT generation, CAST(strftime('%s', 'now') AS INTEGER)
         FROM tombstones;
     """,
+    # 3: file history. `versions`: each file row that went (an edit, a rename, a delete), as it
+    # was: its body (by sha256, so unchanged content costs nothing: no row is replaced when
+    # nothing changed, and bodies are shared), the generation it was written at (its version
+    # number) and the one and the time it was replaced at. The trigger records them, so ingest
+    # needs no part in it; it records nothing while meta's `history_days` is 0, nor for the
+    # files of a namespace being deleted (`forget`: the namespace row is gone by then, and its
+    # versions go with it). Versions past `history_days` are pruned (blob_lifecycle.py).
+    """
+    CREATE TABLE versions(
+        namespace_id INTEGER NOT NULL REFERENCES namespaces(id) ON DELETE CASCADE,
+        path TEXT NOT NULL, generation INTEGER NOT NULL,
+        sha256 TEXT NOT NULL, size INTEGER NOT NULL,
+        replaced_generation INTEGER NOT NULL, replaced_at INTEGER NOT NULL,
+        PRIMARY KEY(namespace_id, path, generation)) WITHOUT ROWID;
+    CREATE INDEX versions_by_sha256 ON versions(sha256);
+    CREATE INDEX versions_by_time ON versions(replaced_at);
+    CREATE TRIGGER files_history AFTER DELETE ON files
+        BEGIN INSERT OR REPLACE INTO versions
+              SELECT OLD.namespace_id, OLD.path, OLD.generation, OLD.sha256, OLD.size,
+                     (SELECT CAST(value AS INTEGER) FROM meta WHERE key='generation'),
+                     CAST(strftime('%s', 'now') AS INTEGER)
+              FROM namespaces WHERE id = OLD.namespace_id AND (SELECT CAST(value AS INTEGER)
+                  FROM meta WHERE key='history_days') > 0; END;
+    INSERT INTO meta VALUES ('history_days', '30');
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

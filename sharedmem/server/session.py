@@ -423,6 +423,37 @@ class Session:
                            "schema": self.store.schema_version(),
                            "namespaces": self.store.namespaces().to_rows()})
 
+    def _on_history(self, message: dict[str, Any]) -> None:
+        """Version 2: the versions the store keeps of one published file (`history --config`).
+
+        A path or name that breaks the rules is a `bad-field` (the session ends); a file the
+        store holds no version of is `not-found`, and the session goes on.
+        """
+        from sharedmem.server.store import NotFound
+        assert self.store is not None
+        try:
+            found = self.store.history(field(message, "path", str))
+        except NotFound as exc:
+            self.channel.send(error("not-found", str(exc)))
+            return
+        self.channel.send({"type": "history", **found})
+
+    def _on_show(self, message: dict[str, Any]) -> None:
+        """Version 2: one version of a published file, with its text (`show --config`)."""
+        from sharedmem.server.store import NotFound
+        assert self.store is not None
+        path = field(message, "path", str)
+        number = field(message, "version", int)
+        if not 0 <= number < 2**63:
+            raise PeerError("bad-field", f"show.version must be a version number from "
+                            f"`history`, not {number}")
+        try:
+            found = self.store.version(path, number)
+        except NotFound as exc:
+            self.channel.send(error("not-found", str(exc)))
+            return
+        self.channel.send({"type": "version", **found})
+
 
 # The messages a client may send after hello, for each protocol version, and the method that
 # answers each: the one statement of what a version accepts (docs/PROTOCOL.md points here).
@@ -431,7 +462,8 @@ HANDLERS: dict[int, dict[str, Callable[[Session, dict[str, Any]], None]]] = {
     1: {"publish": Session._on_publish, "note": Session._on_note, "export": Session._on_export,
         "verify": Session._on_verify, "status": Session._on_status},
     2: {"manifest": Session._on_manifest, "bodies": Session._on_bodies, "note": Session._on_note,
-        "pull": Session._on_pull, "verify": Session._on_verify, "status": Session._on_status},
+        "pull": Session._on_pull, "verify": Session._on_verify, "status": Session._on_status,
+        "history": Session._on_history, "show": Session._on_show},
 }
 # The parts of an exchange its handler reads itself (a publish's `files` and `commit`, a
 # manifest's `bodies` and `commit`): sent where no handler takes them, they are out of order

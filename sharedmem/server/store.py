@@ -1,7 +1,9 @@
 """The server's SQLite store: the connection, the one transaction helper, migrations, notes, pulls.
 
-How long it keeps bodies no file uses, and tombstones, is `blob_lifecycle.py`'s; the methods that
-write them (`put_blobs`, `need`, `finish`, `collect`, `forget`) run its steps in their transactions.
+How long it keeps bodies no file uses, tombstones and previous versions of files is
+`blob_lifecycle.py`'s; the methods that write them (`put_blobs`, `need`, `finish`, `collect`,
+`forget`, `set_history_days`) run its steps in their transactions. A file's previous versions
+(schema 3's triggers record them) are read with `history` and `version`.
 """
 
 from __future__ import annotations
@@ -13,21 +15,31 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Se
 from pathlib import Path
 
 from sharedmem.clock import utc_now
-from sharedmem.core import StoreError
+from sharedmem.core import NameRuleError, PathRuleError, StoreError
 from sharedmem.namespaces import Namespace, NamespaceList
 from sharedmem.rules import (
     MACHINES_DIR,
+    MAX_PATH_BYTES,
     NOTES_DIR,
     check_machine_name,
+    check_path,
+    name_problem,
 )
 from sharedmem.server import note_log
 from sharedmem.server.schema import MIGRATIONS, statements
 
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
 if TYPE_CHECKING:
+    from typing import Any
+
     from sharedmem.server.blob_lifecycle import Collected
 
 BUSY_TIMEOUT_MS = 60_000
+MAX_HISTORY_DAYS = 3650  # the longest retention `history --retention-days` takes: ten years
+
+
+class NotFound(StoreError):
+    """The store holds no such file or version: the session answers `not-found` and goes on."""
 
 
 class Store:
@@ -373,12 +385,12 @@ class Store:
     def forget(self, machine: str, source: str | None = None, reason: str = "") -> int:
         """Remove a machine's namespaces (all, or one source) in one transaction; notes stay.
 
-        Their bodies go at once, with every other body no file uses, except those a live
-        session claims (it is about to commit them).
+        Their files' previous versions go with them (`versions` cascades). Their bodies go at
+        once, with every other body nothing keeps, except those a live session claims (it is
+        about to commit them).
         """
         from sharedmem.server import blob_lifecycle
         check_machine_name(machine)
-        now = int(time.time())
         with self.transaction() as conn:
             where, args = "machine=?", [machine]
             if source is not None:
@@ -389,7 +401,8 @@ class Store:
                 raise StoreError(f"store {self.path} holds nothing for machine {machine!r}"
                                  + (f" source {source!r}" if source else "")
                                  + ": check the name with `status` or `doctor --store`")
-            conn.execute(f"DELETE FROM namespaces WHERE {where}", args)
+            conn.execute(f"DELETE FROM namespaces WHERE {where}", args)  # and their versions
+            now = int(time.time())  # not before the delete: its triggers marked bodies unused
             conn.execute("INSERT INTO forgotten(machine, source, files, forgotten_at, reason) "
                          "VALUES (?,?,?,?,?)", (machine, source, count[0], utc_now(), reason))
             blob_lifecycle.collect(conn, now, blob_lifecycle.ended_sessions(conn, now, None),
@@ -414,11 +427,139 @@ class Store:
             self.conn.text_factory = factory
 
     def counts(self) -> dict[str, int]:
-        """Sizes for reports and backup manifests."""
+        """Sizes for reports and backup manifests; previous versions from schema 3 on.
+
+        An archive of an older schema is counted as its manifest listed it, without them.
+        """
         row = self.conn.execute(
             "SELECT (SELECT count(*) FROM namespaces), (SELECT count(*) FROM files), "
             "(SELECT count(*) FROM blobs), (SELECT count(*) FROM notes)").fetchone()
-        return {"namespaces": row[0], "files": row[1], "blobs": row[2], "notes": row[3]}
+        out = {"namespaces": row[0], "files": row[1], "blobs": row[2], "notes": row[3]}
+        if self.schema_version() >= 3:
+            out["versions"] = self.conn.execute("SELECT count(*) FROM versions").fetchone()[0]
+        return out
+
+    # --- file history (schema 3) -------------------------------------------------------------
+
+    def history(self, path: str) -> dict[str, Any]:
+        """The versions of one published file the store holds: oldest first, the current last.
+
+        Each version is numbered by the generation that wrote it (stable while older ones are
+        pruned). Raises NotFound when there is none: no such file, and none replaced within
+        the retention; a path or name that breaks the rules raises their error.
+        """
+        ns_id, inner = self._namespace_of(path)
+        versions = [_version_row(*row) for row in self.conn.execute(
+            "SELECT generation, sha256, size, replaced_generation, replaced_at FROM versions "
+            "WHERE namespace_id=? AND path=? ORDER BY generation", (ns_id, inner))]
+        current = self.conn.execute("SELECT generation, sha256, size FROM files "
+                                    "WHERE namespace_id=? AND path=?", (ns_id, inner)).fetchone()
+        if current is not None:
+            versions.append(_version_row(*current, None, None))
+        if not versions:
+            raise NotFound(f"store {self.path} holds no file {path!r} and no version of it "
+                           f"replaced in the last {self.history_days()} days: check the path "
+                           "with `shared_memory.py list`")
+        return {"path": path, "retention_days": self.history_days(), "versions": versions}
+
+    def version(self, path: str, number: int) -> dict[str, Any]:
+        """One version of a published file with its text (`show PATH@VERSION`)."""
+        ns_id, inner = self._namespace_of(path)
+        row = None if not 0 <= number < 2**63 else self.conn.execute(
+            "SELECT v.generation, v.sha256, v.size, v.replaced_generation, v.replaced_at, b.body "
+            "FROM versions v JOIN blobs b ON b.sha256 = v.sha256 WHERE v.namespace_id=? AND "
+            "v.path=? AND v.generation=? UNION ALL SELECT f.generation, f.sha256, f.size, NULL, "
+            "NULL, b.body FROM files f JOIN blobs b ON b.sha256 = f.sha256 WHERE "
+            "f.namespace_id=? AND f.path=? AND f.generation=?",
+            (ns_id, inner, number) * 2).fetchone()
+        if row is None:
+            raise NotFound(f"store {self.path} holds no version {number} of {path!r}: "
+                           f"`shared_memory.py history {path}` lists the versions it keeps")
+        return {**_version_row(*row[:5]), "path": path, "text": row[5]}
+
+    def history_days(self) -> int:
+        """How many days previous versions of files are kept (0: none are recorded)."""
+        from sharedmem.server import blob_lifecycle
+        return blob_lifecycle.history_days(self.conn)
+
+    def set_history_days(self, days: int) -> int:
+        """Keep previous versions `days` days (0: record none); returns how many older ones went.
+
+        Their bodies are collected after the grace, as any body no file uses any more.
+        """
+        from sharedmem.server import blob_lifecycle
+        if type(days) is not int or not 0 <= days <= MAX_HISTORY_DAYS:
+            raise StoreError(f"history retention {days!r} is not a whole number of days from 0 "
+                             f"to {MAX_HISTORY_DAYS}: e.g. --retention-days 30 (0 keeps none)")
+        with self.transaction() as conn:
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('history_days', ?)", (str(days),))
+            return blob_lifecycle.prune(conn, int(time.time()), days)
+
+    def history_summary(self) -> dict[str, Any]:
+        """The retention and what file history holds: versions, files, bodies only it keeps."""
+        versions, paths, oldest = self.conn.execute(
+            "SELECT count(*), count(DISTINCT namespace_id || '/' || path), min(replaced_at) "
+            "FROM versions").fetchone()
+        only = self.conn.execute(
+            "SELECT count(*), coalesce(sum(size), 0) FROM blobs WHERE EXISTS (SELECT 1 FROM "
+            "versions v WHERE v.sha256 = blobs.sha256) AND NOT EXISTS (SELECT 1 FROM files f "
+            "WHERE f.sha256 = blobs.sha256)").fetchone()
+        return {"store": str(self.path), "retention_days": self.history_days(),
+                "versions": versions, "files": paths,
+                "oldest_replaced_at": None if oldest is None else _utc(oldest),
+                "bodies": only[0], "bytes": only[1]}
+
+    def _namespace_of(self, path: str) -> tuple[int, str]:
+        """(namespace id, path inside it) of a published file path, every rule checked first."""
+        machine, source, inner = split_published(path)
+        row = self.conn.execute("SELECT id FROM namespaces WHERE machine=? AND source=?",
+                                (machine, source)).fetchone()
+        if row is None:
+            raise NotFound(f"store {self.path} holds nothing of machine {machine!r} source "
+                           f"{source!r} (forgotten, or never published): check the path with "
+                           "`shared_memory.py list`")
+        return row[0], inner
+
+
+def split_published(path: object) -> tuple[str, str, str]:
+    """(machine, source, path inside the namespace) of a published file path, or why not.
+
+    Note files have no history (their entries are never changed or removed): NotFound says so.
+    """
+    if not isinstance(path, str):
+        raise PathRuleError(f"path {path!r} is not a string")
+    if len(path) > _LONGEST_PUBLISHED:  # not quoted whole: it may be megabytes
+        raise PathRuleError(f"path {path[:80]!r}... is longer than any published path "
+                            f"({_LONGEST_PUBLISHED} characters)")
+    if path.startswith(NOTES_DIR + "/"):
+        raise NotFound(f"{path!r} is a note file: notes are append-only, so it has no earlier "
+                       "versions; every entry is in the file itself (`shared_memory.py read`)")
+    parts = path.split("/", 3)
+    if len(parts) != 4 or parts[0] != MACHINES_DIR:
+        raise PathRuleError(f"path {path!r} is not a published file: name it as `list` shows "
+                            f"it, {MACHINES_DIR}/<machine>/<source>/<file>.md")
+    for value, what in ((parts[1], "machine"), (parts[2], "source")):
+        if (problem := name_problem(value, what)) is not None:
+            raise NameRuleError(f"{problem} (in path {path!r})")
+    return parts[1], parts[2], check_path(parts[3])
+
+
+# machines/ + a machine and a source name (63 each) and their slashes + the path rule's longest
+_LONGEST_PUBLISHED = len(MACHINES_DIR) + 2 * 64 + 1 + MAX_PATH_BYTES
+
+
+def _version_row(generation: int, sha: str, size: int, replaced_generation: int | None,
+                 replaced_at: int | None) -> dict[str, Any]:
+    """One version as `history` lists it; the current file is the one never replaced."""
+    return {"version": generation, "sha256": sha, "size": size,
+            "replaced_generation": replaced_generation,
+            "replaced_at": None if replaced_at is None else _utc(replaced_at),
+            "current": replaced_at is None}
+
+
+def _utc(seconds: int) -> str:
+    """A time the store keeps in seconds, as the program writes times (`clock.utc_now`)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def _lenient(data: bytes) -> str:
