@@ -277,7 +277,7 @@ def test_a_malformed_reply_fails_the_sync_and_changes_nothing(
     err = assert_failed_cleanly(client, capsys,
                                 f"the server (ssh server.invalid) sent a malformed {message} "
                                 "message")
-    assert "changed nothing" in err
+    assert "The cache was left as it was" in err
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN))
@@ -373,3 +373,21 @@ def test_a_linked_metadata_folder_stops_the_sync_before_it_touches_anything(
                                                 "folder")
     assert f"rm {client.cache / link}" in err
     assert snapshot(victim, client.cache, client.outbox) == before
+
+
+def test_status_shows_what_the_server_sent_escaped(
+        client: Client, capsys: pytest.CaptureFixture[str]) -> None:
+    odd = "\x1b]0;owned\x07\x9b2J\ud800"
+    client.serve({**GOOD, "pull": [head([ns(synced_at=odd, kind=odd)]), END]})
+    assert client.sync(capsys)[0] == 0
+    client.serve({**GOOD, "pull": [j({"type": "error", "code": "store", "message": odd})]})
+    assert client.sync(capsys)[0] == 2
+    for extra, escaped, times in (([], "\\x1b]0;owned\\x07\\u009b2J\\ud800", 2),
+                                  (["--json"], "\\u001b]0;owned\\u0007\\u009b2J\\ud800", 3)):
+        capsys.readouterr()
+        assert run_with_timeout(lambda extra=extra: main(
+            ["status", "--config", str(client.config), *extra]), 60) == 0
+        out, err = capsys.readouterr()
+        assert not any(c in out + err for c in "\x1b\x07\x9b\ud800"), out
+        assert out.count(escaped) == times  # the error, the sync time (and in JSON the kind)
+    assert json.loads(out)["last_attempt"]["error"] == odd  # JSON keeps the text as it was

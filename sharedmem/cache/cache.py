@@ -395,6 +395,21 @@ class Intake:
         self.skipped: list[dict[str, str]] = []  # the first SKIPPED_SHOWN
         self.skipped_total = 0
 
+    def add_own(self, items: Iterable[tuple[str, str, str]]) -> None:
+        """Take files as this client published them (path, sha256, text): its walk checked them.
+
+        A first sync takes every file of its own this way, so this is one tight loop.
+        """
+        cached, files, kept = self.cached, self.files, self.kept
+        for path, sha, text in items:
+            old = cached.get(path)
+            if old is not None and old.sha256 == sha and self._intact(path, old):
+                files.pop(path, None)
+                kept.add(path)
+            else:
+                kept.discard(path)
+                files[path] = (sha, text)
+
     def add(self, path: str, sha: str, text: str, *, vouched: bool = False) -> None:
         """Take one pulled file; `vouched`: the text is this client's own for that sha256."""
         writer = self.writer
@@ -405,9 +420,7 @@ class Intake:
                 return
         self.dropped.discard(path)
         old = self.cached.get(path)
-        if old is not None and old.sha256 == sha and _intact(
-                self.root + path, old.size if self.full or old.namespace in self.full_namespaces
-                else None):
+        if old is not None and old.sha256 == sha and self._intact(path, old):
             self.files.pop(path, None)
             self.kept.add(path)
             return
@@ -431,6 +444,14 @@ class Intake:
         else:
             writer.take(path, sha, data)
             self.files[path] = (sha, None)
+
+    def _intact(self, path: str, old: CachedFile) -> bool:
+        """Whether the cache holds `old` intact, so a pull of the same sha256 writes nothing.
+
+        In a namespace pulled whole, the size is checked too: that is how a damaged file heals.
+        """
+        full = self.full or old.namespace in self.full_namespaces
+        return _intact(self.root + path, old.size if full else None)
 
     def _drop(self, path: str, reason: str, size: int = 0) -> None:
         """Skip a file at a valid path; the cache's older copy of it is removed at commit."""

@@ -181,8 +181,7 @@ class Exchange:
         intake = self.cache.intake(writer, full=conn.version == 1,
                                    full_namespaces=set(full) | skipped_own,
                                    file_bytes=self.config.limits.file_bytes)
-        for path, sha, text in self.offer.files(skipped_own):
-            intake.add(path, sha, text, vouched=True)
+        intake.add_own(self.offer.files(skipped_own))
         texts = self.offer.texts
         count = 0
         while (part := conn.channel.expect("files", "end"))["type"] == "files":

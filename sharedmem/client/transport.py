@@ -162,9 +162,9 @@ class Connection:
         One line naming the server and the message: a sync that meets one changes nothing here.
         """
         return ProtocolError(
-            f"the server ({self.where}) sent a malformed {kind} message: {detail}. This client "
-            "changed nothing (its cache and outbox are as they were); run the same sharedmem "
-            "release on the server as here, or find out what answers in its place")
+            f"the server ({self.where}) sent a malformed {kind} message: {detail}. The cache "
+            "was left as it was; run the same sharedmem release on the server as here, or find "
+            "out what answers in its place")
 
     def failure(self) -> TransportError:
         """Why the server end went away, as an error with a fix."""
