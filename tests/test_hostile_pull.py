@@ -167,6 +167,9 @@ BROKEN: dict[str, tuple[str, list, str]] = {
     "the wrong message": ("pull", [END], "expected namespaces"),
     "gone before the end": ("pull", [head(), files(item("machines/desk/notes/b.md")), "@exit"],
                             "ended the session"),
+    "an error of a megabyte": ("pull", [j({"type": "error", "code": "store",
+                                           "message": "x" * 1_000_000})],
+                               "x" * 2000 + "... (1000000 characters)"),
     "an error with escapes": ("pull", [j({"type": "error", "code": "store", "message":
                                           "\x1b[2J\x1b]0;owned\x07boom\r\nsync ok\x9b31m\ud800"})],
                               "\\x1b[2J\\x1b]0;owned\\x07boom\\r\\nsync ok\\u009b31m\\ud800"),

@@ -459,10 +459,10 @@ class Intake:
         self.dropped.add(path)
         self.skip(path, reason, {
             "too-large": f"{path!r} is over this client's limit of {self.file_bytes} bytes a "
-                         f"file ({size} or more): not written",
-            "invalid-utf8": f"{path!r} is not valid UTF-8 text: not written",
-            "sha256-mismatch": f"the text sent for {path!r} does not match its sha256: not "
-                               "written"}[reason])
+                         f"file (at least {size}); raise limits.file_bytes in client.json to "
+                         "take it",
+            "invalid-utf8": f"the text sent for {path!r} is not valid UTF-8",
+            "sha256-mismatch": f"the text sent for {path!r} does not match its sha256"}[reason])
 
     def skip(self, path: str, reason: str, message: str) -> None:
         """Name one item this client did not take; past SKIPPED_SHOWN they are only counted."""

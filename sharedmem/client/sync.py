@@ -32,6 +32,7 @@ from sharedmem.sources import kinds as sources
 from sharedmem.sources import walk
 
 EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2
+ERROR_CHARS = 2000  # of an error kept in the report and state/last-sync.json
 
 
 @dataclass
@@ -98,7 +99,10 @@ class Sync:
                 self.report["bytes"] = {"sent": conn.channel.sent,
                                         "received": conn.channel.received}
         except SharedMemoryError as exc:
-            self.report.update(status="failed", error=str(exc))
+            error = str(exc)  # may quote the server, whose error text may be megabytes long
+            if len(error) > ERROR_CHARS:
+                error = f"{error[:ERROR_CHARS]}... ({len(error)} characters)"
+            self.report.update(status="failed", error=error)
         else:
             partial = any(s["status"] != "published" and s["status"] != "unchanged"
                           or s["problems"] for s in self.report["sources"])
