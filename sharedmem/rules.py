@@ -104,12 +104,23 @@ class Limits(namedtuple("Limits", "file_bytes namespace_bytes namespace_files ma
 
 
 def name_problem(name: object, what: str = "name") -> str | None:
-    """Why `name` is not a valid machine or source name, or None."""
+    """Why `name` is not a valid machine or source name, or None.
+
+    A name is a folder of every client's cache, so it obeys the path rule for a component
+    too: a name the server took but a client could not write would stop that client's pull.
+    """
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         return (
             f"{what} {name!r} is invalid: use 1-63 characters of lower-case letters, digits, "
             "'.', '_' or '-', starting with a letter or digit"
         )
+    if name.endswith("."):
+        return (f"{what} {name!r} is invalid: it ends in a dot, which Windows drops from a "
+                "folder name; end it with a letter or digit")
+    if name.split(".", 1)[0].upper() in _RESERVED_WINDOWS:
+        return (f"{what} {name!r} is invalid: {name.split('.', 1)[0]!r} is a reserved device "
+                "name on Windows (con, prn, aux, nul, com1-9, lpt1-9, also before a dot), so "
+                "no client there can make its folder; pick another name")
     return None
 
 

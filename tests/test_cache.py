@@ -11,7 +11,7 @@ import pytest
 from sharedmem.cache.cache import NOTES_NAMESPACE, Cache, CachedFile, NamespaceInfo
 from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
-from sharedmem.core import ProtocolError
+from sharedmem.core import CacheError, ProtocolError
 from sharedmem.hashing import sha256_text
 
 NOTE = "extensions/ad_hoc/notes/2026-01-31T09-30-00-release-checklist.md"
@@ -58,6 +58,12 @@ def files_under(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*.md")) if ".sharedmem" not in p.parts}
 
 
+def counts(done: dict) -> tuple[int, int, int]:
+    """What an apply wrote, removed and holds; it skipped nothing."""
+    assert done["skipped"] == [] and done["skipped_total"] == 0
+    return done["written"], done["removed"], done["files"]
+
+
 A, B = "machines/laptop/notes", "machines/desktop/codex"
 
 
@@ -71,39 +77,111 @@ def cache(tmp_path: Path) -> Cache:
     return cache
 
 
-# --- refusals: nothing is written -----------------------------------------------------------------
+# --- what the cache cannot hold: skipped and named, the rest written ----------------------------
 
+# name -> (upserts, removals, extra namespaces, the skipped item's reason). Each is an item no
+# client may write; the good file beside it is written all the same (issue 14: one bad item
+# used to refuse the whole pull, of every client, until an operator ran `forget`).
 HOSTILE = {
-    "dot-dot": ([up("../../outside.md", "x")], [], {}),
-    "dot-dot inside": ([up(f"{A}/../../../../outside.md", "x")], [], {}),
-    "absolute": ([up("/tmp/absolute-evil.md", "x")], [], {}),
-    "too short": ([up("machines/x", "x")], [], {}),
-    "bad machine": ([up("machines/Evil Box/notes/a.md", "x")], [], {}),
-    "hidden": ([up(f"{A}/.hidden.md", "x")], [], {}),
-    "backslash": ([up("machines/evil/x\\..\\y.md", "x")], [], {}),
-    "bad note name": ([up("extensions/ad_hoc/notes/evil.md", "x")], [], {}),
-    "note subfolder": ([up("extensions/ad_hoc/notes/a/2026-01-31T09-30-00-x.md", "x")], [], {}),
-    "sha mismatch": ([(f"{A}/a.md", sha256_text("something else"), "pwned")], [], {}),
-    "bad removal": ([], ["../../victim.md"], {}),
-    "bad namespace": ([], [], {"machines/x": NamespaceInfo("machines/x", "x", "", "markdown")}),
-    "bad namespace name": ([], [], spaces("machines/Evil/notes")),
+    "dot-dot": ([up("../../outside.md", "x")], [], {}, "bad-path"),
+    "dot-dot inside": ([up(f"{A}/../../../../outside.md", "x")], [], {}, "bad-path"),
+    "absolute": ([up("/tmp/absolute-evil.md", "x")], [], {}, "bad-path"),
+    "too short": ([up("machines/x", "x")], [], {}, "bad-path"),
+    "bad machine": ([up("machines/Evil Box/notes/a.md", "x")], [], {}, "bad-path"),
+    "reserved machine": ([up("machines/con/notes/a.md", "x")], [], {}, "bad-path"),
+    "reserved source": ([up("machines/laptop/aux.x/a.md", "x")], [], {}, "bad-path"),
+    "trailing dot": ([up("machines/laptop/x./a.md", "x")], [], {}, "bad-path"),
+    "hidden": ([up(f"{A}/.hidden.md", "x")], [], {}, "bad-path"),
+    "backslash": ([up("machines/evil/x\\..\\y.md", "x")], [], {}, "bad-path"),
+    "bad note name": ([up("extensions/ad_hoc/notes/evil.md", "x")], [], {}, "bad-path"),
+    "note subfolder": ([up("extensions/ad_hoc/notes/a/2026-01-31T09-30-00-x.md", "x")], [], {},
+                       "bad-path"),
+    "sha mismatch": ([(f"{B}/other.md", sha256_text("something else"), "pwned")], [], {},
+                     "sha256-mismatch"),
+    "lone surrogate": ([(f"{B}/other.md", "ab" * 32, "a\ud800b")], [], {}, "invalid-utf8"),
+    "over the limit": ([up(f"{B}/big.md", "x" * 1025)], [], {}, "too-large"),
+    "over the limit in UTF-8": ([up(f"{B}/big.md", "\u00e9" * 513)], [], {}, "too-large"),
+    "bad removal": ([], ["../../victim.md"], {}, "bad-path"),
+    "bad namespace": ([], [], {"machines/x": NamespaceInfo("machines/x", "x", "", "markdown")},
+                      "bad-namespace"),
+    "bad namespace name": ([], [], spaces("machines/Evil/notes"), "bad-namespace"),
+    "reserved namespace name": ([], [], spaces("machines/nul/notes"), "bad-namespace"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_apply_refuses_hostile_input_and_writes_nothing(tmp_path: Path, cache: Cache,
-                                                        name: str) -> None:
-    upserts, removals, extra = HOSTILE[name]
+def test_apply_skips_what_it_cannot_write_and_writes_the_rest(tmp_path: Path, cache: Cache,
+                                                              name: str) -> None:
+    upserts, removals, extra, reason = HOSTILE[name]
     victim = tmp_path / "victim.md"
     victim.write_text("mine")
     before_cache, before_all = tree(cache.root), tree(tmp_path)
     good = [up(f"{A}/new.md", "fine\n")]
-    with pytest.raises(ProtocolError, match="refuses to write"):  # own paths vouch for themselves only
-        cache.apply(good + upserts, removals, {**spaces(A, B, NOTES_NAMESPACE), **extra},
-                    writer=PreStagedWriter(Staging(cache.meta), own_paths={f"{A}/new.md"}))
-    assert tree(cache.root) == before_cache
-    assert tree(tmp_path) == before_all
+    done = cache.apply(good + upserts, removals, {**spaces(A, B, NOTES_NAMESPACE), **extra},
+                       writer=PreStagedWriter(Staging(cache.meta), own_paths={f"{A}/new.md"}),
+                       file_bytes=1024)  # own paths vouch for themselves only
+    assert done["skipped_total"] == 1 and [s["reason"] for s in done["skipped"]] == [reason]
+    assert done["written"] == 1 and (cache.root / A / "new.md").read_text() == "fine\n"
+    after = tree(cache.root)
+    assert {k: v for k, v in after.items() if not k.startswith(".sharedmem/")} == {
+        **{k: v for k, v in before_cache.items() if not k.startswith(".sharedmem/")},
+        f"{A}/new.md": b"fine\n"}
+    assert set(cache.load().files) == {f"{A}/a.md", f"{A}/deep/er/b.md", f"{B}/MEMORY.md",
+                                       NOTE, f"{A}/new.md"}
+    assert set(cache.load().namespaces) == {A, B, NOTES_NAMESPACE}
+    assert {k: v for k, v in tree(tmp_path).items() if not k.startswith("cache/")} == {
+        k: v for k, v in before_all.items() if not k.startswith("cache/")}
     assert victim.read_text() == "mine"
+
+
+def test_a_file_changed_to_what_the_cache_refuses_loses_its_old_copy(cache: Cache) -> None:
+    done = cache.apply([up(f"{A}/a.md", "alpha, now too long\n")], [],
+                       spaces(A, B, NOTES_NAMESPACE), file_bytes=10)
+    assert [(s["path"], s["reason"]) for s in done["skipped"]] == [(f"{A}/a.md", "too-large")]
+    assert "over this client's limit of 10 bytes" in done["skipped"][0]["message"]
+    assert done["removed"] == 1 and not (cache.root / A / "a.md").exists()
+    assert f"{A}/a.md" not in cache.load().files  # the cache agrees with its manifest
+    # A text at the limit, and one the cache holds already whatever its size, are taken.
+    done = cache.apply([up(f"{A}/a.md", "0123456789"), up(f"{A}/deep/er/b.md", "beta\n")], [],
+                       spaces(A, B, NOTES_NAMESPACE), file_bytes=5)
+    assert done["skipped_total"] == 1 and done["skipped"][0]["path"] == f"{A}/a.md"
+    done = cache.apply([up(f"{A}/a.md", "0123456789")], [], spaces(A, B, NOTES_NAMESPACE),
+                       file_bytes=10)
+    assert counts(done) == (1, 0, 4)
+
+
+def test_the_report_names_the_first_hundred_skipped_and_counts_the_rest(cache: Cache) -> None:
+    long_path = "../" * 10_000 + "x.md"
+    bad = [up(f"../{i}.md", "x") for i in range(150)] + [up(long_path, "x")]
+    done = cache.apply(bad, [], spaces(A, B, NOTES_NAMESPACE))
+    assert done["skipped_total"] == 151 and len(done["skipped"]) == 100
+    assert all(len(s["path"]) <= 400 and len(s["message"]) <= 600 for s in done["skipped"])
+    done = cache.apply([up(long_path, "x")], [], spaces(A, B, NOTES_NAMESPACE))
+    assert done["skipped"][0]["path"].endswith("(30004 characters)")
+
+
+@pytest.mark.parametrize("linked", [".sharedmem", ".sharedmem/staging"])
+def test_a_linked_metadata_folder_is_refused_and_its_target_untouched(
+        tmp_path: Path, cache: Cache, linked: str) -> None:
+    target = tmp_path / "elsewhere"
+    (target / "staging").mkdir(parents=True)
+    (target / "staging" / "0.part").write_text("not the cache's")
+    (target / "replaced").mkdir()
+    (target / "manifest.json").write_text("{}")
+    meta = cache.root / ".sharedmem"
+    if linked == ".sharedmem":
+        meta.rename(tmp_path / "old-meta")
+    link = cache.root / linked
+    link.symlink_to(target, target_is_directory=True)
+    before, before_cache = tree(target), tree(cache.root)
+    with pytest.raises(CacheError, match=f"{link} is a link or not a folder") as exc:
+        cache.apply([up(f"{A}/new.md", "new\n")], [], spaces(A, B, NOTES_NAMESPACE))
+    assert f"rm {link}" in str(exc.value)
+    for first_step_of_a_sync in (cache.check_meta, cache.remove_leftovers):
+        with pytest.raises(CacheError):
+            first_step_of_a_sync()
+    Staging(cache.meta).discard()  # and its last: never through the link
+    assert tree(target) == before and tree(cache.root) == before_cache
 
 
 @pytest.mark.parametrize("where", ["machines", "machines/laptop", f"{A}/deep"])
@@ -155,7 +233,7 @@ def test_file_path_refuses_escapes(cache: Cache) -> None:
 
 def test_namespaces_no_longer_listed_are_removed_and_folders_pruned(cache: Cache) -> None:
     done = cache.apply([], [], spaces(A))
-    assert done == {"written": 0, "removed": 2, "files": 2}
+    assert counts(done) == (0, 2, 2)
     assert set(files_under(cache.root)) == {f"{A}/a.md", f"{A}/deep/er/b.md"}
     assert not (cache.root / "machines" / "desktop").exists()
     assert not (cache.root / "extensions").exists()
@@ -169,13 +247,13 @@ def test_delta_keeps_unsent_files_full_removes_them(cache: Cache) -> None:
     assert len(files_under(cache.root)) == 4
 
     done = cache.apply([up(f"{A}/a.md", "alpha 2\n")], [], everything, full_namespaces={A})
-    assert done == {"written": 1, "removed": 1, "files": 3}
+    assert counts(done) == (1, 1, 3)
     assert set(files_under(cache.root)) == {f"{A}/a.md", f"{B}/MEMORY.md", NOTE}
     assert not (cache.root / A / "deep").exists()
     assert (cache.root / A).is_dir()
 
     done = cache.apply([up(f"{B}/MEMORY.md", "desk\n")], [], everything, full=True)
-    assert done == {"written": 0, "removed": 2, "files": 1}
+    assert counts(done) == (0, 2, 1)
     assert files_under(cache.root) == {f"{B}/MEMORY.md": "desk\n"}
     assert not (cache.root / "machines" / "laptop").exists()
 
@@ -184,7 +262,7 @@ def test_explicit_removal_and_rewrite_of_a_missing_file(cache: Cache) -> None:
     (cache.root / B / "MEMORY.md").unlink()
     done = cache.apply([up(f"{B}/MEMORY.md", "desk\n")], [f"{A}/deep/er/b.md"],
                        spaces(A, B, NOTES_NAMESPACE))
-    assert done == {"written": 1, "removed": 1, "files": 3}
+    assert counts(done) == (1, 1, 3)
     assert (cache.root / B / "MEMORY.md").read_text() == "desk\n"
     assert not (cache.root / A / "deep").exists()
 

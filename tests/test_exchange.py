@@ -61,7 +61,8 @@ for line in sys.stdin:
     if t == "hello":
         send({"type": "hello", "version": 2, "versions": [2]})
     elif t == "manifest":
-        send({"type": "result", "source": m["source"], "unchanged": True, "digest": m["digest"]})
+        send({"type": "result", "source": m["source"], "unchanged": True, "digest": m["digest"],
+              "generation": 1, "refused": [], "redacted": {}})
     elif t == "pull" and evil == "no-text":
         send({"type": "namespaces", "namespaces": [], "full": [], "removed": []})
         send({"type": "files", "files": [["machines/evil/notes/x.md", "ab" * 32, None]]})
@@ -83,8 +84,9 @@ for line in sys.stdin:
 @pytest.mark.parametrize("evil", [
     "../../outside.md", "/tmp/absolute-evil.md", "machines/evil/notes/../../../../outside.md",
     "machines/evil/notes/.hidden.md", "extensions/ad_hoc/notes/../../x.md", "machines/evil/x\\..\\y.md",
+    "machines/con/notes/x.md", "machines/evil/x./y.md",
 ])
-def test_hostile_server_paths_are_refused(tmp_path, sshd, evil):
+def test_hostile_server_paths_are_skipped_and_the_rest_written(tmp_path, sshd, evil):
     script = tmp_path / "hostile.py"
     script.write_text(HOSTILE_SERVER)
     home = tmp_path / "h"
@@ -94,14 +96,16 @@ def test_hostile_server_paths_are_refused(tmp_path, sshd, evil):
     victim = tmp_path / "laptop" / "keep.md"
     victim.write_text("mine")
     code, report = sync_json(cfg)
-    assert code == 2
-    assert "refuses to write" in report["error"]
+    assert code == 1, report
+    assert report["status"] == "partial"
+    skipped = report["pull"]["skipped"]
+    assert [s["path"] for s in skipped] == [evil, evil]  # the removal and the file
+    assert {s["reason"] for s in skipped} == {"bad-path"}
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")
                      if p.is_file() and ("outside" in p.name or "evil" in str(p) or "pwned" in
                                          (p.read_text(errors="ignore") if p.suffix == ".md" else "")))
-    assert written == []
+    assert written == ["laptop/cache/machines/evil/notes/fine.md"]  # only the good file
     assert victim.read_text() == "mine"
-    assert not (tmp_path / "laptop" / "cache" / "machines").exists()
 
 
 def test_a_server_that_leaves_out_a_body_the_client_lacks_is_refused(tmp_path, sshd):
@@ -113,7 +117,8 @@ def test_a_server_that_leaves_out_a_body_the_client_lacks_is_refused(tmp_path, s
         pinned=False, remote_command=[sys.executable, str(script), "no-text"]))
     code, report = sync_json(cfg)
     assert code == 2
-    assert "sent no text for 'machines/evil/notes/x.md'" in report["error"]
+    assert "sent a malformed files message" in report["error"]
+    assert "no text for 'machines/evil/notes/x.md'" in report["error"]
     assert not (tmp_path / "laptop" / "cache" / "machines").exists()
 
 

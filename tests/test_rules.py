@@ -208,7 +208,8 @@ def test_collision_key() -> None:
 
 
 @pytest.mark.parametrize("name", ["a", "0", "laptop", "my-laptop.local_1", "0abc", "a" * 63,
-                                  "codex", "claude-code", "a..b", "a-"])
+                                  "codex", "claude-code", "a..b", "a-", "console", "com",
+                                  "com10", "lpt0", "nullable", "x.y", "auxiliary"])
 def test_name_rule_accepts(name: str) -> None:
     assert name_problem(name) is None
     assert check_machine_name(name) == name
@@ -222,6 +223,39 @@ def test_name_rule_refuses(name: object) -> None:
         check_machine_name(name)
     with pytest.raises(NameRuleError, match="source name"):
         check_markdown_source_name(name)
+
+
+# Names the server once took that no client could make a folder of (issue 14): each is a
+# machine or source folder in every client's cache, so the name rule refuses what the path
+# rule refuses for a component.
+WINDOWS_UNSAFE_NAMES = ["con", "nul", "prn", "aux", "com1", "com9", "lpt1", "lpt9", "aux.x",
+                        "con.local", "nul.tar.gz", "x.", "a.b.", "laptop.", "com1.x"]
+
+
+@pytest.mark.parametrize("name", WINDOWS_UNSAFE_NAMES)
+def test_name_rule_refuses_what_no_cache_could_hold(name: str) -> None:
+    problem = name_problem(name, "source")
+    assert problem and f"source {name!r} is invalid" in problem
+    assert path_problems(f"machines/{name}/x.md")  # the path rule refuses it too
+    with pytest.raises(NameRuleError, match="machine name"):
+        check_machine_name(name)
+    with pytest.raises(NameRuleError, match="source name"):
+        check_markdown_source_name(name)
+
+
+def test_a_name_is_valid_exactly_when_it_makes_a_valid_folder() -> None:
+    import random
+    import re
+    rng = random.Random(14)
+    pieces = ["a", "0", "9", "-", "_", ".", "con", "nul", "aux", "prn", "com", "lpt", "1", "x"]
+    checked = 0
+    for _ in range(5000):
+        name = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 5)))
+        if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", name):
+            continue
+        checked += 1
+        assert (name_problem(name) is None) == (path_problems(f"machines/{name}/x.md") == []), name
+    assert checked > 1000
 
 
 def test_reserved_source_names() -> None:

@@ -75,7 +75,8 @@ def test_ssh_first_nochange_changed_and_deleted(tmp_path, sshd):
     files = cache_files(cache)
     assert files["machines/laptop/notes/d1/note-001.md"] == "changed text\n"
     assert "machines/laptop/notes/d2/note-002.md" not in files
-    assert third["pull"] == {"written": 1, "removed": 1, "files": 21}
+    assert third["pull"] == {"written": 1, "removed": 1, "files": 21, "skipped": [],
+                             "skipped_total": 0}
     with Store.open(sshd.store, create=False) as store:
         assert store.verify() == []
         assert "machines/laptop/notes/d2/note-002.md" not in store.manifest()

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
 from collections import namedtuple
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from sharedmem import linejson
 from sharedmem.cache.layout import Folders, namespace_key, published_path_problems
+from sharedmem.cache.staged_files import STAGING_DIR
 from sharedmem.cache.writers import FileWriter
 from sharedmem.clock import utc_now
-from sharedmem.core import ProtocolError
+from sharedmem.core import CacheError, ProtocolError
 from sharedmem.files import atomic_write
-from sharedmem.hashing import sha256_text
 from sharedmem.namespaces import Namespace
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
 
@@ -27,6 +28,7 @@ NAMESPACES_NAME = "namespaces.json"
 LEFTOVERS = ("manifest.next.part", "replaced")  # older versions' files, which nothing reads
 MANIFEST_VERSION = 1
 NOTES_NAMESPACE = NOTES_DIR
+SKIPPED_SHOWN = 100  # skipped items a report names one by one; the rest are counted
 
 
 class NamespaceInfo(NamedTuple):
@@ -184,8 +186,9 @@ class Cache:
 
         They wrote the expected manifest ahead (`manifest.next.part`) and kept the files a
         sync replaced linked in `replaced/` until the next one. A link there is removed, not
-        followed.
+        followed; a metadata folder that is a link is refused.
         """
+        self.check_meta()
         for name in LEFTOVERS:
             path = self.meta / name
             try:
@@ -196,9 +199,36 @@ class Cache:
                 import shutil
                 shutil.rmtree(path, ignore_errors=True)
 
+    def check_meta(self) -> None:
+        """Refuse a metadata folder (or its staging folder) that is a link or not a folder.
+
+        A sync removes and writes files in them: through a link planted there it would do so
+        in the link's target. The cache root itself may be a link the user made.
+        """
+        for path in (self.meta, self.meta / STAGING_DIR):
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                raise CacheError(f"cannot check the cache's folder {path} ({exc.strerror}): fix "
+                                 "its permissions, then sync again") from None
+            if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+                raise CacheError(
+                    f"{path} is a link or not a folder: the cache keeps its own records there, "
+                    "and a sync would write and remove files in whatever it points to. Nothing "
+                    f"was changed; remove it (rm {path}: the next sync makes it again), then "
+                    "sync again")
+
+    def intake(self, writer: FileWriter | None = None, *, full: bool = False,
+               full_namespaces: Container[str] = frozenset(),
+               file_bytes: int | None = None) -> Intake:
+        """Begin taking a pull in, file by file; `commit` then writes it. See `apply`."""
+        return Intake(self, writer or FileWriter(), full, full_namespaces, file_bytes)
+
     def apply(
         self,
-        upserts: list[tuple[str, str, str]],
+        upserts: Iterable[tuple[str, str, str]],
         removals: list[str],
         namespaces: dict[str, NamespaceInfo],
         *,
@@ -206,66 +236,81 @@ class Cache:
         full_namespaces: set[str] | frozenset[str] = frozenset(),
         server: dict[str, Any] | None = None,
         writer: FileWriter | None = None,
-    ) -> dict[str, int]:
-        """Write a pull into the cache: every path checked first, then files, then the manifest.
+        file_bytes: int | None = None,
+    ) -> dict[str, Any]:
+        """Write a pull held whole into the cache: `intake`, each upsert added, then `commit`.
 
         `upserts` are (path, sha256, text); `namespaces` is the server's complete list, so a
         namespace the server no longer has is removed. With `full`, every file not upserted is
         removed too (a version 1 pull sends the whole export); `full_namespaces` does the same
         for those namespaces only. `writer` puts each file in place (writers.py): the plain one
         writes it; a sync's moves in what it staged ahead, and vouches for the paths and texts
-        the sync published itself, which are then not checked again.
+        the sync published itself, which are then not checked again. `file_bytes` caps the
+        UTF-8 size of each text the writer does not vouch for.
         """
-        writer = writer or FileWriter()
-        own_paths, own_texts = writer.own_paths, writer.own_texts
-        problems = []
+        intake = self.intake(writer, full=full, full_namespaces=full_namespaces,
+                             file_bytes=file_bytes)
         for path, sha, text in upserts:
-            if path not in own_paths:
-                problems.extend(published_path_problems(path))
-            if sha not in own_texts and sha256_text(text) != sha:
-                problems.append(f"path {path!r}: the text does not match its sha256 {sha}")
+            intake.add(path, sha, text)
+        return self.commit(intake, removals, namespaces, server=server)
+
+    def commit(self, intake: Intake, removals: Iterable[str],
+               namespaces: Mapping[str, NamespaceInfo], *,
+               server: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write what `intake` took: files first, then removals, then the manifest.
+
+        Nothing in the cache changes before this. A namespace whose key the layout refuses and
+        a removal of a path the rules refuse are skipped and named too; the rest is written.
+        """
+        self.check_meta()
+        writer = intake.writer
+        listed: dict[str, NamespaceInfo] = {}
+        for key, info in namespaces.items():
+            problem = None
+            if key != NOTES_DIR:
+                parts = key.split("/")
+                if len(parts) != 3 or parts[0] != MACHINES_DIR:
+                    problem = f"namespace {key!r} is not machines/<machine>/<source>"
+                else:
+                    problem = name_problem(parts[1], "machine") or name_problem(parts[2], "source")
+            if problem:
+                intake.skip(key, "bad-namespace", problem)
+            else:
+                listed[key] = info
+        gone: set[str] = set()
         for path in removals:
-            problems.extend(published_path_problems(path))
-        for key in namespaces:
-            if key != NOTES_DIR and (len(key.split("/")) != 3 or key.split("/")[0] != MACHINES_DIR
-                                     or any(name_problem(p) for p in key.split("/")[1:])):
-                problems.append(f"namespace {key!r} is not machines/<machine>/<source>")
-        if problems:
-            raise ProtocolError(
-                "the server sent paths this client refuses to write, so the cache was left as "
-                "it was:\n  - " + "\n  - ".join(problems[:20])
-            )
+            problems = published_path_problems(path)
+            if problems:
+                intake.skip(path, "bad-path", problems[0])
+            else:
+                gone.add(path)
         manifest = self.load()
         files = dict(manifest.files)
-        gone = set(removals)
-        if full:
-            gone |= set(files) - {p for p, _, _ in upserts}
-        elif full_namespaces:
-            sent = {p for p, _, _ in upserts}
+        items = intake.files
+        sent = items.keys() | intake.kept
+        if intake.full:
+            gone |= set(files) - sent
+        elif intake.full_namespaces:
             gone |= {p for p, meta in files.items()
-                     if meta.namespace in full_namespaces and p not in sent}
-        gone |= {p for p, meta in files.items() if meta.namespace not in namespaces}
+                     if meta.namespace in intake.full_namespaces and p not in sent}
+        gone |= {p for p, meta in files.items() if meta.namespace not in listed}
+        gone |= intake.dropped & files.keys()  # the server changed it to what this cache refuses
         folders = Folders(self.root)
-        for path, _, _ in upserts:
+        for path in items:
             folders.target(path, create=False, strict=True)  # refuse links before any write
-        moved = writer.move_namespaces(upserts, folders)
+        moved = writer.move_namespaces(((p, sha) for p, (sha, _) in items.items()), folders)
         written = len(moved)
-        for path, sha, text in upserts:
+        for path, (sha, text) in items.items():
             if path in moved:
                 files[path] = CachedFile(sha, moved[path], namespace_key(path))
                 continue
             target = folders.target(path, create=True)
             assert target is not None
-            old = files.get(path)
-            if old is not None and old.sha256 == sha and _intact(
-                    target, old.size if full or old.namespace in full_namespaces else None):
-                files[path] = CachedFile(sha, old.size, namespace_key(path))
-                continue
             size = writer.write(path, sha, text, target)
             written += 1
             files[path] = CachedFile(sha, size, namespace_key(path))
         removed = 0
-        for path in sorted(gone - {p for p, _, _ in upserts}):
+        for path in sorted(gone - sent):
             files.pop(path, None)
             target = folders.target(path, create=False)
             if target is None:
@@ -276,11 +321,12 @@ class Cache:
             except FileNotFoundError:
                 pass
             self._prune_dirs(Path(target).parent)
-        new = Manifest(namespaces=dict(namespaces), files=files, last_sync=utc_now(),
+        new = Manifest(namespaces=listed, files=files, last_sync=utc_now(),
                        server=server or manifest.server)
         self._write_manifest(new, files_changed=bool(written or removed)
                              or files != manifest.files)
-        return {"written": written, "removed": removed, "files": len(files)}
+        return {"written": written, "removed": removed, "files": len(files),
+                "skipped": intake.skipped, "skipped_total": intake.skipped_total}
 
     def _prune_dirs(self, folder: Path) -> None:
         root = self.root.resolve()
@@ -307,8 +353,8 @@ class Cache:
             "server": manifest.server,
             "namespaces": {k: v.to_row() for k, v in sorted(manifest.namespaces.items())},
         }
-        atomic_write(self.namespaces_path, json.dumps(raw, ensure_ascii=False).encode("utf-8"),
-                     durable=False)
+        # ASCII, escapes and all: the server's names and times may hold a lone surrogate.
+        atomic_write(self.namespaces_path, json.dumps(raw).encode("utf-8"), durable=False)
         stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
         self._files_cache = _LoadedFiles(stamps[0], manifest.files)  # just written: no re-read
         self._loaded = _Loaded(stamps, manifest)
@@ -324,3 +370,108 @@ def _intact(target: str, size: int | None) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)
+
+
+class Intake:
+    """A pull taken in as it streams, so a pull holds its paths, not its texts.
+
+    Each file is checked as it comes, and a text from the server goes to the writer at once
+    (a sync's stages it on disk). What this client cannot write is skipped and named, and the
+    rest goes on: a path or namespace its rules refuse, a text over `file_bytes`, not UTF-8,
+    or not matching its sha256. The cache itself changes only in `Cache.commit`.
+    """
+
+    def __init__(self, cache: Cache, writer: FileWriter, full: bool,
+                 full_namespaces: Container[str], file_bytes: int | None) -> None:
+        self.root = str(cache.root) + os.sep
+        self.writer = writer
+        self.cached = cache.load().files
+        self.full = full
+        self.full_namespaces = full_namespaces
+        self.file_bytes = file_bytes
+        self.files: dict[str, tuple[str, str | None]] = {}  # path -> sha256, text (None: taken)
+        self.kept: set[str] = set()  # held intact at the sha256 pulled: nothing to write
+        self.dropped: set[str] = set()  # skipped, though the path is fine: its old copy goes
+        self.skipped: list[dict[str, str]] = []  # the first SKIPPED_SHOWN
+        self.skipped_total = 0
+
+    def add_own(self, items: Iterable[tuple[str, str, str]]) -> None:
+        """Take files as this client published them (path, sha256, text): its walk checked them.
+
+        A first sync takes every file of its own this way, so this is one tight loop.
+        """
+        cached, files, kept = self.cached, self.files, self.kept
+        for path, sha, text in items:
+            old = cached.get(path)
+            if old is not None and old.sha256 == sha and self._intact(path, old):
+                files.pop(path, None)
+                kept.add(path)
+            else:
+                kept.discard(path)
+                files[path] = (sha, text)
+
+    def add(self, path: str, sha: str, text: str, *, vouched: bool = False) -> None:
+        """Take one pulled file; `vouched`: the text is this client's own for that sha256."""
+        writer = self.writer
+        if path not in writer.own_paths:
+            problems = published_path_problems(path)
+            if problems:
+                self.skip(path, "bad-path", problems[0])
+                return
+        self.dropped.discard(path)
+        old = self.cached.get(path)
+        if old is not None and old.sha256 == sha and self._intact(path, old):
+            self.files.pop(path, None)
+            self.kept.add(path)
+            return
+        self.kept.discard(path)
+        if vouched or sha in writer.own_texts:
+            self.files[path] = (sha, text)
+            return
+        limit = self.file_bytes
+        if limit is not None and len(text) > limit:  # more characters than bytes allowed
+            self._drop(path, "too-large", len(text))
+            return
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            self._drop(path, "invalid-utf8")
+            return
+        if limit is not None and len(data) > limit:
+            self._drop(path, "too-large", len(data))
+        elif hashlib.sha256(data).hexdigest() != sha:
+            self._drop(path, "sha256-mismatch")
+        else:
+            writer.take(path, sha, data)
+            self.files[path] = (sha, None)
+
+    def _intact(self, path: str, old: CachedFile) -> bool:
+        """Whether the cache holds `old` intact, so a pull of the same sha256 writes nothing.
+
+        In a namespace pulled whole, the size is checked too: that is how a damaged file heals.
+        """
+        full = self.full or old.namespace in self.full_namespaces
+        return _intact(self.root + path, old.size if full else None)
+
+    def _drop(self, path: str, reason: str, size: int = 0) -> None:
+        """Skip a file at a valid path; the cache's older copy of it is removed at commit."""
+        self.files.pop(path, None)
+        self.dropped.add(path)
+        self.skip(path, reason, {
+            "too-large": f"{path!r} is over this client's limit of {self.file_bytes} bytes a "
+                         f"file (at least {size}); raise limits.file_bytes in client.json to "
+                         "take it",
+            "invalid-utf8": f"the text sent for {path!r} is not valid UTF-8",
+            "sha256-mismatch": f"the text sent for {path!r} does not match its sha256"}[reason])
+
+    def skip(self, path: str, reason: str, message: str) -> None:
+        """Name one item this client did not take; past SKIPPED_SHOWN they are only counted."""
+        self.skipped_total += 1
+        if len(self.skipped) < SKIPPED_SHOWN:
+            self.skipped.append({"path": _cut(path, 300), "reason": reason,
+                                 "message": _cut(message, 500)})
+
+
+def _cut(text: str, limit: int) -> str:
+    """A peer's text kept short enough for a report: a path may be megabytes long."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"

@@ -14,11 +14,16 @@ makes no folders. A thread would not do: the walk holds the GIL.
 Fewer than `MIN_FILES` are not staged at all: starting a helper costs more than the pull's
 own writes of so few. What is not used is deleted. A sync that was killed leaves the folder;
 the next one empties it before staging anything.
+
+The texts the server sends in a pull are staged here too, by the sync itself as each `files`
+message arrives (`put`), so a pull holds one message of texts at a time, not all of them, and
+the cache still changes only once the whole answer has come and been checked.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -47,12 +52,13 @@ class Staging:
         self._queue: SimpleQueue[bytes | None] = SimpleQueue()
         self._feeder: threading.Thread | None = None
         self._failed = False
+        self._ready = False  # the folder holds only this sync's files (a killed one's are gone)
 
     def add(self, path: str, sha: str, data: bytes) -> None:
         """Queue one file, its text in UTF-8; the helper starts once there are `min_files`."""
         if self._failed or (path, sha) in self.numbers:
             return
-        number = len(self.numbers)
+        number = len(self.sizes)
         self.numbers[(path, sha)] = number
         self.sizes.append(len(data))
         tree = "/".join(path.split("/", 3)[:3]) in self.new_namespaces  # machines/<m>/<source>
@@ -82,6 +88,7 @@ class Staging:
         self._queue = SimpleQueue()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
+            self._ready = True
             self._child = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(self.folder)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -113,7 +120,45 @@ class Staging:
         self._feeder.join()
         self._feeder = None
         report = self._child.stdout.read()  # ends when the helper closes it, before it exits
-        self.written = {int(n) for n in report.split() if n.isdigit()}
+        self.written.update(int(n) for n in report.split() if n.isdigit())
+
+    def has(self, path: str, sha: str) -> bool:
+        """Whether `path` at `sha` is staged, or queued for the helper to stage."""
+        return (path, sha) in self.numbers
+
+    def put(self, path: str, sha: str, data: bytes) -> None:
+        """Write a text of the pull (UTF-8) into the folder now, as `<n>.part`, for `move`.
+
+        Written by this process, while the helper may still write its own files beside it
+        under other numbers. A failure to write is the sync's failure: nothing is in the cache.
+        """
+        key = (path, sha)
+        if key in self.numbers:
+            return  # staged already
+        if not self._ready:
+            self._remove_folder()  # what a killed sync left
+        number = len(self.sizes)
+        name = f"{number}.pull"
+        try:
+            if not self._ready:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                self._ready = True
+            fd = os.open(self.folder / name,
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError("short write")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            from sharedmem.core import CacheError  # not at the top: the helper runs as a script
+            raise CacheError(f"cannot stage {path!r} in {self.folder} ({exc}): free some disk "
+                             "space or fix the folder's permissions, then sync again; the cache "
+                             "was left as it was") from None
+        self.numbers[key] = number
+        self.sizes.append(len(data))
+        self.names.append(name)
+        self.written.add(number)
 
     def move(self, path: str, sha: str, target: str) -> int | None:
         """Rename the staged text of `path` at `sha` onto `target`: its size, or None if none."""
@@ -164,8 +209,16 @@ class Staging:
         self.written.clear()
         self._pending, self._size = [], 0
         self._remove_folder()
+        self._ready = False
 
     def _remove_folder(self) -> None:
+        """Remove the folder, unless it or the metadata folder is a link: never through one."""
+        for path in (self.folder.parent, self.folder):
+            try:
+                if stat.S_ISLNK(os.lstat(path).st_mode):
+                    return
+            except OSError:
+                break
         _remove(self.folder)
 
 

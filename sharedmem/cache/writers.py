@@ -1,62 +1,88 @@
-"""How a pull's files reach the cache: each written anew, or moved in from what a sync staged.
+"""How a pull's files reach the cache: each written anew, or moved in from what was staged.
 
-`Cache.apply` checks the pull, then hands each file it must change to a writer. The plain one
-writes every file; a sync passes the pre-staged one, which moves in the files its helper wrote
-ahead (staged_files.py) and vouches for what the sync published itself, so apply does not
-check that again.
+`Cache.commit` hands each file it must change to a writer. Texts the server sent reach the
+writer first, as the pull streams in (`take`): the plain writer holds them until the commit;
+a sync's pre-staged writer writes each into the staging folder at once, so a pull never holds
+more than one message of texts, and moves them into place at the commit. It also moves in the
+files its helper wrote ahead (staged_files.py), and vouches for what the sync published
+itself, so the commit does not check that again.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterable
 from pathlib import Path
 
 from sharedmem.cache.layout import Folders, namespace_key
+from sharedmem.core import CacheError
 from sharedmem.files import atomic_write
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sharedmem.cache.staged_files import Staging
 
-Upserts = Sequence[tuple[str, str, str]]  # (path, sha256, text), as a pull sends them
+Pulled = Iterable[tuple[str, str]]  # (cache path, sha256) of each file to write
 
 
 class FileWriter:
     """Writes each file atomically (a temporary file, then a rename); vouches for nothing.
 
-    Not fsynced: the cache is a copy of the server, and the next pull heals a lost write.
+    The texts it takes wait in memory until the commit. Not fsynced: the cache is a copy of
+    the server, and the next pull heals a lost write.
     """
 
     own_texts: Container[str] = frozenset()  # sha256s whose text need not be hashed again
     own_paths: Container[str] = frozenset()  # cache paths that need not be checked again
 
-    def move_namespaces(self, upserts: Upserts, folders: Folders) -> dict[str, int]:
+    def __init__(self) -> None:
+        self.taken: dict[tuple[str, str], bytes] = {}
+
+    def take(self, path: str, sha: str, data: bytes) -> None:
+        """Keep a checked text the server sent (UTF-8) until the commit writes it."""
+        self.taken[(path, sha)] = data
+
+    def move_namespaces(self, pulled: Pulled, folders: Folders) -> dict[str, int]:
         """Move in whole the namespaces staged just as pulled: path -> size of each file moved."""
         return {}
 
-    def write(self, path: str, sha: str, text: str, target: str) -> int:
-        """Put `text` at `target`, the cache file of `path`; returns its size in bytes."""
-        data = text.encode("utf-8")
+    def write(self, path: str, sha: str, text: str | None, target: str) -> int:
+        """Put the file at `target`, the cache file of `path`; returns its size in bytes.
+
+        `text` None: the text taken for that path and sha256.
+        """
+        data = self.taken.pop((path, sha)) if text is None else text.encode("utf-8")
         atomic_write(Path(target), data, durable=False)
         return len(data)
 
 
 class PreStagedWriter(FileWriter):
-    """Moves in the files a sync staged ahead when the pull names that path at that sha256.
+    """Moves in what was staged for the very path and sha256 the pull names; writes the rest.
 
-    Everything else is written as the plain writer does. `own_texts` are the sha256s of texts
-    this client hashed itself (the server sent no body for them); `own_paths` are cache paths
-    this client published itself, so they passed the walk's rules, and the layout is its own.
+    Texts the server sent are staged as they arrive (`take`). `own_texts` are the sha256s of
+    texts this client hashed itself; `own_paths` are cache paths this client published itself,
+    so they passed the walk's rules, and the layout is its own.
     """
 
     def __init__(self, staging: Staging, own_texts: Container[str] = frozenset(),
                  own_paths: Container[str] = frozenset()) -> None:
+        super().__init__()
         self.staging = staging
         self.own_texts = own_texts
         self.own_paths = own_paths
 
-    def move_namespaces(self, upserts: Upserts, folders: Folders) -> dict[str, int]:
+    def take(self, path: str, sha: str, data: bytes) -> None:
+        """Stage a checked text the server sent now, so the pull does not hold it.
+
+        One already staged for that path and sha256 (a sync's own: it then vouches for the
+        text, so this is rare) is kept in memory too, in case its helper failed to write it.
+        """
+        if self.staging.has(path, sha):
+            super().take(path, sha, data)
+        else:
+            self.staging.put(path, sha, data)
+
+    def move_namespaces(self, pulled: Pulled, folders: Folders) -> dict[str, int]:
         """Move in whole each namespace new to the cache that was staged just as pulled.
 
         On a first sync that is one rename instead of one a file; the rest are moved or
@@ -64,17 +90,23 @@ class PreStagedWriter(FileWriter):
         """
         new: dict[str, dict[str, str]] = {}
         if self.staging.new_namespaces:
-            for path, sha, _ in upserts:
+            for path, sha in pulled:
                 if (key := namespace_key(path)) in self.staging.new_namespaces:
                     new.setdefault(key, {})[path] = sha
         moved: dict[str, int] = {}
-        for key, pulled in new.items():
+        for key, files in new.items():
             target = folders.target(key, create=True)  # makes machines/<machine>, refusing links
             if target is not None and not os.path.lexists(target):
-                moved.update(self.staging.move_folder(key, pulled, target))
+                moved.update(self.staging.move_folder(key, files, target))
         return moved
 
-    def write(self, path: str, sha: str, text: str, target: str) -> int:
+    def write(self, path: str, sha: str, text: str | None, target: str) -> int:
         """Rename the staged file onto `target` if there is one of `path` at `sha`, else write."""
         size = self.staging.move(path, sha, target)
-        return super().write(path, sha, text, target) if size is None else size
+        if size is not None:
+            self.taken.pop((path, sha), None)
+            return size
+        if text is None and (path, sha) not in self.taken:
+            raise CacheError(f"the staged copy of {path!r} in {self.staging.folder} is gone "
+                             "(removed while the sync ran?): sync again")
+        return super().write(path, sha, text, target)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from sharedmem.cli.output import emit, load_config, progress, user_path
+from sharedmem.cli.output import emit, load_config, progress, shown, user_path
 
 TYPE_CHECKING = False  # typing costs milliseconds that `mcp` start-up does not pay
 if TYPE_CHECKING:
@@ -20,7 +20,9 @@ def build_sync(sub: Any) -> None:
     p = sub.add_parser("sync", help="publish this machine's sources and refresh the cache",
                        description="Snapshot each enabled source, send it to the server, deliver "
                        "queued notes, then pull what changed into the cache. Exit status: 0 all "
-                       "published, 1 partial (something skipped), 2 failed (nothing changed).")
+                       "published, 1 partial (something skipped: a file of a source, a note, or "
+                       "an item of the pull this client cannot write), 2 failed (nothing "
+                       "changed).")
     p.add_argument("--config", required=True, help="path of client.json")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--max-protocol", type=int, choices=(1, 2), default=2,
@@ -67,7 +69,7 @@ def run_sync(args: Any) -> int:
                          lock_wait=args.wait, waiting=_waiting)
     emit(report, args.json, _sync_text(report))
     if report["status"] == "failed":
-        print(f"sync failed: {report['error']}", file=sys.stderr)
+        print(f"sync failed: {shown(report['error'])}", file=sys.stderr)
     return int(report["exit_code"])
 
 
@@ -80,24 +82,31 @@ def _delivery_text(report: dict[str, Any]) -> str:
 
 
 def _sync_text(report: dict[str, Any]) -> str:
+    """The report for people; each text the server sent is shown on its own line, escaped."""
     lines = [f"sync {report['status']} for machine {report['machine']}"
              + (f" (protocol {report['protocol']})" if report.get("protocol") else "")]
     for src in report["sources"]:
         lines.append(f"  {src['source']}: {src['status']}, {src['files']} files"
-                     + (f" - {src['message']}" if src.get("message") else ""))
+                     + (f" - {shown(src['message'])}" if src.get("message") else ""))
         for item in src["problems"]:
-            lines.append(f"    skipped {item['path']}: {item['message']}")
+            lines.append(f"    skipped {shown(item['path'])}: {shown(item['message'])}")
         for kind, count in sorted(src.get("redacted", {}).items()):
-            lines.append(f"    redacted {count} x {kind}")
+            lines.append(f"    redacted {count} x {shown(kind)}")
     notes = report.get("notes", {})
     if notes.get("delivered"):
         lines.append(f"  notes delivered: {notes['delivered']}")
     for item in notes.get("refused", []):
-        lines.append(f"  note refused {item['filename']}: {item['message']}")
+        lines.append(f"  note refused {item['filename']}: {shown(item['message'])}")
     if "pull" in report:
         pull = report["pull"]
         lines.append(f"  cache: {pull['files']} files ({pull['written']} written, "
-                     f"{pull['removed']} removed)")
+                     f"{pull['removed']} removed"
+                     + (f", {pull['skipped_total']} skipped" if pull["skipped_total"] else "")
+                     + ")")
+        for item in pull["skipped"]:
+            lines.append(f"    not written {shown(item['path'])}: {shown(item['message'])}")
+        if pull["skipped_total"] > len(pull["skipped"]):
+            lines.append(f"    and {pull['skipped_total'] - len(pull['skipped'])} more")
     return "\n".join(lines)
 
 
@@ -163,9 +172,10 @@ def run_status(args: Any) -> int:
              + (f" ({info['age']} ago)" if info["age"] else "")]
     last = info["last_attempt"]
     if last.get("status") == "failed":
-        lines.append(f"last attempt failed at {last.get('finished_at')}: {last.get('error')}")
+        lines.append(f"last attempt failed at {shown(last.get('finished_at'))}: "
+                     f"{shown(last.get('error'))}")
     for ns in info["namespaces"]:
-        lines.append(f"  {ns['key']}: {ns['files']} files, synced {ns['synced_at']}")
+        lines.append(f"  {shown(ns['key'])}: {ns['files']} files, synced {shown(ns['synced_at'])}")
     lines.append(f"pending notes: {len(info['pending_notes'])}"
                  + "".join(f"\n  {n}" for n in info["pending_notes"]))
     emit(info, args.json, "\n".join(lines))

@@ -75,7 +75,9 @@ def _run(argv: list[str]) -> int:
     try:
         return args.handler(args)
     except SharedMemoryError as exc:
-        print(f"shared_memory.py {args.command}: error: {exc}", file=sys.stderr)
+        from sharedmem.cli.output import shown  # the message may quote what a peer sent
+        print(f"shared_memory.py {args.command}: error: {shown(exc, lines=True)}",
+              file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -11,11 +11,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sharedmem.cache.cache import Cache, CachedFile, NamespaceInfo
-from sharedmem.cache.writers import FileWriter
+from sharedmem.cache.cache import Cache, CachedFile, Intake, NamespaceInfo
+from sharedmem.cache.staged_files import Staging
+from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client.config import ClientConfig
 from sharedmem.client.outbox import Outbox, QueuedNote
-from sharedmem.core import ProtocolError
 from sharedmem.namespaces import NamespaceList
 
 TYPE_CHECKING = False
@@ -46,15 +46,15 @@ class Published(NamedTuple):
 
 
 class Pulled(NamedTuple):
-    """The server's answer to a pull, read and checked for completeness, not yet applied."""
+    """The server's answer to a pull, read and checked whole; its texts are staged, not applied."""
 
-    upserts: list[tuple[str, str, str]]
+    intake: Intake  # the files, each checked and staged (or skipped) as it came
     removed: list[str]
     namespaces: dict[str, NamespaceInfo]
-    full: bool  # a version 1 export: the whole cache is replaced
-    full_namespaces: set[str]
-    own_texts: set[str]  # sha256s whose text came from this client, not from the server
     server: dict[str, Any]
+
+
+NOTE_STATUSES = ("stored", "duplicate", "refused")
 
 
 class Exchange:
@@ -64,16 +64,22 @@ class Exchange:
         self.config = config
         self.progress = progress or (lambda _msg: None)
         self.cache = Cache(config.cache)
+        self.staging = Staging(self.cache.meta)  # the sync's files written ahead, the pull's texts
         self.outbox = Outbox(config.state / "outbox")
         self.cached: dict[str, CachedFile] = {}  # the cache's files when the session began
         self.known: dict[str, int] = {}
         self.offer = Published()
         self.whole: Mapping[str, str] = {}  # the namespaces the pull asked to leave out
         self.sent_notes: list[tuple[Path, QueuedNote]] | None = None
+        self.answered: list[tuple[Path, bool]] = []  # each note answered, and if it was refused
         self.notes: dict[str, Any] = {"delivered": 0, "refused": []}
 
     def read_cache(self) -> None:
-        """Take the server generation of each cached namespace; 0 where it was tampered with."""
+        """Take the server generation of each cached namespace; 0 where it was tampered with.
+
+        A metadata folder that is a link is refused first, before anything is written there.
+        """
+        self.cache.check_meta()
         manifest = self.cache.load()
         self.cached = manifest.files
         stale = self.cache.tampered_namespaces()
@@ -81,10 +87,18 @@ class Exchange:
                       for k, ns in manifest.namespaces.items()}
 
     def deliver_now(self, conn: Connection) -> None:
-        """Deliver and pull with nothing published first, so a note reaches the server at once."""
+        """Deliver and pull with nothing published first, so a note reaches the server at once.
+
+        The notes the server answered leave the outbox even if the pull then fails.
+        """
         self.read_cache()
         self.deliver(conn)
-        self.apply(self.receive(conn))
+        self.settle()
+        try:
+            writer = PreStagedWriter(self.staging)
+            self.apply(self.receive(conn, writer))
+        finally:
+            self.staging.discard()
 
     @property
     def requested(self) -> bool:
@@ -113,52 +127,101 @@ class Exchange:
                                "have": sorted(self.offer.texts), "published": self.whole})
 
     def deliver(self, conn: Connection) -> None:
-        """Take the server's answer to each note sent; a refused one is kept aside for the user."""
+        """Take the server's answer to each note sent; the outbox changes only in `settle`."""
         self.request(conn)
         for path, note in self.sent_notes or []:
             reply = conn.channel.expect("note_result")
-            if reply.get("status") == "refused":
+            status, message = reply.get("status"), reply.get("message", "")
+            if (reply.get("note_id") != note.note_id or status not in NOTE_STATUSES
+                    or type(message) is not str
+                    or status != "refused" and type(reply.get("path")) is not str):
+                raise conn.malformed("note_result", f"for note {note.note_id!r} it needs that "
+                                     "note_id, a status of stored, duplicate or refused, a "
+                                     "message or path string")
+            if status == "refused":
                 self.notes["refused"].append(
-                    {"filename": note.filename, "note_id": note.note_id,
-                     "message": reply.get("message", "")})
-                _quarantine(path)
+                    {"filename": note.filename, "note_id": note.note_id, "message": message})
             else:
-                self.notes["delivered"] += reply.get("status") == "stored"
-                self.notes.setdefault("paths", []).append(reply.get("path"))
-            self.outbox.done(path)
+                self.notes["delivered"] += status == "stored"
+                self.notes.setdefault("paths", []).append(reply["path"])
+            self.answered.append((path, status == "refused"))
 
-    def receive(self, conn: Connection) -> Pulled:
-        """Read the server's answer to the pull; a body left out must be one this client has."""
+    def settle(self) -> None:
+        """Take the answered notes out of the outbox, a refused one kept aside for the user.
+
+        A sync does this once all went well, so a failed one leaves the outbox as it was (the
+        next delivery of a stored note is a harmless duplicate).
+        """
+        for path, refused in self.answered:
+            if refused:
+                _quarantine(path)
+            self.outbox.done(path)
+        self.answered = []
+
+    def receive(self, conn: Connection, writer: PreStagedWriter) -> Pulled:
+        """Read the server's answer to the pull, taking in each `files` message as it comes.
+
+        Each reply is checked for shape before it is used; a malformed one ends the sync with
+        nothing changed. A body left out must be one this client has.
+        """
         self.request(conn)
         head = conn.channel.expect("namespaces")
-        upserts: list[tuple[str, str, str]] = []
-        own: set[str] = set()
-        skipped = set(head.get("skipped", ())) & self.whole.keys()  # only those asked for
-        for path, sha, text in self.offer.files(skipped):
-            upserts.append((path, sha, text))
-            own.add(sha)
-        while (part := conn.channel.expect("files", "end"))["type"] == "files":
-            for path, sha, text in part.get("files", []):
-                if text is None:
-                    if sha not in self.offer.texts:
-                        raise ProtocolError(f"the server sent no text for {path!r} and this "
-                                            "client has none for its sha256; the cache was "
-                                            "left as it was")
-                    own.add(sha)
-                    text = self.offer.texts[sha]
-                upserts.append((path, sha, text))
+        rows, full, removed = head.get("namespaces"), head.get("full", []), head.get("removed", [])
+        skipped = head.get("skipped", [])
+        for name, value in (("full", full), ("removed", removed), ("skipped", skipped)):
+            if type(value) is not list or not all(type(v) is str for v in value):
+                raise conn.malformed("namespaces", f"{name} must be a list of strings")
+        if type(rows) is not list or not all(type(row) is dict and _row_ok(row) for row in rows):
+            raise conn.malformed("namespaces", "namespaces must be a list of objects with string "
+                                 "key, source and kind, integer generation, and machine and "
+                                 "synced_at each a string or null")
         namespaces = {ns.key: NamespaceInfo.listed(ns)
-                      for ns in NamespaceList.from_rows(head["namespaces"]).every()}
-        self.progress(f"cache: {len(upserts)} files to write")
-        return Pulled(upserts, list(head.get("removed", [])), namespaces, conn.version == 1,
-                      set(head.get("full", [])) | skipped, own,
+                      for ns in NamespaceList.from_rows(rows).every()}
+        skipped_own = set(skipped) & self.whole.keys()  # only those asked for
+        intake = self.cache.intake(writer, full=conn.version == 1,
+                                   full_namespaces=set(full) | skipped_own,
+                                   file_bytes=self.config.limits.file_bytes)
+        intake.add_own(self.offer.files(skipped_own))
+        texts = self.offer.texts
+        count = 0
+        while (part := conn.channel.expect("files", "end"))["type"] == "files":
+            items = part.get("files")
+            if type(items) is not list:
+                raise conn.malformed("files", "files must be a list")
+            for item in items:
+                if type(item) is not list or len(item) != 3:
+                    raise conn.malformed("files", "each file must be [path, sha256, text or null]")
+                path, sha, text = item
+                if type(path) is not str or type(sha) is not str or (
+                        text is not None and type(text) is not str):
+                    raise conn.malformed("files", "each file must be [path, sha256, text or null]"
+                                         " of strings")
+                own = texts.get(sha)
+                if own is None:
+                    if text is None:
+                        raise conn.malformed("files", f"it sent no text for {path!r}, and this "
+                                             "client has none for its sha256")
+                    intake.add(path, sha, text)
+                else:  # this client's own text at that sha256, whatever the server sent
+                    intake.add(path, sha, own, vouched=True)
+            count += len(items)
+            del part, items  # so the next message is read with this one gone
+        self.progress(f"cache: {count} files pulled")
+        return Pulled(intake, removed, namespaces,
                       {"server": conn.server.get("server"), "protocol": conn.version})
 
-    def apply(self, pulled: Pulled, writer: FileWriter | None = None) -> dict[str, int]:
-        """Write what was pulled into the cache; `writer` as `Cache.apply` takes it."""
-        return self.cache.apply(pulled.upserts, pulled.removed, pulled.namespaces,
-                                full=pulled.full, full_namespaces=pulled.full_namespaces,
-                                server=pulled.server, writer=writer)
+    def apply(self, pulled: Pulled) -> dict[str, Any]:
+        """Write what was pulled into the cache: the staged texts move in, then the manifest."""
+        return self.cache.commit(pulled.intake, pulled.removed, pulled.namespaces,
+                                 server=pulled.server)
+
+
+def _row_ok(row: dict[str, Any]) -> bool:
+    """Whether a namespaces row has what the client reads of it, each of its type."""
+    return (type(row.get("key")) is str and type(row.get("source")) is str
+            and type(row.get("kind")) is str and type(row.get("generation")) is int
+            and (row.get("machine") is None or type(row["machine"]) is str)
+            and (row.get("synced_at") is None or type(row["synced_at"]) is str))
 
 
 def _quarantine(path: Path) -> None:

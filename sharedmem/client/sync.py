@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from sharedmem import __version__, linejson
-from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client import source_state
 from sharedmem.client.config import ClientConfig, SourceConfig
@@ -33,6 +32,7 @@ from sharedmem.sources import kinds as sources
 from sharedmem.sources import walk
 
 EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2
+ERROR_CHARS = 2000  # of an error kept in the report and state/last-sync.json
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Sync:
         self.max_version = max_version
         self.progress = progress or (lambda _msg: None)
         self.exchange = Exchange(config, self.progress)
-        self.staging = Staging(self.exchange.cache.meta)
+        self.staging = self.exchange.staging
         self.have: dict[str, str] = {}  # sha256 -> text of each file read this time
         self.snapshots: list[_Prepared] = []
         self.last_to_publish: _Prepared | None = None
@@ -75,9 +75,14 @@ class Sync:
                                        "sources": [], "notes": self.exchange.notes}
 
     def run(self) -> dict[str, Any]:
-        """Publish, deliver, pull; any failure leaves the cache and the outbox as they were."""
+        """Publish, deliver, pull; any failure leaves the cache and the outbox as they were.
+
+        What the pull could not write is skipped and named (`pull.skipped`): the run is then
+        partial, and everything else is written.
+        """
         started = time.monotonic()
         try:
+            self.exchange.cache.check_meta()  # before anything, so a link there is never used
             with sync_lock(self.config.state, self.lock_wait, self.waiting), \
                     Connection(self.config, self.max_version) as conn:
                 ahead = Ahead(conn)
@@ -93,14 +98,18 @@ class Sync:
                 self.exchange.deliver(conn)
                 self.report["pull"] = self._pull(conn)
                 self._save_states()
+                self.exchange.settle()
                 self.report["bytes"] = {"sent": conn.channel.sent,
                                         "received": conn.channel.received}
         except SharedMemoryError as exc:
-            self.report.update(status="failed", error=str(exc))
+            error = str(exc)  # may quote the server, whose error text may be megabytes long
+            if len(error) > ERROR_CHARS:
+                error = f"{error[:ERROR_CHARS]}... ({len(error)} characters)"
+            self.report.update(status="failed", error=error)
         else:
             partial = any(s["status"] != "published" and s["status"] != "unchanged"
                           or s["problems"] for s in self.report["sources"])
-            if partial or self.report["notes"]["refused"]:
+            if partial or self.report["notes"]["refused"] or self.report["pull"]["skipped_total"]:
                 self.report["status"] = "partial"
         finally:
             self.staging.discard()
@@ -183,15 +192,16 @@ class Sync:
             reply = self._publish_v1(conn, prepared.spec, snap)
         else:
             reply = self._publish_v2(conn, prepared)
+        _check_result(conn, reply, source.name)
         redacted = dict(prepared.redacted)
-        for kind, count in reply.get("redacted", {}).items():
+        for kind, count in reply["redacted"].items():
             redacted[kind] = redacted.get(kind, 0) + count
-        result.update(status="unchanged" if reply.get("unchanged") else "published",
-                      refused=reply.get("refused", []), redacted=redacted,
-                      generation=reply.get("generation"))
+        result.update(status="unchanged" if reply["unchanged"] else "published",
+                      refused=reply["refused"], redacted=redacted,
+                      generation=reply["generation"])
         if result["refused"]:
             result["problems"] += result["refused"]
-        prepared.acked = reply.get("digest") == prepared.digest
+        prepared.acked = reply["digest"] == prepared.digest
         self.published.append(prepared)
         return result
 
@@ -233,8 +243,13 @@ class Sync:
             reply = conn.channel.expect("need", "result")
         if reply["type"] == "result":
             return reply
+        need = reply.get("sha256")
+        if reply.get("source") != spec.name or type(need) is not list or not all(
+                type(sha) is str for sha in need):
+            raise conn.malformed("need", f"for source {spec.name!r} it needs that source and "
+                                 "sha256 as a list of strings")
         bodies = []
-        for sha in reply.get("sha256", []):
+        for sha in need:
             entry = by_sha.get(sha)
             if entry is None:
                 continue
@@ -264,13 +279,12 @@ class Sync:
         self.exchange.request(conn, Published(self.have, {key: p.digest for key, p in whole.items()},
                                               {key: p.snap.files for key, p in whole.items()}))
 
-    def _pull(self, conn: Connection) -> dict[str, int]:
-        """Take the pull, and move in what was staged for it once the helper is done."""
-        pulled = self.exchange.receive(conn)
+    def _pull(self, conn: Connection) -> dict[str, Any]:
+        """Take the pull, staging its texts as they come; move all in once the helper is done."""
+        pulled = self.exchange.receive(conn, PreStagedWriter(self.staging,
+                                                             own_paths=_OwnPaths(self)))
         self.staging.wait()
-        own_paths = self._own_paths() if pulled.upserts else frozenset()
-        return self.exchange.apply(pulled, PreStagedWriter(self.staging, pulled.own_texts,
-                                                           own_paths))
+        return self.exchange.apply(pulled)
 
     def _own_paths(self) -> set[str]:
         """The cache paths of the files this run published.
@@ -301,6 +315,38 @@ class Sync:
                 and all(e.text is not None for e in p.snap.files)}
 
 
+class _OwnPaths:
+    """The run's own cache paths (`Sync._own_paths`), listed only if the pull asks about one.
+
+    A no-change sync pulls nothing and so never lists ten thousand paths.
+    """
+
+    def __init__(self, run: Sync) -> None:
+        self.run = run
+        self.paths: set[str] | None = None
+
+    def __contains__(self, path: object) -> bool:
+        if self.paths is None:
+            self.paths = self.run._own_paths()
+        return path in self.paths
+
+
+def _check_result(conn: Connection, reply: dict[str, Any], source: str) -> None:
+    """Refuse a `result` without the fields a sync reads, or with one of the wrong type."""
+    refused, redacted, digest = reply.get("refused"), reply.get("redacted"), reply.get("digest")
+    if (reply.get("source") != source or type(reply.get("unchanged")) is not bool
+            or type(reply.get("generation")) is not int
+            or not (digest is None or type(digest) is str)
+            or type(refused) is not list or type(redacted) is not dict
+            or not all(type(r) is dict and type(r.get("path")) is str
+                       and type(r.get("reason")) is str and type(r.get("message")) is str
+                       for r in refused)
+            or not all(type(n) is int for n in redacted.values())):
+        raise conn.malformed("result", f"for source {source!r} it needs that source, unchanged "
+                             "(true or false), an integer generation, a digest, refused as a list "
+                             "of {path, reason, message} strings and redacted as counts")
+
+
 def _state(prepared: _Prepared, acked: source_state.Acked | None) -> source_state.SourceState:
     """The state a source leaves when the server acknowledged `acked` of its snapshot."""
     return source_state.SourceState(prepared.rules, acked,
@@ -312,8 +358,8 @@ def _text(spec: sources.SourceSpec, entry: walk.Entry) -> str:
 
 
 def _write_json(path: Path, value: object) -> None:
-    atomic_write(path, json.dumps(value, ensure_ascii=False).encode("utf-8"), mode=0o600,
-                 durable=False)
+    """Write a small record; ASCII with escapes, as an error may quote a lone surrogate."""
+    atomic_write(path, json.dumps(value).encode("utf-8"), mode=0o600, durable=False)
 
 
 def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),

@@ -143,13 +143,28 @@ class Connection:
             raise reply
         if isinstance(reply, ProtocolError):
             raise self.failure() from None
-        version = reply.get("version")
+        version, server, ahead = reply.get("version"), reply.get("server"), reply.get("ahead_bytes")
+        if type(version) is not int:
+            raise self.malformed("hello", "version must be an integer")
         if version not in self.versions:
             raise ProtocolError(f"the server chose protocol version {version!r}, which this "
                                 f"client does not speak ({self.versions})")
-        self.version = int(version)
+        if not (server is None or type(server) is str) or not (
+                ahead is None or type(ahead) is int):
+            raise self.malformed("hello", "server must be a string and ahead_bytes an integer")
+        self.version = version
         self.server = reply
         return reply
+
+    def malformed(self, kind: str, detail: str) -> ProtocolError:
+        """The error for a reply of the right type whose fields are missing or of the wrong shape.
+
+        One line naming the server and the message: a sync that meets one changes nothing here.
+        """
+        return ProtocolError(
+            f"the server ({self.where}) sent a malformed {kind} message: {detail}. The cache "
+            "was left as it was; run the same sharedmem release on the server as here, or find "
+            "out what answers in its place")
 
     def failure(self) -> TransportError:
         """Why the server end went away, as an error with a fix."""
