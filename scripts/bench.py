@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument("--baseline", metavar="CHECKOUT",
                       help="another checkout of this project (say, one without a speed trick) "
                            "timed in the same runs, interleaved, with the same key and corpus")
+    sync.add_argument("--index", action="store_true",
+                      help="build the search index after the first sync (untimed), as the "
+                           "installer does, so the later phases pay for keeping it current")
     import bench_scale
     bench_scale.add_arguments(sub.add_parser(
         "scale", help="a store of several machines: a new client's first pull, no-change "

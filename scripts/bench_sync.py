@@ -72,7 +72,7 @@ def _change(root: Path, percent: float, round_no: int) -> int:
 
 
 def _ours(work: Path, server: Sshd, source: Path, run: int,
-          launcher: Path | None = None) -> dict[str, dict[str, float]]:
+          launcher: Path | None = None, index: bool = False) -> dict[str, dict[str, float]]:
     """One run of our three phases; with `launcher`, that checkout's client and server.
 
     A comparison of two checkouts runs both with the unpinned key and an explicit remote
@@ -105,6 +105,9 @@ def _ours(work: Path, server: Sshd, source: Path, run: int,
             raise SystemExit(f"sync failed in phase {phase}: {report.get('error')}")
         out[phase] = {"seconds": seconds, "sent": report["bytes"]["sent"],
                       "received": report["bytes"]["received"]}
+        if phase == "first" and index:  # as an installed client has: the later syncs keep it
+            subprocess.run([sys.executable, str(launcher or LAUNCHER), "index", "--config",
+                            str(cfg)], capture_output=True, check=True)
     return out
 
 
@@ -143,6 +146,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     files = getattr(args, "files", None) or 10_000
     runs = getattr(args, "runs", None) or 3
     as_json = bool(getattr(args, "json", False))
+    index = bool(getattr(args, "index", False))
     baseline = getattr(args, "baseline", None)
     baseline = Path(baseline).resolve() / "shared_memory.py" if baseline else None
     if baseline is not None and not baseline.is_file():
@@ -171,9 +175,9 @@ def main(args: argparse.Namespace | None = None) -> int:
                     print(f"run {run + 1}/{runs}: {name}", file=sys.stderr)
                     if name == "sharedmem":
                         ours.append(_ours(work, server, source, run,
-                                          None if baseline is None else LAUNCHER))
+                                          None if baseline is None else LAUNCHER, index))
                     elif name == "baseline":
-                        base.append(_ours(work, server, source, run, baseline))
+                        base.append(_ours(work, server, source, run, baseline, index))
                     else:
                         theirs.append(_rsync(work, server, source, run))
         finally:
@@ -224,5 +228,7 @@ if __name__ == "__main__":
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--dir", help="where to put the corpus, the store and the copies")
     parser.add_argument("--baseline", help="another checkout to time beside this one")
+    parser.add_argument("--index", action="store_true", help="build the search index after the "
+                        "first sync (untimed), as an installed client has it")
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "")
     sys.exit(main(parser.parse_args()))

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sharedmem.cache.cache import Cache
+from sharedmem.cache.search import index_mark
 from sharedmem.client import config as config_mod
 from sharedmem.core import ConfigError, InstallError
 from sharedmem.install import client_install as ci
@@ -144,6 +146,9 @@ def test_each_run_says_what_its_sync_did(tmp_path: Path) -> None:
     assert "running the first sync with the local store" in err
     assert "sending 0 changed files" not in err
     assert "  first sync: ok (3 files published, 0 pulled; 3 files in the cache)" in out
+    # The first sync built the search index: an agent's first search scans nothing.
+    cache = Cache(home / ".local" / "share" / "codex-shared-memory" / "cache")
+    assert index_mark(cache) is not None
 
     code, out, err = install(home, *laptop)
     assert code == 0, err
@@ -163,6 +168,7 @@ def test_each_run_says_what_its_sync_did(tmp_path: Path) -> None:
     code, out, err = install(home, *laptop)
     assert code == 0, err
     assert "  sync: ok (2 files published, 1 pulled; 5 files in the cache)" in out
+    assert index_mark(cache) is not None  # and every sync keeps it current
 
 
 def test_the_cursor_block_is_shown_when_new_or_asked(tmp_path: Path) -> None:

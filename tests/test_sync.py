@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER, run_cli, write_config
 
+from sharedmem.cache.cache import Cache
+from sharedmem.cache.search import index_mark
 from sharedmem.server.store import Store
 
 
@@ -82,51 +84,48 @@ def test_ssh_first_nochange_changed_and_deleted(tmp_path, sshd):
         assert "machines/laptop/notes/d2/note-002.md" not in store.manifest()
 
 
-def indexed_paths(cache: Path, want: int, timeout: float = 30.0) -> set[str]:
-    """Wait for the background index refresh a sync started to cover `want` files."""
-    path = cache / ".sharedmem" / "index" / "search.sqlite3"
-    deadline = time.monotonic() + timeout
-    found: set[str] = set()
-    while time.monotonic() < deadline:
-        if path.is_file():
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-            try:
-                found = {p for (p,) in conn.execute("SELECT path FROM files")}
-            except sqlite3.Error:
-                found = set()
-            finally:
-                conn.close()
-            if len(found) == want:
-                return found
-        time.sleep(0.05)
-    return found
+def indexed_paths(cache: Path) -> set[str]:
+    """The paths the search index holds."""
+    conn = sqlite3.connect(f"file:{cache / '.sharedmem' / 'index' / 'search.sqlite3'}?mode=ro",
+                           uri=True)
+    try:
+        return {p for (p,) in conn.execute("SELECT path FROM files")}
+    finally:
+        conn.close()
 
 
-def test_sync_leaves_the_index_to_search(tmp_path):
+def index_covers(cache: Path) -> bool:
+    """Whether the search index covers the cache's manifest exactly (searches scan nothing)."""
+    return index_mark(Cache(cache)) is not None
+
+
+def test_sync_keeps_the_index_current(tmp_path):
     home = tmp_path / "laptop-home"
     notes = make_memories(home, files=70)
     store = tmp_path / "server" / "store.sqlite3"
     cfg = config_for(tmp_path, home, "laptop", {"kind": "local", "store": str(store)})
-    code, report = sync_json(cfg)
     cache = tmp_path / "laptop" / "cache"
-    assert code == 0 and not (cache / ".sharedmem" / "index").exists()
-    assert not (cache / ".sharedmem" / "staging").exists()  # staged files were all moved in
-
-    # 72 files the index does not cover: the search scans them and starts the refresh.
+    assert sync_json(cfg)[0] == 0  # a plain sync builds no index the cache lacks: a search does
+    assert not (cache / ".sharedmem" / "index").exists()
+    assert not (cache / ".sharedmem" / "staging").exists()
+    # With --index (the installer's first sync) it is built whole, in the sync's own run.
+    assert sync_json(cfg, "--index")[0] == 0
+    assert index_covers(cache)
+    assert indexed_paths(cache) == set(cache_files(cache))
     found = run_cli("search", "--config", str(cfg), "--json", "body 3 café")
     assert found.returncode == 0, found.stderr
     assert {r["path"] for r in json.loads(found.stdout)["results"]} == {
         "machines/laptop/notes/d3/note-003.md"}
-    assert indexed_paths(cache, 72) == set(cache_files(cache))
 
-    for i in range(65):  # an index merely behind: the search scans what changed, no rebuild
+    for i in range(65):  # 65 files changed and one removed: the sync indexes just those
         (notes / f"d{i % 4}" / f"note-{i:03}.md").write_text(f"# note {i}\nnew {i}\n")
     (notes / "d0" / "note-068.md").unlink()
     assert sync_json(cfg)[0] == 0
+    assert index_covers(cache)
+    assert indexed_paths(cache) == set(cache_files(cache))
     found = run_cli("search", "--config", str(cfg), "--json", "new 64")
     assert [r["path"] for r in json.loads(found.stdout)["results"]] == [
         "machines/laptop/notes/d0/note-064.md"]
-    assert "machines/laptop/notes/d0/note-068.md" in indexed_paths(cache, 72)
 
 
 def test_state_of_an_older_client_is_read_and_rewritten(tmp_path):

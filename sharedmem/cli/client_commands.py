@@ -34,6 +34,10 @@ def build_sync(sub: Any) -> None:
     p.add_argument("--notes-only", action="store_true",
                    help="only deliver the queued notes and refresh the cache, publishing "
                         "nothing (what add_ad_hoc_note starts in the background)")
+    p.add_argument("--index", action="store_true",
+                   help="also build the search index when the cache has none (the installer's "
+                        "first sync does; otherwise the first search builds it in the "
+                        "background). An index that exists is always kept current by the sync")
     p.set_defaults(handler=run_sync)
 
 
@@ -66,7 +70,7 @@ def run_sync(args: Any) -> int:
     from sharedmem.client import sync as client
     report = client.sync(config, max_version=args.max_protocol,
                          progress=progress(sys.stderr.isatty() and not args.json),
-                         lock_wait=args.wait, waiting=_waiting)
+                         lock_wait=args.wait, waiting=_waiting, build_index=args.index)
     emit(report, args.json, _sync_text(report))
     if report["status"] == "failed":
         print(f"sync failed: {shown(report['error'])}", file=sys.stderr)

@@ -16,6 +16,7 @@ from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client.config import ClientConfig
 from sharedmem.client.outbox import Outbox, QueuedNote
+from sharedmem.core import SharedMemoryError
 from sharedmem.namespaces import NamespaceList
 
 TYPE_CHECKING = False
@@ -73,6 +74,7 @@ class Exchange:
         self.sent_notes: list[tuple[Path, QueuedNote]] | None = None
         self.answered: list[tuple[Path, bool]] = []  # each note answered, and if it was refused
         self.notes: dict[str, Any] = {"delivered": 0, "refused": []}
+        self.build_index = False  # build a missing search index in this run (see `apply`)
 
     def read_cache(self) -> None:
         """Take the server generation of each cached namespace; 0 where it was tampered with.
@@ -211,9 +213,31 @@ class Exchange:
                       {"server": conn.server.get("server"), "protocol": conn.version})
 
     def apply(self, pulled: Pulled) -> dict[str, Any]:
-        """Write what was pulled into the cache: the staged texts move in, then the manifest."""
-        return self.cache.commit(pulled.intake, pulled.removed, pulled.namespaces,
-                                 server=pulled.server)
+        """Write what was pulled into the cache, then index the files written, in this run.
+
+        The staged texts move in, then the manifest. So no search after a sync scans files
+        the index lacks. Without an index to update, it is built whole only when
+        `build_index` says so (the installer's first sync): a sync on the schedule leaves
+        that to the first search, which builds it in the background and scans meanwhile. The
+        index is derived data: if it cannot be written, the sync still succeeds and searches
+        scan what it lacks.
+        """
+        from sharedmem.cache import search
+        mark = search.index_mark(self.cache)
+        outcome = self.cache.commit(pulled.intake, pulled.removed, pulled.namespaces,
+                                    server=pulled.server)
+        if mark is None and not self.build_index:
+            return outcome
+        before, after = self.cached, self.cache.load().files
+        written = [path for path, meta in after.items() if before.get(path) != meta]
+        removed = before.keys() - after.keys()
+        if written or removed or mark is None:
+            self.progress(f"search index: updating for {len(written) + len(removed)} files")
+            try:
+                search.update_index(self.cache, written, removed, mark)
+            except SharedMemoryError as exc:
+                outcome["index_error"] = str(exc)
+        return outcome
 
 
 def _row_ok(row: dict[str, Any]) -> bool:

@@ -60,12 +60,13 @@ class Sync:
 
     def __init__(self, config: ClientConfig, max_version: int = max(VERSIONS),
                  progress: Progress | None = None, lock_wait: float = 0.0,
-                 waiting: Progress | None = None) -> None:
+                 waiting: Progress | None = None, build_index: bool = False) -> None:
         self.config = config
         self.lock_wait, self.waiting = lock_wait, waiting  # see lock.sync_lock
         self.max_version = max_version
         self.progress = progress or (lambda _msg: None)
         self.exchange = Exchange(config, self.progress)
+        self.exchange.build_index = build_index
         self.staging = self.exchange.staging
         self.have: dict[str, str] = {}  # sha256 -> text of each file read this time
         self.snapshots: list[_Prepared] = []
@@ -364,13 +365,13 @@ def _write_json(path: Path, value: object) -> None:
 
 def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
          progress: Progress | None = None, lock_wait: float = 0.0,
-         waiting: Progress | None = None) -> dict[str, Any]:
-    """One whole sync; see Sync.run.
+         waiting: Progress | None = None, build_index: bool = False) -> dict[str, Any]:
+    """One whole sync; see Sync.run. With `build_index`, a missing search index is built too.
 
     The run is kept alive afterwards: freeing ten thousand snapshot entries one by one costs a
     sync that ends the process anyway (`shared_memory.py sync`) several milliseconds.
     """
-    runner = Sync(config, max_version, progress, lock_wait, waiting)
+    runner = Sync(config, max_version, progress, lock_wait, waiting, build_index)
     _FINISHED[:] = [runner]  # only the last: a process that syncs again frees the one before
     return runner.run()
 

@@ -329,7 +329,7 @@ def _sync(cfg: ClientConfig, env: Mapping[str, str], console: Console) -> dict[s
     where = f"ssh {cfg.transport.host}" if cfg.transport.kind == "ssh" else "the local store"
     console.progress(("running the first sync with " if first else "syncing with ") + where)
     before = _cache_files(cfg.cache)
-    report = client.sync(config_mod.load(cfg.path, env))
+    report = client.sync(config_mod.load(cfg.path, env), build_index=True)
     after = _cache_files(cfg.cache)
     published_sources = {s["source"] for s in report.get("sources", [])
                          if s.get("status") == "published"}
