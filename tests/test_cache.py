@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -297,8 +299,10 @@ def test_manifest_lines_are_reused_only_for_unchanged_files(cache: Cache) -> Non
     fresh.apply([up(f"{A}/a.md", "alpha 2\n"), up(f"{A}/new.md", "new\n")], [],
                 spaces(A, B, NOTES_NAMESPACE))
     after = Cache(cache.root).load().files
-    assert after == {**before, f"{A}/a.md": CachedFile(sha256_text("alpha 2\n"), 8, A),
-                     f"{A}/new.md": CachedFile(sha256_text("new\n"), 4, A)}
+    mtime = {p: (cache.root / p).stat().st_mtime_ns for p in (f"{A}/a.md", f"{A}/new.md")}
+    assert after == {**before,
+                     f"{A}/a.md": CachedFile(sha256_text("alpha 2\n"), 8, A, mtime[f"{A}/a.md"]),
+                     f"{A}/new.md": CachedFile(sha256_text("new\n"), 4, A, mtime[f"{A}/new.md"])}
     assert list(after) == sorted(after)  # still in path order with a path added
     assert json.loads(cache.manifest_path.read_text(encoding="utf-8"))["files"] == {
         k: list(v) for k, v in after.items()}
@@ -306,11 +310,17 @@ def test_manifest_lines_are_reused_only_for_unchanged_files(cache: Cache) -> Non
 
 def test_a_one_line_manifest_of_an_older_version_is_read_and_rewritten(cache: Cache) -> None:
     files = json.loads(cache.manifest_path.read_text(encoding="utf-8"))
+    listing = json.loads(cache.namespaces_path.read_text(encoding="utf-8"))
+    expected = {p: CachedFile(*v[:3]) for p, v in files["files"].items()}
+    files = {"version": 1, "files": {p: v[:3] for p, v in files["files"].items()}}
     cache.manifest_path.write_text(json.dumps(files), encoding="utf-8")  # the older form
+    del listing["manifest_sha256"], listing["check"]
+    cache.namespaces_path.write_text(json.dumps({**listing, "version": 1}), encoding="utf-8")
     older = Cache(cache.root)
-    assert older.load().files == cache.load().files
+    assert older.load().files == expected and older.damage is None
     older.apply([up(f"{A}/a.md", "alpha 3\n")], [], spaces(A, B, NOTES_NAMESPACE))
     assert Cache(cache.root).load().files[f"{A}/a.md"].sha256 == sha256_text("alpha 3\n")
+    assert "manifest_sha256" in json.loads(cache.namespaces_path.read_text(encoding="utf-8"))
 
 
 def test_a_rewrite_within_one_timestamp_tick_is_still_seen(cache: Cache) -> None:
@@ -327,13 +337,55 @@ def test_a_rewrite_within_one_timestamp_tick_is_still_seen(cache: Cache) -> None
 def test_load_of_a_missing_or_damaged_manifest_is_empty(tmp_path: Path, cache: Cache) -> None:
     assert cache.exists()
     assert not Cache(tmp_path / "nowhere").exists()
-    assert Cache(tmp_path / "nowhere").load().files == {}
+    nowhere = Cache(tmp_path / "nowhere")
+    assert nowhere.load().files == {} and nowhere.damage is None  # never synced: not damaged
     cache.manifest_path.write_text("{not json")
-    assert Cache(cache.root).load().files == {}
+    damaged = Cache(cache.root)
+    assert damaged.load().files == {}
+    assert "manifest.json does not match the sha256 that namespaces.json records" in str(
+        damaged.damage)
+
+
+@pytest.mark.parametrize(("listing", "problem"), [
+    ({"version": 1, "namespaces": {}, "last_sync": 5}, "wrong kind"),
+    ({"version": 1, "namespaces": {"k": {"key": "other", "source": "s", "kind": "markdown"}}},
+     "wrong kind"),
+    ({"version": 2, "namespaces": {}}, "does not match the sha256 written in it"),
+    ([], "not a JSON object"),
+])
+def test_a_namespace_list_is_checked_when_loaded(cache: Cache, listing: object,
+                                                 problem: str) -> None:
+    cache.namespaces_path.write_text(json.dumps(listing), encoding="utf-8")
+    reader = Cache(cache.root)
+    assert reader.load().files == {} and problem in str(reader.damage)
+    assert reader.check() == reader.damage
+
+
+def test_a_manifest_half_written_by_a_running_sync_is_waited_for(tmp_path: Path,
+                                                                   cache: Cache) -> None:
+    reader = Cache(cache.root)
+    assert f"{A}/a.md" in reader.load().files
+    later = Cache(Path(shutil.copytree(cache.root, tmp_path / "later")))
+    later.apply([], [f"{A}/a.md"], spaces(A, B, NOTES_NAMESPACE))  # what the sync will write
+    os.replace(later.manifest_path, cache.manifest_path)  # the sync between its two writes
+    threading.Timer(0.05, os.replace, (later.namespaces_path, cache.namespaces_path)).start()
+    assert f"{A}/a.md" not in reader.load().files  # it waited: no damage reported
+    assert reader.damage is None and reader.check() is None
 
 
 def test_tampered_namespaces(cache: Cache) -> None:
     assert cache.tampered_namespaces() == set()
+    same_size = cache.root / A / "a.md"
+    same_size.write_text(same_size.read_text().upper())  # only its time tells
+    assert cache.tampered_namespaces() == {A} and cache.damaged == {f"{A}/a.md"}
+    touched = cache.root / B / "MEMORY.md"
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    assert cache.tampered_namespaces() == {A}  # hashed, and found as written
+    cache.apply([up(f"{A}/a.md", same_size.read_text().lower())], [],
+                spaces(A, B, NOTES_NAMESPACE))
+    assert same_size.read_text() == same_size.read_text().lower()  # written again
+    assert cache.load().files[f"{B}/MEMORY.md"].mtime_ns == touched.stat().st_mtime_ns
+    assert cache.tampered_namespaces() == set() and cache.damaged == set()
     (cache.root / A / "a.md").write_text("alpha, edited by hand\n")
     assert cache.tampered_namespaces() == {A}
     (cache.root / B / "MEMORY.md").unlink()

@@ -1,11 +1,23 @@
-"""The client's plain-Markdown cache of the server's export, and the manifest that describes it."""
+"""The client's plain-Markdown cache of the server's export, and the manifest that describes it.
+
+The manifest is derived data, checked when it is read: `namespaces.json` carries the sha256 of
+`manifest.json` and one of its own namespaces, so a damaged file reads as damaged
+(`Cache.damage`), not as an empty or a wrong cache. A sync then rebuilds the file list from the
+files and pulls every namespace whole; until it has, the tools refuse to answer from it. Each
+file's size and modification time are recorded too, so a sync hashes only the files that
+changed behind its back (`Cache.tampered_namespaces`) and writes again those whose text is not
+the one recorded.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import stat
+import time
 from collections import namedtuple
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -14,10 +26,10 @@ from typing import Any, NamedTuple
 
 from sharedmem import linejson
 from sharedmem.cache.layout import Folders, namespace_key, published_path_problems
-from sharedmem.cache.staged_files import STAGING_DIR
+from sharedmem.cache.staged_files import STAGING_DIR, write_failure
 from sharedmem.cache.writers import FileWriter
 from sharedmem.clock import utc_now
-from sharedmem.core import CacheError, ProtocolError
+from sharedmem.core import CacheError, ProtocolError, SharedMemoryError
 from sharedmem.files import atomic_write
 from sharedmem.namespaces import Namespace
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
@@ -26,7 +38,7 @@ META_DIR = ".sharedmem"
 MANIFEST_NAME = "manifest.json"
 NAMESPACES_NAME = "namespaces.json"
 LEFTOVERS = ("manifest.next.part", "replaced")  # older versions' files, which nothing reads
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: each file's mtime_ns; namespaces.json checked by sha256
 NOTES_NAMESPACE = NOTES_DIR
 SKIPPED_SHOWN = 100  # skipped items a report names one by one; the rest are counted
 
@@ -57,10 +69,13 @@ class NamespaceInfo(NamedTuple):
         return cls(ns.key, ns.machine, ns.source, ns.kind, ns.generation, ns.synced_at)
 
 
-class CachedFile(namedtuple("CachedFile", "sha256 size namespace")):
-    """One cached file's provenance: its content address, size and namespace.
+class CachedFile(namedtuple("CachedFile", "sha256 size namespace mtime_ns", defaults=(None,))):
+    """One cached file's provenance: its content address, size, namespace and modification time.
 
-    A named tuple: comparing two manifests of 10,000 files is then one C loop.
+    `mtime_ns` is the file's as the cache last wrote or verified it: a file whose size or time
+    differs is hashed by the next sync (`Cache.tampered_namespaces`). None (a manifest of an
+    older version) means "verify once". A named tuple: comparing two manifests of 10,000 files
+    is then one C loop.
     """
 
     __slots__ = ()
@@ -77,6 +92,8 @@ class Manifest:
 
 
 Stamp = tuple[int, int, int]
+SETTLE_SECONDS = 0.25  # how long a reader waits for a sync writing the two files to finish
+_HEX = re.compile("[0-9a-f]*")
 
 
 def _stamp(path: Path) -> Stamp:
@@ -85,17 +102,27 @@ def _stamp(path: Path) -> Stamp:
     return info.st_mtime_ns, info.st_ino, info.st_size
 
 
-class _Loaded(NamedTuple):
-    """The manifest as last read or written, and the stamps of its two files then."""
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
-    stamps: tuple[Stamp, Stamp]
+
+class Damaged(CacheError):
+    """Why the manifest cannot be what this cache wrote; `Cache.damage` holds the message."""
+
+
+class _Loaded(NamedTuple):
+    """The manifest as last read or written, the stamps of its two files then, and any damage."""
+
+    stamps: tuple[Stamp, Stamp] | tuple[bool, bool]  # or which exist, when one does not
     manifest: Manifest
+    damage: str | None = None
 
 
 class _LoadedFiles(NamedTuple):
-    """The file list as last read or written, and the stamp of manifest.json then."""
+    """The file list as last read or written, the stamp and sha256 of manifest.json then."""
 
     stamp: Stamp
+    digest: str
     files: dict[str, CachedFile]
 
 
@@ -108,6 +135,11 @@ class Cache:
         self._loaded: _Loaded | None = None
         self._files_cache: _LoadedFiles | None = None
         self._lines: linejson.Old = {}  # manifest.json's entry lines, reused by the next write
+        self._rebuilt: Manifest | None = None  # see `rebuild`
+        self.damage: str | None = None  # why the manifest last loaded is unusable, if it is
+        self.damaged: set[str] = set()  # files not as the manifest says (tampered_namespaces)
+        self._verified: dict[str, CachedFile] = {}  # files whose time alone moved, re-recorded
+        self._vouched: tuple[Stamp, Stamp] | None = None  # the stamps `check` found intact
 
     @property
     def manifest_path(self) -> Path:
@@ -123,31 +155,149 @@ class Cache:
         """The small file rewritten by every sync: namespaces, last sync time, server."""
         return self.meta / NAMESPACES_NAME
 
+    @property
+    def rebuilt(self) -> bool:
+        """Whether this run rebuilt the file list from the files (`rebuild`)."""
+        return self._rebuilt is not None
+
     def load(self) -> Manifest:
-        """The manifest; each of its two files is re-read only when it changed on disk."""
+        """The manifest; each of its two files is re-read only when it changed on disk.
+
+        A manifest that is missing half, cannot be read, or is not what this cache wrote (the
+        sha256s namespaces.json records, the kind of each value) loads empty, and `damage`
+        says why. A sync writes the two files one after the other: a reader that finds them
+        apart waits up to SETTLE_SECONDS for the second before it calls them damaged.
+        """
+        if self._rebuilt is not None:
+            return self._rebuilt
+        before = self._loaded
+        loaded = self._load_once()
+        if loaded.damage is not None and loaded is not before:  # found now, not remembered
+            deadline = time.monotonic() + SETTLE_SECONDS
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+                if self._key() != loaded.stamps:  # being written: read them again
+                    self._loaded = None
+                    loaded = self._load_once()
+                    if loaded.damage is None:
+                        break
+        self.damage = loaded.damage
+        return loaded.manifest
+
+    def check(self) -> str | None:
+        """What `damage` would say after `load`, without parsing a file list that is vouched for.
+
+        For a search, which reads the file list from its index: when namespaces.json is intact
+        and records the sha256 that manifest.json has, this reads and hashes, nothing more.
+        """
+        stamps = self._stamps()
+        if stamps is not None and stamps == self._vouched:
+            return None
+        if self._rebuilt is None and stamps is not None \
+                and not (self._loaded and self._loaded.stamps == stamps):
+            try:
+                raw = _namespaces_of(self.namespaces_path.read_bytes(), self.namespaces_path)
+                recorded = raw.get("manifest_sha256")
+                if recorded is not None and recorded == _sha256(self.manifest_path.read_bytes()) \
+                        and self._stamps() == stamps:
+                    self._vouched = stamps
+                    return None
+            except (Damaged, OSError):
+                pass
+        self.load()
+        return self.damage
+
+    def _stamps(self) -> tuple[Stamp, Stamp] | None:
         try:
-            stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
-        except FileNotFoundError:
-            return Manifest()
-        if self._loaded and self._loaded.stamps == stamps:
-            return self._loaded.manifest
+            return _stamp(self.manifest_path), _stamp(self.namespaces_path)
+        except OSError:
+            return None
+
+    def _key(self) -> tuple[Stamp, Stamp] | tuple[bool, bool]:
+        """The two files' stamps; which of them exist when one cannot be stat'ed."""
+        stamps = self._stamps()
+        if stamps is not None:
+            return stamps
+        return os.path.lexists(self.manifest_path), os.path.lexists(self.namespaces_path)
+
+    def _load_once(self) -> _Loaded:
+        """The manifest as the two files hold it now, or the damage found; remembered."""
+        key = self._key()
+        if self._loaded and self._loaded.stamps == key:
+            return self._loaded
+        stamps = key if type(key[0]) is tuple else None
+        present = key if stamps is None else (True, True)
         try:
-            files = self._files_cache.files if self._files_cache and \
-                self._files_cache.stamp == stamps[0] else None
-            if files is None:
-                raw, lines = linejson.decode(self.manifest_path.read_text(encoding="utf-8"),
-                                             "files")
-                files = {k: CachedFile(*v) for k, v in raw["files"].items()}
+            if stamps is None:
+                if not any(present):
+                    self._loaded = _Loaded(key, Manifest())  # a cache no sync has written
+                    return self._loaded
+                if not all(present):
+                    missing = self.namespaces_path if present[0] else self.manifest_path
+                    raise Damaged(f"{missing} is missing")
+                raise Damaged(f"{self.meta} cannot be read")
+            raw = _namespaces_of(self.namespaces_path.read_bytes(), self.namespaces_path)
+            cached = self._files_cache
+            if cached is None or cached.stamp != stamps[0]:
+                data = self.manifest_path.read_bytes()
+                cached = _LoadedFiles(stamps[0], _sha256(data), {})
+            else:
+                data = None
+            recorded = raw.get("manifest_sha256")
+            if recorded is not None and recorded != cached.digest:
+                raise Damaged(f"{self.manifest_path} does not match the sha256 that "
+                              f"{self.namespaces_path.name} records for it (damaged or edited)")
+            if data is not None:
+                files, lines = _files_of(data, self.manifest_path,
+                                         None if recorded else raw["namespaces"])
                 self._lines = {k: (files[k], line) for k, (_, line) in lines.items()}
-                self._files_cache = _LoadedFiles(stamps[0], files)
-            raw = json.loads(self.namespaces_path.read_text(encoding="utf-8"))
+                cached = self._files_cache = cached._replace(files=files)
             manifest = Manifest(
                 namespaces={k: NamespaceInfo.from_row(v) for k, v in raw["namespaces"].items()},
-                files=files, last_sync=raw.get("last_sync"), server=raw.get("server", {}))
-        except (OSError, ValueError, KeyError, TypeError):
-            manifest = Manifest()
-        self._loaded = _Loaded(stamps, manifest)
-        return manifest
+                files=cached.files, last_sync=raw.get("last_sync"), server=raw.get("server", {}))
+            self._loaded = _Loaded(stamps, manifest)
+        except Damaged as exc:
+            self._loaded = _Loaded(key, Manifest(), str(exc))
+        except OSError as exc:
+            self._loaded = _Loaded(key, Manifest(),
+                                   f"{self.meta} cannot be read ({exc.strerror or exc})")
+        return self._loaded
+
+    def rebuild(self) -> Manifest:
+        """A file list rebuilt from the files themselves (each hashed), for a sync to repair.
+
+        A sync calls it when `damage` is set. No namespace is listed, so its pull asks for every
+        namespace whole: a file already at the server's sha256 is kept as it is, others are
+        written, and what the server does not have is removed. Links and paths the layout
+        refuses are left out, as a pull would never write them.
+        """
+        files: dict[str, CachedFile] = {}
+        root = str(self.root)
+        for top in (MACHINES_DIR, NOTES_DIR):
+            base = os.path.join(root, *top.split("/"))
+            try:
+                if not stat.S_ISDIR(os.lstat(base).st_mode):
+                    continue
+            except OSError:
+                continue
+            for folder, dirs, names in os.walk(base):
+                dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+                for name in names:
+                    full = os.path.join(folder, name)
+                    rel = os.path.relpath(full, root).replace(os.sep, "/")
+                    try:
+                        info = os.lstat(full)
+                        if not stat.S_ISREG(info.st_mode) or published_path_problems(rel):
+                            continue
+                        with open(full, "rb") as handle:
+                            sha = hashlib.file_digest(handle, "sha256").hexdigest()
+                    except OSError:
+                        continue
+                    files[rel] = CachedFile(sha, info.st_size, namespace_key(rel),
+                                            info.st_mtime_ns)
+        self._lines = {}
+        self._rebuilt = Manifest(files=dict(sorted(files.items())))
+        return self._rebuilt
 
     def file_path(self, relpath: str) -> Path:
         """The on-disk path of a published path, refused if it breaks the rules or escapes."""
@@ -160,18 +310,38 @@ class Cache:
         return target
 
     def tampered_namespaces(self) -> set[str]:
-        """Namespaces whose files no longer match the manifest by size, so they need a full pull."""
+        """Namespaces with a file that is not what the manifest says: the pull asks for them whole.
+
+        Each file is stat'ed, as before every pull. Only one whose size or modification time
+        differs from the manifest's (or is unknown: an older manifest) is hashed; if its
+        sha256 differs too (a killed sync's text, an edit by hand) or it is gone or not a
+        regular file, `damaged` names it, so the pull writes it again even at the sha256 the
+        manifest holds. One whose time alone moved is recorded anew by the next commit, so it
+        is hashed once.
+        """
         manifest = self.load()
         bad: set[str] = set()
+        damaged: set[str] = set()
+        verified: dict[str, CachedFile] = {}
         root = str(self.root) + os.sep
+        lstat, regular = os.lstat, stat.S_ISREG
         for path, meta in manifest.files.items():
-            if meta.namespace in bad:
-                continue
             try:
-                if os.stat(root + path).st_size != meta.size:
-                    bad.add(meta.namespace)
+                info = lstat(root + path)
             except OSError:
                 bad.add(meta.namespace)
+                damaged.add(path)
+                continue
+            if info.st_mtime_ns == meta.mtime_ns and info.st_size == meta.size \
+                    and regular(info.st_mode):
+                continue
+            if info.st_size == meta.size and regular(info.st_mode) \
+                    and _file_sha256(root + path) == meta.sha256:
+                verified[path] = meta._replace(mtime_ns=info.st_mtime_ns)
+                continue
+            bad.add(meta.namespace)
+            damaged.add(path)
+        self.damaged, self._verified = damaged, verified
         return bad
 
     def _encode(self, files: dict[str, CachedFile]) -> tuple[str, linejson.Old]:
@@ -286,6 +456,7 @@ class Cache:
                 gone.add(path)
         manifest = self.load()
         files = dict(manifest.files)
+        files.update((p, meta) for p, meta in self._verified.items() if p in files)
         items = intake.files
         sent = items.keys() | intake.kept
         if intake.full:
@@ -298,35 +469,78 @@ class Cache:
         folders = Folders(self.root)
         for path in items:
             folders.target(path, create=False, strict=True)  # refuse links before any write
-        moved = writer.move_namespaces(((p, sha) for p, (sha, _) in items.items()), folders)
-        written = len(moved)
-        for path, (sha, text) in items.items():
-            if path in moved:
-                files[path] = CachedFile(sha, moved[path], namespace_key(path))
-                continue
-            target = folders.target(path, create=True)
-            assert target is not None
-            size = writer.write(path, sha, text, target)
-            written += 1
-            files[path] = CachedFile(sha, size, namespace_key(path))
-        removed = 0
-        for path in sorted(gone - sent):
-            files.pop(path, None)
-            target = folders.target(path, create=False)
-            if target is None:
-                continue
-            try:
-                os.unlink(target)
-                removed += 1
-            except FileNotFoundError:
-                pass
-            self._prune_dirs(Path(target).parent)
-        new = Manifest(namespaces=listed, files=files, last_sync=utc_now(),
-                       server=server or manifest.server)
-        self._write_manifest(new, files_changed=bool(written or removed)
-                             or files != manifest.files)
+        base = folders.root + os.sep
+        where = str(self.root)  # what is being written, for the message should it fail
+        written = removed = 0
+        try:
+            moved = writer.move_namespaces(((p, sha) for p, (sha, _) in items.items()), folders)
+            for path in moved:
+                where = base + path
+                files[path] = _entry(items[path][0], path, os.stat(where))
+            written = len(moved)
+            for path, (sha, text) in items.items():
+                if path in moved:
+                    continue
+                target = folders.target(path, create=True)
+                assert target is not None
+                where = target
+                writer.write(path, sha, text, target)
+                written += 1
+                files[path] = _entry(sha, path, os.stat(target))
+            for path in sorted(gone - sent):
+                files.pop(path, None)
+                target = folders.target(path, create=False)
+                if target is None:
+                    continue
+                try:
+                    os.unlink(target)
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+                self._prune_dirs(Path(target).parent)
+            new = Manifest(namespaces=listed, files=files, last_sync=utc_now(),
+                           server=server or manifest.server)
+            where = str(self.manifest_path)
+            self._write_manifest(new, files_changed=bool(written or removed)
+                                 or files != manifest.files)
+        except OSError as exc:
+            self._abandon(manifest, files, writer)
+            raise CacheError(f"{write_failure(where, exc)}; {_KEPT}") from None
+        except SharedMemoryError:
+            self._abandon(manifest, files, writer)
+            raise
+        self.damaged, self._verified = set(), {}
         return {"written": written, "removed": removed, "files": len(files),
                 "skipped": intake.skipped, "skipped_total": intake.skipped_total}
+
+    def _abandon(self, manifest: Manifest, files: dict[str, CachedFile],
+                 writer: FileWriter) -> None:
+        """After a commit failed: leave the cache as its manifest says, freeing what it can.
+
+        The staged files go first (they take room on the same disk), then every file this
+        commit created where the manifest named none. A file it replaced keeps its new text
+        and is recorded so; every namespace keeps its generation from before, so the next pull
+        sends again all this one did not finish. When nothing stayed changed the manifest is
+        not written at all: the cache is exactly as it was. If it cannot be written (the disk
+        is still full), the old one stays and the next sync finds the replaced files by their
+        times and writes them again.
+        """
+        writer.discard()
+        before = manifest.files
+        base = str(self.root.resolve()) + os.sep
+        for path in [p for p in files if p not in before]:
+            del files[path]
+            target = base + path
+            try:
+                os.unlink(target)
+            except OSError:
+                continue
+            self._prune_dirs(Path(target).parent)
+        if files == before:
+            return
+        with contextlib.suppress(OSError):
+            self._write_manifest(Manifest(manifest.namespaces, files, manifest.last_sync,
+                                          manifest.server))
 
     def _prune_dirs(self, folder: Path) -> None:
         root = self.root.resolve()
@@ -340,24 +554,31 @@ class Cache:
     def _write_manifest(self, manifest: Manifest, *, files_changed: bool = True) -> None:
         """Files first, then the namespaces file, whose presence marks a complete cache.
 
-        Not fsynced: the cache is a copy of the server, and a manifest damaged by a power loss
-        reads as empty, so the next sync pulls everything again.
+        namespaces.json records the sha256 of manifest.json and ends with its own, so `load`
+        tells a damaged one from this cache's writing. Not fsynced: the cache is a copy of the
+        server, and a manifest a power loss damaged reads as damaged, so the next sync rebuilds
+        it and pulls everything whole.
         """
-        if files_changed or not self.manifest_path.is_file():
+        known = self._files_cache
+        if files_changed or self._rebuilt is not None or known is None \
+                or known.stamp != _stamp(self.manifest_path):
             text, self._lines = self._encode(manifest.files)
-            atomic_write(self.manifest_path, text.encode("utf-8"), durable=False)
+            data = text.encode("utf-8")
             self._files_cache = None  # a rewrite within one mtime tick must not look unchanged
-        raw = {
-            "version": MANIFEST_VERSION,
-            "last_sync": manifest.last_sync,
-            "server": manifest.server,
-            "namespaces": {k: v.to_row() for k, v in sorted(manifest.namespaces.items())},
-        }
+            atomic_write(self.manifest_path, data, durable=False)
+            digest = _sha256(data)
+        else:
+            digest = known.digest
+        rows = {k: v.to_row() for k, v in sorted(manifest.namespaces.items())}
+        raw = {"version": MANIFEST_VERSION, "last_sync": manifest.last_sync,
+               "server": manifest.server, "namespaces": rows, "manifest_sha256": digest,
+               "check": _check(rows, digest)}
         # ASCII, escapes and all: the server's names and times may hold a lone surrogate.
         atomic_write(self.namespaces_path, json.dumps(raw).encode("utf-8"), durable=False)
         stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
-        self._files_cache = _LoadedFiles(stamps[0], manifest.files)  # just written: no re-read
+        self._files_cache = _LoadedFiles(stamps[0], digest, manifest.files)  # no re-read
         self._loaded = _Loaded(stamps, manifest)
+        self._rebuilt, self.damage = None, None
 
 
 def _intact(target: str, size: int | None) -> bool:
@@ -370,6 +591,15 @@ def _intact(target: str, size: int | None) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)
+
+
+def _entry(sha: str, path: str, info: os.stat_result) -> CachedFile:
+    """The manifest entry of a file just written: its size and time as the disk has them."""
+    return CachedFile(sha, info.st_size, namespace_key(path), info.st_mtime_ns)
+
+
+_KEPT = ("the cache was left as its manifest describes it (what this sync had not finished is "
+         "pulled again by the next one)")
 
 
 class Intake:
@@ -386,6 +616,7 @@ class Intake:
         self.root = str(cache.root) + os.sep
         self.writer = writer
         self.cached = cache.load().files
+        self.damaged = cache.damaged  # not as the manifest says: written again (see _intact)
         self.full = full
         self.full_namespaces = full_namespaces
         self.file_bytes = file_bytes
@@ -448,8 +679,11 @@ class Intake:
     def _intact(self, path: str, old: CachedFile) -> bool:
         """Whether the cache holds `old` intact, so a pull of the same sha256 writes nothing.
 
-        In a namespace pulled whole, the size is checked too: that is how a damaged file heals.
+        A file the sync found damaged (`Cache.tampered_namespaces`) is not; in a namespace pulled
+        whole, the size is checked too.
         """
+        if path in self.damaged:
+            return False
         full = self.full or old.namespace in self.full_namespaces
         return _intact(self.root + path, old.size if full else None)
 
@@ -475,3 +709,81 @@ class Intake:
 def _cut(text: str, limit: int) -> str:
     """A peer's text kept short enough for a report: a path may be megabytes long."""
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def _file_sha256(path: str) -> str | None:
+    """The sha256 of a cached file's bytes; None when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def _namespaces_of(data: bytes, path: Path) -> dict[str, Any]:
+    """namespaces.json's object, checked: its sha256 (when written with one), each value's kind.
+
+    The sha256 (`check`) covers what a pull and the tools rely on: the namespaces and the
+    sha256 of manifest.json. The time of the last sync and the server's name only inform, so
+    they are left out (and may be edited). An older version wrote no sha256s; its file is read
+    with the kinds checked, and the next sync writes both.
+    """
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        raise Damaged(f"{path} is not JSON ({exc})") from None
+    if type(raw) is not dict:
+        raise Damaged(f"{path} is not a JSON object")
+    rows, digest = raw.get("namespaces"), raw.get("manifest_sha256")
+    if type(rows) is not dict or not all(type(v) is dict and _row_ok(k, v)
+                                         for k, v in rows.items()) \
+            or not (raw.get("last_sync") is None or type(raw["last_sync"]) is str) \
+            or type(raw.get("server", {})) is not dict \
+            or not (digest is None or type(digest) is str and len(digest) == 64):
+        raise Damaged(f"{path} holds a value of the wrong kind")
+    if ("check" in raw or digest is not None or raw.get("version", 1) != 1) \
+            and raw.get("check") != _check(rows, digest):
+        raise Damaged(f"{path} does not match the sha256 written in it")
+    return raw
+
+
+def _check(rows: dict[str, Any], digest: str | None) -> str:
+    """The sha256 namespaces.json carries of its namespaces and of manifest.json's sha256."""
+    return _sha256(json.dumps([rows, digest]).encode("utf-8"))
+
+
+def _row_ok(key: str, row: dict[str, Any]) -> bool:
+    """Whether one namespace entry of namespaces.json has each field of its kind."""
+    generation = row.get("generation", 0)
+    return (row.get("key") == key and type(row.get("source")) is str
+            and type(row.get("kind")) is str and type(generation) is int and generation >= 0
+            and (row.get("machine") is None or type(row["machine"]) is str)
+            and (row.get("synced_at") is None or type(row["synced_at"]) is str))
+
+
+def _files_of(data: bytes, path: Path, listed: Container[str] | None
+              ) -> tuple[dict[str, CachedFile], linejson.Old]:
+    """manifest.json's file list and its lines; with `listed`, every entry is checked too.
+
+    A manifest that namespaces.json vouches for by sha256 is this cache's own writing, so its
+    10,000 entries are not checked one by one; an older one is, once (the path rule, the
+    namespace listed, each value's kind).
+    """
+    try:
+        raw, lines = linejson.decode(data.decode("utf-8"), "files")
+        files = {k: CachedFile(*v) for k, v in raw["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise Damaged(f"{path} is not a file list ({exc})") from None
+    if listed is not None:
+        for relpath, meta in files.items():
+            sha, size, namespace, mtime = meta
+            if not (type(sha) is str and len(sha) == 64 and type(size) is int and size >= 0
+                    and type(namespace) is str and (mtime is None or type(mtime) is int)):
+                raise Damaged(f"{path}: the entry of {relpath!r} is not [sha256, size, "
+                              "namespace, mtime]")
+            if namespace not in listed or published_path_problems(relpath) \
+                    or namespace_key(relpath) != namespace:
+                raise Damaged(f"{path}: {relpath!r} is not a path of a listed namespace")
+        if not _HEX.fullmatch("".join(meta.sha256 for meta in files.values())):
+            raise Damaged(f"{path}: a sha256 is not lower-case hexadecimal")
+    return files, lines

@@ -22,6 +22,7 @@ the cache still changes only once the whole answer has come and been checked.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import subprocess
@@ -33,6 +34,26 @@ from queue import SimpleQueue
 STAGING_DIR = "staging"
 BATCH_BYTES = 1 << 20  # texts go to the helper in batches: one GIL hand-off per batch
 MIN_FILES = 256  # below this, starting a helper costs more than apply's own writes
+FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}  # no room: the disk or a quota
+TOO_LARGE = {errno.EFBIG}  # past a file size limit (the file system's, or `ulimit -f`)
+
+
+def write_failure(path: str, exc: OSError) -> str:
+    """What went wrong writing `path` and what to do, alike for a full disk, quota or size limit.
+
+    The cache and its staging folder share a disk, so the fix is the same for each: the
+    staging, the cache's commit (cache.py) and the sync's own records (sync.py) say it so.
+    """
+    reason = exc.strerror or str(exc)
+    if exc.errno in FULL:
+        return (f"no space left on device writing {path} ({reason}): free space on that disk "
+                "(`df -h` shows it), then sync again")
+    if exc.errno in TOO_LARGE:
+        return (f"file too large writing {path} ({reason}): that disk, or this process's file "
+                "size limit (`ulimit -f`), allows no more; free space or raise the limit, then "
+                "sync again")
+    return (f"cannot write {path} ({reason}): check that folder's permissions and free space, "
+            "then sync again")
 
 
 class Staging:
@@ -146,15 +167,16 @@ class Staging:
             fd = os.open(self.folder / name,
                          os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
             try:
-                if os.write(fd, data) != len(data):
-                    raise OSError("short write")
+                view = memoryview(data)
+                while view:  # a short write goes on, so a full disk says ENOSPC
+                    view = view[os.write(fd, view):]
             finally:
                 os.close(fd)
         except OSError as exc:
+            self.discard()  # its room is needed, and this sync ends here
             from sharedmem.core import CacheError  # not at the top: the helper runs as a script
-            raise CacheError(f"cannot stage {path!r} in {self.folder} ({exc}): free some disk "
-                             "space or fix the folder's permissions, then sync again; the cache "
-                             "was left as it was") from None
+            raise CacheError(f"{write_failure(str(self.folder / name), exc)}; the cache was "
+                             f"left as it was ({path!r} was being staged)") from None
         self.numbers[key] = number
         self.sizes.append(len(data))
         self.names.append(name)

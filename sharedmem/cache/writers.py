@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 Pulled = Iterable[tuple[str, str]]  # (cache path, sha256) of each file to write
 
-
 class FileWriter:
     """Writes each file atomically (a temporary file, then a rename); vouches for nothing.
 
@@ -41,6 +40,10 @@ class FileWriter:
     def take(self, path: str, sha: str, data: bytes) -> None:
         """Keep a checked text the server sent (UTF-8) until the commit writes it."""
         self.taken[(path, sha)] = data
+
+    def discard(self) -> None:
+        """Drop what was taken and not written: a commit failed and is undone."""
+        self.taken.clear()
 
     def move_namespaces(self, pulled: Pulled, folders: Folders) -> dict[str, int]:
         """Move in whole the namespaces staged just as pulled: path -> size of each file moved."""
@@ -81,6 +84,11 @@ class PreStagedWriter(FileWriter):
             super().take(path, sha, data)
         else:
             self.staging.put(path, sha, data)
+
+    def discard(self) -> None:
+        """Drop the texts held and every staged file, so a failed commit frees their room."""
+        super().discard()
+        self.staging.discard()
 
     def move_namespaces(self, pulled: Pulled, folders: Folders) -> dict[str, int]:
         """Move in whole each namespace new to the cache that was staged just as pulled.

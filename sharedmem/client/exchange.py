@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sharedmem.cache.cache import Cache, CachedFile, Intake, NamespaceInfo
+from sharedmem.cache.cache import NOTES_NAMESPACE, Cache, CachedFile, Intake, NamespaceInfo
 from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client.config import ClientConfig
@@ -77,14 +77,23 @@ class Exchange:
         self.build_index = False  # build a missing search index in this run (see `apply`)
 
     def read_cache(self) -> None:
-        """Take the server generation of each cached namespace; 0 where it was tampered with.
+        """Take the server generation of each cached namespace; 0 where a file is not as recorded.
 
-        A metadata folder that is a link is refused first, before anything is written there.
+        A metadata folder that is a link is refused first, before anything is written there. A
+        manifest that is damaged (`Cache.damage`) is rebuilt from the files, listing no
+        namespace, so the pull sends every one whole: the cache is a copy of the server.
         """
         self.cache.check_meta()
         manifest = self.cache.load()
+        if self.cache.damage is not None:
+            self.progress(f"cache: {self.cache.damage}; rebuilding its records from the files "
+                          "and pulling everything")
+            manifest = self.cache.rebuild()
         self.cached = manifest.files
         stale = self.cache.tampered_namespaces()
+        if self.cache.damaged:
+            self.progress(f"cache: {len(self.cache.damaged)} files not as last written "
+                          "(edited, or left by a killed sync): pulling them again")
         self.known = {k: (0 if k in stale else ns.generation)
                       for k, ns in manifest.namespaces.items()}
 
@@ -180,8 +189,10 @@ class Exchange:
         namespaces = {ns.key: NamespaceInfo.listed(ns)
                       for ns in NamespaceList.from_rows(rows).every()}
         skipped_own = set(skipped) & self.whole.keys()  # only those asked for
+        # A rebuilt file list asked for every note: one the server does not send goes.
+        notes = {NOTES_NAMESPACE} if self.cache.rebuilt else set()
         intake = self.cache.intake(writer, full=conn.version == 1,
-                                   full_namespaces=set(full) | skipped_own,
+                                   full_namespaces=set(full) | skipped_own | notes,
                                    file_bytes=self.config.limits.file_bytes)
         intake.add_own(self.offer.files(skipped_own))
         texts = self.offer.texts
@@ -224,12 +235,18 @@ class Exchange:
         """
         from sharedmem.cache import search
         mark = search.index_mark(self.cache)
+        damaged, rebuilt = self.cache.damaged, self.cache.rebuilt
         outcome = self.cache.commit(pulled.intake, pulled.removed, pulled.namespaces,
                                     server=pulled.server)
+        if damaged or rebuilt:
+            outcome["repaired"] = {"files": len(damaged), "records": rebuilt}
         if mark is None and not self.build_index:
             return outcome
         before, after = self.cached, self.cache.load().files
-        written = [path for path, meta in after.items() if before.get(path) != meta]
+        changed = [path for path, meta in after.items() if before.get(path) != meta]
+        # A time re-recorded is no change of text; a file rewritten at its sha256 is re-read.
+        written = [path for path in changed if (old := before.get(path)) is None
+                   or old[:3] != after[path][:3]] + sorted(damaged & after.keys())
         removed = before.keys() - after.keys()
         if written or removed or mark is None:
             self.progress(f"search index: updating for {len(written) + len(removed)} files")

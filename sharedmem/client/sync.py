@@ -8,6 +8,7 @@ rest goes in order: publish, notes, pull, apply, save the states.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sharedmem import __version__, linejson
+from sharedmem.cache.staged_files import write_failure
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client import source_state
 from sharedmem.client.config import ClientConfig, SourceConfig
@@ -23,7 +25,7 @@ from sharedmem.client.lock import sync_lock
 from sharedmem.client.send_ahead import Ahead
 from sharedmem.client.transport import Connection
 from sharedmem.clock import utc_now
-from sharedmem.core import SharedMemoryError
+from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import atomic_write
 from sharedmem.hashing import digest_of
 from sharedmem.protocol import VERSIONS, PeerError, chunks, encode
@@ -118,8 +120,9 @@ class Sync:
                                     "failed": EXIT_FAILED}[self.report["status"]]
         self.report["seconds"] = round(time.monotonic() - started, 3)
         self.report["finished_at"] = utc_now()
-        _write_json(self.config.state / "last-sync.json", {
-            k: self.report.get(k) for k in ("status", "error", "finished_at", "exit_code")})
+        with contextlib.suppress(OSError):  # a full disk: the report still says what happened
+            _write_json(self.config.state / "last-sync.json", {
+                k: self.report.get(k) for k in ("status", "error", "finished_at", "exit_code")})
         return self.report
 
     def _prepare(self, ahead: Ahead) -> None:
@@ -220,7 +223,11 @@ class Sync:
                     and all(e.text is None for e in files)):
                 continue  # every file reused from the saved record, and as many: unchanged
             text = _state(prepared, acked).encode(prepared.lines)
-            atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600, durable=False)
+            try:
+                atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600,
+                             durable=False)
+            except OSError as exc:  # the next sync reads the source afresh: nothing is lost
+                raise CacheError(write_failure(str(prepared.state_file), exc)) from None
 
     def _publish_v1(self, conn: Connection, spec: sources.SourceSpec,
                     snap: sources.Snapshot) -> dict[str, Any]:

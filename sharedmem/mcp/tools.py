@@ -15,9 +15,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sharedmem.cache.cache import Cache
+from sharedmem.cache.cache import Cache, Manifest
 from sharedmem.cache.layout import CacheFiles
-from sharedmem.core import LimitError, PathRuleError, ProtocolError
+from sharedmem.core import CacheError, LimitError, PathRuleError, ProtocolError
 from sharedmem.rules import path_problems
 
 Submit = Callable[[str, str], dict[str, Any]]
@@ -59,6 +59,21 @@ def _number(value: int | None, name: str, default: int, low: int, high: int) -> 
     if not low <= value <= high:
         raise LimitError(f"{name} must be between {low} and {high}, not {value}")
     return value
+
+
+REPAIRING = ("the cache is being repaired: run `shared_memory.py sync` (or wait for the next "
+             "scheduled sync)")
+
+
+def _intact(cache: Cache) -> Manifest:
+    """The cache's manifest; a damaged one is refused, so no tool answers from it wrongly.
+
+    The next sync rebuilds it from the files and the server (Cache.damage).
+    """
+    manifest = cache.load()
+    if cache.damage is not None:
+        raise CacheError(f"{REPAIRING}; {cache.damage}")
+    return manifest
 
 
 def _folder(disk: CacheFiles, path: str | None) -> str:
@@ -104,7 +119,7 @@ def _list(cache: Cache, disk: CacheFiles, folder: str, cursor: str | None,
     from sharedmem.cache.search import provenance
     limit = _number(max_results, "max_results", LIST_DEFAULT, 1, LIST_MAX)
     offset = _decode_cursor(cursor, _fingerprint("list", folder))["o"] if cursor else 0
-    manifest = cache.load()
+    manifest = _intact(cache)
     prefix = folder + "/" if folder else ""
     files: dict[str, str] = {}
     folders: dict[str, list[int]] = {}
@@ -164,6 +179,7 @@ def read_file(cache: Cache, path: str, line_offset: int | None = None,
     start = _number(line_offset, "line_offset", 1, 1, 2**31)
     count = _number(max_lines, "max_lines", READ_DEFAULT, 1, READ_MAX)
     skip = _number(char_offset, "char_offset", 0, 0, 2**31)
+    manifest = _intact(cache)
     text = _read_cached(cache, path).decode("utf-8", "replace")
     lines = text.split("\n")
     if text.endswith("\n"):
@@ -185,7 +201,7 @@ def read_file(cache: Cache, path: str, line_offset: int | None = None,
             "next_offset": end + 1 if more else None,
             "next_char_offset": None if cut is None else skip + cut,
             "capped": cut is not None or (more and len(window) < count),
-            **provenance(cache.load(), path)}
+            **provenance(manifest, path)}
 
 
 def cached_bytes(cache: Cache, path: str) -> bytes:
@@ -287,6 +303,9 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
     if after is not None and not isinstance(after, list):
         raise ProtocolError("cursor is damaged: omit it to start the search again")
     budget = RESULT_MAX_BYTES - sum(map(_size, query.queries))
+    damage = cache.check()  # the search reads the file list from its index when it can
+    if damage is not None:
+        raise CacheError(f"{REPAIRING}; {damage}")
     results, last = searcher(cache).search(query, after, limit, budget)
     return {"queries": query.queries, "match_mode": mode, "path": folder, "results": results,
             "next_cursor": _encode_cursor({"f": fingerprint, "k": last}) if last else None,
