@@ -83,7 +83,7 @@ def full_error(path: Path, exc: BaseException, what: str = "") -> DiskFull:
     """The error for a write at `path` that found its disk full, saying what to free."""
     said = exc.strerror if isinstance(exc, OSError) else str(exc)
     return DiskFull(f"{what or f'store {path}'}: the disk holding {path} is full "
-                    f"({free_bytes(path)} bytes free; {said}), so nothing of this step was "
+                    f"({_amount(free_bytes(path))} free; {said}), so nothing of this step was "
                     f"written and the store is as it was before it. Disk full: free space on "
                     f"the server's disk holding {path}, then try again")
 
@@ -675,6 +675,17 @@ def _utc(seconds: int) -> str:
 def _lenient(data: bytes) -> str:
     """SQLite text as a string even where a damaged file holds bytes that are not UTF-8."""
     return data.decode("utf-8", "replace")
+
+
+def _amount(size: int) -> str:
+    """A number of bytes as people read it: 0 bytes, 12 KiB, 3.5 MiB, 80.2 GiB."""
+    if size < 1 << 10:
+        return f"{size} bytes"
+    if size < 1 << 20:
+        return f"{size >> 10} KiB"
+    if size < 1 << 30:
+        return f"{size / (1 << 20):.1f} MiB"
+    return f"{size / (1 << 30):.1f} GiB"
 
 
 def _wal(conn: sqlite3.Connection) -> None:
