@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from sharedmem.core import ProtocolError
 from sharedmem.rules import MIB
@@ -38,17 +38,23 @@ ERROR_CODES = {
     "ahead-full": "bodies sent ahead of their manifest exceed the server's hello.ahead_bytes",
     "too-many-files": "a manifest or publish lists more files than the server's namespace quota",
     "store": "the server's store refused or failed the operation",
+    "disk-full": "the disk holding the server's store is full; nothing of the step was stored",
     "note": "a note was refused",
     "not-found": "the store holds no such file or version (history, show); the session goes on",
 }
 
 
 class PeerError(ProtocolError):
-    """The peer sent an error message; `code` is one of ERROR_CODES."""
+    """An error of the exchange; `code` is one of ERROR_CODES.
 
-    def __init__(self, code: str, message: str) -> None:
+    `remote` is True when the peer sent it (an `error` message), False when this side found
+    the peer's message at fault.
+    """
+
+    def __init__(self, code: str, message: str, *, remote: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.remote = remote
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -77,12 +83,13 @@ def printable(text: str) -> str:
 def json_values(line: bytes) -> int:
     """How many values a line of JSON holds, at most: the `[`, `{`, `,` and `:` outside strings.
 
-    Every value but the outermost follows one of them. Counting them in the whole line is a few
-    passes at memory speed; only a line where strings hold many of them (a body of JSON or CSV
-    text) is walked string by string, to leave out those inside long strings, and a walk stops
-    once the strings alone are too many (each is a value). Nothing is copied.
+    Every value but the outermost follows one of them. Counting them in the whole line is one
+    pass at memory speed (a copy of the line without them, twice as fast as a count of each,
+    and gone before the line is decoded, which costs as much); only a line where strings hold
+    many of them (a body of JSON or CSV text) is walked string by string, to leave out those
+    inside long strings, and a walk stops once the strings alone are too many (each is a value).
     """
-    rough = sum(line.count(c) for c in _STRUCTURE)
+    rough = len(line) - len(line.translate(None, b"".join(_STRUCTURE)))
     if rough <= MAX_LINE_VALUES:
         return rough
     inside = 0
@@ -124,6 +131,24 @@ def encode_bodies(bodies: list[tuple[str, bytes]]) -> bytes:
         parts += (b'["', json_text(sha.encode("utf-8")), b'","', json_text(data), b'"],')
     if bodies:
         parts[-1] = b'"]'
+    parts.append(b"]}\n")
+    return b"".join(parts)
+
+
+def encode_files(files: list[tuple[str, str, bytes | None]]) -> bytes:
+    """A `files` message of (path, sha256, text in UTF-8 or None), built from the bytes as they are.
+
+    The same line `encode` makes of the texts, at a fraction of the cost, and without a
+    string copy of each text: a pull sends hundreds of megabytes this way.
+    """
+    parts = [b'{"type":"files","files":[']
+    for path, sha, data in files:
+        parts += (b'["', json_text(path.encode("utf-8")), b'","', json_text(sha.encode("utf-8")),
+                  b'",null],' if data is None else b'","')
+        if data is not None:
+            parts += (json_text(data), b'"],')
+    if files:
+        parts[-1] = parts[-1][:-1]
     parts.append(b"]}\n")
     return b"".join(parts)
 
@@ -180,7 +205,8 @@ class Channel:
             raise PeerError("bad-json", f"the {self.peer} sent a message that is not a JSON "
                             "object with a string 'type'")
         if message["type"] == "error":
-            raise PeerError(str(message.get("code", "error")), str(message.get("message", "")))
+            raise PeerError(str(message.get("code", "error")), str(message.get("message", "")),
+                            remote=True)
         return message
 
     def expect(self, *types: str) -> dict[str, Any]:
@@ -220,8 +246,11 @@ def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...],
     return value
 
 
-def chunks(items: list[Any], size_of: Any) -> Iterator[list[Any]]:
-    """Split items into lists of at most CHUNK_BYTES (by `size_of`), so no line is too long."""
+def chunks(items: Iterable[Any], size_of: Any) -> Iterator[list[Any]]:
+    """Split items into lists of at most CHUNK_BYTES (by `size_of`), so no line is too long.
+
+    Items are taken as the lists go out, so a stream (a store's cursor) is never held whole.
+    """
     batch: list[Any] = []
     total = 0
     for item in items:

@@ -587,3 +587,23 @@ def test_counts_list_previous_versions_from_schema_3_on(tmp_path: Path) -> None:
         ingest(st, "m1", "notes", "markdown", files({"a.md": "one"}))
         ingest(st, "m1", "notes", "markdown", files({"a.md": "two"}))
         assert st.counts() == {"namespaces": 1, "files": 1, "blobs": 2, "notes": 0, "versions": 1}
+
+
+def test_a_commit_looks_its_bodies_up_again_once_its_session_was_taken_for_dead(
+        tmp_path: Path) -> None:
+    # A commit trusts the bodies its session stored while the session's claims stand; once
+    # another process took it for dead (its claims, and a body, went) and it claimed anew under
+    # a new row, the body gone is refused as missing-body, not written as a broken reference.
+    path = tmp_path / "store.sqlite3"
+    first, later = "stored first", "stored after the session was taken for dead"
+    with Store.open(path) as live, Store.open(path) as other:
+        live.put_blobs([body(first)])
+        with other.transaction() as conn:
+            conn.execute("DELETE FROM sessions")  # its claims go with it
+            conn.execute("DELETE FROM blobs WHERE sha256=?", (sha256_text(first),))
+        live.put_blobs([body(later)])
+        report = ingest(live, "m1", "notes", "markdown", [
+            IncomingFile(p, sha256_text(t), len(t), 0, None, {})
+            for p, t in (("a.md", first), ("b.md", later))])
+        assert [(r["path"], r["reason"]) for r in report.refused] == [("a.md", "missing-body")]
+        assert exported(live) == {"machines/m1/notes/b.md": later} and live.verify() == []

@@ -180,3 +180,65 @@ def test_missing_ssh_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(TransportError, match="cannot start 'ssh' to reach ssh me@srv") as exc:
         Connection(ssh_config(tmp_path))
     assert "install OpenSSH" in str(exc.value)
+
+
+def answering_ssh(folder: Path, code: str, message: str, *, read_first: bool) -> Path:
+    """A stand-in `ssh` whose server end answers the hello, then an error, and exits.
+
+    With `read_first` it reads one more message before it answers; without, it answers and
+    exits at once, so what the client writes next finds the pipe closed.
+    """
+    folder.mkdir()
+    script = folder / "ssh"
+    script.write_text(
+        f"#!{sys.executable}\nimport json, sys\nsys.stdin.readline()\n"
+        "print(json.dumps({'type': 'hello', 'versions': [1, 2], 'version': 2}), flush=True)\n"
+        + ("sys.stdin.readline()\n" if read_first else "")
+        + f"print(json.dumps({{'type': 'error', 'code': {code!r}, 'message': {message!r}}}), "
+        "flush=True)\nsys.stderr.write('serve: ' + " + repr(message) + " + '\\n')\nsys.exit(1)\n")
+    script.chmod(0o755)
+    return folder
+
+
+FULL = ("store /srv/store.sqlite3: the disk holding /srv/store.sqlite3 is full (0 bytes free; "
+        "database or disk is full), so nothing of this step was written and the store is as it "
+        "was before it. Disk full: free space on the server's disk holding /srv/store.sqlite3, "
+        "then try again")
+
+
+@pytest.mark.parametrize(("code", "message"), [
+    ("disk-full", FULL),
+    ("store", "the store /srv/store.sqlite3 failed: database or disk is full"),  # older servers
+])
+def test_a_full_disk_on_the_server_is_said_with_the_server_and_the_fix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str, message: str) -> None:
+    bin_dir = answering_ssh(tmp_path / "bin", code, message, read_first=True)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with Connection(ssh_config(tmp_path)) as conn:
+        conn.hello()
+        conn.channel.send({"type": "note", "note_id": "n" * 8, "filename": "x.md", "text": "x"})
+        with pytest.raises(PeerError) as exc:
+            conn.channel.expect("note_result")
+    said = str(exc.value)
+    assert exc.value.code == code and "\n" not in said
+    assert said.startswith("the server's disk is full (ssh me@srv), so the server stored nothing "
+                           "more, and this machine's cache and the notes waiting to go are as "
+                           "they were. The server says: ")
+    assert said.endswith(message)
+
+
+def test_an_error_a_server_end_left_before_it_stopped_reading_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A server whose disk fills while bodies come answers and ends; the client, still writing,
+    # finds the pipe closed: the answer waiting behind it says why, not "closed the connection".
+    bin_dir = answering_ssh(tmp_path / "bin", "disk-full", FULL, read_first=False)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with Connection(ssh_config(tmp_path)) as conn:
+        conn.hello()
+        conn.process.wait(timeout=30)
+        with pytest.raises(PeerError) as exc:
+            for _ in range(64):  # past any pipe buffer
+                conn.channel.send_line(b'{"type":"bodies","bodies":[["' + b"a" * 64 + b'","'
+                                       + b"x" * (1 << 20) + b'"]]}\n')
+    assert exc.value.code == "disk-full" and str(exc.value).endswith(FULL)
+    assert "the server's disk is full (ssh me@srv)" in str(exc.value)

@@ -17,7 +17,9 @@ from sharedmem.client.config import ClientConfig, Transport
 from sharedmem.client.early_ssh import spawn, ssh_argv, take
 from sharedmem.core import ProtocolError, TransportError
 from sharedmem.program import LAUNCHER, SERVE_PYTHON_FLAGS
-from sharedmem.protocol import VERSIONS, Channel, PeerError
+from sharedmem.protocol import VERSIONS, Channel, PeerError, printable
+
+LEFT_MESSAGES = 64  # what a server end that went away may have said first, read for its error
 
 
 def ssh_command(transport: Transport) -> list[str]:
@@ -75,7 +77,8 @@ class Connection:
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.channel = Channel(self.process.stdout, self.process.stdin, "server")
+        self.channel: Channel = _ServerChannel(self, self.process.stdout, self.process.stdin)
+        self._gone: ProtocolError | None = None
         self.version = 0
         self.server: dict[str, Any] = {}
         self.early: dict[str, Any] | None = None  # the server's hello, once it has come
@@ -125,6 +128,8 @@ class Connection:
             self.channel.send({"type": "hello", "versions": self.versions,
                                "client": f"sharedmem/{__version__}",
                                "machine": self.config.machine})
+        except PeerError:
+            raise
         except ProtocolError:
             raise self.failure() from None
 
@@ -165,6 +170,44 @@ class Connection:
             f"the server ({self.where}) sent a malformed {kind} message: {detail}. The cache "
             "was left as it was; run the same sharedmem release on the server as here, or find "
             "out what answers in its place")
+
+    def explain(self, exc: PeerError) -> PeerError:
+        """The server's `error` reply as this side says it: a full disk names the server and the fix.
+
+        Other errors are the server's own words. `store` with SQLite's "disk is full" is how a
+        server from before `disk-full` says it.
+        """
+        said = " ".join(printable(str(exc)).split())  # one line, whatever the server sent
+        if exc.code != "disk-full" and not (exc.code == "store" and "disk is full" in said):
+            return exc
+        if len(said) > 1000:
+            said = said[:1000] + "..."
+        return PeerError(exc.code, f"the server's disk is full ({self.where}), so the server "
+                         "stored nothing more, and this machine's cache and the notes waiting to "
+                         f"go are as they were. The server says: {said}", remote=True)
+
+    def gone(self) -> ProtocolError:
+        """Why the server end stopped reading while this side wrote: its `error`, if it sent one.
+
+        A server that fails (a full disk, say) answers an error and ends while the client may
+        still be sending (bodies ahead): that write finds the pipe closed, and the answer waits
+        unread behind it. Once the server end has exited, what it wrote is read for it.
+        """
+        if self._gone is None:
+            reason = self.failure()  # the process is gone, or stopped: its stdout ends
+            self._gone = self._left_error() or ProtocolError(str(reason))
+        return self._gone
+
+    def _left_error(self) -> PeerError | None:
+        try:
+            for _ in range(LEFT_MESSAGES):
+                if self.channel.receive() is None:
+                    return None
+        except PeerError as exc:
+            return exc if exc.remote else None
+        except (ProtocolError, OSError, ValueError):
+            return None
+        return None
 
     def failure(self) -> TransportError:
         """Why the server end went away, as an error with a fix."""
@@ -214,3 +257,25 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _ServerChannel(Channel):
+    """The channel to the server end, whose `error` replies and going away `Connection` explains."""
+
+    def __init__(self, conn: Connection, reader: Any, writer: Any) -> None:
+        super().__init__(reader, writer, "server")
+        self.conn = conn
+
+    def receive(self) -> dict[str, Any] | None:
+        try:
+            return super().receive()
+        except PeerError as exc:
+            if not exc.remote:
+                raise
+            raise self.conn.explain(exc) from None
+
+    def send_line(self, data: bytes) -> None:
+        try:
+            super().send_line(data)
+        except ProtocolError:
+            raise self.conn.gone() from None

@@ -20,7 +20,7 @@ from sharedmem.clock import utc_now
 from sharedmem.core import BackupError
 from sharedmem.rules import name_problem
 from sharedmem.server import catalog
-from sharedmem.server.store import BUSY_TIMEOUT_MS, Store
+from sharedmem.server.store import BUSY_TIMEOUT_MS, DiskFull, Store, disk_full, full_error
 
 IN_USE_TIMEOUT = 0.2
 _MARKS = ("schema_version", "generation", "note_seq")
@@ -37,15 +37,29 @@ def create(store: Path, *, dest: Path | None = None, protect: bool = False,
         raise BackupError(f"store {store} does not exist: pass the right --store")
     folder = Path(dest) if dest is not None else catalog.backups_folder(store)
     created = utc_now()
-    tmp = _temp_in(folder)
+    try:
+        tmp = _temp_in(folder)
+    except OSError as exc:
+        raise _unwritable(store, folder, exc) from None
     try:
         details = _copy_checked(store, tmp)
         entry = {"created": created, "protected": protect, "label": label,
                  "source": str(store), **details}
         path = catalog.register(folder, tmp, entry)
+    except OSError as exc:  # a full disk: what was written of the archive is deleted
+        raise _unwritable(store, folder, exc) from None
     finally:
         _discard(tmp)
     return catalog.entry_info(path, entry, "ok")
+
+
+def _unwritable(store: Path, folder: Path, exc: OSError | sqlite3.Error) -> BackupError | DiskFull:
+    """Why a backup of `store` could not be written into `folder`: a full disk, or the folder."""
+    if disk_full(exc, folder):
+        return full_error(folder, exc, f"the backup of store {store} cannot be written to {folder}")
+    said = exc.strerror if isinstance(exc, OSError) else str(exc)
+    return BackupError(f"the backup of store {store} cannot be written to {folder} ({said}): check "
+                       "that the folder is writable, or pass another --dest")
 
 
 def verify(archive: Path) -> list[str]:
@@ -102,7 +116,11 @@ def restore(archive: Path, store: Path, *, force: bool = False,
 
 def migration_hook(path: Path, old_version: int) -> None:
     """Store.open's `before_migrate`: a verified, protected backup before the schema changes."""
-    info = create(path, protect=True, label=f"pre-migrate-v{old_version}")
+    try:
+        info = create(path, protect=True, label=f"pre-migrate-v{old_version}")
+    except DiskFull as exc:
+        raise DiskFull(f"store {path} was not migrated (schema {old_version}): a verified backup "
+                       f"comes first, and {exc}") from None
     problems = verify(info.path)
     if problems:
         raise BackupError(f"the pre-migration backup {info.path} failed verification "
@@ -123,6 +141,9 @@ def _copy_checked(store: Path, tmp: Path) -> dict[str, object]:
         problems = Store(tmp, dst).verify()
         details = _details(dst)
     except sqlite3.Error as exc:
+        if disk_full(exc, tmp):
+            raise full_error(tmp.parent, exc, f"the backup of store {store} cannot be written "
+                             f"to {tmp.parent}") from None
         raise BackupError(f"store {store} could not be copied to {tmp.parent} ({exc}): check that "
                           "it is a shared-memory store and that the folder is writable") from None
     finally:

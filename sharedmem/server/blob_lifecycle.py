@@ -78,19 +78,26 @@ def host() -> str:
     return os.uname().nodename if hasattr(os, "uname") else os.environ.get("COMPUTERNAME", "")
 
 
-def claim(conn: sqlite3.Connection, session: int | None, shas: Iterable[str], now: int) -> int:
+def claim(conn: sqlite3.Connection, session: int | None, shas: Iterable[str], now: int, *,
+          present: bool = False) -> int:
     """Claim these bodies, those the store holds, for a session; returns the session's id.
 
     The session is registered (a row for this process) at its first claim, and again if its
-    row is gone (another process took it for dead after SESSION_STALE_SECONDS unseen).
+    row is gone (another process took it for dead after SESSION_STALE_SECONDS unseen). With
+    `present` the caller knows the store holds every one (it stored them in this transaction):
+    they are claimed without a look-up each, a third of what storing a first sync's bodies cost.
     """
     if session is None or not conn.execute("UPDATE sessions SET seen_at=? WHERE id=?",
                                            (now, session)).rowcount:
         session = int(conn.execute(
             "INSERT INTO sessions(pid, host, started_at, seen_at) VALUES (?,?,?,?)",
             (os.getpid(), host(), now, now)).lastrowid or 0)
-    conn.executemany("INSERT OR IGNORE INTO claims SELECT sha256, ? FROM blobs WHERE sha256=?",
-                     [(session, sha) for sha in shas])
+    if present:
+        conn.executemany("INSERT OR IGNORE INTO claims VALUES (?,?)",
+                         [(sha, session) for sha in shas])
+    else:
+        conn.executemany("INSERT OR IGNORE INTO claims SELECT sha256, ? FROM blobs WHERE sha256=?",
+                         [(session, sha) for sha in shas])
     return session
 
 

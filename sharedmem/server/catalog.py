@@ -126,9 +126,13 @@ def register(folder: Path, tmp: Path, entry: dict[str, object]) -> Path:
                 break
             number += 1
         os.replace(tmp, folder / name)
-        fsync(folder)
-        manifest[name] = entry
-        _write_manifest(folder, manifest)
+        try:
+            fsync(folder)
+            manifest[name] = entry
+            _write_manifest(folder, manifest)
+        except BaseException:  # a full disk: no archive left that the manifest does not list
+            (folder / name).unlink(missing_ok=True)
+            raise
     return folder / name
 
 

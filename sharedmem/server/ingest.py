@@ -133,9 +133,8 @@ def ingest(store: Store, machine: str, source: str, kind: str,
                 report.refused.append({"path": str(item.path), "reason": "machine-quota",
                                        "message": why})
             return report  # nothing written: generation 0, no namespace
-        stored = [f.stored or f.sha256 for f in files
-                  if f.text is None and f.redactions is not None]
-        absent = set(store.missing(stored)) if stored else set()
+        absent = store.gone(f.stored or f.sha256 for f in files
+                            if f.text is None and f.redactions is not None)
         accepted = _check_files(conn, kind, files, limits, report, kept, current, absent, others)
         gone = [p for p in current if p not in accepted]
         # mtime_ns is not compared: a kept file's row is never rewritten, only changed ones.
@@ -166,8 +165,13 @@ def ingest(store: Store, machine: str, source: str, kind: str,
                          [(ns_id, p) for p in gone])
         conn.executemany("INSERT OR REPLACE INTO tombstones VALUES (?,?,?)",
                          [(ns_id, p, generation) for p in gone])
-        conn.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?)",
-                         [(ns_id, p, s, z, m, generation) for p, s, z, m in changed])
+        # A path the namespace holds is replaced: the delete fires the triggers that keep its
+        # previous version and mark its old body unused. A new one is only inserted, a third
+        # cheaper (a first sync's every file).
+        for verb, rows in (("INSERT", [c for c in changed if c[0] not in current]),
+                           ("INSERT OR REPLACE", [c for c in changed if c[0] in current])):
+            conn.executemany(f"{verb} INTO files VALUES (?,?,?,?,?,?)",
+                             [(ns_id, p, s, z, m, generation) for p, s, z, m in rows])
         if row is not None:  # a new namespace has no tombstones yet
             conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
                              [(ns_id, c[0]) for c in changed])

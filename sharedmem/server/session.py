@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from sharedmem import __version__
-from sharedmem.core import NoteError, ProtocolError, SharedMemoryError, StoreError
+from sharedmem.core import BackupError, NoteError, ProtocolError, SharedMemoryError, StoreError
 from sharedmem.hashing import sha256_bytes
 from sharedmem.protocol import (
     VERSIONS,
@@ -20,17 +20,18 @@ from sharedmem.protocol import (
     PeerError,
     choose_version,
     chunks,
+    encode_files,
     error,
     field,
     printable,
 )
 from sharedmem.rules import KIND_MARKDOWN, MIB, SOURCE_KINDS, Limits, name_problem
 from sharedmem.server.ingest import IncomingFile, StaleBase, ingest
-from sharedmem.server.store import Store
+from sharedmem.server.store import DiskFull, Store, disk_full, full_error
 
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import IO, Any
 
 
@@ -80,22 +81,45 @@ class Session:
         except PeerError as exc:
             self._fail(exc.code, str(exc))
             return 1
-        except StoreError as exc:
+        except DiskFull as exc:
+            self._fail("disk-full", str(exc))
+            return 1
+        except (StoreError, BackupError) as exc:
             self._fail("store", str(exc))
             return 1
-        except sqlite3.Error as exc:  # a full disk, an I/O error: the store failed, not the peer
-            self._fail("store", f"the store {self.store_path} failed: {exc}")
+        except (sqlite3.Error, OSError) as exc:  # a read that found no room, an I/O error
+            if disk_full(exc, self.store_path):
+                self._fail("disk-full", str(full_error(self.store_path, exc)))
+            elif isinstance(exc, sqlite3.Error):
+                self._fail("store", f"the store {self.store_path} failed: {exc}")
+            else:
+                self._fail("store", f"serve failed: {exc}")
             return 1
         except SharedMemoryError as exc:
             self._fail("bad-field", str(exc))
             return 1
         finally:
             if self.store is not None:
-                try:  # release this session's claims; collect what has come due (usually none)
-                    self.store.finish()
-                except (StoreError, sqlite3.Error) as exc:
-                    sys.stderr.write(f"serve: could not collect unused bodies: {exc}\n")
-                self.store.close()
+                self._end()
+
+    def _end(self) -> None:
+        """Release this session's claims, collect what has come due (usually none), close.
+
+        The client has its answers by now: what fails here is said on stderr, and left to the
+        next session (which releases a dead session's claims, and copies the log).
+        """
+        assert self.store is not None
+        try:
+            self.store.finish()
+        except (StoreError, sqlite3.Error) as exc:
+            sys.stderr.write(f"serve: could not release this session's bodies (the next session "
+                             f"will): {exc}\n")
+        try:
+            problem = self.store.close()
+        except sqlite3.Error as exc:
+            problem = f"the store {self.store_path} did not close cleanly: {exc}"
+        if problem:
+            sys.stderr.write(f"serve: {problem}\n")
 
     def _fail(self, code: str, message: str) -> None:
         """Say why the session ends; `code` and `message` may echo the peer's own error."""
@@ -351,7 +375,9 @@ class Session:
         """Forget the bodies a commit listed: it stored what it accepted, and the rest is dropped."""
         for sha in shas:
             self.pool.pop(sha, None)
-            self.refused.pop(sha, None)
+        if self.refused:
+            for sha in shas:
+                self.refused.pop(sha, None)
         if self.unstored and not shas.isdisjoint(self.unstored_keys):
             kept = [i for i, sha in enumerate(self.unstored_keys) if sha not in shas]
             self.unstored = [self.unstored[i] for i in kept]
@@ -389,27 +415,35 @@ class Session:
         published = field(message, "published", dict, optional=True) or {}
         if not all(isinstance(v, str) for v in published.values()):
             raise PeerError("bad-field", "pull.published must map namespace keys to digests")
-        skipped = []
-        if published:  # the client holds these as they are stored: they are left out
-            for ns in self.store.namespaces().machines:
-                if ns.machine == self.machine and published.get(ns.key) == ns.digest:
-                    known = {**known, ns.key: ns.generation}
-                    skipped.append(ns.key)
-        namespaces, full, upserts, removals = self.store.pull(known, have)
-        self.channel.send({"type": "namespaces", "namespaces": namespaces.to_rows(),
-                           "full": sorted(full), "removed": removals, "skipped": skipped})
-        self._send_files((path, sha, None if sha in have else text)
-                         for path, sha, text in upserts)
+        with self.store.reading():  # the list and the files it sends: one snapshot
+            skipped = []
+            if published:  # the client holds these as they are stored: they are left out
+                for ns in self.store.namespaces().machines:
+                    if ns.machine == self.machine and published.get(ns.key) == ns.digest:
+                        known = {**known, ns.key: ns.generation}
+                        skipped.append(ns.key)
+            namespaces, full, upserts, removals = self.store.pull(known, have, encoded=True)
+            self.channel.send({"type": "namespaces", "namespaces": namespaces.to_rows(),
+                               "full": sorted(full), "removed": removals, "skipped": skipped})
+            self._send_files((path, sha, None if sha in have else data)
+                             for path, sha, data in upserts)
 
     def _on_export(self, message: dict[str, Any]) -> None:
         assert self.store is not None
-        self.channel.send({"type": "namespaces", "namespaces": self.store.namespaces().to_rows(),
-                           "full": [], "removed": []})
-        self._send_files(self.store.export())
+        with self.store.reading():
+            self.channel.send({"type": "namespaces",
+                               "namespaces": self.store.namespaces().to_rows(),
+                               "full": [], "removed": []})
+            self._send_files(self.store.export(encoded=True))
 
-    def _send_files(self, items: Any) -> None:
-        for batch in chunks(list(items), lambda i: len(i[0]) + 80 + len(i[2] or "") * 2):
-            self.channel.send({"type": "files", "files": [list(i) for i in batch]})
+    def _send_files(self, items: Iterable[tuple[str, str, bytes | None]]) -> None:
+        """Send files in messages of about CHUNK_BYTES as the store's cursor gives them.
+
+        At most one message is held (its rows, then its line), never the pull: a first pull of
+        a store of 100,000 files costs `serve` no more memory than one of 1,000.
+        """
+        for batch in chunks(items, _file_cost):
+            self.channel.send_line(encode_files(batch))
         self.channel.send({"type": "end"})
 
     def _on_verify(self, message: dict[str, Any]) -> None:
@@ -486,6 +520,11 @@ def _backup_first(path: Path, old_version: int) -> None:
     """A verified backup before a migration; backup.py loads only when one is due."""
     from sharedmem.server.backup import migration_hook
     migration_hook(path, old_version)
+
+
+def _file_cost(item: tuple[str, str, bytes | None]) -> int:
+    """What one file adds to a `files` message, at most (JSON may double a text's bytes)."""
+    return len(item[0]) + 80 + 2 * len(item[2] or b"")
 
 
 def _mtime(value: object) -> int:

@@ -42,6 +42,52 @@ class NotFound(StoreError):
     """The store holds no such file or version: the session answers `not-found` and goes on."""
 
 
+class DiskFull(StoreError):
+    """The disk holding the store (or its backups) is full: the step that needed room wrote nothing.
+
+    The store is as it was before that step; the session answers `disk-full`.
+    """
+
+
+# SQLite's primary result codes for a full disk, an I/O error and a file it cannot open: the
+# last two are a full disk too when the disk has (next to) no room left (the -shm index and
+# the -wal log are grown by writes that fail as I/O errors, not as SQLITE_FULL).
+SQLITE_FULL, SQLITE_IOERR, SQLITE_CANTOPEN = 13, 10, 14
+LOW_SPACE_BYTES = 1 << 20
+
+
+def disk_full(exc: BaseException, where: Path) -> bool:
+    """Whether `exc`, raised writing at `where` (a file or folder), means its disk is full."""
+    if isinstance(exc, OSError):
+        import errno
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    code = getattr(exc, "sqlite_errorcode", None)
+    if not isinstance(code, int):
+        return False
+    if code & 0xFF == SQLITE_FULL:
+        return True
+    return code & 0xFF in (SQLITE_IOERR, SQLITE_CANTOPEN) and free_bytes(where) < LOW_SPACE_BYTES
+
+
+def free_bytes(where: Path) -> int:
+    """The bytes this account may still write on the disk holding `where` (large if unknown)."""
+    import shutil
+    folder = where if where.is_dir() else where.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 1 << 62
+
+
+def full_error(path: Path, exc: BaseException, what: str = "") -> DiskFull:
+    """The error for a write at `path` that found its disk full, saying what to free."""
+    said = exc.strerror if isinstance(exc, OSError) else str(exc)
+    return DiskFull(f"{what or f'store {path}'}: the disk holding {path} is full "
+                    f"({_amount(free_bytes(path))} free; {said}), so nothing of this step was "
+                    f"written and the store is as it was before it. Disk full: free space on "
+                    f"the server's disk holding {path}, then try again")
+
+
 class Store:
     """One SQLite file; every write goes through `transaction`."""
 
@@ -49,6 +95,9 @@ class Store:
         self.path = path
         self.conn = conn
         self.session: int | None = None  # this process's row in `sessions`, once it claims
+        # Whether every claim this store made is under `session`: not when its row went (taken
+        # for dead) and a later claim made a new one, since the old claims went with it.
+        self.claims_whole = True
 
     @classmethod
     def open(cls, path: Path | str, *, create: bool = True,
@@ -62,6 +111,8 @@ class Store:
             if create:
                 path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            if disk_full(exc, path.parent):
+                raise full_error(path.parent, exc, f"store {path} cannot be created") from None
             raise StoreError(f"store {path} cannot be created: its folder {path.parent} cannot "
                              f"be made ({exc.strerror}); fix the path or the folder's "
                              "permissions") from None
@@ -76,6 +127,8 @@ class Store:
             conn.execute("PRAGMA recursive_triggers=ON")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.OperationalError as exc:
+            if disk_full(exc, path):  # the -wal and -shm beside it need room
+                raise full_error(path, exc, f"store {path} cannot be opened") from None
             raise StoreError(f"store {path} cannot be opened ({exc}): check that the path is "
                              "right and that this account may read and write it and its "
                              "folder") from None
@@ -89,13 +142,13 @@ class Store:
             raise StoreError(f"store {path} has schema version {version}, newer than this "
                              f"software ({latest}): upgrade codex-shared-memory")
         if version < latest:
-            if version > 0 and before_migrate is not None:
-                try:
+            try:
+                if version > 0 and before_migrate is not None:
                     before_migrate(path, version)
-                except BaseException:
-                    conn.close()
-                    raise
-            store._migrate(version)
+                store._migrate(version)
+            except BaseException:
+                conn.close()
+                raise
         return store
 
     def _migrate(self, version: int) -> None:
@@ -107,19 +160,26 @@ class Store:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={number}")
 
-    def close(self) -> None:
-        """Checkpoint the WAL, then close the connection.
+    def close(self) -> str | None:
+        """Checkpoint the WAL, then close the connection; says why the checkpoint failed, if it did.
 
         A passive checkpoint first: a last connection closing checkpoints by itself, but holding
         the database exclusively while it does, and a session that stored a first sync's 28 MB
         kept the next session's server waiting on its disk that long. Passive, the next one reads
-        and writes meanwhile; the close then has nothing left to copy.
+        and writes meanwhile; the close then has nothing left to copy. On a full disk the log is
+        left as it is: it holds every commit, and the next connection reads it.
         """
+        problem = None
         try:
             self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        except sqlite3.Error:
-            pass  # the close checkpoints what it can, as before
+        except sqlite3.Error as exc:  # the close checkpoints what it can, as before
+            if disk_full(exc, self.path):
+                problem = (f"store {self.path}: the disk holding it is full, so its write-ahead "
+                           f"log {self.path}-wal was not copied into it; it keeps every change "
+                           "(nothing is lost) and is copied by the first session that finds room. "
+                           f"Disk full: free space on the server's disk holding {self.path}")
         self.conn.close()
+        return problem
 
     def checkpoint_at_close(self) -> None:
         """Copy the WAL into the database when the session ends, not inside each commit.
@@ -152,18 +212,39 @@ class Store:
             try:
                 self.conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
+                if disk_full(exc, self.path):
+                    raise full_error(self.path, exc) from None
                 raise StoreError(f"store {self.path} is busy or unwritable ({exc}); try again") \
                     from None
             try:
                 yield self.conn
                 self.conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 if self.conn.in_transaction:  # SQLite may have rolled back (full disk, I/O)
-                    self.conn.execute("ROLLBACK")
+                    with contextlib.suppress(sqlite3.Error):  # the first error says more
+                        self.conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error) and disk_full(exc, self.path):
+                    raise full_error(self.path, exc) from None  # at a write, or at COMMIT
                 raise
         finally:
             if not durable:
                 self.conn.execute("PRAGMA synchronous=FULL")
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """One read transaction: every read inside sees the store as it was at the first.
+
+        A pull reads its namespaces, then streams their files while the client takes them in:
+        in one snapshot, a commit meanwhile (another machine's sync) cannot make the files it
+        sends differ from the generations it announced. Nothing is written in it; writers go
+        on meanwhile (WAL), and the WAL is checkpointed past it once it ends.
+        """
+        self.conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")  # nothing to keep: it only read
 
     def schema_version(self) -> int:
         """The schema version recorded in the file."""
@@ -177,13 +258,13 @@ class Store:
         session in the same commit, so no other session's clean-up deletes it; `finish`
         releases the claims. Returns the sha256s stored now (not there before).
         """
-        new = set(self.missing(row[0] for row in rows))
         with self.transaction(durable=False) as conn:
+            new = set(self.missing(row[0] for row in rows))  # inside: none goes meanwhile
             if new:
                 conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,CAST(? AS TEXT))",
                                  [row for row in rows if row[0] in new])
-            session = self._claim(conn, [row[0] for row in rows])
-        self.session = session
+            session = self._claim(conn, [row[0] for row in rows], present=True)
+        self._claimed_under(session)
         return sorted(new)
 
     def need(self, shas: Iterable[str]) -> list[str]:
@@ -209,13 +290,35 @@ class Store:
                 session = self._claim(conn, loose)
                 have.difference_update(sha for sha in loose if conn.execute(
                     "SELECT 1 FROM blobs WHERE sha256=?", (sha,)).fetchone() is None)
-            self.session = session
+            self._claimed_under(session)
         return [sha for sha in wanted if sha not in have]
 
-    def _claim(self, conn: sqlite3.Connection, shas: Sequence[str]) -> int:
-        """Claim these bodies (those present) for this session, registered first if need be."""
+    def _claim(self, conn: sqlite3.Connection, shas: Sequence[str], *,
+               present: bool = False) -> int:
+        """Claim these bodies (those present) for this session, registered first if need be.
+
+        `present`: the caller knows the store holds each (it has just stored them), so none is
+        looked up first.
+        """
         from sharedmem.server import blob_lifecycle
-        return blob_lifecycle.claim(conn, self.session, shas, int(time.time()))
+        return blob_lifecycle.claim(conn, self.session, shas, int(time.time()), present=present)
+
+    def _claimed_under(self, session: int) -> None:
+        if self.session is not None and session != self.session:
+            self.claims_whole = False
+        self.session = session
+
+    def gone(self, shas: Iterable[str]) -> set[str]:
+        """Which of these bodies, stored by this session as they came (`put_blobs`), are gone.
+
+        None, without a look-up each, while the session's claims stand (its row is there, and
+        every claim was made under it): nothing collects a claimed body. Otherwise (another
+        process took the session for dead) each is looked up.
+        """
+        if (self.session is not None and self.claims_whole and self.conn.execute(
+                "SELECT 1 FROM sessions WHERE id=?", (self.session,)).fetchone() is not None):
+            return set()
+        return set(self.missing(shas))
 
     def finish(self) -> Collected | None:
         """At a session's end: release its claims, and collect what has come due.
@@ -286,9 +389,11 @@ class Store:
         """The sequence number of the newest note, which backups compare (0 for none)."""
         return note_log.newest_seq(self.conn)
 
-    def _note_files(self, since: int = 0) -> Iterator[tuple[str, str, str]]:
-        """Note files changed since the client's notes generation (all for 0)."""
-        return note_log.files_since(self.conn, since)
+    def _note_files(self, since: int = 0, *, encoded: bool = False
+                    ) -> Iterator[tuple[str, str, Any]]:
+        """Note files changed since the client's notes generation (all for 0), one at a time."""
+        for path, sha, text in note_log.files_since(self.conn, since):
+            yield path, sha, text.encode("utf-8") if encoded else text
 
     def namespaces(self) -> NamespaceList:
         """Every namespace with its counts, and the notes folder as one more."""
@@ -302,11 +407,14 @@ class Store:
             Namespace(NOTES_DIR, None, "ad_hoc", "notes", note_log.generation(notes[1]), 0,
                       notes[2], notes[0], 0, ""))
 
-    def export(self) -> Iterator[tuple[str, str, str]]:
-        """Every published file as (path, sha256, text), namespaces first, then notes."""
-        for path, sha, text, _ in self.changes({}):
+    def export(self, *, encoded: bool = False) -> Iterator[tuple[str, str, Any]]:
+        """Every published file as (path, sha256, text), namespaces first, then notes.
+
+        With `encoded` each text is its UTF-8 bytes, as SQLite holds it (what a session sends).
+        """
+        for path, sha, text, _ in self.changes({}, encoded=encoded):
             yield path, sha, text
-        yield from self._note_files()
+        yield from self._note_files(encoded=encoded)
 
     def manifest(self) -> dict[str, str]:
         """Published path -> sha256, without reading bodies of namespace files."""
@@ -318,36 +426,36 @@ class Store:
 
     def changes(self, known: Mapping[str, int],
                 namespaces: NamespaceList | None = None,
-                have: Container[str] = frozenset(), compacted: int = 0,
-                ) -> Iterator[tuple[str, str, str | None, str]]:
+                have: Container[str] = frozenset(), compacted: int = 0, *,
+                encoded: bool = False) -> Iterator[tuple[str, str, Any, str]]:
         """Files of machine namespaces changed since the client's generations: (path, sha, text, ns).
 
-        The text is None for a sha256 in `have`: the client holds that body, so it is not read.
+        Row by row from one query a namespace, so a pull of the whole store never holds more
+        than the file it is at. The text is None for a sha256 in `have` (the client holds that
+        body); with `encoded` it is the UTF-8 bytes SQLite holds, not decoded into a string.
         """
+        body = "CAST(b.body AS BLOB)" if encoded else "b.body"
+        query = (f"SELECT f.path, f.sha256, {body} FROM files f JOIN namespaces n ON "
+                 "n.id=f.namespace_id JOIN blobs b ON b.sha256=f.sha256 WHERE n.machine=? AND "
+                 "n.source=? AND f.generation > ? ORDER BY f.path")
         for ns in (namespaces or self.namespaces()).machines:
             since = _since(ns, known, compacted)
             if since is None:
                 continue
-            where = ("FROM files f JOIN namespaces n ON n.id=f.namespace_id WHERE n.machine=? "
-                     "AND n.source=? AND f.generation > ? ORDER BY f.path")
-            args = (ns.machine, ns.source, since)
             key = ns.key
-            if not have:
-                for path, sha, body in self.conn.execute(
-                        "SELECT f.path, f.sha256, b.body " + where.replace(
-                            "WHERE", "JOIN blobs b ON b.sha256=f.sha256 WHERE"), args):
-                    yield f"{key}/{path}", sha, body, key
-                continue
-            for path, sha in self.conn.execute("SELECT f.path, f.sha256 " + where, args).fetchall():
-                body = None if sha in have else self.conn.execute(
-                    "SELECT body FROM blobs WHERE sha256=?", (sha,)).fetchone()[0]
-                yield f"{key}/{path}", sha, body, key
+            # A body the client has is read all the same: one query beats one per file, and
+            # the client has few of those it is sent (its own files are `skipped`).
+            for path, sha, text in self.conn.execute(query, (ns.machine, ns.source, since)):
+                yield f"{key}/{path}", sha, None if sha in have else text, key
 
-    def pull(self, known: Mapping[str, int], have: Container[str] = frozenset()
-             ) -> tuple[NamespaceList, set[str], Iterator[tuple[str, str, str | None]], list[str]]:
+    def pull(self, known: Mapping[str, int], have: Container[str] = frozenset(), *,
+             encoded: bool = False) -> tuple[NamespaceList, set[str], Iterator[tuple[str, str, Any]],
+                                             list[str]]:
         """What a client with these generations lacks: (namespaces, full keys, upserts, removals).
 
-        An upsert's text is None when its sha256 is in `have` (the client holds the body).
+        The upserts come one at a time, as `changes` reads them (in `reading`, one snapshot).
+        An upsert's text is None when its sha256 is in `have` (the client holds the body); with
+        `encoded` it is in UTF-8 bytes.
 
         A namespace is sent whole ("full") when the client's generation predates its creation
         (it was forgotten and re-created) or the tombstones compacted since (blob_lifecycle.py),
@@ -374,11 +482,13 @@ class Store:
         assert namespaces.notes is not None  # a store always lists its notes
         newest_note = namespaces.notes.generation
 
-        def upserts() -> Iterator[tuple[str, str, str | None]]:
-            for path, sha, body, _ in self.changes(known, namespaces, have, compacted):
+        def upserts() -> Iterator[tuple[str, str, Any]]:
+            for path, sha, body, _ in self.changes(known, namespaces, have, compacted,
+                                                   encoded=encoded):
                 yield path, sha, body
             if since_notes != newest_note:
-                yield from self._note_files(since_notes if since_notes <= newest_note else 0)
+                yield from self._note_files(since_notes if since_notes <= newest_note else 0,
+                                            encoded=encoded)
 
         return namespaces, full, upserts(), removals
 
@@ -565,6 +675,17 @@ def _utc(seconds: int) -> str:
 def _lenient(data: bytes) -> str:
     """SQLite text as a string even where a damaged file holds bytes that are not UTF-8."""
     return data.decode("utf-8", "replace")
+
+
+def _amount(size: int) -> str:
+    """A number of bytes as people read it: 0 bytes, 12 KiB, 3.5 MiB, 80.2 GiB."""
+    if size < 1 << 10:
+        return f"{size} bytes"
+    if size < 1 << 20:
+        return f"{size >> 10} KiB"
+    if size < 1 << 30:
+        return f"{size / (1 << 20):.1f} MiB"
+    return f"{size / (1 << 30):.1f} GiB"
 
 
 def _wal(conn: sqlite3.Connection) -> None:
