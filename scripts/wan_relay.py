@@ -59,16 +59,19 @@ class Log:
 class Turns:
     """Counts round trips: times the client sent again only after the server answered it.
 
-    The client's data (up) read at t is a turn when, since the client last sent (at `since`),
-    the server's data reached the client (was delivered by t) and the server's link stood idle
-    for at least half the one-way delay at some point: a server streaming back to back (a
-    download, with the client's window updates going up meanwhile) is not waiting on the
-    client, while one that answers a request, or goes quiet after a bulk upload it took in, is.
-    The client's end of input counts as sending: it too comes after the answer it waited for.
+    The client's data (up) read at t is a turn when, since the client last sent (at `since`):
+    the server's data reached the client (was delivered by t); the client stayed silent for at
+    least the one-way delay (an answer cannot come sooner); and the server's link stood idle
+    for at least half that at some point. A client streaming up while the server's window
+    updates come back is not waiting (it never goes quiet), nor is a server streaming back to
+    back (a download, with the client's window updates going up); one that answers a request,
+    or goes quiet after an upload it took in, is waited for. The client's end of input counts
+    as sending: it too comes after the answer it waited for.
     """
 
     def __init__(self, delay: float, log: Log, now: float) -> None:
-        self.threshold = max(delay / 2, 0.001)
+        self.silence = max(delay, 0.001)  # the client's, before a turn
+        self.threshold = max(delay / 2, 0.001)  # the server link's idle stretch
         self.log = log
         self.lock = threading.Lock()
         self.count = 0
@@ -91,7 +94,7 @@ class Turns:
                 self.deliveries.popleft()
             answered = bool(self.deliveries) and self.deliveries[0] <= now
             idle = max(self.idle, now - max(self.down_free, self.since))
-            if answered and idle >= self.threshold:
+            if answered and now - self.since >= self.silence and idle >= self.threshold:
                 self.count += 1
                 self.log.event("turn", at=now)
             self.since, self.idle = now, 0.0

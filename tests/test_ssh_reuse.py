@@ -215,8 +215,11 @@ def test_where_the_socket_goes_or_why_reuse_is_off(state, home, given, wanted, f
 
 def test_prepare_makes_the_folder_private(tmp_path: Path):
     folder = tmp_path / "sockets"
-    folder.mkdir(mode=0o755)
-    folder.chmod(0o755)
+    folder.mkdir()
+    folder.chmod(0o755)  # others may read: ssh makes the socket itself 0600
+    ssh_reuse.prepare(folder)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    folder.chmod(0o777)  # others may write: they could put their own socket there
     ssh_reuse.prepare(folder)
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     ssh_reuse.prepare(tmp_path / "new" / "deeper")

@@ -192,6 +192,11 @@ def _check_ssh_reuse(report: Report, cfg: Any) -> None:
                    "turns it on", configured=False)
         return
     found = ssh_reuse.settings(transport)
+    if not found:
+        report.add(name, WARN, "configured, but `ssh -G` could not read the transport's "
+                   "options, so whether it works is unknown", "run the sync by hand and read "
+                   "what ssh says about transport.options", configured=True)
+        return
     master, path = found.get("controlmaster", "no"), found.get("controlpath", "none")
     if master in ("no", "false") or path == "none":
         report.add(name, OK, f"off: ssh makes ControlMaster {master}, ControlPath {path} of "

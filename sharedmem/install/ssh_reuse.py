@@ -96,10 +96,14 @@ def plan(state: Path, env: Mapping[str, str], given: Sequence[str], wanted: bool
 
 
 def prepare(folder: Path) -> None:
-    """Make the socket's folder exist, private to this account (state and ~/.ssh: mode 0700)."""
+    """Make the socket's folder exist with mode 0700, or take others' write access away.
+
+    Others reading the folder is harmless (ssh makes the socket 0600); others writing to it
+    could swap the socket for their own.
+    """
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = folder.stat()
-    if (not hasattr(os, "getuid") or info.st_uid == os.getuid()) and info.st_mode & 0o077:
+    if (not hasattr(os, "getuid") or info.st_uid == os.getuid()) and info.st_mode & 0o022:
         os.chmod(folder, 0o700)
 
 
