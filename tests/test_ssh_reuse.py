@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import Sshd, run_cli, write_config
 
-from sharedmem.cli.doctor import FAIL, OK, doctor, format_text
+from sharedmem.cli.doctor import OK, doctor, format_text
 from sharedmem.client import config as config_mod
 from sharedmem.clock import SYNC_INTERVAL_SECONDS
 from sharedmem.install import ssh_reuse
@@ -156,6 +156,16 @@ def test_uninstall_closes_the_master_connection(sshd: Sshd, short_home: Path):
             ssh_reuse.stop(transport)
 
 
+def test_a_socket_folder_that_cannot_be_made_stops_the_install_before_it_writes(
+        sshd: Sshd, short_home: Path):
+    (short_home / ".ssh").write_text("a file where the folder would go")
+    code, out, err = install(short_home, sshd)
+    assert code == 2
+    assert f"cannot make {short_home / '.ssh'} for ssh's connection socket" in err
+    assert "--no-ssh-reuse" in err
+    assert not (short_home / PREFIX / "client.json").exists()
+
+
 def test_strict_host_key_checking_still_refuses_an_unknown_host(sshd: Sshd, short_home: Path,
                                                                  tmp_path: Path):
     folder = short_home / ".ssh"
@@ -170,20 +180,6 @@ def test_strict_host_key_checking_still_refuses_an_unknown_host(sshd: Sshd, shor
     assert synced.returncode != 0
     assert "host key" in json.loads(synced.stdout)["error"]
     assert sockets(folder) == []  # no master for a host it could not verify
-
-
-def test_doctor_fails_when_the_sockets_folder_is_gone(sshd: Sshd, short_home: Path,
-                                                      tmp_path: Path):
-    transport = sshd.transport()
-    transport["options"] += ssh_reuse.options(short_home / "gone")
-    cfg = write_config(tmp_path / "client.json", "laptop", transport, [], tmp_path / "cache")
-    report = doctor(cfg, env_for(short_home))
-    checks = {c.name: c for c in report.checks}
-    assert checks["transport"].status == FAIL
-    assert checks["ssh reuse"].status == FAIL
-    assert f"the socket's folder {short_home / 'gone'} does not exist" in \
-        checks["ssh reuse"].message
-    assert "re-run install_client.py" in checks["ssh reuse"].fix
 
 
 # --- where the socket goes ---------------------------------------------------------------------

@@ -342,12 +342,16 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
         diffs.append(_diff(cfg.path, old, text))
     else:
         before = _installed(cfg.path, env) if old != text else None
+        if reuse is not None and reuse.folder is not None:  # before client.json names it
+            try:
+                ssh_reuse.prepare(reuse.folder)
+            except OSError as exc:
+                raise InstallError(f"cannot make {reuse.folder} for ssh's connection socket: "
+                                   f"{exc}; fix its permissions, or pass --no-ssh-reuse") from None
         if old != text:
             atomic_write(cfg.path, text.encode("utf-8"), mode=0o600)
         for folder in (cfg.cache, cfg.state):
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if reuse is not None and reuse.folder is not None:
-            ssh_reuse.prepare(reuse.folder)
         if before is not None and before.transport != cfg.transport and _stop_master(before, env):
             summary.setdefault("ssh_reuse", {"on": False, "reason": "local store"})[
                 "stopped_old"] = True  # else the master for the old options would linger
