@@ -137,7 +137,7 @@ def test_delays_each_direction_by_half_the_round_trip(tmp_path, servers, relays)
         proc.stdin.write(b"ping")
         proc.stdin.flush()
         assert read_exactly(proc.stdout, 4) == b"ping"
-        assert 0.115 <= time.monotonic() - sent <= 0.2
+        assert 0.115 <= time.monotonic() - sent <= 0.25
 
 
 @pytest.mark.parametrize("way", ["up", "down"])
@@ -165,7 +165,7 @@ def test_caps_the_rate_of_each_direction(tmp_path, servers, relays, way):
     first_slice = mbit * 1e6 / 8 * wan_relay.SLICE_SECONDS
     expected = (size - first_slice) / (mbit * 1e6 / 8)
     took = arrivals[-1] - arrivals[0]
-    assert 0.85 * expected <= took <= 1.2 * expected, (took, expected)
+    assert 0.8 * expected <= took <= 1.3 * expected, (took, expected)
 
 
 def test_ends_when_the_server_closes(tmp_path, servers, relays):
