@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Maintainer benchmarks: `bench.py mcp` (the MCP server), `sync` (the sync exchange), `scale`."""
+"""Maintainer benchmarks: `bench.py mcp` (the MCP server), `sync` (the sync exchange), `wan`
+(the sync over a slow link), `scale`."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument("--index", action="store_true",
                       help="build the search index after the first sync (untimed), as the "
                            "installer does, so the later phases pay for keeping it current")
+    import bench_wan
+    bench_wan.add_arguments(sub.add_parser(
+        "wan", help="our sync against rsync -a and rsync -az over a simulated slow link "
+                    "(scripts/bench_wan.py, scripts/wan_relay.py)"))
     import bench_scale
     bench_scale.add_arguments(sub.add_parser(
         "scale", help="a store of several machines: a new client's first pull, no-change "
@@ -38,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_mcp.main(args)
     if args.command == "scale":
         return bench_scale.run(args)
+    if args.command == "wan":
+        return bench_wan.main(args)
     import bench_sync
     return bench_sync.main(args)
 

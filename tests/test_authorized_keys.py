@@ -111,3 +111,22 @@ def test_an_unpinned_line_of_the_same_key_is_not_taken_over(tmp_path: Path) -> N
     assert path.read_text() == original
     assert authkeys.authorize(path, KEY, "laptop", COMMAND, repin=True).action == "updated"
     assert path.read_text() == f'restrict,command="{COMMAND}" {KEY.text}\n'
+
+
+def test_pinned_python_names_the_interpreter_of_this_very_command(tmp_path: Path) -> None:
+    launcher, store = Path("/srv/cm/shared_memory.py"), Path("/srv/cm/store.sqlite3")
+    keys = tmp_path / "authorized_keys"
+    assert authkeys.pinned_python(keys, KEY, "laptop", launcher, store) is None  # no file
+    mine = authkeys.forced_command("/opt/py 3/bin/python3", launcher, store, "laptop")
+    other = authkeys.forced_command("/usr/bin/python3", Path("/old/shared_memory.py"), store,
+                                    "laptop")
+    keys.write_text("\n".join([
+        "# comment", authkeys.pinned_line(other, authkeys.PublicKey("ssh-ed25519", OTHER, "")),
+        authkeys.pinned_line(mine, KEY), ""]))
+    assert authkeys.pinned_python(keys, KEY, "laptop", launcher, store) == "/opt/py 3/bin/python3"
+    assert authkeys.pinned_python(keys, KEY, "desktop", launcher, store) is None
+    assert authkeys.pinned_python(keys, KEY, "laptop", Path("/new/shared_memory.py"),
+                                  store) is None  # a moved prefix rewrites the whole line
+    unflagged = mine.replace(" -S ", " ")
+    keys.write_text(authkeys.pinned_line(unflagged, KEY) + "\n")
+    assert authkeys.pinned_python(keys, KEY, "laptop", launcher, store) is None

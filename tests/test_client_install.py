@@ -37,7 +37,8 @@ def test_ssh_configuration(tmp_path: Path) -> None:
     cfg, warnings = build(["--machine", "laptop", "--ssh-host", "me@srv", "--ssh-port", "2222",
                            "--ssh-identity", "~/.ssh/id_ed25519", "--ssh-option",
                            "ConnectTimeout=5", "--remote-prefix", "/srv/cm/",
-                           "--remote-python", "/usr/bin/python3.12"], home, prefix)
+                           "--remote-python", "/usr/bin/python3.12", "--no-ssh-reuse"], home,
+                          prefix)
     assert warnings == ""
     assert cfg.path == prefix / "client.json" and cfg.machine == "laptop"
     assert cfg.transport == config_mod.Transport(
@@ -53,6 +54,19 @@ def test_ssh_configuration(tmp_path: Path) -> None:
         "python3", "-S", "~/.local/share/codex-shared-memory/shared_memory.py", "serve", "--store",
         "~/.local/share/codex-shared-memory/store.sqlite3")  # ~ is the server's home
     assert default.transport.port is None and default.transport.identity is None
+
+
+def test_ssh_configuration_reuses_the_connection_unless_told_not_to(tmp_path: Path) -> None:
+    """The reuse options follow the user's own, with the socket in the (short) state folder."""
+    argv = ["--machine", "laptop", "--ssh-host", "srv", "--ssh-option", "ConnectTimeout=5"]
+    cfg, warnings = build(argv, Path("/h"), Path("/p"))
+    assert warnings == ""
+    assert cfg.transport.options == ("ConnectTimeout=5", "ControlMaster=auto",
+                                     "ControlPath=/p/state/sharedmem-%C", "ControlPersist=360")
+    off, _ = build([*argv, "--no-ssh-reuse"], Path("/h"), Path("/p"))
+    assert off.transport.options == ("ConnectTimeout=5",)
+    mine, _ = build([*argv, "--ssh-option", "ControlPath=/run/me/%C"], Path("/h"), Path("/p"))
+    assert mine.transport.options == ("ConnectTimeout=5", "ControlPath=/run/me/%C")
 
 
 def test_named_sources_and_a_missing_default_folder(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import os
 import shutil
 import sqlite3
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -299,3 +300,35 @@ def test_doctor_repair_needs_a_store(tmp_path: Path, home: Path) -> None:
     proc = run_cli("doctor", "--config", str(tmp_path / "client.json"), "--repair")
     assert proc.returncode == 2 and proc.stdout == ""
     assert "--repair works on a server's store: pass --store PATH" in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["gone", "too long"])
+def test_ssh_reuse_whose_socket_cannot_be_made_fails_naming_the_fix(tmp_path: Path, home: Path,
+                                                                   sshd: object,
+                                                                   where: str) -> None:
+    from sharedmem.install import ssh_reuse
+    short = Path(tempfile.mkdtemp(prefix="smd-", dir="/tmp"))
+    try:
+        folder = short / "gone" if where == "gone" else tmp_path / ("x" * 60)
+        transport = sshd.transport()  # type: ignore[attr-defined]
+        transport["options"] += ssh_reuse.options(folder)
+        cfg = write_config(tmp_path / "client.json", "laptop", transport, [],
+                           tmp_path / "cache")
+        report = doctor(cfg, dict(os.environ, HOME=str(home)))
+        checks = by_name(report)
+        assert checks["transport"].status == FAIL  # ssh itself cannot make the socket
+        assert checks["ssh reuse"].status == FAIL
+        needle = (f"the socket's folder {folder} does not exist" if where == "gone"
+                  else "is too long for a Unix socket")
+        assert needle in checks["ssh reuse"].message
+        assert "re-run install_client.py" in checks["ssh reuse"].fix
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_ssh_transport_without_reuse_says_it_is_off(tmp_path: Path, home: Path,
+                                                    sshd: object) -> None:
+    cfg, env = make_client(tmp_path, home, sshd.transport())  # type: ignore[attr-defined]
+    check = by_name(doctor(cfg, env))["ssh reuse"]
+    assert check.status == OK and check.message.startswith("off: each sync opens its own")
+    assert check.details == {"configured": False}

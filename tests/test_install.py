@@ -21,6 +21,7 @@ from sharedmem.core import InstallError
 from sharedmem.install import authorized_keys as authkeys
 from sharedmem.install import harnesses, interpreter
 from sharedmem.install.client_install import client_main
+from sharedmem.install.server_install import server_main
 from sharedmem.server.store import Store
 
 PREFIX = Path(".local/share/codex-shared-memory")
@@ -109,7 +110,8 @@ def test_server_install_pins_key_once_and_refuses_another_machine(tmp_path):
                str(tmp_path / "laptop_key.pub"), home=home, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     store = prefix / "store.sqlite3"
-    line = (f'restrict,command="{sys.executable} -S {prefix}/shared_memory.py serve --store '
+    python = interpreter.choose().path  # as the client installer chooses: a stable one
+    line = (f'restrict,command="{python} -S {prefix}/shared_memory.py serve --store '
             f'{store} --machine laptop" {pub}')
     assert keys.read_text() == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBBBB old@box\n" + line + "\n"
     assert mode(home / ".ssh") == 0o700 and mode(keys) == 0o600
@@ -144,6 +146,50 @@ def test_server_install_pins_key_once_and_refuses_another_machine(tmp_path):
     text = keys.read_text()
     assert text.count(pub.split()[1]) == 1 and "--machine desktop" in text
     assert "old@box" in text
+
+
+def test_server_pins_a_stable_interpreter_keeps_a_working_one_and_takes_python(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    mine = bin_dir / "python3"
+    mine.symlink_to(sys.executable)
+    pub = keygen(tmp_path / "laptop_key")
+    prefix, keys = home / PREFIX, home / ".ssh" / "authorized_keys"
+    key = authkeys.parse_key(pub, {"HOME": str(home)})
+
+    def pinned(python: str) -> str:
+        command = authkeys.forced_command(python, prefix / "shared_memory.py",
+                                          prefix / "store.sqlite3", "laptop")
+        return authkeys.pinned_line(command, key) + "\n"
+
+    def install(*extra: str) -> tuple[int, dict, str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = server_main(["--authorize", "laptop", "--key", pub, "--json", *extra],
+                           {"HOME": str(home)}, out=out, err=err)
+        return code, json.loads(out.getvalue() or "{}"), err.getvalue()
+
+    (home / ".ssh").mkdir(mode=0o700)
+    keys.write_text(pinned(str(mine)))  # an older install pinned a Python that still runs
+    code, summary, err = install()
+    assert code == 0, err
+    assert summary["authorized_keys"]["action"] == "unchanged" and summary["python"] == str(mine)
+    assert keys.read_text() == pinned(str(mine))
+
+    mine.unlink()  # a version manager took it away: the stable choice replaces it
+    code, summary, err = install()
+    assert code == 0, err
+    assert summary["authorized_keys"]["action"] == "updated"
+    assert keys.read_text() == pinned(interpreter.choose().path)
+
+    mine.symlink_to(sys.executable)
+    code, summary, err = install("--python", str(mine))  # named: it wins over a working line
+    assert code == 0, err
+    assert keys.read_text() == pinned(str(mine)) and summary["python"] == str(mine)
+    code, _, err = install("--python", str(bin_dir / "python9"))
+    assert code == 2 and f"--python {bin_dir / 'python9'}: no Python runs there" in err
+    assert keys.read_text() == pinned(str(mine))
 
 
 def test_server_upgrade_removes_stale_files_and_custom_prefix_hint(tmp_path):
@@ -365,6 +411,7 @@ def test_flat_layout_install_upgrades_in_place(tmp_path, sshd):
     server_home.mkdir()
     server_args = ["--authorize", "laptop", "--key", str(sshd.pinned_key) + ".pub"]
     client_args = ["--machine", "laptop", *ssh_args(sshd)]
+    new_client_args = [*client_args, "--no-ssh-reuse"]  # no master left behind, whatever tmp is
     proc = run("install_server.py", *server_args, home=server_home, cwd=tmp_path, root=old)
     assert proc.returncode == 0, proc.stderr
     keys = (server_home / ".ssh" / "authorized_keys").read_bytes()
@@ -396,7 +443,7 @@ def test_flat_layout_install_upgrades_in_place(tmp_path, sshd):
     proc = run("install_server.py", *server_args, home=server_home, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (server_home / ".ssh" / "authorized_keys").read_bytes() == keys
-    proc = run("install_client.py", *client_args, home=home, cwd=tmp_path)
+    proc = run("install_client.py", *new_client_args, home=home, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "  sync: ok (nothing changed; 2 files in the cache)" in proc.stdout
     for prefix in prefixes:
@@ -425,7 +472,7 @@ def test_flat_layout_install_upgrades_in_place(tmp_path, sshd):
                  "client": tree(home, (str(PREFIX / "cache"), str(PREFIX / "state")))}
     again = run("install_server.py", *server_args, home=server_home, cwd=tmp_path)
     assert again.returncode == 0 and "(0 file(s) changed)" in again.stdout, again.stdout
-    again = run("install_client.py", *client_args, home=home, cwd=tmp_path)
+    again = run("install_client.py", *new_client_args, home=home, cwd=tmp_path)
     assert again.returncode == 0 and "code: 0 file(s) changed" in again.stdout, again.stdout
     assert "(unchanged)" in again.stdout and "updated" not in again.stdout
     assert {"server": tree(server_home, (str(PREFIX / "store.sqlite3"),)),

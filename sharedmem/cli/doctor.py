@@ -100,6 +100,7 @@ def doctor(config_path: Path, env: Mapping[str, str]) -> Report:
         report.add("config", OK, f"machine {cfg.machine}, {len(cfg.sources)} source(s), {where}")
         _check_sources(report, cfg)
         _check_server(report, cfg)
+        _check_ssh_reuse(report, cfg)
         _check_cache(report, cfg)
     _check_harnesses(report, Path(config_path), cfg, env)
     _check_schedule(report, env)
@@ -169,6 +170,72 @@ def _check_server(report: Report, cfg: Any) -> None:
                    "the newest verified backup (docs/OPERATIONS.md)", problems=problems, **details)
     else:
         report.add("server", OK, f"{summary}; store verified", **details)
+
+
+def _check_ssh_reuse(report: Report, cfg: Any) -> None:
+    """Whether syncs share one ssh connection, and whether its master runs (after `transport`).
+
+    The transport check has just connected with the same options, so with reuse on a master
+    should be running now; its socket's folder must exist, or every sync fails.
+    """
+    import shlex
+    import stat
+
+    from sharedmem.install import ssh_reuse
+    transport = cfg.transport
+    if transport.kind != "ssh":
+        return
+    name = "ssh reuse"
+    if not ssh_reuse.own_keys(transport.options):
+        report.add(name, OK, "off: each sync opens its own ssh connection (about ten round "
+                   "trips before the first byte); install_client.py without --no-ssh-reuse "
+                   "turns it on", configured=False)
+        return
+    found = ssh_reuse.settings(transport)
+    if not found:
+        report.add(name, WARN, "configured, but `ssh -G` could not read the transport's "
+                   "options, so whether it works is unknown", "run the sync by hand and read "
+                   "what ssh says about transport.options", configured=True)
+        return
+    master, path = found.get("controlmaster", "no"), found.get("controlpath", "none")
+    if master in ("no", "false") or path == "none":
+        report.add(name, OK, f"off: ssh makes ControlMaster {master}, ControlPath {path} of "
+                   "transport.options", configured=False)
+        return
+    details = {"configured": True, "control_path": path, "master": master,
+               "persist": found.get("controlpersist")}
+    folder = Path(path).parent
+    fix = (f"re-run install_client.py (it makes the folder and picks one short enough), or "
+           f"remove the Control* options from transport.options in {cfg.path}")
+    if len(path.encode()) + ssh_reuse.MUX_SUFFIX >= ssh_reuse.SUN_PATH_MAX:
+        report.add(name, FAIL, f"the socket path {path} is too long for a Unix socket "
+                   f"({ssh_reuse.SUN_PATH_MAX - 1 - ssh_reuse.MUX_SUFFIX} bytes at most), so "
+                   "ssh fails", fix, **details)
+        return
+    try:
+        info = folder.stat()
+    except OSError:
+        report.add(name, FAIL, f"the socket's folder {folder} does not exist, so ssh cannot "
+                   "start a master connection and every sync fails", fix, **details)
+        return
+    if stat.S_IMODE(info.st_mode) & 0o022:
+        report.add(name, WARN, f"the socket's folder {folder} is writable by others, who could "
+                   "put their own socket in its place", f"chmod 700 {folder}", **details)
+        return
+    running, said = ssh_reuse.check(transport)
+    by_hand = shlex.join(ssh_reuse.command(transport, "-O", "check"))
+    connected = any(c.name == "transport" and c.status == OK for c in report.checks)
+    if running:
+        report.add(name, OK, f"on: {said.rstrip('.')}, socket {path}, kept "
+                   f"{details['persist']} s after the last sync", **details)
+    elif connected:
+        report.add(name, WARN, f"on, but no master connection runs right after a connection "
+                   f"was made ({said}): each sync opens its own", f"run `{by_hand}` and "
+                   "ssh -v by hand to see why, or turn reuse off (install_client.py "
+                   "--no-ssh-reuse)", **details)
+    else:
+        report.add(name, OK, f"on (socket {path}); no master connection runs now: {said}",
+                   **details)
 
 
 def _check_cache(report: Report, cfg: Any) -> None:

@@ -158,6 +158,39 @@ def forced_command(python: str, launcher: Path, store: Path, machine: str) -> st
     return " ".join(shlex.quote(w) for w in words)
 
 
+def pinned_python(path: Path, key: PublicKey, machine: str, launcher: Path,
+                  store: Path) -> str | None:
+    """The interpreter of the line that already pins `key` to `machine` with this very command.
+
+    None when there is no such line, or its command differs in more than the interpreter (an
+    older prefix, store or flags): an upgrade keeps a working pinned interpreter as it is.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for text in lines:
+        parsed = split_line(text)
+        if parsed is None or parsed[1] != key.blob or pinned_machine(parsed[0]) != machine:
+            continue
+        found = _COMMAND_RE.search(parsed[0])
+        try:
+            words = shlex.split(found.group(1)) if found else []
+        except ValueError:
+            continue
+        if words and found and found.group(1) == _quoted_command(words[0], launcher, store,
+                                                                 machine):
+            return words[0]
+    return None
+
+
+def _quoted_command(python: str, launcher: Path, store: Path, machine: str) -> str | None:
+    try:
+        return forced_command(python, launcher, store, machine)
+    except InstallError:
+        return None
+
+
 def pinned_line(command: str, key: PublicKey) -> str:
     """One authorized_keys line: no forwarding, no terminal, only `command`."""
     return f'restrict,command="{command}" {key.text}'

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -22,7 +23,7 @@ from sharedmem.client import config as config_mod
 from sharedmem.client.config import ClientConfig, SourceConfig, Transport
 from sharedmem.core import InstallError, SharedMemoryError
 from sharedmem.files import atomic_write
-from sharedmem.install import guidance, harnesses, interpreter, scheduler
+from sharedmem.install import guidance, harnesses, interpreter, scheduler, ssh_reuse
 from sharedmem.install.console import Console, Parser, fail_if, run_main
 from sharedmem.install.prefix import (
     DEFAULT_PREFIX,
@@ -71,6 +72,10 @@ def parser() -> Parser:
     ssh.add_argument("--ssh-identity", metavar="FILE", help="the private key to use")
     ssh.add_argument("--ssh-option", metavar="OPT", action="append", default=[],
                      help="an ssh -o option, e.g. ConnectTimeout=10 (repeatable)")
+    ssh.add_argument("--no-ssh-reuse", action="store_true",
+                     help="open a new ssh connection for every sync, instead of keeping one "
+                          f"open for {ssh_reuse.PERSIST_SECONDS // 60} minutes after each "
+                          "(ControlMaster, ControlPersist)")
     ssh.add_argument("--remote-python", metavar="CMD",
                      help="python on the server (default python3; a pinned key ignores it)")
     ssh.add_argument("--remote-prefix", metavar="DIR",
@@ -133,6 +138,7 @@ def _validate(args: Any, env: Mapping[str, str]) -> list[str]:
         given = [f"--{n.replace('_', '-')}" for n in ("ssh_port", "ssh_identity",
                  "remote_python", "remote_prefix") if getattr(args, n)]
         given += ["--ssh-option"] if args.ssh_option else []
+        given += ["--no-ssh-reuse"] if args.no_ssh_reuse else []
         if given:
             problems.append(f"{', '.join(given)}: only for --ssh-host, not with --local")
     if args.ssh_port is not None and (not args.ssh_port.isdigit()
@@ -175,21 +181,33 @@ def _sources(args: Any, env: Mapping[str, str], console: Console) -> tuple[Sourc
     return tuple(out)
 
 
+def reuse_plan(args: Any, env: Mapping[str, str], prefix: Path) -> ssh_reuse.Plan | None:
+    """Connection reuse for an ssh transport: its socket's folder, or why it stays off."""
+    if args.local:
+        return None
+    return ssh_reuse.plan(prefix / "state", env, args.ssh_option, not args.no_ssh_reuse)
+
+
 def build_config(args: Any, env: Mapping[str, str], prefix: Path,
                  console: Console) -> ClientConfig:
-    """The configuration to write; limits already in an existing client.json are kept."""
+    """The configuration to write; limits already in an existing client.json are kept.
+
+    An ssh transport's options are the user's `--ssh-option` values, then connection reuse's.
+    """
     path = prefix / "client.json"
     if args.local:
         store = user_path(args.store, env) if args.store else prefix / STORE_NAME
         transport = Transport("local", store=store)
     else:
+        reuse = reuse_plan(args, env, prefix)
+        assert reuse is not None
         remote = (args.remote_prefix or DEFAULT_PREFIX).rstrip("/") or "/"
         command = (args.remote_python or "python3", *SERVE_PYTHON_FLAGS,
                    f"{remote}/{LAUNCHER_NAME}", "serve", "--store", f"{remote}/{STORE_NAME}")
         identity = user_path(args.ssh_identity, env) if args.ssh_identity else None
         transport = Transport("ssh", host=args.ssh_host, port=int(args.ssh_port)
                               if args.ssh_port else None, identity=identity,
-                              options=tuple(args.ssh_option), remote_command=command)
+                              options=(*args.ssh_option, *reuse.options), remote_command=command)
     cfg = ClientConfig(path, args.machine, transport, _sources(args, env, console),
                        prefix / "cache", prefix / "state")
     if path.exists():
@@ -202,7 +220,13 @@ def build_config(args: Any, env: Mapping[str, str], prefix: Path,
 
 
 def check_connection(cfg: ClientConfig, console: Console) -> dict[str, Any]:
-    """Open a session and say hello, so a broken transport stops the install before it writes."""
+    """Open a session and say hello, so a broken transport stops the install before it writes.
+
+    Without connection reuse: its socket's folder may not exist before the install writes it.
+    """
+    if cfg.transport.kind == "ssh":
+        cfg = replace(cfg, transport=replace(cfg.transport, options=tuple(
+            o for o in cfg.transport.options if not ssh_reuse.own_keys([o]))))
     from sharedmem.client.transport import Connection
     where = f"ssh {cfg.transport.host}" if cfg.transport.kind == "ssh" else "the local store"
     console.progress(f"checking the connection to {where}")
@@ -214,6 +238,34 @@ def check_connection(cfg: ClientConfig, console: Console) -> dict[str, Any]:
                            "that and re-run install_client.py") from None
     finally:
         conn.close()
+
+
+def _reuse_summary(reuse: ssh_reuse.Plan, cfg: ClientConfig) -> dict[str, Any]:
+    """What the summary says about connection reuse."""
+    on = reuse.folder is not None
+    return {"on": on, "folder": str(reuse.folder) if on else None,
+            "control_path": ssh_reuse.control_path(cfg.transport.options),
+            "persist_seconds": ssh_reuse.PERSIST_SECONDS if on else None,
+            "reason": reuse.reason}
+
+
+def _installed(path: Path, env: Mapping[str, str]) -> ClientConfig | None:
+    """The client.json in place (about to be replaced or removed); None without a readable one."""
+    try:
+        return config_mod.load(path, env)
+    except SharedMemoryError:
+        return None
+
+
+def _stop_master(installed: ClientConfig, env: Mapping[str, str]) -> bool:
+    """Close the master connection an installed configuration's reuse options keep open.
+
+    Only for our own options: a ControlPath the user named may serve their other sessions.
+    """
+    transport = installed.transport
+    if transport.kind != "ssh" or not ssh_reuse.ours(transport.options, installed.state, env):
+        return False
+    return ssh_reuse.stop(transport)
 
 
 def _diff(path: Path, before: str | None, after: str | None) -> str:
@@ -283,13 +335,26 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
     text = config_mod.dumps(cfg)
     old = cfg.path.read_text(encoding="utf-8") if cfg.path.exists() else None
     summary["config_action"] = "unchanged" if old == text else ("updated" if old else "added")
+    reuse = reuse_plan(args, env, prefix)
+    if reuse is not None:
+        summary["ssh_reuse"] = _reuse_summary(reuse, cfg)
     if dry:
         diffs.append(_diff(cfg.path, old, text))
     else:
+        before = _installed(cfg.path, env) if old != text else None
+        if reuse is not None and reuse.folder is not None:  # before client.json names it
+            try:
+                ssh_reuse.prepare(reuse.folder)
+            except OSError as exc:
+                raise InstallError(f"cannot make {reuse.folder} for ssh's connection socket: "
+                                   f"{exc}; fix its permissions, or pass --no-ssh-reuse") from None
         if old != text:
             atomic_write(cfg.path, text.encode("utf-8"), mode=0o600)
         for folder in (cfg.cache, cfg.state):
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if before is not None and before.transport != cfg.transport and _stop_master(before, env):
+            summary.setdefault("ssh_reuse", {"on": False, "reason": "local store"})[
+                "stopped_old"] = True  # else the master for the old options would linger
         summary["sync"] = _sync(cfg, env, console)
     mcp = [python.path, str(prefix / LAUNCHER_NAME), "mcp", "--config", str(cfg.path)]
     names = list(dict.fromkeys(args.harness)) or harnesses.detect(env)
@@ -385,6 +450,9 @@ def _uninstall(args: Any, env: Mapping[str, str], prefix: Path, console: Console
         if name != "cursor" or change.action == "removed" or args.harness:
             summary["guidance"].append(_change(guidance.remove_guidance(name, env, dry_run=dry)))
     summary["schedule"] = _schedule(False, prefix, env, console, run, platform, dry)
+    installed = _installed(prefix / "client.json", env)
+    if installed is not None and not dry:
+        summary["ssh_master_stopped"] = _stop_master(installed, env)
     if args.purge:
         summary["removed"] = _purge(prefix, console, dry)
     _report(summary, args.json, console)
@@ -433,6 +501,8 @@ def _report(summary: dict[str, Any], as_json: bool, console: Console) -> None:
             lines.append("  no sources: this machine only reads the shared memory")
         lines.append(f"  code: {len(summary['files'])} file(s) changed")
         lines.append(f"  python: {summary['python']} (what the harnesses and the schedule run)")
+    if "ssh_reuse" in summary:
+        lines.append("  " + _reuse_line(summary["ssh_reuse"]))
     if "sync" in summary:
         lines.append("  " + _sync_line(summary["sync"]))
     lines += _harness_lines(summary)
@@ -459,6 +529,16 @@ def _report(summary: dict[str, Any], as_json: bool, console: Console) -> None:
     if summary.get("diffs"):
         lines += ["", "What would change:", *summary["diffs"]]
     console.say("\n".join(lines))
+
+
+def _reuse_line(reuse: dict[str, Any]) -> str:
+    """Whether syncs share one ssh connection, where its socket is, and how to change that."""
+    stopped = "; the previous master connection was closed" if reuse.get("stopped_old") else ""
+    if reuse["on"]:
+        return (f"ssh: connection reuse on (socket {reuse['control_path']}, kept "
+                f"{reuse['persist_seconds'] // 60} minutes after each sync; --no-ssh-reuse turns "
+                f"it off){stopped}")
+    return f"ssh: connection reuse off ({reuse['reason']}){stopped}"
 
 
 def _plural(count: int, noun: str) -> str:

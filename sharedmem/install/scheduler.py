@@ -77,12 +77,17 @@ def _systemd_quote(arg: str) -> str:
 
 
 def systemd_units(command: list[str], log: Path) -> tuple[str, str]:
-    """The service and timer unit texts."""
+    """The service and timer unit texts.
+
+    `KillMode=process`: the ssh master connection a sync leaves open for the next one (see
+    ssh_reuse.py) is a process of the unit's cgroup, which systemd would otherwise kill as soon
+    as the sync ends. It has left the sync's session; it ends itself when idle.
+    """
     _check_command(command, log)
     target = str(log).replace("%", "%%")
     service = (
         "[Unit]\nDescription=Codex Shared Memory sync\n\n"
-        "[Service]\nType=oneshot\n"
+        "[Service]\nType=oneshot\nKillMode=process\n"
         f"ExecStart={' '.join(_systemd_quote(a) for a in command)}\n"
         f"StandardOutput=append:{target}\nStandardError=append:{target}\n")
     timer = (

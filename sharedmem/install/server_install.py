@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from sharedmem.core import InstallError
+from sharedmem.core import InstallError, SharedMemoryError
 from sharedmem.install import authorized_keys as authkeys
+from sharedmem.install import interpreter
 from sharedmem.install.console import Console, Parser, fail_if, run_main
 from sharedmem.install.prefix import (
     DEFAULT_PREFIX,
@@ -39,6 +39,10 @@ def server_parser() -> Parser:
                    help="the client's public key: its text, or the path of its .pub file")
     p.add_argument("--repin", action="store_true",
                    help="move a key already pinned to another machine to NAME")
+    p.add_argument("--python", metavar="PATH",
+                   help="the Python 3.11+ a pinned key's command runs (default: the one a "
+                        "working pinned line already names, else a system one of this "
+                        "version, else this one)")
     p.add_argument("--dry-run", action="store_true", help="show what would change; write nothing")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
@@ -59,16 +63,42 @@ def _create_store(store: Path, console: Console, dry_run: bool) -> str:
 
 
 def client_hint(prefix: Path, env: Mapping[str, str], machine: str | None,
-                pinned: bool) -> str:
+                pinned: bool, python: str) -> str:
     """The install_client.py command to run on the client."""
     words = ["python3", "install_client.py", "--machine", machine or "NAME",
              "--ssh-host", "USER@HOST"]
     if prefix != user_path(DEFAULT_PREFIX, env):
         words += ["--remote-prefix", str(prefix)]
     python3 = shutil.which("python3")
-    if not pinned and (python3 is None or Path(python3).resolve() != Path(sys.executable).resolve()):
-        words += ["--remote-python", sys.executable]
+    if not pinned and (python3 is None or Path(python3).resolve() != Path(python).resolve()):
+        words += ["--remote-python", python]
     return " ".join(words)
+
+
+def _python(args: Any, keys_file: Path | None, key: authkeys.PublicKey | None,
+            launcher: Path, store: Path, console: Console) -> str:
+    """The interpreter a pinned key's command runs, chosen as the client installer chooses.
+
+    --python PATH wins. Else a pinned line that already runs this very command keeps its
+    interpreter while that still runs Python 3.11+ (an upgrade leaves a working line alone).
+    Else interpreter.py's stable choice: this one, unless a version manager may remove it and
+    a system Python of the same version runs.
+    """
+    if args.python:
+        return interpreter.given(args.python).path
+    if key is not None and keys_file is not None:
+        pinned = authkeys.pinned_python(keys_file, key, args.authorize, launcher, store)
+        found = interpreter.probe(pinned) if pinned else None
+        if pinned and found is not None and found >= interpreter.MIN_VERSION:
+            return pinned
+    choice = interpreter.choose()
+    if key is not None and choice.note:
+        note = choice.note.replace("the harnesses and the schedule", "the pinned command")
+        if choice.volatile:
+            console.warn(note, counts=False)
+        else:
+            console.progress(note)
+    return choice.path
 
 
 def server_body(argv: list[str], env: Mapping[str, str], console: Console) -> int:
@@ -81,6 +111,11 @@ def server_body(argv: list[str], env: Mapping[str, str], console: Console) -> in
         problems.append(problem)
     if args.repin and args.authorize is None:
         problems.append("--repin needs --authorize NAME --key PUBKEY")
+    if args.python:
+        try:
+            interpreter.given(args.python)
+        except SharedMemoryError as exc:
+            problems.append(str(exc))
     key = None
     if args.key is not None:
         try:
@@ -90,9 +125,10 @@ def server_body(argv: list[str], env: Mapping[str, str], console: Console) -> in
     fail_if(problems, "install_server.py")
     prefix = prefix_path(args.prefix, env)
     store = user_path(args.store, env) if args.store else prefix / STORE_NAME
-    if key is not None:  # refuse a conflicting key before anything is written
-        keys_file = Path(env["HOME"]) / ".ssh" / "authorized_keys"
-        command = authkeys.forced_command(sys.executable, prefix / LAUNCHER_NAME, store,
+    keys_file = Path(env["HOME"]) / ".ssh" / "authorized_keys" if key is not None else None
+    python = _python(args, keys_file, key, prefix / LAUNCHER_NAME, store, console)
+    if key is not None and keys_file is not None:  # refuse a conflicting key before writing
+        command = authkeys.forced_command(python, prefix / LAUNCHER_NAME, store,
                                           args.authorize)
         authkeys.authorize(keys_file, key, args.authorize, command, repin=args.repin,
                            dry_run=True)
@@ -101,7 +137,8 @@ def server_body(argv: list[str], env: Mapping[str, str], console: Console) -> in
                                "launcher": str(prefix / LAUNCHER_NAME), "files": changed,
                                "store": str(store),
                                "store_status": _create_store(store, console, args.dry_run)}
-    if key is not None:
+    summary["python"] = python
+    if key is not None and keys_file is not None:
         path = keys_file
         console.progress(f"pinning key {key.fingerprint} to machine {args.authorize} in {path}")
         outcome = authkeys.authorize(path, key, args.authorize, command, repin=args.repin,
@@ -114,7 +151,7 @@ def server_body(argv: list[str], env: Mapping[str, str], console: Console) -> in
             "path": str(path), "action": outcome.action, "line": outcome.line,
             "machine": args.authorize, "fingerprint": key.fingerprint,
             "backup": str(outcome.backup) if outcome.backup else None}
-    summary["client_command"] = client_hint(prefix, env, args.authorize, key is not None)
+    summary["client_command"] = client_hint(prefix, env, args.authorize, key is not None, python)
     if args.json:
         console.say(json.dumps(summary, indent=2))
         return 1 if console.warnings else 0
