@@ -278,3 +278,28 @@ def test_the_sync_text_counts_the_cache_files_it_repaired(tmp_path: Path) -> Non
     assert "    2 cache files repaired (changed by hand or damaged" in proc.stdout, proc.stdout
     again = run_cli("sync", "--config", str(cfg))
     assert again.returncode == 0 and "repaired" not in again.stdout, again.stdout
+
+
+def test_export_streams_the_store_instead_of_listing_it(tmp_path: Path, home: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The texts pass through once (the plain writer keeps each until its commit), not twice."""
+    import tracemalloc
+
+    from sharedmem.server.ingest import IncomingFile
+    from sharedmem.server.store import Store
+    store = tmp_path / "store.sqlite3"
+    texts = {f"f{i:03}.md": f"# file {i}\n" + f"line {i} " * 12_000 + "\n" for i in range(40)}
+    with Store.open(store) as st:
+        ingest(st, "laptop", "notes", "markdown",
+               [IncomingFile(p, text=t) for p, t in texts.items()])
+    total = sum(len(t) for t in texts.values())
+    tracemalloc.start()
+    try:
+        assert cli.main(["export", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    capsys.readouterr()
+    root = tmp_path / "out" / "machines" / "laptop" / "notes"
+    assert {p.name: p.read_text() for p in root.iterdir()} == texts
+    assert peak < 1.5 * total, (peak, total)
