@@ -240,3 +240,66 @@ def test_forced_command_serve_is_parsed_without_argparse(argv: list[str], quick:
         assert {k: getattr(args, k) for k in ("store", "machine", "max_protocol", "handler")} == {
             k: getattr(full, k) for k in ("store", "machine", "max_protocol", "handler")}
         assert (args.store, args.machine) == (quick["store"], quick["machine"])
+
+
+def test_status_says_a_damaged_cache_and_the_refused_notes(tmp_path: Path, home: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from sharedmem.client.exchange import _quarantine
+    cfg = status_config(tmp_path)
+    outbox = Outbox(tmp_path / "client" / "state" / "outbox")
+    [(path, queued)] = outbox.pending()
+    _quarantine(path, {"filename": queued.filename, "note_id": queued.note_id,
+                       "message": "a note must not be empty\x1b[2J"})
+    outbox.done(path)
+    (tmp_path / "cache" / ".sharedmem" / "namespaces.json").write_text("{", encoding="utf-8")
+    assert cli.main(["status", "--config", str(cfg)]) == 0
+    text = capsys.readouterr().out
+    assert (f"the cache is damaged and will be repaired by the next sync (run "
+            f"`shared_memory.py sync --config {cfg}` now to repair it): ") in text
+    assert "refused notes: 1 (kept in " in text
+    assert "  2026-01-31T09-30-00-idea.md: a note must not be empty\\x1b[2J" in text
+    assert cli.main(["status", "--config", str(cfg), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert "namespaces.json" in info["damage"] and info["refused_notes_total"] == 1
+
+
+def test_the_sync_text_counts_the_cache_files_it_repaired(tmp_path: Path) -> None:
+    from test_sync import config_for, make_memories
+    home = tmp_path / "h"
+    make_memories(home, files=3)
+    cfg = config_for(tmp_path, home, "laptop",
+                     {"kind": "local", "store": str(tmp_path / "store.sqlite3")})
+    assert run_cli("sync", "--config", str(cfg)).returncode == 0
+    cache = tmp_path / "laptop" / "cache"
+    (cache / "machines/laptop/notes/d1/note-001.md").write_text("edited by hand\n")
+    (cache / "machines/laptop/codex/MEMORY.md").write_text("edited too\n")
+    proc = run_cli("sync", "--config", str(cfg))
+    assert proc.returncode == 0, proc.stderr
+    assert "    2 cache files repaired (changed by hand or damaged" in proc.stdout, proc.stdout
+    again = run_cli("sync", "--config", str(cfg))
+    assert again.returncode == 0 and "repaired" not in again.stdout, again.stdout
+
+
+def test_export_streams_the_store_instead_of_listing_it(tmp_path: Path, home: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The texts pass through once (the plain writer keeps each until its commit), not twice."""
+    import tracemalloc
+
+    from sharedmem.server.ingest import IncomingFile
+    from sharedmem.server.store import Store
+    store = tmp_path / "store.sqlite3"
+    texts = {f"f{i:03}.md": f"# file {i}\n" + f"line {i} " * 12_000 + "\n" for i in range(40)}
+    with Store.open(store) as st:
+        ingest(st, "laptop", "notes", "markdown",
+               [IncomingFile(p, text=t) for p, t in texts.items()])
+    total = sum(len(t) for t in texts.values())
+    tracemalloc.start()
+    try:
+        assert cli.main(["export", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    capsys.readouterr()
+    root = tmp_path / "out" / "machines" / "laptop" / "notes"
+    assert {p.name: p.read_text() for p in root.iterdir()} == texts
+    assert peak < 1.5 * total, (peak, total)

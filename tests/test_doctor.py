@@ -332,3 +332,19 @@ def test_ssh_transport_without_reuse_says_it_is_off(tmp_path: Path, home: Path,
     check = by_name(doctor(cfg, env))["ssh reuse"]
     assert check.status == OK and check.message.startswith("off: each sync opens its own")
     assert check.details == {"configured": False}
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "namespaces.json"])
+def test_a_damaged_cache_warns_that_the_next_sync_repairs_it(tmp_path: Path, home: Path,
+                                                             name: str) -> None:
+    cfg, env = make_client(tmp_path, home)
+    (tmp_path / "client" / "cache" / ".sharedmem" / name).write_text("{", encoding="utf-8")
+    check = by_name(doctor(cfg, env))["cache"]
+    assert check.status == WARN, check
+    assert check.message.startswith(f"the cache's manifest in {tmp_path / 'client' / 'cache'} "
+                                    "is damaged, so the tools refuse to answer until the next "
+                                    "sync repairs it: "), check.message
+    assert check.fix.startswith(f"run `shared_memory.py sync --config {cfg}`")
+    assert name in check.details["damage"]
+    assert client.sync(config_mod.load(cfg, env))["status"] == "ok"
+    assert by_name(doctor(cfg, env))["cache"].status == OK

@@ -38,7 +38,12 @@ def test_notes_are_delivered_and_a_refused_one_is_kept_aside(tmp_path: Path) -> 
     assert exchange.notes["delivered"] == 1
     assert [r["filename"] for r in exchange.notes["refused"]] == ["2026-11-30T09-00-01-empty.md"]
     assert outbox.pending() == []
-    assert [p.name.endswith(".json") for p in (config.state / "refused-notes").iterdir()] == [True]
+    kept = sorted(p.name for p in (config.state / "refused-notes").iterdir())
+    assert len(kept) == 2 and kept[1] == kept[0].removesuffix(".json") + ".reason"
+    reason = json.loads((config.state / "refused-notes" / kept[1]).read_text())
+    assert reason["filename"] == "2026-11-30T09-00-01-empty.md"
+    assert reason["note_id"] == queued.note_id and reason["message"] and reason["refused_at"]
+    assert reason["message"] == exchange.notes["refused"][0]["message"]
     assert "we chose SQLite" in (config.cache / "extensions/ad_hoc/notes" / NOTE).read_text()
 
 

@@ -684,3 +684,19 @@ def test_resources_without_a_configuration_say_why(tmp_path: Path) -> None:
         assert error["code"] == -32603 and "missing.json does not exist: run install_client.py" \
             in error["message"], error
     assert srv.close() == 0
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "namespaces.json"])
+def test_resources_of_a_damaged_cache_say_it_is_being_repaired(config: Path, name: str) -> None:
+    from sharedmem.mcp.tools import REPAIRING
+    uri = f"sharedmem://cache/{NS}/MEMORY.md"
+    srv = Server(config)
+    srv.init("2025-11-25")
+    assert srv.ask("resources/list")["result"]["resources"]
+    (config.parent / "cache" / ".sharedmem" / name).write_text("{", encoding="utf-8")
+    for method, params in [("resources/list", {}), ("resources/read", {"uri": uri})]:
+        error = srv.ask(method, params)["error"]
+        assert error["code"] == -32603 and error["message"].startswith(REPAIRING + "; "), error
+    assert srv.call("list", path="")["isError"] is True  # as the tools answer
+    srv.alive()
+    assert srv.close() == 0

@@ -128,3 +128,17 @@ def test_templates_and_their_cursor() -> None:
     assert "title" not in old and new["title"]
     with pytest.raises(SharedMemoryError, match="one page"):
         resources.templates("x", "2025-06-18")
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "namespaces.json"])
+def test_a_damaged_cache_is_refused_as_the_tools_refuse_it(tmp_path: Path, name: str) -> None:
+    from sharedmem.core import CacheError
+    cache = fill(tmp_path, {"machines/lab/codex": ("codex", {"MEMORY.md": "m\n"})})
+    path = "machines/lab/codex/MEMORY.md"
+    assert resources.read(cache, resources.uri_of(path), path)["contents"][0]["text"] == "m\n"
+    (tmp_path / ".sharedmem" / name).write_text("{", encoding="utf-8")
+    for call in (lambda c: resources.list_resources(c, None, "2025-06-18"),
+                 lambda c: resources.read(c, resources.uri_of(path), path)):
+        with pytest.raises(CacheError) as caught:
+            call(Cache(tmp_path))
+        assert str(caught.value).startswith(tools.REPAIRING + "; ")

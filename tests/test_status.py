@@ -189,3 +189,39 @@ def test_a_long_error_is_one_short_line() -> None:
 
 def test_the_namespaces_file_read_is_the_cache_s(tmp_path: Path) -> None:
     assert tmp_path.joinpath(*NAMESPACES_FILE) == Cache(tmp_path).namespaces_path
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "namespaces.json"])
+def test_a_damaged_cache_is_said_and_the_next_sync_named(tmp_path: Path, name: str) -> None:
+    cfg = load(tmp_path)
+    Cache(cfg.cache).apply([(f"{NS}/a.md", sha256_text("a\n"), "a\n")], [],
+                           {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 3, "then")})
+    assert status(cfg)["damage"] is None
+    (cfg.cache / ".sharedmem" / name).write_text("{", encoding="utf-8")
+    info = status(cfg)
+    assert info["damage"] and name in info["damage"], info["damage"]
+
+
+def test_refused_notes_are_listed_with_their_reasons(tmp_path: Path) -> None:
+    from sharedmem.client.exchange import _quarantine
+    from sharedmem.client.status import REFUSED_SHOWN, refused_notes
+    cfg = load(tmp_path)
+    outbox = Outbox(cfg.state / "outbox")
+    for i in range(REFUSED_SHOWN + 2):
+        queued = outbox.put(f"2026-01-31T09-30-{i:02}-idea.md", f"idea {i}")
+        [path] = [p for p, n in outbox.pending() if n.note_id == queued.note_id]
+        _quarantine(path, {"filename": queued.filename, "note_id": queued.note_id,
+                           "message": f"refused because {i}"})
+        outbox.done(path)
+    older = cfg.state / "refused-notes" / "2099-old.json"  # kept by a version without reasons
+    older.write_text(json.dumps({"filename": "2020-01-01T00-00-00-old.md", "note_id": "x"}))
+    info = status(cfg)
+    assert info["refused_notes_total"] == REFUSED_SHOWN + 3
+    assert len(info["refused_notes"]) == REFUSED_SHOWN
+    first, second = info["refused_notes"][:2]  # the newest first
+    assert first["filename"] == "2020-01-01T00-00-00-old.md"
+    assert first["message"].startswith("no reason recorded") and first["refused_at"] is None
+    assert second["filename"] == f"2026-01-31T09-30-{REFUSED_SHOWN + 1:02}-idea.md"
+    assert second["message"] == f"refused because {REFUSED_SHOWN + 1}" and second["refused_at"]
+    assert refused_notes(str(tmp_path / "nowhere")) == {"refused_notes_total": 0,
+                                                        "refused_notes": []}

@@ -107,6 +107,10 @@ def _sync_text(report: dict[str, Any]) -> str:
                      f"{pull['removed']} removed"
                      + (f", {pull['skipped_total']} skipped" if pull["skipped_total"] else "")
                      + ")")
+        repaired = (pull.get("repaired") or {}).get("files", 0)
+        if repaired:
+            lines.append(f"    {repaired} cache file{'s' if repaired != 1 else ''} repaired "
+                         "(changed by hand or damaged, written again as the server has them)")
         for item in pull["skipped"]:
             lines.append(f"    not written {shown(item['path'])}: {shown(item['message'])}")
         if pull["skipped_total"] > len(pull["skipped"]):
@@ -174,6 +178,10 @@ def run_status(args: Any) -> int:
     lines = [f"machine {info['machine']}, cache {info['cache']}",
              f"last successful sync: {info['last_sync'] or 'never'}"
              + (f" ({info['age']} ago)" if info["age"] else "")]
+    if info["damage"]:
+        lines.append(f"the cache is damaged and will be repaired by the next sync (run "
+                     f"`shared_memory.py sync --config {args.config}` now to repair it): "
+                     f"{shown(info['damage'])}")
     last = info["last_attempt"]
     if last.get("status") == "failed":
         lines.append(f"last attempt failed at {shown(last.get('finished_at'))}: "
@@ -182,6 +190,13 @@ def run_status(args: Any) -> int:
         lines.append(f"  {shown(ns['key'])}: {ns['files']} files, synced {shown(ns['synced_at'])}")
     lines.append(f"pending notes: {len(info['pending_notes'])}"
                  + "".join(f"\n  {n}" for n in info["pending_notes"]))
+    if info["refused_notes_total"]:
+        lines.append(f"refused notes: {info['refused_notes_total']} (kept in "
+                     f"{shown(os.path.dirname(info['refused_notes'][0]['file']))})")
+        lines += [f"  {shown(n['filename'])}: {shown(n['message'])}"
+                  for n in info["refused_notes"]]
+        if info["refused_notes_total"] > len(info["refused_notes"]):
+            lines.append(f"  and {info['refused_notes_total'] - len(info['refused_notes'])} more")
     emit(info, args.json, "\n".join(lines))
     return 0
 

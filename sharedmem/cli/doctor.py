@@ -252,11 +252,21 @@ def _check_cache(report: Report, cfg: Any) -> None:
     waiting = f"; {pending} note(s) wait in the outbox" if pending else ""
     details = {"last_sync": info["last_sync"], "age_seconds": info["age_seconds"],
                "pending_notes": pending}
+    if info["damage"]:
+        report.add("cache", WARN, f"the cache's manifest in {cfg.cache} is damaged, so the tools "
+                   f"refuse to answer until the next sync repairs it: {info['damage']}{failed}"
+                   f"{waiting}", f"run `shared_memory.py sync --config {cfg.path}` (the "
+                   "scheduled sync repairs it too)", damage=info["damage"], **details)
+        return
     if info["last_sync"] is None:
         report.add("cache", FAIL, f"cache {cfg.cache} was never synced{failed}", fix, **details)
         return
     age = max(0.0, time.time() - parse_utc(info["last_sync"]))
     message = f"last sync {age_text(age)} ago ({info['last_sync']}){failed}{waiting}"
+    refused = info["refused_notes_total"]
+    if refused:
+        message += (f"; {refused} note(s) were refused by the server, e.g. "
+                    f"{info['refused_notes'][0]['filename']}: {info['refused_notes'][0]['message']}")
     if age < FRESH_SECONDS and not pending:
         report.add("cache", OK, message, **details)
     elif age < STALE_SECONDS:

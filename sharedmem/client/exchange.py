@@ -7,6 +7,7 @@ added now (note.py) publishes nothing and does only this. Each holds an `Exchang
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -16,7 +17,10 @@ from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client.config import ClientConfig
 from sharedmem.client.outbox import Outbox, QueuedNote
+from sharedmem.client.status import REFUSED_NOTES, REFUSED_SUFFIX
+from sharedmem.clock import utc_now
 from sharedmem.core import SharedMemoryError
+from sharedmem.files import atomic_write
 from sharedmem.namespaces import NamespaceList
 
 TYPE_CHECKING = False
@@ -72,7 +76,7 @@ class Exchange:
         self.offer = Published()
         self.whole: Mapping[str, str] = {}  # the namespaces the pull asked to leave out
         self.sent_notes: list[tuple[Path, QueuedNote]] | None = None
-        self.answered: list[tuple[Path, bool]] = []  # each note answered, and if it was refused
+        self.answered: list[tuple[Path, dict[str, str] | None]] = []  # each note, why refused
         self.notes: dict[str, Any] = {"delivered": 0, "refused": []}
         self.build_index = False  # build a missing search index in this run (see `apply`)
 
@@ -149,13 +153,14 @@ class Exchange:
                 raise conn.malformed("note_result", f"for note {note.note_id!r} it needs that "
                                      "note_id, a status of stored, duplicate or refused, a "
                                      "message or path string")
+            refused = None
             if status == "refused":
-                self.notes["refused"].append(
-                    {"filename": note.filename, "note_id": note.note_id, "message": message})
+                refused = {"filename": note.filename, "note_id": note.note_id, "message": message}
+                self.notes["refused"].append(refused)
             else:
                 self.notes["delivered"] += status == "stored"
                 self.notes.setdefault("paths", []).append(reply["path"])
-            self.answered.append((path, status == "refused"))
+            self.answered.append((path, refused))
 
     def settle(self) -> None:
         """Take the answered notes out of the outbox, a refused one kept aside for the user.
@@ -164,8 +169,8 @@ class Exchange:
         next delivery of a stored note is a harmless duplicate).
         """
         for path, refused in self.answered:
-            if refused:
-                _quarantine(path)
+            if refused is not None:
+                _quarantine(path, refused)
             self.outbox.done(path)
         self.answered = []
 
@@ -265,9 +270,16 @@ def _row_ok(row: dict[str, Any]) -> bool:
             and (row.get("synced_at") is None or type(row["synced_at"]) is str))
 
 
-def _quarantine(path: Path) -> None:
-    """Keep a refused note's text for the user instead of dropping it."""
+def _quarantine(path: Path, refused: Mapping[str, str]) -> None:
+    """Keep a refused note's text for the user, and the server's reason beside it.
+
+    `status` lists the notes of the folder with their reasons (REFUSED_SUFFIX), so a note queued
+    while the server was away is not refused unseen.
+    """
     with contextlib.suppress(OSError):
-        target = path.parent.parent / "refused-notes" / path.name
+        target = path.parent.parent / REFUSED_NOTES / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(path.read_bytes())
+        reason = {**refused, "refused_at": utc_now()}
+        atomic_write(target.with_name(target.name.removesuffix(".json") + REFUSED_SUFFIX),
+                     json.dumps(reason, ensure_ascii=False).encode("utf-8"), mode=0o600)

@@ -26,6 +26,9 @@ STALE_PERIODS = 3  # a cache older than this many schedule periods is stale: a s
 NAMESPACES_FILE = (".sharedmem", "namespaces.json")  # below the cache: Cache.namespaces_path
 LAST_ATTEMPT_FILE = "last-sync.json"  # below the state folder, written by every sync
 OUTBOX = "outbox"  # below the state folder: outbox.Outbox, one `.json` file a note
+REFUSED_NOTES = "refused-notes"  # below the state folder: each refused note's outbox file...
+REFUSED_SUFFIX = ".reason"  # ...and beside it (`.json` -> `.reason`) the server's reason, as JSON
+REFUSED_SHOWN = 5  # refused notes `status` names one by one; the rest are counted
 _SMALL = 1 << 20  # a bookkeeping file larger than this is damaged: read as nothing
 _ERROR_CHARS = 300  # of a failed attempt's error, in the one-line summary
 
@@ -44,16 +47,44 @@ def status(config: ClientConfig) -> dict[str, Any]:
     return {
         "machine": config.machine,
         "cache": str(config.cache),
+        "damage": cache.damage,
         "last_sync": manifest.last_sync,
         "age_seconds": None if age is None else int(age),
         "age": None if age is None else age_text(age),
         "last_attempt": last,
         "pending_notes": [n.filename for _, n in Outbox(config.state / OUTBOX).pending()],
+        **refused_notes(str(config.state)),
         "namespaces": [
             {"key": k, "machine": ns.machine, "source": ns.source, "kind": ns.kind,
              "files": counts.get(k, 0), "synced_at": ns.synced_at}
             for k, ns in sorted(manifest.namespaces.items())],
     }
+
+
+def refused_notes(state: str) -> dict[str, Any]:
+    """How many notes the server refused (kept in `state/refused-notes/`) and the newest few.
+
+    Each with the filename, note_id, message and refused_at the client stored beside it; a note
+    kept by an older version, without one, is named by its file and an unknown reason.
+    """
+    folder = os.path.join(state, REFUSED_NOTES)
+    try:
+        with os.scandir(folder) as entries:
+            names = sorted((e.name for e in entries if e.name.endswith(".json")
+                            and not e.name.startswith(".")), reverse=True)
+    except OSError:
+        names = []
+    shown = []
+    for name in names[:REFUSED_SHOWN]:
+        why = _read_json(os.path.join(folder, name.removesuffix(".json") + REFUSED_SUFFIX))
+        note = why or _read_json(os.path.join(folder, name))
+        shown.append({"file": os.path.join(folder, name),
+                      "filename": str(note.get("filename") or name),
+                      "note_id": note.get("note_id"),
+                      "message": str(why.get("message") or "no reason recorded (kept by an "
+                                     "older version)"),
+                      "refused_at": why.get("refused_at")})
+    return {"refused_notes_total": len(names), "refused_notes": shown}
 
 
 def config_paths(config_path: str) -> tuple[str, str] | None:

@@ -19,8 +19,8 @@ from typing import Any
 from urllib.parse import quote
 
 from sharedmem.cache.cache import Cache, Manifest
-from sharedmem.core import PathRuleError, ProtocolError
-from sharedmem.mcp.tools import RESULT_MAX_BYTES, cached_bytes, cut_text
+from sharedmem.core import CacheError, PathRuleError, ProtocolError
+from sharedmem.mcp.tools import REPAIRING, RESULT_MAX_BYTES, cached_bytes, cut_text
 from sharedmem.rules import NOTES_DIR, SOURCE_CLAUDE, SOURCE_CODEX, path_problems
 from sharedmem.sources.allowlist import CODEX_FILES
 
@@ -46,7 +46,10 @@ def list_resources(cache: Cache, cursor: object, version: str) -> dict[str, Any]
     skips one that stayed. A page holds at most PAGE resources and RESULT_MAX_BYTES of text.
     """
     after = _decode_cursor(cursor) if cursor is not None else None
-    rows = sorted(_offered(cache.load()))
+    manifest = cache.load()
+    if cache.damage is not None:
+        raise CacheError(f"{REPAIRING}; {cache.damage}")
+    rows = sorted(_offered(manifest))
     if after is not None:
         rows = [row for row in rows if (row[0], row[1]) > after]
     page: list[dict[str, Any]] = []
@@ -135,8 +138,12 @@ def path_of(uri: object) -> str:
 def read(cache: Cache, uri: str, path: str) -> dict[str, Any]:
     """The file at `path` (from `uri`) as one text content, cut at RESULT_MAX_BYTES.
 
-    PathRuleError when it is not in the cache, or is a link or a FIFO there.
+    PathRuleError when it is not in the cache, or is a link or a FIFO there; CacheError, as the
+    tools give it, while the cache's manifest is damaged (a file may then not be the server's).
     """
+    damage = cache.check()
+    if damage is not None:
+        raise CacheError(f"{REPAIRING}; {damage}")
     data = cached_bytes(cache, path)
     text = data.decode("utf-8", "replace")
     if len(text) > RESULT_MAX_BYTES // 4 and len(text.encode("utf-8")) > RESULT_MAX_BYTES:

@@ -268,7 +268,7 @@ class Server:
 
     def _resources(self, ident: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """resources/list, resources/read and resources/templates/list (resources.py)."""
-        from sharedmem.core import SharedMemoryError
+        from sharedmem.core import CacheError, SharedMemoryError
         from sharedmem.mcp import resources
         assert self.version is not None
         try:
@@ -284,6 +284,8 @@ class Server:
             try:
                 return _ok(ident, resources.list_resources(cache, params.get("cursor"),
                                                            self.version))
+            except CacheError as exc:  # being repaired: not the request's fault
+                return _error(ident, INTERNAL_ERROR, str(exc))
             except SharedMemoryError as exc:
                 return _error(ident, INVALID_PARAMS, str(exc))
         uri = params.get("uri")
@@ -294,6 +296,8 @@ class Server:
             return _error(ident, INVALID_PARAMS, str(exc), data)
         try:
             return _ok(ident, resources.read(cache, uri, path))
+        except CacheError as exc:
+            return _error(ident, INTERNAL_ERROR, str(exc), data)
         except SharedMemoryError as exc:
             return _error(ident, RESOURCE_NOT_FOUND, f"Resource not found: {exc}", data)
 
