@@ -97,6 +97,7 @@ CASES = [
     dict(queries=["Привет"]),
     dict(queries=["rotate the signing"]),
     dict(queries=["deploy", "merge"], match_mode="all"),
+    dict(queries=["rotate", "signing", "key"], match_mode="all"),
     dict(queries=["deploy", "RareIdent0003", "zzz-nothing"]),
     dict(queries=["ZÜRICH", "crème"], case_sensitive=False),
     dict(queries=["ab"]),
@@ -514,3 +515,18 @@ def test_a_stale_index_starts_no_rebuild_a_missing_one_does(tmp_path: Path) -> N
         assert search_mod.searcher(cache)._refreshed_for is not None
     finally:
         search_mod.BACKGROUND_REFRESH = saved
+
+
+def test_all_of_common_words_reads_only_the_files_holding_every_one(tmp_path: Path) -> None:
+    # Each word is in half the files (too many for the index to narrow by one word), but
+    # only the last two files hold both: one MATCH of all their trigrams names just those.
+    files = {f"f{i:03d}.md": ("rotate the disk\n" if i % 2 else "signing off\n")
+             for i in range(60)}
+    files["z1.md"] = files["z2.md"] = "rotate\nsigning key\n"
+    cache = make_cache(tmp_path, files)
+    search_mod.refresh_index(cache)
+    query = dict(queries=["rotate", "signing"], match_mode="all")
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, **query)]
+    assert got == reference(cache, ["rotate", "signing"], "all")
+    assert got == [(f"{NS}/z{n}.md", line) for n in (1, 2) for line in (1, 2)]
+    assert search_mod.searcher(cache).scanned == 2

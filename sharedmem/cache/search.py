@@ -536,20 +536,27 @@ class _Index:
             self._unreadable(exc)
             raise _IndexLost from None
 
-    def candidates(self, key: str, dense: float = 1.0) -> array[int] | None:
-        """Ids of the files whose text may contain `key`; None when the index cannot say.
+    def candidates(self, keys: Iterable[str], dense: float = 1.0) -> array[int] | None:
+        """Ids of the files whose text may contain every one of `keys`; None if it cannot say.
 
+        None also when no key has three characters or more. All the keys' trigrams go in one
+        MATCH, so SQLite intersects them: a few files can hold all of several common words.
         Also None when a sample (the first sixteenth of the ids) says more than `dense` of the
         files would be named: fetching them all costs more than it saves.
         """
-        if len(key) < 3:
+        grams: set[str] = set()
+        for key in keys:
+            if len(key) < 3:
+                continue
+            # Trigrams every third character cover the key; more only cost time in SQLite.
+            own = sorted({key[i:i + 3] for i in range(0, len(key) - 2, 3)} | {key[-3:]})
+            if len(own) > _MAX_GRAMS:
+                step = len(own) / _MAX_GRAMS
+                own = [own[int(i * step)] for i in range(_MAX_GRAMS)]
+            grams.update(own)
+        if not grams:
             return None
-        # Trigrams every third character cover the key; more only cost time in SQLite.
-        grams = sorted({key[i:i + 3] for i in range(0, len(key) - 2, 3)} | {key[-3:]})
-        if len(grams) > _MAX_GRAMS:
-            step = len(grams) / _MAX_GRAMS
-            grams = [grams[int(i * step)] for i in range(_MAX_GRAMS)]
-        expr = " AND ".join('"' + g.replace('"', '""') + '"' for g in grams)
+        expr = " AND ".join('"' + g.replace('"', '""') + '"' for g in sorted(grams))
         if _utf8(expr) is None:  # a lone surrogate: SQLite cannot take it
             return None
         if dense < 1.0:
@@ -755,6 +762,7 @@ class Searcher:
         self._digests: tuple[Stamp | None, str | None] = (None, None)
         self._namespaces: tuple[Stamp | None, dict[str, NamespaceInfo] | None] = (None, None)
         self._refreshed_for: Stamp | None = None
+        self.scanned = 0  # files the last search read: what the index spared shows here
 
     def search(self, query: Query, after: list[Any] | None, limit: int,
                max_bytes: int) -> tuple[list[dict[str, Any]], list[Any] | None]:
@@ -763,7 +771,7 @@ class Searcher:
         A page also ends before the result that would take its text past `max_bytes` (see
         `_Page`); it always holds one result when there is one.
         """
-        use_index = True
+        use_index, self.scanned = True, 0
         for _ in range(3):
             try:
                 return self._search(query, after, limit, max_bytes, use_index)
@@ -855,19 +863,27 @@ class Searcher:
                 refresh_in_background(self.cache)  # meanwhile every file is scanned
 
     @staticmethod
-    def _narrowed(view: _View, matcher: _Matcher, i: int, scope: tuple[int, ...],
+    def _narrowed(view: _View, matcher: _Matcher, wanted: list[int], scope: tuple[int, ...],
                   dense: float = 1.0) -> set[int] | None:
-        """Positions that may hold needle `i`: the verified ones if known, else the index's.
+        """Positions that may hold every needle in `wanted`, narrowed as far as is cheap.
 
-        None when the index cannot narrow, or names more than `dense` of the files.
+        Each needle's verified positions where known, intersected with what the index names
+        for all the others at once (one MATCH of their trigrams ANDed). None when neither
+        narrows (the index cannot, or it names more than `dense` of the files).
         """
-        known = view.recall((matcher.kind, matcher.needles[i], scope))
-        if known is not None:
-            return known | set(view.stale)
-        if view.index.conn is None or len(view.stale) == len(view):
-            return None
-        ids = view.index.candidates(normalize(matcher.queries[i]), dense)
-        return None if ids is None or len(ids) > dense * len(view) else view.positions(ids)
+        sets, asked = [], []
+        for i in wanted:
+            known = view.recall((matcher.kind, matcher.needles[i], scope))
+            if known is not None:
+                sets.append(known | set(view.stale))
+            else:
+                asked.append(normalize(matcher.queries[i]))
+        if asked and view.index.conn is not None and len(view.stale) < len(view):
+            ids = view.index.candidates(asked, dense)
+            if ids is not None and len(ids) <= dense * len(view):
+                sets.append(view.positions(ids))
+        sets.sort(key=len)
+        return set.intersection(*sets) if sets else None
 
     def _ordered(self, view: _View, disk: CacheFiles, page: _Page, matcher: _Matcher,
                  spans: list[range], after: list[Any] | None) -> tuple[list[dict[str, Any]],
@@ -878,15 +894,15 @@ class Searcher:
         page fills within the first few.
         """
         scope = _scope(spans)
-        sets = [s for s in (self._narrowed(view, matcher, i, scope, _DENSE)
-                            for i in range(len(matcher.needles))) if s is not None]
-        allowed = set.intersection(*sets) if sets else None
+        allowed = self._narrowed(view, matcher, list(range(len(matcher.needles))), scope,
+                                 _DENSE)
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         every = set(range(len(matcher.needles)))
         everything = page.query.match_mode == "all"
         for pos in _walk(view, spans, allowed, last_path):
             relpath = view.path(pos)
             data = _read(disk, relpath)
+            self.scanned += 1
             found = matcher.which(data, every) if data is not None else set()
             if not found or everything and found != every:
                 continue
@@ -929,6 +945,7 @@ class Searcher:
             for pos in members:
                 relpath = view.path(pos)
                 data = _read(disk, relpath)
+                self.scanned += 1
                 rows, hits = _lines(data or b"", matcher)
                 if remembered and [i for i, lines in enumerate(hits) if lines] != masks[pos]:
                     view.memo.clear()
@@ -955,12 +972,13 @@ class Searcher:
         stale = set(view.stale)
         todo: dict[int, list[int]] = {}
         for i, kept in enumerate(known):
-            narrowed = stale if kept is not None else self._narrowed(view, matcher, i, scope)
+            narrowed = stale if kept is not None else self._narrowed(view, matcher, [i], scope)
             for pos in _walk(view, spans, narrowed, ""):
                 todo.setdefault(pos, []).append(i)
         found: list[set[int]] = [set() if kept is None else kept for kept in known]
         for pos in sorted(todo):
             data = _read(disk, view.path(pos))
+            self.scanned += 1
             if data is not None:
                 for i in matcher.which(data, todo[pos]):
                     found[i].add(pos)
