@@ -194,8 +194,7 @@ def index_mark(cache: Cache) -> str | None:
     costs a read of the manifest file and of the index's own record.
     """
     path = index_path(cache)
-    data = _manifest_bytes(cache)
-    if data is None or _planted(path) or not path.is_file():
+    if _planted(path) or not path.is_file():  # no index: the manifest is not read at all
         return None
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10,
@@ -205,6 +204,9 @@ def index_mark(cache: Cache) -> str | None:
         finally:
             conn.close()
     except _READ_ERRORS:
+        return None
+    data = _manifest_bytes(cache)
+    if data is None:
         return None
     digest = _digest(data)
     return digest if meta.get("version") == _version() and meta.get("manifest") == digest \
