@@ -16,7 +16,7 @@ TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
 if TYPE_CHECKING:
     from typing import IO, Any
 
-VERSIONS = (1, 2)
+VERSIONS = (1, 2, 3)
 MAX_LINE_BYTES = 32 * MIB
 # Parsing costs about 75 bytes a JSON value on top of the text (an empty list, a dict entry), so
 # a line of 32 MiB of `[],` or `"a":0,` would cost 27 times its size. A million values cost

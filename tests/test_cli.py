@@ -58,7 +58,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_usage_errors_exit_2_with_usage_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["status"], ["frobnicate"], [], ["backup"], ["sync", "--config", "x",
-                                                             "--max-protocol", "3"]):
+                                                             "--max-protocol", "4"]):
         with pytest.raises(SystemExit) as exc:
             cli.main(argv)
         assert exc.value.code == 2, argv

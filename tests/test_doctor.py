@@ -75,7 +75,7 @@ def test_ssh_setup_passes_then_names_transport_when_sshd_stops(tmp_path: Path, h
     cfg, env = make_client(tmp_path, home, sshd.transport())  # type: ignore[attr-defined]
     report = doctor(cfg, env)
     assert report.exit_code == 0, format_text(report)
-    assert by_name(report)["server"].details["protocol"] == 2
+    assert by_name(report)["server"].details["protocol"] == 3
     sshd.stop()  # type: ignore[attr-defined]
     report = doctor(cfg, env)
     assert report.exit_code == 1

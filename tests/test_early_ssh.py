@@ -36,7 +36,7 @@ def test_the_early_ssh_is_adopted_and_speaks_to_serve(tmp_path, sshd):
     assert early_ssh._started[0] == ssh_command(config.transport)
     with Connection(config) as conn:
         assert conn.process is early
-        assert conn.hello()["version"] == 2
+        assert conn.hello()["version"] == 3
     assert early_ssh._started is None
 
 

@@ -282,6 +282,7 @@ def test_bodies_ahead_serve_every_manifest_of_the_session(tmp_path):
 # What each protocol version accepts after hello, pinned here apart from the session's table.
 ACCEPTED = {1: {"publish", "note", "export", "verify", "status"},
             2: {"manifest", "bodies", "note", "pull", "verify", "status", "history", "show"}}
+ACCEPTED[3] = ACCEPTED[2]
 EVERY_TYPE = sorted(ACCEPTED[1] | ACCEPTED[2] | {"files", "commit", "hello", "gimme"})
 
 
@@ -291,7 +292,7 @@ def test_the_session_table_has_a_row_for_each_protocol_version() -> None:
         v: ACCEPTED[v] for v in VERSIONS}
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_each_version_takes_its_own_message_types_and_refuses_the_rest(tmp_path: Path,
                                                                        version: int) -> None:
     for kind in EVERY_TYPE:

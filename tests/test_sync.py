@@ -57,7 +57,7 @@ def test_ssh_first_nochange_changed_and_deleted(tmp_path, sshd):
     cfg = config_for(tmp_path, home, "laptop", sshd.transport())
     code, report = sync_json(cfg)
     assert code == 0, report
-    assert report["protocol"] == 2
+    assert report["protocol"] == 3
     cache = tmp_path / "laptop" / "cache"
     files = cache_files(cache)
     assert "machines/laptop/codex/MEMORY.md" in files

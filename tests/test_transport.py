@@ -125,7 +125,7 @@ def test_the_handshake_reads_the_answer_while_its_body_runs(tmp_path: Path) -> N
             while conn.early is None and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert conn.early is not None  # but read as soon as it came
-        assert conn.version == 2 and conn.server is conn.early
+        assert conn.version == 3 and conn.server is conn.early
 
 
 def test_a_server_end_gone_during_the_handshake_is_explained(

@@ -25,7 +25,7 @@ def build_sync(sub: Any) -> None:
                        "changed).")
     p.add_argument("--config", required=True, help="path of client.json")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
-    p.add_argument("--max-protocol", type=int, choices=(1, 2), default=2,
+    p.add_argument("--max-protocol", type=int, choices=(1, 2, 3), default=3,
                    help="highest protocol version to speak (1 to talk to an old server)")
     p.add_argument("--wait", type=_seconds, default=DEFAULT_WAIT, metavar="SECONDS",
                    help="while another sync or a note's delivery of this machine runs, wait up "

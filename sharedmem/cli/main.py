@@ -59,7 +59,7 @@ def _quick_args(argv: list[str]) -> Any:
         return None
     from sharedmem.cli.server_commands import run_serve
     return _Args(command="serve", handler=run_serve, store=argv[2],
-                 machine=argv[4] if len(argv) == 5 else None, max_protocol=2)
+                 machine=argv[4] if len(argv) == 5 else None, max_protocol=3)
 
 
 class _Args:

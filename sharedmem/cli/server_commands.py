@@ -20,7 +20,7 @@ def build_serve(sub: Any) -> None:
                        "over one SQLite store. Clients run this through ssh or as a local child.")
     p.add_argument("--store", required=True, help="path of the SQLite store (created if absent)")
     p.add_argument("--machine", help="pin the session to this machine name (SSH forced command)")
-    p.add_argument("--max-protocol", type=int, choices=(1, 2), default=2,
+    p.add_argument("--max-protocol", type=int, choices=(1, 2, 3), default=3,
                    help="highest protocol version to speak (1 to serve old clients only)")
     p.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
                    help="a server limit other than its default, e.g. machine_bytes=1073741824 "

@@ -64,7 +64,7 @@ class Ahead:
         if hello is None or not self.pending:
             return
         limit = hello.get("ahead_bytes")
-        if hello.get("version") != 2 or not isinstance(limit, int) or isinstance(limit, bool):
+        if hello.get("version", 0) < 2 or not isinstance(limit, int) or isinstance(limit, bool):
             self.close()
             return
         room: list[tuple[str, bytes]] = []
@@ -127,7 +127,7 @@ class Ahead:
         """Once the hello has come: send the bodies `finish` encoded, if the server takes them."""
         waiting, self.waiting = self.waiting, None
         hello = self.conn.early
-        if waiting is None or hello is None or hello.get("version") != 2:
+        if waiting is None or hello is None or hello.get("version", 0) < 2:
             return
         lines, size = waiting
         limit = hello.get("ahead_bytes")

@@ -499,6 +499,8 @@ HANDLERS: dict[int, dict[str, Callable[[Session, dict[str, Any]], None]]] = {
         "pull": Session._on_pull, "verify": Session._on_verify, "status": Session._on_status,
         "history": Session._on_history, "show": Session._on_show},
 }
+# Version 3 takes what version 2 takes; what it changes is in docs/PROTOCOL.md "Version 3".
+HANDLERS[3] = dict(HANDLERS[2])
 # The parts of an exchange its handler reads itself (a publish's `files` and `commit`, a
 # manifest's `bodies` and `commit`): sent where no handler takes them, they are out of order
 # rather than unknown.
