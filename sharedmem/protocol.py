@@ -262,3 +262,19 @@ def chunks(items: Iterable[Any], size_of: Any) -> Iterator[list[Any]]:
         total += size
     if batch:
         yield batch
+
+
+def encode_texts(texts: Iterable[bytes], source: str | None = None) -> bytes:
+    """A version 3 `bodies` message: the UTF-8 texts alone, their sha256 left to the server.
+
+    With `source` it answers that source's `need`; without, it goes ahead of the manifests.
+    """
+    head = b'{"type":"bodies",' if source is None else (
+        b'{"type":"bodies","source":"' + json_text(source.encode("utf-8")) + b'",')
+    parts = [head, b'"bodies":[']
+    for data in texts:
+        parts += (b'"', json_text(data), b'",')
+    if parts[-1] == b'",':
+        parts[-1] = b'"'
+    parts.append(b"]}\n")
+    return b"".join(parts)

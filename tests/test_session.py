@@ -397,3 +397,102 @@ def test_a_pull_streams_the_store_in_bounded_memory_as_one_snapshot(tmp_path: Pa
         for source in ("a", "b") for p, t in texts.items())
     with Store.open(store) as st:  # the commit went in, after the pull's snapshot
         assert set(st.manifest().values()) >= {sha256_text("new")}
+
+
+# --- version 3: compact bodies, needs by index, pipelining, no `have` --------------------------
+
+HELLO3 = {**HELLO, "versions": [1, 2, 3]}
+
+
+def manifest3(source: str, files: list[tuple[str, str]], **extra: object) -> bytes:
+    entries = [[p, sha256_text(t), len(t.encode()), 0] for p, t in files]
+    return enc({"type": "manifest", "source": source, "kind": "markdown",
+                "digest": digest_of((e[0], e[1]) for e in entries), "files": entries, **extra})
+
+
+def test_version_3_takes_every_message_pipelined_and_answers_in_order(tmp_path: Path) -> None:
+    # The whole session is written before serve reads a line, as a v3 client pipelines it:
+    # a manifest that needs one body (b.md: not ahead), a manifest that needs none (its body
+    # went ahead, as a text alone), a note and a pull; only then the body and the commit.
+    store = tmp_path / "store.sqlite3"
+    first = [("a.md", "sent ahead"), ("b.md", "named in need"), ("c.md", "sent ahead")]
+    lines = [enc(HELLO3), enc({"type": "bodies", "bodies": ["sent ahead", "second ahead"]}),
+             manifest3("one", first), manifest3("two", [("x.md", "second ahead")]),
+             enc({"type": "note", "note_id": "note-0001", "filename":
+                  "2026-01-01T00-00-00-hi.md", "text": "hello"}),
+             enc({"type": "pull", "known": {}}),
+             enc({"type": "bodies", "source": "one", "bodies": ["named in need"]}),
+             enc({"type": "commit", "source": "one"}), enc({"type": "bye"})]
+    replies = talk(store, lines)
+    assert [r["type"] for r in replies[:6]] == ["hello", "need", "result", "result",
+                                                "note_result", "namespaces"], replies
+    assert replies[0]["version"] == 3
+    assert replies[1] == {"type": "need", "source": "one", "index": [1]}  # by position
+    assert replies[2]["source"] == "one" and replies[2]["accepted"] == 3
+    assert replies[3]["source"] == "two" and replies[3]["accepted"] == 1
+    assert replies[4]["status"] == "stored"
+    files = {f[0]: f[2] for r in replies if r["type"] == "files" for f in r["files"]}
+    # No `have` list: the bodies this session received come back as null, the note whole.
+    assert files["machines/laptop/one/b.md"] is None
+    assert files["machines/laptop/two/x.md"] is None
+    assert files["extensions/ad_hoc/notes/2026-01-01T00-00-00-hi.md"] is not None
+    assert replies[-1]["type"] == "end"
+
+
+def test_version_3_sends_a_text_it_stored_redacted(tmp_path: Path) -> None:
+    secret = "token = '" + "Zq8vN2mL" + "p4Rt7Ws1'"  # built from pieces, see above
+    replies = talk(tmp_path / "store.sqlite3", [
+        enc(HELLO3), manifest3("one", [("s.md", secret)]),
+        enc({"type": "bodies", "source": "one", "bodies": [secret]}),
+        enc({"type": "commit", "source": "one"}), enc({"type": "pull", "known": {}})])
+    assert replies[2]["redacted"] == {"generic-secret": 1}
+    sent = [f for r in replies if r["type"] == "files" for f in r["files"]]
+    assert sent[0][0] == "machines/laptop/one/s.md" and "Zq8vN2mL" not in sent[0][2]
+
+
+def test_version_3_answers_a_stale_delta_with_need_stale_then_takes_the_whole(
+        tmp_path: Path) -> None:
+    store = tmp_path / "store.sqlite3"
+    files = [("a.md", "one"), ("b.md", "two")]
+    lines = [enc(HELLO3), manifest3("one", files[:1], base="0" * 64, removed=[]),
+             manifest3("two", [("x.md", "other")]), manifest3("one", files),
+             enc({"type": "bodies", "source": "one", "bodies": ["one", "two"]}),
+             enc({"type": "commit", "source": "one"}),
+             enc({"type": "bodies", "source": "two", "bodies": ["other"]}),
+             enc({"type": "commit", "source": "two"})]
+    replies = talk(store, lines)
+    assert replies[1] == {"type": "need", "source": "one", "stale": True, "index": []}
+    assert replies[2] == {"type": "need", "source": "one", "index": [0, 1]}
+    assert replies[3]["source"] == "one" and replies[3]["accepted"] == 2
+    assert replies[4] == {"type": "need", "source": "two", "index": [0]}
+    assert replies[5]["source"] == "two" and replies[5]["accepted"] == 1
+
+
+def test_version_3_bodies_are_texts_alone(tmp_path: Path) -> None:
+    replies = talk(tmp_path / "store.sqlite3", [
+        enc(HELLO3), enc({"type": "bodies", "bodies": [[sha256_text("x"), "x"]]})])
+    assert replies[-1]["code"] == "bad-field" and "texts" in replies[-1]["message"]
+
+
+@pytest.mark.parametrize("held", [server_module.DEFERRED_MESSAGES, "bytes"])
+def test_version_3_holds_a_bounded_number_of_messages_past_a_waiting_manifest(
+        tmp_path: Path, held: int | str) -> None:
+    store = tmp_path / "store.sqlite3"
+    waiting = [enc(HELLO3), manifest3("one", [("a.md", "needed")])]
+    body = [enc({"type": "bodies", "source": "one", "bodies": ["needed"]}),
+            enc({"type": "commit", "source": "one"})]
+    if held == "bytes":  # a few status messages padded to more than DEFERRED_BYTES in all
+        pad = "p" * (server_module.DEFERRED_BYTES // 3)
+        over = [enc({"type": "status", "pad": pad})] * 4
+        replies = talk(store, waiting + over + body)
+        assert replies[-1]["code"] == "out-of-order", replies[-1]
+        assert str(server_module.DEFERRED_BYTES) in replies[-1]["message"]
+        assert stored(store)["files"] == 0
+        return
+    replies = talk(store, waiting + [enc({"type": "status"})] * held + body)
+    assert [r["type"] for r in replies] == ["hello", "need", "result"] + ["status"] * held
+    store = tmp_path / "another.sqlite3"
+    replies = talk(store, waiting + [enc({"type": "status"})] * (held + 1) + body)
+    assert [r["type"] for r in replies] == ["hello", "need", "error"]
+    assert replies[-1]["code"] == "out-of-order" and "pipelined" in replies[-1]["message"]
+    assert stored(store)["files"] == 0

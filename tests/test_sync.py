@@ -334,3 +334,108 @@ def test_what_an_older_version_left_in_the_cache_is_removed_by_the_next_sync(tmp
     assert os.stat(cache / "machines/laptop/notes/d1/note-001.md").st_nlink == 1
     assert (outside / "folder" / "0.md").read_text() == "not the cache's\n"
     assert (outside / "manifest").read_text() == "not the cache's either\n"
+
+
+# --- version 3: pipelined, no echo of this machine's own files -----------------------------------
+
+def sync_in_process(cfg: Path, max_version: int = 3) -> tuple[dict, list[str]]:
+    """One real sync (its server end a real `serve` child) and the progress it told."""
+    from sharedmem.client import config as config_mod
+    from sharedmem.client.sync import sync
+    told: list[str] = []
+    report = sync(config_mod.load(cfg), max_version=max_version, progress=told.append)
+    return report, told
+
+
+def local_laptop(tmp_path: Path, files: int = 20) -> tuple[Path, Path, Path]:
+    home = tmp_path / "h"
+    notes = make_memories(home, files=files)
+    store = tmp_path / "store.sqlite3"
+    return notes, store, config_for(tmp_path, home, "laptop", {"kind": "local",
+                                                                "store": str(store)})
+
+
+def test_version_3_pulls_none_of_its_own_files_back_first_or_delta(tmp_path):
+    notes, _, cfg = local_laptop(tmp_path)
+    cache = tmp_path / "laptop" / "cache"
+    report, told = sync_in_process(cfg)
+    assert report["status"] == "ok" and report["protocol"] == 3, report
+    assert "cache: 0 files pulled" in told and len(cache_files(cache)) == 22
+    assert report["round_trips"] == 2  # the hello, then manifests, notes and pull at once
+
+    (notes / "d1" / "note-001.md").write_text("changed text\n", encoding="utf-8")
+    (notes / "d2" / "note-002.md").unlink()
+    (notes / "d3" / "added.md").write_text("added text\n", encoding="utf-8")
+    report, told = sync_in_process(cfg)
+    assert report["status"] == "ok", report
+    assert "cache: 0 files pulled" in told  # the server sent none of them back
+    assert report["round_trips"] == 2
+    files = cache_files(cache)
+    assert files["machines/laptop/notes/d1/note-001.md"] == "changed text\n"
+    assert files["machines/laptop/notes/d3/added.md"] == "added text\n"
+    assert "machines/laptop/notes/d2/note-002.md" not in files and len(files) == 22
+    assert report["pull"]["written"] == 2 and report["pull"]["removed"] == 1
+
+    report, told = sync_in_process(cfg)  # no change: one round trip after the hello
+    assert report["round_trips"] == 2 and report["pull"]["written"] == 0
+    assert all(s["status"] == "unchanged" for s in report["sources"])
+
+
+def test_version_3_still_pulls_a_namespace_the_server_changed(tmp_path, sshd):
+    # The server refuses a file the client took (its file limit is lower): the namespace it
+    # holds is not the client's snapshot, so the pull sends it as usual and the cache does
+    # not take the refused file.
+    home = tmp_path / "h"
+    notes = make_memories(home, files=3)
+    command = [sys.executable, str(LAUNCHER), "serve", "--store", str(sshd.store),
+               "--limit", "file_bytes=1000"]
+    cfg = config_for(tmp_path, home, "laptop",
+                     sshd.transport(pinned=False, remote_command=command))
+    assert sync_in_process(cfg)[0]["status"] == "ok"
+    (notes / "d0" / "note-000.md").write_text("changed\n", encoding="utf-8")
+    (notes / "d1" / "big.md").write_text("x" * 2000, encoding="utf-8")
+    report, told = sync_in_process(cfg)
+    assert report["status"] == "partial", report
+    assert [r["reason"] for r in report["sources"][1]["refused"]] == ["too-large"]
+    assert "cache: 1 files pulled" in told  # note-000.md, as the server holds it
+    files = cache_files(tmp_path / "laptop" / "cache")
+    assert files["machines/laptop/notes/d0/note-000.md"] == "changed\n"
+    assert "machines/laptop/notes/d1/big.md" not in files
+
+
+def test_version_3_answers_a_need_between_pipelined_manifests(tmp_path):
+    # The server forgot the codex namespace: its delta is stale, the whole manifest goes, and
+    # the bodies (not sent ahead: the client thought the server had them) are named in need,
+    # while the notes manifest, the pull and the note wait on the server's side.
+    notes, store, cfg = local_laptop(tmp_path, files=4)
+    sync_in_process(cfg)
+    with Store.open(store) as s:
+        s.forget("laptop", "codex")
+    (notes / "d1" / "note-001.md").write_text("changed while codex was away\n", encoding="utf-8")
+    from sharedmem.client import config as config_mod
+    from sharedmem.client.outbox import Outbox
+    Outbox(config_mod.load(cfg).state / "outbox").put("2026-01-01T00-00-00-piped.md",
+                                                       "a note while pipelining")
+    report, told = sync_in_process(cfg)
+    assert report["status"] == "ok", report
+    assert [s["status"] for s in report["sources"]] == ["published", "published"]
+    assert report["round_trips"] == 4  # hello; pipeline; whole manifest; bodies and commit
+    files = cache_files(tmp_path / "laptop" / "cache")
+    assert files["machines/laptop/codex/MEMORY.md"] == "# Memory\n- build with uv\n"
+    assert files["machines/laptop/notes/d1/note-001.md"] == "changed while codex was away\n"
+    assert report["notes"]["delivered"] == 1
+    assert "extensions/ad_hoc/notes/2026-01-01T00-00-00-piped.md" in files
+    with Store.open(store) as s:
+        assert s.verify() == [] and "machines/laptop/codex/MEMORY.md" in s.manifest()
+
+
+def test_version_2_session_is_unchanged_and_echoes_a_delta(tmp_path):
+    notes, _, cfg = local_laptop(tmp_path, files=3)
+    report, _ = sync_in_process(cfg, max_version=2)
+    assert report["protocol"] == 2 and report["status"] == "ok"
+    (notes / "d1" / "note-001.md").write_text("v2 change\n", encoding="utf-8")
+    report, told = sync_in_process(cfg, max_version=2)
+    assert report["status"] == "ok" and "cache: 1 files pulled" in told
+    assert report["round_trips"] == 4  # hello; per source: manifest, then commit (+ pull)
+    files = cache_files(tmp_path / "laptop" / "cache")
+    assert files["machines/laptop/notes/d1/note-001.md"] == "v2 change\n"

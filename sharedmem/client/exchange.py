@@ -34,20 +34,28 @@ Progress = Callable[[str], None]
 class Published(NamedTuple):
     """What a sync offers its pull of its own files, so the server need not send them back.
 
-    `texts` holds the text of each file this run read, by sha256 (the pull's `have`). `whole`
-    names the namespaces it published whole that the cache never had, with the digest sent
-    (the pull's `published`); `entries` are their files as sent, taken when the server leaves
-    a namespace out of its answer.
+    `texts` holds the text of each file this run read or sent, by sha256 (the pull's `have`
+    in version 2). `whole` names the namespaces it published that it can write from its own
+    snapshot, with the digest sent (the pull's `published`); `entries` are the files to take
+    when the server leaves one out of its answer. A namespace in `changed` (version 3: one
+    the cache has) takes only those and loses the cache paths in `gone`; the others are
+    taken whole.
     """
 
     texts: Mapping[str, str] = {}
     whole: Mapping[str, str] = {}
     entries: Mapping[str, Sequence[Entry]] = {}
+    changed: Collection[str] = frozenset()
+    gone: Mapping[str, Sequence[str]] = {}
 
     def files(self, keys: Collection[str]) -> list[tuple[str, str, str]]:
         """The files of those namespaces as this run sent them: (cache path, sha256, text)."""
         return [(f"{key}/{e.path}", e.sha256, e.text) for key, entries in self.entries.items()
                 if key in keys for e in entries if e.text is not None]
+
+    def removed(self, keys: Collection[str]) -> list[str]:
+        """The cache paths those namespaces no longer hold (of a namespace in `changed`)."""
+        return [path for key, paths in self.gone.items() if key in keys for path in paths]
 
 
 class Pulled(NamedTuple):
@@ -138,8 +146,10 @@ class Exchange:
             conn.channel.send({"type": "export"})
         else:
             self.whole = self.offer.whole
-            conn.channel.send({"type": "pull", "known": self.known,
-                               "have": sorted(self.offer.texts), "published": self.whole})
+            pull = {"type": "pull", "known": self.known, "published": self.whole}
+            if conn.version == 2:  # version 3: the server knows what this session sent it
+                pull["have"] = sorted(self.offer.texts)
+            conn.channel.send(pull)
 
     def deliver(self, conn: Connection) -> None:
         """Take the server's answer to each note sent; the outbox changes only in `settle`."""
@@ -196,10 +206,12 @@ class Exchange:
         skipped_own = set(skipped) & self.whole.keys()  # only those asked for
         # A rebuilt file list asked for every note: one the server does not send goes.
         notes = {NOTES_NAMESPACE} if self.cache.rebuilt else set()
-        intake = self.cache.intake(writer, full=conn.version == 1,
-                                   full_namespaces=set(full) | skipped_own | notes,
-                                   file_bytes=self.config.limits.file_bytes)
+        intake = self.cache.intake(
+            writer, full=conn.version == 1,
+            full_namespaces=set(full) | (skipped_own - set(self.offer.changed)) | notes,
+            file_bytes=self.config.limits.file_bytes)
         intake.add_own(self.offer.files(skipped_own))
+        removed = removed + self.offer.removed(skipped_own)
         texts = self.offer.texts
         count = 0
         while (part := conn.channel.expect("files", "end"))["type"] == "files":

@@ -7,6 +7,7 @@ it while the walk goes on) and offers `ahead_bytes`, each file read this time th
 was not told of before goes out at once, in batches; the server verifies, redacts and stores
 them while the walk goes on, and leaves them out of its `need`. A server that does not offer it (or
 version 1) gets the usual exchange, and so does whatever is past the offered bytes.
+In version 3 a `bodies` message carries the texts alone (`protocol.encode_texts`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 from queue import SimpleQueue
 
 from sharedmem.core import ProtocolError
-from sharedmem.protocol import chunks, encode_bodies
+from sharedmem.protocol import chunks, encode_bodies, encode_texts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,7 +36,9 @@ class Ahead:
         self.sent_bytes = 0
         self.open = True
         self._queue: SimpleQueue[list[tuple[str, bytes]] | None] = SimpleQueue()
-        self.waiting: tuple[list[bytes], int] | None = None  # lines encoded before the hello
+        # Lines encoded before the hello, in the form of the client's highest version, with
+        # their bodies in case the server chose an older one.
+        self.waiting: tuple[list[bytes], int, list[list[tuple[str, bytes]]], bool] | None = None
         self._sender: threading.Thread | None = None
         self._failure: ProtocolError | None = None
 
@@ -87,9 +90,10 @@ class Ahead:
         while (room := self._queue.get()) is not None:
             if self._failure is not None:
                 continue
+            compact = _compact(self.conn.early)
             try:
                 for batch in chunks(room, _size):
-                    self.conn.channel.send_line(encode_bodies(batch))
+                    self.conn.channel.send_line(_encode(batch, compact))
             except ProtocolError as exc:
                 self._failure = exc
 
@@ -108,9 +112,11 @@ class Ahead:
         """
         if self.open:
             self.flush()
-        if self.open and self.pending:  # no hello yet
-            self.waiting = ([encode_bodies(batch) for batch in chunks(self.pending, _size)],
-                            self.pending_bytes)
+        if self.open and self.pending:  # no hello yet: most likely it chooses our highest
+            batches = list(chunks(self.pending, _size))
+            compact = max(self.conn.versions, default=0) >= 3
+            self.waiting = ([_encode(batch, compact) for batch in batches], self.pending_bytes,
+                            batches, compact)
         self.close()
         if self._sender is not None:
             self._queue.put(None)
@@ -129,7 +135,9 @@ class Ahead:
         hello = self.conn.early
         if waiting is None or hello is None or hello.get("version", 0) < 2:
             return
-        lines, size = waiting
+        lines, size, batches, compact = waiting
+        if compact != _compact(hello):
+            lines = [_encode(batch, not compact) for batch in batches]
         limit = hello.get("ahead_bytes")
         if isinstance(limit, int) and not isinstance(limit, bool) and self.sent_bytes + size <= limit:
             for line in lines:
@@ -140,3 +148,14 @@ class Ahead:
 def _size(body: tuple[str, bytes]) -> int:
     """About what one (sha256, UTF-8 text) body takes on a `bodies` line."""
     return len(body[1]) + 80
+
+
+def _compact(hello: dict[str, object] | None) -> bool:
+    """Whether the server's hello chose version 3 or later, whose bodies are texts alone."""
+    version = hello.get("version") if hello is not None else None
+    return type(version) is int and version >= 3
+
+
+def _encode(batch: list[tuple[str, bytes]], compact: bool) -> bytes:
+    """One `bodies` line ahead: texts alone (version 3) or [sha256, text] pairs (version 2)."""
+    return encode_texts(data for _, data in batch) if compact else encode_bodies(batch)

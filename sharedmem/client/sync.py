@@ -3,7 +3,9 @@
 This module publishes; delivering the notes and refreshing the cache are the exchange's
 (exchange.py), which a sync holds. What needs no answer from the server is done while ssh
 connects (`Sync._prepare`): the walk, the bodies sent ahead and the files staged ahead. The
-rest goes in order: publish, notes, pull, apply, save the states.
+rest goes in order: publish, notes, pull, apply, save the states. In protocol version 3 the
+manifests, the notes and the pull go out together, and the answers are read in order after
+(`Sync._publish_pipelined`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,13 +31,17 @@ from sharedmem.clock import utc_now
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import atomic_write
 from sharedmem.hashing import digest_of
-from sharedmem.protocol import VERSIONS, PeerError, chunks, encode
+from sharedmem.protocol import VERSIONS, PeerError, chunks, encode, encode_texts
 from sharedmem.rules import MACHINES_DIR
 from sharedmem.sources import kinds as sources
 from sharedmem.sources import walk
 
 EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2
 ERROR_CHARS = 2000  # of an error kept in the report and state/last-sync.json
+# Version 3: what the client sends past a manifest whose answer it has not read, at most: the
+# server holds up to 64 messages and 8 MiB of them while a manifest waits for its bodies.
+PIPELINE_MESSAGES = 48
+PIPELINE_BYTES = 6 << 20
 
 
 @dataclass
@@ -74,6 +81,8 @@ class Sync:
         self.snapshots: list[_Prepared] = []
         self.last_to_publish: _Prepared | None = None
         self.published: list[_Prepared] = []
+        self.round_trips = 0  # answers waited for: the hello's, then one per batch of sends
+        self._sent_at_wait = 0
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                                        "sources": [], "notes": self.exchange.notes}
 
@@ -92,18 +101,25 @@ class Sync:
                 with conn.handshake():
                     self._prepare(ahead)
                 self.report["protocol"] = conn.version
+                self.round_trips = 1  # the hello
+                self._sent_at_wait = conn.channel.sent
                 ahead.send_waiting()
                 ok = [p for p in self.snapshots if p.snap.status == "ok"]
                 self.last_to_publish = ok[-1] if ok else None
-                for prepared in self.snapshots:
-                    self.report["sources"].append(self._publish(conn, prepared))
-                self._request(conn)  # unless the last commit sent it
+                if conn.version >= 3:
+                    self._publish_pipelined(conn)
+                else:
+                    for prepared in self.snapshots:
+                        self.report["sources"].append(self._publish(conn, prepared))
+                    self._request(conn)  # unless the last commit sent it
+                self._wait(conn)
                 self.exchange.deliver(conn)
                 self.report["pull"] = self._pull(conn)
                 self._save_states()
                 self.exchange.settle()
                 self.report["bytes"] = {"sent": conn.channel.sent,
                                         "received": conn.channel.received}
+                self.report["round_trips"] = self.round_trips
         except SharedMemoryError as exc:
             error = str(exc)  # may quote the server, whose error text may be megabytes long
             if len(error) > ERROR_CHARS:
@@ -181,7 +197,9 @@ class Sync:
                               "files": [v for p, v in entries.items() if old.get(p) != v[1]]}
         return prepared
 
-    def _publish(self, conn: Connection, prepared: _Prepared) -> dict[str, Any]:
+    def _publish(self, conn: Connection, prepared: _Prepared,
+                 reply: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One source's report entry; its exchange, unless `reply` is its result already."""
         source, snap = prepared.source, prepared.snap
         result: dict[str, Any] = {
             "source": source.name, "kind": source.kind, "path": str(source.path),
@@ -191,11 +209,12 @@ class Sync:
             result.update(status="unreadable", message=snap.message +
                           " (the server keeps what it already holds for this source)")
             return result
-        self.progress(f"{source.name}: {len(snap.files)} files")
-        if conn.version == 1:
-            reply = self._publish_v1(conn, prepared.spec, snap)
-        else:
-            reply = self._publish_v2(conn, prepared)
+        if reply is None:
+            self.progress(f"{source.name}: {len(snap.files)} files")
+            if conn.version == 1:
+                reply = self._publish_v1(conn, prepared.spec, snap)
+            else:
+                reply = self._publish_v2(conn, prepared)
         _check_result(conn, reply, source.name)
         redacted = dict(prepared.redacted)
         for kind, count in reply["redacted"].items():
@@ -237,17 +256,103 @@ class Sync:
         for batch in chunks(items, lambda i: len(i["text"]) * 2 + len(i["path"]) + 40):
             conn.channel.send({"type": "files", "files": batch})
         conn.channel.send({"type": "commit"})
+        self._wait(conn)
+        return conn.channel.expect("result")
+
+    def _wait(self, conn: Connection) -> None:
+        """Count a round trip when this side waits for an answer after sending something."""
+        if conn.channel.sent != self._sent_at_wait:
+            self.round_trips += 1
+            self._sent_at_wait = conn.channel.sent
+
+    def _publish_pipelined(self, conn: Connection) -> None:
+        """Version 3: every manifest, then the notes and the pull, then the answers in order.
+
+        A manifest that needs nothing is answered `result` at once; one that needs bodies is
+        answered `need`, which this side answers with bodies and `commit` when it reads it,
+        while the server holds what came after. No more than PIPELINE_MESSAGES and
+        PIPELINE_BYTES go out past an unanswered manifest: past that, answers are read first.
+        """
+        window: deque[tuple[_Prepared, int]] = deque()
+        in_flight = 0
+        replies: dict[int, dict[str, Any]] = {}
+
+        def answer_oldest() -> int:
+            prepared, size = window.popleft()
+            replies[id(prepared)] = self._answer_v3(conn, prepared)
+            return size
+
+        for prepared in self.snapshots:
+            if prepared.snap.status != "ok":
+                continue
+            line = prepared.line or encode(prepared.delta or prepared.whole)
+            while window and (len(window) >= PIPELINE_MESSAGES
+                              or in_flight + len(line) > PIPELINE_BYTES):
+                in_flight -= answer_oldest()
+            self.progress(f"{prepared.source.name}: {len(prepared.snap.files)} files")
+            conn.channel.send_line(line)
+            window.append((prepared, len(line)))
+            in_flight += len(line)
+        notes = self.exchange.outbox.pending()
+        notes_bytes = sum(len(n.text) * 2 + len(n.filename) + 200 for _, n in notes)
+        if window and (len(window) + len(notes) + 1 > PIPELINE_MESSAGES
+                       or in_flight + notes_bytes > PIPELINE_BYTES):
+            while window:
+                answer_oldest()
+        self._request(conn)
+        while window:
+            answer_oldest()
+        for prepared in self.snapshots:
+            self.report["sources"].append(self._publish(conn, prepared, replies.get(id(prepared))))
+
+    def _answer_v3(self, conn: Connection, prepared: _Prepared) -> dict[str, Any]:
+        """Read the answer to one pipelined manifest; answer its `need`; return its `result`."""
+        spec, by_sha = prepared.spec, prepared.by_sha
+        sent = prepared.delta or prepared.whole
+        self._wait(conn)
+        reply = conn.channel.expect("need", "result")
+        if reply["type"] == "need" and reply.get("stale") is True:
+            sent = prepared.whole  # the base is not what the server holds: the whole manifest
+            conn.channel.send(sent)
+            self._wait(conn)
+            reply = conn.channel.expect("need", "result")
+        if reply["type"] == "result":
+            return reply
+        index, files = reply.get("index"), sent["files"]
+        if reply.get("source") != spec.name or type(index) is not list or not all(
+                type(i) is int and 0 <= i < len(files) for i in index):
+            raise conn.malformed("need", f"for source {spec.name!r} it needs that source and "
+                                 "index as a list of positions in the manifest's files")
+        texts: list[bytes] = []
+        for i in index:
+            sha = files[i][1]
+            entry = by_sha.get(sha)
+            if entry is None:
+                continue
+            try:
+                text = _text(spec, entry)
+            except SharedMemoryError:
+                continue
+            self.have[sha] = text  # the server sends null for it in the pull
+            texts.append(text.encode("utf-8"))
+        self.progress(f"{spec.name}: sending {len(texts)} changed files")
+        for batch in chunks(texts, lambda data: len(data) + 8):
+            conn.channel.send_line(encode_texts(batch, spec.name))
+        conn.channel.send({"type": "commit", "source": spec.name})
+        self._wait(conn)
         return conn.channel.expect("result")
 
     def _publish_v2(self, conn: Connection, prepared: _Prepared) -> dict[str, Any]:
         spec, by_sha = prepared.spec, prepared.by_sha
         try:
             conn.channel.send_line(prepared.line or encode(prepared.delta or prepared.whole))
+            self._wait(conn)
             reply = conn.channel.expect("need", "result")
         except PeerError as exc:
             if exc.code != "stale-base":
                 raise
             conn.channel.send(prepared.whole)
+            self._wait(conn)
             reply = conn.channel.expect("need", "result")
         if reply["type"] == "result":
             return reply
@@ -271,6 +376,7 @@ class Sync:
         conn.channel.send({"type": "commit", "source": spec.name})
         if prepared is self.last_to_publish:  # so the server goes on to them after its commit
             self._request(conn)
+        self._wait(conn)
         return conn.channel.expect("result")
 
     def _encode_manifests(self) -> None:
@@ -284,8 +390,11 @@ class Sync:
         if self.exchange.requested:
             return
         whole = self._takes_own()
+        entries: dict[str, Any] = {key: p.snap.files for key, p in whole.items()}
+        changed, gone = (self._own_changes(entries, whole.keys()) if conn.version >= 3
+                         else (set(), {}))
         self.exchange.request(conn, Published(self.have, {key: p.digest for key, p in whole.items()},
-                                              {key: p.snap.files for key, p in whole.items()}))
+                                              entries, changed, gone))
 
     def _pull(self, conn: Connection) -> dict[str, Any]:
         """Take the pull, staging its texts as they come; move all in once the helper is done."""
@@ -315,12 +424,53 @@ class Sync:
 
         The server leaves each out of the pull if it now holds it at the digest sent, and the
         cache takes the snapshot as it was sent (a first sync then does not pull its own
-        files back).
+        files back). In version 3 (`_own_changes`) so is every namespace of this machine the
+        cache holds intact, whose files this run read, or the cache holds at their sha256.
         """
         new = self.staging.new_namespaces  # this machine's namespaces the cache does not have
-        return {key: p for p in self.snapshots
-                if p.snap.status == "ok" and (key := self._namespace(p.source.name)) in new
-                and all(e.text is not None for e in p.snap.files)}
+        known, cached = self.exchange.known, self.exchange.cached
+        three = self.report.get("protocol", 0) >= 3
+        taken = {}
+        for p in self.snapshots:
+            if p.snap.status != "ok":
+                continue
+            key = self._namespace(p.source.name)
+            if key in new:
+                if all(e.text is not None for e in p.snap.files):
+                    taken[key] = p
+            elif three and known.get(key) and (  # 0: the cache's copy is damaged
+                    p.delta is None or p.delta["files"] or p.delta["removed"]):
+                prefix = key + "/"
+                if all(e.text is not None or ((c := cached.get(prefix + e.path)) is not None
+                                              and c.sha256 == e.sha256) for e in p.snap.files):
+                    taken[key] = p
+        return taken
+
+    def _own_changes(self, entries: dict[str, Any],
+                     keys: Any) -> tuple[set[str], dict[str, list[str]]]:
+        """Version 3: of the namespaces the cache has, the files it lacks and the paths it loses.
+
+        `entries` keeps, for each, only the files whose sha256 the cache does not hold (the
+        walk read them, and staged them: `stage` in `_snapshot`); the paths the cache holds
+        in it that the snapshot lacks are removed.
+        """
+        changed = {key for key in keys if key not in self.staging.new_namespaces}
+        if not changed:
+            return changed, {}
+        cached = self.exchange.cached
+        held: dict[str, list[str]] = {key: [] for key in changed}  # one pass over the cache
+        for path, meta in cached.items():
+            if meta.namespace in held:
+                held[meta.namespace].append(path)
+        gone: dict[str, list[str]] = {}
+        for key in changed:
+            prefix = key + "/"
+            files = entries[key]
+            entries[key] = [e for e in files if (c := cached.get(prefix + e.path)) is None
+                            or c.sha256 != e.sha256]
+            listed = {prefix + e.path for e in files}
+            gone[key] = [path for path in held[key] if path not in listed]
+        return changed, gone
 
 
 class _OwnPaths:

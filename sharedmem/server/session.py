@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import sys
+from collections import deque
 from pathlib import Path
 
 from sharedmem import __version__
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
 
 
 STORE_AHEAD_BYTES = 4 * MIB  # bodies are stored in batches of about this much as they come
+# Version 3: session-level messages that arrive while a namespace exchange waits for its bodies
+# and commit are held, at most this many and this much, and answered after that commit.
+DEFERRED_MESSAGES = 64
+DEFERRED_BYTES = 8 * MIB
 MAX_ERROR_CHARS = 2000  # of an error's text: a client's own error, echoed, is cut there
 
 
@@ -68,13 +73,21 @@ class Session:
         # file limit (for the session), or past the namespace quota of one exchange (`budget`).
         self.refused: dict[str, tuple[str, int]] = {}
         self.budget = 0  # bytes one exchange may still send (answering need, or version 1)
+        # Version 3: messages the client pipelined past a manifest still waiting for its bodies
+        # (answered in order after its commit), with their size on the wire.
+        self.deferred: deque[tuple[dict[str, Any], int]] = deque()
+        self.deferred_bytes = 0
+        # Version 3: the sha256s whose text the client holds (bodies it sent, files its committed
+        # manifests listed): a pull sends `null` for them, with no `have` list. At most
+        # namespace_files of them; past that a text is sent again, which costs bytes only.
+        self.client_has: set[str] = set()
 
     def run(self) -> int:
         """Serve until `bye` or end of input; a protocol error is answered, then ends the session."""
         try:
             self._hello()
             while True:
-                message = self.channel.receive()
+                message = self._next()
                 if message is None or message["type"] == "bye":
                     return 0
                 self._dispatch(message)
@@ -161,6 +174,47 @@ class Session:
                             f"version {self.version}")
         handler(self, message)
 
+    def _next(self) -> dict[str, Any] | None:
+        """The next session-level message: one held while an exchange waited, else a new one."""
+        if self.deferred:
+            message, size = self.deferred.popleft()
+            self.deferred_bytes -= size
+            return message
+        return self.channel.receive()
+
+    def _part(self, *types: str, whole: str | None = None) -> dict[str, Any]:
+        """Read the next part of a namespace exchange (`expect`); in version 3 hold the rest.
+
+        A version 3 client sends every manifest, its notes and its pull without waiting: what
+        comes before the part awaited is a session-level message, held (up to
+        DEFERRED_MESSAGES and DEFERRED_BYTES) and answered in order after this exchange.
+        With `whole`, the part awaited is that source's whole manifest (after `need stale`);
+        other manifests are held.
+        """
+        if self.version < 3:
+            return self.channel.expect(*types)
+        while True:
+            before = self.channel.received
+            message = self.channel.receive()
+            if message is None:
+                return self.channel.expect(*types)  # says the client ended the session
+            kind = message["type"]
+            if kind in types and (whole is None or (message.get("source") == whole
+                                                    and "base" not in message)):
+                return message
+            if kind not in HANDLERS[self.version] and kind != "bye" or kind in PARTS:
+                raise PeerError("out-of-order", f"expected {' or '.join(types)} from the "
+                                f"client, got {kind!r}")
+            size = self.channel.received - before
+            if (len(self.deferred) >= DEFERRED_MESSAGES
+                    or self.deferred_bytes + size > DEFERRED_BYTES):
+                raise PeerError("out-of-order", f"the client pipelined more than "
+                                f"{DEFERRED_MESSAGES} messages or {DEFERRED_BYTES} bytes past a "
+                                "manifest still waiting for its bodies and commit; wait for "
+                                "its answer (need) before sending more")
+            self.deferred.append((message, size))
+            self.deferred_bytes += size
+
     def _namespace(self, message: dict[str, Any]) -> tuple[str, str]:
         source = field(message, "source", str)
         kind = field(message, "kind", str)
@@ -220,7 +274,12 @@ class Session:
                             "namespace_files=N)")
 
     def _on_manifest(self, message: dict[str, Any]) -> None:
-        """Version 2: a manifest or a delta; the server asks only for the bodies it lacks."""
+        """Version 2: a manifest or a delta; the server asks only for the bodies it lacks.
+
+        Version 3 names the bodies it lacks by their index in `files`, answers a stale delta
+        with `need {"stale": true}` and takes the whole manifest as the next part, and commits
+        at once a manifest that needs nothing (docs/PROTOCOL.md "Version 3").
+        """
         assert self.store is not None
         source, kind = self._namespace(message)
         digest = _address(field(message, "digest", str), "manifest.digest")
@@ -242,6 +301,11 @@ class Session:
             raise PeerError("bad-field", "manifest.removed must be a list of paths in valid "
                             "Unicode")
         if base is not None and current != base:
+            if self.version >= 3:
+                self.channel.send({"type": "need", "source": source, "stale": True,
+                                   "index": []})
+                self._on_manifest(self._part("manifest", whole=source))
+                return
             self.channel.send(error("stale-base", f"namespace {self.machine}/{source} is not at "
                                     "the base digest; send the whole manifest"))
             return
@@ -249,15 +313,34 @@ class Session:
             raise PeerError("bad-field", "manifest needs files (whole) or base (delta)")
         shas = {sha for _, sha, _, _ in entries}
         need = self.store.need(shas - self.pool.keys() - self.refused.keys())
-        self.channel.send({"type": "need", "source": source, "sha256": need})
+        if self.version >= 3:
+            missing, index = set(need), []
+            for i, (_, sha, _, _) in enumerate(entries):
+                if sha in missing:
+                    missing.discard(sha)
+                    index.append(i)
+            if index:
+                self.channel.send({"type": "need", "source": source, "index": index})
+        else:
+            self.channel.send({"type": "need", "source": source, "sha256": need})
         if need and "sharedmem.redact.redactor" not in sys.modules:
             _load_redactor_meanwhile()
         wanted = set(need)
         self.budget = self.limits.namespace_bytes
-        while (part := self.channel.expect("bodies", "commit"))["type"] == "bodies":
-            self._take_bodies(part, wanted)
+        if need or self.version < 3:
+            while (part := self._part("bodies", "commit"))["type"] == "bodies":
+                self._take_bodies(part, wanted)
         files = [self._incoming(path, sha, size, mtime) for path, sha, size, mtime in entries]
-        self._commit(source, kind, files, shas, removed=removed if base else None, base=base)
+        held = [sha for sha in shas if sha in self.pool]
+        if self._commit(source, kind, files, shas, removed=removed if base else None,
+                        base=base) and self.version >= 3:
+            self._remember(held)
+
+    def _remember(self, shas: Iterable[str]) -> None:
+        """Version 3: note sha256s whose text the client holds, up to namespace_files of them."""
+        room = self.limits.namespace_files - len(self.client_has)
+        if room > 0:
+            self.client_has.update(list(shas)[:room])
 
     def _incoming(self, path: str, sha: str, size: int, mtime: int) -> IncomingFile:
         """A listed file with what this session holds of its body: text, stored, or refused."""
@@ -282,18 +365,31 @@ class Session:
         the manifest's need, or the commit's missing-body refusal, names what is still due.
         """
         fresh: dict[str, tuple[str, bytes]] = {}
+        compact = self.version >= 3
         for pair in field(message, "bodies", list):
-            if (not isinstance(pair, list) or len(pair) != 2
-                    or not all(isinstance(x, str) for x in pair)):
-                raise PeerError("bad-field", "bodies entries must be [sha256, text]")
-            sha, text = pair
+            if compact:  # the text alone: its address is its sha256, computed here
+                if not isinstance(pair, str):
+                    raise PeerError("bad-field", "bodies entries must be texts (strings) in "
+                                    "protocol version 3")
+                text = pair
+                try:
+                    data = text.encode("utf-8")
+                except UnicodeEncodeError:
+                    continue
+                sha = sha256_bytes(data)
+            else:
+                if (not isinstance(pair, list) or len(pair) != 2
+                        or not all(isinstance(x, str) for x in pair)):
+                    raise PeerError("bad-field", "bodies entries must be [sha256, text]")
+                sha, text = pair
             if ((wanted is not None and sha not in wanted) or sha in fresh or sha in self.pool
                     or sha in self.refused):
                 continue
-            try:
-                data = text.encode("utf-8")
-            except UnicodeEncodeError:
-                continue
+            if not compact:
+                try:
+                    data = text.encode("utf-8")
+                except UnicodeEncodeError:
+                    continue
             if wanted is None:  # every body ahead counts, even one dropped below
                 self.ahead_bytes += len(data)
                 if self.ahead_bytes > self.limits.namespace_bytes:
@@ -301,7 +397,8 @@ class Session:
                                     f"{self.limits.namespace_bytes} bytes of bodies ahead of a "
                                     "manifest (hello.ahead_bytes); send the rest when the "
                                     "server names them in need")
-            if sha256_bytes(data) == sha and self._admit(sha, data, ahead=wanted is None):
+            if (compact or sha256_bytes(data) == sha) and self._admit(sha, data,
+                                                                       ahead=wanted is None):
                 fresh[sha] = (text, data)
         self._keep(fresh)
 
@@ -354,15 +451,18 @@ class Session:
                 self.pool[sha] = (None, counts, size, address)
 
     def _commit(self, source: str, kind: str, files: list[IncomingFile], shas: set[str], *,
-                removed: list[str] | None = None, base: str | None = None) -> None:
-        """Ingest one namespace, answer its result; the bodies it listed leave the session."""
+                removed: list[str] | None = None, base: str | None = None) -> bool:
+        """Ingest one namespace, answer its result; the bodies it listed leave the session.
+
+        False when the base turned out stale (answered `stale-base`, nothing changed).
+        """
         assert self.store is not None
         try:
             report = ingest(self.store, self.machine, source, kind, files, limits=self.limits,
                             removed=removed, base_digest=base)
         except StaleBase as exc:
             self.channel.send(error("stale-base", str(exc)))
-            return
+            return False
         finally:
             self._release(shas)
         self.channel.send({"type": "result", "source": source, "unchanged": report.unchanged,
@@ -370,6 +470,7 @@ class Session:
                            "refused": [_shown(item) for item in report.refused],
                            "redacted": report.redacted, "stored": report.stored,
                            "digest": self.store.namespace_digest(self.machine, source)})
+        return True
 
     def _release(self, shas: set[str]) -> None:
         """Forget the bodies a commit listed: it stored what it accepted, and the rest is dropped."""
@@ -408,10 +509,13 @@ class Session:
         if not all(type(v) is int and 0 <= v < 2**63 for v in known.values()):
             raise PeerError("bad-field", "pull.known must map namespace keys to generations "
                             "(integers from 0)")
-        have_list = field(message, "have", list, optional=True) or []
-        if not all(isinstance(sha, str) for sha in have_list):
-            raise PeerError("bad-field", "pull.have must be a list of sha256 strings")
-        have = set(have_list)
+        if self.version >= 3:  # no list: the session knows what the client sent it
+            have: set[str] = self.client_has
+        else:
+            have_list = field(message, "have", list, optional=True) or []
+            if not all(isinstance(sha, str) for sha in have_list):
+                raise PeerError("bad-field", "pull.have must be a list of sha256 strings")
+            have = set(have_list)
         published = field(message, "published", dict, optional=True) or {}
         if not all(isinstance(v, str) for v in published.values()):
             raise PeerError("bad-field", "pull.published must map namespace keys to digests")
@@ -499,7 +603,8 @@ HANDLERS: dict[int, dict[str, Callable[[Session, dict[str, Any]], None]]] = {
         "pull": Session._on_pull, "verify": Session._on_verify, "status": Session._on_status,
         "history": Session._on_history, "show": Session._on_show},
 }
-# Version 3 takes what version 2 takes; what it changes is in docs/PROTOCOL.md "Version 3".
+# Version 3 takes what version 2 takes, the same handlers reading the version's changes
+# (compact bodies, needs by index, no `have`, pipelining): docs/PROTOCOL.md "Version 3".
 HANDLERS[3] = dict(HANDLERS[2])
 # The parts of an exchange its handler reads itself (a publish's `files` and `commit`, a
 # manifest's `bodies` and `commit`): sent where no handler takes them, they are out of order
