@@ -474,21 +474,22 @@ def test_version_3_bodies_are_texts_alone(tmp_path: Path) -> None:
     assert replies[-1]["code"] == "bad-field" and "texts" in replies[-1]["message"]
 
 
-@pytest.mark.parametrize("held", [server_module.DEFERRED_MESSAGES, "bytes"])
+@pytest.mark.parametrize("bound", ["messages", "bytes"])
 def test_version_3_holds_a_bounded_number_of_messages_past_a_waiting_manifest(
-        tmp_path: Path, held: int | str) -> None:
+        tmp_path: Path, bound: str) -> None:
     store = tmp_path / "store.sqlite3"
     waiting = [enc(HELLO3), manifest3("one", [("a.md", "needed")])]
     body = [enc({"type": "bodies", "source": "one", "bodies": ["needed"]}),
             enc({"type": "commit", "source": "one"})]
-    if held == "bytes":  # a few status messages padded to more than DEFERRED_BYTES in all
-        pad = "p" * (server_module.DEFERRED_BYTES // 3)
+    if bound == "bytes":  # a few status messages padded to more than 8 MiB in all
+        pad = "p" * (8 * 1024 * 1024 // 3)
         over = [enc({"type": "status", "pad": pad})] * 4
         replies = talk(store, waiting + over + body)
         assert replies[-1]["code"] == "out-of-order", replies[-1]
-        assert str(server_module.DEFERRED_BYTES) in replies[-1]["message"]
+        assert str(8 * 1024 * 1024) in replies[-1]["message"]
         assert stored(store)["files"] == 0
         return
+    held = 64  # server_module.DEFERRED_MESSAGES
     replies = talk(store, waiting + [enc({"type": "status"})] * held + body)
     assert [r["type"] for r in replies] == ["hello", "need", "result"] + ["status"] * held
     store = tmp_path / "another.sqlite3"
