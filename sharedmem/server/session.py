@@ -77,8 +77,8 @@ class Session:
         # (answered in order after its commit), with their size on the wire.
         self.deferred: deque[tuple[dict[str, Any], int]] = deque()
         self.deferred_bytes = 0
-        # Version 3: the sha256s whose text the client holds (bodies it sent, files its committed
-        # manifests listed): a pull sends `null` for them, with no `have` list. At most
+        # Version 3: the sha256s whose text the client holds (the bodies it sent that a commit
+        # of this session listed): a pull sends `null` for them, with no `have` list. At most
         # namespace_files of them; past that a text is sent again, which costs bytes only.
         self.client_has: set[str] = set()
 
@@ -331,7 +331,7 @@ class Session:
             while (part := self._part("bodies", "commit"))["type"] == "bodies":
                 self._take_bodies(part, wanted)
         files = [self._incoming(path, sha, size, mtime) for path, sha, size, mtime in entries]
-        held = [sha for sha in shas if sha in self.pool]
+        held = [sha for sha in shas if sha in self.pool] if self.version >= 3 else []
         if self._commit(source, kind, files, shas, removed=removed if base else None,
                         base=base) and self.version >= 3:
             self._remember(held)
