@@ -166,6 +166,10 @@ def test_tails_count_their_joined_size_against_ahead_bytes(tmp_path: Path) -> No
     assert [r["type"] for r in one] == ["hello"]
     two = talk(store, [enc(HELLO), tails((base, "a\n"), (base, "b\n"))], "--limit", quota)
     assert two[-1]["type"] == "error" and two[-1]["code"] == "ahead-full", two
+    # Bases the store lacks cost their address: no entry is free, even with an empty tail.
+    lacking = talk(store, [enc(HELLO), tails(*[(f"{i:064x}", "") for i in range(50)])],
+                   "--limit", quota)
+    assert lacking[-1]["type"] == "error" and lacking[-1]["code"] == "ahead-full", lacking
 
 
 @pytest.mark.parametrize("entry", [["nothex", "x"], ["a" * 64], ["a" * 64, 5], "x"])

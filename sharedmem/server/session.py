@@ -309,8 +309,8 @@ class Session:
         """Version 3: bodies ahead, each a stored body and what was appended to it (`tails`).
 
         The joined text is taken as a body sent ahead, under its own sha256, and counts its whole
-        size against `ahead_bytes`. A base the store does not hold is dropped (only its tail
-        counts): the manifest's `need` then names the whole body.
+        size against `ahead_bytes`. A base the store does not hold is dropped (its address and
+        tail count): the manifest's `need` then names the whole body.
         """
         from sharedmem.server.tails import joined
         assert self.store is not None
@@ -325,7 +325,8 @@ class Session:
             except UnicodeEncodeError:
                 continue
             data = joined(self.store, base, added, self.limits.file_bytes)
-            self.ahead_bytes += len(added) if data is None else len(data)
+            # A missing base counts its address too: no entry is free, however short its tail.
+            self.ahead_bytes += len(base) + len(added) if data is None else len(data)
             if self.ahead_bytes > self.limits.namespace_bytes:
                 raise PeerError("ahead-full", "the client sent more than "
                                 f"{self.limits.namespace_bytes} bytes of bodies and tails ahead "
