@@ -282,8 +282,8 @@ def test_bodies_ahead_serve_every_manifest_of_the_session(tmp_path):
 # What each protocol version accepts after hello, pinned here apart from the session's table.
 ACCEPTED = {1: {"publish", "note", "export", "verify", "status"},
             2: {"manifest", "bodies", "note", "pull", "verify", "status", "history", "show"}}
-ACCEPTED[3] = ACCEPTED[2]
-EVERY_TYPE = sorted(ACCEPTED[1] | ACCEPTED[2] | {"files", "commit", "hello", "gimme"})
+ACCEPTED[3] = ACCEPTED[2] | {"tails"}
+EVERY_TYPE = sorted(ACCEPTED[1] | ACCEPTED[3] | {"files", "commit", "hello", "gimme"})
 
 
 def test_the_session_table_has_a_row_for_each_protocol_version() -> None:

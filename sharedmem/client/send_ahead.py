@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from queue import SimpleQueue
 
+from sharedmem.client.tails import encode_tails
 from sharedmem.core import ProtocolError
 from sharedmem.protocol import chunks, encode_bodies, encode_texts
 
@@ -35,7 +36,12 @@ class Ahead:
         self.offered: set[str] = set()
         self.sent_bytes = 0
         self.open = True
-        self._queue: SimpleQueue[list[tuple[str, bytes]] | None] = SimpleQueue()
+        # Files that only grew (client/tails.py): (sha256, base sha256, text in UTF-8, tail start).
+        self.tails: list[tuple[str, str, bytes, int]] = []
+        self.tail_bytes = 0
+        self.waiting_tails: list[tuple[str, str, bytes, int]] = []  # offered before the hello
+        # Batches of bodies, or one encoded `tails` line.
+        self._queue: SimpleQueue[list[tuple[str, bytes]] | bytes | None] = SimpleQueue()
         # Lines encoded before the hello, in the form of the client's highest version, with
         # their bodies in case the server chose an older one.
         self.waiting: tuple[list[bytes], int, list[list[tuple[str, bytes]]], bool] | None = None
@@ -56,6 +62,55 @@ class Ahead:
         if self.pending_bytes >= BATCH_BYTES:
             self.flush()
 
+    def offer_tail(self, sha: str, base: str, data: bytes, start: int) -> None:
+        """Queue a file that only grew since `base`, the version the server holds: its tail goes.
+
+        `data[start:]` is what was appended (`tails.grown_from`). It counts its whole size
+        against `ahead_bytes`, as the server counts the joined text; a version 2 server, which
+        takes no `tails`, is sent the whole body ahead instead.
+        """
+        if not self.open or sha in self.offered:
+            return
+        self.offered.add(sha)
+        self.tails.append((sha, base, data, start))
+        self.tail_bytes += len(data) - start
+        if self.tail_bytes >= BATCH_BYTES:
+            self.flush()
+
+    def _flush_tails(self) -> None:
+        """Send the tails that wait, once the hello has come (from `flush`)."""
+        hello = self.conn.early
+        if hello is None or not self.tails:
+            return
+        tails, self.tails, self.tail_bytes = self.tails, [], 0
+        lines = self._tail_lines(tails, hello)
+        if lines and self._sender is None:
+            self._sender = threading.Thread(target=self._send, daemon=True, name="sharedmem-ahead")
+            self._sender.start()
+        for line in lines:
+            self._queue.put(line)
+
+    def _tail_lines(self, tails: list[tuple[str, str, bytes, int]],
+                    hello: dict[str, object]) -> list[bytes]:
+        """The lines that send `tails` ahead, as many as `ahead_bytes` leaves room for.
+
+        Each counts its whole size in `sent_bytes`: `tails` to a version 3 server, whole
+        bodies to a version 2 one; nothing to a server that takes nothing ahead.
+        """
+        limit, version = hello.get("ahead_bytes"), hello.get("version")
+        if type(limit) is not int or type(version) is not int or version < 2:
+            return []
+        room = []
+        for tail in tails:
+            if self.sent_bytes + len(tail[2]) > limit:
+                self.open = False
+                break
+            room.append(tail)
+            self.sent_bytes += len(tail[2])
+        if version < 3:
+            return [encode_bodies(b) for b in chunks([(t[0], t[2]) for t in room], _size)]
+        return [encode_tails(b) for b in chunks([(t[1], t[2][t[3]:]) for t in room], _size)]
+
     def flush(self) -> None:
         """Send what waits, up to the server's `ahead_bytes`, once its hello has come.
 
@@ -64,6 +119,7 @@ class Ahead:
         the usual way, when the server names them in `need`.
         """
         hello = self.conn.early
+        self._flush_tails()
         if hello is None or not self.pending:
             return
         limit = hello.get("ahead_bytes")
@@ -92,6 +148,9 @@ class Ahead:
                 continue
             compact = _compact(self.conn.early)
             try:
+                if isinstance(room, bytes):  # a `tails` line (`_flush_tails`)
+                    self.conn.channel.send_line(room)
+                    continue
                 for batch in chunks(room, _size):
                     self.conn.channel.send_line(_encode(batch, compact))
             except ProtocolError as exc:
@@ -101,6 +160,7 @@ class Ahead:
         """Offer nothing more; what was not sent goes the usual way."""
         self.open = False
         self.pending, self.pending_bytes = [], 0
+        self.tails, self.tail_bytes = [], 0
 
     def finish(self) -> None:
         """The walk is over: send what waits if the server is ready, then offer nothing more.
@@ -117,6 +177,8 @@ class Ahead:
             compact = max(self.conn.versions, default=0) >= 3
             self.waiting = ([_encode(batch, compact) for batch in batches], self.pending_bytes,
                             batches, compact)
+        if self.open and self.tails:  # no hello yet: sent by `send_waiting`, if there is room
+            self.waiting_tails = self.tails
         self.close()
         if self._sender is not None:
             self._queue.put(None)
@@ -130,7 +192,14 @@ class Ahead:
             raise self._failure
 
     def send_waiting(self) -> None:
-        """Once the hello has come: send the bodies `finish` encoded, if the server takes them."""
+        """Once the hello has come: send the bodies `finish` encoded, if the server takes them.
+
+        The tails that waited go first, as many as there is room for.
+        """
+        tails, self.waiting_tails = self.waiting_tails, []
+        if tails and self.conn.early is not None:
+            for line in self._tail_lines(tails, self.conn.early):
+                self.conn.channel.send_line(line)
         waiting, self.waiting = self.waiting, None
         hello = self.conn.early
         if waiting is None or hello is None or hello.get("version", 0) < 2:

@@ -21,7 +21,7 @@ from typing import Any
 from sharedmem import __version__, linejson
 from sharedmem.cache.staged_files import write_failure
 from sharedmem.cache.writers import PreStagedWriter
-from sharedmem.client import source_state
+from sharedmem.client import source_state, tails
 from sharedmem.client.config import ClientConfig, SourceConfig
 from sharedmem.client.exchange import Exchange, Progress, Published
 from sharedmem.client.lock import sync_lock
@@ -177,7 +177,11 @@ class Sync:
             if cached is None or cached.sha256 != entry.sha256:
                 self.staging.add(prefix + entry.path, entry.sha256, data)
             if entry.sha256 not in on_server:
-                ahead.offer(entry.sha256, data)
+                grown = tails.grown_from((saved.record or {}).get(entry.path), data, on_server)
+                if grown is not None:  # only appended to what the server holds: the tail goes
+                    ahead.offer_tail(entry.sha256, grown[0], data, grown[1])
+                else:
+                    ahead.offer(entry.sha256, data)
 
         snap = sources.snapshot(spec, limits, previous, stage)
         prepared = _Prepared(source, spec, state_file, saved, rules, snap,

@@ -402,6 +402,41 @@ class Session:
                 fresh[sha] = (text, data)
         self._keep(fresh)
 
+    def _on_tails(self, message: dict[str, Any]) -> None:
+        """Version 3: bodies ahead, each a stored body and what was appended to it (`tails`).
+
+        The joined text is taken as a body sent ahead, under its own sha256, and counts its whole
+        size against `ahead_bytes`. A base the store does not hold is dropped (its address and
+        tail count): the manifest's `need` then names the whole body.
+        """
+        from sharedmem.server.tails import joined
+        assert self.store is not None
+        fresh: dict[str, tuple[str, bytes]] = {}
+        for pair in field(message, "tails", list):
+            if (not isinstance(pair, list) or len(pair) != 2
+                    or not all(isinstance(x, str) for x in pair)):
+                raise PeerError("bad-field", "tails entries must be [base sha256, tail text]")
+            base, tail = _address(pair[0], "tails base"), pair[1]
+            try:
+                added = tail.encode("utf-8")
+            except UnicodeEncodeError:
+                continue
+            data = joined(self.store, base, added, self.limits.file_bytes)
+            # A missing base counts its address too: no entry is free, however short its tail.
+            self.ahead_bytes += len(base) + len(added) if data is None else len(data)
+            if self.ahead_bytes > self.limits.namespace_bytes:
+                raise PeerError("ahead-full", "the client sent more than "
+                                f"{self.limits.namespace_bytes} bytes of bodies and tails ahead "
+                                "of a manifest (hello.ahead_bytes); send the rest when the "
+                                "server names them in need")
+            if data is None:
+                continue
+            sha = sha256_bytes(data)
+            if (sha not in fresh and sha not in self.pool and sha not in self.refused
+                    and self._admit(sha, data, ahead=True)):
+                fresh[sha] = (data.decode("utf-8"), data)
+        self._keep(fresh)
+
     def _admit(self, sha: str, data: bytes, *, ahead: bool) -> bool:
         """Whether to keep a verified body; a refused one is remembered, none of its text.
 
@@ -603,9 +638,9 @@ HANDLERS: dict[int, dict[str, Callable[[Session, dict[str, Any]], None]]] = {
         "pull": Session._on_pull, "verify": Session._on_verify, "status": Session._on_status,
         "history": Session._on_history, "show": Session._on_show},
 }
-# Version 3 takes what version 2 takes, the same handlers reading the version's changes
-# (compact bodies, needs by index, no `have`, pipelining): docs/PROTOCOL.md "Version 3".
-HANDLERS[3] = dict(HANDLERS[2])
+# Version 3 takes what version 2 takes, and `tails`, the same handlers reading the version's
+# changes (compact bodies, needs by index, no `have`, pipelining): docs/PROTOCOL.md "Version 3".
+HANDLERS[3] = {**HANDLERS[2], "tails": Session._on_tails}
 # The parts of an exchange its handler reads itself (a publish's `files` and `commit`, a
 # manifest's `bodies` and `commit`): sent where no handler takes them, they are out of order
 # rather than unknown.
