@@ -23,7 +23,7 @@ from sharedmem.client.config import ClientConfig, SourceConfig
 from sharedmem.client.exchange import Exchange, Progress, Published
 from sharedmem.client.lock import sync_lock
 from sharedmem.client.send_ahead import Ahead
-from sharedmem.client.transport import Connection
+from sharedmem.client.transport import Connection, HelloChanged
 from sharedmem.clock import utc_now
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import atomic_write
@@ -76,6 +76,7 @@ class Sync:
         self.published: list[_Prepared] = []
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                                        "sources": [], "notes": self.exchange.notes}
+        self.failure: SharedMemoryError | None = None
 
     def run(self) -> dict[str, Any]:
         """Publish, deliver, pull; any failure leaves the cache and the outbox as they were.
@@ -105,6 +106,7 @@ class Sync:
                 self.report["bytes"] = {"sent": conn.channel.sent,
                                         "received": conn.channel.received}
         except SharedMemoryError as exc:
+            self.failure = exc
             error = str(exc)  # may quote the server, whose error text may be megabytes long
             if len(error) > ERROR_CHARS:
                 error = f"{error[:ERROR_CHARS]}... ({len(error)} characters)"
@@ -380,7 +382,12 @@ def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
     """
     runner = Sync(config, max_version, progress, lock_wait, waiting, build_index)
     _FINISHED[:] = [runner]  # only the last: a process that syncs again frees the one before
-    return runner.run()
+    report = runner.run()
+    if isinstance(runner.failure, HelloChanged):  # sent ahead of a hello that changed: again
+        runner = Sync(config, max_version, progress, lock_wait, waiting, build_index)
+        _FINISHED[:] = [runner]
+        report = runner.run()
+    return report
 
 
 _FINISHED: list[Sync] = []  # see sync()
