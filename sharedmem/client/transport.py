@@ -195,7 +195,7 @@ class Connection:
         return hello
 
     def _assume(self, hello: dict[str, Any]) -> None:
-        """Go on as if the server had answered `hello` again; `_check_hello` reads the real one."""
+        """Go on as if the server had answered `hello` again; `check_hello` reads the real one."""
         self.assumed = hello
         self.version = hello["version"]
         self.server = {"type": "hello", **hello}
