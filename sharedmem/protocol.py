@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 
 from sharedmem.core import ProtocolError
@@ -24,6 +25,12 @@ MAX_LINE_BYTES = 32 * MIB
 # comes near it (a manifest of 20,000 files holds about 100,000).
 MAX_LINE_VALUES = 1_000_000
 CHUNK_BYTES = 4 * MIB
+# zlib stream compression (version 3, when both hellos say "zlib"). Level 1: on text it keeps
+# nearly all of level 6's saving at a third of its time (docs/BENCHMARKS.md "Compression").
+COMPRESSIONS = ("zlib",)
+ZLIB_LEVEL = 1
+INFLATE_READ_BYTES = 256 * 1024  # of the wire read at a time, compressed
+INFLATE_STEP_BYTES = MIB  # decompressed at most per step, so a small input cannot grow memory
 
 ERROR_CODES = {
     "bad-json": "a line is not one JSON object in UTF-8",
@@ -159,34 +166,72 @@ def error(code: str, message: str) -> dict[str, Any]:
 
 
 class Channel:
-    """Both directions of one session over a pair of byte streams, counting bytes each way."""
+    """Both directions of one session over a pair of byte streams, counting bytes each way.
+
+    `sent` and `received` count bytes on the wire (compressed, when the session compresses);
+    `sent_plain` and `received_plain` count the lines themselves.
+    """
 
     def __init__(self, reader: IO[bytes], writer: IO[bytes], peer: str = "peer") -> None:
-        self.reader = reader
+        self.reader: Any = reader
         self.writer = writer
         self.peer = peer
         self.sent = 0
         self.received = 0
+        self.sent_plain = 0
+        self.received_plain = 0
+        self._deflate: Any = None
+        self._inflate: _Inflating | None = None
+
+    def compress_output(self) -> None:
+        """From the next byte on, what this side sends is one zlib stream (its hello is sent)."""
+        self._deflate = zlib.compressobj(ZLIB_LEVEL)
+
+    def decompress_input(self) -> None:
+        """From the next byte on, what the peer sends is one zlib stream (its hello was read)."""
+        self._inflate = _Inflating(self.reader, self.peer)
+
+    @property
+    def compressing(self) -> bool:
+        """Whether this side's output is compressed now."""
+        return self._deflate is not None
 
     def send(self, message: dict[str, Any]) -> None:
         """Write one message and flush, so the peer can act on it now."""
         self.send_line(encode(message))
 
     def send_line(self, data: bytes) -> None:
-        """Write one message already encoded (`encode`, `encode_bodies`) and flush."""
+        """Write one message already encoded (`encode`, `encode_bodies`) and flush.
+
+        Compressed, each write ends in a sync flush: the peer can decode all of it at once.
+        """
+        plain = len(data)
+        if self._deflate is not None:
+            data = self._deflate.compress(data) + self._deflate.flush(zlib.Z_SYNC_FLUSH)
         try:
             self.writer.write(data)
             self.writer.flush()
         except (BrokenPipeError, ConnectionResetError, ValueError, OSError) as exc:
             raise ProtocolError(f"the {self.peer} closed the connection ({exc})") from None
         self.sent += len(data)
+        self.sent_plain += plain
+
+    def _readline(self) -> bytes:
+        """The next line, compressed or not; never more than MAX_LINE_BYTES + 1 bytes of it."""
+        if self._inflate is None:
+            line = self.reader.readline(MAX_LINE_BYTES + 1)
+            self.received += len(line)
+        else:
+            line = self._inflate.readline(MAX_LINE_BYTES + 1)
+            self.received = self._inflate.wire
+        self.received_plain += len(line)
+        return line
 
     def receive(self) -> dict[str, Any] | None:
         """Read one message; None at a clean end of input. Over-long lines are never held whole."""
-        line = self.reader.readline(MAX_LINE_BYTES + 1)
+        line = self._readline()
         if not line:
             return None
-        self.received += len(line)
         if len(line) > MAX_LINE_BYTES:
             raise PeerError("line-too-long", f"a message from the {self.peer} is longer than "
                             f"{MAX_LINE_BYTES} bytes; refused")
@@ -219,6 +264,67 @@ class Channel:
             raise PeerError("out-of-order", f"expected {' or '.join(types)} from the {self.peer}, "
                             f"got {message['type']!r}")
         return message
+
+
+class _Inflating:
+    """`readline` over a zlib stream, holding at most one line (and one step) decompressed.
+
+    The limits of a line apply to what it decompresses to: each step inflates at most what
+    the line may still grow by, so a few bytes that would inflate to gigabytes (a zip bomb)
+    make a line too long, never a large buffer.
+    """
+
+    def __init__(self, reader: Any, peer: str) -> None:
+        self.reader = reader
+        self.peer = peer
+        self.inflater = zlib.decompressobj()
+        self.buffer = bytearray()  # decompressed, not yet returned
+        self.searched = 0  # bytes of `buffer` known to hold no line break
+        self.tail = b""  # compressed, not yet decompressed
+        self.wire = 0  # compressed bytes read
+        self.ended = False
+        self.full = False  # the last step filled its room: zlib may hold more output
+
+    def readline(self, limit: int) -> bytes:
+        """Up to and with the next line break, or `limit` bytes, or what is left at the end."""
+        while True:
+            end = self.buffer.find(b"\n", self.searched, limit)
+            if end != -1:
+                return self._take(end + 1)
+            if len(self.buffer) >= limit or self.ended:
+                return self._take(min(limit, len(self.buffer)))
+            self.searched = len(self.buffer)
+            self._inflate(limit - len(self.buffer))
+
+    def _inflate(self, room: int) -> None:
+        """Decompress at most `room` (and one step of) bytes more, reading the wire if needed."""
+        if not self.tail and not self.full:
+            read = getattr(self.reader, "read1", None)
+            data = (read(INFLATE_READ_BYTES) if read is not None
+                    else self.reader.readline(INFLATE_READ_BYTES))
+            if not data:
+                self.ended = True
+                return
+            self.wire += len(data)
+            self.tail = data
+        step = min(room, INFLATE_STEP_BYTES)
+        try:
+            out = self.inflater.decompress(self.tail, step)
+        except zlib.error as exc:
+            raise PeerError("bad-json", f"the {self.peer} sent data that is not the zlib stream "
+                            f"both hellos agreed on ({exc})") from None
+        self.tail = self.inflater.unconsumed_tail
+        self.full = len(out) == step
+        if self.inflater.eof:  # the stream was finished: what follows it has no meaning
+            self.tail = b""
+            self.ended = True
+        self.buffer += out
+
+    def _take(self, size: int) -> bytes:
+        line = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        self.searched = 0
+        return line
 
 
 def choose_version(mine: tuple[int, ...], theirs: object) -> int:

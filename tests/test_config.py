@@ -222,3 +222,29 @@ def test_bad_limits(tmp_path: Path, limits: object, needle: str) -> None:
     with pytest.raises(ConfigError, match="1 problem") as exc:
         config.load(write(tmp_path / "client.json", raw), {})
     assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize(("value", "kind", "compresses"), [
+    (None, "ssh", True), (None, "local", False), ("auto", "ssh", True), ("auto", "local", False),
+    ("on", "local", True), ("off", "ssh", False),
+])
+def test_compress_setting(tmp_path: Path, value: str | None, kind: str, compresses: bool) -> None:
+    raw = ssh_raw() if kind == "ssh" else {"machine": "pc", "cache": "/c", "transport": {
+        "kind": "local", "store": "/s/store.sqlite3"}}
+    if value is not None:
+        raw["compress"] = value
+    cfg = config.load(write(tmp_path / "client.json", raw), {})
+    assert cfg.compress == (value or "auto") and cfg.compresses is compresses
+    again = config.load(write(tmp_path / "again" / "client.json", config.dumps(cfg)), {})
+    assert again.compress == cfg.compress
+    assert ("compress" in json.loads(config.dumps(cfg))) is (value not in (None, "auto"))
+
+
+@pytest.mark.parametrize("value", ["yes", True, 1, ["zlib"], ""])
+def test_bad_compress_setting(tmp_path: Path, value: object) -> None:
+    path = write(tmp_path / "client.json", {**ssh_raw(), "compress": value})
+    with pytest.raises(ConfigError) as exc:
+        config.load(path, {})
+    assert str(path) in str(exc.value)
+    assert problems_of(exc) == [f"compress must be one of 'auto', 'on', 'off' (auto: on over "
+                                f"ssh, off for a local store), not {value!r}"]

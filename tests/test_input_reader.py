@@ -119,3 +119,19 @@ def test_a_limit_that_ends_just_before_or_at_a_line_break(pipe: Pipe, start: int
     reader = ReadAhead(pipe.read_end, start=start)
     assert [reader.readline(n) for n in (2, 1, 3, 1, 5, 5)] == [
         b"ab", b"\n", b"cd\n", b"e", b"f", b""]
+
+
+def test_read1_after_a_line_gives_the_rest_in_order_and_starts_the_thread(pipe: Pipe) -> None:
+    """A compressed session reads its hello as a line, then the zlib stream in chunks."""
+    data = b'{"type":"hello"}\n' + bytes(random.Random(5).randbytes(3_000_000))
+    writer = feed(pipe, data, 65_536)
+    reader = ReadAhead(pipe.read_end, window=256 * 1024, start=100_000)
+    assert reader.readline(1000) == b'{"type":"hello"}\n'
+    parts = []
+    while chunk := reader.read1(50_000):
+        assert len(chunk) <= 50_000
+        parts.append(chunk)
+    writer.join()
+    assert b'{"type":"hello"}\n' + b"".join(parts) == data
+    assert reader._ready is not None  # past `start` bytes, the rest was read ahead
+    assert reader.read1(10) == b""

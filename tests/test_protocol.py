@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
+import tracemalloc
+import zlib
 
 import pytest
+from conftest import run_with_timeout
 
 from sharedmem.core import ProtocolError
 from sharedmem.protocol import (
@@ -258,3 +262,81 @@ def test_a_text_without_a_utf8_form_is_not_sent_and_printable_shows_it() -> None
     assert printable("café ✓") == "café ✓"
     channel.send({"type": "result", "path": printable("a\ud800.md")})
     assert json.loads(writer.getvalue()) == {"type": "result", "path": "a\\ud800.md"}
+
+
+# --- zlib compression (version 3) ---------------------------------------------------------------
+
+def compressed_pair() -> tuple[Channel, io.BytesIO]:
+    """A channel that compresses what it sends, and the wire it writes to."""
+    wire = io.BytesIO()
+    sender = Channel(io.BufferedReader(io.BytesIO()), wire, "client")
+    sender.compress_output()
+    return sender, wire
+
+
+def inflating(data: bytes, peer: str = "server") -> Channel:
+    channel = Channel(io.BufferedReader(io.BytesIO(data)), io.BytesIO(), peer)
+    channel.decompress_input()
+    return channel
+
+
+def test_a_compressed_stream_carries_every_message_and_counts_wire_bytes() -> None:
+    sender, wire = compressed_pair()
+    text = "# note\n" + "the same words again and again. " * 2000
+    sender.send({"type": "hello", "versions": [3]})
+    sender.send_line(encode_bodies([("a" * 64, text.encode("utf-8"))]))
+    sender.send({"type": "bye"})
+    assert sender.sent == len(wire.getvalue()) < sender.sent_plain / 10  # wire bytes counted
+    reader = inflating(wire.getvalue())
+    assert reader.receive() == {"type": "hello", "versions": [3]}
+    assert reader.receive() == {"type": "bodies", "bodies": [["a" * 64, text]]}
+    assert reader.receive() == {"type": "bye"}
+    assert reader.receive() is None
+    assert reader.received == sender.sent and reader.received_plain == sender.sent_plain
+
+
+def test_each_compressed_message_can_be_read_before_the_next_is_sent() -> None:
+    """Every write ends in a sync flush: a reader holding one message never waits for more."""
+    read_end, write_end = os.pipe()
+    with open(read_end, "rb") as reader, open(write_end, "wb") as writer:
+        sender = Channel(io.BufferedReader(io.BytesIO()), writer, "client")
+        sender.compress_output()
+        receiver = Channel(reader, io.BytesIO(), "client")
+        receiver.decompress_input()
+        for n in range(3):  # the pipe stays open: an unflushed message would block the read
+            sender.send({"type": "note", "n": n, "text": "x" * 10_000})
+            assert run_with_timeout(receiver.receive, 10)["n"] == n
+
+
+def test_a_zip_bomb_is_refused_as_a_long_line_without_inflating_it() -> None:
+    """A megabyte that inflates to a gigabyte: at most one line's worth is ever decompressed."""
+    deflate = zlib.compressobj(9)
+    zeros = b"0" * (16 * 1024 * 1024)
+    bomb = b"".join(deflate.compress(zeros) for _ in range(64)) + deflate.flush()  # 1 GiB
+    assert len(bomb) < 2 * 1024 * 1024
+    channel = inflating(bomb)
+    tracemalloc.start()
+    try:
+        with pytest.raises(PeerError) as exc:
+            channel.receive()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert exc.value.code == "line-too-long"
+    assert peak < 4 * MAX_LINE_BYTES  # not the gigabyte the bomb holds
+    assert channel.received <= len(bomb)
+
+
+def test_a_compressed_line_is_limited_by_what_it_inflates_to() -> None:
+    sender, wire = compressed_pair()
+    sender.send_line(b"[" + b"0," * (MAX_LINE_VALUES + 10) + b"0]\n")  # a few KB on the wire
+    assert len(wire.getvalue()) < 100_000
+    with pytest.raises(PeerError) as exc:
+        inflating(wire.getvalue()).receive()
+    assert exc.value.code == "too-many-values"
+
+
+def test_data_that_is_not_the_agreed_zlib_stream_is_bad_json() -> None:
+    with pytest.raises(PeerError) as exc:
+        inflating(encode({"type": "hello"})).receive()  # plain text where zlib was agreed
+    assert exc.value.code == "bad-json" and "zlib" in str(exc.value)

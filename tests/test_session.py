@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -175,6 +176,38 @@ def test_bodies_sent_ahead_are_not_asked_for_again(tmp_path):
 def test_version_1_hello_offers_no_bodies_ahead(tmp_path):
     hello = talk(tmp_path / "store.sqlite3", [enc({**HELLO, "versions": [1]})])[0]
     assert hello["version"] == 1 and "ahead_bytes" not in hello
+
+
+def test_a_version_3_hello_that_offers_zlib_compresses_both_ways(tmp_path):
+    """A real `serve`: after the hello lines, both streams are zlib; the hellos are plain."""
+    deflate = zlib.compressobj()
+    rest = deflate.compress(enc({"type": "status"}) + enc({"type": "bye"}))
+    rest += deflate.flush(zlib.Z_SYNC_FLUSH)
+    hello = enc({**HELLO, "versions": [1, 2, 3], "compress": ["br", "zlib"]})
+    proc = subprocess.run([sys.executable, str(LAUNCHER), "serve", "--store",
+                           str(tmp_path / "store.sqlite3")], input=hello + rest,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    first, _, after = proc.stdout.partition(b"\n")
+    assert json.loads(first)["compress"] == "zlib"
+    status = json.loads(zlib.decompressobj().decompress(after))
+    assert status["type"] == "status"
+
+
+@pytest.mark.parametrize(("versions", "args"), [([1, 2, 3], ["--max-protocol", "2"]),
+                                                ([1, 2], [])])
+def test_compression_is_only_answered_in_version_3(tmp_path, versions, args):
+    replies = talk(tmp_path / "store.sqlite3", [enc({**HELLO, "versions": versions,
+                                                     "compress": ["zlib"]}),
+                                                enc({"type": "status"})], *args)
+    assert replies[0]["version"] == 2 and "compress" not in replies[0]
+    assert replies[1]["type"] == "status"  # plain, as before
+
+
+def test_a_compress_offer_that_is_not_a_list_of_names_is_refused(tmp_path):
+    replies = talk(tmp_path / "store.sqlite3",
+                   [enc({**HELLO, "versions": [3], "compress": "zlib"})])
+    assert replies[-1]["code"] == "bad-field" and "hello.compress" in replies[-1]["message"]
 
 
 def test_bodies_ahead_past_the_limit_end_the_session_and_store_nothing(tmp_path):

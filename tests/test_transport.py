@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from conftest import run_cli, write_config
+from loopback_sshd import SERVE
 
 from sharedmem.client import config as config_mod
 from sharedmem.client.config import ClientConfig, Transport
 from sharedmem.client.early_ssh import remote_words
-from sharedmem.client.transport import Connection, explain_ssh, ssh_command
+from sharedmem.client.transport import Connection, HelloChanged, explain_ssh, ssh_command
 from sharedmem.core import ProtocolError, TransportError
 from sharedmem.protocol import PeerError
+from sharedmem.server.store import Store
 
 SSH = Transport("ssh", host="me@srv", port=2222, identity=Path("/keys/id ed25519"),
                 options=("ConnectTimeout=5", "UserKnownHostsFile=/k/known"),
@@ -242,3 +248,145 @@ def test_an_error_a_server_end_left_before_it_stopped_reading_is_read(
                                        + b"x" * (1 << 20) + b'"]]}\n')
     assert exc.value.code == "disk-full" and str(exc.value).endswith(FULL)
     assert "the server's disk is full (ssh me@srv)" in str(exc.value)
+
+
+# --- compression and the optimistic hello (version 3) -------------------------------------------
+
+def compressing_config(tmp_path: Path, store: Path, compress: str = "on") -> ClientConfig:
+    return dataclasses.replace(local_config(tmp_path, store), compress=compress)
+
+
+def test_a_local_store_is_not_compressed_unless_asked(tmp_path: Path) -> None:
+    store = tmp_path / "store.sqlite3"
+    with Connection(local_config(tmp_path, store)) as conn:  # compress auto: off for local
+        assert "compress" not in conn.hello() and not conn.channel.compressing
+    with Connection(compressing_config(tmp_path, store)) as conn:
+        assert conn.hello()["compress"] == "zlib" and conn.channel.compressing
+        conn.channel.send({"type": "status"})
+        assert conn.channel.expect("status")["schema"] >= 1  # both ways compressed from here
+        assert conn.channel.received < conn.channel.received_plain
+    assert conn.process.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("max_version", [2, 1])
+def test_a_client_below_version_3_offers_no_compression(tmp_path: Path, max_version: int) -> None:
+    with Connection(compressing_config(tmp_path, tmp_path / "store.sqlite3"), max_version) as conn:
+        reply = conn.hello()
+        assert reply["version"] == max_version and "compress" not in reply
+        conn.channel.send({"type": "status"})
+        assert conn.channel.expect("status")
+        assert conn.channel.received == conn.channel.received_plain
+
+
+def test_the_next_session_goes_on_before_the_hello_answer(tmp_path: Path) -> None:
+    config = compressing_config(tmp_path, tmp_path / "store.sqlite3")
+    record = config.state / "server.json"
+    with Connection(config) as conn, conn.handshake():
+        assert conn.assumed is None  # nothing remembered: the answer is waited for
+    assert json.loads(record.read_text())["hello"]["compress"] == "zlib"
+    with Connection(config) as conn:
+        with conn.handshake():
+            assert conn.assumed is not None and conn.version == 3  # the hello just sent
+            assert conn.channel.compressing
+            conn.channel.send({"type": "status"})
+        assert conn.channel.expect("status")  # the real hello was read and checked first
+        assert conn.assumed is None and conn.server["server"].startswith("sharedmem/")
+    assert conn.process.wait(timeout=30) == 0
+
+
+def test_a_hello_that_changed_forgets_the_record(tmp_path: Path) -> None:
+    """The server now offers less room ahead than remembered: this try ends, and the next waits."""
+    config = compressing_config(tmp_path, tmp_path / "store.sqlite3")
+    with Connection(config) as conn, conn.handshake():
+        pass
+    record = config.state / "server.json"
+    saved = json.loads(record.read_text())
+    saved["hello"]["ahead_bytes"] += 1
+    record.write_text(json.dumps(saved))
+    with Connection(config) as conn:
+        with conn.handshake():
+            assert conn.assumed is not None
+            conn.channel.send({"type": "status"})
+        with pytest.raises(HelloChanged, match="runs again"):
+            conn.channel.receive()
+    assert not record.exists()
+    with Connection(config) as conn, conn.handshake():
+        assert conn.assumed is None
+
+
+def test_a_record_of_another_transport_is_not_used(tmp_path: Path) -> None:
+    config = compressing_config(tmp_path, tmp_path / "store.sqlite3")
+    with Connection(config) as conn:
+        conn.hello()
+    assert not (config.state / "server.json").exists()  # only a sync keeps it
+    with Connection(config) as conn, conn.handshake():
+        pass
+    probe = Connection(config)
+    try:
+        assert probe.remembered() is not None
+    finally:
+        probe.close()
+    other = dataclasses.replace(config, transport=Transport("local", store=tmp_path / "other"))
+    probe = Connection(other)
+    try:
+        assert probe.remembered() is None
+    finally:
+        probe.close()
+
+
+def capped_server(tmp_path: Path, sshd: Any) -> tuple[dict, Path, Path]:
+    """An ssh transport to a `serve` whose --max-protocol a file decides, and its log of runs."""
+    cap, runs = tmp_path / "cap", tmp_path / "runs"
+    cap.write_text("")
+    wrapper = tmp_path / "serve.sh"
+    wrapper.write_text(f'#!/bin/sh\necho run >> "{runs}"\n'
+                       f'exec {" ".join(SERVE)} --store "{sshd.store}" $(cat "{cap}")\n')
+    return sshd.transport(pinned=False, remote_command=["sh", str(wrapper)]), cap, runs
+
+
+def test_an_older_server_after_a_v3_session_fails_over_once(tmp_path: Path, sshd: Any) -> None:
+    """The record says v3 and zlib; the server is now capped at 2: the sync runs again, right."""
+    home = tmp_path / "home"
+    notes = home / "notes"
+    notes.mkdir(parents=True)
+    for i in range(30):
+        (notes / f"n{i}.md").write_text(f"# note {i}\n" + "words and words\n" * 200)
+    transport, cap, runs = capped_server(tmp_path, sshd)
+    cfg = write_config(tmp_path / "c" / "client.json", "laptop", transport,
+                       [{"name": "notes", "kind": "markdown", "path": str(notes)}],
+                       tmp_path / "cache")
+    record = tmp_path / "c" / "state" / "server.json"
+
+    def sync(*extra: str) -> dict:
+        proc = run_cli("sync", "--config", str(cfg), "--json", *extra)
+        report = json.loads(proc.stdout)
+        assert proc.returncode == 0, (report, proc.stderr)
+        return report
+
+    first = sync()  # over ssh, compress auto: on
+    assert first["protocol"] == 3
+    assert first["bytes"]["sent"] < 30 * 3200 / 4  # the bodies went compressed
+    assert json.loads(record.read_text())["hello"]["compress"] == "zlib"
+    assert runs.read_text().count("run") == 1
+
+    cap.write_text("--max-protocol 2")
+    (notes / "n1.md").write_text("changed while the server was downgraded\n")
+    second = sync()
+    assert second["protocol"] == 2 and runs.read_text().count("run") == 3  # tried, then again
+    assert [s["status"] for s in second["sources"]] == ["published"]
+    assert (tmp_path / "cache" / "machines" / "laptop" / "notes" / "n1.md").read_text() == \
+        "changed while the server was downgraded\n"
+    hello = json.loads(record.read_text())["hello"]
+    assert hello["version"] == 2 and "compress" not in hello
+
+    cap.write_text("")
+    third = sync()  # the record says 2, the server answers 3: again, once
+    assert third["protocol"] == 3 and runs.read_text().count("run") == 5
+    assert all(s["status"] == "unchanged" for s in third["sources"])
+    fourth = sync()  # remembered and right: one run, no round trip waited for
+    assert fourth["protocol"] == 3 and runs.read_text().count("run") == 6
+
+    off = sync("--compress", "off")
+    assert off["protocol"] == 3 and "compress" not in json.loads(record.read_text())["hello"]
+    with Store.open(sshd.store, create=False) as store:
+        assert store.verify() == []

@@ -27,6 +27,9 @@ def build_sync(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--max-protocol", type=int, choices=(1, 2, 3), default=3,
                    help="highest protocol version to speak (1 to talk to an old server)")
+    p.add_argument("--compress", choices=("auto", "on", "off"),
+                   help="compress the session (protocol 3), overriding client.json's compress "
+                   "(default auto: on over ssh, off for a local store)")
     p.add_argument("--wait", type=_seconds, default=DEFAULT_WAIT, metavar="SECONDS",
                    help="while another sync or a note's delivery of this machine runs, wait up "
                         f"to this long for it to finish, then run (default {DEFAULT_WAIT:g}; 0 "
@@ -68,6 +71,9 @@ def run_sync(args: Any) -> int:
             print(f"note delivery failed: {report['error']}", file=sys.stderr)
         return {"ok": 0, "partial": 1}.get(report["status"], 2)
     from sharedmem.client import sync as client
+    if args.compress is not None:
+        import dataclasses
+        config = dataclasses.replace(config, compress=args.compress)
     report = client.sync(config, max_version=args.max_protocol,
                          progress=progress(sys.stderr.isatty() and not args.json),
                          lock_wait=args.wait, waiting=_waiting, build_index=args.index)

@@ -14,6 +14,7 @@ from sharedmem.rules import KIND_MARKDOWN, SOURCE_KINDS, Limits, check_markdown_
 
 CONFIG_VERSION = 1
 TRANSPORTS = ("local", "ssh")
+COMPRESS_MODES = ("auto", "on", "off")  # auto: on over ssh, off for a local store
 TRANSPORT_KEYS = frozenset({"kind", "store", "host", "port", "identity", "options",
                             "remote_command"})
 
@@ -51,6 +52,12 @@ class ClientConfig:
     cache: Path
     state: Path
     limits: Limits = field(default_factory=Limits)
+    compress: str = "auto"
+
+    @property
+    def compresses(self) -> bool:
+        """Whether a session asks the server to compress (protocol version 3)."""
+        return self.compress == "on" or (self.compress == "auto" and self.transport.kind == "ssh")
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form written by the installer and read back by `load`."""
@@ -65,7 +72,7 @@ class ClientConfig:
                 transport["identity"] = str(self.transport.identity)
             transport["options"] = list(self.transport.options)
             transport["remote_command"] = list(self.transport.remote_command)
-        return {
+        out: dict[str, Any] = {
             "version": CONFIG_VERSION,
             "machine": self.machine,
             "transport": transport,
@@ -80,6 +87,9 @@ class ClientConfig:
                 "namespace_files": self.limits.namespace_files,
             },
         }
+        if self.compress != "auto":  # the default is left out: installers write the same bytes
+            out["compress"] = self.compress
+        return out
 
 
 def dumps(config: ClientConfig) -> str:
@@ -123,12 +133,18 @@ def parse(raw: object, path: Path, env: Mapping[str, str]) -> ClientConfig:
     cache = _path(raw.get("cache"), "cache", base, env, problems)
     state = _path(raw.get("state", str(base / "state")), "state", base, env, problems)
     limits = _limits(raw.get("limits", {}), problems)
-    known = {"version", "machine", "transport", "sources", "cache", "state", "limits"}
+    compress = raw.get("compress", "auto")
+    if compress not in COMPRESS_MODES:
+        problems.append(f"compress must be one of {', '.join(map(repr, COMPRESS_MODES))} "
+                        f"(auto: on over ssh, off for a local store), not {compress!r}")
+        compress = "auto"
+    known = {"version", "machine", "transport", "sources", "cache", "state", "limits", "compress"}
     problems.extend(f"unknown key {key!r}" for key in raw if key not in known)
     if problems:
         listing = "\n  - ".join(problems)
         raise ConfigError(f"configuration {path} has {len(problems)} problem(s):\n  - {listing}")
-    return ClientConfig(path, machine, transport, sources, cache, state, limits)  # type: ignore[arg-type]
+    return ClientConfig(path, machine, transport, sources, cache, state, limits,  # type: ignore[arg-type]
+                        compress)
 
 
 def expand(value: str, env: Mapping[str, str]) -> str:

@@ -26,7 +26,7 @@ from sharedmem.client.config import ClientConfig, SourceConfig
 from sharedmem.client.exchange import Exchange, Progress, Published
 from sharedmem.client.lock import sync_lock
 from sharedmem.client.send_ahead import Ahead
-from sharedmem.client.transport import Connection
+from sharedmem.client.transport import Connection, HelloChanged
 from sharedmem.clock import utc_now
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import atomic_write
@@ -85,6 +85,7 @@ class Sync:
         self._sent_at_wait = 0
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                                        "sources": [], "notes": self.exchange.notes}
+        self.failure: SharedMemoryError | None = None
 
     def run(self) -> dict[str, Any]:
         """Publish, deliver, pull; any failure leaves the cache and the outbox as they were.
@@ -121,6 +122,7 @@ class Sync:
                                         "received": conn.channel.received}
                 self.report["round_trips"] = self.round_trips
         except SharedMemoryError as exc:
+            self.failure = exc
             error = str(exc)  # may quote the server, whose error text may be megabytes long
             if len(error) > ERROR_CHARS:
                 error = f"{error[:ERROR_CHARS]}... ({len(error)} characters)"
@@ -534,7 +536,12 @@ def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
     """
     runner = Sync(config, max_version, progress, lock_wait, waiting, build_index)
     _FINISHED[:] = [runner]  # only the last: a process that syncs again frees the one before
-    return runner.run()
+    report = runner.run()
+    if isinstance(runner.failure, HelloChanged):  # sent ahead of a hello that changed: again
+        runner = Sync(config, max_version, progress, lock_wait, waiting, build_index)
+        _FINISHED[:] = [runner]
+        report = runner.run()
+    return report
 
 
 _FINISHED: list[Sync] = []  # see sync()

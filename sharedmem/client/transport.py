@@ -1,11 +1,15 @@
 """How a client reaches `serve`: a local child process, or `ssh` to the server.
 
-Either way the session is the same newline-delimited JSON over the child's stdin and stdout.
+Either way the session is the same newline-delimited JSON over the child's stdin and stdout,
+compressed after the hellos when both offer it (version 3). A sync that remembers the server's
+hello (`state/server.json`) goes on as soon as its own hello is sent, and checks the answer
+before it uses any other reply (docs/PROTOCOL.md "Optimistic hello").
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import threading
@@ -16,10 +20,17 @@ from sharedmem import __version__
 from sharedmem.client.config import ClientConfig, Transport
 from sharedmem.client.early_ssh import spawn, ssh_argv, take
 from sharedmem.core import ProtocolError, TransportError
+from sharedmem.files import atomic_write
 from sharedmem.program import LAUNCHER, SERVE_PYTHON_FLAGS
-from sharedmem.protocol import VERSIONS, Channel, PeerError, printable
+from sharedmem.protocol import COMPRESSIONS, VERSIONS, Channel, PeerError, printable
 
 LEFT_MESSAGES = 64  # what a server end that went away may have said first, read for its error
+SERVER_RECORD = "server.json"  # in the state folder: the last server hello a sync took
+REMEMBERED = ("version", "compress", "ahead_bytes", "server")  # of that hello
+
+
+class HelloChanged(ProtocolError):
+    """The server's hello is not the one remembered: the sync starts again, not optimistic."""
 
 
 def ssh_command(transport: Transport) -> list[str]:
@@ -82,6 +93,14 @@ class Connection:
         self.version = 0
         self.server: dict[str, Any] = {}
         self.early: dict[str, Any] | None = None  # the server's hello, once it has come
+        # Offered in the hello (version 3 only): the client compresses when the server says so.
+        self.compress = config.compresses and max(self.versions) >= 3
+        self.record = config.state / SERVER_RECORD
+        self.key = {"transport": config.to_json()["transport"], "versions": self.versions,
+                    "compress": self.compress}
+        self.assumed: dict[str, Any] | None = None  # the remembered hello, until checked
+        self.changed = False  # the real hello was not the one remembered
+        self.remembers = False  # a sync's session (`handshake`) keeps the hello for the next
 
     def _drain(self) -> None:
         assert self.process.stderr is not None
@@ -108,7 +127,13 @@ class Connection:
         soon as it comes and the body may start sending then (send_ahead.py). The answer is
         taken and checked once the body is done.
         """
+        self.remembers = True
+        remembered = self.remembered()
         self._send_hello()
+        if remembered is not None:  # the answer is read before the first other reply
+            self._assume(remembered)
+            yield
+            return
         answer: list[dict[str, Any] | ProtocolError] = []
         reader = threading.Thread(target=self._read_hello, args=(answer,), daemon=True,
                                   name="sharedmem-hello")
@@ -124,10 +149,13 @@ class Connection:
         self._accept(answer[0])
 
     def _send_hello(self) -> None:
+        hello: dict[str, Any] = {"type": "hello", "versions": self.versions,
+                                 "client": f"sharedmem/{__version__}",
+                                 "machine": self.config.machine}
+        if self.compress:
+            hello["compress"] = list(COMPRESSIONS)
         try:
-            self.channel.send({"type": "hello", "versions": self.versions,
-                               "client": f"sharedmem/{__version__}",
-                               "machine": self.config.machine})
+            self.channel.send(hello)
         except PeerError:
             raise
         except ProtocolError:
@@ -140,7 +168,85 @@ class Connection:
             answer.append(exc)
             return
         answer.append(reply)
+        if reply.get("compress") is not None and self._compressed(reply):
+            if not self.channel.compressing:  # before `early`: bodies ahead go compressed
+                self.channel.compress_output()
+            self.channel.decompress_input()
         self.early = reply
+
+    def _compressed(self, reply: dict[str, Any]) -> bool:
+        """Whether the server's hello turns compression on, as this client offered it."""
+        return self.compress and reply.get("version") == 3 and reply.get("compress") in COMPRESSIONS
+
+    def remembered(self) -> dict[str, Any] | None:
+        """The server's hello as the last sync over this very transport took it, or None."""
+        try:
+            record = json.loads(self.record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(record, dict) or record.get("key") != self.key:
+            return None
+        hello = record.get("hello")
+        if (not isinstance(hello, dict) or hello.get("version") not in self.versions
+                or hello.get("compress") not in (None, *COMPRESSIONS)
+                or hello.get("compress") is not None and not self.compress
+                or type(hello.get("ahead_bytes")) not in (int, type(None))):
+            return None
+        return hello
+
+    def _assume(self, hello: dict[str, Any]) -> None:
+        """Go on as if the server had answered `hello` again; `check_hello` reads the real one."""
+        self.assumed = hello
+        self.version = hello["version"]
+        self.server = {"type": "hello", **hello}
+        if hello.get("compress") is not None:
+            self.channel.compress_output()
+        self.early = self.server
+
+    def check_hello(self) -> None:
+        """Read the server's real hello, once, before any other reply is used.
+
+        One that disagrees with what was assumed (an older server, compression refused, less
+        room ahead) forgets the record and ends this try: the sync runs again, not optimistic.
+        """
+        assumed, self.assumed = self.assumed, None
+        if assumed is None:
+            return
+        answer: list[dict[str, Any] | ProtocolError] = []
+        self._read_hello(answer)  # plain: the server compresses only after its hello line
+        reply = self._accept(answer[0])
+        ahead, was = reply.get("ahead_bytes"), assumed.get("ahead_bytes")
+        if (reply.get("version") != assumed["version"]
+                or reply.get("compress") != assumed.get("compress")
+                or (was is not None and (ahead is None or ahead < was))):
+            self.changed = True
+            self.forget()
+            raise HelloChanged(
+                f"the server at {self.where} answered protocol version {reply.get('version')}, "
+                f"compression {reply.get('compress')!r} and ahead_bytes {ahead!r}, not what the "
+                "last sync recorded; the record is forgotten and the sync runs again")
+        self.early = reply
+
+    def forget(self) -> None:
+        """Drop the remembered hello: the next session waits for the server's answer."""
+        with contextlib.suppress(OSError):
+            self.record.unlink()
+
+    def remember(self) -> None:
+        """Keep a sync's hello for the next sync over the same transport, if it changed.
+
+        Only a sync writes it: `history`, `doctor` and the rest leave the state folder alone.
+        """
+        if not self.remembers or not self.server or self.assumed is not None or self.changed:
+            return
+        hello = {k: self.server[k] for k in REMEMBERED if self.server.get(k) is not None}
+        record = {"key": self.key, "hello": hello}
+        if self.remembered() == hello:
+            return
+        with contextlib.suppress(OSError):  # a full disk: the next sync only waits a round trip
+            self.record.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.record, json.dumps(record).encode("utf-8"), mode=0o600,
+                         durable=False)
 
     def _accept(self, reply: dict[str, Any] | ProtocolError) -> dict[str, Any]:
         """Take the server's answer to the hello: the version it chose, or why it refused."""
@@ -157,6 +263,9 @@ class Connection:
         if not (server is None or type(server) is str) or not (
                 ahead is None or type(ahead) is int):
             raise self.malformed("hello", "server must be a string and ahead_bytes an integer")
+        if reply.get("compress") is not None and not self._compressed(reply):
+            raise self.malformed("hello", f"compress {reply.get('compress')!r} was not offered "
+                                 "(only version 3 compresses, and only what the client offers)")
         self.version = version
         self.server = reply
         return reply
@@ -195,10 +304,21 @@ class Connection:
         """
         if self._gone is None:
             reason = self.failure()  # the process is gone, or stopped: its stdout ends
-            self._gone = self._left_error() or ProtocolError(str(reason))
+            try:
+                self._gone = self._left_error() or ProtocolError(str(reason))
+            except HelloChanged as exc:  # an older server refused what was sent optimistically
+                self._gone = exc
         return self._gone
 
     def _left_error(self) -> PeerError | None:
+        try:
+            self.check_hello()
+        except HelloChanged:
+            raise
+        except PeerError as exc:
+            return exc if exc.remote else None
+        except ProtocolError:
+            return None
         try:
             for _ in range(LEFT_MESSAGES):
                 if self.channel.receive() is None:
@@ -255,7 +375,9 @@ class Connection:
     def __enter__(self) -> Connection:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if kind is None:
+            self.remember()
         self.close()
 
 
@@ -267,6 +389,8 @@ class _ServerChannel(Channel):
         self.conn = conn
 
     def receive(self) -> dict[str, Any] | None:
+        if self.conn.assumed is not None:
+            self.conn.check_hello()
         try:
             return super().receive()
         except PeerError as exc:

@@ -37,6 +37,7 @@ class ReadAhead:
         self._ended = False
         self._failure: OSError | None = None
         self._ready: threading.Condition | None = None  # set when the thread starts
+        self._read_whole = 0  # bytes `read1` took before the thread started
 
     def _start(self) -> None:
         import threading
@@ -90,6 +91,21 @@ class ReadAhead:
         with self._ready or contextlib.nullcontext():
             self._chunks.appendleft(data)
             self._buffered += len(data)
+
+    def read1(self, size: int) -> bytes:
+        """Up to `size` bytes of what has come (a compressed session reads its stream so).
+
+        The thread starts once `start` bytes were taken this way, as it does for a long line.
+        """
+        if self._ready is None:
+            if self._read_whole >= self._start_bytes:
+                self._start()
+        data = self._next()
+        if len(data) > size:
+            self._unread(data[size:])
+            data = data[:size]
+        self._read_whole += len(data)
+        return data
 
     def readline(self, limit: int) -> bytes:
         """Up to and with the next line break, or `limit` bytes, or what is left: as `io`'s."""

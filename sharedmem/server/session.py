@@ -16,6 +16,7 @@ from sharedmem import __version__
 from sharedmem.core import BackupError, NoteError, ProtocolError, SharedMemoryError, StoreError
 from sharedmem.hashing import sha256_bytes
 from sharedmem.protocol import (
+    COMPRESSIONS,
     VERSIONS,
     Channel,
     PeerError,
@@ -162,7 +163,27 @@ class Session:
                  "pinned": self.pinned is not None}
         if self.version >= 2:
             reply["ahead_bytes"] = self.limits.namespace_bytes
+        compress = self._compression(message)
+        if compress is not None:
+            reply["compress"] = compress
         self.channel.send(reply)
+        if compress is not None:  # both streams, from the byte after each side's hello line
+            self.channel.compress_output()
+            self.channel.decompress_input()
+
+    def _compression(self, hello: dict[str, Any]) -> str | None:
+        """Version 3: the first compression the client offers that this server speaks, or None.
+
+        The client's offer is its promise: from the byte after its hello it compresses when
+        this server's hello says so (docs/PROTOCOL.md "Compression").
+        """
+        offered = hello.get("compress")
+        if self.version < 3 or offered is None:
+            return None
+        if not isinstance(offered, list) or not all(isinstance(c, str) for c in offered):
+            raise PeerError("bad-field", "hello.compress must be a list of compression names "
+                            f"such as {list(COMPRESSIONS)}")
+        return next((c for c in offered if c in COMPRESSIONS), None)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         """Answer one message through HANDLERS, the table of what each version accepts."""
