@@ -154,6 +154,11 @@ _SCHEMA = (
     "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
     " detail=none, content='', columnsize=0)",
 )
+# The files' ids in path order and where each id stands in it, as two arrays of int64: a search
+# loads its view with one read instead of sorting every path. Valid only while meta's `order`
+# names it and starts with meta's generation (code that does not know the table bumps that).
+_ORDER_TABLE = "CREATE TABLE IF NOT EXISTS orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL," \
+    " positions BLOB NOT NULL)"
 
 
 def _manifest_bytes(cache: Cache) -> bytes | None:
@@ -294,11 +299,12 @@ class _Writer:
             row = self.conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()
             version = row[0] if row else None
         if version == _version() and {"files", "texts", "grams"} <= names:
+            self.conn.execute(_ORDER_TABLE)  # an index written before the table existed
             return
         self.emptied = bool(names)
-        for name in ("grams", "texts", "files", "meta"):
+        for name in ("grams", "texts", "files", "meta", "orders"):
             self.conn.execute(f"DROP TABLE IF EXISTS {name}")
-        for statement in _SCHEMA:
+        for statement in (*_SCHEMA, _ORDER_TABLE):
             self.conn.execute(statement)
         self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)",
                               [("version", _version()), ("generation", "0"),
@@ -314,8 +320,23 @@ class _Writer:
         self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                               [("generation", str(generation)),
                                ("manifest", _digest(data) if complete else "")])
+        self.store_order(generation)
         files = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
         return {"changed": self.changed, "files": files}
+
+    def store_order(self, generation: int) -> None:
+        """Write the ids in path order (see `_ORDER_TABLE`) when the files changed since."""
+        key = self.meta("order")
+        if not self.changed and key.split("/")[0] == str(generation) and self.conn.execute(
+                "SELECT 1 FROM orders WHERE key=?", (key,)).fetchone():
+            return
+        ids = array("q", (i for (i,) in self.conn.execute("SELECT id FROM files ORDER BY path")))
+        where = _inverse(ids)
+        key = f"{generation}/{os.urandom(8).hex()}"
+        self.conn.execute("DELETE FROM orders")
+        self.conn.execute("INSERT INTO orders(key, ids, positions) VALUES (?, ?, ?)",
+                          (key, ids.tobytes(), where.tobytes()))
+        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('order', ?)", (key,))
 
     def reconcile(self, cache: Cache) -> dict[str, int]:
         """Compare every indexed file with the manifest; re-read only those that differ."""
@@ -538,6 +559,19 @@ class _Index:
             self._unreadable(exc)
             raise _IndexLost from None
 
+    def order(self, meta: dict[str, str]) -> tuple[array[int], array[int] | None]:
+        """The ids in path order, and where each stands when the index has it stored."""
+        key = meta.get("order", "")
+        if key.split("/")[0] == meta.get("generation"):
+            rows = self.rows("SELECT ids, positions FROM orders WHERE key=?", (key,))
+            if rows and all(isinstance(v, bytes) and len(v) % 8 == 0 for v in rows[0]):
+                ids, where = array("q"), array("q")
+                ids.frombytes(rows[0][0])
+                where.frombytes(rows[0][1])
+                if len(where) >= len(ids):  # every id has its slot: checked as it is stored
+                    return ids, where
+        return array("q", (i for (i,) in self.rows("SELECT id FROM files ORDER BY path"))), None
+
     def candidates(self, keys: Iterable[str], dense: float = 1.0) -> array[int] | None:
         """Ids of the files whose text may contain every one of `keys`; None if it cannot say.
 
@@ -578,6 +612,15 @@ class _Index:
         return array("q", map(int, found.split(","))) if found else array("q")
 
 
+def _inverse(ids: array[int]) -> array[int]:
+    """Position of each id in `ids` (-1 for ids not in it), indexed by id."""
+    where = array("q", [-1]) * (max(ids, default=0) + 1)
+    for pos, row_id in enumerate(ids):
+        if row_id >= 0:
+            where[row_id] = pos
+    return where
+
+
 def _is_new(path: Path) -> bool:
     """True for an index a refresh has created but not yet committed to: no tables at all."""
     try:
@@ -599,14 +642,13 @@ class _View:
     """
 
     def __init__(self, index: _Index, ids: array[int], paths: list[str] | None,
-                 manifest: Manifest | None, namespaces: dict[str, NamespaceInfo]) -> None:
+                 manifest: Manifest | None, namespaces: dict[str, NamespaceInfo],
+                 where: array[int] | None = None) -> None:
         self.index, self.ids, self.paths = index, ids, paths
         self.manifest, self.namespaces = manifest, namespaces
-        self.stale = [pos for pos, i in enumerate(ids) if i < 0]
-        self.where = array("q", [-1]) * (max(ids, default=0) + 1)
-        for pos, row_id in enumerate(ids):
-            if row_id >= 0:
-                self.where[row_id] = pos
+        # Only a view from the manifest has positions the index does not vouch for.
+        self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
+        self.where = where if where is not None else _inverse(ids)
         self.memo: OrderedDict[tuple[Any, ...], array[int]] = OrderedDict()
         self.memo_size = 0
 
@@ -811,9 +853,8 @@ class Searcher:
         if meta and meta.get("manifest") and meta["manifest"] == self._digest(manifest_stamp):
             namespaces = self._read_namespaces()
             if namespaces is not None:
-                ids = array("q", (i for (i,) in self.index.rows(
-                    "SELECT id FROM files ORDER BY path")))
-                view = _View(self.index, ids, None, None, namespaces)
+                ids, where = self.index.order(meta)
+                view = _View(self.index, ids, None, None, namespaces, where)
         if view is None:
             view = self._from_manifest(meta is not None)
         self._view, self._view_key = view, key
