@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import sqlite3
 import stat
 import unicodedata
@@ -121,6 +120,7 @@ def delete_index(path: Path) -> None:
     for suffix in _COMPANIONS:
         name = str(path) + suffix
         if _real_folder(name):
+            import shutil  # only here: with it come bz2 and lzma, which a search never needs
             shutil.rmtree(name)
         else:
             Path(name).unlink(missing_ok=True)
