@@ -586,3 +586,15 @@ def test_an_order_the_index_no_longer_vouches_for_is_not_used(tmp_path: Path) ->
     assert got == reference(cache, ["alpha"])
     assert got[0] == (f"{NS}/a0.md", 1)
     assert [s for s in statements if "ORDER BY path" in s]
+
+
+def test_paths_are_asked_of_the_index_in_batches(tmp_path: Path) -> None:
+    # `any` verifies each of its 150 candidates, then reads the page's files: their paths come
+    # in a few queries, not one for each file.
+    cache = make_cache(tmp_path, {f"f{i:03d}.md": f"alpha {i}\n" if i % 3 else f"beta {i}\n"
+                                  for i in range(150)})
+    search_mod.refresh_index(cache)
+    got, statements = sql_of_next_search(cache, queries=["alpha", "beta"], max_results=200)
+    assert got == reference(cache, ["alpha", "beta"])
+    assert len(got) == 150
+    assert len([s for s in statements if "path FROM files WHERE id" in s]) <= 12

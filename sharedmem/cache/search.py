@@ -29,8 +29,9 @@ import zlib
 from array import array
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ _MAX_GRAMS = 8
 _SPARSE = 8  # candidates fewer than 1/8 of the files in scope are sorted, else the scope walked
 _DENSE = 0.3  # an index naming more than this share of files does not narrow a page in order
 _PROBED = 4096  # from this many ids on, a sample tells a dense query before all is fetched
+_BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
 _MEMO_ENTRIES, _MEMO_POSITIONS = 64, 1 << 20  # verified match sets kept for repeated searches
 _SPACES = re.compile(r" [^\S\n]+|[^\S\n ][^\S\n]*")
 _UNCOLLAPSED = re.compile(r"[^\S\n ]|  ")  # what _SPACES would change: a cheap test first
@@ -663,6 +665,27 @@ class _View:
             raise self.index.damaged()
         return rows[0][0]
 
+    def named(self, positions: Iterable[int]) -> Iterator[tuple[int, str]]:
+        """Each position with its path, the paths asked of the index a batch at a time.
+
+        Batches start small and grow, so a page that fills within a few files asks little.
+        """
+        if self.paths is not None:
+            yield from ((pos, self.paths[pos]) for pos in positions)
+            return
+        walk, size = iter(positions), 8
+        while batch := list(islice(walk, size)):
+            wanted = [self.ids[pos] for pos in batch]
+            found = dict(self.index.rows(
+                f"SELECT id, path FROM files WHERE id IN ({','.join('?' * len(wanted))})",
+                tuple(wanted)))
+            for pos, row_id in zip(batch, wanted, strict=True):
+                relpath = found.get(row_id)
+                if not isinstance(relpath, str):
+                    raise self.index.damaged()
+                yield pos, relpath
+            size = min(size * 4, _BATCH)
+
     def provenance(self, pos: int, relpath: str) -> dict[str, Any]:
         """Where the file came from, as `provenance` says it from the manifest."""
         if self.manifest is not None:
@@ -942,8 +965,7 @@ class Searcher:
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         every = set(range(len(matcher.needles)))
         everything = page.query.match_mode == "all"
-        for pos in _walk(view, spans, allowed, last_path):
-            relpath = view.path(pos)
+        for pos, relpath in view.named(_walk(view, spans, allowed, last_path)):
             data = _read(disk, relpath)
             self.scanned += 1
             found = matcher.which(data, every) if data is not None else set()
@@ -985,8 +1007,7 @@ class Searcher:
             members = sorted(groups[rank])
             if after is not None and list(rank) == after[:2]:
                 members = members[bisect_left(members, view.find(after[2])):]
-            for pos in members:
-                relpath = view.path(pos)
+            for pos, relpath in view.named(members):
                 data = _read(disk, relpath)
                 self.scanned += 1
                 rows, hits = _lines(data or b"", matcher)
@@ -1019,8 +1040,8 @@ class Searcher:
             for pos in _walk(view, spans, narrowed, ""):
                 todo.setdefault(pos, []).append(i)
         found: list[set[int]] = [set() if kept is None else kept for kept in known]
-        for pos in sorted(todo):
-            data = _read(disk, view.path(pos))
+        for pos, relpath in view.named(sorted(todo)):
+            data = _read(disk, relpath)
             self.scanned += 1
             if data is not None:
                 for i in matcher.which(data, todo[pos]):
