@@ -598,3 +598,23 @@ def test_paths_are_asked_of_the_index_in_batches(tmp_path: Path) -> None:
     assert got == reference(cache, ["alpha", "beta"])
     assert len(got) == 150
     assert len([s for s in statements if "path FROM files WHERE id" in s]) <= 12
+
+
+def test_a_dense_word_costs_the_index_a_sample_not_a_walk_of_every_file(tmp_path: Path) -> None:
+    # The word is in every file: a sample of the first ids tells so, and the page is read in
+    # path order. Neither the sample nor its bounds walk the 5,000 rows of the files table.
+    cache = make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\n" for i in range(5000)})
+    search_mod.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    searcher = search_mod.searcher(cache)
+    tools.search(cache, ["nothing-like-it"])  # the view is loaded
+    assert searcher.index.conn is not None
+    steps = [0]
+
+    def count() -> int:
+        steps[0] += 1
+        return 0
+    searcher.index.conn.set_progress_handler(count, 100)
+    got = tools.search(cache, ["alpha"], max_results=5)["results"]
+    assert [r["path"] for r in got] == [f"{NS}/f{i:04d}.md" for i in range(5)]
+    assert steps[0] * 100 < 5000

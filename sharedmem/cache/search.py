@@ -598,7 +598,8 @@ class _Index:
         if _utf8(expr) is None:  # a lone surrogate: SQLite cannot take it
             return None
         if dense < 1.0:
-            lo, hi = self.rows("SELECT min(id), max(id) FROM files")[0]
+            # Two subqueries: each is one b-tree step, where min and max in one SELECT scan it.
+            lo, hi = self.rows("SELECT (SELECT min(id) FROM files), (SELECT max(id) FROM files)")[0]
             if isinstance(lo, int) and isinstance(hi, int) and hi - lo >= _PROBED:
                 top = lo + (hi - lo) // 16
                 named = self.rows("SELECT count(*) FROM grams WHERE grams MATCH ? AND rowid"
