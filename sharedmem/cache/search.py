@@ -3,8 +3,9 @@
 The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
 holds an SQLite FTS5 trigram table of each file's normalized text, contentless (no copy of the
 text: a zlib copy of it beside, which only a later update reads to take the file's old trigrams
-out), each file's path, sha256 and namespace, and the sha256 of the manifest it covers whole.
-`update_index` (a sync, for the files it wrote or removed) and `refresh_index` (the `index`
+out), each file's path, sha256 and namespace, the sha256 of the manifest it covers whole, and
+the files' ids in path order (so a new searcher loads its view in one read, not by sorting every
+path). `update_index` (a sync, for the files it wrote or removed) and `refresh_index` (the `index`
 command, a fresh cache) keep it current.
 
 A search asks the index which files can possibly match and verifies every candidate against the
