@@ -10,6 +10,7 @@ the same cache) and its target from issue 15. Memory is each process's peak RSS,
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import shutil
 import statistics
@@ -165,12 +166,41 @@ def _search(config: Path, runs: int) -> tuple[list[tuple[str, float, float, floa
                   "rss_after_1000_mb": rss / 1024, "index_bytes": index}
 
 
+def _search_only(work: Path, args: argparse.Namespace) -> int:
+    """The search phase alone, on the first reader of a folder an earlier `--keep` run left."""
+    config = work / "reader-0" / "client.json"
+    if not config.is_file():
+        raise SystemExit(f"{config} is missing: pass a folder an earlier `scale --keep` kept")
+    rows, mcp = _search(config, args.searches)
+    files = sum(1 for _ in (config.parent / "cache").rglob("*.md"))
+    limit = 0.010 if files <= 10_000 else 0.025
+    print(f"search only, on the cache of {config.parent} ({files} files)")
+    for label, p50, p95, rg, once in rows:
+        print(f"search {label} p50/p95 (first) | {p50 * 1e3:.1f} / {p95 * 1e3:.1f} "
+              f"({once * 1e3:.1f}) ms | rg -l {rg * 1e3:.0f} ms | "
+              f"{'pass' if p50 <= limit else 'FAIL'}")
+    print(f"first search right after the sync | {mcp['first_search_after_sync_s'] * 1e3:.0f} ms")
+    print(f"first search after the server starts | "
+          f"{mcp['first_search_after_start_s'] * 1e3:.0f} ms")
+    print(f"MCP RSS after 1,000 searches | {mcp['rss_after_1000_mb']:.0f} MB")
+    if args.json:
+        print(json.dumps({"mcp": mcp, "search": [
+            {"shape": r[0], "p50_s": r[1], "p95_s": r[2], "rg_s": r[3], "first_s": r[4]}
+            for r in rows]}, indent=2))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Build, measure, print the table; exit 1 if a target is missed."""
     for tool in ("rsync", "rg"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed: apt-get install -y "
                              f"{'ripgrep' if tool == 'rg' else tool}")
+    # An install has its bytecode compiled (install/prefix.py); PYTHONDONTWRITEBYTECODE would
+    # otherwise make every process here compile the package again.
+    compileall.compile_dir(str(HERE.parent / "sharedmem"), quiet=1)
+    if args.reuse:
+        return _search_only(Path(args.reuse), args)
     work = Path(tempfile.mkdtemp(prefix="sharedmem-bench-scale-", dir=args.dir))
     try:
         (work / "rss.py").write_text(WRAPPER)
@@ -272,6 +302,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", help="where to build (default: the system's temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the folder it built")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--reuse", metavar="DIR",
+                        help="only the search phase, on the cache a `--keep` run left in DIR "
+                        "(its first reader's; builds and syncs nothing)")
     parser.add_argument("--no-index", action="store_true",
                         help="build no search index after the first pull (as a plain `sync` "
                         "leaves a fresh cache; by default it is built, as the installer's first "

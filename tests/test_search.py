@@ -530,3 +530,91 @@ def test_all_of_common_words_reads_only_the_files_holding_every_one(tmp_path: Pa
     assert got == reference(cache, ["rotate", "signing"], "all")
     assert got == [(f"{NS}/z{n}.md", line) for n in (1, 2) for line in (1, 2)]
     assert search_mod.searcher(cache).scanned == 2
+
+
+def sql_of_next_search(cache: Cache, **args: object) -> tuple[list[tuple[str, int]], list[str]]:
+    """The (path, line) results of a search by a new searcher, and the SQL it ran."""
+    search_mod._SEARCHERS.clear()
+    statements: list[str] = []
+    searcher = search_mod.searcher(cache)
+    searcher.index.begin()
+    assert searcher.index.conn is not None
+    searcher.index.conn.set_trace_callback(statements.append)
+    searcher.index.end()
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, **args)]
+    return got, statements
+
+
+def test_a_search_loads_the_path_order_the_index_stored(tmp_path: Path) -> None:
+    # Paths written in an order unlike their ids: the view's order is what the index stored,
+    # read in one row, never sorted again by a search; and it is rewritten with each change.
+    cache = make_cache(tmp_path, {f"m{i:02d}.md": f"alpha {i}\n" for i in range(20)})
+    search_mod.refresh_index(cache)
+    mark = search_mod.index_mark(cache)
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    cache.apply([(f"{NS}/a{i}.md", sha256_text(f"alpha a{i}\n"), f"alpha a{i}\n")
+                 for i in range(3)], [f"{NS}/m05.md"], {NS: info})
+    search_mod.update_index(cache, [f"{NS}/a{i}.md" for i in range(3)], [f"{NS}/m05.md"], mark)
+    got, statements = sql_of_next_search(cache, queries=["alpha"], max_results=4)
+    assert got == reference(cache, ["alpha"])
+    assert not [s for s in statements if "ORDER BY path" in s]
+    assert [s for s in statements if "FROM orders" in s]
+
+
+def test_an_order_the_index_no_longer_vouches_for_is_not_used(tmp_path: Path) -> None:
+    # A writer that does not know the stored order (an older version of this code) adds a file
+    # and bumps the generation: the order of the generation before is ignored, paths sorted.
+    cache = make_cache(tmp_path, {f"m{i:02d}.md": f"alpha {i}\n" for i in range(20)})
+    search_mod.refresh_index(cache)
+    path = search_mod.index_path(cache)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        before = conn.execute("SELECT key, ids, positions FROM orders").fetchone()
+    finally:
+        conn.close()
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    cache.apply([(f"{NS}/a0.md", sha256_text("alpha a0\n"), "alpha a0\n")], [], {NS: info})
+    search_mod.refresh_index(cache)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:  # as the older writer leaves it: the order of the generation before, still named
+        conn.execute("DELETE FROM orders")
+        conn.execute("INSERT INTO orders VALUES (?, ?, ?)", before)
+        conn.execute("UPDATE meta SET value=? WHERE key='order'", (before[0],))
+    finally:
+        conn.close()
+    got, statements = sql_of_next_search(cache, queries=["alpha"], max_results=4)
+    assert got == reference(cache, ["alpha"])
+    assert got[0] == (f"{NS}/a0.md", 1)
+    assert [s for s in statements if "ORDER BY path" in s]
+
+
+def test_paths_are_asked_of_the_index_in_batches(tmp_path: Path) -> None:
+    # `any` verifies each of its 150 candidates, then reads the page's files: their paths come
+    # in a few queries, not one for each file.
+    cache = make_cache(tmp_path, {f"f{i:03d}.md": f"alpha {i}\n" if i % 3 else f"beta {i}\n"
+                                  for i in range(150)})
+    search_mod.refresh_index(cache)
+    got, statements = sql_of_next_search(cache, queries=["alpha", "beta"], max_results=200)
+    assert got == reference(cache, ["alpha", "beta"])
+    assert len(got) == 150
+    assert len([s for s in statements if "path FROM files WHERE id" in s]) <= 12
+
+
+def test_a_dense_word_costs_the_index_a_sample_not_a_walk_of_every_file(tmp_path: Path) -> None:
+    # The word is in every file: a sample of the first ids tells so, and the page is read in
+    # path order. Neither the sample nor its bounds walk the 5,000 rows of the files table.
+    cache = make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\n" for i in range(5000)})
+    search_mod.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    searcher = search_mod.searcher(cache)
+    tools.search(cache, ["nothing-like-it"])  # the view is loaded
+    assert searcher.index.conn is not None
+    steps = [0]
+
+    def count() -> int:
+        steps[0] += 1
+        return 0
+    searcher.index.conn.set_progress_handler(count, 100)
+    got = tools.search(cache, ["alpha"], max_results=5)["results"]
+    assert [r["path"] for r in got] == [f"{NS}/f{i:04d}.md" for i in range(5)]
+    assert steps[0] * 100 < 5000

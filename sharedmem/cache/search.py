@@ -3,8 +3,9 @@
 The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
 holds an SQLite FTS5 trigram table of each file's normalized text, contentless (no copy of the
 text: a zlib copy of it beside, which only a later update reads to take the file's old trigrams
-out), each file's path, sha256 and namespace, and the sha256 of the manifest it covers whole.
-`update_index` (a sync, for the files it wrote or removed) and `refresh_index` (the `index`
+out), each file's path, sha256 and namespace, the sha256 of the manifest it covers whole, and
+the files' ids in path order (so a new searcher loads its view in one read, not by sorting every
+path). `update_index` (a sync, for the files it wrote or removed) and `refresh_index` (the `index`
 command, a fresh cache) keep it current.
 
 A search asks the index which files can possibly match and verifies every candidate against the
@@ -22,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import sqlite3
 import stat
 import unicodedata
@@ -30,8 +30,9 @@ import zlib
 from array import array
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ _MAX_GRAMS = 8
 _SPARSE = 8  # candidates fewer than 1/8 of the files in scope are sorted, else the scope walked
 _DENSE = 0.3  # an index naming more than this share of files does not narrow a page in order
 _PROBED = 4096  # from this many ids on, a sample tells a dense query before all is fetched
+_BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
 _MEMO_ENTRIES, _MEMO_POSITIONS = 64, 1 << 20  # verified match sets kept for repeated searches
 _SPACES = re.compile(r" [^\S\n]+|[^\S\n ][^\S\n]*")
 _UNCOLLAPSED = re.compile(r"[^\S\n ]|  ")  # what _SPACES would change: a cheap test first
@@ -121,6 +123,7 @@ def delete_index(path: Path) -> None:
     for suffix in _COMPANIONS:
         name = str(path) + suffix
         if _real_folder(name):
+            import shutil  # only here: with it come bz2 and lzma, which a search never needs
             shutil.rmtree(name)
         else:
             Path(name).unlink(missing_ok=True)
@@ -154,6 +157,11 @@ _SCHEMA = (
     "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
     " detail=none, content='', columnsize=0)",
 )
+# The files' ids in path order and where each id stands in it, as two arrays of int64: a search
+# loads its view with one read instead of sorting every path. Valid only while meta's `order`
+# names it and starts with meta's generation (code that does not know the table bumps that).
+_ORDER_TABLE = "CREATE TABLE IF NOT EXISTS orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL," \
+    " positions BLOB NOT NULL)"
 
 
 def _manifest_bytes(cache: Cache) -> bytes | None:
@@ -294,11 +302,12 @@ class _Writer:
             row = self.conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()
             version = row[0] if row else None
         if version == _version() and {"files", "texts", "grams"} <= names:
+            self.conn.execute(_ORDER_TABLE)  # an index written before the table existed
             return
         self.emptied = bool(names)
-        for name in ("grams", "texts", "files", "meta"):
+        for name in ("grams", "texts", "files", "meta", "orders"):
             self.conn.execute(f"DROP TABLE IF EXISTS {name}")
-        for statement in _SCHEMA:
+        for statement in (*_SCHEMA, _ORDER_TABLE):
             self.conn.execute(statement)
         self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)",
                               [("version", _version()), ("generation", "0"),
@@ -314,8 +323,23 @@ class _Writer:
         self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                               [("generation", str(generation)),
                                ("manifest", _digest(data) if complete else "")])
+        self.store_order(generation)
         files = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
         return {"changed": self.changed, "files": files}
+
+    def store_order(self, generation: int) -> None:
+        """Write the ids in path order (see `_ORDER_TABLE`) when the files changed since."""
+        key = self.meta("order")
+        if not self.changed and key.split("/")[0] == str(generation) and self.conn.execute(
+                "SELECT 1 FROM orders WHERE key=?", (key,)).fetchone():
+            return
+        ids = array("q", (i for (i,) in self.conn.execute("SELECT id FROM files ORDER BY path")))
+        where = _inverse(ids)
+        key = f"{generation}/{os.urandom(8).hex()}"
+        self.conn.execute("DELETE FROM orders")
+        self.conn.execute("INSERT INTO orders(key, ids, positions) VALUES (?, ?, ?)",
+                          (key, ids.tobytes(), where.tobytes()))
+        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('order', ?)", (key,))
 
     def reconcile(self, cache: Cache) -> dict[str, int]:
         """Compare every indexed file with the manifest; re-read only those that differ."""
@@ -538,6 +562,19 @@ class _Index:
             self._unreadable(exc)
             raise _IndexLost from None
 
+    def order(self, meta: dict[str, str]) -> tuple[array[int], array[int] | None]:
+        """The ids in path order, and where each stands when the index has it stored."""
+        key = meta.get("order", "")
+        if key.split("/")[0] == meta.get("generation"):
+            rows = self.rows("SELECT ids, positions FROM orders WHERE key=?", (key,))
+            if rows and all(isinstance(v, bytes) and len(v) % 8 == 0 for v in rows[0]):
+                ids, where = array("q"), array("q")
+                ids.frombytes(rows[0][0])
+                where.frombytes(rows[0][1])
+                if len(where) >= len(ids):  # every id has its slot: checked as it is stored
+                    return ids, where
+        return array("q", (i for (i,) in self.rows("SELECT id FROM files ORDER BY path"))), None
+
     def candidates(self, keys: Iterable[str], dense: float = 1.0) -> array[int] | None:
         """Ids of the files whose text may contain every one of `keys`; None if it cannot say.
 
@@ -562,7 +599,8 @@ class _Index:
         if _utf8(expr) is None:  # a lone surrogate: SQLite cannot take it
             return None
         if dense < 1.0:
-            lo, hi = self.rows("SELECT min(id), max(id) FROM files")[0]
+            # Two subqueries: each is one b-tree step, where min and max in one SELECT scan it.
+            lo, hi = self.rows("SELECT (SELECT min(id) FROM files), (SELECT max(id) FROM files)")[0]
             if isinstance(lo, int) and isinstance(hi, int) and hi - lo >= _PROBED:
                 top = lo + (hi - lo) // 16
                 named = self.rows("SELECT count(*) FROM grams WHERE grams MATCH ? AND rowid"
@@ -576,6 +614,15 @@ class _Index:
         if found is not None and not isinstance(found, str):
             raise self.damaged()
         return array("q", map(int, found.split(","))) if found else array("q")
+
+
+def _inverse(ids: array[int]) -> array[int]:
+    """Position of each id in `ids` (-1 for ids not in it), indexed by id."""
+    where = array("q", [-1]) * (max(ids, default=0) + 1)
+    for pos, row_id in enumerate(ids):
+        if row_id >= 0:
+            where[row_id] = pos
+    return where
 
 
 def _is_new(path: Path) -> bool:
@@ -599,14 +646,13 @@ class _View:
     """
 
     def __init__(self, index: _Index, ids: array[int], paths: list[str] | None,
-                 manifest: Manifest | None, namespaces: dict[str, NamespaceInfo]) -> None:
+                 manifest: Manifest | None, namespaces: dict[str, NamespaceInfo],
+                 where: array[int] | None = None) -> None:
         self.index, self.ids, self.paths = index, ids, paths
         self.manifest, self.namespaces = manifest, namespaces
-        self.stale = [pos for pos, i in enumerate(ids) if i < 0]
-        self.where = array("q", [-1]) * (max(ids, default=0) + 1)
-        for pos, row_id in enumerate(ids):
-            if row_id >= 0:
-                self.where[row_id] = pos
+        # Only a view from the manifest has positions the index does not vouch for.
+        self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
+        self.where = where if where is not None else _inverse(ids)
         self.memo: OrderedDict[tuple[Any, ...], array[int]] = OrderedDict()
         self.memo_size = 0
 
@@ -620,6 +666,27 @@ class _View:
         if not rows or not isinstance(rows[0][0], str):
             raise self.index.damaged()
         return rows[0][0]
+
+    def named(self, positions: Iterable[int]) -> Iterator[tuple[int, str]]:
+        """Each position with its path, the paths asked of the index a batch at a time.
+
+        Batches start small and grow, so a page that fills within a few files asks little.
+        """
+        if self.paths is not None:
+            yield from ((pos, self.paths[pos]) for pos in positions)
+            return
+        walk, size = iter(positions), 8
+        while batch := list(islice(walk, size)):
+            wanted = [self.ids[pos] for pos in batch]
+            found = dict(self.index.rows(
+                f"SELECT id, path FROM files WHERE id IN ({','.join('?' * len(wanted))})",
+                tuple(wanted)))
+            for pos, row_id in zip(batch, wanted, strict=True):
+                relpath = found.get(row_id)
+                if not isinstance(relpath, str):
+                    raise self.index.damaged()
+                yield pos, relpath
+            size = min(size * 4, _BATCH)
 
     def provenance(self, pos: int, relpath: str) -> dict[str, Any]:
         """Where the file came from, as `provenance` says it from the manifest."""
@@ -811,9 +878,8 @@ class Searcher:
         if meta and meta.get("manifest") and meta["manifest"] == self._digest(manifest_stamp):
             namespaces = self._read_namespaces()
             if namespaces is not None:
-                ids = array("q", (i for (i,) in self.index.rows(
-                    "SELECT id FROM files ORDER BY path")))
-                view = _View(self.index, ids, None, None, namespaces)
+                ids, where = self.index.order(meta)
+                view = _View(self.index, ids, None, None, namespaces, where)
         if view is None:
             view = self._from_manifest(meta is not None)
         self._view, self._view_key = view, key
@@ -901,8 +967,7 @@ class Searcher:
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         every = set(range(len(matcher.needles)))
         everything = page.query.match_mode == "all"
-        for pos in _walk(view, spans, allowed, last_path):
-            relpath = view.path(pos)
+        for pos, relpath in view.named(_walk(view, spans, allowed, last_path)):
             data = _read(disk, relpath)
             self.scanned += 1
             found = matcher.which(data, every) if data is not None else set()
@@ -944,8 +1009,7 @@ class Searcher:
             members = sorted(groups[rank])
             if after is not None and list(rank) == after[:2]:
                 members = members[bisect_left(members, view.find(after[2])):]
-            for pos in members:
-                relpath = view.path(pos)
+            for pos, relpath in view.named(members):
                 data = _read(disk, relpath)
                 self.scanned += 1
                 rows, hits = _lines(data or b"", matcher)
@@ -978,8 +1042,8 @@ class Searcher:
             for pos in _walk(view, spans, narrowed, ""):
                 todo.setdefault(pos, []).append(i)
         found: list[set[int]] = [set() if kept is None else kept for kept in known]
-        for pos in sorted(todo):
-            data = _read(disk, view.path(pos))
+        for pos, relpath in view.named(sorted(todo)):
+            data = _read(disk, relpath)
             self.scanned += 1
             if data is not None:
                 for i in matcher.which(data, todo[pos]):
