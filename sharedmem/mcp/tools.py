@@ -70,7 +70,7 @@ def _intact(cache: Cache) -> Manifest:
 
     The next sync rebuilds it from the files and the server (Cache.damage).
     """
-    manifest = cache.load()
+    manifest = cache.load(verify=True)
     if cache.damage is not None:
         raise CacheError(f"{REPAIRING}; {cache.damage}")
     return manifest
