@@ -483,7 +483,7 @@ class Cache:
             manifest = self.load()
         store = self._rebuilt or self.store
         files = manifest.files
-        items = intake.files
+        items, texts = intake.files, intake.texts
         kept = intake.kept
         for namespace in (store.file_namespaces() if store.exists() else []):
             if intake.full or namespace not in listed or namespace in intake.full_namespaces:
@@ -498,15 +498,15 @@ class Cache:
         removed: list[str] = []
         unlinked = 0
         try:
-            moved = writer.move_namespaces(((p, sha) for p, (sha, _) in items.items()), folders)
+            moved = writer.move_namespaces(items.items(), folders)
             done.extend(moved)
-            for path, (sha, text) in items.items():
+            for path, sha in items.items():
                 if path in moved:
                     continue
                 target = folders.target(path, create=True)
                 assert target is not None
                 where = target
-                writer.write(path, sha, text, target)
+                writer.write(path, sha, texts.get(path), target)
                 done.append(path)
             for path in sorted(gone - items.keys() - kept):
                 target = folders.target(path, create=False)
@@ -559,7 +559,7 @@ class Cache:
             atomic_write(self.meta / SYNCED_NAME, json.dumps({"last_sync": last}).encode(),
                          durable=False)
 
-    def _abandon(self, done: list[str], items: Mapping[str, tuple[str, str | None]],
+    def _abandon(self, done: list[str], items: Mapping[str, str],
                  writer: FileWriter) -> None:
         """After a commit failed: leave the cache as its manifest says, freeing what it can.
 
@@ -591,7 +591,7 @@ class Cache:
         for path in replaced:
             with contextlib.suppress(OSError):
                 info = os.stat(base + path)
-                rows.append((path, items[path][0], info.st_size, namespace_key(path),
+                rows.append((path, items[path], info.st_size, namespace_key(path),
                              info.st_mtime_ns))
         with contextlib.suppress(Exception):
             manifest = self.load()
@@ -610,12 +610,12 @@ class Cache:
             folder = folder.parent
 
 
-def _rows(items: Mapping[str, tuple[str, str | None]], done: Iterable[str],
+def _rows(items: Mapping[str, str], done: Iterable[str],
           base: str) -> Iterator[tuple[str, str, int, str, int]]:
     """The row of each file just put in place: its size and time as the disk has them."""
     for path in done:
         info = os.stat(base + path)
-        yield path, items[path][0], info.st_size, namespace_key(path), info.st_mtime_ns
+        yield path, items[path], info.st_size, namespace_key(path), info.st_mtime_ns
 
 
 def _store_failure(where: str, exc: Exception) -> str:
@@ -661,7 +661,8 @@ class Intake:
         self.full = full
         self.full_namespaces = full_namespaces
         self.file_bytes = file_bytes
-        self.files: dict[str, tuple[str, str | None]] = {}  # path -> sha256, text (None: taken)
+        self.files: dict[str, str] = {}  # path -> sha256 of each file to write
+        self.texts: dict[str, str] = {}  # path -> text, of those not given to the writer
         self.kept: set[str] = set()  # held intact at the sha256 pulled: nothing to write
         self.dropped: set[str] = set()  # skipped, though the path is fine: its old copy goes
         self.skipped: list[dict[str, str]] = []  # the first SKIPPED_SHOWN
@@ -672,15 +673,17 @@ class Intake:
 
         A first sync takes every file of its own this way, so this is one tight loop.
         """
-        cached, files, kept = self.cached, self.files, self.kept
+        cached, files, texts, kept = self.cached, self.files, self.texts, self.kept
         for path, sha, text in items:
             old = cached.get(path)
             if old is not None and old.sha256 == sha and self._intact(path, old):
                 files.pop(path, None)
+                texts.pop(path, None)
                 kept.add(path)
             else:
                 kept.discard(path)
-                files[path] = (sha, text)
+                files[path] = sha
+                texts[path] = text
 
     def add(self, path: str, sha: str, text: str, *, vouched: bool = False) -> None:
         """Take one pulled file; `vouched`: the text is this client's own for that sha256."""
@@ -694,11 +697,13 @@ class Intake:
         old = self.cached.get(path)
         if old is not None and old.sha256 == sha and self._intact(path, old):
             self.files.pop(path, None)
+            self.texts.pop(path, None)
             self.kept.add(path)
             return
         self.kept.discard(path)
         if vouched or sha in writer.own_texts:
-            self.files[path] = (sha, text)
+            self.files[path] = sha
+            self.texts[path] = text
             return
         limit = self.file_bytes
         if limit is not None and len(text) > limit:  # more characters than bytes allowed
@@ -715,7 +720,8 @@ class Intake:
             self._drop(path, "sha256-mismatch")
         else:
             writer.take(path, sha, data)
-            self.files[path] = (sha, None)
+            self.files[path] = sha
+            self.texts.pop(path, None)
 
     def _intact(self, path: str, old: CachedFile) -> bool:
         """Whether the cache holds `old` intact, so a pull of the same sha256 writes nothing.
@@ -731,6 +737,7 @@ class Intake:
     def _drop(self, path: str, reason: str, size: int = 0) -> None:
         """Skip a file at a valid path; the cache's older copy of it is removed at commit."""
         self.files.pop(path, None)
+        self.texts.pop(path, None)
         self.dropped.add(path)
         self.skip(path, reason, {
             "too-large": f"{path!r} is over this client's limit of {self.file_bytes} bytes a "
