@@ -8,8 +8,8 @@ out), each file's path, sha256 and namespace, and the sha256 of the manifest it 
 command, a fresh cache) keep it current.
 
 A search asks the index which files can possibly match and verifies every candidate against the
-real file. When the index covers the manifest exactly (same sha256 of `manifest.json`), the
-manifest is never parsed: paths, sha256s and namespaces come from the index. Otherwise the files
+real file. When the index covers the manifest exactly (the same `Cache.files_mark`), the
+manifest's file rows are never read: paths, sha256s and namespaces come from the index. Otherwise the files
 whose indexed sha256 differs from the manifest's (or that the index lacks) are always scanned,
 and a missing or broken index means a full scan, so results never depend on the index. An index
 that cannot be read (damaged, or a link or folder in its place) is deleted by whichever finds

@@ -73,7 +73,7 @@ class Staging:
         self.shas: list[str] = []  # by number
         self.sizes: array[int] = array("q")  # by number
         self.names: dict[int, str] = {}  # by number, where below the folder; else <n>.pull
-        self.written: set[int] = set()
+        self.written: set[int] = set()  # by the helper; a `.pull` is written when staged
         self._pending: list[tuple[int, str, bytes]] = []  # not yet handed to a helper
         self._size = 0
         self._child: subprocess.Popen[bytes] | None = None
@@ -178,7 +178,7 @@ class Staging:
             if not self._ready:
                 self.folder.mkdir(parents=True, exist_ok=True)
                 self._ready = True
-            fd = os.open(self.folder / name,
+            fd = os.open(os.path.join(self.folder, name),  # a Path would intern each name
                          os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
             try:
                 view = memoryview(data)
@@ -194,12 +194,11 @@ class Staging:
         self.numbers[path] = number
         self.shas.append(sha)
         self.sizes.append(len(data))
-        self.written.add(number)
 
     def move(self, path: str, sha: str, target: str) -> int | None:
         """Rename the staged text of `path` at `sha` onto `target`: its size, or None if none."""
         number = self._number(path, sha)
-        if number is None or number not in self.written:
+        if number is None or (number in self.names and number not in self.written):
             return None
         try:
             os.replace(_below(str(self.folder), self._name(number)), target)
