@@ -157,7 +157,7 @@ _SCHEMA = (
 
 
 def _files_of(cache: Cache) -> Mapping[str, CachedFile] | None:
-    """The manifest's file list (a view of its store); None when it is damaged."""
+    """The manifest's file list (a view of its store, in path order); None when damaged."""
     files = cache.load().files
     return None if cache.damage is not None else files
 
@@ -313,7 +313,7 @@ class _Writer:
             elif meta.sha256 != sha:
                 self.drop(row_id, keep=True)
         complete = files is not None
-        for relpath, meta in sorted(manifest.items()):
+        for relpath, meta in manifest.items():  # streamed in path order, not held
             old = indexed.get(relpath)
             if old is not None and old[1] == meta.sha256:
                 continue
