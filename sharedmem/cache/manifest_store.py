@@ -144,6 +144,27 @@ class ManifestStore:
             raise Damaged(f"{self.path} is damaged ({'; '.join(map(str, problems[:3]))})")
         self._verified = key
 
+    def check_size(self) -> None:
+        """Damaged when the file is shorter than its header says: cut short (cheap, O(1)).
+
+        Read under SQLite's shared lock, so a commit in progress elsewhere cannot look like it.
+        """
+        if not self.path:
+            return
+        conn = self.connection()
+        try:
+            conn.execute("BEGIN")
+            try:
+                pages = conn.execute("PRAGMA page_count").fetchone()[0]
+                size = conn.execute("PRAGMA page_size").fetchone()[0]
+                actual = os.stat(self.path).st_size
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise Damaged(f"{self.path} cannot be read ({exc})") from None
+        if actual < pages * size:
+            raise Damaged(f"{self.path} is cut short ({actual} bytes of {pages * size})")
+
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         try:
             return self.connection().execute(sql, args).fetchall()
@@ -191,6 +212,14 @@ class ManifestStore:
             return (p for (p,) in self._stream("SELECT path FROM files ORDER BY path"))
         return (p for (p,) in self._stream("SELECT path FROM files WHERE namespace=?"
                                            " ORDER BY path", (namespace,)))
+
+    def sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """(path, size) of every file below `prefix` (ending in "/", or ""), in path order."""
+        if not prefix:
+            return self._stream("SELECT path, size FROM files ORDER BY path")
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first path past the folder
+        return self._stream("SELECT path, size FROM files WHERE path >= ? AND path < ?"
+                            " ORDER BY path", (prefix, upper))
 
     def file_namespaces(self) -> list[str]:
         """The namespaces that hold at least one file."""

@@ -12,7 +12,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sharedmem.cache.cache import NOTES_NAMESPACE, Cache, CachedFile, Intake, NamespaceInfo
+from sharedmem.cache.cache import (
+    NOTES_NAMESPACE,
+    Cache,
+    CachedFile,
+    Damaged,
+    Intake,
+    NamespaceInfo,
+)
 from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client.config import ClientConfig
@@ -89,13 +96,19 @@ class Exchange:
         """
         self.cache.check_meta()
         self.cache.convert()
-        manifest = self.cache.load(verify=True)
+        manifest = self.cache.load()
+        stale: set[str] = set()
+        if self.cache.damage is None:
+            try:
+                stale = self.cache.tampered_namespaces()  # reads every row: damage shows here
+            except Damaged as exc:
+                self.cache.damage = str(exc)
         if self.cache.damage is not None:
             self.progress(f"cache: {self.cache.damage}; rebuilding its records from the files "
                           "and pulling everything")
             manifest = self.cache.rebuild()
+            stale = self.cache.tampered_namespaces()
         self.cached = manifest.files
-        stale = self.cache.tampered_namespaces()
         if self.cache.damaged:
             self.progress(f"cache: {len(self.cache.damaged)} files not as last written "
                           "(edited, or left by a killed sync): pulling them again")
