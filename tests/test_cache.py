@@ -471,3 +471,19 @@ def test_tampered_namespaces(cache: Cache) -> None:
     cache.apply([up(f"{A}/a.md", "alpha\n"), up(f"{B}/MEMORY.md", "desk\n")], [],
                 spaces(A, B, NOTES_NAMESPACE), full_namespaces={A, B})
     assert (cache.root / B / "MEMORY.md").read_text() == "desk\n"
+
+
+def test_a_reader_part_way_through_the_rows_does_not_block_a_commit(tmp_path: Path) -> None:
+    """An index build reads every row for minutes; a sync's commit must not wait for it."""
+    import time
+    cache = Cache(tmp_path / "cache")
+    cache.apply([up(f"{A}/f{i:05}.md", f"file {i}\n") for i in range(3000)], [], spaces(A))
+    reader = Cache(cache.root)
+    rows = iter(reader.load().files.items())
+    first = next(rows)
+    started = time.monotonic()
+    writer = Cache(cache.root)
+    writer.apply([up(f"{A}/f00000.md", "changed\n")], [], spaces(A))
+    assert time.monotonic() - started < 5  # SQLite's busy wait is 10 s
+    assert first[0] == f"{A}/f00000.md" and sum(1 for _ in rows) == 2999
+    assert reader.load().files[f"{A}/f00000.md"].sha256 == sha256_text("changed\n")

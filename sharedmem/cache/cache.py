@@ -630,7 +630,11 @@ def _store_failure(where: str, exc: Exception) -> str:
     """What a failed write of the manifest's store says: a full disk and a size limit alike.
 
     SQLite reports both as "database or disk is full" (or an I/O error), without the errno.
+    A lock held past SQLite's wait (another process writing the cache) says so instead.
     """
+    if getattr(exc, "sqlite_errorcode", None) == 5 or "locked" in str(exc):  # SQLITE_BUSY
+        return (f"cannot write {where} ({exc}): another process holds the cache's manifest; "
+                "sync again once it is done")
     return (f"cannot write {where} ({exc}): the disk may be full (`df -h` shows it) or a file "
             "size limit reached (`ulimit -f`); free space or raise the limit, then sync again")
 

@@ -2,7 +2,8 @@
 
 A manifest loaded whole costs one Python object a file: at 100,000 files a sync that changes
 nothing held 100 MB for it. Kept in `manifest.sqlite3`, a lookup is one query, an iteration
-streams from a cursor, and a commit writes only the rows that changed, in one transaction (its
+streams in chunks (each its own short query, so a long reader never holds a lock a commit
+waits for), and a commit writes only the rows that changed, in one transaction (its
 journal makes the commit whole or absent, which the sha256s of the older JSON pair only
 detected). Damage reads as damage: a file that is not a database, a table missing, the wrong
 version, or (`verify`) a failed `PRAGMA quick_check`.
@@ -24,7 +25,7 @@ from sharedmem.core import CacheError
 STORE_NAME = "manifest.sqlite3"
 STORE_VERSION = "3"  # 3: SQLite (1 and 2 were manifest.json beside namespaces.json)
 TIMEOUT = 10.0  # seconds a reader or writer waits for the other's lock
-CHUNK = 512  # rows fetched at a time when streaming
+CHUNK = 1024  # rows fetched at a time when streaming, each chunk its own query
 
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID, STRICT",
@@ -171,14 +172,26 @@ class ManifestStore:
         except sqlite3.Error as exc:
             raise Damaged(f"{self.path} cannot be read ({exc})") from None
 
-    def _stream(self, sql: str, args: tuple[Any, ...] = ()) -> Iterator[Any]:
-        """Rows in chunks, each fetched when the last is used up: memory of one chunk."""
-        try:
-            cursor = self.connection().execute(sql, args)
-            while chunk := cursor.fetchmany(CHUNK):
-                yield from chunk
-        except sqlite3.Error as exc:
-            raise Damaged(f"{self.path} cannot be read ({exc})") from None
+    def _pages(self, columns: str, where: str = "", args: tuple[Any, ...] = ()) -> Iterator[Any]:
+        """File rows in path order (`columns` begins with the path), CHUNK at a time.
+
+        Each chunk is its own short query from the last path on, so no read lock is held
+        between them: a reader that takes long over the rows (an index build) never keeps a
+        sync from committing. A commit between two chunks shows in the later ones only;
+        whoever needs one state compares `meta` marks before and after.
+        """
+        last = None
+        while True:
+            conditions = [c for c in (where, "path > ?" if last is not None else "") if c]
+            params = args if last is None else (*args, last)
+            sql = (f"SELECT {columns} FROM files"
+                   + (f" WHERE {' AND '.join(conditions)}" if conditions else "")
+                   + f" ORDER BY path LIMIT {CHUNK}")
+            rows = self._rows(sql, params)
+            yield from rows
+            if len(rows) < CHUNK:
+                return
+            last = rows[-1][0]
 
     def meta(self) -> dict[str, str]:
         """The small values: version, last_sync, server and namespaces (JSON), the two marks."""
@@ -200,26 +213,23 @@ class ManifestStore:
 
     def rows(self, namespace: str | None = None) -> Iterator[Row]:
         """Every file's row in path order (of one namespace), streamed."""
-        sql = "SELECT path, sha256, size, namespace, mtime_ns FROM files"
+        columns = "path, sha256, size, namespace, mtime_ns"
         if namespace is None:
-            return (Row(*r) for r in self._stream(sql + " ORDER BY path"))
-        return (Row(*r) for r in self._stream(sql + " WHERE namespace=? ORDER BY path",
-                                              (namespace,)))
+            return (Row(*r) for r in self._pages(columns))
+        return (Row(*r) for r in self._pages(columns, "namespace=?", (namespace,)))
 
     def paths(self, namespace: str | None = None) -> Iterator[str]:
         """Every file's path in path order (of one namespace), streamed."""
         if namespace is None:
-            return (p for (p,) in self._stream("SELECT path FROM files ORDER BY path"))
-        return (p for (p,) in self._stream("SELECT path FROM files WHERE namespace=?"
-                                           " ORDER BY path", (namespace,)))
+            return (p for (p,) in self._pages("path"))
+        return (p for (p,) in self._pages("path", "namespace=?", (namespace,)))
 
     def sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         """(path, size) of every file below `prefix` (ending in "/", or ""), in path order."""
         if not prefix:
-            return self._stream("SELECT path, size FROM files ORDER BY path")
+            return self._pages("path, size")
         upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first path past the folder
-        return self._stream("SELECT path, size FROM files WHERE path >= ? AND path < ?"
-                            " ORDER BY path", (prefix, upper))
+        return self._pages("path, size", "path >= ? AND path < ?", (prefix, upper))
 
     def file_namespaces(self) -> list[str]:
         """The namespaces that hold at least one file."""
