@@ -356,6 +356,7 @@ def test_an_older_versions_manifest_is_converted_once(cache: Cache, version: int
     files = _legacy(cache, version)
     reader = Cache(cache.root)
     assert reader.load().files == {} and "older version" in str(reader.damage)
+    assert reader.legacy_files() == files  # read without writing, as the installer does
     older = Cache(cache.root)
     older.convert()
     assert not (cache.root / ".sharedmem" / "manifest.json").exists()

@@ -302,21 +302,12 @@ class Cache:
         Run by a sync, under its lock. A pair that does not read as intact (the checks that
         version made) is left for `load` to call damaged, so the sync rebuilds the list.
         """
-        meta = self.meta
-        if self.store.exists() or not (meta / LEGACY_NAMESPACES).is_file() \
-                or not (meta / LEGACY_MANIFEST).is_file():
+        if self.store.exists():
             return
-        try:
-            raw = _namespaces_of((meta / LEGACY_NAMESPACES).read_bytes(),
-                                 meta / LEGACY_NAMESPACES)
-            data = (meta / LEGACY_MANIFEST).read_bytes()
-            recorded = raw.get("manifest_sha256")
-            if recorded is not None and recorded != hashlib.sha256(data).hexdigest():
-                return
-            files, _ = _files_of(data, meta / LEGACY_MANIFEST,
-                                 None if recorded else raw["namespaces"])
-        except (Damaged, OSError):
+        legacy = self._legacy()
+        if legacy is None:
             return
+        raw, files = legacy
         temp = ManifestStore("")
         with temp.transaction() as writing:
             writing.upsert((p, *m) for p, m in files.items())
@@ -328,6 +319,32 @@ class Cache:
         temp.close()
         self._remove_legacy()
         self._write_synced()
+
+    def legacy_files(self) -> dict[str, CachedFile]:
+        """The files an older version's intact manifest.json lists ({} when there is none).
+
+        For a reader that must not write (the installer, before its sync converts the pair).
+        """
+        legacy = None if self.store.exists() else self._legacy()
+        return legacy[1] if legacy is not None else {}
+
+    def _legacy(self) -> tuple[dict[str, Any], dict[str, CachedFile]] | None:
+        """An older version's pair, read with the checks that version made; None if not intact."""
+        meta = self.meta
+        if not (meta / LEGACY_NAMESPACES).is_file() or not (meta / LEGACY_MANIFEST).is_file():
+            return None
+        try:
+            raw = _namespaces_of((meta / LEGACY_NAMESPACES).read_bytes(),
+                                 meta / LEGACY_NAMESPACES)
+            data = (meta / LEGACY_MANIFEST).read_bytes()
+            recorded = raw.get("manifest_sha256")
+            if recorded is not None and recorded != hashlib.sha256(data).hexdigest():
+                return None
+            files, _ = _files_of(data, meta / LEGACY_MANIFEST,
+                                 None if recorded else raw["namespaces"])
+        except (Damaged, OSError):
+            return None
+        return raw, files
 
     def _remove_legacy(self) -> None:
         for name in (LEGACY_MANIFEST, LEGACY_NAMESPACES):
