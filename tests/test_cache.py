@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
@@ -169,7 +168,7 @@ def test_a_linked_metadata_folder_is_refused_and_its_target_untouched(
     (target / "staging").mkdir(parents=True)
     (target / "staging" / "0.part").write_text("not the cache's")
     (target / "replaced").mkdir()
-    (target / "manifest.json").write_text("{}")
+    (target / "manifest.sqlite3").write_text("{}")
     meta = cache.root / ".sharedmem"
     if linked == ".sharedmem":
         meta.rename(tmp_path / "old-meta")
@@ -271,105 +270,185 @@ def test_explicit_removal_and_rewrite_of_a_missing_file(cache: Cache) -> None:
 
 # --- the manifest ------------------------------------------------------------------------------------
 
-def test_manifest_rewritten_only_when_files_change(cache: Cache) -> None:
-    files_before = cache.manifest_path.stat()
-    names_before = cache.namespaces_path.stat()
-    data_before = cache.manifest_path.read_bytes()
+def _marks(cache: Cache) -> dict[str, str]:
+    return {k: v for k, v in cache.store.meta().items() if k in ("files", "commit")}
+
+
+def test_manifest_rows_change_only_when_files_change(cache: Cache) -> None:
+    before = _marks(cache)
     same = [up(f"{A}/a.md", "alpha\n"), up(f"{A}/deep/er/b.md", "beta\n"),
             up(f"{B}/MEMORY.md", "desk\n"), up(NOTE, "note\n")]
     server = {"server": "sharedmem/x", "protocol": 2}
     assert cache.apply(same, [], spaces(A, B, NOTES_NAMESPACE), server=server)["written"] == 0
-    assert cache.manifest_path.stat().st_ino == files_before.st_ino
-    assert cache.manifest_path.read_bytes() == data_before
-    assert cache.namespaces_path.stat().st_ino != names_before.st_ino
-    raw = json.loads(cache.namespaces_path.read_text())
-    assert raw["server"] == server and set(raw["namespaces"]) == {A, B, NOTES_NAMESPACE}
+    after = _marks(cache)
+    assert after["files"] == before["files"] and after["commit"] != before["commit"]
+    assert cache.written == [] and cache.removed == []
+    reader = Cache(cache.root)
+    assert reader.load().server == server and set(reader.load().namespaces) == {
+        A, B, NOTES_NAMESPACE}
 
     cache.apply([up(f"{A}/a.md", "alpha changed\n")], [], spaces(A, B, NOTES_NAMESPACE))
-    assert cache.manifest_path.stat().st_ino != files_before.st_ino
-    assert cache.load().files[f"{A}/a.md"].sha256 == sha256_text("alpha changed\n")
-    assert cache.load().server == server
+    assert _marks(cache)["files"] != before["files"] and cache.written == [f"{A}/a.md"]
+    assert reader.load().files[f"{A}/a.md"].sha256 == sha256_text("alpha changed\n")
+    assert reader.load().server == server
 
 
-def test_manifest_lines_are_reused_only_for_unchanged_files(cache: Cache) -> None:
-    text = cache.manifest_path.read_text(encoding="utf-8")
-    assert text.count("\n") == len(cache.load().files) + 1  # one file a line
+def test_manifest_rows_in_path_order_and_as_written(cache: Cache) -> None:
     fresh = Cache(cache.root)  # as the next sync process reads it
-    before = dict(fresh.load().files)
+    before = dict(fresh.load().files.items())
     fresh.apply([up(f"{A}/a.md", "alpha 2\n"), up(f"{A}/new.md", "new\n")], [],
                 spaces(A, B, NOTES_NAMESPACE))
     after = Cache(cache.root).load().files
     mtime = {p: (cache.root / p).stat().st_mtime_ns for p in (f"{A}/a.md", f"{A}/new.md")}
-    assert after == {**before,
-                     f"{A}/a.md": CachedFile(sha256_text("alpha 2\n"), 8, A, mtime[f"{A}/a.md"]),
-                     f"{A}/new.md": CachedFile(sha256_text("new\n"), 4, A, mtime[f"{A}/new.md"])}
-    assert list(after) == sorted(after)  # still in path order with a path added
-    assert json.loads(cache.manifest_path.read_text(encoding="utf-8"))["files"] == {
-        k: list(v) for k, v in after.items()}
+    assert dict(after.items()) == {
+        **before,
+        f"{A}/a.md": CachedFile(sha256_text("alpha 2\n"), 8, A, mtime[f"{A}/a.md"]),
+        f"{A}/new.md": CachedFile(sha256_text("new\n"), 4, A, mtime[f"{A}/new.md"])}
+    assert list(after) == sorted(after) and len(after) == len(before) + 1
+    assert f"{A}/new.md" in after and f"{A}/gone.md" not in after and 5 not in after
 
 
-def test_a_one_line_manifest_of_an_older_version_is_read_and_rewritten(cache: Cache) -> None:
-    files = json.loads(cache.manifest_path.read_text(encoding="utf-8"))
-    listing = json.loads(cache.namespaces_path.read_text(encoding="utf-8"))
-    expected = {p: CachedFile(*v[:3]) for p, v in files["files"].items()}
-    files = {"version": 1, "files": {p: v[:3] for p, v in files["files"].items()}}
-    cache.manifest_path.write_text(json.dumps(files), encoding="utf-8")  # the older form
-    del listing["manifest_sha256"], listing["check"]
-    cache.namespaces_path.write_text(json.dumps({**listing, "version": 1}), encoding="utf-8")
+def test_the_manifest_is_never_held_whole(tmp_path: Path) -> None:
+    """A no-change sync reads the manifest by rows: no Python object per file (issue 15)."""
+    import tracemalloc
+    cache = Cache(tmp_path / "cache")
+    cache.apply([up(f"{A}/f{i:05}.md", f"file {i}\n") for i in range(5000)], [], spaces(A))
+    reader = Cache(cache.root)
+    tracemalloc.start()
+    try:
+        reader.load(verify=True)
+        assert reader.tampered_namespaces() == set() and reader.damage is None
+        assert f"{A}/f00042.md" in reader.load().files
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, peak  # 5,000 entries held would take several MB
+
+
+def _legacy(cache: Cache, version: int) -> dict[str, CachedFile]:
+    """Write the cache's manifest as versions 1 and 2 did (manifest.json, namespaces.json)."""
+    from sharedmem import linejson
+    from sharedmem.cache.cache import _check
+    manifest = cache.load()
+    files = dict(manifest.files.items())
+    rows = {k: v.to_row() for k, v in sorted(manifest.namespaces.items())}
+    cache.store.close()
+    cache.manifest_path.unlink()
+    meta = cache.root / ".sharedmem"
+    if version == 1:
+        text = json.dumps({"version": 1, "files": {p: list(v[:3]) for p, v in files.items()}})
+        listing = {"version": 1, "last_sync": manifest.last_sync, "server": manifest.server,
+                   "namespaces": rows}
+        files = {p: v._replace(mtime_ns=None) for p, v in files.items()}
+    else:
+        text, _ = linejson.encode({"version": 2}, "files", files.items(), {})
+        digest = sha256_text(text)
+        listing = {"version": 2, "last_sync": manifest.last_sync, "server": manifest.server,
+                   "namespaces": rows, "manifest_sha256": digest, "check": _check(rows, digest)}
+    (meta / "manifest.json").write_text(text, encoding="utf-8")
+    (meta / "namespaces.json").write_text(json.dumps(listing), encoding="utf-8")
+    return files
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_versions_manifest_is_converted_once(cache: Cache, version: int) -> None:
+    namespaces = cache.load().namespaces
+    files = _legacy(cache, version)
+    reader = Cache(cache.root)
+    assert reader.load().files == {} and "older version" in str(reader.damage)
+    assert reader.legacy_files() == files  # read without writing, as the installer does
     older = Cache(cache.root)
-    assert older.load().files == expected and older.damage is None
+    older.convert()
+    assert not (cache.root / ".sharedmem" / "manifest.json").exists()
+    assert not (cache.root / ".sharedmem" / "namespaces.json").exists()
+    assert dict(older.load(verify=True).files.items()) == files and older.damage is None
+    assert older.load().namespaces == namespaces
+    assert reader.check() is None and f"{A}/a.md" in reader.load().files
     older.apply([up(f"{A}/a.md", "alpha 3\n")], [], spaces(A, B, NOTES_NAMESPACE))
     assert Cache(cache.root).load().files[f"{A}/a.md"].sha256 == sha256_text("alpha 3\n")
-    assert "manifest_sha256" in json.loads(cache.namespaces_path.read_text(encoding="utf-8"))
 
 
-def test_a_rewrite_within_one_timestamp_tick_is_still_seen(cache: Cache) -> None:
+def test_a_damaged_older_manifest_is_rebuilt_not_converted(cache: Cache) -> None:
+    _legacy(cache, 2)
+    (cache.root / ".sharedmem" / "manifest.json").write_text("{not json")
+    older = Cache(cache.root)
+    older.convert()
+    assert older.load().files == {} and older.damage is not None
+    older.rebuild()
+    older.apply([up(f"{A}/a.md", "alpha\n")], [], spaces(A, B, NOTES_NAMESPACE))
+    assert Cache(cache.root).check() is None
+    assert not (cache.root / ".sharedmem" / "manifest.json").exists()
+    assert f"{B}/MEMORY.md" in Cache(cache.root).load().files
+
+
+def test_a_commit_by_another_process_is_seen(cache: Cache) -> None:
     reader = Cache(cache.root)
     assert set(reader.load().files) == set(cache.load().files)
-    stamps = [(p, p.stat().st_mtime_ns) for p in (cache.manifest_path, cache.namespaces_path)]
+    mtime = cache.manifest_path.stat().st_mtime_ns
     cache.apply([up(f"{A}/new.md", "new\n")], [], spaces(A, B, NOTES_NAMESPACE))
-    for path, mtime in stamps:  # as on a file system with coarse timestamps
-        os.utime(path, ns=(mtime, mtime))
+    os.utime(cache.manifest_path, ns=(mtime, mtime))  # as on a file system with coarse times
     assert f"{A}/new.md" in cache.load().files
     assert f"{A}/new.md" in reader.load().files
 
 
-def test_load_of_a_missing_or_damaged_manifest_is_empty(tmp_path: Path, cache: Cache) -> None:
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2 + 1])
+
+
+def _drop_table(path: Path) -> None:
+    import sqlite3
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE files")
+    conn.commit()
+    conn.close()
+
+
+def _version_meta(path: Path) -> None:
+    import sqlite3
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value='99' WHERE key='version'")
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize(("damage", "problem"), [
+    (lambda p: p.write_text("{not a database"), "not a readable manifest"),
+    (_drop_table, "lacks its tables (files)"),
+    (_version_meta, "is not a manifest of version 3"),
+    (lambda p: p.unlink(), "is missing"),
+])
+def test_load_of_a_missing_or_damaged_manifest_is_empty(tmp_path: Path, cache: Cache,
+                                                        damage, problem: str) -> None:
     assert cache.exists()
-    assert not Cache(tmp_path / "nowhere").exists()
     nowhere = Cache(tmp_path / "nowhere")
+    assert not nowhere.exists()
     assert nowhere.load().files == {} and nowhere.damage is None  # never synced: not damaged
-    cache.manifest_path.write_text("{not json")
+    (cache.root / ".sharedmem" / "namespaces.json").write_text("{}")  # an older leftover
+    cache.store.close()
+    damage(cache.manifest_path)
     damaged = Cache(cache.root)
     assert damaged.load().files == {}
-    assert "manifest.json does not match the sha256 that namespaces.json records" in str(
-        damaged.damage)
+    assert problem in str(damaged.damage) or "older version" in str(damaged.damage)
+    assert damaged.check() == damaged.damage
 
 
-@pytest.mark.parametrize(("listing", "problem"), [
-    ({"version": 1, "namespaces": {}, "last_sync": 5}, "wrong kind"),
-    ({"version": 1, "namespaces": {"k": {"key": "other", "source": "s", "kind": "markdown"}}},
-     "wrong kind"),
-    ({"version": 2, "namespaces": {}}, "does not match the sha256 written in it"),
-    ([], "not a JSON object"),
-])
-def test_a_namespace_list_is_checked_when_loaded(cache: Cache, listing: object,
-                                                 problem: str) -> None:
-    cache.namespaces_path.write_text(json.dumps(listing), encoding="utf-8")
-    reader = Cache(cache.root)
-    assert reader.load().files == {} and problem in str(reader.damage)
-    assert reader.check() == reader.damage
+def test_a_truncated_manifest_fails_its_quick_check(tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "cache")
+    cache.apply([up(f"{A}/f{i:04}.md", f"file {i}\n") for i in range(2000)], [], spaces(A))
+    cache.store.close()
+    _truncate(cache.manifest_path)
+    damaged = Cache(cache.root)
+    damaged.load(verify=True)
+    assert damaged.damage is not None and damaged.check() == damaged.damage
 
 
-def test_a_manifest_half_written_by_a_running_sync_is_waited_for(tmp_path: Path,
-                                                                   cache: Cache) -> None:
+def test_a_manifest_replaced_while_read_is_read_anew(tmp_path: Path, cache: Cache) -> None:
     reader = Cache(cache.root)
     assert f"{A}/a.md" in reader.load().files
     later = Cache(Path(shutil.copytree(cache.root, tmp_path / "later")))
-    later.apply([], [f"{A}/a.md"], spaces(A, B, NOTES_NAMESPACE))  # what the sync will write
-    os.replace(later.manifest_path, cache.manifest_path)  # the sync between its two writes
-    threading.Timer(0.05, os.replace, (later.namespaces_path, cache.namespaces_path)).start()
-    assert f"{A}/a.md" not in reader.load().files  # it waited: no damage reported
+    later.apply([], [f"{A}/a.md"], spaces(A, B, NOTES_NAMESPACE))
+    os.replace(later.manifest_path, cache.manifest_path)  # as a rebuilt manifest is moved in
+    assert f"{A}/a.md" not in reader.load().files
     assert reader.damage is None and reader.check() is None
 
 
@@ -393,3 +472,19 @@ def test_tampered_namespaces(cache: Cache) -> None:
     cache.apply([up(f"{A}/a.md", "alpha\n"), up(f"{B}/MEMORY.md", "desk\n")], [],
                 spaces(A, B, NOTES_NAMESPACE), full_namespaces={A, B})
     assert (cache.root / B / "MEMORY.md").read_text() == "desk\n"
+
+
+def test_a_reader_part_way_through_the_rows_does_not_block_a_commit(tmp_path: Path) -> None:
+    """An index build reads every row for minutes; a sync's commit must not wait for it."""
+    import time
+    cache = Cache(tmp_path / "cache")
+    cache.apply([up(f"{A}/f{i:05}.md", f"file {i}\n") for i in range(3000)], [], spaces(A))
+    reader = Cache(cache.root)
+    rows = iter(reader.load().files.items())
+    first = next(rows)
+    started = time.monotonic()
+    writer = Cache(cache.root)
+    writer.apply([up(f"{A}/f00000.md", "changed\n")], [], spaces(A))
+    assert time.monotonic() - started < 5  # SQLite's busy wait is 10 s
+    assert first[0] == f"{A}/f00000.md" and sum(1 for _ in rows) == 2999
+    assert reader.load().files[f"{A}/f00000.md"].sha256 == sha256_text("changed\n")

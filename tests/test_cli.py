@@ -251,7 +251,7 @@ def test_status_says_a_damaged_cache_and_the_refused_notes(tmp_path: Path, home:
     _quarantine(path, {"filename": queued.filename, "note_id": queued.note_id,
                        "message": "a note must not be empty\x1b[2J"})
     outbox.done(path)
-    (tmp_path / "cache" / ".sharedmem" / "namespaces.json").write_text("{", encoding="utf-8")
+    (tmp_path / "cache" / ".sharedmem" / "manifest.sqlite3").write_text("{", encoding="utf-8")
     assert cli.main(["status", "--config", str(cfg)]) == 0
     text = capsys.readouterr().out
     assert (f"the cache is damaged and will be repaired by the next sync (run "
@@ -260,7 +260,7 @@ def test_status_says_a_damaged_cache_and_the_refused_notes(tmp_path: Path, home:
     assert "  2026-01-31T09-30-00-idea.md: a note must not be empty\\x1b[2J" in text
     assert cli.main(["status", "--config", str(cfg), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert "namespaces.json" in info["damage"] and info["refused_notes_total"] == 1
+    assert "manifest.sqlite3" in info["damage"] and info["refused_notes_total"] == 1
 
 
 def test_the_sync_text_counts_the_cache_files_it_repaired(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -99,10 +100,10 @@ def test_deleted_cache_fails(tmp_path: Path, home: Path) -> None:
 @pytest.mark.parametrize(("age", "status"), [(3600, WARN), (3 * 86400, FAIL)])
 def test_old_cache_warns_then_fails(tmp_path: Path, home: Path, age: int, status: str) -> None:
     cfg, env = make_client(tmp_path, home)
-    manifest = tmp_path / "client" / "cache" / ".sharedmem" / "namespaces.json"
-    raw = json.loads(manifest.read_text(encoding="utf-8"))
-    raw["last_sync"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - age))
-    manifest.write_text(json.dumps(raw), encoding="utf-8")
+    manifest = tmp_path / "client" / "cache" / ".sharedmem" / "manifest.sqlite3"
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - age))
+    with contextlib.closing(sqlite3.connect(manifest)) as conn, conn:
+        conn.execute("UPDATE meta SET value=? WHERE key='last_sync'", (stamp,))
     assert by_name(doctor(cfg, env))["cache"].status == status
 
 
@@ -334,7 +335,7 @@ def test_ssh_transport_without_reuse_says_it_is_off(tmp_path: Path, home: Path,
     assert check.details == {"configured": False}
 
 
-@pytest.mark.parametrize("name", ["manifest.json", "namespaces.json"])
+@pytest.mark.parametrize("name", ["manifest.sqlite3"])
 def test_a_damaged_cache_warns_that_the_next_sync_repairs_it(tmp_path: Path, home: Path,
                                                              name: str) -> None:
     cfg, env = make_client(tmp_path, home)

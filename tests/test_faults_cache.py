@@ -34,10 +34,25 @@ REPAIRING = "the cache is being repaired: run `shared_memory.py sync`"
 
 # Run the launcher with an audit hook that SIGKILLs this process just before the COUNT-th rename
 # onto a path the POINT names: a kill at that very moment of a sync, without changing its code.
+# POINT "commit" is the COUNT-th COMMIT of the cache's manifest store, killed just before it is
+# sent to SQLite (the connections of the manifest are opened with a class that kills there).
 KILLER = r"""
-import os, runpy, signal, sys
+import os, runpy, signal, sqlite3, sys
 point, count, launcher = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 seen = [0]
+class Killing(sqlite3.Connection):
+    def execute(self, sql, *args):
+        if sql == "COMMIT":
+            seen[0] += 1
+            if seen[0] >= count:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().execute(sql, *args)
+connect = sqlite3.connect
+def killing_connect(database, *args, **kwargs):
+    if point == "commit" and str(database).endswith("/.sharedmem/manifest.sqlite3"):
+        kwargs["factory"] = Killing
+    return connect(database, *args, **kwargs)
+sqlite3.connect = killing_connect
 def hits(dst):
     if point == "file":
         return dst.endswith(".md") and "/.sharedmem/" not in dst
@@ -135,8 +150,7 @@ def assert_cache_is_the_server(world: Path) -> None:
 @pytest.mark.parametrize(("point", "count"), [
     ("file", 1),  # before the first file of the pull is put in place
     ("file", 3),  # with two of the five in place
-    ("manifest.json", 1),  # every file in place, the manifest not yet written
-    ("namespaces.json", 1),  # the file list written, the namespaces not
+    ("commit", 1),  # every file in place, the manifest's rows not yet committed
     ("state", 1),  # the cache complete, the source's saved state not
 ])
 def test_a_killed_sync_then_a_revert_at_the_same_size_is_repaired(
@@ -183,13 +197,18 @@ def test_a_cache_file_edited_by_hand_is_verified_and_repaired(
 def test_an_older_manifest_without_times_is_verified_once(world: Path) -> None:
     root = world / "laptop" / "cache"
     meta = root / ".sharedmem"
-    files = json.loads((meta / "manifest.json").read_text())
+    cache = Cache(root)
+    manifest = cache.load()
     (meta / "manifest.json").write_text(json.dumps(  # as version 1 wrote them
-        {"version": 1, "files": {p: v[:3] for p, v in files["files"].items()}}))
-    listing = json.loads((meta / "namespaces.json").read_text())
+        {"version": 1, "files": {p: list(v[:3]) for p, v in manifest.files.items()}}))
     (meta / "namespaces.json").write_text(json.dumps(
-        {k: listing[k] for k in ("last_sync", "server", "namespaces")} | {"version": 1}))
-    assert Cache(root).load().files  # it still loads, times unknown
+        {"last_sync": manifest.last_sync, "server": manifest.server, "version": 1,
+         "namespaces": {k: v.to_row() for k, v in manifest.namespaces.items()}}))
+    cache.store.close()
+    (meta / "manifest.sqlite3").unlink()
+    cache.convert()
+    assert cache.load().files and cache.damage is None  # it converts, times unknown
+    assert all(m.mtime_ns is None for m in cache.load().files.values())
     edited = root / "machines" / "laptop" / "notes" / "note-05.md"
     edited.write_text(_same_size(edited.read_text()))  # its size alone would not tell
     done = sync(world / "laptop" / "client.json")
@@ -200,64 +219,59 @@ def test_an_older_manifest_without_times_is_verified_once(world: Path) -> None:
 
 # --- damaged manifest -----------------------------------------------------------------------------
 
-def _flip_in_sha(text: str) -> str:
-    at = text.index('["') + 2  # the first entry's sha256: still JSON, still hexadecimal
-    return text[:at] + ("1" if text[at] != "1" else "2") + text[at + 1:]
+def _sql(statement: str) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        import sqlite3
+        conn = sqlite3.connect(path)
+        conn.execute(statement)
+        conn.commit()
+        conn.close()
+    return edit
 
 
-def _entry(text: str, change: Callable[[list], list]) -> str:
-    raw = json.loads(text)
-    first = next(iter(raw["files"]))
-    raw["files"][first] = change(raw["files"][first])
-    return json.dumps(raw)
+def _bytes(change: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    return lambda path: path.write_bytes(change(path.read_bytes()))
 
 
-def _listing(text: str, change: Callable[[dict], object]) -> str:
-    raw = json.loads(text)
-    change(raw)
-    return json.dumps(raw)
+def _flip_page_type(data: bytes) -> bytes:
+    """One flipped byte: the type of the second page (a table's B-tree) made invalid."""
+    size = int.from_bytes(data[16:18], "big") or 65536
+    return data[:size] + bytes([data[size] ^ 0xFF]) + data[size + 1:]
 
 
-def _ghost(text: str) -> str:
-    raw = json.loads(text)
-    raw["files"]["machines/laptop/notes/ghost.md"] = next(iter(raw["files"].values()))
-    return json.dumps(raw)
+def _older_pair(path: Path) -> None:
+    """An older version's namespaces.json, its manifest.json damaged: not converted."""
+    path.unlink()
+    (path.parent / "manifest.json").write_text("{")
+    (path.parent / "namespaces.json").write_text("{}")
 
 
 DAMAGE = [
-    ("manifest.json", "one flipped byte in a sha256", _flip_in_sha),
-    ("manifest.json", "one flipped byte of JSON", lambda t: t.replace("{", "[", 1)),
-    ("manifest.json", "truncated", lambda t: t[:len(t) // 2]),
-    ("manifest.json", "not UTF-8", lambda t: "\udcff"),
-    ("manifest.json", "size as text", lambda t: _entry(t, lambda e: [e[0], str(e[1]), *e[2:]])),
-    ("manifest.json", "sha256 too short", lambda t: _entry(t, lambda e: [e[0][:63], *e[1:]])),
-    ("manifest.json", "a file that does not exist", _ghost),
-    ("manifest.json", "missing", None),
-    ("namespaces.json", "one flipped digit of a generation", lambda t: _listing(
-        t, lambda r: r["namespaces"]["machines/desk/notes"].update(generation=7))),
-    ("namespaces.json", "one flipped byte of a machine", lambda t: t.replace('"desk"', '"dusk"')),
-    ("namespaces.json", "truncated", lambda t: t[:-3]),
-    ("namespaces.json", "namespaces of the wrong kind", lambda t: _listing(
-        t, lambda r: r.update(namespaces=list(r["namespaces"])))),
-    ("namespaces.json", "missing", None),
+    ("one flipped byte of the header", _bytes(lambda d: d[:3] + b"X" + d[4:])),
+    ("one flipped byte of a table's page", _bytes(_flip_page_type)),
+    ("truncated", _bytes(lambda d: d[:len(d) // 2])),
+    ("not a database", _bytes(lambda d: b"{" * len(d))),
+    ("a table dropped", _sql("DROP TABLE files")),
+    ("another version", _sql("UPDATE meta SET value='2' WHERE key='version'")),
+    ("the server value not JSON", _sql("UPDATE meta SET value='{' WHERE key='server'")),
+    ("namespaces of the wrong kind", _sql("UPDATE meta SET value='{}' WHERE key='namespaces'")),
+    ("a generation of the wrong kind", _sql(
+        "UPDATE meta SET value=replace(value, ', 1, ', ', \"1\", ') WHERE key='namespaces'")),
+    ("missing", lambda p: p.unlink()),
+    ("an older version's pair, damaged", _older_pair),
 ]
 
 
-@pytest.mark.parametrize(("name", "damage", "how"), DAMAGE,
-                         ids=[f"{name}-{damage}" for name, damage, _ in DAMAGE])
+@pytest.mark.parametrize(("damage", "how"), DAMAGE, ids=[damage for damage, _ in DAMAGE])
 def test_a_damaged_manifest_is_refused_then_rebuilt_by_the_next_sync(
-        world: Path, name: str, damage: str, how: Callable[[str], str] | None) -> None:
+        world: Path, damage: str, how: Callable[[Path], None]) -> None:
     root = world / "laptop" / "cache"
     strays = [root / "machines" / m / "notes" / "stray.md" for m in ("desk", "laptop")]
     for stray in strays:  # the server has no such file
         stray.write_text("# stray\nleft behind\n")
     edited = root / "machines" / "laptop" / "notes" / "note-07.md"
     edited.write_text(_same_size(edited.read_text()))
-    target = root / ".sharedmem" / name
-    if how is None:
-        target.unlink()
-    else:
-        target.write_text(how(target.read_text()), encoding="utf-8", errors="surrogateescape")
+    how(root / ".sharedmem" / "manifest.sqlite3")
     cache = Cache(root)
     for call in (lambda: tools.list_files(cache, "machines"),
                  lambda: tools.read_file(cache, "machines/desk/notes/desk-1.md"),
@@ -274,7 +288,7 @@ def test_a_damaged_manifest_is_refused_then_rebuilt_by_the_next_sync(
 def test_a_damaged_manifest_stays_refused_while_the_server_cannot_be_reached(
         world: Path) -> None:
     root, config = world / "laptop" / "cache", world / "laptop" / "client.json"
-    (root / ".sharedmem" / "namespaces.json").write_text("{")
+    (root / ".sharedmem" / "manifest.sqlite3").write_text("{")
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     raw = json.loads(config.read_text())
     raw["transport"]["store"] = "client.json/store.sqlite3"  # no store can be made there
@@ -288,7 +302,7 @@ def test_a_damaged_manifest_stays_refused_while_the_server_cannot_be_reached(
 
 def test_the_mcp_server_says_the_cache_is_being_repaired(world: Path) -> None:
     from test_mcp import Server
-    (world / "laptop" / "cache" / ".sharedmem" / "manifest.json").write_text("{")
+    (world / "laptop" / "cache" / ".sharedmem" / "manifest.sqlite3").write_text("{")
     server = Server(world / "laptop" / "client.json")
     try:
         server.init()
@@ -438,9 +452,9 @@ def assert_consistent(root: Path) -> None:
 
 @pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE (POSIX)")
 @pytest.mark.parametrize(("case", "machine_name", "count", "size", "where"), [
-    ("the manifest past the limit", "laptop", 600, 10, ".sharedmem/manifest.json"),
+    ("the manifest past the limit", "laptop", 600, 10, ".sharedmem/manifest.sqlite3"),
     ("the manifest past the limit, files replaced", "laptop", 600, 10,
-     ".sharedmem/manifest.json"),
+     ".sharedmem/manifest.sqlite3"),
     ("a pulled file past the limit", "desk", 1, 100_000, ".sharedmem/staging/"),
 ])
 def test_a_file_size_limit_fails_cleanly_and_the_next_sync_completes(
@@ -461,12 +475,16 @@ def test_a_file_size_limit_fails_cleanly_and_the_next_sync_completes(
     assert failed.returncode == 2, failed.stdout + failed.stderr
     assert "Traceback" not in failed.stderr, failed.stderr
     error = json.loads(failed.stdout)["error"]
-    assert f"file too large writing {cache / where}" in error, error
+    if "manifest" in where:  # SQLite says "disk I/O error" or "disk is full", not the errno
+        assert f"cannot write {cache / where} (" in error, error
+        assert "size limit" in error and "free space" in error
+    else:
+        assert f"file too large writing {cache / where}" in error, error
     assert_consistent(cache)
     if replaced:  # the newer texts it had put in place stay, and the manifest records them
         assert {p for p, v in _tree(cache).items() if v != before.get(p)} == {
             f"machines/laptop/notes/note-{i:02}.md" for i in range(3)} | {
-            ".sharedmem/manifest.json", ".sharedmem/namespaces.json"}
+            ".sharedmem/manifest.sqlite3"}
     else:
         assert _tree(cache) == before  # exactly as it was
     done = sync(config)

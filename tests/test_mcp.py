@@ -533,8 +533,7 @@ def test_initialize_and_the_top_level_say_how_fresh_the_cache_is(tmp_path: Path,
 def _age_cache(cache: Path, state: Path, seconds: int) -> str:
     """Make the cache's last sync and the last attempt `seconds` old; the stamp written."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds))
-    listing = cache / ".sharedmem" / "namespaces.json"
-    listing.write_text(json.dumps({**json.loads(listing.read_text()), "last_sync": stamp}))
+    (cache / ".sharedmem" / "synced.json").write_text(json.dumps({"last_sync": stamp}))
     (state / "last-sync.json").write_text(json.dumps({"status": "ok", "finished_at": stamp}))
     return stamp
 
@@ -686,7 +685,7 @@ def test_resources_without_a_configuration_say_why(tmp_path: Path) -> None:
     assert srv.close() == 0
 
 
-@pytest.mark.parametrize("name", ["manifest.json", "namespaces.json"])
+@pytest.mark.parametrize("name", ["manifest.sqlite3"])
 def test_resources_of_a_damaged_cache_say_it_is_being_repaired(config: Path, name: str) -> None:
     from sharedmem.mcp.tools import REPAIRING
     uri = f"sharedmem://cache/{NS}/MEMORY.md"

@@ -130,7 +130,7 @@ def test_templates_and_their_cursor() -> None:
         resources.templates("x", "2025-06-18")
 
 
-@pytest.mark.parametrize("name", ["manifest.json", "namespaces.json"])
+@pytest.mark.parametrize("name", ["manifest.sqlite3"])
 def test_a_damaged_cache_is_refused_as_the_tools_refuse_it(tmp_path: Path, name: str) -> None:
     from sharedmem.core import CacheError
     cache = fill(tmp_path, {"machines/lab/codex": ("codex", {"MEMORY.md": "m\n"})})

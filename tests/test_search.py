@@ -479,7 +479,7 @@ def test_update_index_reads_only_the_files_it_is_given(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(30)})
     search_mod.refresh_index(cache)
     mark = search_mod.index_mark(cache)
-    assert mark == sha256_text(cache.manifest_path.read_text(encoding="utf-8"))
+    assert mark == cache.files_mark() and mark
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/f00.md", sha256_text("beta\n"), "beta\n"),
                  (f"{NS}/new.md", sha256_text("beta new\n"), "beta new\n")],

@@ -205,3 +205,20 @@ def test_the_helper_runs_at_the_lowest_priority(cache: Cache) -> None:
         assert time.monotonic() < deadline, "the helper did not lower its priority within 30 s"
         time.sleep(0.01)
     stage.discard()
+
+
+def test_a_pull_staged_keeps_little_per_file(tmp_path: Path) -> None:
+    """A first pull stages every file of the store: its bookkeeping must stay small (issue 15)."""
+    import tracemalloc
+    stage = Staging(tmp_path / ".sharedmem")
+    pulled = [(f"machines/lab/notes/f{i:05}.md", sha256_text(f"{i}")) for i in range(5000)]
+    tracemalloc.start()
+    try:
+        for path, sha in pulled:  # the paths and sha256s are the intake's, held anyway
+            stage.put(path, sha, b"x")
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert all(stage.has(path, sha) for path, sha in pulled[::97])
+    assert not stage.has(pulled[0][0], pulled[1][1])  # the same path at another sha256
+    assert held < 5000 * 200, held / 5000  # keyed by (path, sha) with a name each: ~290 bytes

@@ -14,8 +14,8 @@ from sharedmem.cache.cache import Cache, NamespaceInfo
 from sharedmem.client import config as config_mod
 from sharedmem.client.outbox import Outbox
 from sharedmem.client.status import (
-    NAMESPACES_FILE,
     STALE_PERIODS,
+    SYNCED_FILE,
     config_paths,
     describe,
     freshness,
@@ -132,7 +132,7 @@ def test_freshness_reads_damaged_bookkeeping_as_unknown_without_blocking(
     state.mkdir()
     outside = tmp_path / "outside.json"
     outside.write_text('{"last_sync": "2026-01-31T09:30:00Z", "status": "ok"}')
-    targets = [meta / "namespaces.json", state / "last-sync.json"]
+    targets = [meta / "synced.json", state / "last-sync.json"]
     for target in targets[:1] if damage == "link" else targets:  # state's links are the user's
         if damage == "fifo":
             os.mkfifo(target)
@@ -187,11 +187,12 @@ def test_a_long_error_is_one_short_line() -> None:
     assert len(sentence) == 301
 
 
-def test_the_namespaces_file_read_is_the_cache_s(tmp_path: Path) -> None:
-    assert tmp_path.joinpath(*NAMESPACES_FILE) == Cache(tmp_path).namespaces_path
+def test_the_synced_file_read_is_the_cache_s(tmp_path: Path) -> None:
+    from sharedmem.cache.cache import SYNCED_NAME
+    assert tmp_path.joinpath(*SYNCED_FILE) == Cache(tmp_path).meta / SYNCED_NAME
 
 
-@pytest.mark.parametrize("name", ["manifest.json", "namespaces.json"])
+@pytest.mark.parametrize("name", ["manifest.sqlite3"])
 def test_a_damaged_cache_is_said_and_the_next_sync_named(tmp_path: Path, name: str) -> None:
     cfg = load(tmp_path)
     Cache(cfg.cache).apply([(f"{NS}/a.md", sha256_text("a\n"), "a\n")], [],

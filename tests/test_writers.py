@@ -57,7 +57,7 @@ def test_the_pre_staged_writer_stages_what_the_server_sent_at_once(tmp_path: Pat
     for path, text in texts.items():
         intake.add(path, sha256_text(text), text)
     assert sorted(p.name for p in staging.folder.iterdir()) == ["0.pull", "1.pull", "2.pull"]
-    assert writer.taken == {} and all(text is None for _, text in intake.files.values())
+    assert writer.taken == {} and intake.texts == {}
     assert not (cache.root / NS).exists()  # nothing in the cache before the commit
     done = cache.commit(intake, [], INFO)
     assert done["written"] == 3 and list(staging.folder.iterdir()) == []

@@ -1,12 +1,13 @@
 """The client's plain-Markdown cache of the server's export, and the manifest that describes it.
 
-The manifest is derived data, checked when it is read: `namespaces.json` carries the sha256 of
-`manifest.json` and one of its own namespaces, so a damaged file reads as damaged
-(`Cache.damage`), not as an empty or a wrong cache. A sync then rebuilds the file list from the
-files and pulls every namespace whole; until it has, the tools refuse to answer from it. Each
-file's size and modification time are recorded too, so a sync hashes only the files that
-changed behind its back (`Cache.tampered_namespaces`) and writes again those whose text is not
-the one recorded.
+The manifest lives in SQLite (manifest_store.py): one row a file, so a sync reads the rows it
+needs and never holds the store's whole file list as Python objects. A manifest that cannot
+be what this cache wrote (not a database, a table missing, a failed quick check) reads as
+damaged (`Cache.damage`), not as an empty or a wrong cache. A sync then rebuilds the file list
+from the files and pulls every namespace whole; until it has, the tools refuse to answer from
+it. Each file's size and modification time are recorded too, so a sync hashes only the files
+that changed behind its back (`Cache.tampered_namespaces`) and writes again those whose text is
+not the one recorded. The two JSON files of older versions are converted once by a sync.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ import json
 import os
 import re
 import stat
-import time
 from collections import namedtuple
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from sharedmem import linejson
 from sharedmem.cache.layout import Folders, namespace_key, published_path_problems
+from sharedmem.cache.manifest_store import STORE_NAME, Damaged, ManifestStore, Row
 from sharedmem.cache.staged_files import STAGING_DIR, write_failure
 from sharedmem.cache.writers import FileWriter
 from sharedmem.clock import utc_now
@@ -35,12 +36,15 @@ from sharedmem.namespaces import Namespace
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
 
 META_DIR = ".sharedmem"
-MANIFEST_NAME = "manifest.json"
-NAMESPACES_NAME = "namespaces.json"
+MANIFEST_NAME = STORE_NAME
+SYNCED_NAME = "synced.json"  # the last sync's time alone, for the MCP server's start (status.py)
+LEGACY_MANIFEST, LEGACY_NAMESPACES = "manifest.json", "namespaces.json"  # versions 1 and 2
 LEFTOVERS = ("manifest.next.part", "replaced")  # older versions' files, which nothing reads
-MANIFEST_VERSION = 2  # 2: each file's mtime_ns; namespaces.json checked by sha256
 NOTES_NAMESPACE = NOTES_DIR
 SKIPPED_SHOWN = 100  # skipped items a report names one by one; the rest are counted
+_HEX = re.compile("[0-9a-f]*")
+
+__all__ = ["Damaged"]  # raised from here too; defined beside the store
 
 
 class NamespaceInfo(NamedTuple):
@@ -54,12 +58,12 @@ class NamespaceInfo(NamedTuple):
     synced_at: str | None = None
 
     def to_row(self) -> dict[str, Any]:
-        """Its entry in namespaces.json."""
+        """Its entry as JSON (`status`, an older version's namespaces.json)."""
         return self._asdict()
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> NamespaceInfo:
-        """Read an entry of namespaces.json; generation and sync time may be missing."""
+        """Read an entry of an older namespaces.json; generation and sync time may be missing."""
         return cls(row["key"], row["machine"], row["source"], row["kind"],
                    row.get("generation", 0), row.get("synced_at"))
 
@@ -74,56 +78,70 @@ class CachedFile(namedtuple("CachedFile", "sha256 size namespace mtime_ns", defa
 
     `mtime_ns` is the file's as the cache last wrote or verified it: a file whose size or time
     differs is hashed by the next sync (`Cache.tampered_namespaces`). None (a manifest of an
-    older version) means "verify once". A named tuple: comparing two manifests of 10,000 files
-    is then one C loop.
+    older version) means "verify once".
     """
 
     __slots__ = ()
 
 
+class FileTable(Mapping[str, CachedFile]):
+    """The manifest's files as a read-only mapping over its store: nothing is held.
+
+    A lookup is one query; iterating streams the rows in path order. It always shows the store
+    as it is now, so a caller that needs the file list from before a commit asks before it.
+    """
+
+    def __init__(self, store: ManifestStore) -> None:
+        self.store = store
+
+    def __getitem__(self, path: str) -> CachedFile:
+        row = self.store.get(path) if type(path) is str else None
+        if row is None:
+            raise KeyError(path)
+        return CachedFile(*row[1:])
+
+    def get(self, path: str, default: Any = None) -> Any:  # noqa: D102 - Mapping's, one query
+        row = self.store.get(path) if type(path) is str else None
+        return default if row is None else CachedFile(*row[1:])
+
+    def __contains__(self, path: object) -> bool:
+        return type(path) is str and self.store.get(path) is not None
+
+    def __len__(self) -> int:
+        return self.store.count()
+
+    def __iter__(self) -> Iterator[str]:
+        return self.store.paths()
+
+    def keys(self) -> Any:  # noqa: D102 - streamed, not a view that would query per key
+        return self.store.paths()
+
+    def items(self) -> Any:  # noqa: D102 - streamed in one query
+        return ((r[0], CachedFile(*r[1:])) for r in self.store.rows())
+
+    def values(self) -> Any:  # noqa: D102 - streamed in one query
+        return (CachedFile(*r[1:]) for r in self.store.rows())
+
+    def rows(self, namespace: str | None = None) -> Iterator[Row]:
+        """The rows (path first), of one namespace if named; streamed."""
+        return self.store.rows(namespace)
+
+    def sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """(path, size) of each file below `prefix` (a folder and "/", or ""); streamed."""
+        return self.store.sizes(prefix)
+
+
 @dataclass
 class Manifest:
-    """Everything the cache knows about itself; written last, after the files."""
+    """Everything the cache knows about itself; written last, after the files.
+
+    `files` is a `FileTable` over the store, or a plain dict (an empty cache; a test's).
+    """
 
     namespaces: dict[str, NamespaceInfo] = field(default_factory=dict)
-    files: dict[str, CachedFile] = field(default_factory=dict)
+    files: Mapping[str, CachedFile] = field(default_factory=dict)
     last_sync: str | None = None
     server: dict[str, Any] = field(default_factory=dict)
-
-
-Stamp = tuple[int, int, int]
-SETTLE_SECONDS = 0.25  # how long a reader waits for a sync writing the two files to finish
-_HEX = re.compile("[0-9a-f]*")
-
-
-def _stamp(path: Path) -> Stamp:
-    """What tells a rewritten manifest file from the one already read: mtime, inode, size."""
-    info = path.stat()
-    return info.st_mtime_ns, info.st_ino, info.st_size
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-class Damaged(CacheError):
-    """Why the manifest cannot be what this cache wrote; `Cache.damage` holds the message."""
-
-
-class _Loaded(NamedTuple):
-    """The manifest as last read or written, the stamps of its two files then, and any damage."""
-
-    stamps: tuple[Stamp, Stamp] | tuple[bool, bool]  # or which exist, when one does not
-    manifest: Manifest
-    damage: str | None = None
-
-
-class _LoadedFiles(NamedTuple):
-    """The file list as last read or written, the stamp and sha256 of manifest.json then."""
-
-    stamp: Stamp
-    digest: str
-    files: dict[str, CachedFile]
 
 
 class Cache:
@@ -132,14 +150,14 @@ class Cache:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.meta = self.root / META_DIR
-        self._loaded: _Loaded | None = None
-        self._files_cache: _LoadedFiles | None = None
-        self._lines: linejson.Old = {}  # manifest.json's entry lines, reused by the next write
-        self._rebuilt: Manifest | None = None  # see `rebuild`
+        self.store = ManifestStore(self.meta / MANIFEST_NAME)
+        self._rebuilt: ManifestStore | None = None  # see `rebuild`
+        self._loaded: tuple[str, Manifest] | None = None  # by the store's commit mark
         self.damage: str | None = None  # why the manifest last loaded is unusable, if it is
         self.damaged: set[str] = set()  # files not as the manifest says (tampered_namespaces)
         self._verified: dict[str, CachedFile] = {}  # files whose time alone moved, re-recorded
-        self._vouched: tuple[Stamp, Stamp] | None = None  # the stamps `check` found intact
+        self.written: list[str] = []  # the last commit's: files written, removed (for the index)
+        self.removed: list[str] = []
 
     @property
     def manifest_path(self) -> Path:
@@ -148,120 +166,93 @@ class Cache:
 
     def exists(self) -> bool:
         """Whether a sync has ever completed into this cache."""
-        return self.manifest_path.is_file() and self.namespaces_path.is_file()
-
-    @property
-    def namespaces_path(self) -> Path:
-        """The small file rewritten by every sync: namespaces, last sync time, server."""
-        return self.meta / NAMESPACES_NAME
+        return self.manifest_path.is_file()
 
     @property
     def rebuilt(self) -> bool:
         """Whether this run rebuilt the file list from the files (`rebuild`)."""
         return self._rebuilt is not None
 
-    def load(self) -> Manifest:
-        """The manifest; each of its two files is re-read only when it changed on disk.
+    def load(self, *, verify: bool = False) -> Manifest:
+        """The manifest: its namespaces and small values read, its files a view of the store.
 
-        A manifest that is missing half, cannot be read, or is not what this cache wrote (the
-        sha256s namespaces.json records, the kind of each value) loads empty, and `damage`
-        says why. A sync writes the two files one after the other: a reader that finds them
-        apart waits up to SETTLE_SECONDS for the second before it calls them damaged.
+        A manifest that is missing, is not a database of this version, is shorter than its
+        header says, or (`verify`: the tools, `status`) fails SQLite's quick check loads empty,
+        and `damage` says why. A sync does not run the quick check (a quarter of a second at
+        100,000 files): its check of every file reads every row, and a row that cannot be read
+        is damage too (`Exchange.read_cache`). A cache of an older
+        version that no sync has converted yet reads as damaged too, until one does.
         """
         if self._rebuilt is not None:
-            return self._rebuilt
-        before = self._loaded
-        loaded = self._load_once()
-        if loaded.damage is not None and loaded is not before:  # found now, not remembered
-            deadline = time.monotonic() + SETTLE_SECONDS
-            while time.monotonic() < deadline:
-                time.sleep(0.01)
-                if self._key() != loaded.stamps:  # being written: read them again
-                    self._loaded = None
-                    loaded = self._load_once()
-                    if loaded.damage is None:
-                        break
-        self.damage = loaded.damage
-        return loaded.manifest
+            self.damage = None
+            return self._manifest(self._rebuilt)
+        try:
+            if not self.store.exists():
+                self.store.close()
+                legacy = [n for n in (LEGACY_MANIFEST, LEGACY_NAMESPACES)
+                          if os.path.lexists(self.meta / n)]
+                if legacy:
+                    raise Damaged(f"{self.meta / legacy[0]} is an older version's record "
+                                  "(the next sync converts it)")
+                if os.path.lexists(self.meta / SYNCED_NAME):  # a sync wrote it, and the list
+                    raise Damaged(f"{self.manifest_path} is missing")
+                self.damage = None
+                return Manifest()
+            self.store.check_size()
+            if verify:
+                self.store.verify()
+            manifest = self._manifest(self.store)
+        except Damaged as exc:
+            self.damage, self._loaded = str(exc), None
+            return Manifest()
+        self.damage = None
+        return manifest
+
+    def _manifest(self, store: ManifestStore) -> Manifest:
+        """The manifest of a store, its small values re-read only after a commit."""
+        meta = store.meta()
+        mark = meta.get("commit", "")
+        if self._loaded is not None and self._loaded[0] == mark and mark \
+                and self._loaded[1].files.store is store:  # type: ignore[attr-defined]
+            return self._loaded[1]
+        try:
+            server = json.loads(meta.get("server", "{}"))
+            rows = json.loads(meta.get("namespaces", "[]"))
+            if type(server) is not dict or type(rows) is not list:
+                raise TypeError("not an object and a list")
+            namespaces = {r[0]: NamespaceInfo(*r) for r in rows}
+        except (ValueError, TypeError, IndexError) as exc:
+            raise Damaged(f"{store.path}: its server or namespaces value is not as written "
+                          f"({exc})") from None
+        if not all(_row_ok(k, v.to_row()) for k, v in namespaces.items()):
+            raise Damaged(f"{store.path}: a namespace holds a value of the wrong kind")
+        manifest = Manifest(namespaces, FileTable(store), meta.get("last_sync"), server)
+        self._loaded = (mark, manifest)
+        return manifest
 
     def check(self) -> str | None:
-        """What `damage` would say after `load`, without parsing a file list that is vouched for.
-
-        For a search, which reads the file list from its index: when namespaces.json is intact
-        and records the sha256 that manifest.json has, this reads and hashes, nothing more.
-        """
-        stamps = self._stamps()
-        if stamps is not None and stamps == self._vouched:
-            return None
-        if self._rebuilt is None and stamps is not None \
-                and not (self._loaded and self._loaded.stamps == stamps):
-            try:
-                raw = _namespaces_of(self.namespaces_path.read_bytes(), self.namespaces_path)
-                recorded = raw.get("manifest_sha256")
-                if recorded is not None and recorded == _sha256(self.manifest_path.read_bytes()) \
-                        and self._stamps() == stamps:
-                    self._vouched = stamps
-                    return None
-            except (Damaged, OSError):
-                pass
-        self.load()
+        """What `damage` says after `load`: for a search, which reads its files from its index."""
+        self.load(verify=True)
         return self.damage
 
-    def _stamps(self) -> tuple[Stamp, Stamp] | None:
+    def counts(self) -> dict[str, int]:
+        """How many files each namespace holds, counted by SQLite ({} when none can be read)."""
         try:
-            return _stamp(self.manifest_path), _stamp(self.namespaces_path)
-        except OSError:
+            if self.damage is None and self.store.exists():
+                return self.store.counts()
+        except Damaged:
+            pass
+        return {}
+
+    def files_mark(self) -> str | None:
+        """A value that changes with every commit that changes a file row: what an index covers.
+
+        None when the manifest cannot be read.
+        """
+        try:
+            return self.store.meta().get("files") if self.store.exists() else None
+        except Damaged:
             return None
-
-    def _key(self) -> tuple[Stamp, Stamp] | tuple[bool, bool]:
-        """The two files' stamps; which of them exist when one cannot be stat'ed."""
-        stamps = self._stamps()
-        if stamps is not None:
-            return stamps
-        return os.path.lexists(self.manifest_path), os.path.lexists(self.namespaces_path)
-
-    def _load_once(self) -> _Loaded:
-        """The manifest as the two files hold it now, or the damage found; remembered."""
-        key = self._key()
-        if self._loaded and self._loaded.stamps == key:
-            return self._loaded
-        stamps = key if type(key[0]) is tuple else None
-        present = key if stamps is None else (True, True)
-        try:
-            if stamps is None:
-                if not any(present):
-                    self._loaded = _Loaded(key, Manifest())  # a cache no sync has written
-                    return self._loaded
-                if not all(present):
-                    missing = self.namespaces_path if present[0] else self.manifest_path
-                    raise Damaged(f"{missing} is missing")
-                raise Damaged(f"{self.meta} cannot be read")
-            raw = _namespaces_of(self.namespaces_path.read_bytes(), self.namespaces_path)
-            cached = self._files_cache
-            if cached is None or cached.stamp != stamps[0]:
-                data = self.manifest_path.read_bytes()
-                cached = _LoadedFiles(stamps[0], _sha256(data), {})
-            else:
-                data = None
-            recorded = raw.get("manifest_sha256")
-            if recorded is not None and recorded != cached.digest:
-                raise Damaged(f"{self.manifest_path} does not match the sha256 that "
-                              f"{self.namespaces_path.name} records for it (damaged or edited)")
-            if data is not None:
-                files, lines = _files_of(data, self.manifest_path,
-                                         None if recorded else raw["namespaces"])
-                self._lines = {k: (files[k], line) for k, (_, line) in lines.items()}
-                cached = self._files_cache = cached._replace(files=files)
-            manifest = Manifest(
-                namespaces={k: NamespaceInfo.from_row(v) for k, v in raw["namespaces"].items()},
-                files=cached.files, last_sync=raw.get("last_sync"), server=raw.get("server", {}))
-            self._loaded = _Loaded(stamps, manifest)
-        except Damaged as exc:
-            self._loaded = _Loaded(key, Manifest(), str(exc))
-        except OSError as exc:
-            self._loaded = _Loaded(key, Manifest(),
-                                   f"{self.meta} cannot be read ({exc.strerror or exc})")
-        return self._loaded
 
     def rebuild(self) -> Manifest:
         """A file list rebuilt from the files themselves (each hashed), for a sync to repair.
@@ -269,9 +260,19 @@ class Cache:
         A sync calls it when `damage` is set. No namespace is listed, so its pull asks for every
         namespace whole: a file already at the server's sha256 is kept as it is, others are
         written, and what the server does not have is removed. Links and paths the layout
-        refuses are left out, as a pull would never write them.
+        refuses are left out, as a pull would never write them. The list is kept in a private
+        temporary store until the commit moves it in, so a sync that fails changes nothing.
         """
-        files: dict[str, CachedFile] = {}
+        store = ManifestStore("")
+        with store.transaction() as writing:
+            writing.upsert(self._walk_files())
+            writing.set_meta(None, {})
+        self._rebuilt = store
+        self._loaded = None
+        return self.load()
+
+    def _walk_files(self) -> Iterator[tuple[str, str, int, str, int]]:
+        """Each cached file's row, hashed now; see `rebuild`."""
         root = str(self.root)
         for top in (MACHINES_DIR, NOTES_DIR):
             base = os.path.join(root, *top.split("/"))
@@ -293,11 +294,62 @@ class Cache:
                             sha = hashlib.file_digest(handle, "sha256").hexdigest()
                     except OSError:
                         continue
-                    files[rel] = CachedFile(sha, info.st_size, namespace_key(rel),
-                                            info.st_mtime_ns)
-        self._lines = {}
-        self._rebuilt = Manifest(files=dict(sorted(files.items())))
-        return self._rebuilt
+                    yield rel, sha, info.st_size, namespace_key(rel), info.st_mtime_ns
+
+    def convert(self) -> None:
+        """Convert an older version's manifest.json and namespaces.json into the store, once.
+
+        Run by a sync, under its lock. A pair that does not read as intact (the checks that
+        version made) is left for `load` to call damaged, so the sync rebuilds the list.
+        """
+        if self.store.exists():
+            return
+        legacy = self._legacy()
+        if legacy is None:
+            return
+        raw, files = legacy
+        temp = ManifestStore("")
+        with temp.transaction() as writing:
+            writing.upsert((p, *m) for p, m in files.items())
+            writing.set_namespaces(tuple(NamespaceInfo.from_row(v))
+                                   for _, v in sorted(raw["namespaces"].items()))
+            writing.set_meta(raw.get("last_sync"), raw.get("server", {}))
+        del files
+        temp.save_as(self.manifest_path)
+        temp.close()
+        self._remove_legacy()
+        self._write_synced()
+
+    def legacy_files(self) -> dict[str, CachedFile]:
+        """The files an older version's intact manifest.json lists ({} when there is none).
+
+        For a reader that must not write (the installer, before its sync converts the pair).
+        """
+        legacy = None if self.store.exists() else self._legacy()
+        return legacy[1] if legacy is not None else {}
+
+    def _legacy(self) -> tuple[dict[str, Any], dict[str, CachedFile]] | None:
+        """An older version's pair, read with the checks that version made; None if not intact."""
+        meta = self.meta
+        if not (meta / LEGACY_NAMESPACES).is_file() or not (meta / LEGACY_MANIFEST).is_file():
+            return None
+        try:
+            raw = _namespaces_of((meta / LEGACY_NAMESPACES).read_bytes(),
+                                 meta / LEGACY_NAMESPACES)
+            data = (meta / LEGACY_MANIFEST).read_bytes()
+            recorded = raw.get("manifest_sha256")
+            if recorded is not None and recorded != hashlib.sha256(data).hexdigest():
+                return None
+            files, _ = _files_of(data, meta / LEGACY_MANIFEST,
+                                 None if recorded else raw["namespaces"])
+        except (Damaged, OSError):
+            return None
+        return raw, files
+
+    def _remove_legacy(self) -> None:
+        for name in (LEGACY_MANIFEST, LEGACY_NAMESPACES):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.meta / name)
 
     def file_path(self, relpath: str) -> Path:
         """The on-disk path of a published path, refused if it breaks the rules or escapes."""
@@ -312,12 +364,12 @@ class Cache:
     def tampered_namespaces(self) -> set[str]:
         """Namespaces with a file that is not what the manifest says: the pull asks for them whole.
 
-        Each file is stat'ed, as before every pull. Only one whose size or modification time
-        differs from the manifest's (or is unknown: an older manifest) is hashed; if its
-        sha256 differs too (a killed sync's text, an edit by hand) or it is gone or not a
-        regular file, `damaged` names it, so the pull writes it again even at the sha256 the
-        manifest holds. One whose time alone moved is recorded anew by the next commit, so it
-        is hashed once.
+        Each file is stat'ed, as before every pull, streaming the rows (nothing is held per
+        file). Only one whose size or modification time differs from the manifest's (or is
+        unknown: an older manifest) is hashed; if its sha256 differs too (a killed sync's
+        text, an edit by hand) or it is gone or not a regular file, `damaged` names it, so the
+        pull writes it again even at the sha256 the manifest holds. One whose time alone moved
+        is recorded anew by the next commit, so it is hashed once.
         """
         manifest = self.load()
         bad: set[str] = set()
@@ -325,31 +377,25 @@ class Cache:
         verified: dict[str, CachedFile] = {}
         root = str(self.root) + os.sep
         lstat, regular = os.lstat, stat.S_ISREG
-        for path, meta in manifest.files.items():
+        rows = manifest.files.rows() if isinstance(manifest.files, FileTable) else (
+            (p, *m) for p, m in manifest.files.items())
+        for path, sha, size, namespace, mtime in rows:
             try:
                 info = lstat(root + path)
             except OSError:
-                bad.add(meta.namespace)
+                bad.add(namespace)
                 damaged.add(path)
                 continue
-            if info.st_mtime_ns == meta.mtime_ns and info.st_size == meta.size \
-                    and regular(info.st_mode):
+            if info.st_mtime_ns == mtime and info.st_size == size and regular(info.st_mode):
                 continue
-            if info.st_size == meta.size and regular(info.st_mode) \
-                    and _file_sha256(root + path) == meta.sha256:
-                verified[path] = meta._replace(mtime_ns=info.st_mtime_ns)
+            if info.st_size == size and regular(info.st_mode) \
+                    and _file_sha256(root + path) == sha:
+                verified[path] = CachedFile(sha, size, namespace, info.st_mtime_ns)
                 continue
-            bad.add(meta.namespace)
+            bad.add(namespace)
             damaged.add(path)
         self.damaged, self._verified = damaged, verified
         return bad
-
-    def _encode(self, files: dict[str, CachedFile]) -> tuple[str, linejson.Old]:
-        """manifest.json's text for `files`, reusing the lines of unchanged entries."""
-        order = (self._lines.keys() if files.keys() == self._lines.keys()
-                 else sorted(files))  # path order, as before, when paths came or went
-        return linejson.encode({"version": MANIFEST_VERSION}, "files",
-                               ((k, files[k]) for k in order), self._lines)
 
     def remove_leftovers(self) -> None:
         """Remove what older versions left beside the manifest, which no version reads now.
@@ -427,10 +473,12 @@ class Cache:
     def commit(self, intake: Intake, removals: Iterable[str],
                namespaces: Mapping[str, NamespaceInfo], *,
                server: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Write what `intake` took: files first, then removals, then the manifest.
+        """Write what `intake` took: files first, then removals, then the manifest's rows.
 
         Nothing in the cache changes before this. A namespace whose key the layout refuses and
         a removal of a path the rules refuse are skipped and named too; the rest is written.
+        Only the rows that change are written, in one transaction. `written` and `removed`
+        then name the files changed, for the search index.
         """
         self.check_meta()
         writer = intake.writer
@@ -455,65 +503,88 @@ class Cache:
             else:
                 gone.add(path)
         manifest = self.load()
-        files = dict(manifest.files)
-        files.update((p, meta) for p, meta in self._verified.items() if p in files)
-        items = intake.files
-        sent = items.keys() | intake.kept
-        if intake.full:
-            gone |= set(files) - sent
-        elif intake.full_namespaces:
-            gone |= {p for p, meta in files.items()
-                     if meta.namespace in intake.full_namespaces and p not in sent}
-        gone |= {p for p, meta in files.items() if meta.namespace not in listed}
-        gone |= intake.dropped & files.keys()  # the server changed it to what this cache refuses
+        if self.damage is not None:  # written afresh, as a rebuilt one is
+            self._rebuilt = ManifestStore("")
+            manifest = self.load()
+        store = self._rebuilt or self.store
+        files = manifest.files
+        items, texts = intake.files, intake.texts
+        kept = intake.kept
+        for namespace in (store.file_namespaces() if store.exists() else []):
+            if intake.full or namespace not in listed or namespace in intake.full_namespaces:
+                gone.update(p for p in store.paths(namespace) if p not in items and p not in kept)
+        gone.update(p for p in intake.dropped if p in files)  # changed to what this refuses
         folders = Folders(self.root)
         for path in items:
             folders.target(path, create=False, strict=True)  # refuse links before any write
         base = folders.root + os.sep
         where = str(self.root)  # what is being written, for the message should it fail
-        written = removed = 0
+        done: list[str] = []  # the files put in place, in order
+        removed: list[str] = []
+        unlinked = 0
         try:
-            moved = writer.move_namespaces(((p, sha) for p, (sha, _) in items.items()), folders)
-            for path in moved:
-                where = base + path
-                files[path] = _entry(items[path][0], path, os.stat(where))
-            written = len(moved)
-            for path, (sha, text) in items.items():
+            moved = writer.move_namespaces(items.items(), folders)
+            done.extend(moved)
+            for path, sha in items.items():
                 if path in moved:
                     continue
                 target = folders.target(path, create=True)
                 assert target is not None
                 where = target
-                writer.write(path, sha, text, target)
-                written += 1
-                files[path] = _entry(sha, path, os.stat(target))
-            for path in sorted(gone - sent):
-                files.pop(path, None)
+                writer.write(path, sha, texts.get(path), target)
+                done.append(path)
+            for path in sorted(gone - items.keys() - kept):
                 target = folders.target(path, create=False)
+                removed.append(path)
                 if target is None:
                     continue
                 try:
                     os.unlink(target)
-                    removed += 1
+                    unlinked += 1
                 except FileNotFoundError:
                     pass
                 self._prune_dirs(Path(target).parent)
-            new = Manifest(namespaces=listed, files=files, last_sync=utc_now(),
-                           server=server or manifest.server)
             where = str(self.manifest_path)
-            self._write_manifest(new, files_changed=bool(written or removed)
-                                 or files != manifest.files)
+            rows = [(key, *info[1:]) for key, info in sorted(listed.items())]
+            with store.transaction() as writing:
+                writing.upsert((p, *m) for p, m in self._verified.items()
+                               if p not in items and p in files)
+                writing.upsert(_rows(items, done, base))
+                writing.delete(removed)
+                writing.set_namespaces(rows)
+                writing.set_meta(utc_now(), server or manifest.server)
+            if self._rebuilt is not None:
+                self._rebuilt.save_as(self.manifest_path)
+                self._rebuilt.close()
+                self._rebuilt = None
+                self._remove_legacy()
         except OSError as exc:
-            self._abandon(manifest, files, writer)
+            self._abandon(done, items, writer)
             raise CacheError(f"{write_failure(where, exc)}; {_KEPT}") from None
         except SharedMemoryError:
-            self._abandon(manifest, files, writer)
+            self._abandon(done, items, writer)
             raise
+        except Exception as exc:  # sqlite3.Error, not imported here
+            self._abandon(done, items, writer)
+            if type(exc).__module__ != "sqlite3":
+                raise
+            raise CacheError(f"{_store_failure(where, exc)}; {_KEPT}") from None
+        self._loaded = None
+        self.damage = None
         self.damaged, self._verified = set(), {}
-        return {"written": written, "removed": removed, "files": len(files),
+        self.written, self.removed = done, removed
+        self._write_synced()
+        return {"written": len(done), "removed": unlinked, "files": self.store.count(),
                 "skipped": intake.skipped, "skipped_total": intake.skipped_total}
 
-    def _abandon(self, manifest: Manifest, files: dict[str, CachedFile],
+    def _write_synced(self) -> None:
+        """The last sync's time, read by the MCP server's start without opening SQLite."""
+        with contextlib.suppress(OSError, Damaged):
+            last = self.store.meta().get("last_sync")
+            atomic_write(self.meta / SYNCED_NAME, json.dumps({"last_sync": last}).encode(),
+                         durable=False)
+
+    def _abandon(self, done: list[str], items: Mapping[str, str],
                  writer: FileWriter) -> None:
         """After a commit failed: leave the cache as its manifest says, freeing what it can.
 
@@ -523,24 +594,36 @@ class Cache:
         sends again all this one did not finish. When nothing stayed changed the manifest is
         not written at all: the cache is exactly as it was. If it cannot be written (the disk
         is still full), the old one stays and the next sync finds the replaced files by their
-        times and writes them again.
+        times and writes them again. A rebuilt list is not written: the next sync rebuilds it.
         """
         writer.discard()
-        before = manifest.files
+        files = self.load().files
         base = str(self.root.resolve()) + os.sep
-        for path in [p for p in files if p not in before]:
-            del files[path]
+        replaced: list[str] = []
+        for path in done:
+            if path in files:
+                replaced.append(path)
+                continue
             target = base + path
             try:
                 os.unlink(target)
             except OSError:
                 continue
             self._prune_dirs(Path(target).parent)
-        if files == before:
+        if not replaced or self._rebuilt is not None:
             return
-        with contextlib.suppress(OSError):
-            self._write_manifest(Manifest(manifest.namespaces, files, manifest.last_sync,
-                                          manifest.server))
+        rows = []
+        for path in replaced:
+            with contextlib.suppress(OSError):
+                info = os.stat(base + path)
+                rows.append((path, items[path], info.st_size, namespace_key(path),
+                             info.st_mtime_ns))
+        with contextlib.suppress(Exception):
+            manifest = self.load()
+            with self.store.transaction() as writing:
+                writing.upsert(rows)
+                writing.set_meta(manifest.last_sync, manifest.server)
+        self._loaded = None
 
     def _prune_dirs(self, folder: Path) -> None:
         root = self.root.resolve()
@@ -551,34 +634,26 @@ class Cache:
                 return
             folder = folder.parent
 
-    def _write_manifest(self, manifest: Manifest, *, files_changed: bool = True) -> None:
-        """Files first, then the namespaces file, whose presence marks a complete cache.
 
-        namespaces.json records the sha256 of manifest.json and ends with its own, so `load`
-        tells a damaged one from this cache's writing. Not fsynced: the cache is a copy of the
-        server, and a manifest a power loss damaged reads as damaged, so the next sync rebuilds
-        it and pulls everything whole.
-        """
-        known = self._files_cache
-        if files_changed or self._rebuilt is not None or known is None \
-                or known.stamp != _stamp(self.manifest_path):
-            text, self._lines = self._encode(manifest.files)
-            data = text.encode("utf-8")
-            self._files_cache = None  # a rewrite within one mtime tick must not look unchanged
-            atomic_write(self.manifest_path, data, durable=False)
-            digest = _sha256(data)
-        else:
-            digest = known.digest
-        rows = {k: v.to_row() for k, v in sorted(manifest.namespaces.items())}
-        raw = {"version": MANIFEST_VERSION, "last_sync": manifest.last_sync,
-               "server": manifest.server, "namespaces": rows, "manifest_sha256": digest,
-               "check": _check(rows, digest)}
-        # ASCII, escapes and all: the server's names and times may hold a lone surrogate.
-        atomic_write(self.namespaces_path, json.dumps(raw).encode("utf-8"), durable=False)
-        stamps = (_stamp(self.manifest_path), _stamp(self.namespaces_path))
-        self._files_cache = _LoadedFiles(stamps[0], digest, manifest.files)  # no re-read
-        self._loaded = _Loaded(stamps, manifest)
-        self._rebuilt, self.damage = None, None
+def _rows(items: Mapping[str, str], done: Iterable[str],
+          base: str) -> Iterator[tuple[str, str, int, str, int]]:
+    """The row of each file just put in place: its size and time as the disk has them."""
+    for path in done:
+        info = os.stat(base + path)
+        yield path, items[path], info.st_size, namespace_key(path), info.st_mtime_ns
+
+
+def _store_failure(where: str, exc: Exception) -> str:
+    """What a failed write of the manifest's store says: a full disk and a size limit alike.
+
+    SQLite reports both as "database or disk is full" (or an I/O error), without the errno.
+    A lock held past SQLite's wait (another process writing the cache) says so instead.
+    """
+    if getattr(exc, "sqlite_errorcode", None) == 5 or "locked" in str(exc):  # SQLITE_BUSY
+        return (f"cannot write {where} ({exc}): another process holds the cache's manifest; "
+                "sync again once it is done")
+    return (f"cannot write {where} ({exc}): the disk may be full (`df -h` shows it) or a file "
+            "size limit reached (`ulimit -f`); free space or raise the limit, then sync again")
 
 
 def _intact(target: str, size: int | None) -> bool:
@@ -591,11 +666,6 @@ def _intact(target: str, size: int | None) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)
-
-
-def _entry(sha: str, path: str, info: os.stat_result) -> CachedFile:
-    """The manifest entry of a file just written: its size and time as the disk has them."""
-    return CachedFile(sha, info.st_size, namespace_key(path), info.st_mtime_ns)
 
 
 _KEPT = ("the cache was left as its manifest describes it (what this sync had not finished is "
@@ -620,7 +690,8 @@ class Intake:
         self.full = full
         self.full_namespaces = full_namespaces
         self.file_bytes = file_bytes
-        self.files: dict[str, tuple[str, str | None]] = {}  # path -> sha256, text (None: taken)
+        self.files: dict[str, str] = {}  # path -> sha256 of each file to write
+        self.texts: dict[str, str] = {}  # path -> text, of those not given to the writer
         self.kept: set[str] = set()  # held intact at the sha256 pulled: nothing to write
         self.dropped: set[str] = set()  # skipped, though the path is fine: its old copy goes
         self.skipped: list[dict[str, str]] = []  # the first SKIPPED_SHOWN
@@ -631,15 +702,17 @@ class Intake:
 
         A first sync takes every file of its own this way, so this is one tight loop.
         """
-        cached, files, kept = self.cached, self.files, self.kept
+        cached, files, texts, kept = self.cached, self.files, self.texts, self.kept
         for path, sha, text in items:
             old = cached.get(path)
             if old is not None and old.sha256 == sha and self._intact(path, old):
                 files.pop(path, None)
+                texts.pop(path, None)
                 kept.add(path)
             else:
                 kept.discard(path)
-                files[path] = (sha, text)
+                files[path] = sha
+                texts[path] = text
 
     def add(self, path: str, sha: str, text: str, *, vouched: bool = False) -> None:
         """Take one pulled file; `vouched`: the text is this client's own for that sha256."""
@@ -653,11 +726,13 @@ class Intake:
         old = self.cached.get(path)
         if old is not None and old.sha256 == sha and self._intact(path, old):
             self.files.pop(path, None)
+            self.texts.pop(path, None)
             self.kept.add(path)
             return
         self.kept.discard(path)
         if vouched or sha in writer.own_texts:
-            self.files[path] = (sha, text)
+            self.files[path] = sha
+            self.texts[path] = text
             return
         limit = self.file_bytes
         if limit is not None and len(text) > limit:  # more characters than bytes allowed
@@ -674,7 +749,8 @@ class Intake:
             self._drop(path, "sha256-mismatch")
         else:
             writer.take(path, sha, data)
-            self.files[path] = (sha, None)
+            self.files[path] = sha
+            self.texts.pop(path, None)
 
     def _intact(self, path: str, old: CachedFile) -> bool:
         """Whether the cache holds `old` intact, so a pull of the same sha256 writes nothing.
@@ -690,6 +766,7 @@ class Intake:
     def _drop(self, path: str, reason: str, size: int = 0) -> None:
         """Skip a file at a valid path; the cache's older copy of it is removed at commit."""
         self.files.pop(path, None)
+        self.texts.pop(path, None)
         self.dropped.add(path)
         self.skip(path, reason, {
             "too-large": f"{path!r} is over this client's limit of {self.file_bytes} bytes a "
@@ -745,6 +822,10 @@ def _namespaces_of(data: bytes, path: Path) -> dict[str, Any]:
             and raw.get("check") != _check(rows, digest):
         raise Damaged(f"{path} does not match the sha256 written in it")
     return raw
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _check(rows: dict[str, Any], digest: str | None) -> str:

@@ -9,8 +9,8 @@ path). `update_index` (a sync, for the files it wrote or removed) and `refresh_i
 command, a fresh cache) keep it current.
 
 A search asks the index which files can possibly match and verifies every candidate against the
-real file. When the index covers the manifest exactly (same sha256 of `manifest.json`), the
-manifest is never parsed: paths, sha256s and namespaces come from the index. Otherwise the files
+real file. When the index covers the manifest exactly (the same `Cache.files_mark`), the
+manifest's file rows are never read: paths, sha256s and namespaces come from the index. Otherwise the files
 whose indexed sha256 differs from the manifest's (or that the index lacks) are always scanned,
 and a missing or broken index means a full scan, so results never depend on the index. An index
 that cannot be read (damaged, or a link or folder in its place) is deleted by whichever finds
@@ -30,7 +30,7 @@ import zlib
 from array import array
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -164,25 +164,10 @@ _ORDER_TABLE = "CREATE TABLE IF NOT EXISTS orders(key TEXT PRIMARY KEY, ids BLOB
     " positions BLOB NOT NULL)"
 
 
-def _manifest_bytes(cache: Cache) -> bytes | None:
-    try:
-        return cache.manifest_path.read_bytes()
-    except OSError:
-        return None
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _files_of(data: bytes) -> dict[str, CachedFile] | None:
-    """The file list of these bytes of manifest.json, as `Cache.load` reads it."""
-    from sharedmem import linejson
-    try:
-        raw, _ = linejson.decode(data.decode("utf-8"), "files")
-        return {k: CachedFile(*v) for k, v in raw["files"].items()}
-    except (ValueError, KeyError, TypeError):
-        return None
+def _files_of(cache: Cache) -> Mapping[str, CachedFile] | None:
+    """The manifest's file list (a view of its store, in path order); None when damaged."""
+    files = cache.load().files
+    return None if cache.damage is not None else files
 
 
 def refresh_index(cache: Cache) -> dict[str, int]:
@@ -198,8 +183,8 @@ def refresh_index(cache: Cache) -> dict[str, int]:
 def index_mark(cache: Cache) -> str | None:
     """What `update_index` needs from before a sync changes the cache: call it first.
 
-    The sha256 of `manifest.json` when the index covers it exactly, else None; reading it
-    costs a read of the manifest file and of the index's own record.
+    The manifest's files mark (`Cache.files_mark`) when the index covers it exactly, else
+    None; reading it costs one query of each.
     """
     path = index_path(cache)
     if _planted(path) or not path.is_file():  # no index: the manifest is not read at all
@@ -213,11 +198,8 @@ def index_mark(cache: Cache) -> str | None:
             conn.close()
     except _READ_ERRORS:
         return None
-    data = _manifest_bytes(cache)
-    if data is None:
-        return None
-    digest = _digest(data)
-    return digest if meta.get("version") == _version() and meta.get("manifest") == digest \
+    mark = cache.files_mark()
+    return mark if mark and meta.get("version") == _version() and meta.get("manifest") == mark \
         else None
 
 
@@ -227,7 +209,7 @@ def update_index(cache: Cache, written: Iterable[str], removed: Iterable[str],
 
     `mark` is what `index_mark` returned before the run changed the cache. With it, only the
     named paths are read, and the index then covers the new manifest (searches verify that by
-    its sha256). Without it, or if the index changed since, this is `refresh_index`. Call it
+    its files mark). Without it, or if the index changed since, this is `refresh_index`. Call it
     in the process that changed the cache, right after `Cache.apply`, while no other process
     can write the cache (the sync lock): the paths' sha256s come from that manifest.
     """
@@ -317,12 +299,12 @@ class _Writer:
         row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return str(row[0]) if row else ""
 
-    def finish(self, data: bytes, complete: bool) -> dict[str, int]:
+    def finish(self, mark: str | None, complete: bool) -> dict[str, int]:
         """Record the generation and which manifest the index now covers whole, if any."""
         generation = int(self.meta("generation") or 0) + (1 if self.changed else 0)
         self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                               [("generation", str(generation)),
-                               ("manifest", _digest(data) if complete else "")])
+                               ("manifest", mark if complete and mark else "")])
         self.store_order(generation)
         files = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
         return {"changed": self.changed, "files": files}
@@ -343,8 +325,8 @@ class _Writer:
 
     def reconcile(self, cache: Cache) -> dict[str, int]:
         """Compare every indexed file with the manifest; re-read only those that differ."""
-        data = _manifest_bytes(cache)
-        files = _files_of(data) if data is not None else None
+        mark = cache.files_mark()
+        files = _files_of(cache)
         manifest = files or {}
         indexed = {p: (i, s) for i, p, s in self.conn.execute(
             "SELECT id, path, sha256 FROM files")}
@@ -355,23 +337,21 @@ class _Writer:
             elif meta.sha256 != sha:
                 self.drop(row_id, keep=True)
         complete = files is not None
-        for relpath in sorted(manifest):
-            meta = manifest[relpath]
+        for relpath, meta in manifest.items():  # streamed in path order, not held
             old = indexed.get(relpath)
             if old is not None and old[1] == meta.sha256:
                 continue
             complete &= self.put(relpath, meta, old[0] if old else None)
-        return self.finish(data or b"", complete and data is not None)
+        return self.finish(mark, complete and mark == cache.files_mark())
 
     def delta(self, cache: Cache, written: set[str], removed: set[str],
               mark: str) -> dict[str, int] | None:
         """Re-index the named paths; None when the index no longer covers the `mark` manifest."""
         if self.meta("manifest") != mark:
             return None
-        before = _stamp(cache.manifest_path)
-        files = cache.load().files
-        data = _manifest_bytes(cache)
-        if data is None or before is None or _stamp(cache.manifest_path) != before:
+        now = cache.files_mark()
+        files = _files_of(cache)
+        if now is None or files is None:
             return None
         complete = True
         for relpath in sorted(written | removed):
@@ -386,7 +366,7 @@ class _Writer:
                     self.drop(row[0], keep=True)
                 complete &= self.put(relpath, meta, row[0] if row else None)
         count = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
-        return self.finish(data, complete and count == len(files))
+        return self.finish(now, complete and count == len(files) and now == cache.files_mark())
 
     def drop(self, row_id: int, keep: bool = False) -> None:
         """Take a file's trigrams out (its old text is stored for that); `keep` its row id."""
@@ -445,18 +425,6 @@ def refresh_in_background(cache: Cache) -> bool:
     except OSError:
         return False
     return True
-
-
-Stamp = tuple[int, int, int]
-
-
-def _stamp(path: Path) -> Stamp | None:
-    """What tells a rewritten file from the one already read: mtime, inode, size."""
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    return info.st_mtime_ns, info.st_ino, info.st_size
 
 
 @dataclass
@@ -828,9 +796,7 @@ class Searcher:
         self.index = _Index(index_path(cache))
         self._view: _View | None = None
         self._view_key: tuple[Any, ...] | None = None
-        self._digests: tuple[Stamp | None, str | None] = (None, None)
-        self._namespaces: tuple[Stamp | None, dict[str, NamespaceInfo] | None] = (None, None)
-        self._refreshed_for: Stamp | None = None
+        self._refreshed_for: str | None = None
         self.scanned = 0  # files the last search read: what the index spared shows here
 
     def search(self, query: Query, after: list[Any] | None, limit: int,
@@ -865,17 +831,16 @@ class Searcher:
 
     def _current(self, use_index: bool) -> _View:
         """The view for the cache and index as they are now, rebuilt only when either changed."""
-        manifest_stamp = _stamp(self.cache.manifest_path)
+        marks = self._marks()
         meta = self.index.begin() if use_index else None
         if use_index and (meta is None or meta.get("version") != _version()):
-            self._start_refresh(manifest_stamp)
+            self._start_refresh(marks[1])
             meta = None
-        key = (manifest_stamp, _stamp(self.cache.namespaces_path), self.index._identity,
-               meta.get("generation") if meta else None)
+        key = (marks, self.index._identity, meta.get("generation") if meta else None)
         if self._view is not None and self._view_key == key:
             return self._view
         view = None
-        if meta and meta.get("manifest") and meta["manifest"] == self._digest(manifest_stamp):
+        if meta and meta.get("manifest") and meta["manifest"] == marks[1]:
             namespaces = self._read_namespaces()
             if namespaces is not None:
                 ids, where = self.index.order(meta)
@@ -890,43 +855,34 @@ class Searcher:
         manifest = self.cache.load()
         known = {p: (i, s) for i, p, s in self.index.rows(
             "SELECT id, path, sha256 FROM files")} if indexed else {}
-        paths = sorted(manifest.files)
+        paths, shas = [], []
+        for relpath, meta in sorted(manifest.files.items()):
+            paths.append(relpath)
+            shas.append(meta.sha256)
         ids = array("q", [-1]) * len(paths)
         for pos, relpath in enumerate(paths):
             row = known.get(relpath)
-            if row is not None and row[1] == manifest.files[relpath].sha256:
+            if row is not None and row[1] == shas[pos]:
                 ids[pos] = row[0]
         return _View(self.index, ids, paths, manifest, manifest.namespaces)
 
-    def _digest(self, stamp: Stamp | None) -> str | None:
-        """The sha256 of manifest.json, hashed again only when the file changed."""
-        if stamp is None:
-            return None
-        if self._digests[0] != stamp:
-            data = _manifest_bytes(self.cache)
-            self._digests = (stamp if _stamp(self.cache.manifest_path) == stamp else None,
-                             _digest(data) if data is not None else None)
-        return self._digests[1]
+    def _marks(self) -> tuple[str | None, str | None]:
+        """The manifest's commit and files marks: what tells a view or an index out of date."""
+        try:
+            meta = self.cache.store.meta() if self.cache.store.exists() else {}
+        except SharedMemoryError:
+            return None, None
+        return meta.get("commit"), meta.get("files")
 
     def _read_namespaces(self) -> dict[str, NamespaceInfo] | None:
-        """namespaces.json, as `Cache.load` reads it; None when it cannot be read."""
-        import json
-        stamp = _stamp(self.cache.namespaces_path)
-        if stamp is None:
-            return None
-        if self._namespaces[0] != stamp:
-            try:
-                raw = json.loads(self.cache.namespaces_path.read_text(encoding="utf-8"))
-                found = {k: NamespaceInfo.from_row(v) for k, v in raw["namespaces"].items()}
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                found = None
-            self._namespaces = (stamp, found)
-        return self._namespaces[1]
+        """The manifest's namespaces; None when it cannot be read."""
+        manifest = self.cache.load()
+        return None if self.cache.damage is not None else manifest.namespaces
 
-    def _start_refresh(self, stamp: Stamp | None) -> None:
+    def _start_refresh(self, mark: str | None) -> None:
         """No usable index: build it in the background, once for each manifest."""
-        if stamp is not None and self._refreshed_for != stamp:
-            self._refreshed_for = stamp
+        if mark is not None and self._refreshed_for != mark:
+            self._refreshed_for = mark
             if BACKGROUND_REFRESH:
                 refresh_in_background(self.cache)  # meanwhile every file is scanned
 

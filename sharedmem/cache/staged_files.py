@@ -28,6 +28,7 @@ import stat
 import subprocess
 import sys
 import threading
+from array import array
 from pathlib import Path
 from queue import SimpleQueue
 
@@ -57,16 +58,22 @@ def write_failure(path: str, exc: OSError) -> str:
 
 
 class Staging:
-    """The staged files of one sync, keyed by (cache path, sha256)."""
+    """The staged files of one sync, each by its cache path and sha256.
+
+    A first pull stages every file of the store, so what is kept per file is small: its
+    number by path, its sha256 (the object the intake holds anyway), its size in an array,
+    and a name only where it is not `<number>.pull`.
+    """
 
     def __init__(self, meta: Path, min_files: int = MIN_FILES) -> None:
         self.folder = meta / STAGING_DIR
         self.min_files = min_files
         self.new_namespaces: frozenset[str] = frozenset()  # staged as a tree (see above)
-        self.numbers: dict[tuple[str, str], int] = {}
-        self.sizes: list[int] = []  # by number
-        self.names: list[str] = []  # by number: where below the folder
-        self.written: set[int] = set()
+        self.numbers: dict[str, int] = {}  # by cache path: its latest number
+        self.shas: list[str] = []  # by number
+        self.sizes: array[int] = array("q")  # by number
+        self.names: dict[int, str] = {}  # by number, where below the folder; else <n>.pull
+        self.written: set[int] = set()  # by the helper; a `.pull` is written when staged
         self._pending: list[tuple[int, str, bytes]] = []  # not yet handed to a helper
         self._size = 0
         self._child: subprocess.Popen[bytes] | None = None
@@ -77,14 +84,15 @@ class Staging:
 
     def add(self, path: str, sha: str, data: bytes) -> None:
         """Queue one file, its text in UTF-8; the helper starts once there are `min_files`."""
-        if self._failed or (path, sha) in self.numbers:
+        if self._failed or self.has(path, sha):
             return
         number = len(self.sizes)
-        self.numbers[(path, sha)] = number
+        self.numbers[path] = number
+        self.shas.append(sha)
         self.sizes.append(len(data))
         tree = "/".join(path.split("/", 3)[:3]) in self.new_namespaces  # machines/<m>/<source>
         name = path if tree else f"{number}.part"
-        self.names.append(name)
+        self.names[number] = name
         self._pending.append((number, name, data))
         self._size += len(data)
         if self._child is None and (len(self.numbers) < self.min_files or not self._start()):
@@ -145,7 +153,14 @@ class Staging:
 
     def has(self, path: str, sha: str) -> bool:
         """Whether `path` at `sha` is staged, or queued for the helper to stage."""
-        return (path, sha) in self.numbers
+        return self._number(path, sha) is not None
+
+    def _number(self, path: str, sha: str) -> int | None:
+        number = self.numbers.get(path)
+        return number if number is not None and self.shas[number] == sha else None
+
+    def _name(self, number: int) -> str:
+        return self.names.get(number) or f"{number}.pull"
 
     def put(self, path: str, sha: str, data: bytes) -> None:
         """Write a text of the pull (UTF-8) into the folder now, as `<n>.part`, for `move`.
@@ -153,8 +168,7 @@ class Staging:
         Written by this process, while the helper may still write its own files beside it
         under other numbers. A failure to write is the sync's failure: nothing is in the cache.
         """
-        key = (path, sha)
-        if key in self.numbers:
+        if self.has(path, sha):
             return  # staged already
         if not self._ready:
             self._remove_folder()  # what a killed sync left
@@ -164,7 +178,7 @@ class Staging:
             if not self._ready:
                 self.folder.mkdir(parents=True, exist_ok=True)
                 self._ready = True
-            fd = os.open(self.folder / name,
+            fd = os.open(os.path.join(self.folder, name),  # a Path would intern each name
                          os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
             try:
                 view = memoryview(data)
@@ -177,18 +191,17 @@ class Staging:
             from sharedmem.core import CacheError  # not at the top: the helper runs as a script
             raise CacheError(f"{write_failure(str(self.folder / name), exc)}; the cache was "
                              f"left as it was ({path!r} was being staged)") from None
-        self.numbers[key] = number
+        self.numbers[path] = number
+        self.shas.append(sha)
         self.sizes.append(len(data))
-        self.names.append(name)
-        self.written.add(number)
 
     def move(self, path: str, sha: str, target: str) -> int | None:
         """Rename the staged text of `path` at `sha` onto `target`: its size, or None if none."""
-        number = self.numbers.get((path, sha))
-        if number is None or number not in self.written:
+        number = self._number(path, sha)
+        if number is None or (number in self.names and number not in self.written):
             return None
         try:
-            os.replace(_below(str(self.folder), self.names[number]), target)
+            os.replace(_below(str(self.folder), self._name(number)), target)
         except OSError:
             return None
         self.written.discard(number)
@@ -202,18 +215,19 @@ class Staging:
         one rename; returns the size of each file moved (empty if none was).
         """
         prefix = namespace + "/"
-        mine = {key: number for key, number in self.numbers.items() if key[0].startswith(prefix)}
-        if any(self.names[number] != path for (path, _), number in mine.items()):
+        mine = {path: number for path, number in self.numbers.items() if path.startswith(prefix)}
+        if any(self.names.get(number) != path for path, number in mine.items()):
             return {}  # not staged as a tree
         if len(mine) != len(pulled) or not all(
-                mine.get((path, sha)) in self.written for path, sha in pulled.items()):
+                (number := mine.get(path)) in self.written and self.shas[number] == sha
+                for path, sha in pulled.items()):
             return {}
         try:
             os.rename(_below(str(self.folder), namespace), target)
         except OSError:
             return {}
         self.written.difference_update(mine.values())
-        return {path: self.sizes[number] for (path, _), number in mine.items()}
+        return {path: self.sizes[number] for path, number in mine.items()}
 
     def discard(self) -> None:
         """Stop the helper and remove every staged file, also a killed sync's."""
@@ -226,7 +240,8 @@ class Staging:
             self._feeder.join()
         self._child, self._feeder = None, None
         self.numbers.clear()
-        self.sizes.clear()
+        self.shas.clear()
+        self.sizes = array("q")
         self.names.clear()
         self.written.clear()
         self._pending, self._size = [], 0

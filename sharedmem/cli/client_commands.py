@@ -147,7 +147,7 @@ def run_index(args: Any) -> int:
     from sharedmem.core import ConfigError
     root = load_config(args.config).cache if args.config else user_path(args.cache)
     if not Cache(root).exists():
-        raise ConfigError(f"{root} is not a synced cache (no .sharedmem/manifest.json): run "
+        raise ConfigError(f"{root} is not a synced cache (no .sharedmem/manifest.sqlite3): run "
                           "`shared_memory.py sync --config PATH` first")
     if args.background:
         _lowest_priority()

@@ -12,7 +12,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sharedmem.cache.cache import NOTES_NAMESPACE, Cache, CachedFile, Intake, NamespaceInfo
+from sharedmem.cache.cache import (
+    NOTES_NAMESPACE,
+    Cache,
+    CachedFile,
+    Damaged,
+    Intake,
+    NamespaceInfo,
+)
 from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client.config import ClientConfig
@@ -79,7 +86,7 @@ class Exchange:
         self.cache = Cache(config.cache)
         self.staging = Staging(self.cache.meta)  # the sync's files written ahead, the pull's texts
         self.outbox = Outbox(config.state / "outbox")
-        self.cached: dict[str, CachedFile] = {}  # the cache's files when the session began
+        self.cached: Mapping[str, CachedFile] = {}  # the cache's files (a view of its store)
         self.known: dict[str, int] = {}
         self.offer = Published()
         self.whole: Mapping[str, str] = {}  # the namespaces the pull asked to leave out
@@ -96,13 +103,20 @@ class Exchange:
         namespace, so the pull sends every one whole: the cache is a copy of the server.
         """
         self.cache.check_meta()
+        self.cache.convert()
         manifest = self.cache.load()
+        stale: set[str] = set()
+        if self.cache.damage is None:
+            try:
+                stale = self.cache.tampered_namespaces()  # reads every row: damage shows here
+            except Damaged as exc:
+                self.cache.damage = str(exc)
         if self.cache.damage is not None:
             self.progress(f"cache: {self.cache.damage}; rebuilding its records from the files "
                           "and pulling everything")
             manifest = self.cache.rebuild()
+            stale = self.cache.tampered_namespaces()
         self.cached = manifest.files
-        stale = self.cache.tampered_namespaces()
         if self.cache.damaged:
             self.progress(f"cache: {len(self.cache.damaged)} files not as last written "
                           "(edited, or left by a killed sync): pulling them again")
@@ -259,12 +273,8 @@ class Exchange:
             outcome["repaired"] = {"files": len(damaged), "records": rebuilt}
         if mark is None and not self.build_index:
             return outcome
-        before, after = self.cached, self.cache.load().files
-        changed = [path for path, meta in after.items() if before.get(path) != meta]
         # A time re-recorded is no change of text; a file rewritten at its sha256 is re-read.
-        written = [path for path in changed if (old := before.get(path)) is None
-                   or old[:3] != after[path][:3]] + sorted(damaged & after.keys())
-        removed = before.keys() - after.keys()
+        written, removed = self.cache.written, self.cache.removed
         if written or removed or mark is None:
             self.progress(f"search index: updating for {len(written) + len(removed)} files")
             try:

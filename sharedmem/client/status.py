@@ -1,7 +1,7 @@
 """What a client's cache holds, how old it is, the last sync attempt, and the notes waiting.
 
 `freshness` is what the MCP server tells an agent at `initialize` and in `list`: it reads three
-small things (the cache's namespaces file, `state/last-sync.json`, the names in the outbox) with
+small things (the cache's `synced.json`, `state/last-sync.json`, the names in the outbox) with
 `os` and the C JSON of fastjson.py only, so the server's start stays small. `status` (the
 command) is the whole picture.
 """
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from sharedmem.client.config import ClientConfig
 
 STALE_PERIODS = 3  # a cache older than this many schedule periods is stale: a sync has been missed
-NAMESPACES_FILE = (".sharedmem", "namespaces.json")  # below the cache: Cache.namespaces_path
+SYNCED_FILE = (".sharedmem", "synced.json")  # below the cache: cache.SYNCED_NAME
 LAST_ATTEMPT_FILE = "last-sync.json"  # below the state folder, written by every sync
 OUTBOX = "outbox"  # below the state folder: outbox.Outbox, one `.json` file a note
 REFUSED_NOTES = "refused-notes"  # below the state folder: each refused note's outbox file...
@@ -38,12 +38,10 @@ def status(config: ClientConfig) -> dict[str, Any]:
     from sharedmem.cache.cache import Cache
     from sharedmem.client.outbox import Outbox
     cache = Cache(config.cache)
-    manifest = cache.load()
+    manifest = cache.load(verify=True)  # a damaged store is named, as doctor reports it
     last = _read_json(os.path.join(config.state, LAST_ATTEMPT_FILE), follow=True)
     age = time.time() - parse_utc(manifest.last_sync) if manifest.last_sync else None
-    counts: dict[str, int] = {}
-    for meta in manifest.files.values():
-        counts[meta.namespace] = counts.get(meta.namespace, 0) + 1
+    counts = cache.counts()
     return {
         "machine": config.machine,
         "cache": str(config.cache),
@@ -117,7 +115,7 @@ def freshness(cache: str, state: str, now: float | None = None) -> dict[str, Any
     the outbox. Nothing here fails: what cannot be read is reported as unknown.
     """
     now = time.time() if now is None else now
-    last_sync = _read_json(os.path.join(cache, *NAMESPACES_FILE)).get("last_sync")
+    last_sync = _read_json(os.path.join(cache, *SYNCED_FILE)).get("last_sync")
     synced = _when(last_sync)
     raw = _read_json(os.path.join(state, LAST_ATTEMPT_FILE), follow=True)
     attempt = {k: raw[k] for k in ("status", "error", "finished_at") if isinstance(raw.get(k), str)}

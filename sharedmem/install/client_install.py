@@ -382,7 +382,11 @@ def _cache_files(cache: Path) -> dict[str, str]:
     """Each cached path and its sha256, from the cache's manifest ({} without a cache)."""
     from sharedmem.cache.cache import Cache
     try:
-        return {path: meta.sha256 for path, meta in Cache(cache).load().files.items()}
+        reader = Cache(cache)
+        files = reader.load().files
+        if reader.damage is not None:  # an older version's manifest, which the sync converts
+            files = reader.legacy_files()
+        return {path: meta.sha256 for path, meta in files.items()}
     except (SharedMemoryError, OSError, ValueError):
         return {}
 

@@ -46,7 +46,7 @@ def list_resources(cache: Cache, cursor: object, version: str) -> dict[str, Any]
     skips one that stayed. A page holds at most PAGE resources and RESULT_MAX_BYTES of text.
     """
     after = _decode_cursor(cursor) if cursor is not None else None
-    manifest = cache.load()
+    manifest = cache.load(verify=True)
     if cache.damage is not None:
         raise CacheError(f"{REPAIRING}; {cache.damage}")
     rows = sorted(_offered(manifest))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sharedmem.cache.cache import Cache, Manifest
+from sharedmem.cache.cache import Cache, FileTable, Manifest
 from sharedmem.cache.layout import CacheFiles
 from sharedmem.core import CacheError, LimitError, PathRuleError, ProtocolError
 from sharedmem.rules import path_problems
@@ -70,7 +70,7 @@ def _intact(cache: Cache) -> Manifest:
 
     The next sync rebuilds it from the files and the server (Cache.damage).
     """
-    manifest = cache.load()
+    manifest = cache.load(verify=True)
     if cache.damage is not None:
         raise CacheError(f"{REPAIRING}; {cache.damage}")
     return manifest
@@ -123,14 +123,16 @@ def _list(cache: Cache, disk: CacheFiles, folder: str, cursor: str | None,
     prefix = folder + "/" if folder else ""
     files: dict[str, str] = {}
     folders: dict[str, list[int]] = {}
-    for relpath, meta in manifest.files.items():
-        if not relpath.startswith(prefix):
-            continue
-        head, sep, _ = relpath[len(prefix):].partition("/")
+    listed = manifest.files
+    rows = listed.sizes(prefix) if isinstance(listed, FileTable) else (
+        (p, m.size) for p, m in sorted(listed.items()) if p.startswith(prefix))
+    cut = len(prefix)
+    for relpath, size in rows:  # only those below the folder, as two values each
+        head, sep, _ = relpath[cut:].partition("/")
         if sep:
             entry = folders.setdefault(head, [0, 0])
             entry[0] += 1
-            entry[1] += meta.size
+            entry[1] += size
         else:
             files[head] = relpath
     if folder and not files and not folders:

@@ -1,0 +1,310 @@
+"""The cache manifest kept in SQLite: one row a file, looked up by path or streamed, changed by rows.
+
+A manifest loaded whole costs one Python object a file: at 100,000 files a sync that changes
+nothing held 100 MB for it. Kept in `manifest.sqlite3`, a lookup is one query, an iteration
+streams in chunks (each its own short query, so a long reader never holds a lock a commit
+waits for), and a commit writes only the rows that changed, in one transaction (its
+journal makes the commit whole or absent, which the sha256s of the older JSON pair only
+detected). Damage reads as damage: a file that is not a database, a table missing, the wrong
+version, or (`verify`) a failed `PRAGMA quick_check`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from sharedmem.core import CacheError
+
+STORE_NAME = "manifest.sqlite3"
+STORE_VERSION = "3"  # 3: SQLite (1 and 2 were manifest.json beside namespaces.json)
+TIMEOUT = 10.0  # seconds a reader or writer waits for the other's lock
+CHUNK = 1024  # rows fetched at a time when streaming, each chunk its own query
+
+_SCHEMA = (
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID, STRICT",
+    "CREATE TABLE files(path TEXT PRIMARY KEY, sha256 TEXT NOT NULL"
+    " CHECK (length(sha256) = 64 AND NOT sha256 GLOB '*[^0-9a-f]*'),"
+    " size INTEGER NOT NULL CHECK (size >= 0), namespace TEXT NOT NULL, mtime_ns INTEGER)"
+    " WITHOUT ROWID, STRICT",
+)
+_TABLES = {"meta", "files"}
+
+
+class Damaged(CacheError):
+    """Why the manifest cannot be what this cache wrote; `Cache.damage` holds the message."""
+
+
+class Row(NamedTuple):
+    """One file's row: path, sha256, size, namespace, modification time (None: unknown)."""
+
+    path: str
+    sha256: str
+    size: int
+    namespace: str
+    mtime_ns: int | None
+
+
+class ManifestStore:
+    """One connection to a manifest file ('' for a private temporary one), opened on first use.
+
+    A reader that keeps it open notices a file replaced under it (a rebuilt manifest moved in)
+    by its inode, and opens the new one.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = str(path)
+        self._conn: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
+        self._verified: tuple[tuple[int, int], str] | None = None
+
+    def exists(self) -> bool:
+        """Whether there is a manifest file at all ('' always has one)."""
+        return not self.path or os.path.isfile(self.path)
+
+    def connection(self, *, create: bool = False) -> sqlite3.Connection:
+        """The open connection; `create` makes the file and its tables when there is none.
+
+        Raises Damaged when the file is not a manifest of this version.
+        """
+        identity = None
+        if self.path:
+            try:
+                info = os.stat(self.path)
+                identity = (info.st_dev, info.st_ino)
+            except FileNotFoundError:
+                if not create:
+                    self.close()
+                    raise Damaged(f"{self.path} is missing") from None
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            except OSError as exc:
+                raise Damaged(f"{self.path} cannot be read ({exc.strerror or exc})") from None
+        if self._conn is not None and (identity == self._identity or not self.path):
+            return self._conn
+        self.close()
+        try:
+            conn = sqlite3.connect(self.path, timeout=TIMEOUT, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise Damaged(f"{self.path} cannot be opened ({exc})") from None
+        try:
+            names = {n for (n,) in conn.execute("SELECT name FROM sqlite_master")}
+            if not names and (create or not self.path):
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO meta(key, value) VALUES ('version', ?)",
+                             (STORE_VERSION,))
+                conn.execute("COMMIT")
+                names = set(_TABLES)
+            if not _TABLES <= names:
+                raise Damaged(f"{self.path} lacks its tables "
+                              f"({', '.join(sorted(_TABLES - names))})")
+            row = conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()
+            if row is None or row[0] != STORE_VERSION:
+                raise Damaged(f"{self.path} is not a manifest of version {STORE_VERSION}")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise Damaged(f"{self.path} is not a readable manifest ({exc})") from None
+        except Damaged:
+            conn.close()
+            raise
+        if self.path and identity is None:
+            info = os.stat(self.path)
+            identity = (info.st_dev, info.st_ino)
+        self._conn, self._identity = conn, identity
+        return conn
+
+    def close(self) -> None:
+        """Release the connection (a temporary store is then gone)."""
+        if self._conn is not None:
+            self._conn.close()
+        self._conn, self._identity, self._verified = None, None, None
+
+    def verify(self) -> None:
+        """`PRAGMA quick_check`, once for each committed state: Damaged when it fails.
+
+        Its cost grows with the file (tens of milliseconds at 100,000 rows), so a reader that
+        stays open pays it once a sync.
+        """
+        conn = self.connection()
+        key = (self._identity or (0, 0), self.meta().get("commit", ""))
+        if self._verified == key:
+            return
+        try:
+            problems = [r for (r,) in conn.execute("PRAGMA quick_check")]
+        except sqlite3.Error as exc:
+            raise Damaged(f"{self.path} is damaged ({exc})") from None
+        if problems != ["ok"]:
+            raise Damaged(f"{self.path} is damaged ({'; '.join(map(str, problems[:3]))})")
+        self._verified = key
+
+    def check_size(self) -> None:
+        """Damaged when the file is shorter than its header says: cut short (cheap, O(1)).
+
+        Read under SQLite's shared lock, so a commit in progress elsewhere cannot look like it.
+        """
+        if not self.path:
+            return
+        conn = self.connection()
+        try:
+            conn.execute("BEGIN")
+            try:
+                pages = conn.execute("PRAGMA page_count").fetchone()[0]
+                size = conn.execute("PRAGMA page_size").fetchone()[0]
+                actual = os.stat(self.path).st_size
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise Damaged(f"{self.path} cannot be read ({exc})") from None
+        if actual < pages * size:
+            raise Damaged(f"{self.path} is cut short ({actual} bytes of {pages * size})")
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        try:
+            return self.connection().execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise Damaged(f"{self.path} cannot be read ({exc})") from None
+
+    def _pages(self, columns: str, where: str = "", args: tuple[Any, ...] = ()) -> Iterator[Any]:
+        """File rows in path order (`columns` begins with the path), CHUNK at a time.
+
+        Each chunk is its own short query from the last path on, so no read lock is held
+        between them: a reader that takes long over the rows (an index build) never keeps a
+        sync from committing. A commit between two chunks shows in the later ones only;
+        whoever needs one state compares `meta` marks before and after.
+        """
+        last = None
+        while True:
+            conditions = [c for c in (where, "path > ?" if last is not None else "") if c]
+            params = args if last is None else (*args, last)
+            sql = (f"SELECT {columns} FROM files"
+                   + (f" WHERE {' AND '.join(conditions)}" if conditions else "")
+                   + f" ORDER BY path LIMIT {CHUNK}")
+            rows = self._rows(sql, params)
+            yield from rows
+            if len(rows) < CHUNK:
+                return
+            last = rows[-1][0]
+
+    def meta(self) -> dict[str, str]:
+        """The small values: version, last_sync, server and namespaces (JSON), the two marks."""
+        return dict(self._rows("SELECT key, value FROM meta"))
+
+    def get(self, path: str) -> Row | None:
+        """One file's row, or None."""
+        rows = self._rows("SELECT path, sha256, size, namespace, mtime_ns FROM files"
+                          " WHERE path=?", (path,))
+        return Row(*rows[0]) if rows else None
+
+    def count(self) -> int:
+        """How many files."""
+        return int(self._rows("SELECT count(*) FROM files")[0][0])
+
+    def counts(self) -> dict[str, int]:
+        """How many files each namespace holds."""
+        return dict(self._rows("SELECT namespace, count(*) FROM files GROUP BY namespace"))
+
+    def rows(self, namespace: str | None = None) -> Iterator[Row]:
+        """Every file's row in path order (of one namespace), streamed."""
+        columns = "path, sha256, size, namespace, mtime_ns"
+        if namespace is None:
+            return (Row(*r) for r in self._pages(columns))
+        return (Row(*r) for r in self._pages(columns, "namespace=?", (namespace,)))
+
+    def paths(self, namespace: str | None = None) -> Iterator[str]:
+        """Every file's path in path order (of one namespace), streamed."""
+        if namespace is None:
+            return (p for (p,) in self._pages("path"))
+        return (p for (p,) in self._pages("path", "namespace=?", (namespace,)))
+
+    def sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """(path, size) of every file below `prefix` (ending in "/", or ""), in path order."""
+        if not prefix:
+            return self._pages("path, size")
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first path past the folder
+        return self._pages("path, size", "path >= ? AND path < ?", (prefix, upper))
+
+    def file_namespaces(self) -> list[str]:
+        """The namespaces that hold at least one file."""
+        return [n for (n,) in self._rows("SELECT DISTINCT namespace FROM files")]
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Writing]:
+        """One write transaction: all of it is committed, or none of it."""
+        conn = self.connection(create=True)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield Writing(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def save_as(self, target: Path) -> None:
+        """Write this (temporary) store to `target` whole, replacing what is there at once.
+
+        The hot journal of a damaged file it replaces goes first: SQLite would otherwise roll
+        the new file back with the old one's pages.
+        """
+        part = Path(str(target) + ".part")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(part)
+        self.connection().execute("VACUUM INTO ?", (str(part),))
+        for suffix in ("-journal", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(str(target) + suffix)
+        os.replace(part, target)
+
+
+class Writing:
+    """The statements of one transaction (`ManifestStore.transaction`)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.files_changed = False
+
+    def upsert(self, rows: Iterable[tuple[str, str, int, str, int | None]]) -> None:
+        """Insert or replace file rows (path, sha256, size, namespace, mtime_ns), streamed."""
+        before = self.conn.total_changes
+        self.conn.executemany("INSERT OR REPLACE INTO files(path, sha256, size, namespace,"
+                              " mtime_ns) VALUES (?, ?, ?, ?, ?)", rows)
+        self.files_changed |= self.conn.total_changes != before
+
+    def delete(self, paths: Iterable[str]) -> None:
+        """Delete file rows by path."""
+        before = self.conn.total_changes
+        self.conn.executemany("DELETE FROM files WHERE path=?", ((p,) for p in paths))
+        self.files_changed |= self.conn.total_changes != before
+
+    def set_namespaces(self, rows: Iterable[tuple[str, str | None, str, str, int, str | None]]
+                       ) -> None:
+        """Replace every namespace (key, machine, source, kind, generation, synced_at).
+
+        They are few, and the server's names and times may hold a lone surrogate, which SQLite
+        text cannot: one JSON value, ASCII with escapes, as the older namespaces.json.
+        """
+        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('namespaces', ?)",
+                          (json.dumps([list(r) for r in rows]),))
+
+    def set_meta(self, last_sync: str | None, server: Mapping[str, Any]) -> None:
+        """The small values, and new marks: `commit` always, `files` when a file row changed.
+
+        A search index records the `files` mark it covers (search.py).
+        """
+        values = [("commit", uuid.uuid4().hex), ("server", json.dumps(dict(server)))]
+        if self.conn.execute("SELECT 1 FROM meta WHERE key='namespaces'").fetchone() is None:
+            values.append(("namespaces", "[]"))
+        if last_sync is not None:
+            values.append(("last_sync", last_sync))
+        if self.files_changed or self.conn.execute(
+                "SELECT 1 FROM meta WHERE key='files'").fetchone() is None:
+            values.append(("files", uuid.uuid4().hex))
+        self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", values)
