@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import zlib
 from collections.abc import Iterable, Iterator
 
@@ -25,10 +26,21 @@ MAX_LINE_BYTES = 32 * MIB
 # comes near it (a manifest of 20,000 files holds about 100,000).
 MAX_LINE_VALUES = 1_000_000
 CHUNK_BYTES = 4 * MIB
-# zlib stream compression (version 3, when both hellos say "zlib"). Level 1: on text it keeps
-# nearly all of level 6's saving at a third of its time (docs/BENCHMARKS.md "Compression").
+# zlib stream compression (version 3, when both hellos say "zlib"). Level 1 to start: on text
+# it keeps most of level 6's saving at a fifth of its time. A sender that finds itself waiting
+# on the link most of the time (a slow link: its writes block) moves to level 6, whose extra
+# time is then spent while it would wait anyway (docs/BENCHMARKS.md "Compression").
 COMPRESSIONS = ("zlib",)
 ZLIB_LEVEL = 1
+ZLIB_SLOW_LINK_LEVEL = 6
+# The link is judged over each 256 KiB of compressed bytes written: slow when the writes
+# blocked for 80% of the time of two windows in a row. At level 1 (about 22 MB/s out on this
+# kind of text) that is a link under about 4 MB/s, where level 6 (about 4 MB/s out) no longer
+# waits on its CPU. Small windows judge soon after the pipes' buffers are full.
+SLOW_LINK_WINDOW = 256 * 1024
+SLOW_LINK_SHARE = 0.8
+SLOW_LINK_WINDOWS = 2
+COMPRESS_SLICE = 256 * 1024  # bytes of a line compressed before what they give is written
 INFLATE_READ_BYTES = 256 * 1024  # of the wire read at a time, compressed
 INFLATE_STEP_BYTES = MIB  # decompressed at most per step, so a small input cannot grow memory
 
@@ -181,15 +193,24 @@ class Channel:
         self.sent_plain = 0
         self.received_plain = 0
         self._deflate: Any = None
+        self._level = ZLIB_LEVEL
         self._inflate: _Inflating | None = None
 
     def compress_output(self) -> None:
         """From the next byte on, what this side sends is one zlib stream (its hello is sent)."""
         self._deflate = zlib.compressobj(ZLIB_LEVEL)
+        self._level = ZLIB_LEVEL
+        self._window = (time.monotonic(), self.sent, 0.0)  # its start, bytes sent, time blocked
+        self._slow_windows = 0  # windows in a row in which the writes mostly blocked
 
     def decompress_input(self) -> None:
         """From the next byte on, what the peer sends is one zlib stream (its hello was read)."""
         self._inflate = _Inflating(self.reader, self.peer)
+
+    @property
+    def level(self) -> int | None:
+        """The zlib level this side's output uses now; None when it is not compressed."""
+        return self._level if self._deflate is not None else None
 
     @property
     def compressing(self) -> bool:
@@ -206,15 +227,54 @@ class Channel:
         Compressed, each write ends in a sync flush: the peer can decode all of it at once.
         """
         plain = len(data)
-        if self._deflate is not None:
-            data = self._deflate.compress(data) + self._deflate.flush(zlib.Z_SYNC_FLUSH)
         try:
-            self.writer.write(data)
+            if self._deflate is None:
+                self.writer.write(data)
+                self.sent += plain
+            else:
+                self._write_compressed(data)
             self.writer.flush()
         except (BrokenPipeError, ConnectionResetError, ValueError, OSError) as exc:
             raise ProtocolError(f"the {self.peer} closed the connection ({exc})") from None
-        self.sent += len(data)
         self.sent_plain += plain
+
+    def _write_compressed(self, data: bytes) -> None:
+        """Compress a slice at a time and write what each gives, ending in a sync flush.
+
+        A 4 MiB batch then starts onto a slow link after the first slice is compressed, not
+        after the whole line, and the compressed line is never held whole.
+        """
+        view = memoryview(data)
+        for start in range(0, len(data), COMPRESS_SLICE):
+            if out := self._deflate.compress(view[start:start + COMPRESS_SLICE]):
+                self._write_timed(out, flush=True)
+            if self._level == ZLIB_LEVEL and self._link_is_slow():
+                # The stream ends here, even inside a line, and one at the slow link's level
+                # starts: the reader takes concatenated zlib streams (`_Inflating`).
+                self._write_timed(self._deflate.flush(zlib.Z_FINISH), flush=False)
+                self._deflate = zlib.compressobj(ZLIB_SLOW_LINK_LEVEL)
+                self._level = ZLIB_SLOW_LINK_LEVEL
+        self._write_timed(self._deflate.flush(zlib.Z_SYNC_FLUSH), flush=False)
+
+    def _write_timed(self, data: bytes, *, flush: bool) -> None:
+        started = time.monotonic()
+        self.writer.write(data)
+        if flush:
+            self.writer.flush()
+        since, sent, blocked = self._window
+        self._window = (since, sent, blocked + time.monotonic() - started)
+        self.sent += len(data)
+
+    def _link_is_slow(self) -> bool:
+        """Whether, over the last window of bytes, this side mostly waited on the link."""
+        since, sent, blocked = self._window
+        if self.sent - sent < SLOW_LINK_WINDOW:
+            return False
+        now = time.monotonic()
+        self._window = (now, self.sent, 0.0)
+        slow = blocked >= SLOW_LINK_SHARE * (now - since)
+        self._slow_windows = self._slow_windows + 1 if slow else 0
+        return self._slow_windows >= SLOW_LINK_WINDOWS
 
     def _readline(self) -> bytes:
         """The next line, compressed or not; never more than MAX_LINE_BYTES + 1 bytes of it."""
@@ -315,9 +375,10 @@ class _Inflating:
                             f"both hellos agreed on ({exc})") from None
         self.tail = self.inflater.unconsumed_tail
         self.full = len(out) == step
-        if self.inflater.eof:  # the stream was finished: what follows it has no meaning
-            self.tail = b""
-            self.ended = True
+        if self.inflater.eof:  # the sender ended its stream; another may follow it at once
+            self.tail = self.inflater.unused_data
+            self.inflater = zlib.decompressobj()
+            self.full = False
         self.buffer += out
 
     def _take(self, size: int) -> bytes:

@@ -6,6 +6,8 @@ import io
 import json
 import os
 import random
+import threading
+import time
 import tracemalloc
 import zlib
 
@@ -17,6 +19,8 @@ from sharedmem.protocol import (
     CHUNK_BYTES,
     MAX_LINE_BYTES,
     MAX_LINE_VALUES,
+    ZLIB_LEVEL,
+    ZLIB_SLOW_LINK_LEVEL,
     Channel,
     PeerError,
     choose_version,
@@ -340,3 +344,59 @@ def test_data_that_is_not_the_agreed_zlib_stream_is_bad_json() -> None:
     with pytest.raises(PeerError) as exc:
         inflating(encode({"type": "hello"})).receive()  # plain text where zlib was agreed
     assert exc.value.code == "bad-json" and "zlib" in str(exc.value)
+
+
+def test_zlib_streams_one_after_another_read_as_one_even_inside_a_line() -> None:
+    """A sender may end its stream anywhere and start another (a new level): one input."""
+    first, second = zlib.compressobj(1), zlib.compressobj(6)
+    note = {"type": "note", "text": "x y z " * 5000}
+    lines = encode(note) + encode({"type": "bye"})
+    cut = len(lines) // 3  # inside the note's line
+    data = (first.compress(lines[:cut]) + first.flush()
+            + second.compress(lines[cut:]) + second.flush(zlib.Z_SYNC_FLUSH))
+    reader = inflating(data)
+    assert reader.receive() == note
+    assert reader.receive() == {"type": "bye"}
+    assert reader.receive() is None
+
+
+def hex_notes(count: int, size: int) -> list[dict[str, object]]:
+    """Messages that compress to about half: enough wire bytes to judge the link by."""
+    return [{"type": "note", "n": n, "text": os.urandom(size // 2).hex()} for n in range(count)]
+
+
+def test_a_sender_that_waits_on_a_slow_link_moves_to_the_slow_link_level() -> None:
+    read_end, write_end = os.pipe()
+    received: list[bytes] = []
+
+    def drain() -> None:  # about 3 MB/s: a slow link, against level 1's tens of MB/s
+        with open(read_end, "rb", buffering=0) as link:
+            while chunk := link.read(16 * 1024):
+                received.append(chunk)
+                time.sleep(0.005)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    notes = hex_notes(6, 512 * 1024)
+    with open(write_end, "wb") as writer:
+        sender = Channel(io.BufferedReader(io.BytesIO()), writer, "client")
+        sender.compress_output()
+        assert sender.level == ZLIB_LEVEL
+        for note in notes:
+            sender.send(note)
+        assert sender.level == ZLIB_SLOW_LINK_LEVEL
+    reader.join(timeout=30)
+    channel = inflating(b"".join(received))
+    assert [channel.receive() for _ in notes] == notes  # the two streams read as one
+    assert channel.receive() is None
+
+
+def test_a_sender_the_link_keeps_up_with_stays_at_the_fast_level() -> None:
+    sender, wire = compressed_pair()
+    notes = hex_notes(6, 512 * 1024)
+    for note in notes:
+        sender.send(note)
+    assert sender.level == ZLIB_LEVEL and Channel(io.BufferedReader(io.BytesIO()),
+                                                  io.BytesIO()).level is None
+    channel = inflating(wire.getvalue())
+    assert [channel.receive() for _ in notes] == notes

@@ -83,6 +83,7 @@ class Sync:
         self.published: list[_Prepared] = []
         self.round_trips = 0  # answers waited for: the hello's, then one per batch of sends
         self._sent_at_wait = 0
+        self.held: dict[str, dict[str, str]] = {}  # see _held
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                                        "sources": [], "notes": self.exchange.notes}
         self.failure: SharedMemoryError | None = None
@@ -446,11 +447,23 @@ class Sync:
                     taken[key] = p
             elif three and known.get(key) and (  # 0: the cache's copy is damaged
                     p.delta is None or p.delta["files"] or p.delta["removed"]):
-                prefix = key + "/"
-                if all(e.text is not None or ((c := cached.get(prefix + e.path)) is not None
-                                              and c.sha256 == e.sha256) for e in p.snap.files):
+                prefix, held = key + "/", self._held(cached, key)
+                if all(e.text is not None or held.get(prefix + e.path) == e.sha256
+                       for e in p.snap.files):
                     taken[key] = p
         return taken
+
+    def _held(self, cached: Any, key: str) -> dict[str, str]:
+        """Path -> sha256 of what the cache holds in one of this machine's namespaces.
+
+        Read in one pass over the cache's rows, once a run: a lookup a file costs a query
+        each against the manifest's SQLite, 0.5 s for ten thousand.
+        """
+        if key not in self.held:
+            rows = cached.rows(key) if hasattr(cached, "rows") else (
+                (path, meta.sha256) for path, meta in cached.items() if meta.namespace == key)
+            self.held[key] = {row[0]: row[1] for row in rows}
+        return self.held[key]
 
     def _own_changes(self, entries: dict[str, Any],
                      keys: Any) -> tuple[set[str], dict[str, list[str]]]:
@@ -464,18 +477,13 @@ class Sync:
         if not changed:
             return changed, {}
         cached = self.exchange.cached
-        held: dict[str, list[str]] = {key: [] for key in changed}  # one pass over the cache
-        for path, meta in cached.items():
-            if meta.namespace in held:
-                held[meta.namespace].append(path)
         gone: dict[str, list[str]] = {}
         for key in changed:
-            prefix = key + "/"
+            prefix, held = key + "/", self._held(cached, key)
             files = entries[key]
-            entries[key] = [e for e in files if (c := cached.get(prefix + e.path)) is None
-                            or c.sha256 != e.sha256]
+            entries[key] = [e for e in files if held.get(prefix + e.path) != e.sha256]
             listed = {prefix + e.path for e in files}
-            gone[key] = [path for path in held[key] if path not in listed]
+            gone[key] = [path for path in held if path not in listed]
         return changed, gone
 
 
