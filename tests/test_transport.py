@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -390,3 +391,40 @@ def test_an_older_server_after_a_v3_session_fails_over_once(tmp_path: Path, sshd
     assert off["protocol"] == 3 and "compress" not in json.loads(record.read_text())["hello"]
     with Store.open(sshd.store, create=False) as store:
         assert store.verify() == []
+
+
+@pytest.mark.parametrize("cap,answered", [("--max-protocol 2", (2, 64 * 1024 * 1024)),
+                                          ("--limit namespace_bytes=200000", (3, 200000))])
+def test_a_first_sync_expects_a_server_like_itself_and_runs_again_if_not(
+        tmp_path: Path, sshd: Any, cap: str, answered: tuple[int, int]) -> None:
+    """No record: over ssh the first sync goes on as if the server answered as ours does by
+    default; an older server, or one with a smaller quota, costs it one more run, no more."""
+    notes = tmp_path / "home" / "notes"
+    notes.mkdir(parents=True)
+    for i in range(30):
+        (notes / f"n{i}.md").write_text(f"# note {i}\n" + "words and words\n" * 200)
+    transport, capped, runs = capped_server(tmp_path, sshd)
+    state = tmp_path / "c" / "state"
+    cfg = write_config(tmp_path / "c" / "client.json", "laptop", transport,
+                       [{"name": "notes", "kind": "markdown", "path": str(notes)}],
+                       tmp_path / "cache")
+
+    def sync() -> dict:
+        proc = run_cli("sync", "--config", str(cfg), "--json")
+        report = json.loads(proc.stdout)
+        assert proc.returncode == 0, (report, proc.stderr)
+        return report
+
+    capped.write_text(cap)
+    first = sync()
+    assert runs.read_text().count("run") == 2  # went on as if v3, then again, waiting
+    # The smaller quota still took the first try's files (the check is the client's): the
+    # second finds them stored. The older server refused the first try's compressed bytes.
+    assert [s["status"] for s in first["sources"]] in (["published"], ["unchanged"])
+    assert len(list((tmp_path / "cache" / "machines" / "laptop" / "notes").iterdir())) == 30
+    hello = json.loads((state / "server.json").read_text())["hello"]
+    assert (hello["version"], hello["ahead_bytes"]) == answered
+    shutil.rmtree(state)
+    capped.write_text("")
+    again = sync()  # a server like itself: one run
+    assert again["protocol"] == 3 and runs.read_text().count("run") == 3

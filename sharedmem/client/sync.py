@@ -84,6 +84,9 @@ class Sync:
         self.round_trips = 0  # answers waited for: the hello's, then one per batch of sends
         self._sent_at_wait = 0
         self.held: dict[str, dict[str, str]] = {}  # see _held
+        # With no record of the server's hello, go on as if it answered as ours does by
+        # default (`Connection.expected`); not on the run again after a hello that differed.
+        self.expect = True
         self.report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                                        "sources": [], "notes": self.exchange.notes}
         self.failure: SharedMemoryError | None = None
@@ -100,7 +103,7 @@ class Sync:
             with sync_lock(self.config.state, self.lock_wait, self.waiting), \
                     Connection(self.config, self.max_version) as conn:
                 ahead = Ahead(conn)
-                with conn.handshake():
+                with conn.handshake(expect=self.expect):
                     self._prepare(ahead)
                 self.report["protocol"] = conn.version
                 self.round_trips = 1  # the hello
@@ -547,6 +550,7 @@ def sync(config: ClientConfig, *, max_version: int = max(VERSIONS),
     report = runner.run()
     if isinstance(runner.failure, HelloChanged):  # sent ahead of a hello that changed: again
         runner = Sync(config, max_version, progress, lock_wait, waiting, build_index)
+        runner.expect = False
         _FINISHED[:] = [runner]
         report = runner.run()
     return report

@@ -120,7 +120,7 @@ class Connection:
         return self._accept(answer[0])
 
     @contextlib.contextmanager
-    def handshake(self) -> Iterator[None]:
+    def handshake(self, *, expect: bool = False) -> Iterator[None]:
         """Open the session while the body of the `with` runs, so local work overlaps SSH's.
 
         The hello goes out first; a thread reads the answer meanwhile, so `early` holds it as
@@ -128,11 +128,16 @@ class Connection:
         taken and checked once the body is done.
         """
         self.remembers = True
-        remembered = self.remembered()
+        remembered = self.remembered() or (self.expected() if expect else None)
         self._send_hello()
         if remembered is not None:  # the answer is read before the first other reply
             self._assume(remembered)
-            yield
+            try:
+                yield
+            except PeerError:
+                raise
+            except ProtocolError:  # a body sent ahead found the server end gone
+                raise self.failure() from None
             return
         answer: list[dict[str, Any] | ProtocolError] = []
         reader = threading.Thread(target=self._read_hello, args=(answer,), daemon=True,
@@ -193,6 +198,19 @@ class Connection:
                 or type(hello.get("ahead_bytes")) not in (int, type(None))):
             return None
         return hello
+
+    def expected(self) -> dict[str, Any] | None:
+        """With no record, what a server of this version answers by default, if it compresses.
+
+        Only where compression is offered (a remote transport): a first sync over a slow link
+        then sends while ssh opens the session and the server starts. An older server, or one
+        with a smaller namespace quota, costs that first sync one reconnect, after which the
+        record says what it answers.
+        """
+        if not self.compress:
+            return None
+        return {"version": max(self.versions), "compress": COMPRESSIONS[0],
+                "ahead_bytes": self.config.limits.namespace_bytes}
 
     def _assume(self, hello: dict[str, Any]) -> None:
         """Go on as if the server had answered `hello` again; `check_hello` reads the real one."""
