@@ -229,6 +229,7 @@ class Client:
             [{"name": "notes", "kind": "markdown", "path": str(source)}], tmp / "laptop" / "cache")
         raw = json.loads(self.config.read_text())
         raw["limits"] = {"file_bytes": 4096}
+        raw["compress"] = "off"  # the fake server reads plain lines of text
         self.config.write_text(json.dumps(raw))
         self.cache = tmp / "laptop" / "cache"
         self.outbox = tmp / "laptop" / "state" / "outbox"

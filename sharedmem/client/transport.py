@@ -132,12 +132,7 @@ class Connection:
         self._send_hello()
         if remembered is not None:  # the answer is read before the first other reply
             self._assume(remembered)
-            try:
-                yield
-            except PeerError:
-                raise
-            except ProtocolError:  # a body sent ahead found the server end gone
-                raise self.failure() from None
+            yield
             return
         answer: list[dict[str, Any] | ProtocolError] = []
         reader = threading.Thread(target=self._read_hello, args=(answer,), daemon=True,
