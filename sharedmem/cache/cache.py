@@ -56,6 +56,7 @@ class NamespaceInfo(NamedTuple):
     kind: str
     generation: int = 0
     synced_at: str | None = None
+    digest: str | None = None  # the server's, of the snapshot at that generation
 
     def to_row(self) -> dict[str, Any]:
         """Its entry as JSON (`status`, an older version's namespaces.json)."""
@@ -65,12 +66,13 @@ class NamespaceInfo(NamedTuple):
     def from_row(cls, row: Mapping[str, Any]) -> NamespaceInfo:
         """Read an entry of an older namespaces.json; generation and sync time may be missing."""
         return cls(row["key"], row["machine"], row["source"], row["kind"],
-                   row.get("generation", 0), row.get("synced_at"))
+                   row.get("generation", 0), row.get("synced_at"), row.get("digest"))
 
     @classmethod
     def listed(cls, ns: Namespace) -> NamespaceInfo:
         """What the cache keeps of a namespace the server lists."""
-        return cls(ns.key, ns.machine, ns.source, ns.kind, ns.generation, ns.synced_at)
+        return cls(ns.key, ns.machine, ns.source, ns.kind, ns.generation, ns.synced_at,
+                   ns.digest or None)
 
 
 class CachedFile(namedtuple("CachedFile", "sha256 size namespace mtime_ns", defaults=(None,))):
@@ -839,7 +841,8 @@ def _row_ok(key: str, row: dict[str, Any]) -> bool:
     return (row.get("key") == key and type(row.get("source")) is str
             and type(row.get("kind")) is str and type(generation) is int and generation >= 0
             and (row.get("machine") is None or type(row["machine"]) is str)
-            and (row.get("synced_at") is None or type(row["synced_at"]) is str))
+            and (row.get("synced_at") is None or type(row["synced_at"]) is str)
+            and (row.get("digest") is None or type(row["digest"]) is str))
 
 
 def _files_of(data: bytes, path: Path, listed: Container[str] | None

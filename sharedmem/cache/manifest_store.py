@@ -284,9 +284,8 @@ class Writing:
         self.conn.executemany("DELETE FROM files WHERE path=?", ((p,) for p in paths))
         self.files_changed |= self.conn.total_changes != before
 
-    def set_namespaces(self, rows: Iterable[tuple[str, str | None, str, str, int, str | None]]
-                       ) -> None:
-        """Replace every namespace (key, machine, source, kind, generation, synced_at).
+    def set_namespaces(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        """Replace every namespace (key, machine, source, kind, generation, synced_at, digest).
 
         They are few, and the server's names and times may hold a lone surrogate, which SQLite
         text cannot: one JSON value, ASCII with escapes, as the older namespaces.json.

@@ -88,6 +88,7 @@ class Exchange:
         self.outbox = Outbox(config.state / "outbox")
         self.cached: Mapping[str, CachedFile] = {}  # the cache's files (a view of its store)
         self.known: dict[str, int] = {}
+        self.digests: dict[str, str | None] = {}  # the server's, as of the cache's generation
         self.offer = Published()
         self.whole: Mapping[str, str] = {}  # the namespaces the pull asked to leave out
         self.sent_notes: list[tuple[Path, QueuedNote]] | None = None
@@ -122,6 +123,7 @@ class Exchange:
                           "(edited, or left by a killed sync): pulling them again")
         self.known = {k: (0 if k in stale else ns.generation)
                       for k, ns in manifest.namespaces.items()}
+        self.digests = {k: ns.digest for k, ns in manifest.namespaces.items()}
 
     def deliver_now(self, conn: Connection) -> None:
         """Deliver and pull with nothing published first, so a note reaches the server at once.

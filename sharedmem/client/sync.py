@@ -401,7 +401,7 @@ class Sync:
             return
         whole = self._takes_own()
         entries: dict[str, Any] = {key: p.snap.files for key, p in whole.items()}
-        changed, gone = (self._own_changes(entries, whole.keys()) if conn.version >= 3
+        changed, gone = (self._own_changes(entries, whole) if conn.version >= 3
                          else (set(), {}))
         self.exchange.request(conn, Published(self.have, {key: p.digest for key, p in whole.items()},
                                               entries, changed, gone))
@@ -450,11 +450,26 @@ class Sync:
                     taken[key] = p
             elif three and known.get(key) and (  # 0: the cache's copy is damaged
                     p.delta is None or p.delta["files"] or p.delta["removed"]):
+                if self._acked_in_cache(key, p):
+                    taken[key] = p
+                    continue
                 prefix, held = key + "/", self._held(cached, key)
                 if all(e.text is not None or held.get(prefix + e.path) == e.sha256
                        for e in p.snap.files):
                     taken[key] = p
         return taken
+
+    def _acked_in_cache(self, key: str, p: _Prepared) -> bool:
+        """Whether the cache holds this namespace as the server acknowledged it last time.
+
+        Its digest from the last pull is the one the last sync's manifest was acknowledged
+        at, and the check before the pull found its files intact: every file this run did not
+        read is then in the cache at its sha256, and the paths it lost are the delta's
+        `removed`, so no row of the manifest need be read.
+        """
+        acked = p.saved.acked
+        return (p.delta is not None and acked is not None and self.exchange.known.get(key, 0) > 0
+                and self.exchange.digests.get(key) == acked.digest)
 
     def _held(self, cached: Any, key: str) -> dict[str, str]:
         """Path -> sha256 of what the cache holds in one of this machine's namespaces.
@@ -469,21 +484,27 @@ class Sync:
         return self.held[key]
 
     def _own_changes(self, entries: dict[str, Any],
-                     keys: Any) -> tuple[set[str], dict[str, list[str]]]:
+                     whole: dict[str, _Prepared]) -> tuple[set[str], dict[str, list[str]]]:
         """Version 3: of the namespaces the cache has, the files it lacks and the paths it loses.
 
         `entries` keeps, for each, only the files whose sha256 the cache does not hold (the
         walk read them, and staged them: `stage` in `_snapshot`); the paths the cache holds
         in it that the snapshot lacks are removed.
         """
-        changed = {key for key in keys if key not in self.staging.new_namespaces}
+        changed = {key for key in whole if key not in self.staging.new_namespaces}
         if not changed:
             return changed, {}
         cached = self.exchange.cached
         gone: dict[str, list[str]] = {}
         for key in changed:
-            prefix, held = key + "/", self._held(cached, key)
-            files = entries[key]
+            prefix, files, p = key + "/", entries[key], whole[key]
+            if self._acked_in_cache(key, p):
+                assert p.delta is not None
+                entries[key] = [e for e in files if e.text is not None and (
+                    (c := cached.get(prefix + e.path)) is None or c.sha256 != e.sha256)]
+                gone[key] = [prefix + path for path in p.delta["removed"]]
+                continue
+            held = self._held(cached, key)
             entries[key] = [e for e in files if held.get(prefix + e.path) != e.sha256]
             listed = {prefix + e.path for e in files}
             gone[key] = [path for path in held if path not in listed]
