@@ -145,10 +145,19 @@ def json_text(data: bytes) -> bytes:
 
 def encode_bodies(bodies: list[tuple[str, bytes]]) -> bytes:
     """A `bodies` message of (sha256, UTF-8 text) pairs, built from the bytes as they are."""
-    parts = [b'{"type":"bodies","bodies":[']
-    for sha, data in bodies:
-        parts += (b'["', json_text(sha.encode("utf-8")), b'","', json_text(data), b'"],')
-    if bodies:
+    return encode_pairs("bodies", bodies)
+
+
+def encode_pairs(kind: str, pairs: list[tuple[str, bytes]]) -> bytes:
+    """A message of type `kind` whose list `kind` holds [address, UTF-8 text] pairs.
+
+    `bodies` (sha256, text) and `tails` (base sha256, tail): built from the bytes as they
+    are, without decoding the texts.
+    """
+    parts = [b'{"type":"%s","%s":[' % (kind.encode(), kind.encode())]
+    for address, data in pairs:
+        parts += (b'["', json_text(address.encode("utf-8")), b'","', json_text(data), b'"],')
+    if pairs:
         parts[-1] = b'"]'
     parts.append(b"]}\n")
     return b"".join(parts)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Container
 
 from sharedmem.hashing import sha256_bytes
-from sharedmem.protocol import json_text
+from sharedmem.protocol import encode_pairs
 
 MIN_BYTES = 1024  # smaller files go whole: a tail saves too little to matter
 
@@ -40,10 +40,4 @@ def grown_from(record: object, data: bytes, acked: Container[str]) -> tuple[str,
 
 def encode_tails(tails: list[tuple[str, bytes]]) -> bytes:
     """A `tails` message of (base sha256, tail in UTF-8) pairs, built from the bytes as they are."""
-    parts = [b'{"type":"tails","tails":[']
-    for base, tail in tails:
-        parts += (b'["', json_text(base.encode("utf-8")), b'","', json_text(tail), b'"],')
-    if tails:
-        parts[-1] = b'"]'
-    parts.append(b"]}\n")
-    return b"".join(parts)
+    return encode_pairs("tails", tails)
