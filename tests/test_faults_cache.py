@@ -272,12 +272,11 @@ def test_a_damaged_manifest_is_refused_then_rebuilt_by_the_next_sync(
     edited = root / "machines" / "laptop" / "notes" / "note-07.md"
     edited.write_text(_same_size(edited.read_text()))
     how(root / ".sharedmem" / "manifest.sqlite3")
-    cache = Cache(root)
-    for call in (lambda: tools.list_files(cache, "machines"),
-                 lambda: tools.read_file(cache, "machines/desk/notes/desk-1.md"),
-                 lambda: tools.search(cache, ["desk text 1"])):
+    for call in (lambda cache: tools.list_files(cache, "machines"),
+                 lambda cache: tools.read_file(cache, "machines/desk/notes/desk-1.md"),
+                 lambda cache: tools.search(cache, ["desk text 1"])):
         with pytest.raises(CacheError, match="being repaired") as caught:
-            call()
+            call(Cache(root))  # each on its own, as a new MCP server asks
         assert str(caught.value).startswith(REPAIRING)
     done = sync(world / "laptop" / "client.json")
     assert done.returncode == 0, done.stdout + done.stderr
