@@ -50,6 +50,7 @@ _MAX_GRAMS = 8
 _SPARSE = 8  # candidates fewer than 1/8 of the files in scope are sorted, else the scope walked
 _DENSE = 0.3  # an index naming more than this share of files does not narrow a page in order
 _PROBED = 4096  # from this many ids on, a sample tells a dense query before all is fetched
+RANKS_KEPT = 8  # `any` rankings a view keeps (`_View.ranks`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
 _MEMO_ENTRIES, _MEMO_POSITIONS = 64, 1 << 20  # verified match sets kept for repeated searches
 _SPACES = re.compile(r" [^\S\n]+|[^\S\n ][^\S\n]*")
@@ -622,6 +623,10 @@ class _View:
         self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
         self.where = where if where is not None else _inverse(ids)
         self.memo: OrderedDict[tuple[Any, ...], array[int]] = OrderedDict()
+        # The ranking of an `any` search, kept with the verified sets it came from: the same
+        # query again ranks ten thousands of files without a Python loop over them.
+        self.ranks: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[int, list[int]],
+                                                dict[tuple[int, int], list[int]]]] = {}
         self.memo_size = 0
 
     def __len__(self) -> int:
@@ -949,15 +954,27 @@ class Searcher:
         Which files match which query is known exactly before any line is read (verified once,
         then remembered for this view), so only the files on the page are read for their lines.
         """
-        found, remembered = self._matches(view, disk, matcher, spans)
-        freq = [len(s) for s in found]
-        masks: dict[int, list[int]] = {}
-        for i, positions in enumerate(found):
-            for pos in positions:
-                masks.setdefault(pos, []).append(i)
-        groups: dict[tuple[int, int], list[int]] = {}
-        for pos, which in masks.items():
-            groups.setdefault((-len(which), sum(freq[i] for i in which)), []).append(pos)
+        scope = _scope(spans)
+        keys = tuple((matcher.kind, n, scope) for n in matcher.needles)
+        kept = view.ranks.get(keys)
+        if kept is not None and not view.stale and all(
+                view.memo.get(k) is a for k, a in zip(keys, kept[0], strict=True)):
+            masks, groups, remembered = kept[1], kept[2], True  # the same sets as last time
+        else:
+            found, remembered = self._matches(view, disk, matcher, spans)
+            freq = [len(s) for s in found]
+            masks = {}
+            for i, positions in enumerate(found):
+                for pos in positions:
+                    masks.setdefault(pos, []).append(i)
+            groups = {}
+            for pos, which in masks.items():
+                groups.setdefault((-len(which), sum(freq[i] for i in which)), []).append(pos)
+            arrays = tuple(view.memo.get(k) for k in keys)
+            if not view.stale and all(a is not None for a in arrays):
+                if len(view.ranks) >= RANKS_KEPT:
+                    view.ranks.clear()
+                view.ranks[keys] = (arrays, masks, groups)
         last: list[Any] | None = None  # the key of the last result on the page
         for rank in sorted(groups):
             if after is not None and list(rank) < after[:2]:
