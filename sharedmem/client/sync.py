@@ -14,6 +14,7 @@ import contextlib
 import json
 import time
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -334,15 +335,7 @@ class Sync:
             raise conn.malformed("need", f"for source {spec.name!r} it needs that source and "
                                  "index as a list of positions in the manifest's files")
         texts: list[bytes] = []
-        for i in index:
-            sha = files[i][1]
-            entry = by_sha.get(sha)
-            if entry is None:
-                continue
-            try:
-                text = _text(spec, entry)
-            except SharedMemoryError:
-                continue
+        for sha, text in _needed(spec, by_sha, (files[i][1] for i in index)):
             self.have[sha] = text  # the server sends null for it in the pull
             texts.append(text.encode("utf-8"))
         self.progress(f"{spec.name}: sending {len(texts)} changed files")
@@ -371,15 +364,7 @@ class Sync:
                 type(sha) is str for sha in need):
             raise conn.malformed("need", f"for source {spec.name!r} it needs that source and "
                                  "sha256 as a list of strings")
-        bodies = []
-        for sha in need:
-            entry = by_sha.get(sha)
-            if entry is None:
-                continue
-            try:
-                bodies.append([sha, _text(spec, entry)])
-            except SharedMemoryError:
-                continue
+        bodies = [[sha, text] for sha, text in _needed(spec, by_sha, need)]
         self.progress(f"{spec.name}: sending {len(bodies)} changed files")
         for batch in chunks(bodies, lambda b: len(b[1]) * 2 + 80):
             conn.channel.send({"type": "bodies", "source": spec.name, "bodies": batch})
@@ -547,6 +532,23 @@ def _state(prepared: _Prepared, acked: source_state.Acked | None) -> source_stat
     """The state a source leaves when the server acknowledged `acked` of its snapshot."""
     return source_state.SourceState(prepared.rules, acked,
                                source_state.record_of(prepared.snap.files, prepared.lines))
+
+
+def _needed(spec: sources.SourceSpec, by_sha: dict[str, walk.Entry],
+            shas: Iterable[str]) -> Iterator[tuple[str, str]]:
+    """(sha256, text) of each body a `need` names that this run can still read.
+
+    One the run never listed, or whose file went or changed since the walk, is left out:
+    the server then refuses that file as `missing-body`.
+    """
+    for sha in shas:
+        entry = by_sha.get(sha)
+        if entry is None:
+            continue
+        try:
+            yield sha, _text(spec, entry)
+        except SharedMemoryError:
+            continue
 
 
 def _text(spec: sources.SourceSpec, entry: walk.Entry) -> str:

@@ -101,6 +101,7 @@ class Connection:
         self.assumed: dict[str, Any] | None = None  # the remembered hello, until checked
         self.changed = False  # the real hello was not the one remembered
         self.remembers = False  # a sync's session (`handshake`) keeps the hello for the next
+        self.recorded: dict[str, Any] | None = None  # the record as `handshake` read it
 
     def _drain(self) -> None:
         assert self.process.stderr is not None
@@ -128,7 +129,8 @@ class Connection:
         taken and checked once the body is done.
         """
         self.remembers = True
-        remembered = self.remembered() or (self.expected() if expect else None)
+        self.recorded = self.remembered()
+        remembered = self.recorded or (self.expected() if expect else None)
         self._send_hello()
         if remembered is not None:  # the answer is read before the first other reply
             self._assume(remembered)
@@ -254,7 +256,7 @@ class Connection:
             return
         hello = {k: self.server[k] for k in REMEMBERED if self.server.get(k) is not None}
         record = {"key": self.key, "hello": hello}
-        if self.remembered() == hello:
+        if self.recorded == hello:  # as read when the session began: nothing to write
             return
         with contextlib.suppress(OSError):  # a full disk: the next sync only waits a round trip
             self.record.parent.mkdir(parents=True, exist_ok=True)

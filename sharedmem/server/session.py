@@ -412,16 +412,20 @@ class Session:
                 except UnicodeEncodeError:
                     continue
             if wanted is None:  # every body ahead counts, even one dropped below
-                self.ahead_bytes += len(data)
-                if self.ahead_bytes > self.limits.namespace_bytes:
-                    raise PeerError("ahead-full", "the client sent more than "
-                                    f"{self.limits.namespace_bytes} bytes of bodies ahead of a "
-                                    "manifest (hello.ahead_bytes); send the rest when the "
-                                    "server names them in need")
+                self._count_ahead(len(data))
             if (compact or sha256_bytes(data) == sha) and self._admit(sha, data,
                                                                        ahead=wanted is None):
                 fresh[sha] = (text, data)
         self._keep(fresh)
+
+    def _count_ahead(self, size: int) -> None:
+        """Count bytes of bodies or tails sent ahead; past `ahead_bytes` the session ends."""
+        self.ahead_bytes += size
+        if self.ahead_bytes > self.limits.namespace_bytes:
+            raise PeerError("ahead-full", "the client sent more than "
+                            f"{self.limits.namespace_bytes} bytes of bodies and tails ahead of "
+                            "a manifest (hello.ahead_bytes); send the rest when the server "
+                            "names them in need")
 
     def _on_tails(self, message: dict[str, Any]) -> None:
         """Version 3: bodies ahead, each a stored body and what was appended to it (`tails`).
@@ -444,12 +448,7 @@ class Session:
                 continue
             data = joined(self.store, base, added, self.limits.file_bytes)
             # A missing base counts its address too: no entry is free, however short its tail.
-            self.ahead_bytes += len(base) + len(added) if data is None else len(data)
-            if self.ahead_bytes > self.limits.namespace_bytes:
-                raise PeerError("ahead-full", "the client sent more than "
-                                f"{self.limits.namespace_bytes} bytes of bodies and tails ahead "
-                                "of a manifest (hello.ahead_bytes); send the rest when the "
-                                "server names them in need")
+            self._count_ahead(len(base) + len(added) if data is None else len(data))
             if data is None:
                 continue
             sha = sha256_bytes(data)
