@@ -26,6 +26,11 @@ MAX_LINE_BYTES = 32 * MIB
 # comes near it (a manifest of 20,000 files holds about 100,000).
 MAX_LINE_VALUES = 1_000_000
 CHUNK_BYTES = 4 * MIB
+# Version 3: a manifest entry may name its body by its place among the texts this session sent
+# ahead (`bodies` before the manifest, counted from 0) instead of by its sha256, which the
+# server computed as each came: 3 bytes on the wire instead of 34 once compressed. The server
+# remembers the first AHEAD_REFS of them (32 bytes each); a client refers to no later one.
+AHEAD_REFS = 1 << 17
 # zlib stream compression (version 3, when both hellos say "zlib"). Level 1 to start: on text
 # it keeps most of level 6's saving at a fifth of its time. A sender that finds itself waiting
 # on the link most of the time (a slow link: its writes block) moves to level 6, whose extra

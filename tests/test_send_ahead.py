@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_config
+from conftest import LAUNCHER, write_config
 from test_transport import local_config
 
 from sharedmem.client import config as config_mod
@@ -161,3 +161,43 @@ def test_bodies_offered_before_the_hello_go_when_it_comes(tmp_path: Path, sshd,
     kinds = [kind for kind, _ in received]
     assert kinds[:kinds.index("status") + 1] == ["hello"] + ["bodies"] * bool(sent) + ["status"]
     assert [sha for _, shas in received for sha in shas] == [sha256_text(t) for t in texts[:sent]]
+
+
+def placed(message: dict, places: dict[str, int]) -> dict:
+    """The manifest with each body sent ahead named by its place, as a version 3 sync sends it."""
+    return {**message, "files": [[p, places.get(sha, sha), size, mtime]
+                                 for p, sha, size, mtime in message["files"]]}
+
+
+def test_version_3_numbers_the_bodies_sent_ahead_in_the_order_they_go(tmp_path: Path) -> None:
+    with Connection(local_config(tmp_path, tmp_path / "store.sqlite3"), max_version=3) as conn:
+        ahead = hello_offering(conn, TEXTS + TEXTS[:3])  # one offered again goes once
+        assert ahead.places == {sha256_text(t): i for i, t in enumerate(TEXTS)}
+        conn.channel.send(placed(manifest(TEXTS), ahead.places))
+        assert conn.channel.expect("result")["accepted"] == len(TEXTS)
+
+
+LATE_SERVE = ("import os, sys, time\ntime.sleep(1)\n"
+              "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
+
+
+def test_bodies_that_waited_for_the_hello_are_numbered_when_they_go(tmp_path: Path,
+                                                                      sshd) -> None:
+    script, store = tmp_path / "late.py", tmp_path / "store.sqlite3"
+    script.write_text(LATE_SERVE)
+    path = write_config(tmp_path / "client.json", "laptop", sshd.transport(
+        pinned=False, remote_command=[sys.executable, str(script), str(LAUNCHER), "serve",
+                                      "--store", str(store)]), [], tmp_path / "cache")
+    with Connection(config_mod.load(path, {"HOME": str(tmp_path)})) as conn:
+        ahead = Ahead(conn)
+        with conn.handshake():
+            for text in TEXTS:
+                ahead.offer(sha256_text(text), text.encode())
+            ahead.finish()
+            ahead.wait()
+            assert conn.early is None and ahead.places == {}  # the server starts in 1 s
+        ahead.send_waiting()
+        assert conn.version == 3
+        assert ahead.places == {sha256_text(t): i for i, t in enumerate(TEXTS)}
+        conn.channel.send(placed(manifest(TEXTS), ahead.places))
+        assert conn.channel.expect("result")["accepted"] == len(TEXTS)

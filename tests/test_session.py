@@ -530,3 +530,50 @@ def test_version_3_holds_a_bounded_number_of_messages_past_a_waiting_manifest(
     assert [r["type"] for r in replies] == ["hello", "need", "error"]
     assert replies[-1]["code"] == "out-of-order" and "pipelined" in replies[-1]["message"]
     assert stored(store)["files"] == 0
+
+
+def placed(source: str, files: list[tuple[str, str, object]]) -> bytes:
+    """A version 3 manifest whose entries give (path, text, what names its body)."""
+    entries = [[p, named, len(t.encode()), 0] for p, t, named in files]
+    return enc({"type": "manifest", "source": source, "kind": "markdown",
+                "digest": digest_of((p, sha256_text(t)) for p, t, _ in files), "files": entries})
+
+
+def test_version_3_manifest_names_bodies_sent_ahead_by_their_place(tmp_path: Path) -> None:
+    # Places count every text sent ahead, in order, over every `bodies` message (a duplicate
+    # too); a body sent in answer to a need is not one of them.
+    store = tmp_path / "store.sqlite3"
+    lines = [enc(HELLO3), enc({"type": "bodies", "bodies": ["zero", "one"]}),
+             enc({"type": "bodies", "bodies": ["zero", "three"]}),
+             placed("one", [("a.md", "zero", 0), ("b.md", "one", 1), ("c.md", "three", 3),
+                            ("d.md", "four", sha256_text("four"))]),
+             enc({"type": "bodies", "source": "one", "bodies": ["four"]}),
+             enc({"type": "commit", "source": "one"}),
+             placed("two", [("x.md", "zero", 2)])]
+    replies = talk(store, lines)
+    assert replies[1] == {"type": "need", "source": "one", "index": [3]}
+    assert replies[2]["accepted"] == 4 and replies[3]["accepted"] == 1, replies
+    with Store.open(store) as s:
+        texts = {p: t for p, _, t in s.export()}
+    assert {p: texts[f"machines/laptop/one/{p}"] for p in ("a.md", "b.md", "c.md", "d.md")} \
+        == {"a.md": "zero", "b.md": "one", "c.md": "three", "d.md": "four"}
+    assert texts["machines/laptop/two/x.md"] == "zero"
+
+
+@pytest.mark.parametrize("place,why", [(2, "took 2 texts ahead"), (-1, "took 2 texts ahead"),
+                                        (1, "in UTF-8"), (True, "sha256")])
+def test_a_place_that_names_no_text_sent_ahead_is_refused(tmp_path: Path, place: object,
+                                                          why: str) -> None:
+    store = tmp_path / "store.sqlite3"
+    lines = [enc(HELLO3), b'{"type": "bodies", "bodies": ["zero", "\\ud800"]}\n',
+             placed("one", [("a.md", "zero", place)])]
+    replies = talk(store, lines)
+    assert replies[-1]["code"] == "bad-field" and why in replies[-1]["message"], replies
+    assert "a.md" in replies[-1]["message"] or place is True
+    assert stored(store)["files"] == 0
+
+
+def test_version_2_manifest_entries_are_sha256s_only(tmp_path: Path) -> None:
+    replies = talk(tmp_path / "store.sqlite3", [
+        enc(HELLO), ahead(["zero"]), placed("one", [("a.md", "zero", 0)])])
+    assert replies[-1]["code"] == "bad-field" and "place" not in replies[-1]["message"]

@@ -439,3 +439,14 @@ def test_version_2_session_is_unchanged_and_echoes_a_delta(tmp_path):
     assert report["round_trips"] == 4  # hello; per source: manifest, then commit (+ pull)
     files = cache_files(tmp_path / "laptop" / "cache")
     assert files["machines/laptop/notes/d1/note-001.md"] == "v2 change\n"
+
+
+def test_a_first_sync_names_the_bodies_it_sent_ahead_by_their_place(tmp_path):
+    # Version 3: the manifest names each body sent ahead by its place among them, not by its
+    # sha256 (64 hex digits an entry, more than all else the entry and its text cost here).
+    notes, _, cfg = local_laptop(tmp_path, files=400)
+    report, _ = sync_in_process(cfg)
+    assert report["status"] == "ok" and report["protocol"] == 3, report
+    files = [p for p in notes.rglob("*.md")]
+    texts = sum(len(p.read_bytes()) + len(str(p.relative_to(notes))) for p in files)
+    assert report["bytes"]["sent"] - texts < 64 * len(files), report["bytes"]

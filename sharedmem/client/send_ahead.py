@@ -17,7 +17,7 @@ from queue import SimpleQueue
 
 from sharedmem.client.tails import encode_tails
 from sharedmem.core import ProtocolError
-from sharedmem.protocol import chunks, encode_bodies, encode_texts
+from sharedmem.protocol import AHEAD_REFS, chunks, encode_bodies, encode_texts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,6 +34,9 @@ class Ahead:
         self.pending: list[tuple[str, bytes]] = []  # (sha256, text in UTF-8)
         self.pending_bytes = 0
         self.offered: set[str] = set()
+        # Version 3: each body's place among the texts sent ahead, by sha256, which a manifest
+        # may give instead of the sha256 (protocol.AHEAD_REFS); in the order they go out.
+        self.places: dict[str, int] = {}
         self.sent_bytes = 0
         self.open = True
         # Files that only grew (client/tails.py): (sha256, base sha256, text in UTF-8, tail start).
@@ -134,12 +137,22 @@ class Ahead:
             room.append((sha, data))
             self.sent_bytes += len(data)
         if room:
+            if _compact(hello):
+                self._place(room)
             if self._sender is None:
                 self._sender = threading.Thread(target=self._send, daemon=True,
                                                 name="sharedmem-ahead")
                 self._sender.start()
             self._queue.put(room)
         self.pending, self.pending_bytes = [], 0
+
+    def _place(self, room: list[tuple[str, bytes]]) -> None:
+        """Number the bodies about to go, in order: the server counts the texts as they come."""
+        places = self.places
+        for sha, _ in room:
+            if len(places) >= AHEAD_REFS:
+                return
+            places[sha] = len(places)
 
     def _send(self) -> None:
         """Encode and write on a thread: the walk goes on while the pipe is full."""
@@ -191,10 +204,11 @@ class Ahead:
         if self._failure is not None:
             raise self._failure
 
-    def send_waiting(self) -> None:
+    def send_waiting(self) -> bool:
         """Once the hello has come: send the bodies `finish` encoded, if the server takes them.
 
-        The tails that waited go first, as many as there is room for.
+        The tails that waited go first, as many as there is room for. True when bodies went
+        that a version 3 manifest may name by their place (`places`).
         """
         tails, self.waiting_tails = self.waiting_tails, []
         if tails and self.conn.early is not None:
@@ -203,7 +217,7 @@ class Ahead:
         waiting, self.waiting = self.waiting, None
         hello = self.conn.early
         if waiting is None or hello is None or hello.get("version", 0) < 2:
-            return
+            return False
         lines, size, batches, compact = waiting
         if compact != _compact(hello):
             lines = [_encode(batch, not compact) for batch in batches]
@@ -212,6 +226,11 @@ class Ahead:
             for line in lines:
                 self.conn.channel.send_line(line)
             self.sent_bytes += size
+            if _compact(hello):
+                for batch in batches:
+                    self._place(batch)
+                return True
+        return False
 
 
 def _size(body: tuple[str, bytes]) -> int:

@@ -63,6 +63,8 @@ class _Prepared:
     acked: bool = False
     lines: linejson.Old = field(default_factory=dict)  # the saved record's lines, for reuse
     line: bytes = b""  # the manifest message (delta or whole), encoded before it is due
+    # `line` names bodies sent ahead by their place (version 3 only; `Ahead.places`)
+    placed: bool = False
 
 
 class Sync:
@@ -109,7 +111,8 @@ class Sync:
                 self.report["protocol"] = conn.version
                 self.round_trips = 1  # the hello
                 self._sent_at_wait = conn.channel.sent
-                ahead.send_waiting()
+                if ahead.send_waiting():  # bodies went that the manifests may name by place
+                    self._encode_manifests(ahead)
                 ok = [p for p in self.snapshots if p.snap.status == "ok"]
                 self.last_to_publish = ok[-1] if ok else None
                 if conn.version >= 3:
@@ -161,7 +164,7 @@ class Sync:
         self.snapshots = [self._snapshot(source, ahead) for source in self.config.sources]
         self.staging.flush()  # the rest to the helper; without one, the few are left to the pull
         ahead.finish()
-        self._encode_manifests()  # while the sender writes the last bodies
+        self._encode_manifests(ahead)  # while the sender writes the last bodies
         ahead.wait()  # each manifest follows its bodies on the channel
 
     def _snapshot(self, source: SourceConfig, ahead: Ahead) -> _Prepared:
@@ -348,7 +351,8 @@ class Sync:
     def _publish_v2(self, conn: Connection, prepared: _Prepared) -> dict[str, Any]:
         spec, by_sha = prepared.spec, prepared.by_sha
         try:
-            conn.channel.send_line(prepared.line or encode(prepared.delta or prepared.whole))
+            conn.channel.send_line(prepared.line if prepared.line and not prepared.placed
+                                   else encode(prepared.delta or prepared.whole))
             self._wait(conn)
             reply = conn.channel.expect("need", "result")
         except PeerError as exc:
@@ -374,11 +378,22 @@ class Sync:
         self._wait(conn)
         return conn.channel.expect("result")
 
-    def _encode_manifests(self) -> None:
-        """Encode each manifest message while the last bodies sent ahead are still on their way."""
+    def _encode_manifests(self, ahead: Ahead) -> None:
+        """Encode each manifest message while the last bodies sent ahead are still on their way.
+
+        In version 3 a body sent ahead is named by its place among those texts: a first sync's
+        manifest is a third the size on the wire (docs/PROTOCOL.md "Version 3").
+        """
+        places = ahead.places
         for prepared in self.snapshots:
-            if prepared.snap.status == "ok":
-                prepared.line = encode(prepared.delta or prepared.whole)
+            if prepared.snap.status != "ok":
+                continue
+            message = prepared.delta or prepared.whole
+            if places:
+                files = [[p, places.get(sha, sha), size, mtime]
+                         for p, sha, size, mtime in message["files"]]
+                message, prepared.placed = {**message, "files": files}, True
+            prepared.line = encode(message)
 
     def _request(self, conn: Connection) -> None:
         """Send the notes and the pull, offering what this run published; once."""

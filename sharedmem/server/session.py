@@ -16,6 +16,7 @@ from sharedmem import __version__
 from sharedmem.core import BackupError, NoteError, ProtocolError, SharedMemoryError, StoreError
 from sharedmem.hashing import sha256_bytes
 from sharedmem.protocol import (
+    AHEAD_REFS,
     COMPRESSIONS,
     VERSIONS,
     Channel,
@@ -82,6 +83,9 @@ class Session:
         # of this session listed): a pull sends `null` for them, with no `have` list. At most
         # namespace_files of them; past that a text is sent again, which costs bytes only.
         self.client_has: set[str] = set()
+        # Version 3: the sha256 (raw) of each text sent ahead, in order, so a manifest entry may
+        # name its body by its place here (protocol.AHEAD_REFS); NO_REF for one not UTF-8.
+        self.refs = bytearray()
 
     def run(self) -> int:
         """Serve until `bye` or end of input; a protocol error is answered, then ends the session."""
@@ -316,7 +320,7 @@ class Session:
             return
         raw = field(message, "files", list, optional=True) or []
         self._count_files(len(raw), source)
-        entries = _entries(raw)
+        entries = _entries(raw, self.refs if self.version >= 3 else None)
         removed = field(message, "removed", list, optional=True) or []
         if not all(isinstance(p, str) for p in removed) or not _unicode(removed):
             raise PeerError("bad-field", "manifest.removed must be a list of paths in valid "
@@ -396,8 +400,12 @@ class Session:
                 try:
                     data = text.encode("utf-8")
                 except UnicodeEncodeError:
+                    if wanted is None:
+                        self._refer(None)
                     continue
                 sha = sha256_bytes(data)
+                if wanted is None:
+                    self._refer(sha)
             else:
                 if (not isinstance(pair, list) or len(pair) != 2
                         or not all(isinstance(x, str) for x in pair)):
@@ -417,6 +425,11 @@ class Session:
                                                                        ahead=wanted is None):
                 fresh[sha] = (text, data)
         self._keep(fresh)
+
+    def _refer(self, sha: str | None) -> None:
+        """Version 3: remember the next text sent ahead, which a manifest may name by its place."""
+        if len(self.refs) < AHEAD_REFS * REF_BYTES:
+            self.refs += NO_REF if sha is None else bytes.fromhex(sha)
 
     def _count_ahead(self, size: int) -> None:
         """Count bytes of bodies or tails sent ahead; past `ahead_bytes` the session ends."""
@@ -699,13 +712,21 @@ def _mtime(value: object) -> int:
     return value
 
 
-def _entries(raw: list[Any]) -> list[tuple[str, str, int, int]]:
+def _entries(raw: list[Any], refs: bytearray | None) -> list[tuple[str, str, int, int]]:
+    """Manifest entries as (path, sha256, size, mtime_ns); `refs`: version 3's texts sent ahead."""
     out = []
     for item in raw:  # `type(x) is int` refuses True and False too
         if (type(item) is not list or len(item) != 4 or type(item[0]) is not str
-                or type(item[1]) is not str or len(item[1]) != 64 or type(item[2]) is not int):
+                or type(item[2]) is not int):
             raise PeerError("bad-field", "manifest entries must be [path, sha256, size, mtime_ns]")
-        out.append((item[0], item[1], item[2], _mtime(item[3])))
+        sha = item[1]
+        if type(sha) is int and refs is not None:
+            sha = _referred(refs, sha, item[0])
+        elif type(sha) is not str or len(sha) != 64:
+            raise PeerError("bad-field", "manifest entries must be [path, sha256, size, mtime_ns]"
+                            + (" (in version 3 the sha256 may be the place of a text sent ahead)"
+                               if refs is not None else ""))
+        out.append((item[0], sha, item[2], _mtime(item[3])))
     if not _HEX.fullmatch("".join(e[1] for e in out)):  # one match for all: each is 64 long
         raise PeerError("bad-field", "manifest entries must be [path, sha256, size, mtime_ns] "
                         "with sha256 in 64 lower-case hex digits")
@@ -713,6 +734,19 @@ def _entries(raw: list[Any]) -> list[tuple[str, str, int, int]]:
 
 
 _HEX = re.compile("[0-9a-f]*")
+REF_BYTES = 32
+NO_REF = bytes(REF_BYTES)  # a text sent ahead that was not UTF-8: nothing to refer to
+
+
+def _referred(refs: bytearray, place: int, path: object) -> str:
+    """The sha256 of the text sent ahead at `place` that a manifest entry names as its body."""
+    count = len(refs) // REF_BYTES
+    raw = bytes(refs[place * REF_BYTES:(place + 1) * REF_BYTES]) if 0 <= place < count else NO_REF
+    if raw == NO_REF:
+        raise PeerError("bad-field", f"manifest entry {path!r} names text {place} sent ahead, "
+                        f"but this session took {count} texts ahead that it can name (the first "
+                        f"{AHEAD_REFS}, in UTF-8): give that file's sha256 instead")
+    return raw.hex()
 
 
 def _address(value: str, what: str) -> str:
