@@ -385,22 +385,27 @@ class Cache:
         verified: dict[str, CachedFile] = {}
         root = str(self.root) + os.sep
         lstat, regular = os.lstat, stat.S_ISREG
-        rows = manifest.files.rows() if isinstance(manifest.files, FileTable) else (
-            (p, *m) for p, m in manifest.files.items())
-        for path, sha, size, namespace, mtime in rows:
+        files = manifest.files
+        # Only what the stat is compared with is read for every file; the rest, for those
+        # that differ (sha256 and namespace strings are most of a row's cost).
+        rows = files.store.stats() if isinstance(files, FileTable) else (
+            (p, m.size, m.mtime_ns) for p, m in files.items())
+        for path, size, mtime in rows:
             try:
                 info = lstat(root + path)
             except OSError:
-                bad.add(namespace)
-                damaged.add(path)
+                info = None
+            else:
+                if info.st_mtime_ns == mtime and info.st_size == size and regular(info.st_mode):
+                    continue
+            meta = files.get(path)
+            if meta is None:  # gone from the manifest since this pass began: nothing to check
                 continue
-            if info.st_mtime_ns == mtime and info.st_size == size and regular(info.st_mode):
+            if info is not None and info.st_size == size and regular(info.st_mode) \
+                    and _file_sha256(root + path) == meta.sha256:
+                verified[path] = CachedFile(meta.sha256, size, meta.namespace, info.st_mtime_ns)
                 continue
-            if info.st_size == size and regular(info.st_mode) \
-                    and _file_sha256(root + path) == sha:
-                verified[path] = CachedFile(sha, size, namespace, info.st_mtime_ns)
-                continue
-            bad.add(namespace)
+            bad.add(meta.namespace)
             damaged.add(path)
         self.damaged, self._verified = damaged, verified
         return bad

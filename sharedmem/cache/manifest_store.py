@@ -231,6 +231,10 @@ class ManifestStore:
         upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first path past the folder
         return self._pages("path, size", "path >= ? AND path < ?", (prefix, upper))
 
+    def stats(self) -> Iterator[tuple[str, int, int | None]]:
+        """(path, size, mtime_ns) of every file in path order: what a check of the files compares."""
+        return self._pages("path, size, mtime_ns")
+
     def file_namespaces(self) -> list[str]:
         """The namespaces that hold at least one file."""
         return [n for (n,) in self._rows("SELECT DISTINCT namespace FROM files")]

@@ -58,13 +58,28 @@ class _Prepared:
     digest: str
     by_sha: dict[str, walk.Entry] = field(default_factory=dict)
     redacted: dict[str, int] = field(default_factory=dict)
-    whole: dict[str, Any] = field(default_factory=dict)
     delta: dict[str, Any] | None = None
     acked: bool = False
     lines: linejson.Old = field(default_factory=dict)  # the saved record's lines, for reuse
     line: bytes = b""  # the manifest message (delta or whole), encoded before it is due
     # `line` names bodies sent ahead by their place (version 3 only; `Ahead.places`)
     placed: bool = False
+    state_text: str | None = None  # the state file if the server acknowledges `digest`
+    _whole: dict[str, Any] | None = None
+
+    @property
+    def whole(self) -> dict[str, Any]:
+        """The whole manifest: sent when there is no delta, or the server's base is another.
+
+        Built when first asked: a sync whose delta the server takes never lists every file.
+        """
+        if self._whole is None:
+            spec = self.spec
+            self._whole = {"type": "manifest", "source": spec.name, "kind": spec.kind,
+                           "digest": self.digest,
+                           "files": [[e.path, e.sha256, e.size, e.mtime_ns]
+                                     for e in self.snap.files]}
+        return self._whole
 
 
 class Sync:
@@ -194,21 +209,30 @@ class Sync:
                     ahead.offer(entry.sha256, data)
 
         snap = sources.snapshot(spec, limits, previous, stage)
-        prepared = _Prepared(source, spec, state_file, saved, rules, snap,
-                             digest_of((e.path, e.sha256) for e in snap.files), lines=lines)
+        acked = saved.acked
+        # Every file reused from a record the server acknowledged whole (an older state listed
+        # the files in `acked`): the snapshot is that record, its digest the acknowledged one.
+        unchanged = (acked is not None and acked.files is None and type(acked.digest) is str
+                     and previous is not None and len(snap.files) == len(previous)
+                     and all(e.text is None for e in snap.files))
+        digest = acked.digest if unchanged else digest_of((e.path, e.sha256) for e in snap.files)
+        prepared = _Prepared(source, spec, state_file, saved, rules, snap, digest, lines=lines)
         for entry in snap.files:
             prepared.by_sha[entry.sha256] = entry
             if entry.text is not None:
                 self.have[entry.sha256] = entry.text
             for kind, count in entry.redactions.items():
                 prepared.redacted[kind] = prepared.redacted.get(kind, 0) + count
-        entries = {e.path: [e.path, e.sha256, e.size, e.mtime_ns] for e in snap.files}
-        prepared.whole = {"type": "manifest", "source": spec.name, "kind": spec.kind,
-                          "digest": prepared.digest, "files": list(entries.values())}
-        if old is not None and saved.acked is not None:
-            prepared.delta = {**prepared.whole, "base": saved.acked.digest,
-                              "removed": sorted(set(old) - set(entries)),
-                              "files": [v for p, v in entries.items() if old.get(p) != v[1]]}
+        if old is not None and acked is not None:
+            head = {"type": "manifest", "source": spec.name, "kind": spec.kind,
+                    "digest": digest, "base": acked.digest}
+            if unchanged:
+                prepared.delta = {**head, "files": [], "removed": []}
+            else:
+                listed = {e.path for e in snap.files}
+                prepared.delta = {**head, "removed": sorted(p for p in old if p not in listed),
+                                  "files": [[e.path, e.sha256, e.size, e.mtime_ns]
+                                            for e in snap.files if old.get(e.path) != e.sha256]}
         return prepared
 
     def _publish(self, conn: Connection, prepared: _Prepared,
@@ -249,13 +273,11 @@ class Sync:
         record is written one file a line, and the lines of files reused unread are kept.
         """
         for prepared in self.published:
-            saved, files = prepared.saved, prepared.snap.files
             acked = source_state.Acked(prepared.digest) if prepared.acked else None
-            if (acked == saved.acked and saved.rules == prepared.rules
-                    and saved.record is not None and len(saved.record) == len(files)
-                    and all(e.text is None for e in files)):
-                continue  # every file reused from the saved record, and as many: unchanged
-            text = _state(prepared, acked).encode(prepared.lines)
+            if _state_unchanged(prepared, acked):
+                continue
+            text = (prepared.state_text if acked is not None and prepared.state_text is not None
+                    else _state(prepared, acked).encode(prepared.lines))
             try:
                 atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600,
                              durable=False)
@@ -314,6 +336,7 @@ class Sync:
             while window:
                 answer_oldest()
         self._request(conn)
+        self._encode_states()  # while the answers are on their way
         while window:
             answer_oldest()
         for prepared in self.snapshots:
@@ -394,6 +417,19 @@ class Sync:
                          for p, sha, size, mtime in message["files"]]
                 message, prepared.placed = {**message, "files": files}, True
             prepared.line = encode(message)
+
+    def _encode_states(self) -> None:
+        """Encode the state each source leaves if the server acknowledges what it was sent.
+
+        Done while the answer is awaited (a first sync's is its last bodies and the commit),
+        so only the write is left for after it.
+        """
+        for prepared in self.snapshots:
+            if prepared.snap.status != "ok":
+                continue
+            acked = source_state.Acked(prepared.digest)
+            if not _state_unchanged(prepared, acked):
+                prepared.state_text = _state(prepared, acked).encode(prepared.lines)
 
     def _request(self, conn: Connection) -> None:
         """Send the notes and the pull, offering what this run published; once."""
@@ -541,6 +577,14 @@ def _check_result(conn: Connection, reply: dict[str, Any], source: str) -> None:
         raise conn.malformed("result", f"for source {source!r} it needs that source, unchanged "
                              "(true or false), an integer generation, a digest, refused as a list "
                              "of {path, reason, message} strings and redacted as counts")
+
+
+def _state_unchanged(prepared: _Prepared, acked: source_state.Acked | None) -> bool:
+    """Whether the saved state stands: every file reused from its record, as many, same ack."""
+    saved, files = prepared.saved, prepared.snap.files
+    return (acked == saved.acked and saved.rules == prepared.rules
+            and saved.record is not None and len(saved.record) == len(files)
+            and all(e.text is None for e in files))
 
 
 def _state(prepared: _Prepared, acked: source_state.Acked | None) -> source_state.SourceState:
