@@ -9,7 +9,7 @@ sync more than anything else it did for a one-percent change. The files stay pla
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 Old = Mapping[str, tuple[Any, str]]  # key -> (value, its line as last read or written)
@@ -61,12 +61,41 @@ def decode(text: str, key: str) -> tuple[dict[str, Any], Old]:
     """
     value = json.loads(text)
     entries = value.get(key) if isinstance(value, dict) else None
-    if not isinstance(entries, dict):
+    if not isinstance(entries, dict) or not entries:
         return value, {}
-    lines = text.split("\n")
-    if len(lines) != len(entries) + 2 or not entries:
-        return value, {}
-    out = {}
-    for (name, item), line in zip(entries.items(), lines[1:-1], strict=True):
-        out[name] = (item, line[:-1] if line.endswith(",") else line)
-    return value, out
+    return value, _Lines(text, entries)
+
+
+class _Lines(Mapping[str, tuple[Any, str]]):
+    """The lines of a mapping as read, split off the text only when first asked for.
+
+    A sync that rewrites nothing (no change) never asks: 10,000 lines cost it 10-20 ms.
+    """
+
+    def __init__(self, text: str, entries: dict[str, Any]) -> None:
+        self._text, self._entries = text, entries
+        self._lines: dict[str, tuple[Any, str]] | None = None
+
+    def _made(self) -> dict[str, tuple[Any, str]]:
+        if self._lines is None:
+            lines, entries = self._text.split("\n"), self._entries
+            self._lines = {} if len(lines) != len(entries) + 2 else {
+                name: (item, line[:-1] if line.endswith(",") else line)
+                for (name, item), line in zip(entries.items(), lines[1:-1], strict=True)}
+            self._text = ""
+        return self._lines
+
+    def __getitem__(self, name: str) -> tuple[Any, str]:
+        return self._made()[name]
+
+    def get(self, name: str, default: Any = None) -> Any:  # noqa: D102 - Mapping's, one lookup
+        return self._made().get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._made()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._made())
+
+    def __len__(self) -> int:
+        return len(self._made())
