@@ -8,6 +8,7 @@ received (our channel's counters; rsync's --stats totals).
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import re
@@ -141,6 +142,15 @@ def _median(runs: list[dict[str, dict[str, float]]], phase: str, key: str) -> fl
     return statistics.median(r[phase][key] for r in runs)
 
 
+def compiled(launcher: Path) -> None:
+    """Compile the package beside `launcher` as an install does (install/prefix.py).
+
+    With PYTHONDONTWRITEBYTECODE set (as on many CI machines) every process timed here would
+    otherwise compile each module again: 100 ms or more a process on a clean checkout.
+    """
+    compileall.compile_dir(str(launcher.parent / "sharedmem"), quiet=1)
+
+
 def main(args: argparse.Namespace | None = None) -> int:
     """Run the comparison and print a table (and JSON with --json)."""
     files = getattr(args, "files", None) or 10_000
@@ -153,6 +163,9 @@ def main(args: argparse.Namespace | None = None) -> int:
         raise SystemExit(f"--baseline: {baseline} does not exist: name a checkout of this project")
     if shutil.which("rsync") is None:
         raise SystemExit("rsync is not installed: apt-get install -y rsync")
+    for launcher in (LAUNCHER, baseline):
+        if launcher is not None:
+            compiled(launcher)
     work = Path(tempfile.mkdtemp(prefix="sharedmem-bench-sync-", dir=getattr(args, "dir", None)))
     try:
         source = work / "corpus"
@@ -230,5 +243,4 @@ if __name__ == "__main__":
     parser.add_argument("--baseline", help="another checkout to time beside this one")
     parser.add_argument("--index", action="store_true", help="build the search index after the "
                         "first sync (untimed), as an installed client has it")
-    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "")
     sys.exit(main(parser.parse_args()))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -178,6 +177,7 @@ def main(args: argparse.Namespace) -> int:
     reuse = not args.no_ssh_reuse
     if shutil.which("rsync") is None:
         raise SystemExit("rsync is not installed: apt-get install -y rsync")
+    bench_sync.compiled(LAUNCHER)
     work = Path(tempfile.mkdtemp(prefix="sharedmem-bench-wan-", dir=args.dir))
     sockets = Path(tempfile.mkdtemp(prefix="smw-", dir="/tmp")) if reuse else None
     report: dict[str, Any] = {"runs": args.runs, "ssh_reuse": reuse, "links": []}
@@ -241,5 +241,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 if __name__ == "__main__":
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(cli)
-    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "")
     sys.exit(main(cli.parse_args()))
