@@ -48,6 +48,20 @@ def test_help_of_every_command(command: tuple[str, ...], capsys: pytest.CaptureF
     assert "--help" in out and err == ""
 
 
+@pytest.mark.parametrize("command", [c for c in ALL if c], ids=" ".join)
+def test_a_command_run_by_name_builds_its_parser_alone_and_the_same(
+        command: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    # The run builds only the command its first word names (when a builder is named so),
+    # whose help must be the one the whole tree gives.
+    for tree in (cli.parser(), cli.parser(command[0])):
+        with pytest.raises(SystemExit):
+            tree.parse_args([*command, "--help"])
+    whole, alone = capsys.readouterr().out.split("usage: ")[1:]
+    assert alone == whole
+    if command[0] in ("sync", "serve", "doctor", "status", "backup"):
+        assert commands(cli.parser(command[0]))[1:2] == [command[:1]]
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     from sharedmem import __version__
     with pytest.raises(SystemExit) as exc:

@@ -13,8 +13,12 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-def parser() -> Any:
-    """The argparse tree; a function so the docs test can walk every command and option."""
+def parser(command: str | None = None) -> Any:
+    """The argparse tree; a function so the docs test can walk every command and option.
+
+    With `command`, the one named so by its builder (`build_<command>`) is all the tree holds
+    when there is one: a sync run every two minutes does not build twenty other commands.
+    """
     import argparse
 
     from sharedmem import __version__
@@ -27,8 +31,10 @@ def parser() -> Any:
     from sharedmem.cli import check_commands, client_commands, history_commands, server_commands
     doctor, demo = check_commands.BUILDERS
     serve, *store = server_commands.BUILDERS
-    for build in (serve, *client_commands.BUILDERS, doctor, *store, *history_commands.BUILDERS,
-                  demo):
+    builders = (serve, *client_commands.BUILDERS, doctor, *store, *history_commands.BUILDERS,
+                demo)
+    named = [b for b in builders if b.__name__ == f"build_{command}"]
+    for build in named or builders:
         build(sub)
     return top
 
@@ -71,7 +77,7 @@ class _Args:
 
 def _run(argv: list[str]) -> int:
     from sharedmem.core import SharedMemoryError
-    args = _quick_args(argv) or parser().parse_args(argv)
+    args = _quick_args(argv) or parser(argv[0] if argv else None).parse_args(argv)
     try:
         return args.handler(args)
     except SharedMemoryError as exc:
