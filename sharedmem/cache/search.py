@@ -1091,10 +1091,13 @@ def _at_least(named: list[_Named], group: int, lo: int, hi: int) -> set[int] | N
 
     Keys known without a question come first, then the sparsest. Once few positions can still
     reach `group`, the others are not asked: reading those few files verifies them for less.
+    Every key is asked at least once, though: its first answer tells a sparse key, which is
+    then asked of the whole index at once (see `_Named`).
     """
     counts: dict[int, int] = {}
-    left, anywhere = len(named), 0
-    for each in sorted(named, key=lambda key: key.order(lo)):
+    keys = sorted(named, key=lambda key: key.order(lo))
+    left, anywhere = len(keys), 0
+    for n, each in enumerate(keys):
         found = each.within(lo, hi)
         left -= 1
         if found is None:
@@ -1103,7 +1106,8 @@ def _at_least(named: list[_Named], group: int, lo: int, hi: int) -> set[int] | N
             for pos in found:
                 counts[pos] = counts.get(pos, 0) + 1
         need = group - anywhere - left  # what a position must have been named for so far
-        if left + anywhere < group and len(counts) * _FEW <= hi - lo:
+        if left + anywhere < group and len(counts) * _FEW <= hi - lo and all(
+                key.seen[1] for key in keys[n + 1:]):
             return {pos for pos, n in counts.items() if n >= need}
     need = group - anywhere
     return None if need <= 0 else {pos for pos, n in counts.items() if n >= need}
