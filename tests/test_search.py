@@ -438,8 +438,7 @@ def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None
     gone = list(files)[10:12]
     cases = generated_queries(rng, [*files.values(), *changed.values(), *added.values()], 45)
     search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    search_mod._PROBED, probed = 8, search_mod._PROBED  # dense queries sampled first here too
-    search_mod._CHUNK, chunk = 2, search_mod._CHUNK  # `any` asks the index a chunk at a time
+    search_mod._CHUNK, chunk = 2, search_mod._CHUNK  # the index is asked a chunk at a time
     try:
         search_mod.refresh_index(cache)
         check_cases(cache, cases, "covering")
@@ -457,8 +456,7 @@ def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None
         search_mod.delete_index(search_mod.index_path(cache))
         check_cases(cache, cases, "missing")
     finally:
-        search_mod.BACKGROUND_REFRESH, search_mod._PROBED = saved, probed
-        search_mod._CHUNK = chunk
+        search_mod.BACKGROUND_REFRESH, search_mod._CHUNK = saved, chunk
 
 
 def index_bytes(cache: Cache) -> int:
@@ -647,9 +645,9 @@ def test_paths_are_asked_of_the_index_in_batches(tmp_path: Path) -> None:
     assert len([s for s in statements if "path FROM files WHERE id" in s]) <= 12
 
 
-def test_a_dense_word_costs_the_index_a_sample_not_a_walk_of_every_file(tmp_path: Path) -> None:
-    # The word is in every file: a sample of the first ids tells so, and the page is read in
-    # path order. Neither the sample nor its bounds walk the 5,000 rows of the files table.
+def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_path: Path) -> None:
+    # The word is in every file: the page fills within the first files, so the index is asked
+    # about the first chunk of positions only, not about all 5,000 files.
     cache = make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\n" for i in range(5000)})
     search_mod.refresh_index(cache)
     search_mod._SEARCHERS.clear()
@@ -664,7 +662,12 @@ def test_a_dense_word_costs_the_index_a_sample_not_a_walk_of_every_file(tmp_path
     searcher.index.conn.set_progress_handler(count, 100)
     got = tools.search(cache, ["alpha"], max_results=5)["results"]
     assert [r["path"] for r in got] == [f"{NS}/f{i:04d}.md" for i in range(5)]
-    assert steps[0] * 100 < 5000
+    asked, steps[0] = steps[0], 0
+    searcher.index.begin()
+    assert len(searcher.index.candidates(["alpha"]) or ()) == 5000  # what asking for all costs
+    searcher.index.end()
+    assert asked * 5 < steps[0]
+
 
 
 

@@ -46,10 +46,8 @@ LINE_CHARS = 1000
 BACKGROUND_REFRESH = True  # a missing or broken index makes a search start `index --background`
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 _MAX_GRAMS = 8
-_SPARSE = 8  # candidates fewer than 1/8 of the files in scope are sorted, else the scope walked
 _DENSE = 0.3  # an index naming more than this share of files does not narrow a page in order
-_PROBED = 4096  # from this many ids on, a sample tells a dense query before all is fetched
-_CHUNK = 1024  # positions an `any` walk first asks the index about; each next chunk doubles
+_CHUNK = 256  # positions a walk first asks the index about; each next chunk doubles
 _SCATTERED = 8  # more than 1/8 of a chunk's ids far from path order: the index asked whole
 _FEW = 128  # candidates under 1/128 of a chunk are verified by reading, other keys unasked
 _WHOLE = 4096  # a key that names at most about this many files is asked of the whole index
@@ -546,29 +544,14 @@ class _Index:
                     return ids, where
         return array("q", (i for (i,) in self.rows("SELECT id FROM files ORDER BY path"))), None
 
-    def candidates(self, keys: Iterable[str], dense: float = 1.0) -> array[int] | None:
+    def candidates(self, keys: Iterable[str]) -> array[int] | None:
         """Ids of the files whose text may contain every one of `keys`; None if it cannot say.
 
         None also when no key has three characters or more. All the keys' trigrams go in one
         MATCH, so SQLite intersects them: a few files can hold all of several common words.
-        Also None when a sample (the first sixteenth of the ids) says more than `dense` of the
-        files would be named: fetching them all costs more than it saves.
         """
         expr = _match(keys)
-        if expr is None:
-            return None
-        if dense < 1.0:
-            # Two subqueries: each is one b-tree step, where min and max in one SELECT scan it.
-            lo, hi = self.rows("SELECT (SELECT min(id) FROM files), (SELECT max(id) FROM files)")[0]
-            if isinstance(lo, int) and isinstance(hi, int) and hi - lo >= _PROBED:
-                top = lo + (hi - lo) // 16
-                named = self.rows("SELECT count(*) FROM grams WHERE grams MATCH ? AND rowid"
-                                  " BETWEEN ? AND ?", (expr, lo, top))[0][0]
-                files = self.rows("SELECT count(*) FROM files WHERE id BETWEEN ? AND ?",
-                                  (lo, top))[0][0]
-                if named > dense * files:
-                    return None
-        return self._ids("", (expr,))
+        return None if expr is None else self._ids("", (expr,))
 
     def between(self, expr: str, lo: int, hi: int) -> array[int]:
         """Ids from `lo` to `hi` of the files the MATCH `expr` names: one seek into each list."""
@@ -912,31 +895,19 @@ class Searcher:
             if BACKGROUND_REFRESH:
                 refresh_in_background(self.cache)  # meanwhile every file is scanned
 
-    @staticmethod
-    def _narrowed(view: _View, matcher: _Matcher, dense: float) -> set[int] | None:
-        """Positions that may hold every needle: one MATCH of all their trigrams ANDed.
-
-        None when the index cannot narrow (or names more than `dense` of the files).
-        """
-        if view.index.conn is None or len(view.stale) >= len(view):
-            return None
-        ids = view.index.candidates([normalize(q) for q in matcher.queries], dense)
-        return view.positions(ids) if ids is not None and len(ids) <= dense * len(view) \
-            else None
-
     def _ordered(self, view: _View, disk: CacheFiles, page: _Page, matcher: _Matcher,
                  spans: list[range], after: list[Any] | None) -> tuple[list[dict[str, Any]],
                                                                        list[Any] | None]:
         """One query, or all of several: results in path and line order, read until full.
 
-        When the index names many files, walking the paths in order beats sorting them: the
-        page fills within the first few.
+        The index is asked a chunk of positions at a time (all the queries' trigrams in one
+        MATCH), so a page that fills within the first files asks about those alone.
         """
-        allowed = self._narrowed(view, matcher, _DENSE)
+        named = [_Named(view, [normalize(q) for q in matcher.queries])]
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         every = set(range(len(matcher.needles)))
         everything = page.query.match_mode == "all"
-        for pos, relpath in view.named(_walk(view, spans, allowed, last_path)):
+        for pos, relpath in view.named(_walk_named(view, spans, named, 1, last_path)):
             data = _read(disk, relpath)
             self.scanned += 1
             found = matcher.which(data, every) if data is not None else set()
@@ -1111,25 +1082,6 @@ def _at_least(named: list[_Named], group: int, lo: int, hi: int) -> set[int] | N
             return {pos for pos, n in counts.items() if n >= need}
     need = group - anywhere
     return None if need <= 0 else {pos for pos, n in counts.items() if n >= need}
-
-
-def _walk(view: _View, spans: list[range], allowed: set[int] | None,
-          start: str) -> Iterable[int]:
-    """Positions in the spans, in order, from the path `start` on; only `allowed` ones if set.
-
-    A few allowed positions are sorted; many are tested one by one along the spans, so a page
-    that fills early stops early.
-    """
-    total = sum(len(s) for s in spans)
-    for span in spans:
-        lo = min(max(view.find(start, span.start) if start else span.start, span.start),
-                 span.stop)
-        if allowed is None:
-            yield from range(lo, span.stop)
-        elif len(allowed) * _SPARSE < total:
-            yield from sorted(p for p in allowed if lo <= p < span.stop)
-        else:
-            yield from (p for p in range(lo, span.stop) if p in allowed)
 
 
 def _lines(data: bytes, matcher: _Matcher) -> tuple[list[str], list[set[int]]]:
