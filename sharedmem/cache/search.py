@@ -1068,7 +1068,7 @@ def _at_least(named: list[_Named], group: int, lo: int, hi: int) -> set[int] | N
     counts: dict[int, int] = {}
     keys = sorted(named, key=lambda key: key.order(lo))
     left, anywhere = len(keys), 0
-    for n, each in enumerate(keys):
+    for done, each in enumerate(keys, 1):
         found = each.within(lo, hi)
         left -= 1
         if found is None:
@@ -1078,7 +1078,7 @@ def _at_least(named: list[_Named], group: int, lo: int, hi: int) -> set[int] | N
                 counts[pos] = counts.get(pos, 0) + 1
         need = group - anywhere - left  # what a position must have been named for so far
         if left + anywhere < group and len(counts) * _FEW <= hi - lo and all(
-                key.seen[1] for key in keys[n + 1:]):
+                key.seen[1] for key in keys[done:]):
             return {pos for pos, n in counts.items() if n >= need}
     need = group - anywhere
     return None if need <= 0 else {pos for pos, n in counts.items() if n >= need}
