@@ -67,11 +67,9 @@ def reference(cache: Cache, queries: list[str], mode: str = "any", case_sensitiv
         matched = set().union(*hits.values()) if hits else set()
         if hits and (mode == "any" or len(matched) == len(queries)):
             per_file[path] = (hits, matched)
-    freq = [sum(i in m for _, m in per_file.values()) for i in range(len(queries))]
     keyed = []
     for path, (hits, matched) in per_file.items():
-        rank = (0, 0) if len(queries) == 1 or mode == "all" else (
-            -len(matched), sum(freq[i] for i in matched))
+        rank = 0 if len(queries) == 1 or mode == "all" else -len(matched)  # more queries first
         keyed.extend((rank, path, n) for n in hits)
     return [(p, n) for _, p, n in sorted(keyed)]
 
@@ -132,13 +130,37 @@ def test_same_order_every_time_and_pages_join(corpus_cache: Cache) -> None:
     assert all_pages(corpus_cache, max_results=3, **args)[:len(whole)] == whole
 
 
-def test_ranking_more_queries_then_rarer_terms(tmp_path: Path) -> None:
+def test_ranking_more_queries_first_then_path_order(tmp_path: Path) -> None:
+    # A file holding both queries comes first though its path is last; the others follow in
+    # path order, however rare the query each holds (a rarer one used to go first).
     files = {f"c{i}.md": "common\n" for i in range(4)}
-    files.update({"z-rare.md": "rare\n", "zz-both.md": "common rare\n"})
+    files.update({"d-rare.md": "rare\n", "zz-both.md": "common rare\n"})
     cache = make_cache(tmp_path, files)
     got = [r["path"].rsplit("/", 1)[1] for r in tools.search(cache, ["common", "rare"])[
         "results"]]
-    assert got == ["zz-both.md", "z-rare.md", "c0.md", "c1.md", "c2.md", "c3.md"]
+    assert got == ["zz-both.md", "c0.md", "c1.md", "c2.md", "c3.md", "d-rare.md"]
+
+
+@pytest.mark.parametrize("index", ["fresh", "missing"])
+def test_a_first_any_reads_the_files_of_its_page_not_every_candidate(
+        tmp_path: Path, index: str) -> None:
+    # Both words are in half the files, one of them in all: the page of files holding both is
+    # full within the first few files, with or without the index.
+    cache = make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\nbeta {i}\n" if i % 2 == 0
+                                  else f"alpha {i}\n" for i in range(2000)})
+    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
+    try:
+        if index == "fresh":
+            search_mod.refresh_index(cache)
+        got = tools.search(cache, ["alpha", "beta"], max_results=4)
+        scanned = search_mod.searcher(cache).scanned
+        rest = all_pages(cache, queries=["alpha", "beta"], max_results=150)
+    finally:
+        search_mod.BACKGROUND_REFRESH = saved
+    assert [(r["path"][-8:], r["line_number"]) for r in got["results"]] == [
+        ("f0000.md", 1), ("f0000.md", 2), ("f0002.md", 1), ("f0002.md", 2)]
+    assert scanned <= 5
+    assert [(r["path"], r["line_number"]) for r in rest] == reference(cache, ["alpha", "beta"])
 
 
 def test_context_lines_and_provenance(tmp_path: Path) -> None:
@@ -416,7 +438,7 @@ def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None
     gone = list(files)[10:12]
     cases = generated_queries(rng, [*files.values(), *changed.values(), *added.values()], 45)
     search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    search_mod._PROBED, probed = 8, search_mod._PROBED  # dense queries sampled first here too
+    search_mod._CHUNK, chunk = 2, search_mod._CHUNK  # the index is asked a chunk at a time
     try:
         search_mod.refresh_index(cache)
         check_cases(cache, cases, "covering")
@@ -434,7 +456,7 @@ def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None
         search_mod.delete_index(search_mod.index_path(cache))
         check_cases(cache, cases, "missing")
     finally:
-        search_mod.BACKGROUND_REFRESH, search_mod._PROBED = saved, probed
+        search_mod.BACKGROUND_REFRESH, search_mod._CHUNK = saved, chunk
 
 
 def index_bytes(cache: Cache) -> int:
@@ -497,6 +519,29 @@ def test_update_index_reads_only_the_files_it_is_given(tmp_path: Path) -> None:
     assert search_mod.update_index(cache, [], [], mark) == {"changed": 1, "files": 30}
     assert search_mod.index_mark(cache) is not None
     assert [r["path"] for r in tools.search(cache, ["gamma"])["results"]] == [f"{NS}/f05.md"]
+
+
+@pytest.mark.parametrize("added", [3, 40], ids=["a few strays", "scattered"])
+def test_any_over_ids_out_of_path_order_equals_a_full_scan(tmp_path: Path, added: int) -> None:
+    # Files added after the index was built whole get the next ids, so their ids stand far
+    # from their neighbours' in path order: a chunk names a few such files unasked, and asks
+    # the whole index once when they are many.
+    texts = ["alpha\n", "beta\n", "alpha beta\n", "gamma\n"]
+    cache = make_cache(tmp_path, {f"f{i:02d}.md": texts[i % 4] for i in range(40)})
+    search_mod.refresh_index(cache)
+    mark = search_mod.index_mark(cache)
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    new = {f"{NS}/f{i * 40 // added:02d}x.md": texts[(i + 1) % 4] for i in range(added)}
+    cache.apply([(p, sha256_text(t), t) for p, t in new.items()], [], {NS: info})
+    search_mod.update_index(cache, list(new), [], mark)
+    assert search_mod.index_mark(cache) is not None
+    search_mod._CHUNK, chunk = 8, search_mod._CHUNK
+    try:
+        for queries in (["alpha", "beta"], ["beta", "gamma", "alpha"]):
+            got = all_pages(cache, queries=queries, max_results=3)
+            assert [(r["path"], r["line_number"]) for r in got] == reference(cache, queries)
+    finally:
+        search_mod._CHUNK = chunk
 
 
 def test_a_stale_index_starts_no_rebuild_a_missing_one_does(tmp_path: Path) -> None:
@@ -600,10 +645,10 @@ def test_paths_are_asked_of_the_index_in_batches(tmp_path: Path) -> None:
     assert len([s for s in statements if "path FROM files WHERE id" in s]) <= 12
 
 
-def test_a_dense_word_costs_the_index_a_sample_not_a_walk_of_every_file(tmp_path: Path) -> None:
-    # The word is in every file: a sample of the first ids tells so, and the page is read in
-    # path order. Neither the sample nor its bounds walk the 5,000 rows of the files table.
-    cache = make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\n" for i in range(5000)})
+def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_path: Path) -> None:
+    # The word is in every file: the page fills within the first files, so the index is asked
+    # about the first chunk of positions only, not about all 10,000 files.
+    cache = make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\n" for i in range(10000)})
     search_mod.refresh_index(cache)
     search_mod._SEARCHERS.clear()
     searcher = search_mod.searcher(cache)
@@ -617,4 +662,13 @@ def test_a_dense_word_costs_the_index_a_sample_not_a_walk_of_every_file(tmp_path
     searcher.index.conn.set_progress_handler(count, 100)
     got = tools.search(cache, ["alpha"], max_results=5)["results"]
     assert [r["path"] for r in got] == [f"{NS}/f{i:04d}.md" for i in range(5)]
-    assert steps[0] * 100 < 5000
+    asked, steps[0] = steps[0], 0
+    searcher.index.begin()
+    assert len(searcher.index.candidates(["alpha"]) or ()) == 10000  # what asking all costs
+    searcher.index.end()
+    assert asked * 4 < steps[0], (asked, steps[0])
+
+
+
+
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -194,6 +195,19 @@ def test_search_cursor_is_bound_to_its_query(cache: Cache) -> None:
     assert page["next_cursor"]
     with pytest.raises(SharedMemoryError, match="cursor"):
         tools.search(cache, ["other"], cursor=page["next_cursor"])
+
+
+def test_a_search_cursor_of_another_shape_is_refused_as_damaged(cache: Cache) -> None:
+    # An `any` cursor made before the ranking lost its "rarer" part held four values: the
+    # search must say so, not fail on it.
+    queries = ["summary", "line"]
+    page = tools.search(cache, queries, max_results=2)
+    data = json.loads(base64.urlsafe_b64decode(page["next_cursor"]))
+    assert len(data["k"]) == 3
+    data["k"] = [data["k"][0], 25, *data["k"][1:]]
+    old = base64.urlsafe_b64encode(json.dumps(data).encode()).decode()
+    with pytest.raises(SharedMemoryError, match="cursor is damaged"):
+        tools.search(cache, queries, cursor=old)
 
 
 def test_call_checks_types_and_names(cache: Cache) -> None:

@@ -29,7 +29,6 @@ import unicodedata
 import zlib
 from array import array
 from bisect import bisect_left
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
@@ -47,12 +46,13 @@ LINE_CHARS = 1000
 BACKGROUND_REFRESH = True  # a missing or broken index makes a search start `index --background`
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 _MAX_GRAMS = 8
-_SPARSE = 8  # candidates fewer than 1/8 of the files in scope are sorted, else the scope walked
 _DENSE = 0.3  # an index naming more than this share of files does not narrow a page in order
-_PROBED = 4096  # from this many ids on, a sample tells a dense query before all is fetched
-RANKS_KEPT = 8  # `any` rankings a view keeps (`_View.ranks`)
+_CHUNK = 1024  # positions a walk first asks the index about; each next chunk doubles
+_SCATTERED = 8  # more than 1/8 of a chunk's ids far from path order: the index asked whole
+_FEW = 128  # candidates under 1/128 of a chunk are verified by reading, other keys unasked
+_WHOLE = 4096  # a key that names at most about this many files is asked of the whole index
+_RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`_View.run`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
-_MEMO_ENTRIES, _MEMO_POSITIONS = 64, 1 << 20  # verified match sets kept for repeated searches
 _SPACES = re.compile(r" [^\S\n]+|[^\S\n ][^\S\n]*")
 _UNCOLLAPSED = re.compile(r"[^\S\n ]|  ")  # what _SPACES would change: a cheap test first
 _MARKED = re.compile(r"[^\x00-\u02ff]")
@@ -443,7 +443,7 @@ class Query:
 class _IndexLost(CacheError):
     """The index failed in the middle of a search: that search starts again without it.
 
-    Never seen outside `Searcher.search`, like `_Changed`.
+    Never seen outside `Searcher.search`.
     """
 
 
@@ -544,45 +544,46 @@ class _Index:
                     return ids, where
         return array("q", (i for (i,) in self.rows("SELECT id FROM files ORDER BY path"))), None
 
-    def candidates(self, keys: Iterable[str], dense: float = 1.0) -> array[int] | None:
+    def candidates(self, keys: Iterable[str]) -> array[int] | None:
         """Ids of the files whose text may contain every one of `keys`; None if it cannot say.
 
         None also when no key has three characters or more. All the keys' trigrams go in one
         MATCH, so SQLite intersects them: a few files can hold all of several common words.
-        Also None when a sample (the first sixteenth of the ids) says more than `dense` of the
-        files would be named: fetching them all costs more than it saves.
         """
-        grams: set[str] = set()
-        for key in keys:
-            if len(key) < 3:
-                continue
-            # Trigrams every third character cover the key; more only cost time in SQLite.
-            own = sorted({key[i:i + 3] for i in range(0, len(key) - 2, 3)} | {key[-3:]})
-            if len(own) > _MAX_GRAMS:
-                step = len(own) / _MAX_GRAMS
-                own = [own[int(i * step)] for i in range(_MAX_GRAMS)]
-            grams.update(own)
-        if not grams:
-            return None
-        expr = " AND ".join('"' + g.replace('"', '""') + '"' for g in sorted(grams))
-        if _utf8(expr) is None:  # a lone surrogate: SQLite cannot take it
-            return None
-        if dense < 1.0:
-            # Two subqueries: each is one b-tree step, where min and max in one SELECT scan it.
-            lo, hi = self.rows("SELECT (SELECT min(id) FROM files), (SELECT max(id) FROM files)")[0]
-            if isinstance(lo, int) and isinstance(hi, int) and hi - lo >= _PROBED:
-                top = lo + (hi - lo) // 16
-                named = self.rows("SELECT count(*) FROM grams WHERE grams MATCH ? AND rowid"
-                                  " BETWEEN ? AND ?", (expr, lo, top))[0][0]
-                files = self.rows("SELECT count(*) FROM files WHERE id BETWEEN ? AND ?",
-                                  (lo, top))[0][0]
-                if named > dense * files:
-                    return None
-        found = self.rows("SELECT group_concat(rowid) FROM grams WHERE grams MATCH ?",
-                          (expr,))[0][0]
+        expr = _match(keys)
+        return None if expr is None else self._ids("", (expr,))
+
+    def between(self, expr: str, lo: int, hi: int) -> array[int]:
+        """Ids from `lo` to `hi` of the files the MATCH `expr` names: one seek into each list."""
+        return self._ids(" AND rowid BETWEEN ? AND ?", (expr, lo, hi))
+
+    def _ids(self, bounds: str, args: tuple[Any, ...]) -> array[int]:
+        found = self.rows(f"SELECT group_concat(rowid) FROM grams WHERE grams MATCH ?{bounds}",
+                          args)[0][0]
         if found is not None and not isinstance(found, str):
             raise self.damaged()
         return array("q", map(int, found.split(","))) if found else array("q")
+
+
+def _match(keys: Iterable[str]) -> str | None:
+    """The FTS5 MATCH of every key's trigrams ANDed; None when no key has three characters.
+
+    Also None for a lone surrogate, which SQLite cannot take.
+    """
+    grams: set[str] = set()
+    for key in keys:
+        if len(key) < 3:
+            continue
+        # Trigrams every third character cover the key; more only cost time in SQLite.
+        own = sorted({key[i:i + 3] for i in range(0, len(key) - 2, 3)} | {key[-3:]})
+        if len(own) > _MAX_GRAMS:
+            step = len(own) / _MAX_GRAMS
+            own = [own[int(i * step)] for i in range(_MAX_GRAMS)]
+        grams.update(own)
+    if not grams:
+        return None
+    expr = " AND ".join('"' + g.replace('"', '""') + '"' for g in sorted(grams))
+    return expr if _utf8(expr) is not None else None
 
 
 def _inverse(ids: array[int]) -> array[int]:
@@ -622,12 +623,7 @@ class _View:
         # Only a view from the manifest has positions the index does not vouch for.
         self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
         self.where = where if where is not None else _inverse(ids)
-        self.memo: OrderedDict[tuple[Any, ...], array[int]] = OrderedDict()
-        # The ranking of an `any` search, kept with the verified sets it came from: the same
-        # query again ranks ten thousands of files without a Python loop over them.
-        self.ranks: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[int, list[int]],
-                                                dict[tuple[int, int], list[int]]]] = {}
-        self.memo_size = 0
+        self.runs: dict[tuple[int, int], tuple[int, int, list[int]] | None] = {}  # `run`
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -696,6 +692,31 @@ class _View:
         lo = self.find(prefix)
         return spans + [range(lo, self.find(prefix[:-1] + "0", lo))]
 
+    def run(self, lo: int, hi: int) -> tuple[int, int, list[int]] | None:
+        """The first and last id of the main run of the ids at [lo, hi), and those beside it.
+
+        A run is ids no further apart than the chunk's length: all of them in an index built
+        whole in path order. None when the index vouches for none of the positions.
+        """
+        if (lo, hi) in self.runs:
+            return self.runs[lo, hi]
+        ids = sorted(self.ids[lo:hi])
+        ids = ids[bisect_left(ids, 0):]
+        found: tuple[int, int, list[int]] | None = (ids[0], ids[-1], []) if ids else None
+        size = hi - lo
+        if ids and ids[-1] - ids[0] > 2 * size:
+            runs, begin = [], 0
+            for n in range(1, len(ids) + 1):
+                if n == len(ids) or ids[n] - ids[n - 1] > size:
+                    runs.append((n - begin, begin, n))
+                    begin = n
+            _, begin, stop = max(runs)
+            found = (ids[begin], ids[stop - 1], ids[:begin] + ids[stop:])
+        if len(self.runs) >= _RUNS_KEPT:
+            self.runs.clear()
+        self.runs[lo, hi] = found
+        return found
+
     def positions(self, ids: array[int] | None) -> set[int] | None:
         """Positions of these ids that the index vouches for, and every stale position."""
         if ids is None:
@@ -705,21 +726,6 @@ class _View:
         found.discard(-1)
         found.update(self.stale)
         return found
-
-    def remember(self, key: tuple[Any, ...], found: set[int]) -> None:
-        """Keep a verified match set (vouched positions only), within a bounded size."""
-        kept = array("q", sorted(p for p in found if self.ids[p] >= 0))
-        self.memo[key] = kept
-        self.memo_size += len(kept)
-        while len(self.memo) > _MEMO_ENTRIES or self.memo_size > _MEMO_POSITIONS:
-            self.memo_size -= len(self.memo.popitem(last=False)[1])
-
-    def recall(self, key: tuple[Any, ...]) -> set[int] | None:
-        kept = self.memo.get(key)
-        if kept is None:
-            return None
-        self.memo.move_to_end(key)
-        return set(kept)
 
 
 class _Matcher:
@@ -817,11 +823,9 @@ class Searcher:
                 return self._search(query, after, limit, max_bytes, use_index)
             except _IndexLost:  # scan without it; a damaged one is gone and rebuilt later
                 self._view, self._view_key, use_index = None, None, False
-            except _Changed:  # a file changed under a remembered match set: verify afresh
-                pass
             finally:
                 self.index.end()
-        raise AssertionError("unreachable: a search without the index raises neither")
+        raise AssertionError("unreachable: a search without the index does not lose it")
 
     def _search(self, query: Query, after: list[Any] | None, limit: int, max_bytes: int,
                 use_index: bool) -> tuple[list[dict[str, Any]], list[Any] | None]:
@@ -891,44 +895,19 @@ class Searcher:
             if BACKGROUND_REFRESH:
                 refresh_in_background(self.cache)  # meanwhile every file is scanned
 
-    @staticmethod
-    def _narrowed(view: _View, matcher: _Matcher, wanted: list[int], scope: tuple[int, ...],
-                  dense: float = 1.0) -> set[int] | None:
-        """Positions that may hold every needle in `wanted`, narrowed as far as is cheap.
-
-        Each needle's verified positions where known, intersected with what the index names
-        for all the others at once (one MATCH of their trigrams ANDed). None when neither
-        narrows (the index cannot, or it names more than `dense` of the files).
-        """
-        sets, asked = [], []
-        for i in wanted:
-            known = view.recall((matcher.kind, matcher.needles[i], scope))
-            if known is not None:
-                sets.append(known | set(view.stale))
-            else:
-                asked.append(normalize(matcher.queries[i]))
-        if asked and view.index.conn is not None and len(view.stale) < len(view):
-            ids = view.index.candidates(asked, dense)
-            if ids is not None and len(ids) <= dense * len(view):
-                sets.append(view.positions(ids))
-        sets.sort(key=len)
-        return set.intersection(*sets) if sets else None
-
     def _ordered(self, view: _View, disk: CacheFiles, page: _Page, matcher: _Matcher,
                  spans: list[range], after: list[Any] | None) -> tuple[list[dict[str, Any]],
                                                                        list[Any] | None]:
         """One query, or all of several: results in path and line order, read until full.
 
-        When the index names many files, walking the paths in order beats sorting them: the
-        page fills within the first few.
+        The index is asked a chunk of positions at a time (all the queries' trigrams in one
+        MATCH), so a page that fills within the first files asks about those alone.
         """
-        scope = _scope(spans)
-        allowed = self._narrowed(view, matcher, list(range(len(matcher.needles))), scope,
-                                 _DENSE)
+        named = [_Named(view, [normalize(q) for q in matcher.queries])]
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         every = set(range(len(matcher.needles)))
         everything = page.query.match_mode == "all"
-        for pos, relpath in view.named(_walk(view, spans, allowed, last_path)):
+        for pos, relpath in view.named(_walk_named(view, spans, named, 1, last_path)):
             data = _read(disk, relpath)
             self.scanned += 1
             found = matcher.which(data, every) if data is not None else set()
@@ -949,110 +928,160 @@ class Searcher:
     def _ranked(self, view: _View, disk: CacheFiles, page: _Page, matcher: _Matcher,
                 spans: list[range], after: list[Any] | None) -> tuple[list[dict[str, Any]],
                                                                       list[Any] | None]:
-        """Several queries, any of them: files matching more queries first, then rarer ones.
+        """Several queries, any of them: files matching more of them first, then path order.
 
-        Which files match which query is known exactly before any line is read (verified once,
-        then remembered for this view), so only the files on the page are read for their lines.
+        Group m is the files holding exactly m of the k queries. It is walked in path order
+        among the positions the index names for at least m queries, each file read once to
+        verify it, so a page stops reading as soon as it is full; no count over all files is
+        needed first. A file read in an earlier group is read again only if it is in this one.
         """
-        scope = _scope(spans)
-        keys = tuple((matcher.kind, n, scope) for n in matcher.needles)
-        kept = view.ranks.get(keys)
-        if kept is not None and not view.stale and all(
-                view.memo.get(k) is a for k, a in zip(keys, kept[0], strict=True)):
-            masks, groups, remembered = kept[1], kept[2], True  # the same sets as last time
-        else:
-            found, remembered = self._matches(view, disk, matcher, spans)
-            freq = [len(s) for s in found]
-            masks = {}
-            for i, positions in enumerate(found):
-                for pos in positions:
-                    masks.setdefault(pos, []).append(i)
-            groups = {}
-            for pos, which in masks.items():
-                groups.setdefault((-len(which), sum(freq[i] for i in which)), []).append(pos)
-            arrays = tuple(view.memo.get(k) for k in keys)
-            if not view.stale and all(a is not None for a in arrays):
-                if len(view.ranks) >= RANKS_KEPT:
-                    view.ranks.clear()
-                view.ranks[keys] = (arrays, masks, groups)
+        count = len(matcher.needles)
+        every = list(range(count))
+        named = [_Named(view, [normalize(q)]) for q in matcher.queries]
+        first, start, skip = (-after[0], after[1], after[2]) if after else (count, "", 0)
+        held: dict[int, int] = {}  # position -> how many queries its file holds, once read
         last: list[Any] | None = None  # the key of the last result on the page
-        for rank in sorted(groups):
-            if after is not None and list(rank) < after[:2]:
-                continue
-            members = sorted(groups[rank])
-            if after is not None and list(rank) == after[:2]:
-                members = members[bisect_left(members, view.find(after[2])):]
-            for pos, relpath in view.named(members):
+        for group in range(first, 0, -1):
+            walk = _walk_named(view, spans, named, group, start if group == first else "")
+            for pos, relpath in view.named(p for p in walk if held.get(p, group) == group):
                 data = _read(disk, relpath)
                 self.scanned += 1
+                found = matcher.which(data, every) if data is not None else set()
+                held[pos] = len(found)
+                if len(found) != group:
+                    continue
                 rows, hits = _lines(data or b"", matcher)
-                if remembered and [i for i, lines in enumerate(hits) if lines] != masks[pos]:
-                    view.memo.clear()
-                    raise _Changed
-                origin = view.provenance(pos, relpath) if any(hits) else {}
+                held[pos] = sum(1 for lines in hits if lines)
+                if held[pos] != group:
+                    continue
+                origin = view.provenance(pos, relpath)
                 for number, which in _merge(hits).items():
-                    key = [*rank, relpath, number]
-                    if after is not None and key <= after:
+                    if group == first and relpath == start and number <= skip:
                         continue
                     if not page.add(relpath, rows, number, which, origin):
                         return page.results, last
-                    last = key
+                    last = [-group, relpath, number]
         return page.results, None
 
-    def _matches(self, view: _View, disk: CacheFiles, matcher: _Matcher,
-                 spans: list[range]) -> tuple[list[set[int]], bool]:
-        """For each needle, the positions in scope whose file holds it, verified.
 
-        Also whether any of those sets was remembered rather than verified now.
-        """
-        scope = _scope(spans)
-        keys = [(matcher.kind, n, scope) for n in matcher.needles]
-        known = [view.recall(k) for k in keys]
-        stale = set(view.stale)
-        todo: dict[int, list[int]] = {}
-        for i, kept in enumerate(known):
-            narrowed = stale if kept is not None else self._narrowed(view, matcher, [i], scope)
-            for pos in _walk(view, spans, narrowed, ""):
-                todo.setdefault(pos, []).append(i)
-        found: list[set[int]] = [set() if kept is None else kept for kept in known]
-        for pos, relpath in view.named(sorted(todo)):
-            data = _read(disk, relpath)
-            self.scanned += 1
-            if data is not None:
-                for i in matcher.which(data, todo[pos]):
-                    found[i].add(pos)
-        for i, kept in enumerate(known):
-            if kept is None:
-                view.remember(keys[i], found[i])
-        return found, any(kept is not None for kept in known)
+class _Named:
+    """The positions the index names for some keys (ANDed), asked a chunk of positions at a time.
 
-
-class _Changed(CacheError):
-    """A remembered match set no longer holds for a file: the search starts again without."""
-
-
-def _scope(spans: list[range]) -> tuple[int, ...]:
-    """What tells one search's scope from another's within a view."""
-    return tuple(x for span in spans for x in (span.start, span.stop))
-
-
-def _walk(view: _View, spans: list[range], allowed: set[int] | None,
-          start: str) -> Iterable[int]:
-    """Positions in the spans, in order, from the path `start` on; only `allowed` ones if set.
-
-    A few allowed positions are sorted; many are tested one by one along the spans, so a page
-    that fills early stops early.
+    A walk in path order that fills its page within its first files asks only about those; one
+    through every file asks in a few chunks that double in size, on a grid fixed from the span's
+    start, so a later group's walk reuses what an earlier one asked. Each question costs about
+    as much as reading ten files, so a key that named few positions in its first chunk is asked
+    once for the whole index instead. Ids that stand far from path order (files added since the
+    index was built whole) are simply named: verifying a few files costs less than asking for
+    them. A key the index cannot narrow, or that names more than `_DENSE` of the positions
+    asked about, names every position from then on.
     """
-    total = sum(len(s) for s in spans)
+
+    def __init__(self, view: _View, keys: list[str]) -> None:
+        self.view = view
+        usable = view.index.conn is not None and len(view.stale) < len(view)
+        self.expr = _match(keys) if usable else None
+        self.keys = keys
+        self.asked: dict[int, set[int]] = {}  # chunk start -> the positions named in it
+        self.whole: list[int] | None = None  # every position named, when the ids are scattered
+        self.seen = [0, 0]  # positions named, positions asked about: how dense the key is
+
+    def rate(self) -> float:
+        """The share of positions named so far (a half until asked): sparse keys go first."""
+        return self.seen[0] / self.seen[1] if self.seen[1] else 0.5
+
+    def order(self, lo: int) -> tuple[bool, float]:
+        """Keys known without a question first, then the sparsest."""
+        known = lo in self.asked or self.whole is not None or self.expr is None or \
+            bool(self.seen[1]) and self.rate() > _DENSE
+        return not known, self.rate()
+
+    def within(self, lo: int, hi: int) -> set[int] | None:
+        """Positions in [lo, hi) whose file may hold the keys; None when it may be any of them."""
+        if lo in self.asked:
+            return self.asked[lo]
+        if self.expr is None or self.seen[1] and self.rate() > _DENSE:
+            return None
+        view = self.view
+        stale = view.stale[bisect_left(view.stale, lo):bisect_left(view.stale, hi)]
+        if self.whole is None and self.seen[1] and self.rate() * len(view) <= _WHOLE:
+            # A sparse key: one question for the whole index costs less than one a chunk.
+            self.whole = sorted(view.positions(view.index.candidates(self.keys)) or ())
+        if self.whole is not None:
+            found = set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
+        else:
+            found = self._asked(lo, hi)
+        found.update(stale)
+        self.asked[lo] = found
+        self.seen[0] += len(found)
+        self.seen[1] += hi - lo
+        return found
+
+    def _asked(self, lo: int, hi: int) -> set[int]:
+        """Ask the index for the chunk's ids in one range; stray ids are named unasked."""
+        view = self.view
+        run = view.run(lo, hi)
+        if run is None:
+            return set()
+        first, end, stray = run
+        if len(stray) * _SCATTERED > hi - lo:  # scattered ids: ask once for the whole index
+            self.whole = sorted(view.positions(view.index.candidates(self.keys)) or ())
+            return set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
+        where, top = view.where, len(view.where)
+        found = {where[i] for i in view.index.between(self.expr or "", first, end) if i < top}
+        found.update(where[i] for i in stray if i < top)
+        return {pos for pos in found if lo <= pos < hi}
+
+
+def _chunks(span: range) -> Iterator[tuple[int, int]]:
+    """The span cut into chunks of _CHUNK positions, then each twice the one before."""
+    lo, size = span.start, _CHUNK
+    while lo < span.stop:
+        yield lo, min(lo + size, span.stop)
+        lo, size = lo + size, size * 2
+
+
+def _walk_named(view: _View, spans: list[range], named: list[_Named], group: int,
+                start: str) -> Iterator[int]:
+    """Positions in the spans, in order from the path `start` on, named for >= `group` keys."""
     for span in spans:
         lo = min(max(view.find(start, span.start) if start else span.start, span.start),
                  span.stop)
-        if allowed is None:
-            yield from range(lo, span.stop)
-        elif len(allowed) * _SPARSE < total:
-            yield from sorted(p for p in allowed if lo <= p < span.stop)
+        for first, end in _chunks(span):
+            if end <= lo:
+                continue
+            allowed = _at_least(named, group, first, end)
+            if allowed is None:
+                yield from range(max(lo, first), end)
+            else:
+                yield from sorted(p for p in allowed if p >= lo)
+
+
+def _at_least(named: list[_Named], group: int, lo: int, hi: int) -> set[int] | None:
+    """Positions in [lo, hi) named for at least `group` of the keys; None for all of them.
+
+    Keys known without a question come first, then the sparsest. Once few positions can still
+    reach `group`, the others are not asked: reading those few files verifies them for less.
+    Every key is asked at least once, though: its first answer tells a sparse key, which is
+    then asked of the whole index at once (see `_Named`).
+    """
+    counts: dict[int, int] = {}
+    keys = sorted(named, key=lambda key: key.order(lo))
+    left, anywhere = len(keys), 0
+    for done, each in enumerate(keys, 1):
+        found = each.within(lo, hi)
+        left -= 1
+        if found is None:
+            anywhere += 1
         else:
-            yield from (p for p in range(lo, span.stop) if p in allowed)
+            for pos in found:
+                counts[pos] = counts.get(pos, 0) + 1
+        need = group - anywhere - left  # what a position must have been named for so far
+        if left + anywhere < group and len(counts) * _FEW <= hi - lo and all(
+                key.seen[1] for key in keys[done:]):
+            return {pos for pos, n in counts.items() if n >= need}
+    need = group - anywhere
+    return None if need <= 0 else {pos for pos, n in counts.items() if n >= need}
 
 
 def _lines(data: bytes, matcher: _Matcher) -> tuple[list[str], list[set[int]]]:

@@ -302,7 +302,10 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
     fingerprint = _fingerprint("search", query.queries, mode, folder, query.case_sensitive,
                                query.normalized)
     after = _decode_cursor(cursor, fingerprint)["k"] if cursor else None
-    if after is not None and not isinstance(after, list):
+    # (path, line), or with several queries in `any` mode (-queries matched, path, line).
+    shape = (int, str, int) if len(query.queries) > 1 and mode == "any" else (str, int)
+    if after is not None and not (isinstance(after, list) and len(after) == len(shape) and all(
+            type(v) is t for v, t in zip(after, shape, strict=True))):
         raise ProtocolError("cursor is damaged: omit it to start the search again")
     budget = RESULT_MAX_BYTES - sum(map(_size, query.queries))
     damage = cache.check(verify=False)  # the search reads its texts from its index
@@ -494,7 +497,8 @@ TOOLS: list[dict[str, Any]] = [
      "description": "Find lines containing any (or, with match_mode 'all', every) of up to 16 "
      "substrings across the shared memory cache. Matching is by substring and case-sensitive by "
      "default; set case_sensitive false to ignore case, or normalized true to also ignore accents "
-     "and Unicode forms. Files matching more queries and rarer ones come first. Page with "
+     "and Unicode forms. Files matching more of the queries come first, then by path, lines in "
+     "order. Page with "
      "next_cursor; then read a file for the full text. Lines are cut at 1000 characters, and "
      "a page holds at most 256 KiB of text (capped true: fewer results, the rest next page).",
      "annotations": {"title": "Search shared memory", "readOnlyHint": True,
