@@ -17,12 +17,15 @@ the next one empties it before staging anything.
 
 The texts the server sends in a pull are staged here too, by the sync itself as each `files`
 message arrives (`put`), so a pull holds one message of texts at a time, not all of them, and
-the cache still changes only once the whole answer has come and been checked.
+the cache still changes only once the whole answer has come and been checked. Each is named by
+a hash of its cache path and sha256 (`<hash>.pull`), so finding it again needs no record kept
+here: a first pull of 100,000 files holds no Python object per file for its staging.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 import subprocess
@@ -60,9 +63,9 @@ def write_failure(path: str, exc: OSError) -> str:
 class Staging:
     """The staged files of one sync, each by its cache path and sha256.
 
-    A first pull stages every file of the store, so what is kept per file is small: its
-    number by path, its sha256 (the object the intake holds anyway), its size in an array,
-    and a name only where it is not `<number>.pull`.
+    The files the helper writes (the sync's own, whose texts it holds anyway) are kept by
+    number: by path, their sha256, size and name. The pull's texts (`put`) keep nothing: each
+    file's name is derived from its path and sha256 (`_pull_name`), and the file is the record.
     """
 
     def __init__(self, meta: Path, min_files: int = MIN_FILES) -> None:
@@ -72,7 +75,7 @@ class Staging:
         self.numbers: dict[str, int] = {}  # by cache path: its latest number
         self.shas: list[str] = []  # by number
         self.sizes: array[int] = array("q")  # by number
-        self.names: dict[int, str] = {}  # by number, where below the folder; else <n>.pull
+        self.names: dict[int, str] = {}  # by number: below the folder, or <n>.part
         self.written: set[int] = set()  # by the helper; a `.pull` is written when staged
         self._pending: list[tuple[int, str, bytes]] = []  # not yet handed to a helper
         self._size = 0
@@ -153,33 +156,40 @@ class Staging:
 
     def has(self, path: str, sha: str) -> bool:
         """Whether `path` at `sha` is staged, or queued for the helper to stage."""
+        return self._number(path, sha) is not None or (
+            self._ready and os.path.exists(os.path.join(self.folder, _pull_name(path, sha))))
+
+    def queued(self, path: str, sha: str) -> bool:
+        """Whether `path` at `sha` was handed to the helper (`add`), written yet or not."""
         return self._number(path, sha) is not None
 
     def _number(self, path: str, sha: str) -> int | None:
         number = self.numbers.get(path)
         return number if number is not None and self.shas[number] == sha else None
 
-    def _name(self, number: int) -> str:
-        return self.names.get(number) or f"{number}.pull"
-
     def put(self, path: str, sha: str, data: bytes) -> None:
-        """Write a text of the pull (UTF-8) into the folder now, as `<n>.part`, for `move`.
+        """Write a text of the pull (UTF-8) into the folder now, as `<hash>.pull`, for `move`.
 
         Written by this process, while the helper may still write its own files beside it
-        under other numbers. A failure to write is the sync's failure: nothing is in the cache.
+        (as `<n>.part` or below the folder). One there already is this sync's own, written
+        whole: its name says the same path and sha256. A failure to write is the sync's
+        failure: nothing is in the cache.
         """
-        if self.has(path, sha):
-            return  # staged already
+        if self._number(path, sha) is not None:
+            return  # the helper's
         if not self._ready:
             self._remove_folder()  # what a killed sync left
-        number = len(self.sizes)
-        name = f"{number}.pull"
+        name = _pull_name(path, sha)
         try:
             if not self._ready:
                 self.folder.mkdir(parents=True, exist_ok=True)
                 self._ready = True
-            fd = os.open(os.path.join(self.folder, name),  # a Path would intern each name
-                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+            try:
+                fd = os.open(os.path.join(self.folder, name),  # a Path would intern each name
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                             0o600)
+            except FileExistsError:
+                return  # staged already, by this sync
             try:
                 view = memoryview(data)
                 while view:  # a short write goes on, so a full disk says ENOSPC
@@ -191,21 +201,25 @@ class Staging:
             from sharedmem.core import CacheError  # not at the top: the helper runs as a script
             raise CacheError(f"{write_failure(str(self.folder / name), exc)}; the cache was "
                              f"left as it was ({path!r} was being staged)") from None
-        self.numbers[path] = number
-        self.shas.append(sha)
-        self.sizes.append(len(data))
 
-    def move(self, path: str, sha: str, target: str) -> int | None:
-        """Rename the staged text of `path` at `sha` onto `target`: its size, or None if none."""
+    def move(self, path: str, sha: str, target: str) -> bool:
+        """Rename the staged text of `path` at `sha` onto `target`; False when there is none."""
         number = self._number(path, sha)
-        if number is None or (number in self.names and number not in self.written):
-            return None
+        if number is not None:
+            if number not in self.written:
+                return False
+            name = self.names[number]
+        elif self._ready:
+            name = _pull_name(path, sha)
+        else:
+            return False
         try:
-            os.replace(_below(str(self.folder), self._name(number)), target)
+            os.replace(_below(str(self.folder), name), target)
         except OSError:
-            return None
-        self.written.discard(number)
-        return self.sizes[number]
+            return False
+        if number is not None:
+            self.written.discard(number)
+        return True
 
     def move_folder(self, namespace: str, pulled: dict[str, str], target: str) -> dict[str, int]:
         """Rename the staged folder of `namespace` onto `target` (absent) if it is just as pulled.
@@ -273,6 +287,16 @@ def _remove(folder: Path) -> None:
 def _below(folder: str, path: str) -> str:
     """The staged file (or folder) of a cache path: the same path below the staging folder."""
     return os.path.join(folder, *path.split("/"))
+
+
+def _pull_name(path: str, sha: str) -> str:
+    """The staged file of a pulled text: named by its cache path and sha256, nothing kept.
+
+    A cache path may be long and hold any character the rules allow; a hash of it is a
+    short, plain name. blake2b with 128 bits: no two of a pull's files meet by chance.
+    """
+    key = f"{path}\0{sha}".encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(key, digest_size=16).hexdigest() + ".pull"
 
 
 def _record(number: int, path: str, data: bytes) -> bytes:

@@ -49,14 +49,13 @@ class FileWriter:
         """Move in whole the namespaces staged just as pulled: path -> size of each file moved."""
         return {}
 
-    def write(self, path: str, sha: str, text: str | None, target: str) -> int:
-        """Put the file at `target`, the cache file of `path`; returns its size in bytes.
+    def write(self, path: str, sha: str, text: str | None, target: str) -> None:
+        """Put the file at `target`, the cache file of `path`.
 
         `text` None: the text taken for that path and sha256.
         """
         data = self.taken.pop((path, sha)) if text is None else text.encode("utf-8")
         atomic_write(Path(target), data, durable=False)
-        return len(data)
 
 
 class PreStagedWriter(FileWriter):
@@ -80,7 +79,7 @@ class PreStagedWriter(FileWriter):
         One already staged for that path and sha256 (a sync's own: it then vouches for the
         text, so this is rare) is kept in memory too, in case its helper failed to write it.
         """
-        if self.staging.has(path, sha):
+        if self.staging.queued(path, sha):
             super().take(path, sha, data)
         else:
             self.staging.put(path, sha, data)
@@ -108,13 +107,12 @@ class PreStagedWriter(FileWriter):
                 moved.update(self.staging.move_folder(key, files, target))
         return moved
 
-    def write(self, path: str, sha: str, text: str | None, target: str) -> int:
+    def write(self, path: str, sha: str, text: str | None, target: str) -> None:
         """Rename the staged file onto `target` if there is one of `path` at `sha`, else write."""
-        size = self.staging.move(path, sha, target)
-        if size is not None:
+        if self.staging.move(path, sha, target):
             self.taken.pop((path, sha), None)
-            return size
+            return
         if text is None and (path, sha) not in self.taken:
             raise CacheError(f"the staged copy of {path!r} in {self.staging.folder} is gone "
                              "(removed while the sync ran?): sync again")
-        return super().write(path, sha, text, target)
+        super().write(path, sha, text, target)
