@@ -34,7 +34,7 @@ from sharedmem.cache.manifest_store import (
     Row,
 )
 from sharedmem.cache.staged_files import STAGING_DIR, write_failure
-from sharedmem.cache.writers import FileWriter
+from sharedmem.cache.writers import FileWriter, Moved
 from sharedmem.clock import utc_now
 from sharedmem.core import CacheError, ProtocolError, SharedMemoryError
 from sharedmem.files import atomic_write
@@ -540,11 +540,10 @@ class Cache:
         removed: list[str] = []
         unlinked = 0
         try:
-            done.moved = writer.move_namespaces(
-                ((p, sha) for p, sha, _ in pulled.rows(taken)), folders)
+            done.moved = writer.move_namespaces(pulled, folders)
             own = intake.own
             for path, sha, state in pulled.rows(taken):
-                if path in done.moved:
+                if done.moved.has(path, state):
                     continue
                 target = folders.target(path, create=True)
                 assert target is not None
@@ -680,13 +679,13 @@ class _Done:
 
     def __init__(self, rows: PullRows) -> None:
         self.rows = rows
-        self.moved: Container[str] = {}
+        self.moved = Moved()
         self.last: str | None = None
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         last = self.last
-        for path, sha, _ in self.rows.rows(PullRows.TAKEN):
-            if path in self.moved or last is not None and path <= last:
+        for path, sha, state in self.rows.rows(PullRows.TAKEN):
+            if self.moved.has(path, state) or last is not None and path <= last:
                 yield path, sha
 
 

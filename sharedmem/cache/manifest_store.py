@@ -353,17 +353,22 @@ class PullRows:
         row = self._conn.execute("SELECT state FROM pulled WHERE path=?", (path,)).fetchone()
         return None if row is None else int(row[0])
 
+    @staticmethod
+    def _where(states: tuple[int, ...], prefix: str) -> tuple[str, tuple[str, ...]]:
+        """The condition on `states` (below `prefix`, a folder and "/"), and its arguments."""
+        where = f"state IN ({', '.join(str(int(s)) for s in states)})"
+        if not prefix:
+            return where, ()
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first path past the folder
+        return where + " AND path >= ? AND path < ?", (prefix, upper)
+
     def _select(self, columns: str, states: tuple[int, ...], prefix: str = "") -> Iterator[Any]:
-        """The records in `states` (below `prefix`, a folder and "/"), in path order, streamed.
+        """The records in `states` (below `prefix`), in path order, streamed.
 
         One query read a row at a time: nothing writes this database while it is read.
         """
         self.flush()
-        where = f"state IN ({', '.join(str(int(s)) for s in states)})"
-        args: tuple[str, ...] = ()
-        if prefix:
-            where += " AND path >= ? AND path < ?"
-            args = (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
+        where, args = self._where(states, prefix)
         return iter(self._conn.execute(f"SELECT {columns} FROM pulled WHERE {where}"
                                        " ORDER BY path", args))
 
@@ -375,12 +380,12 @@ class PullRows:
         """The path of each record in `states` (below `prefix`), in path order."""
         return (p for (p,) in self._select("path", states, prefix))
 
-    def count(self, states: tuple[int, ...]) -> int:
-        """How many records are in `states`."""
+    def count(self, states: tuple[int, ...], prefix: str = "") -> int:
+        """How many records are in `states` (below `prefix`, a folder and "/")."""
         self.flush()
-        where = ", ".join(str(int(s)) for s in states)
-        return int(self._conn.execute(
-            f"SELECT count(*) FROM pulled WHERE state IN ({where})").fetchone()[0])
+        where, args = self._where(states, prefix)
+        return int(self._conn.execute(f"SELECT count(*) FROM pulled WHERE {where}",
+                                      args).fetchone()[0])
 
     def view(self, states: tuple[int, ...]) -> PulledPaths:
         """The paths in `states` as a collection to iterate again and count, not held."""

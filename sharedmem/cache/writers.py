@@ -11,10 +11,11 @@ itself, so the commit does not check that again.
 from __future__ import annotations
 
 import os
-from collections.abc import Container, Iterable
+from collections.abc import Container
 from pathlib import Path
 
 from sharedmem.cache.layout import Folders, namespace_key
+from sharedmem.cache.manifest_store import PullRows
 from sharedmem.core import CacheError
 from sharedmem.files import atomic_write
 
@@ -22,7 +23,23 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sharedmem.cache.staged_files import Staging
 
-Pulled = Iterable[tuple[str, str]]  # (cache path, sha256) of each file to write
+class Moved:
+    """What `move_namespaces` moved in whole: the sync's own files by path, pulled namespaces.
+
+    A pulled namespace moved in holds every file the pull took from the server for it (state
+    `PullRows.WRITE`), nothing else: a file of its own text is still written one by one.
+    """
+
+    def __init__(self, paths: dict[str, int] | None = None,
+                 trees: frozenset[str] | set[str] = frozenset()) -> None:
+        self.paths = paths or {}
+        self.trees = trees
+
+    def has(self, path: str, state: int) -> bool:
+        """Whether the file the pull records so (`PullRows`) was moved in with its folder."""
+        return path in self.paths or bool(self.trees) and state == PullRows.WRITE \
+            and namespace_key(path) in self.trees
+
 
 class FileWriter:
     """Writes each file atomically (a temporary file, then a rename); vouches for nothing.
@@ -45,9 +62,9 @@ class FileWriter:
         """Drop what was taken and not written: a commit failed and is undone."""
         self.taken.clear()
 
-    def move_namespaces(self, pulled: Pulled, folders: Folders) -> dict[str, int]:
-        """Move in whole the namespaces staged just as pulled: path -> size of each file moved."""
-        return {}
+    def move_namespaces(self, pulled: PullRows, folders: Folders) -> Moved:
+        """Move in whole the namespaces staged just as pulled; this writer stages nothing."""
+        return Moved()
 
     def write(self, path: str, sha: str, text: str | None, target: str) -> None:
         """Put the file at `target`, the cache file of `path`.
@@ -89,27 +106,38 @@ class PreStagedWriter(FileWriter):
         super().discard()
         self.staging.discard()
 
-    def move_namespaces(self, pulled: Pulled, folders: Folders) -> dict[str, int]:
+    def move_namespaces(self, pulled: PullRows, folders: Folders) -> Moved:
         """Move in whole each namespace new to the cache that was staged just as pulled.
 
-        On a first sync that is one rename instead of one a file; the rest are moved or
-        written one by one.
+        On a first sync that is one rename a namespace instead of one a file: of the sync's
+        own files its helper staged, and of the texts the server sent (`Staging.pull_trees`).
+        The rest are moved or written one by one.
         """
         new: dict[str, dict[str, str]] = {}
         if self.staging.new_namespaces:
-            for path, sha in pulled:
+            for path, sha, _ in pulled.rows(PullRows.TAKEN):
                 if (key := namespace_key(path)) in self.staging.new_namespaces:
                     new.setdefault(key, {})[path] = sha
-        moved: dict[str, int] = {}
+        moved = Moved()
         for key, files in new.items():
             target = folders.target(key, create=True)  # makes machines/<machine>, refusing links
             if target is not None and not os.path.lexists(target):
-                moved.update(self.staging.move_folder(key, files, target))
+                moved.paths.update(self.staging.move_folder(key, files, target))
+        trees: set[str] = set()
+        for key in sorted(self.staging.pull_trees):
+            count = pulled.count((PullRows.WRITE,), key + "/")
+            if not count:
+                continue
+            target = folders.target(key, create=True)
+            if target is not None and not os.path.lexists(target) \
+                    and self.staging.move_tree(key, count, target):
+                trees.add(key)
+        moved.trees = trees
         return moved
 
     def write(self, path: str, sha: str, text: str | None, target: str) -> None:
         """Rename the staged file onto `target` if there is one of `path` at `sha`, else write."""
-        if self.staging.move(path, sha, target):
+        if self.staging.move(path, sha, target, taken=text is None):
             self.taken.pop((path, sha), None)
             return
         if text is None and (path, sha) not in self.taken:
