@@ -280,3 +280,21 @@ def test_a_tree_is_not_moved_over_a_folder_the_cache_has(cache: Cache) -> None:
     assert {p: (cache.root / p).read_text() for p, _, _ in batch} == {p: t for p, _, t in batch}
     assert (cache.root / NS / "keep.md").read_text() == "not the cache's: left alone\n"
     stage.discard()
+
+
+def test_a_commit_that_fails_takes_a_tree_moved_in_out_again(cache: Cache) -> None:
+    from sharedmem.core import CacheError
+    stage = Staging(cache.meta)
+    stage.pull_trees = frozenset({NS})
+    other = "machines/desk/notes"
+    intake = cache.intake(PreStagedWriter(stage))
+    for path, sha, text in items(5):
+        intake.add(path, sha, text)
+    intake.add(f"{other}/a.md", sha256_text("a\n"), "a\n")  # staged by its hash, not a tree
+    (hashed,) = stage.folder.glob("*.pull")
+    hashed.unlink()  # so the commit fails after the tree moved in
+    spaces = {key: NamespaceInfo(key, key.split("/")[1], "notes", "markdown", 1)
+              for key in (NS, other)}
+    with pytest.raises(CacheError, match="is gone"):
+        cache.commit(intake, [], spaces)
+    assert not any(p.is_file() for p in cache.root.rglob("*.md")) and not cache.exists()

@@ -540,7 +540,7 @@ class Cache:
         removed: list[str] = []
         unlinked = 0
         try:
-            done.moved = writer.move_namespaces(pulled, folders)
+            writer.move_namespaces(pulled, folders, done.moved)
             own = intake.own
             for path, sha, state in pulled.rows(taken):
                 if done.moved.has(path, state):

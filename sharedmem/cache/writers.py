@@ -30,10 +30,9 @@ class Moved:
     `PullRows.WRITE`), nothing else: a file of its own text is still written one by one.
     """
 
-    def __init__(self, paths: dict[str, int] | None = None,
-                 trees: frozenset[str] | set[str] = frozenset()) -> None:
-        self.paths = paths or {}
-        self.trees = trees
+    def __init__(self) -> None:
+        self.paths: dict[str, int] = {}
+        self.trees: set[str] = set()
 
     def has(self, path: str, state: int) -> bool:
         """Whether the file the pull records so (`PullRows`) was moved in with its folder."""
@@ -62,9 +61,11 @@ class FileWriter:
         """Drop what was taken and not written: a commit failed and is undone."""
         self.taken.clear()
 
-    def move_namespaces(self, pulled: PullRows, folders: Folders) -> Moved:
-        """Move in whole the namespaces staged just as pulled; this writer stages nothing."""
-        return Moved()
+    def move_namespaces(self, pulled: PullRows, folders: Folders, moved: Moved) -> None:
+        """Move in whole the namespaces staged just as pulled, into `moved` as each goes.
+
+        This writer stages nothing.
+        """
 
     def write(self, path: str, sha: str, text: str | None, target: str) -> None:
         """Put the file at `target`, the cache file of `path`.
@@ -106,24 +107,23 @@ class PreStagedWriter(FileWriter):
         super().discard()
         self.staging.discard()
 
-    def move_namespaces(self, pulled: PullRows, folders: Folders) -> Moved:
+    def move_namespaces(self, pulled: PullRows, folders: Folders, moved: Moved) -> None:
         """Move in whole each namespace new to the cache that was staged just as pulled.
 
         On a first sync that is one rename a namespace instead of one a file: of the sync's
         own files its helper staged, and of the texts the server sent (`Staging.pull_trees`).
-        The rest are moved or written one by one.
+        Each is in `moved` as soon as it is in place, so a commit that fails after it undoes
+        it. The rest are moved or written one by one.
         """
         new: dict[str, dict[str, str]] = {}
         if self.staging.new_namespaces:
             for path, sha, _ in pulled.rows(PullRows.TAKEN):
                 if (key := namespace_key(path)) in self.staging.new_namespaces:
                     new.setdefault(key, {})[path] = sha
-        moved = Moved()
         for key, files in new.items():
             target = folders.target(key, create=True)  # makes machines/<machine>, refusing links
             if target is not None and not os.path.lexists(target):
                 moved.paths.update(self.staging.move_folder(key, files, target))
-        trees: set[str] = set()
         for key in sorted(self.staging.pull_trees):
             count = pulled.count((PullRows.WRITE,), key + "/")
             if not count:
@@ -131,9 +131,7 @@ class PreStagedWriter(FileWriter):
             target = folders.target(key, create=True)
             if target is not None and not os.path.lexists(target) \
                     and self.staging.move_tree(key, count, target):
-                trees.add(key)
-        moved.trees = trees
-        return moved
+                moved.trees.add(key)
 
     def write(self, path: str, sha: str, text: str | None, target: str) -> None:
         """Rename the staged file onto `target` if there is one of `path` at `sha`, else write."""
