@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -282,13 +283,13 @@ def test_manifest_rows_change_only_when_files_change(cache: Cache) -> None:
     assert cache.apply(same, [], spaces(A, B, NOTES_NAMESPACE), server=server)["written"] == 0
     after = _marks(cache)
     assert after["files"] == before["files"] and after["commit"] != before["commit"]
-    assert cache.written == [] and cache.removed == []
+    assert list(cache.written) == [] and cache.removed == []
     reader = Cache(cache.root)
     assert reader.load().server == server and set(reader.load().namespaces) == {
         A, B, NOTES_NAMESPACE}
 
     cache.apply([up(f"{A}/a.md", "alpha changed\n")], [], spaces(A, B, NOTES_NAMESPACE))
-    assert _marks(cache)["files"] != before["files"] and cache.written == [f"{A}/a.md"]
+    assert _marks(cache)["files"] != before["files"] and list(cache.written) == [f"{A}/a.md"]
     assert reader.load().files[f"{A}/a.md"].sha256 == sha256_text("alpha changed\n")
     assert reader.load().server == server
 
@@ -323,6 +324,41 @@ def test_the_manifest_is_never_held_whole(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 1_000_000, peak  # 5,000 entries held would take several MB
+
+
+def test_a_first_pull_holds_no_object_per_file(tmp_path: Path) -> None:
+    """A first pull names every file of the store: its records stay in SQLite (issue 15).
+
+    What the intake, the staging and the commit keep (and `written`, for the index) must not
+    grow with the files: a dict of path to sha256 took about 400 bytes a file.
+    """
+    import tracemalloc
+    cache = Cache(tmp_path / "cache")
+    staging = Staging(cache.meta)
+    count = 6000
+
+    def take(intake: Any, numbers: range) -> None:  # each made here: only what is kept stays
+        for i in numbers:
+            text = f"file {i}\n"
+            intake.add(f"{A}/f{i:05}.md", sha256_text(text), text)
+
+    tracemalloc.start()
+    try:
+        intake = cache.intake(PreStagedWriter(staging))
+        take(intake, range(2000))
+        first = tracemalloc.get_traced_memory()[0]
+        take(intake, range(2000, count))
+        taken = tracemalloc.get_traced_memory()[0]
+        done = cache.commit(intake, [], spaces(A))
+        committed = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+        staging.discard()
+    assert done["written"] == count and len(cache.written) == count
+    assert next(iter(cache.written)) == f"{A}/f00000.md"
+    assert (cache.root / A / "f05999.md").read_text() == "file 5999\n"
+    per_file = (taken - first) / 4000, (committed - first) / 4000
+    assert max(per_file) < 30, per_file  # a dict of path -> sha256 alone: about 250 a file
 
 
 def _legacy(cache: Cache, version: int) -> dict[str, CachedFile]:

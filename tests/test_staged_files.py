@@ -221,4 +221,80 @@ def test_a_pull_staged_keeps_little_per_file(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert all(stage.has(path, sha) for path, sha in pulled[::97])
     assert not stage.has(pulled[0][0], pulled[1][1])  # the same path at another sha256
-    assert held < 5000 * 200, held / 5000  # keyed by (path, sha) with a name each: ~290 bytes
+    assert held < 5000 * 20, held / 5000  # nothing kept per file (by number it was ~60 bytes)
+
+
+def test_a_new_namespace_pulled_moves_in_with_one_rename(cache: Cache) -> None:
+    """A first pull stages the server's texts at their cache paths: the folder moves whole."""
+    stage = Staging(cache.meta)
+    stage.pull_trees = frozenset({NS})
+    batch = items(12)
+    intake = cache.intake(PreStagedWriter(stage))
+    for path, sha, text in batch:
+        intake.add(path, sha, text)
+    assert staged_paths(stage) == sorted(p for p, _, _ in batch)  # at their cache paths
+    folder = os.stat(stage.folder / NS).st_ino
+    done = cache.commit(intake, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)})
+    assert done["written"] == 12 and os.stat(cache.root / NS).st_ino == folder  # one rename
+    assert {p: (cache.root / p).read_text() for p, _, _ in batch} == {p: t for p, _, t in batch}
+    assert Cache(cache.root).load().files[batch[5][0]].sha256 == batch[5][1]
+    assert staged_paths(stage) == []
+    stage.discard()
+
+
+def test_a_tree_holds_each_path_once_and_moves_only_what_the_pull_records(cache: Cache) -> None:
+    # A server that sends a path twice: the namespace is mixed, not moved whole, and each
+    # file in place is the text last recorded for it, the tree's checked by its sha256.
+    stage = Staging(cache.meta)
+    stage.pull_trees = frozenset({NS})
+    (a, a_sha, a_text), (b, b_sha, b_text), (c, c_sha, c_text), (d, d_sha, d_text) = items(4)
+    other = "# a again\n"
+    mine = "# b, this client's own\n"
+    intake = cache.intake(PreStagedWriter(stage))
+    intake.add(a, a_sha, a_text)
+    intake.add(b, b_sha, b_text)
+    intake.add(c, c_sha, c_text)
+    intake.add(d, d_sha, d_text)  # put once: its tree file is checked and moved alone
+    intake.add(a, sha256_text(other), other)  # put again: the tree keeps the first
+    intake.add(b, sha256_text(mine), mine, vouched=True)  # the tree's text is not this one
+    intake.add(c, c_sha, c_text)
+    assert not stage.move_tree(NS, 3, str(cache.root / "x"))  # mixed: moved file by file
+    done = cache.commit(intake, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)})
+    assert done["written"] == 4
+    assert [(cache.root / p).read_text() for p in (a, b, c, d)] == [other, mine, c_text, d_text]
+    assert not (stage.folder / d).exists()
+    stage.discard()  # what was not moved (the tree's first texts) goes
+    assert not stage.folder.exists()
+
+
+def test_a_tree_is_not_moved_over_a_folder_the_cache_has(cache: Cache) -> None:
+    stage = Staging(cache.meta)
+    stage.pull_trees = frozenset({NS})
+    batch = items(4)
+    (cache.root / NS / "d0").mkdir(parents=True)
+    (cache.root / NS / "keep.md").write_text("not the cache's: left alone\n")
+    intake = cache.intake(PreStagedWriter(stage))
+    for path, sha, text in batch:
+        intake.add(path, sha, text)
+    cache.commit(intake, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)})
+    assert {p: (cache.root / p).read_text() for p, _, _ in batch} == {p: t for p, _, t in batch}
+    assert (cache.root / NS / "keep.md").read_text() == "not the cache's: left alone\n"
+    stage.discard()
+
+
+def test_a_commit_that_fails_takes_a_tree_moved_in_out_again(cache: Cache) -> None:
+    from sharedmem.core import CacheError
+    stage = Staging(cache.meta)
+    stage.pull_trees = frozenset({NS})
+    other = "machines/desk/notes"
+    intake = cache.intake(PreStagedWriter(stage))
+    for path, sha, text in items(5):
+        intake.add(path, sha, text)
+    intake.add(f"{other}/a.md", sha256_text("a\n"), "a\n")  # staged by its hash, not a tree
+    (hashed,) = stage.folder.glob("*.pull")
+    hashed.unlink()  # so the commit fails after the tree moved in
+    spaces = {key: NamespaceInfo(key, key.split("/")[1], "notes", "markdown", 1)
+              for key in (NS, other)}
+    with pytest.raises(CacheError, match="is gone"):
+        cache.commit(intake, [], spaces)
+    assert not any(p.is_file() for p in cache.root.rglob("*.md")) and not cache.exists()

@@ -19,16 +19,22 @@ import os
 import re
 import stat
 from collections import namedtuple
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Collection, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from sharedmem import linejson
 from sharedmem.cache.layout import Folders, namespace_key, published_path_problems
-from sharedmem.cache.manifest_store import STORE_NAME, Damaged, ManifestStore, Row
+from sharedmem.cache.manifest_store import (
+    STORE_NAME,
+    Damaged,
+    ManifestStore,
+    PullRows,
+    Row,
+)
 from sharedmem.cache.staged_files import STAGING_DIR, write_failure
-from sharedmem.cache.writers import FileWriter
+from sharedmem.cache.writers import FileWriter, Moved
 from sharedmem.clock import utc_now
 from sharedmem.core import CacheError, ProtocolError, SharedMemoryError
 from sharedmem.files import atomic_write
@@ -158,7 +164,9 @@ class Cache:
         self.damage: str | None = None  # why the manifest last loaded is unusable, if it is
         self.damaged: set[str] = set()  # files not as the manifest says (tampered_namespaces)
         self._verified: dict[str, CachedFile] = {}  # files whose time alone moved, re-recorded
-        self.written: list[str] = []  # the last commit's: files written, removed (for the index)
+        # The last commit's files written (streamed from its pull's records) and removed, for
+        # the search index.
+        self.written: Collection[str] = ()
         self.removed: list[str] = []
 
     @property
@@ -521,32 +529,35 @@ class Cache:
             manifest = self.load()
         store = self._rebuilt or self.store
         files = manifest.files
-        items, texts = intake.files, intake.texts
-        kept = intake.kept
+        pulled = intake.rows
+        taken, held = PullRows.TAKEN, PullRows.HELD
         for namespace in (store.file_namespaces() if store.exists() else []):
             if intake.full or namespace not in listed or namespace in intake.full_namespaces:
-                gone.update(p for p in store.paths(namespace) if p not in items and p not in kept)
-        gone.update(p for p in intake.dropped if p in files)  # changed to what this refuses
+                gone.update(_missing(store.paths(namespace),
+                                     pulled.paths(held, namespace + "/")))
+        gone.update(p for p in pulled.paths((PullRows.DROPPED,)) if p in files)
         folders = Folders(self.root)
-        for path in items:
+        for path in pulled.paths(taken):
             folders.target(path, create=False, strict=True)  # refuse links before any write
         base = folders.root + os.sep
         where = str(self.root)  # what is being written, for the message should it fail
-        done: list[str] = []  # the files put in place, in order
+        done = _Done(pulled)  # the files put in place
         removed: list[str] = []
         unlinked = 0
         try:
-            moved = writer.move_namespaces(items.items(), folders)
-            done.extend(moved)
-            for path, sha in items.items():
-                if path in moved:
+            writer.move_namespaces(pulled, folders, done.moved)
+            own = intake.own
+            for path, sha, state in pulled.rows(taken):
+                if done.moved.has(path, state):
                     continue
                 target = folders.target(path, create=True)
                 assert target is not None
                 where = target
-                writer.write(path, sha, texts.get(path), target)
-                done.append(path)
-            for path in sorted(gone - items.keys() - kept):
+                writer.write(path, sha, own[sha] if state == PullRows.OWN else None, target)
+                done.last = path
+            for path in sorted(gone):
+                if pulled.state(path) in held:
+                    continue
                 target = folders.target(path, create=False)
                 removed.append(path)
                 if target is None:
@@ -561,8 +572,8 @@ class Cache:
             rows = [(key, *info[1:]) for key, info in sorted(listed.items())]
             with store.transaction() as writing:
                 writing.upsert((p, *m) for p, m in self._verified.items()
-                               if p not in items and p in files)
-                writing.upsert(_rows(items, done, base))
+                               if p in files and pulled.state(p) not in taken)
+                writing.upsert(_rows(pulled.rows(taken), base))
                 writing.delete(removed)
                 writing.set_namespaces(rows)
                 writing.set_meta(utc_now(), server or manifest.server)
@@ -572,22 +583,22 @@ class Cache:
                 self._rebuilt = None
                 self._remove_legacy()
         except OSError as exc:
-            self._abandon(done, items, writer)
+            self._abandon(done, writer)
             raise CacheError(f"{write_failure(where, exc)}; {_KEPT}") from None
         except SharedMemoryError:
-            self._abandon(done, items, writer)
+            self._abandon(done, writer)
             raise
         except Exception as exc:  # sqlite3.Error, not imported here
-            self._abandon(done, items, writer)
+            self._abandon(done, writer)
             if type(exc).__module__ != "sqlite3":
                 raise
             raise CacheError(f"{_store_failure(where, exc)}; {_KEPT}") from None
         self._loaded = None
         self.damage = None
         self.damaged, self._verified = set(), {}
-        self.written, self.removed = done, removed
+        self.written, self.removed = pulled.view(taken), removed
         self._write_synced()
-        return {"written": len(done), "removed": unlinked, "files": self.store.count(),
+        return {"written": len(self.written), "removed": unlinked, "files": self.store.count(),
                 "skipped": intake.skipped, "skipped_total": intake.skipped_total}
 
     def _write_synced(self) -> None:
@@ -597,8 +608,7 @@ class Cache:
             atomic_write(self.meta / SYNCED_NAME, json.dumps({"last_sync": last}).encode(),
                          durable=False)
 
-    def _abandon(self, done: list[str], items: Mapping[str, str],
-                 writer: FileWriter) -> None:
+    def _abandon(self, done: _Done, writer: FileWriter) -> None:
         """After a commit failed: leave the cache as its manifest says, freeing what it can.
 
         The staged files go first (they take room on the same disk), then every file this
@@ -612,10 +622,10 @@ class Cache:
         writer.discard()
         files = self.load().files
         base = str(self.root.resolve()) + os.sep
-        replaced: list[str] = []
-        for path in done:
+        replaced: list[tuple[str, str]] = []  # those the manifest names: few, or a sync's own
+        for path, sha in done:
             if path in files:
-                replaced.append(path)
+                replaced.append((path, sha))
                 continue
             target = base + path
             try:
@@ -626,11 +636,10 @@ class Cache:
         if not replaced or self._rebuilt is not None:
             return
         rows = []
-        for path in replaced:
+        for path, sha in replaced:
             with contextlib.suppress(OSError):
                 info = os.stat(base + path)
-                rows.append((path, items[path], info.st_size, namespace_key(path),
-                             info.st_mtime_ns))
+                rows.append((path, sha, info.st_size, namespace_key(path), info.st_mtime_ns))
         with contextlib.suppress(Exception):
             manifest = self.load()
             with self.store.transaction() as writing:
@@ -648,12 +657,41 @@ class Cache:
             folder = folder.parent
 
 
-def _rows(items: Mapping[str, str], done: Iterable[str],
+def _rows(taken: Iterable[tuple[str, str, int]],
           base: str) -> Iterator[tuple[str, str, int, str, int]]:
     """The row of each file just put in place: its size and time as the disk has them."""
-    for path in done:
+    for path, sha, _ in taken:
         info = os.stat(base + path)
-        yield path, items[path], info.st_size, namespace_key(path), info.st_mtime_ns
+        yield path, sha, info.st_size, namespace_key(path), info.st_mtime_ns
+
+
+def _missing(paths: Iterator[str], held: Iterator[str]) -> Iterator[str]:
+    """The paths not among `held`; both in SQLite's path order (UTF-8 bytes: code points)."""
+    other = next(held, None)
+    for path in paths:
+        while other is not None and other < path:
+            other = next(held, None)
+        if other != path:
+            yield path
+
+
+class _Done:
+    """The files a commit has put in place so far: streamed from the pull's records.
+
+    The commit writes them in path order, after the namespaces moved in whole (`moved`), so
+    what was written is each of those and every other one up to the `last`, not a list.
+    """
+
+    def __init__(self, rows: PullRows) -> None:
+        self.rows = rows
+        self.moved = Moved()
+        self.last: str | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        last = self.last
+        for path, sha, state in self.rows.rows(PullRows.TAKEN):
+            if self.moved.has(path, state) or last is not None and path <= last:
+                yield path, sha
 
 
 def _store_failure(where: str, exc: Exception) -> str:
@@ -686,12 +724,14 @@ _KEPT = ("the cache was left as its manifest describes it (what this sync had no
 
 
 class Intake:
-    """A pull taken in as it streams, so a pull holds its paths, not its texts.
+    """A pull taken in as it streams, so a pull holds neither its texts nor its paths.
 
     Each file is checked as it comes, and a text from the server goes to the writer at once
-    (a sync's stages it on disk). What this client cannot write is skipped and named, and the
-    rest goes on: a path or namespace its rules refuse, a text over `file_bytes`, not UTF-8,
-    or not matching its sha256. The cache itself changes only in `Cache.commit`.
+    (a sync's stages it on disk). What becomes of each path is a row of `rows` (to write,
+    kept, or dropped), so a first pull of 100,000 files holds no Python object per file. What
+    this client cannot write is skipped and named, and the rest goes on: a path or namespace
+    its rules refuse, a text over `file_bytes`, not UTF-8, or not matching its sha256. The
+    cache itself changes only in `Cache.commit`.
     """
 
     def __init__(self, cache: Cache, writer: FileWriter, full: bool,
@@ -703,10 +743,10 @@ class Intake:
         self.full = full
         self.full_namespaces = full_namespaces
         self.file_bytes = file_bytes
-        self.files: dict[str, str] = {}  # path -> sha256 of each file to write
-        self.texts: dict[str, str] = {}  # path -> text, of those not given to the writer
-        self.kept: set[str] = set()  # held intact at the sha256 pulled: nothing to write
-        self.dropped: set[str] = set()  # skipped, though the path is fine: its old copy goes
+        self.rows = PullRows()  # path -> sha256 and what becomes of it
+        # sha256 -> this client's own text, for the files written from it: the sync holds
+        # those texts anyway (what it published), so this adds no text, only a reference.
+        self.own: dict[str, str] = {}
         self.skipped: list[dict[str, str]] = []  # the first SKIPPED_SHOWN
         self.skipped_total = 0
 
@@ -715,17 +755,14 @@ class Intake:
 
         A first sync takes every file of its own this way, so this is one tight loop.
         """
-        cached, files, texts, kept = self.cached, self.files, self.texts, self.kept
+        cached, record, own = self.cached, self.rows.set, self.own
         for path, sha, text in items:
             old = cached.get(path)
             if old is not None and old.sha256 == sha and self._intact(path, old):
-                files.pop(path, None)
-                texts.pop(path, None)
-                kept.add(path)
+                record(path, sha, PullRows.KEPT)
             else:
-                kept.discard(path)
-                files[path] = sha
-                texts[path] = text
+                own[sha] = text
+                record(path, sha, PullRows.OWN)
 
     def add(self, path: str, sha: str, text: str, *, vouched: bool = False) -> None:
         """Take one pulled file; `vouched`: the text is this client's own for that sha256."""
@@ -735,17 +772,13 @@ class Intake:
             if problems:
                 self.skip(path, "bad-path", problems[0])
                 return
-        self.dropped.discard(path)
         old = self.cached.get(path)
         if old is not None and old.sha256 == sha and self._intact(path, old):
-            self.files.pop(path, None)
-            self.texts.pop(path, None)
-            self.kept.add(path)
+            self.rows.set(path, sha, PullRows.KEPT)
             return
-        self.kept.discard(path)
         if vouched or sha in writer.own_texts:
-            self.files[path] = sha
-            self.texts[path] = text
+            self.own[sha] = text
+            self.rows.set(path, sha, PullRows.OWN)
             return
         limit = self.file_bytes
         if limit is not None and len(text) > limit:  # more characters than bytes allowed
@@ -762,8 +795,7 @@ class Intake:
             self._drop(path, "sha256-mismatch")
         else:
             writer.take(path, sha, data)
-            self.files[path] = sha
-            self.texts.pop(path, None)
+            self.rows.set(path, sha, PullRows.WRITE)
 
     def _intact(self, path: str, old: CachedFile) -> bool:
         """Whether the cache holds `old` intact, so a pull of the same sha256 writes nothing.
@@ -778,9 +810,7 @@ class Intake:
 
     def _drop(self, path: str, reason: str, size: int = 0) -> None:
         """Skip a file at a valid path; the cache's older copy of it is removed at commit."""
-        self.files.pop(path, None)
-        self.texts.pop(path, None)
-        self.dropped.add(path)
+        self.rows.set(path, "", PullRows.DROPPED)
         self.skip(path, reason, {
             "too-large": f"{path!r} is over this client's limit of {self.file_bytes} bytes a "
                          f"file (at least {size}); raise limits.file_bytes in client.json to "

@@ -212,11 +212,13 @@ def update_index(cache: Cache, written: Iterable[str], removed: Iterable[str],
     named paths are read, and the index then covers the new manifest (searches verify that by
     its files mark). Without it, or if the index changed since, this is `refresh_index`. Call it
     in the process that changed the cache, right after `Cache.apply`, while no other process
-    can write the cache (the sync lock): the paths' sha256s come from that manifest.
+    can write the cache (the sync lock): the paths' sha256s come from that manifest. The paths
+    are streamed (a first pull's are its records in SQLite, `Cache.written`), not held; one
+    named twice is re-read once.
     """
     if mark is None:
         return refresh_index(cache)
-    return _write(cache, lambda writer: writer.delta(cache, set(written), set(removed), mark))
+    return _write(cache, lambda writer: writer.delta(cache, written, removed, mark))
 
 
 def _write(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int]:
@@ -345,9 +347,12 @@ class _Writer:
             complete &= self.put(relpath, meta, old[0] if old else None)
         return self.finish(mark, complete and mark == cache.files_mark())
 
-    def delta(self, cache: Cache, written: set[str], removed: set[str],
+    def delta(self, cache: Cache, written: Iterable[str], removed: Iterable[str],
               mark: str) -> dict[str, int] | None:
-        """Re-index the named paths; None when the index no longer covers the `mark` manifest."""
+        """Re-index the named paths; None when the index no longer covers the `mark` manifest.
+
+        Each path is made as the manifest says, so one named again changes nothing more.
+        """
         if self.meta("manifest") != mark:
             return None
         now = cache.files_mark()
@@ -355,7 +360,7 @@ class _Writer:
         if now is None or files is None:
             return None
         complete = True
-        for relpath in sorted(written | removed):
+        for relpath in (p for paths in (written, removed) for p in paths):
             row = self.conn.execute("SELECT id, sha256 FROM files WHERE path=?",
                                     (relpath,)).fetchone()
             meta = files.get(relpath)

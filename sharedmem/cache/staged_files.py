@@ -17,12 +17,18 @@ the next one empties it before staging anything.
 
 The texts the server sends in a pull are staged here too, by the sync itself as each `files`
 message arrives (`put`), so a pull holds one message of texts at a time, not all of them, and
-the cache still changes only once the whole answer has come and been checked.
+the cache still changes only once the whole answer has come and been checked. A text of a
+namespace the cache does not have (`pull_trees`: all of a first pull's) is staged at its own
+cache path, so the commit moves the whole namespace in with one rename of its folder instead of
+one a file (`move_tree`); any other is named by a hash of its cache path and sha256
+(`<hash>.pull`). Either way finding it again needs no record kept here: a first pull of 100,000
+files holds no Python object per file for its staging.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 import subprocess
@@ -37,6 +43,7 @@ BATCH_BYTES = 1 << 20  # texts go to the helper in batches: one GIL hand-off per
 MIN_FILES = 256  # below this, starting a helper costs more than apply's own writes
 FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}  # no room: the disk or a quota
 TOO_LARGE = {errno.EFBIG}  # past a file size limit (the file system's, or `ulimit -f`)
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)  # a file made here
 
 
 def write_failure(path: str, exc: OSError) -> str:
@@ -60,20 +67,27 @@ def write_failure(path: str, exc: OSError) -> str:
 class Staging:
     """The staged files of one sync, each by its cache path and sha256.
 
-    A first pull stages every file of the store, so what is kept per file is small: its
-    number by path, its sha256 (the object the intake holds anyway), its size in an array,
-    and a name only where it is not `<number>.pull`.
+    The files the helper writes (the sync's own, whose texts it holds anyway) are kept by
+    number: by path, their sha256, size and name. The pull's texts (`put`) keep nothing: each
+    file's name is its cache path (in a namespace of `pull_trees`, put once) or derived from
+    its path and sha256 (`_pull_name`), and the file is the record. Only counts by namespace
+    are kept, for `move_tree`.
     """
 
     def __init__(self, meta: Path, min_files: int = MIN_FILES) -> None:
         self.folder = meta / STAGING_DIR
+        self._base = os.path.join(self.folder, "")  # a name below it is this and the name
         self.min_files = min_files
         self.new_namespaces: frozenset[str] = frozenset()  # staged as a tree (see above)
         self.numbers: dict[str, int] = {}  # by cache path: its latest number
         self.shas: list[str] = []  # by number
         self.sizes: array[int] = array("q")  # by number
-        self.names: dict[int, str] = {}  # by number, where below the folder; else <n>.pull
+        self.names: dict[int, str] = {}  # by number: below the folder, or <n>.part
         self.written: set[int] = set()  # by the helper; a `.pull` is written when staged
+        self.pull_trees: frozenset[str] = frozenset()  # pulled texts staged as a tree (put)
+        self._tree_files: dict[str, int] = {}  # by namespace: texts staged in its tree
+        self._mixed: set[str] = set()  # namespaces where a path was put twice: not moved whole
+        self._made: set[str] = set()  # folders made for the trees
         self._pending: list[tuple[int, str, bytes]] = []  # not yet handed to a helper
         self._size = 0
         self._child: subprocess.Popen[bytes] | None = None
@@ -153,33 +167,65 @@ class Staging:
 
     def has(self, path: str, sha: str) -> bool:
         """Whether `path` at `sha` is staged, or queued for the helper to stage."""
+        return self._number(path, sha) is not None or self._ready and (
+            os.path.exists(os.path.join(self.folder, _pull_name(path, sha)))
+            or self._in_tree(path, sha))
+
+    def queued(self, path: str, sha: str) -> bool:
+        """Whether `path` at `sha` was handed to the helper (`add`), written yet or not."""
         return self._number(path, sha) is not None
 
     def _number(self, path: str, sha: str) -> int | None:
         number = self.numbers.get(path)
         return number if number is not None and self.shas[number] == sha else None
 
-    def _name(self, number: int) -> str:
-        return self.names.get(number) or f"{number}.pull"
+    def _tree(self, path: str) -> str | None:
+        """The namespace whose tree `path` is staged in when put first, or None."""
+        if not self.pull_trees:
+            return None
+        key = "/".join(path.split("/", 3)[:3])  # machines/<m>/<source>
+        return key if key in self.pull_trees and key not in self.new_namespaces else None
 
     def put(self, path: str, sha: str, data: bytes) -> None:
-        """Write a text of the pull (UTF-8) into the folder now, as `<n>.part`, for `move`.
+        """Write a text of the pull (UTF-8) into the folder now, for `move` or `move_tree`.
 
-        Written by this process, while the helper may still write its own files beside it
-        under other numbers. A failure to write is the sync's failure: nothing is in the cache.
+        At its cache path below the folder when its namespace is in `pull_trees` and the path
+        was not put before; else as `<hash>.pull`. Written by this process, while the helper
+        may still write its own files beside it (as `<n>.part` or below the folder, in other
+        namespaces). A `<hash>.pull` there already is this sync's own, written whole: its name
+        says the same path and sha256. A failure to write is the sync's failure: nothing is in
+        the cache.
         """
-        if self.has(path, sha):
-            return  # staged already
+        if self._number(path, sha) is not None:
+            return  # the helper's
         if not self._ready:
             self._remove_folder()  # what a killed sync left
-        number = len(self.sizes)
-        name = f"{number}.pull"
+        key = self._tree(path)
+        if key is not None and key in self._mixed:
+            key = None
+        name = path if key is not None else _pull_name(path, sha)
         try:
             if not self._ready:
                 self.folder.mkdir(parents=True, exist_ok=True)
                 self._ready = True
-            fd = os.open(os.path.join(self.folder, name),  # a Path would intern each name
-                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+            if key is not None:
+                parent = path.rpartition("/")[0]
+                if parent not in self._made:  # the paths passed the path rule: no `..`
+                    os.makedirs(_below(str(self.folder), parent), exist_ok=True)
+                    self._made.add(parent)
+            flags = _NEW
+            try:
+                fd = os.open(self._base + name if os.sep == "/" else
+                             _below(str(self.folder), name), flags, 0o600)
+            except FileExistsError:
+                if key is None:
+                    return  # staged already, by this sync
+                self._mixed.add(key)  # put twice (or two names that the disk calls one)
+                key, name = None, _pull_name(path, sha)
+                try:
+                    fd = os.open(self._base + name, flags, 0o600)
+                except FileExistsError:
+                    return
             try:
                 view = memoryview(data)
                 while view:  # a short write goes on, so a full disk says ENOSPC
@@ -191,21 +237,67 @@ class Staging:
             from sharedmem.core import CacheError  # not at the top: the helper runs as a script
             raise CacheError(f"{write_failure(str(self.folder / name), exc)}; the cache was "
                              f"left as it was ({path!r} was being staged)") from None
-        self.numbers[path] = number
-        self.shas.append(sha)
-        self.sizes.append(len(data))
+        if key is not None:
+            self._tree_files[key] = self._tree_files.get(key, 0) + 1
 
-    def move(self, path: str, sha: str, target: str) -> int | None:
-        """Rename the staged text of `path` at `sha` onto `target`: its size, or None if none."""
-        number = self._number(path, sha)
-        if number is None or (number in self.names and number not in self.written):
-            return None
+    def _in_tree(self, path: str, sha: str) -> bool:
+        """Whether the tree holds `path` at `sha`: hashed, as it may hold another put of it."""
+        if self._tree(path) is None:
+            return False
         try:
-            os.replace(_below(str(self.folder), self._name(number)), target)
+            with open(_below(str(self.folder), path), "rb") as handle:
+                return hashlib.file_digest(handle, "sha256").hexdigest() == sha
         except OSError:
-            return None
-        self.written.discard(number)
-        return self.sizes[number]
+            return False
+
+    def move(self, path: str, sha: str, target: str, *, taken: bool = True) -> bool:
+        """Rename the staged text of `path` at `sha` onto `target`; False when there is none.
+
+        A text in a tree is moved alone only when its namespace was not moved whole, and only
+        after its bytes are found to be that sha256; `taken` False (the caller has the text
+        itself) leaves the tree alone.
+        """
+        number = self._number(path, sha)
+        if number is not None:
+            if number not in self.written:
+                return False
+            name = self.names[number]
+        elif self._ready:
+            name = _pull_name(path, sha)
+        else:
+            return False
+        try:
+            os.replace(self._base + name if number is None else
+                       _below(str(self.folder), name), target)
+        except OSError:
+            if number is not None or not taken or not self._in_tree(path, sha):
+                return False
+            try:
+                os.replace(_below(str(self.folder), path), target)
+            except OSError:
+                return False
+            return True
+        if number is not None:
+            self.written.discard(number)
+        return True
+
+    def move_tree(self, namespace: str, files: int, target: str) -> bool:
+        """Rename the pulled tree of `namespace` onto `target` (absent) if it holds just `files`.
+
+        `files` is how many texts of the namespace the pull writes from what it staged. Each
+        path was put once (else the namespace is mixed), so as many files as that are exactly
+        those texts, each at the sha256 it was put with: the one the pull records.
+        """
+        if namespace not in self.pull_trees or namespace in self._mixed \
+                or namespace in self.new_namespaces or not files \
+                or self._tree_files.get(namespace) != files:
+            return False
+        try:
+            os.rename(_below(str(self.folder), namespace), target)
+        except OSError:
+            return False
+        self._tree_files.pop(namespace)
+        return True
 
     def move_folder(self, namespace: str, pulled: dict[str, str], target: str) -> dict[str, int]:
         """Rename the staged folder of `namespace` onto `target` (absent) if it is just as pulled.
@@ -244,6 +336,9 @@ class Staging:
         self.sizes = array("q")
         self.names.clear()
         self.written.clear()
+        self._tree_files.clear()
+        self._mixed.clear()
+        self._made.clear()
         self._pending, self._size = [], 0
         self._remove_folder()
         self._ready = False
@@ -273,6 +368,16 @@ def _remove(folder: Path) -> None:
 def _below(folder: str, path: str) -> str:
     """The staged file (or folder) of a cache path: the same path below the staging folder."""
     return os.path.join(folder, *path.split("/"))
+
+
+def _pull_name(path: str, sha: str) -> str:
+    """The staged file of a pulled text: named by its cache path and sha256, nothing kept.
+
+    A cache path may be long and hold any character the rules allow; a hash of it is a
+    short, plain name. blake2b with 128 bits: no two of a pull's files meet by chance.
+    """
+    key = f"{path}\0{sha}".encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(key, digest_size=16).hexdigest() + ".pull"
 
 
 def _record(number: int, path: str, data: bytes) -> bytes:

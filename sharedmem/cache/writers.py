@@ -11,10 +11,11 @@ itself, so the commit does not check that again.
 from __future__ import annotations
 
 import os
-from collections.abc import Container, Iterable
+from collections.abc import Container
 from pathlib import Path
 
 from sharedmem.cache.layout import Folders, namespace_key
+from sharedmem.cache.manifest_store import PullRows
 from sharedmem.core import CacheError
 from sharedmem.files import atomic_write
 
@@ -22,7 +23,22 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sharedmem.cache.staged_files import Staging
 
-Pulled = Iterable[tuple[str, str]]  # (cache path, sha256) of each file to write
+class Moved:
+    """What `move_namespaces` moved in whole: the sync's own files by path, pulled namespaces.
+
+    A pulled namespace moved in holds every file the pull took from the server for it (state
+    `PullRows.WRITE`), nothing else: a file of its own text is still written one by one.
+    """
+
+    def __init__(self) -> None:
+        self.paths: dict[str, int] = {}
+        self.trees: set[str] = set()
+
+    def has(self, path: str, state: int) -> bool:
+        """Whether the file the pull records so (`PullRows`) was moved in with its folder."""
+        return path in self.paths or bool(self.trees) and state == PullRows.WRITE \
+            and namespace_key(path) in self.trees
+
 
 class FileWriter:
     """Writes each file atomically (a temporary file, then a rename); vouches for nothing.
@@ -45,18 +61,19 @@ class FileWriter:
         """Drop what was taken and not written: a commit failed and is undone."""
         self.taken.clear()
 
-    def move_namespaces(self, pulled: Pulled, folders: Folders) -> dict[str, int]:
-        """Move in whole the namespaces staged just as pulled: path -> size of each file moved."""
-        return {}
+    def move_namespaces(self, pulled: PullRows, folders: Folders, moved: Moved) -> None:
+        """Move in whole the namespaces staged just as pulled, into `moved` as each goes.
 
-    def write(self, path: str, sha: str, text: str | None, target: str) -> int:
-        """Put the file at `target`, the cache file of `path`; returns its size in bytes.
+        This writer stages nothing.
+        """
+
+    def write(self, path: str, sha: str, text: str | None, target: str) -> None:
+        """Put the file at `target`, the cache file of `path`.
 
         `text` None: the text taken for that path and sha256.
         """
         data = self.taken.pop((path, sha)) if text is None else text.encode("utf-8")
         atomic_write(Path(target), data, durable=False)
-        return len(data)
 
 
 class PreStagedWriter(FileWriter):
@@ -80,7 +97,7 @@ class PreStagedWriter(FileWriter):
         One already staged for that path and sha256 (a sync's own: it then vouches for the
         text, so this is rare) is kept in memory too, in case its helper failed to write it.
         """
-        if self.staging.has(path, sha):
+        if self.staging.queued(path, sha):
             super().take(path, sha, data)
         else:
             self.staging.put(path, sha, data)
@@ -90,31 +107,38 @@ class PreStagedWriter(FileWriter):
         super().discard()
         self.staging.discard()
 
-    def move_namespaces(self, pulled: Pulled, folders: Folders) -> dict[str, int]:
+    def move_namespaces(self, pulled: PullRows, folders: Folders, moved: Moved) -> None:
         """Move in whole each namespace new to the cache that was staged just as pulled.
 
-        On a first sync that is one rename instead of one a file; the rest are moved or
-        written one by one.
+        On a first sync that is one rename a namespace instead of one a file: of the sync's
+        own files its helper staged, and of the texts the server sent (`Staging.pull_trees`).
+        Each is in `moved` as soon as it is in place, so a commit that fails after it undoes
+        it. The rest are moved or written one by one.
         """
         new: dict[str, dict[str, str]] = {}
         if self.staging.new_namespaces:
-            for path, sha in pulled:
+            for path, sha, _ in pulled.rows(PullRows.TAKEN):
                 if (key := namespace_key(path)) in self.staging.new_namespaces:
                     new.setdefault(key, {})[path] = sha
-        moved: dict[str, int] = {}
         for key, files in new.items():
             target = folders.target(key, create=True)  # makes machines/<machine>, refusing links
             if target is not None and not os.path.lexists(target):
-                moved.update(self.staging.move_folder(key, files, target))
-        return moved
+                moved.paths.update(self.staging.move_folder(key, files, target))
+        for key in sorted(self.staging.pull_trees):
+            count = pulled.count((PullRows.WRITE,), key + "/")
+            if not count:
+                continue
+            target = folders.target(key, create=True)
+            if target is not None and not os.path.lexists(target) \
+                    and self.staging.move_tree(key, count, target):
+                moved.trees.add(key)
 
-    def write(self, path: str, sha: str, text: str | None, target: str) -> int:
+    def write(self, path: str, sha: str, text: str | None, target: str) -> None:
         """Rename the staged file onto `target` if there is one of `path` at `sha`, else write."""
-        size = self.staging.move(path, sha, target)
-        if size is not None:
+        if self.staging.move(path, sha, target, taken=text is None):
             self.taken.pop((path, sha), None)
-            return size
+            return
         if text is None and (path, sha) not in self.taken:
             raise CacheError(f"the staged copy of {path!r} in {self.staging.folder} is gone "
                              "(removed while the sync ran?): sync again")
-        return super().write(path, sha, text, target)
+        super().write(path, sha, text, target)

@@ -220,6 +220,9 @@ class Exchange:
         namespaces = {ns.key: NamespaceInfo.listed(ns)
                       for ns in NamespaceList.from_rows(rows).every()}
         skipped_own = set(skipped) & self.whole.keys()  # only those asked for
+        if not self.cache.rebuilt:  # those the cache lacks are staged as trees, each moved whole
+            writer.staging.pull_trees = frozenset(
+                key for key in namespaces if key not in self.known and key != NOTES_NAMESPACE)
         # A rebuilt file list asked for every note: one the server does not send goes.
         notes = {NOTES_NAMESPACE} if self.cache.rebuilt else set()
         intake = self.cache.intake(
