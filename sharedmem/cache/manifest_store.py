@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import sqlite3
-import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -302,14 +301,14 @@ class Writing:
 
         A search index records the `files` mark it covers (search.py).
         """
-        values = [("commit", uuid.uuid4().hex), ("server", json.dumps(dict(server)))]
+        values = [("commit", os.urandom(16).hex()), ("server", json.dumps(dict(server)))]
         if self.conn.execute("SELECT 1 FROM meta WHERE key='namespaces'").fetchone() is None:
             values.append(("namespaces", "[]"))
         if last_sync is not None:
             values.append(("last_sync", last_sync))
         if self.files_changed or self.conn.execute(
                 "SELECT 1 FROM meta WHERE key='files'").fetchone() is None:
-            values.append(("files", uuid.uuid4().hex))
+            values.append(("files", os.urandom(16).hex()))
         self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", values)
 
 

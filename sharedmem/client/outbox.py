@@ -10,16 +10,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from sharedmem.clock import utc_now
 from sharedmem.files import atomic_write
 from sharedmem.rules import check_note
 
 
-@dataclass
-class QueuedNote:
+class QueuedNote(NamedTuple):
     """A note waiting to be delivered; its id makes a retried delivery store it once."""
 
     note_id: str
@@ -43,7 +42,7 @@ class Outbox:
         note = QueuedNote(note_id, filename, text, utc_now())
         # The nanosecond clock keeps notes queued within one second in the order they came.
         name = f"{note.created.replace(':', '-')}-{time.time_ns():020d}-{note.note_id}.json"
-        atomic_write(self.folder / name, json.dumps(asdict(note)).encode("utf-8"), mode=0o600)
+        atomic_write(self.folder / name, json.dumps(note._asdict()).encode("utf-8"), mode=0o600)
         return note
 
     def pending(self) -> list[tuple[Path, QueuedNote]]:

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -225,7 +224,7 @@ def check_connection(cfg: ClientConfig, console: Console) -> dict[str, Any]:
     Without connection reuse: its socket's folder may not exist before the install writes it.
     """
     if cfg.transport.kind == "ssh":
-        cfg = replace(cfg, transport=replace(cfg.transport, options=tuple(
+        cfg = cfg._replace(transport=cfg.transport._replace(options=tuple(
             o for o in cfg.transport.options if not ssh_reuse.own_keys([o]))))
     from sharedmem.client.transport import Connection
     where = f"ssh {cfg.transport.host}" if cfg.transport.kind == "ssh" else "the local store"
