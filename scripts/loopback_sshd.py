@@ -116,13 +116,19 @@ def start_sshd(root: Path, store: Path, machine: str = "laptop") -> Sshd:
     authorized.chmod(0o600)
     known = root / "known_hosts"
     known.write_text(f"[127.0.0.1]:{port} {host_pub}\n")
+    # Sessions get a HOME of their own: the account's shell startup files are this machine's,
+    # not the server's under test (a `~/.bashrc` that runs `pyenv init`, which bash reads for
+    # every command sshd starts, cost each session here 150 ms), and nothing writes the real
+    # HOME (tests never touch it).
+    home = root / "home"
+    home.mkdir(mode=0o700, exist_ok=True)
     config = root / "sshd_config"
     config.write_text("\n".join([
         f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {root / 'host_ed25519'}",
         f"AuthorizedKeysFile {authorized}", f"PidFile {root / 'sshd.pid'}",
         "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
         "PubkeyAuthentication yes", "PermitRootLogin prohibit-password", "UsePAM no",
-        "LogLevel ERROR", "MaxStartups 50", "MaxSessions 50", ""]))
+        f"SetEnv HOME={home}", "LogLevel ERROR", "MaxStartups 50", "MaxSessions 50", ""]))
     server = Sshd(root, port, getpass.getuser(), store, root / "pinned", root / "free", known,
                   config)
     try:

@@ -117,6 +117,9 @@ class FileTable(Mapping[str, CachedFile]):
     def __len__(self) -> int:
         return self.store.count()
 
+    def __bool__(self) -> bool:
+        return self.store.holds_any()
+
     def __iter__(self) -> Iterator[str]:
         return self.store.paths()
 
@@ -760,8 +763,9 @@ class Intake:
         A first sync takes every file of its own this way, so this is one tight loop.
         """
         cached, record, own = self.cached, self.rows.set, self.own
+        empty = not cached  # a first sync's: no lookup a file (each a query of the store)
         for path, sha, text in items:
-            old = cached.get(path)
+            old = None if empty else cached.get(path)
             if old is not None and old.sha256 == sha and self._intact(path, old):
                 record(path, sha, PullRows.KEPT)
             else:

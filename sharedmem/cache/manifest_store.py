@@ -206,6 +206,10 @@ class ManifestStore:
         """How many files."""
         return int(self._rows("SELECT count(*) FROM files")[0][0])
 
+    def holds_any(self) -> bool:
+        """Whether there is a file row at all (one row read, not a count of them all)."""
+        return bool(self._rows("SELECT 1 FROM files LIMIT 1"))
+
     def counts(self) -> dict[str, int]:
         """How many files each namespace holds."""
         return dict(self._rows("SELECT namespace, count(*) FROM files GROUP BY namespace"))

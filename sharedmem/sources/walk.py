@@ -10,7 +10,6 @@ reads is redacted in batches. Which folders a kind enters, and which names it of
 from __future__ import annotations
 
 import os
-import re
 import unicodedata
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping
@@ -31,7 +30,7 @@ from sharedmem.sources.safe_open import (
 
 REDACT_BATCH_BYTES = 1 << 20  # files read are redacted in batches of about this many bytes
 
-_SHA_RE = re.compile(r"[0-9a-f]{64}")
+_HEX_DIGITS = "0123456789abcdef"
 
 
 # Plain named tuples, as the other snapshot types are (see sources.SourceSpec).
@@ -59,16 +58,21 @@ def display(text: str) -> str:
 
 
 def _valid_record(value: object) -> tuple[int, int, str, int, dict[str, int]] | None:
-    """One `previous` record entry, or None when it is malformed (10,000 of these a sync)."""
+    """One `previous` record entry, or None when it is malformed (10,000 of these a sync).
+
+    A sha256 is 64 characters of which none is left once the hex digits are stripped: a
+    regex match per file would cost a no-change sync of 10,000 files 20 ms.
+    """
     if type(value) not in (list, tuple) or len(value) != 5:  # type: ignore[arg-type]
         return None
     disk_size, mtime_ns, sha, size, counts = value  # type: ignore[misc]
     if not (type(disk_size) is int and disk_size >= 0 and type(mtime_ns) is int
-            and type(size) is int and size >= 0 and type(sha) is str
-            and type(counts) is dict and _SHA_RE.fullmatch(sha)):
+            and type(size) is int and size >= 0 and type(sha) is str and len(sha) == 64
+            and type(counts) is dict and not sha.strip(_HEX_DIGITS)):
         return None  # `type(x) is int` also refuses True and False
-    if counts and not all(type(k) is str and type(v) is int and v >= 0
-                          for k, v in counts.items()):
+    if not counts:
+        return disk_size, mtime_ns, sha, size, {}
+    if not all(type(k) is str and type(v) is int and v >= 0 for k, v in counts.items()):
         return None
     return disk_size, mtime_ns, sha, size, dict(counts)
 
