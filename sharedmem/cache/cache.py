@@ -746,6 +746,8 @@ class Intake:
         self.root = str(cache.root) + os.sep
         self.writer = writer
         self.cached = cache.load().files
+        # A new client's cache holds nothing: no lookup a file (each a query of its store).
+        self.empty = not self.cached
         self.damaged = cache.damaged  # not as the manifest says: written again (see _intact)
         self.full = full
         self.full_namespaces = full_namespaces
@@ -762,8 +764,7 @@ class Intake:
 
         A first sync takes every file of its own this way, so this is one tight loop.
         """
-        cached, record, own = self.cached, self.rows.set, self.own
-        empty = not cached  # a first sync's: no lookup a file (each a query of the store)
+        cached, record, own, empty = self.cached, self.rows.set, self.own, self.empty
         for path, sha, text in items:
             old = None if empty else cached.get(path)
             if old is not None and old.sha256 == sha and self._intact(path, old):
@@ -780,7 +781,7 @@ class Intake:
             if problems:
                 self.skip(path, "bad-path", problems[0])
                 return
-        old = self.cached.get(path)
+        old = None if self.empty else self.cached.get(path)
         if old is not None and old.sha256 == sha and self._intact(path, old):
             self.rows.set(path, sha, PullRows.KEPT)
             return

@@ -127,15 +127,19 @@ class Walker:
                 made = Entry(published, sha256_bytes(data), len(data), st.st_mtime_ns,
                              st.st_size, dict(counts), text, disk)
             assert made is not None
-            if self.full or self.bytes + made.size > self.limits.namespace_bytes:
-                self.full = True
-                shown = display(disk)
-                self.skipped.append(Skipped(shown, "quota", self._quota_message(shown)))
-                continue
-            self.bytes += made.size
-            self.files.append(made)
-            if read is not None and self.on_read is not None:
+            if self._accept(disk, made) and read is not None and self.on_read is not None:
                 self.on_read(made, data)
+
+    def _accept(self, disk: str, made: Entry) -> bool:
+        """Publish `made` unless the namespace's byte quota is past (then it is skipped)."""
+        if self.full or self.bytes + made.size > self.limits.namespace_bytes:
+            self.full = True
+            shown = display(disk)
+            self.skipped.append(Skipped(shown, "quota", self._quota_message(shown)))
+            return False
+        self.bytes += made.size
+        self.files.append(made)
+        return True
 
     def listing(self, handle: Handle, rel: str) -> list[os.DirEntry]:
         """A folder's sorted entries; an unlistable subfolder is reported, the root raises."""
@@ -152,17 +156,19 @@ class Walker:
                 listing: list[os.DirEntry] | None = None) -> Iterator[os.DirEntry]:
         """Entries of a folder (`listing` if read already) that are neither hidden nor links."""
         for entry in self.listing(handle, rel) if listing is None else listing:
-            shown = f"{rel}{entry.name}"
             if entry.name.startswith("."):
+                shown = f"{rel}{entry.name}"
                 self.skip(shown, "hidden",
                           f"{display(shown)} is hidden; hidden names are never published")
                 continue
             try:
                 link = is_link(entry)
             except OSError:
+                shown = f"{rel}{entry.name}"
                 self.skip(shown, "vanished", f"{display(shown)} disappeared during the walk")
                 continue
             if link:
+                shown = f"{rel}{entry.name}"
                 self.skip(shown, "symlink",
                           f"{display(shown)} is a link or junction; links are never followed")
                 continue
@@ -182,10 +188,11 @@ class Walker:
         """Publish one candidate `.md` file found at `disk` (below the root) as `published`.
 
         `plain`: its folder's names are plain (`allowlist.plain`), so the path rule holds.
+        This runs for every file of every sync, so what only a refusal needs is made then.
         """
-        shown = disk if plain else display(disk)  # plain names are ASCII: shown as they are
         try:
             if not entry.is_file(follow_symlinks=False):
+                shown = disk if plain else display(disk)
                 self.skip(disk, "not-regular",
                           f"{shown} is not a regular file; it is not published")
                 return
@@ -193,31 +200,41 @@ class Walker:
             # read_utf8 takes its size and time from the open file.
             st = entry.stat(follow_symlinks=False) if self.previous else None
         except OSError:
+            shown = disk if plain else display(disk)
             self.skip(disk, "vanished", f"{shown} disappeared during the walk; sync again")
             return
-        problems = None
-        if not plain:
+        if plain:  # plain names are ASCII: the collision key is the lower case
+            key = published.lower()
+        else:
             published = unicodedata.normalize("NFC", published)
             problems = allowlist.problem(self.kind, published)
-        if problems:
-            self.skip(disk, "bad-path", f"{shown} cannot be published: {problems}; rename it")
-            return
-        key = published.lower() if plain else collision_key(published)  # the same, for ASCII
+            if problems:
+                self.skip(disk, "bad-path",
+                          f"{display(disk)} cannot be published: {problems}; rename it")
+                return
+            key = collision_key(published)
         if key in self.keys:
+            shown = disk if plain else display(disk)
             self.skip(disk, "collision", f"{shown} has the same name as another file once case and "
                       "Unicode form are ignored; rename one of them")
             return
         self.keys.add(key)
-        if len(self.files) + len(self.queue) >= self.limits.namespace_files:
+        limit = self.limits.namespace_files
+        if len(self.files) + len(self.queue) >= limit:
             self.flush()  # the file-count quota is decided on accepted files only
-        if self.full or len(self.files) >= self.limits.namespace_files:
+        if self.full or len(self.files) >= limit:
             self.full = True
+            shown = disk if plain else display(disk)
             self.skip(disk, "quota", self._quota_message(shown))
             return
         reused = None if st is None else self._reuse(published, disk, st)
         if reused is not None:
-            self.queue.append((disk, reused, None, None))
+            if self.queue:  # after the files read before it, as if each were taken at once
+                self.queue.append((disk, reused, None, None))
+            else:
+                self._accept(disk, reused)
             return
+        shown = disk if plain else display(disk)
         try:
             raw, data, st = read_utf8(handle, entry.name, shown, self.limits.file_bytes)
         except Refused as skip:
@@ -236,7 +253,7 @@ class Walker:
     def _reuse(self, published: str, disk: str, st: os.stat_result) -> Entry | None:
         """The previous record's entry when size and mtime are unchanged, without reading."""
         rec = _valid_record(self.previous.get(published))
-        if rec is None or (rec[0], rec[1]) != (st.st_size, st.st_mtime_ns):
+        if rec is None or rec[0] != st.st_size or rec[1] != st.st_mtime_ns:
             return None
         if rec[0] > self.limits.file_bytes or rec[3] > self.limits.file_bytes:
             return None
