@@ -185,6 +185,11 @@ SKIPPED: dict[str, tuple[list, list[tuple[str, str]]]] = {
                                ("machines/con/notes", "bad-namespace")]),
     "reserved source name": ([head([NS_ROW, ns(key="machines/desk/aux.x", source="aux.x")]), END],
                              [("machines/desk/aux.x", "bad-namespace")]),
+    # Every path of the message keeps the path rule, so the layout is checked a namespace at
+    # a time: each file of a namespace it refuses is still refused.
+    "invalid machine in a plain message": (
+        [head(), files(item(), item("machines/-bad/notes/x.md"), item("machines/-bad/notes/y.md")),
+         END], [("machines/-bad/notes/x.md", "bad-path"), ("machines/-bad/notes/y.md", "bad-path")]),
     "trailing dot": ([head(), files(item(), item("machines/desk/notes/x./y.md")), END],
                      [("machines/desk/notes/x./y.md", "bad-path")]),
     "escapes in a path": ([head(), files(item(), item("machines/desk/notes/\x1b[2Jx.md")), END],

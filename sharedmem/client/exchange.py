@@ -29,6 +29,7 @@ from sharedmem.clock import utc_now
 from sharedmem.core import SharedMemoryError
 from sharedmem.files import atomic_write
 from sharedmem.namespaces import NamespaceList
+from sharedmem.rules import plain_paths
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -237,6 +238,9 @@ class Exchange:
             items = part.get("files")
             if type(items) is not list:
                 raise conn.malformed("files", "files must be a list")
+            # One check of every path of the message stands for one a file (rules.plain_paths).
+            plain = all(type(i) is list and len(i) == 3 and type(i[0]) is str
+                        for i in items) and plain_paths([i[0] for i in items])
             for item in items:
                 if type(item) is not list or len(item) != 3:
                     raise conn.malformed("files", "each file must be [path, sha256, text or null]")
@@ -250,7 +254,7 @@ class Exchange:
                     if text is None:
                         raise conn.malformed("files", f"it sent no text for {path!r}, and this "
                                              "client has none for its sha256")
-                    intake.add(path, sha, text)
+                    intake.add(path, sha, text, plain=plain)
                 else:  # this client's own text at that sha256, whatever the server sent
                     intake.add(path, sha, own, vouched=True)
             count += len(items)
