@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -254,7 +253,7 @@ def test_an_error_a_server_end_left_before_it_stopped_reading_is_read(
 # --- compression and the optimistic hello (version 3) -------------------------------------------
 
 def compressing_config(tmp_path: Path, store: Path, compress: str = "on") -> ClientConfig:
-    return dataclasses.replace(local_config(tmp_path, store), compress=compress)
+    return local_config(tmp_path, store)._replace(compress=compress)
 
 
 def test_a_local_store_is_not_compressed_unless_asked(tmp_path: Path) -> None:
@@ -327,7 +326,7 @@ def test_a_record_of_another_transport_is_not_used(tmp_path: Path) -> None:
         assert probe.remembered() is not None
     finally:
         probe.close()
-    other = dataclasses.replace(config, transport=Transport("local", store=tmp_path / "other"))
+    other = config._replace(transport=Transport("local", store=tmp_path / "other"))
     probe = Connection(other)
     try:
         assert probe.remembered() is None

@@ -72,8 +72,7 @@ def run_sync(args: Any) -> int:
         return {"ok": 0, "partial": 1}.get(report["status"], 2)
     from sharedmem.client import sync as client
     if args.compress is not None:
-        import dataclasses
-        config = dataclasses.replace(config, compress=args.compress)
+        config = config._replace(compress=args.compress)
     report = client.sync(config, max_version=args.max_protocol,
                          progress=progress(sys.stderr.isatty() and not args.json),
                          lock_wait=args.wait, waiting=_waiting, build_index=args.index)
