@@ -97,8 +97,12 @@ class Staging:
         self._ready = False  # the folder holds only this sync's files (a killed one's are gone)
 
     def add(self, path: str, sha: str, data: bytes) -> None:
-        """Queue one file, its text in UTF-8; the helper starts once there are `min_files`."""
-        if self._failed or self.has(path, sha):
+        """Queue one file, its text in UTF-8; the helper starts once there are `min_files`.
+
+        A sync stages its own files while it walks, before any text of the pull is put here,
+        so only what was queued already is looked for (no stat a file, as `has` makes).
+        """
+        if self._failed or self.queued(path, sha):
             return
         number = len(self.sizes)
         self.numbers[path] = number
