@@ -57,7 +57,8 @@ def server_command(config: Path) -> list[str]:
     """The launcher when cli.py wires `mcp`, else the module entry point."""
     cli = REPO / "sharedmem" / "cli.py"
     if cli.is_file() and '"mcp"' in cli.read_text(encoding="utf-8"):
-        return [sys.executable, str(REPO / "shared_memory.py"), "mcp", "--config", str(config)]
+        return [sys.executable, "-S", str(REPO / "shared_memory.py"), "mcp", "--config",
+                str(config)]
     return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); "
             "from sharedmem.mcp.server import main; sys.exit(main(sys.argv[1]))", str(config)]
 

@@ -95,8 +95,8 @@ def _sync(work: Path, config: Path) -> dict[str, float]:
     """One timed sync with the peak RSS of the client and of its serve."""
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, str(work / "rss.py"), str(config.parent / "client.rss"),
-                           sys.executable, str(LAUNCHER), "sync", "--config", str(config),
-                           "--json"], capture_output=True, text=True)
+                           sys.executable, "-S", str(LAUNCHER), "sync", "--config",
+                           str(config), "--json"], capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"sync failed: {proc.stdout[-400:]} {proc.stderr[-800:]}")
@@ -139,7 +139,7 @@ def _rg(flags: list[str], query: str, root: Path) -> float:
 
 
 def _mcp_command(config: Path) -> list[str]:
-    return [sys.executable, str(LAUNCHER), "mcp", "--config", str(config)]
+    return [sys.executable, "-S", str(LAUNCHER), "mcp", "--config", str(config)]
 
 
 def _search(config: Path, runs: int) -> tuple[list[tuple[str, float, float, float, float]],

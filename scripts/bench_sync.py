@@ -98,8 +98,8 @@ def _ours(work: Path, server: Sshd, source: Path, run: int,
             _change(source, 1.0, run)
         _settle()
         started = time.perf_counter()
-        proc = subprocess.run([sys.executable, str(launcher or LAUNCHER), "sync", "--config",
-                               str(cfg), "--json"], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-S", str(launcher or LAUNCHER), "sync",
+                               "--config", str(cfg), "--json"], capture_output=True, text=True)
         seconds = time.perf_counter() - started
         report = json.loads(proc.stdout)
         if proc.returncode != 0:

@@ -87,8 +87,8 @@ def _ours(work: Path, server: Sshd, source: Path, run: int, proxy: str, sockets:
                 bench_sync._change(source, 1.0, run)
             bench_sync._settle()
             started = time.monotonic()
-            proc = subprocess.run([sys.executable, str(LAUNCHER), "sync", "--config", str(cfg),
-                                   "--json"], capture_output=True, text=True)
+            proc = subprocess.run([sys.executable, "-S", str(LAUNCHER), "sync", "--config",
+                                   str(cfg), "--json"], capture_output=True, text=True)
             ended = time.monotonic()
             report = json.loads(proc.stdout or "{}")
             if proc.returncode != 0:

@@ -292,7 +292,7 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
     assert mode(prefix / "client.json") == 0o600
     assert list((prefix / "sharedmem" / "client" / "__pycache__").glob("sync.cpython-*.pyc"))
 
-    mcp = [interpreter.choose().path, str(prefix / "shared_memory.py"), "mcp", "--config",
+    mcp = [interpreter.choose().path, "-S", str(prefix / "shared_memory.py"), "mcp", "--config",
            str(prefix / "client.json")]
     env = {"HOME": str(home)}
     for name in harnesses.HARNESSES:
@@ -558,7 +558,7 @@ def test_local_install_override_policy_and_schedule(home):
     assert not (home / ".cursor").exists()
     units = home / ".config" / "systemd" / "user"
     service = (units / "codex-shared-memory-sync.service").read_text()
-    assert f'"{prefix}/shared_memory.py" "sync" "--config" "{prefix}/client.json"' in service
+    assert f'"-S" "{prefix}/shared_memory.py" "sync" "--config" "{prefix}/client.json"' in service
     assert f"append:{prefix}/sync.log" in service
     assert ["systemctl", "--user", "enable", "--now", "codex-shared-memory-sync.timer"] \
         in recorder.calls

@@ -21,7 +21,7 @@ from sharedmem.client.config import ClientConfig, Transport
 from sharedmem.client.early_ssh import spawn, ssh_argv, take
 from sharedmem.core import ProtocolError, TransportError
 from sharedmem.files import atomic_write
-from sharedmem.program import LAUNCHER, SERVE_PYTHON_FLAGS
+from sharedmem.program import LAUNCHER, PYTHON_FLAGS
 from sharedmem.protocol import COMPRESSIONS, VERSIONS, Channel, PeerError, printable
 
 LEFT_MESSAGES = 64  # what a server end that went away may have said first, read for its error
@@ -43,7 +43,7 @@ def ssh_command(transport: Transport) -> list[str]:
 def server_command(config: ClientConfig, max_version: int | None = None) -> list[str]:
     """The argv that starts the server end for this configuration."""
     if config.transport.kind == "local":
-        argv = [sys.executable, *SERVE_PYTHON_FLAGS, str(LAUNCHER), "serve", "--store",
+        argv = [sys.executable, *PYTHON_FLAGS, str(LAUNCHER), "serve", "--store",
                 str(config.transport.store)]
         if max_version is not None:
             argv += ["--max-protocol", str(max_version)]

@@ -22,7 +22,7 @@ from sharedmem.client.config import expand
 from sharedmem.clock import utc_now
 from sharedmem.core import InstallError
 from sharedmem.files import atomic_write
-from sharedmem.program import SERVE_PYTHON_FLAGS
+from sharedmem.program import PYTHON_FLAGS
 
 KEY_TYPES = frozenset({
     "ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
@@ -148,7 +148,7 @@ def pinned_machine(options: str) -> str | None:
 
 def forced_command(python: str, launcher: Path, store: Path, machine: str) -> str:
     """The pinned line's command, quoted for the login shell sshd runs it with."""
-    words = [python, *SERVE_PYTHON_FLAGS, str(launcher), "serve", "--store", str(store),
+    words = [python, *PYTHON_FLAGS, str(launcher), "serve", "--store", str(store),
              "--machine", machine]
     for word in words:
         if any(c in word for c in '"\\\n\r'):

@@ -35,7 +35,7 @@ from sharedmem.install.prefix import (
     prefix_path,
     user_path,
 )
-from sharedmem.program import SERVE_PYTHON_FLAGS
+from sharedmem.program import PYTHON_FLAGS
 from sharedmem.rules import (
     KIND_MARKDOWN,
     SOURCE_CLAUDE,
@@ -201,7 +201,7 @@ def build_config(args: Any, env: Mapping[str, str], prefix: Path,
         reuse = reuse_plan(args, env, prefix)
         assert reuse is not None
         remote = (args.remote_prefix or DEFAULT_PREFIX).rstrip("/") or "/"
-        command = (args.remote_python or "python3", *SERVE_PYTHON_FLAGS,
+        command = (args.remote_python or "python3", *PYTHON_FLAGS,
                    f"{remote}/{LAUNCHER_NAME}", "serve", "--store", f"{remote}/{STORE_NAME}")
         identity = user_path(args.ssh_identity, env) if args.ssh_identity else None
         transport = Transport("ssh", host=args.ssh_host, port=int(args.ssh_port)
@@ -293,7 +293,7 @@ def _schedule(install: bool, prefix: Path, env: Mapping[str, str], console: Cons
     dry = dry_run or pretend
     try:
         if install:
-            command = [python, str(prefix / LAUNCHER_NAME), "sync", "--config",
+            command = [python, *PYTHON_FLAGS, str(prefix / LAUNCHER_NAME), "sync", "--config",
                        str(prefix / "client.json")]
             plan = scheduler.install(command, prefix / "sync.log", env, platform=platform,
                                      run=runner, dry_run=dry)
@@ -355,7 +355,8 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
             summary.setdefault("ssh_reuse", {"on": False, "reason": "local store"})[
                 "stopped_old"] = True  # else the master for the old options would linger
         summary["sync"] = _sync(cfg, env, console)
-    mcp = [python.path, str(prefix / LAUNCHER_NAME), "mcp", "--config", str(cfg.path)]
+    mcp = [python.path, *PYTHON_FLAGS, str(prefix / LAUNCHER_NAME), "mcp", "--config",
+           str(cfg.path)]
     names = list(dict.fromkeys(args.harness)) or harnesses.detect(env)
     summary["harnesses"], summary["guidance"], summary["cursor_block"] = [], [], None
     for name in names:
