@@ -256,6 +256,25 @@ def test_forced_command_serve_is_parsed_without_argparse(argv: list[str], quick:
         assert (args.store, args.machine) == (quick["store"], quick["machine"])
 
 
+@pytest.mark.parametrize("argv,quick", [
+    (["sync", "--config", "/c.json"], True),
+    (["sync", "--config", "/c.json", "--json"], True),
+    (["sync", "--config", "/c.json", "--json", "--wait", "0"], False),
+    (["sync", "--config", "/c.json", "--index"], False),
+    (["sync", "--config", "--json"], False),
+    (["sync", "--config"], False),
+    (["sync", "--json", "--config", "/c.json"], False),
+])
+def test_the_scheduled_sync_is_parsed_without_argparse_as_argparse_would(
+        argv: list[str], quick: bool) -> None:
+    args = cli._quick_args(argv)
+    if not quick:
+        assert args is None  # argparse parses it, and explains what is wrong
+        return
+    full = cli.parser("sync").parse_args(argv)
+    assert vars(args) == vars(full)
+
+
 def test_status_says_a_damaged_cache_and_the_refused_notes(tmp_path: Path, home: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     from sharedmem.client.exchange import _quarantine
