@@ -62,3 +62,22 @@ def test_many_arrays_are_encoded_in_bulk_as_json_dumps_would_one_by_one() -> Non
         assert linejson._lines(items) == expected
     plain = [(f"n{i}", [i, "x" * (i % 3)]) for i in range(100)]
     assert linejson._lines(plain) == [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in plain]
+
+
+def test_a_rewrite_that_names_its_kept_items_is_what_encode_writes() -> None:
+    # `rewrite` takes a kept item's line as it was read, and encodes the rest: the text is the
+    # one `encode` makes by comparing every value, when the kept values are the old ones.
+    items = [(f"f{i:03}.md", [i, i * 7, "ab" * 32, i, {"jwt": 1} if i % 7 == 0 else {}])
+             for i in range(200)]
+    text, _ = linejson.encode({"rules": [1]}, "record", items, {})
+    read, old = linejson.decode(text, "record")
+    changed = [(n, [v[0] + 1, *v[1:]] if i % 10 == 0 else read["record"][n])
+               for i, (n, v) in enumerate(items) if i != 5] + [("new.md", [1, 2, "cd" * 32, 3, {}])]
+    kept = [(n, v, n in read["record"] and v == read["record"][n]) for n, v in changed]
+    want, _ = linejson.encode({"rules": [2]}, "record", changed, old)
+    assert linejson.rewrite({"rules": [2]}, "record", kept, old) == want
+    assert linejson.rewrite({"rules": [2]}, "record", kept, dict(old)) == want
+    assert linejson.rewrite({"rules": [2]}, "record", kept, {}) == want  # no lines: all encoded
+    edited = text.replace('"f001.md": [1, 7,', '"f001.md":  [1, 7,')  # a hand edit, same value
+    _, lines = linejson.decode(edited, "record")
+    assert '"f001.md":  [1, 7,' in linejson.rewrite({"rules": [2]}, "record", kept, lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sharedmem.client.source_state import Acked, SourceState, read, record_of
+from sharedmem.client.source_state import Acked, SourceState, encode_state, read
 from sharedmem.sources.walk import Entry
 
 
@@ -15,7 +15,7 @@ def entry(path: str, sha: str, text: str | None) -> Entry:
 
 
 def encode(rules: list, acked: Acked | None, files: list[Entry], old: dict) -> str:
-    return SourceState(rules, acked, record_of(files, old)).encode(old)
+    return encode_state(rules, acked, files, old)
 
 
 def test_written_and_read_back(tmp_path: Path) -> None:

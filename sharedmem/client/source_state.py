@@ -77,21 +77,18 @@ class SourceState(NamedTuple):
             return None
         return {p: r[2] for p, r in self.record.items() if isinstance(r, list) and len(r) == 5}
 
-    def encode(self, old: linejson.Old) -> str:
-        """The state file's text; `old` are the lines of the file as read, reused where unchanged."""
-        head = self.to_row()
-        record = head.pop("record") or {}
-        return linejson.encode(head, "record", record.items(), old)[0]
 
+def encode_state(rules: Any, acked: Acked | None, files: Iterable[Entry],
+                 old: linejson.Old) -> str:
+    """The state file's text for a snapshot's `files`; `old` are the saved record's lines.
 
-def record_of(files: Iterable[Entry], old: linejson.Old) -> dict[str, Any]:
-    """The record of a snapshot's `files`; `old` are the saved record's lines.
-
-    A file not read this time was taken from the saved record as it was: its old value stands,
-    the very same object, so linejson keeps its line.
+    A file not read this time keeps its saved line as it is (`linejson.rewrite`): a sync that
+    read 100 of 10,000 files encodes 100 lines.
     """
-    return {e.path: old[e.path][0] if e.text is None and e.path in old else
-            [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)] for e in files}
+    head = {"rules": rules, "acked": None if acked is None else acked.to_row()}
+    return linejson.rewrite(head, "record", (
+        (e.path, [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)],
+         e.text is None) for e in files), old)
 
 
 def read(path: Path) -> tuple[SourceState, linejson.Old]:

@@ -275,7 +275,8 @@ class Sync:
             if _state_unchanged(prepared, acked):
                 continue
             text = (prepared.state_text if acked is not None and prepared.state_text is not None
-                    else _state(prepared, acked).encode(prepared.lines))
+                    else source_state.encode_state(prepared.rules, acked, prepared.snap.files,
+                                                   prepared.lines))
             try:
                 atomic_write(prepared.state_file, text.encode("utf-8"), mode=0o600,
                              durable=False)
@@ -427,7 +428,8 @@ class Sync:
                 continue
             acked = source_state.Acked(prepared.digest)
             if not _state_unchanged(prepared, acked):
-                prepared.state_text = _state(prepared, acked).encode(prepared.lines)
+                prepared.state_text = source_state.encode_state(
+                    prepared.rules, acked, prepared.snap.files, prepared.lines)
 
     def _request(self, conn: Connection) -> None:
         """Send the notes and the pull, offering what this run published; once."""
@@ -583,12 +585,6 @@ def _state_unchanged(prepared: _Prepared, acked: source_state.Acked | None) -> b
     return (acked == saved.acked and saved.rules == prepared.rules
             and saved.record is not None and len(saved.record) == len(files)
             and all(e.text is None for e in files))
-
-
-def _state(prepared: _Prepared, acked: source_state.Acked | None) -> source_state.SourceState:
-    """The state a source leaves when the server acknowledged `acked` of its snapshot."""
-    return source_state.SourceState(prepared.rules, acked,
-                               source_state.record_of(prepared.snap.files, prepared.lines))
 
 
 def _needed(spec: sources.SourceSpec, by_sha: dict[str, walk.Entry],
