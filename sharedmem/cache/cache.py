@@ -41,6 +41,7 @@ from sharedmem.namespaces import Namespace
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
 
 META_DIR = ".sharedmem"
+INDEX_DIR = "index"  # below META_DIR: the search index's folder (search.py)
 MANIFEST_NAME = STORE_NAME
 SYNCED_NAME = "synced.json"  # the last sync's time alone, for the MCP server's start (status.py)
 LEGACY_MANIFEST, LEGACY_NAMESPACES = "manifest.json", "namespaces.json"  # versions 1 and 2

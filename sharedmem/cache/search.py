@@ -34,7 +34,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sharedmem.cache.cache import META_DIR, Cache, CachedFile, Manifest, NamespaceInfo
+from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache, CachedFile, Manifest, NamespaceInfo
 from sharedmem.cache.layout import CacheFiles
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.program import LAUNCHER
@@ -75,7 +75,7 @@ def normalize(text: str) -> str:
 
 def index_path(cache: Cache) -> Path:
     """Where the derived index of `cache` lives (private metadata, never published)."""
-    return cache.root / META_DIR / "index" / INDEX_FILE
+    return cache.root / META_DIR / INDEX_DIR / INDEX_FILE
 
 
 _COMPANIONS = ("", "-journal", "-wal", "-shm")

@@ -31,12 +31,15 @@ import errno
 import hashlib
 import os
 import stat
-import subprocess
 import sys
 import threading
 from array import array
 from pathlib import Path
 from queue import SimpleQueue
+
+TYPE_CHECKING = False  # subprocess loads only when a helper starts (`Staging._start`)
+if TYPE_CHECKING:
+    import subprocess
 
 STAGING_DIR = "staging"
 BATCH_BYTES = 1 << 20  # texts go to the helper in batches: one GIL hand-off per batch
@@ -136,6 +139,7 @@ class Staging:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._ready = True
+            import subprocess  # here: a sync that stages nothing never loads it
             self._child = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(self.folder)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

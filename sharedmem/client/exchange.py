@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from sharedmem.cache.cache import (
+    INDEX_DIR,
     NOTES_NAMESPACE,
     Cache,
     CachedFile,
@@ -273,8 +274,10 @@ class Exchange:
         index is derived data: if it cannot be written, the sync still succeeds and searches
         scan what it lacks.
         """
-        from sharedmem.cache import search
-        mark = search.index_mark(self.cache)
+        indexed = self.build_index or (self.cache.meta / INDEX_DIR).exists()
+        if indexed:  # no index, none to build: the search module is not even loaded
+            from sharedmem.cache import search
+        mark = search.index_mark(self.cache) if indexed else None
         damaged, rebuilt = self.cache.damaged, self.cache.rebuilt
         outcome = self.cache.commit(pulled.intake, pulled.removed, pulled.namespaces,
                                     server=pulled.server)
