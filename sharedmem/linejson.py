@@ -27,9 +27,7 @@ def encode(head: Mapping[str, Any], key: str, items: Iterable[tuple[str, Any]],
              if (known := old.get(name)) is None or known[0] != value]
     made = dict(zip((name for name, _ in fresh), _lines(fresh), strict=True))
     lines = {name: (value, made[name]) if name in made else old[name] for name, value in items}
-    first = json.dumps({**head, key: {}}, ensure_ascii=False)[:-2]  # ends in `"key": {`
-    body = ",\n".join(line for _, line in lines.values())
-    return f"{first}\n{body}\n}}}}", lines
+    return _text(head, key, [line for _, line in lines.values()]), lines
 
 
 def rewrite(head: Mapping[str, Any], key: str, items: Iterable[tuple[str, Any, bool]],
@@ -51,6 +49,11 @@ def rewrite(head: Mapping[str, Any], key: str, items: Iterable[tuple[str, Any, b
         lines.append(line or "")
     for (at, _, _), line in zip(fresh, _lines([(n, v) for _, n, v in fresh]), strict=True):
         lines[at] = line
+    return _text(head, key, lines)
+
+
+def _text(head: Mapping[str, Any], key: str, lines: list[str]) -> str:
+    """The file: `head` with `key` last, then its entries' lines, one a line."""
     first = json.dumps({**head, key: {}}, ensure_ascii=False)[:-2]  # ends in `"key": {`
     body = ",\n".join(lines)
     return f"{first}\n{body}\n}}}}"
@@ -93,41 +96,38 @@ def decode(text: str, key: str) -> tuple[dict[str, Any], Old]:
 class _Lines(Mapping[str, tuple[Any, str]]):
     """The lines of a mapping as read, split off the text only when first asked for.
 
-    A sync that rewrites nothing (no change) never asks: 10,000 lines cost it 10-20 ms.
+    A sync that rewrites nothing (no change) never asks: 10,000 lines cost it 10-20 ms. One
+    that does (`rewrite`) asks for lines by name, and pairs no value with its line.
     """
 
     def __init__(self, text: str, entries: dict[str, Any]) -> None:
         self._text, self._entries = text, entries
-        self._lines: dict[str, tuple[Any, str]] | None = None
-        self._split: tuple[dict[str, int], list[str]] | None = None  # see `line`
+        self._split: tuple[dict[str, int], list[str]] | None = None  # see `_places`
+        self._lines: dict[str, tuple[Any, str]] | None = None  # see `_made`
 
-    def line(self, name: str) -> str | None:
-        """The line of `name` as read (without its comma), or None; split off once, not paired.
-
-        For `rewrite`: a place by name and the text's lines, no (value, line) pair a name.
-        """
-        if self._lines is not None:
-            known = self._lines.get(name)
-            return None if known is None else known[1]
+    def _places(self) -> tuple[dict[str, int], list[str]]:
+        """Each name's line number and the text's lines; none when the text is not one a line."""
         if self._split is None:
             lines = self._text.split("\n")
-            if len(lines) != len(self._entries) + 2:
-                self._lines = {}
-                return None
-            self._split = ({n: i for i, n in enumerate(self._entries, 1)}, lines)
-        at = self._split[0].get(name)
+            self._split = (({n: i for i, n in enumerate(self._entries, 1)}, lines)
+                           if len(lines) == len(self._entries) + 2 else ({}, []))
+            self._text = ""
+        return self._split
+
+    def line(self, name: str) -> str | None:
+        """The line of `name` as read, without its comma; None when there is none."""
+        places, lines = self._places()
+        at = places.get(name)
         if at is None:
             return None
-        line = self._split[1][at]
+        line = lines[at]
         return line[:-1] if line.endswith(",") else line
 
     def _made(self) -> dict[str, tuple[Any, str]]:
         if self._lines is None:
-            lines, entries = self._text.split("\n"), self._entries
-            self._lines = {} if len(lines) != len(entries) + 2 else {
-                name: (item, line[:-1] if line.endswith(",") else line)
-                for (name, item), line in zip(entries.items(), lines[1:-1], strict=True)}
-            self._text = ""
+            line = self.line
+            self._lines = {name: (item, line(name)) for name, item in self._entries.items()
+                           } if self._places()[0] else {}
         return self._lines
 
     def __getitem__(self, name: str) -> tuple[Any, str]:
