@@ -240,6 +240,24 @@ def test_compress_setting(tmp_path: Path, value: str | None, kind: str, compress
     assert ("compress" in json.loads(config.dumps(cfg))) is (value not in (None, "auto"))
 
 
+@pytest.mark.parametrize(("host", "options", "compresses"), [
+    ("me@127.0.0.1", [], False), ("localhost", ["ConnectTimeout=10"], False),
+    ("me@::1", [], False), ("me@LocalHost", [], False), ("127.1.2.3", [], False),
+    ("me@server", [], True), ("me@10.0.0.1", [], True), ("me@localhost.example.org", [], True),
+    ("me@127.0.0.1", ["ProxyCommand=relay %h %p"], True),
+    ("me@127.0.0.1", ["proxyjump gateway"], True), ("me@localhost", ["ProxyJump=g"], True),
+])
+def test_auto_does_not_compress_ssh_to_this_machine(tmp_path: Path, host: str,
+                                                    options: list[str], compresses: bool) -> None:
+    """Over ssh to a loopback host nothing crosses a network; a proxy may lead anywhere."""
+    cfg = config.load(write(tmp_path / "client.json", ssh_raw(host=host, options=options)), {})
+    assert cfg.transport.loopback is not compresses
+    assert cfg.compresses is compresses
+    on = config.load(write(tmp_path / "on" / "client.json",
+                           {**ssh_raw(host=host, options=options), "compress": "on"}), {})
+    assert on.compresses
+
+
 @pytest.mark.parametrize("value", ["yes", True, 1, ["zlib"], ""])
 def test_bad_compress_setting(tmp_path: Path, value: object) -> None:
     path = write(tmp_path / "client.json", {**ssh_raw(), "compress": value})
@@ -247,4 +265,5 @@ def test_bad_compress_setting(tmp_path: Path, value: object) -> None:
         config.load(path, {})
     assert str(path) in str(exc.value)
     assert problems_of(exc) == [f"compress must be one of 'auto', 'on', 'off' (auto: on over "
-                                f"ssh, off for a local store), not {value!r}"]
+                                f"ssh to another machine, off for a local store or this "
+                                f"machine), not {value!r}"]

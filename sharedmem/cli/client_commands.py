@@ -29,7 +29,8 @@ def build_sync(sub: Any) -> None:
                    help="highest protocol version to speak (1 to talk to an old server)")
     p.add_argument("--compress", choices=("auto", "on", "off"),
                    help="compress the session (protocol 3), overriding client.json's compress "
-                   "(default auto: on over ssh, off for a local store)")
+                   "(default auto: on over ssh to another machine, off for a local store or ssh to "
+                   "this one)")
     p.add_argument("--wait", type=_seconds, default=DEFAULT_WAIT, metavar="SECONDS",
                    help="while another sync or a note's delivery of this machine runs, wait up "
                         f"to this long for it to finish, then run (default {DEFAULT_WAIT:g}; 0 "

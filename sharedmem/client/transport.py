@@ -205,17 +205,19 @@ class Connection:
         return hello
 
     def expected(self) -> dict[str, Any] | None:
-        """With no record, what a server of this version answers by default, if it compresses.
+        """With no record, what a server of this version answers by default, over ssh.
 
-        Only where compression is offered (a remote transport): a first sync over a slow link
-        then sends while ssh opens the session and the server starts. An older server, or one
-        with a smaller namespace quota, costs that first sync one reconnect, after which the
-        record says what it answers.
+        A first sync then sends while ssh opens the session and the server starts. An older
+        server, or one with a smaller namespace quota, costs that first sync one reconnect,
+        after which the record says what it answers.
         """
-        if not self.compress:
+        if self.config.transport.kind != "ssh" or max(self.versions) < 3:
             return None
-        return {"version": max(self.versions), "compress": COMPRESSIONS[0],
-                "ahead_bytes": self.config.limits.namespace_bytes}
+        expected: dict[str, Any] = {"version": max(self.versions),
+                                    "ahead_bytes": self.config.limits.namespace_bytes}
+        if self.compress:
+            expected["compress"] = COMPRESSIONS[0]
+        return expected
 
     def _assume(self, hello: dict[str, Any]) -> None:
         """Go on as if the server had answered `hello` again; `check_hello` reads the real one."""
