@@ -55,9 +55,19 @@ def test_a_new_namespace_staged_as_a_tree_moves_in_whole(cache: Cache) -> None:
     stage = staged(cache, batch, new=True)
     assert stage.written == set(range(40))
     assert staged_paths(stage) == sorted(p for p, _, _ in batch)  # each at its cache path
+    # The helper says when it wrote each: the time the file has once closed.
+    assert list(stage.mtimes) == [(stage.folder / p).stat().st_mtime_ns for p, _, _ in batch]
+    os.utime(stage.folder / batch[7][0], ns=(1, 10**18))  # what the cache shows counts, still
+    stage.mtimes[7] = -1  # unknown: the commit reads it from the disk
     info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
     done = cache.apply(batch, [], info, writer=PreStagedWriter(stage))
     assert done["written"] == 40
+    # Recorded without a stat each, as the disk has them after the folder's one rename: the
+    # next sync's check of the cache finds every file as recorded.
+    rows = {p: (f.size, f.mtime_ns) for p, f in Cache(cache.root).load().files.items()}
+    on_disk = {p: ((cache.root / p).stat().st_size, (cache.root / p).stat().st_mtime_ns)
+               for p, _, _ in batch}
+    assert rows == on_disk and rows[batch[7][0]][1] == 10**18
     assert staged_paths(stage) == []  # every one moved, none copied
     assert not (stage.folder / NS).exists()  # a namespace new to the cache: its folder moved
     for path, _, text in batch:
@@ -173,7 +183,8 @@ def test_the_helper_refuses_a_short_record(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-I", staging_mod.__file__, str(folder)],
                           input=b"0 6 3\nd/x.mdabc1 4 10\ny.mdshort", capture_output=True,
                           timeout=30)
-    assert proc.returncode == 1 and proc.stdout == b"0"
+    mtime = (folder / "d" / "x.md").stat().st_mtime_ns
+    assert proc.returncode == 1 and proc.stdout == b"0 %d" % mtime  # the one written, its time
     assert [p.relative_to(folder).as_posix() for p in folder.rglob("*")] == ["d", "d/x.md"]
     assert (folder / "d" / "x.md").read_bytes() == b"abc"
 

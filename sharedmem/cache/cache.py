@@ -581,7 +581,7 @@ class Cache:
             with store.transaction() as writing:
                 writing.upsert((p, *m) for p, m in self._verified.items()
                                if p in files and pulled.state(p) not in taken)
-                writing.upsert(_rows(pulled.rows(taken), base))
+                writing.upsert(_rows(pulled.rows(taken), base, done.moved.paths))
                 writing.delete(removed)
                 writing.set_namespaces(rows)
                 writing.set_meta(utc_now(), server or manifest.server)
@@ -665,10 +665,18 @@ class Cache:
             folder = folder.parent
 
 
-def _rows(taken: Iterable[tuple[str, str, int]],
-          base: str) -> Iterator[tuple[str, str, int, str, int]]:
-    """The row of each file just put in place: its size and time as the disk has them."""
+def _rows(taken: Iterable[tuple[str, str, int]], base: str,
+          moved: Mapping[str, tuple[int, int, str]]) -> Iterator[tuple[str, str, int, str, int]]:
+    """The row of each file just put in place: its size and time as the disk has them.
+
+    A file moved in with its namespace's folder (`Moved.paths`) has them from the staging's
+    helper, which read them once it closed the file: a first sync's every file, unstat'ed.
+    """
     for path, sha, _ in taken:
+        known = moved.get(path)
+        if known is not None and known[1] >= 0:
+            yield path, sha, known[0], known[2], known[1]
+            continue
         info = os.stat(base + path)
         yield path, sha, info.st_size, namespace_key(path), info.st_mtime_ns
 

@@ -379,9 +379,9 @@ class PullRows:
         return iter(self._conn.execute(f"SELECT {columns} FROM pulled WHERE {where}"
                                        " ORDER BY path", args))
 
-    def rows(self, states: tuple[int, ...]) -> Iterator[tuple[str, str, int]]:
-        """(path, sha256, state) of each record in `states`, in path order."""
-        return self._select("path, sha256, state", states)
+    def rows(self, states: tuple[int, ...], prefix: str = "") -> Iterator[tuple[str, str, int]]:
+        """(path, sha256, state) of each record in `states` (below `prefix`), in path order."""
+        return self._select("path, sha256, state", states, prefix)
 
     def paths(self, states: tuple[int, ...], prefix: str = "") -> Iterator[str]:
         """The path of each record in `states` (below `prefix`), in path order."""

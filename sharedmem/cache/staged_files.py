@@ -87,6 +87,9 @@ class Staging:
         self.sizes: array[int] = array("q")  # by number
         self.names: dict[int, str] = {}  # by number: below the folder, or <n>.part
         self.written: set[int] = set()  # by the helper; a `.pull` is written when staged
+        # By number: each written file's time as the helper found it once closed (-1: none).
+        # A rename keeps it, so the commit records a file moved in without a stat of its own.
+        self.mtimes: array[int] = array("q")
         self.pull_trees: frozenset[str] = frozenset()  # pulled texts staged as a tree (put)
         self._tree_files: dict[str, int] = {}  # by namespace: texts staged in its tree
         self._mixed: set[str] = set()  # namespaces where a path was put twice: not moved whole
@@ -171,7 +174,13 @@ class Staging:
         self._feeder.join()
         self._feeder = None
         report = self._child.stdout.read()  # ends when the helper closes it, before it exits
-        self.written.update(int(n) for n in report.split() if n.isdigit())
+        mtimes = self.mtimes = array("q", [-1]) * len(self.sizes)
+        for line in report.split(b"\n"):
+            number, _, mtime = line.partition(b" ")
+            if number.isdigit() and int(number) < len(mtimes):
+                self.written.add(int(number))
+                if mtime.isdigit():
+                    mtimes[int(number)] = int(mtime)
 
     def has(self, path: str, sha: str) -> bool:
         """Whether `path` at `sha` is staged, or queued for the helper to stage."""
@@ -307,12 +316,14 @@ class Staging:
         self._tree_files.pop(namespace)
         return True
 
-    def move_folder(self, namespace: str, pulled: dict[str, str], target: str) -> dict[str, int]:
+    def move_folder(self, namespace: str, pulled: dict[str, str],
+                    target: str) -> dict[str, tuple[int, int, str]]:
         """Rename the staged folder of `namespace` onto `target` (absent) if it is just as pulled.
 
         `pulled` maps each cache path of the namespace to its sha256. Only if every one is staged
         and written at that sha256, and nothing else is staged there, does the folder move in
-        one rename; returns the size of each file moved (empty if none was).
+        one rename. Returns each file moved (none if it was not) with what its manifest row
+        needs that the rename keeps: its size, its time (-1: unknown) and its namespace.
         """
         prefix = namespace + "/"
         mine = {path: number for path, number in self.numbers.items() if path.startswith(prefix)}
@@ -327,7 +338,9 @@ class Staging:
         except OSError:
             return {}
         self.written.difference_update(mine.values())
-        return {path: self.sizes[number] for path, number in mine.items()}
+        sizes, mtimes = self.sizes, self.mtimes
+        return {path: (sizes[number], mtimes[number] if number < len(mtimes) else -1, namespace)
+                for path, number in mine.items()}
 
     def discard(self) -> None:
         """Stop the helper and remove every staged file, also a killed sync's."""
@@ -342,6 +355,7 @@ class Staging:
         self.numbers.clear()
         self.shas.clear()
         self.sizes = array("q")
+        self.mtimes = array("q")
         self.names.clear()
         self.written.clear()
         self._tree_files.clear()
@@ -394,11 +408,12 @@ def _record(number: int, path: str, data: bytes) -> bytes:
     return b"%d %d %d\n%s%s" % (number, len(name), len(data), name, data)
 
 
-def _write_new(folder: str, path: str, data: bytes, made: set[str]) -> bool:
-    """Create the staged file of `path` (it must not exist) holding `data`; False if that failed.
+def _write_new(folder: str, path: str, data: bytes, made: set[str]) -> int | None:
+    """Create the staged file of `path` (it must not exist) holding `data`: its time once closed.
 
-    `made` holds the folders made so far, so each is made once. The paths are the sync's own,
-    checked by the walk: no part is empty, `.`, `..` or absolute.
+    None if that failed. `made` holds the folders made so far, so each is made once. The paths
+    are the sync's own, checked by the walk: no part is empty, `.`, `..` or absolute. The time
+    is read after the close (a file system may set it then), here on the helper's CPU.
     """
     target = _below(folder, path)
     parent = os.path.dirname(target)
@@ -413,15 +428,16 @@ def _write_new(folder: str, path: str, data: bytes, made: set[str]) -> bool:
                 raise OSError("short write")
         finally:
             os.close(fd)
+        return os.stat(target).st_mtime_ns
     except OSError:
-        return False
-    return True
+        return None
 
 
 def _helper(folder: str) -> int:
     """Write each record (see `_record`) to its staged file below `folder`.
 
-    Prints the numbers written, so the sync moves only whole files.
+    Prints a line for each file written, its number and time, so the sync moves only whole
+    files and records them without a stat.
     """
     source = sys.stdin.buffer
     written: list[str] = []
@@ -431,10 +447,11 @@ def _helper(folder: str) -> int:
         number, name_size, size = (int(x) for x in header.split())
         path = source.read(name_size).decode("utf-8")
         data = source.read(size)
-        if len(data) != size or not _write_new(folder, path, data, made):
+        mtime = _write_new(folder, path, data, made) if len(data) == size else None
+        if mtime is None:
             status = 1
             break
-        written.append(str(number))
+        written.append(f"{number} {mtime}")
     sys.stdout.write("\n".join(written))
     sys.stdout.close()  # the sync goes on as soon as it has read this; it reaps us later
     return status

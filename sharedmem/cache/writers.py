@@ -31,7 +31,7 @@ class Moved:
     """
 
     def __init__(self) -> None:
-        self.paths: dict[str, int] = {}
+        self.paths: dict[str, tuple[int, int, str]] = {}  # size, time (-1: unknown), namespace
         self.trees: set[str] = set()
 
     def has(self, path: str, state: int) -> bool:
@@ -115,12 +115,10 @@ class PreStagedWriter(FileWriter):
         Each is in `moved` as soon as it is in place, so a commit that fails after it undoes
         it. The rest are moved or written one by one.
         """
-        new: dict[str, dict[str, str]] = {}
-        if self.staging.new_namespaces:
-            for path, sha, _ in pulled.rows(PullRows.TAKEN):
-                if (key := namespace_key(path)) in self.staging.new_namespaces:
-                    new.setdefault(key, {})[path] = sha
-        for key, files in new.items():
+        for key in sorted(self.staging.new_namespaces):
+            files = {path: sha for path, sha, _ in pulled.rows(PullRows.TAKEN, key + "/")}
+            if not files:
+                continue
             target = folders.target(key, create=True)  # makes machines/<machine>, refusing links
             if target is not None and not os.path.lexists(target):
                 moved.paths.update(self.staging.move_folder(key, files, target))
