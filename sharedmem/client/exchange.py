@@ -93,6 +93,7 @@ class Exchange:
         self.digests: dict[str, str | None] = {}  # the server's, as of the cache's generation
         self.offer = Published()
         self.whole: Mapping[str, str] = {}  # the namespaces the pull asked to leave out
+        self.ahead: tuple[frozenset[str], frozenset[str], Intake] | None = None  # take_own_ahead
         self.sent_notes: list[tuple[Path, QueuedNote]] | None = None
         self.answered: list[tuple[Path, dict[str, str] | None]] = []  # each note, why refused
         self.notes: dict[str, Any] = {"delivered": 0, "refused": []}
@@ -169,6 +170,23 @@ class Exchange:
                 pull["have"] = sorted(self.offer.texts)
             conn.channel.send(pull)
 
+    def take_own_ahead(self, writer: PreStagedWriter) -> None:
+        """Take this run's own files into an intake while the server's answer is on its way.
+
+        The pull leaves out the namespaces it was offered whole (`skipped`) and takes whole
+        those the cache lacks; when the answer says just that of them, `receive` goes on with
+        this intake, else it starts one afresh. A first sync's every file is taken here, not
+        after the answer. Nothing here changes the cache.
+        """
+        if self.cache.rebuilt or not self.whole:
+            return
+        offered = frozenset(self.whole)
+        whole = offered - set(self.offer.changed)  # as `receive` will find them, if all goes well
+        intake = self.cache.intake(writer, full_namespaces=whole,
+                                   file_bytes=self.config.limits.file_bytes)
+        intake.add_own(self.offer.files(offered))
+        self.ahead = (offered, whole, intake)
+
     def deliver(self, conn: Connection) -> None:
         """Take the server's answer to each note sent; the outbox changes only in `settle`."""
         self.request(conn)
@@ -227,11 +245,18 @@ class Exchange:
                 key for key in namespaces if key not in self.known and key != NOTES_NAMESPACE)
         # A rebuilt file list asked for every note: one the server does not send goes.
         notes = {NOTES_NAMESPACE} if self.cache.rebuilt else set()
-        intake = self.cache.intake(
-            writer, full=conn.version == 1,
-            full_namespaces=set(full) | (skipped_own - set(self.offer.changed)) | notes,
-            file_bytes=self.config.limits.file_bytes)
-        intake.add_own(self.offer.files(skipped_own))
+        full_namespaces = set(full) | (skipped_own - set(self.offer.changed)) | notes
+        ahead = self.ahead
+        if (ahead is not None and conn.version > 1 and ahead[0] == skipped_own
+                and ahead[1] == full_namespaces & skipped_own):
+            intake = ahead[2]  # this run's own files, taken as `receive` takes them, meanwhile
+            intake.full_namespaces = full_namespaces
+        else:
+            intake = self.cache.intake(writer, full=conn.version == 1,
+                                       full_namespaces=full_namespaces,
+                                       file_bytes=self.config.limits.file_bytes)
+            intake.add_own(self.offer.files(skipped_own))
+        self.ahead = None
         removed = removed + self.offer.removed(skipped_own)
         texts = self.offer.texts
         count = 0
