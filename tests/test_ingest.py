@@ -181,6 +181,23 @@ def test_delta_ingest_and_stale_base(st: Store) -> None:
     assert issubclass(StaleBase, StoreError)
 
 
+def test_a_whole_snapshot_digest_is_that_of_the_files_accepted(st: Store) -> None:
+    # Sent in no order, with non-ASCII names (each checked one by one), a collision, a bad
+    # path and a missing body: the digest is taken from the accepted files in path order.
+    sent = [*files({"z.md": "Z", "caf\u00e9.md": "E", "A.md": "A1", "b/x.md": "X"}),
+            *files({"a.md": "A2", "../up.md": "U", "\u65e5\u8a18.md": "J"}),
+            IncomingFile("m.md", "ab" * 32, 5, 0)]
+    report = ingest(st, "m1", "notes", "markdown", sent)
+    assert sorted((r["path"], r["reason"]) for r in report.refused) == [
+        ("../up.md", "bad-path"), ("a.md", "collision"), ("m.md", "missing-body")]
+    accepted = {"z.md": "Z", "caf\u00e9.md": "E", "A.md": "A1", "b/x.md": "X",
+                "\u65e5\u8a18.md": "J"}
+    expected = digest_of((p, sha256_text(t)) for p, t in accepted.items())
+    assert st.namespace_digest("m1", "notes") == expected
+    assert exported(st, "machines/m1/notes/") == {f"machines/m1/notes/{p}": t
+                                                   for p, t in accepted.items()}
+
+
 def test_a_delta_digest_listed_by_sqlite_is_the_digest_of_the_whole_namespace(st: Store) -> None:
     # A delta's digest comes from SQLite's path order; the client computes it from Python's
     # sorted strings. Names whose UTF-8 bytes and punctuation test that the two orders agree.
