@@ -294,6 +294,7 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
     file_bytes, namespace_files = limits.file_bytes, limits.namespace_files
     namespace_bytes, kept_count = limits.namespace_bytes, kept.count
     redacted, stored = report.redacted, report.stored
+    kept_keys: set[str] | None = None
     for item in sorted(files, key=_PATH if plain else _shown_path):
         path, sha256, size, mtime_ns, text, counts, stored_as, refused = item
         problem = None if plain else allowlist.problem(kind, path)
@@ -305,7 +306,9 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
         if not clash and path not in existing:
             # A stored name never clashes with those stored beside it (every ingest refuses
             # such pairs), so only a new name is checked against the kept files.
-            clash = key in kept.keys()
+            if kept_keys is None:
+                kept_keys = kept.keys()
+            clash = key in kept_keys
         if clash:
             refuse(path, "collision", f"{path!r} collides with another path that "
                    "differs only by case or Unicode form; rename one of them")
