@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections import namedtuple
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from operator import itemgetter
 
 from sharedmem.clock import utc_now
@@ -265,7 +265,8 @@ def _encodes(text: str) -> bool:
 
 def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
                  limits: Limits, report: IngestReport, kept: _Kept,
-                 existing: Container[str] = (), absent: Container[str] = (),
+                 existing: Mapping[str, tuple[str, int, int]] | None = None,
+                 absent: Container[str] = (),
                  machine: _Machine | None = None) -> dict[str, tuple[str, int, int]]:
     """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted.
 
@@ -273,7 +274,8 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
     is taken from them as they are (`digest_of_sorted`).
 
     `kept` are files a delta leaves as they are: they passed these checks when stored, and
-    count towards the quota; `existing` holds the names of `files` stored now; `absent` are
+    count towards the quota; `existing` holds the rows of `files` stored now, path -> (sha256,
+    size, 0), whose sizes stand for a body's when a file names the sha256 it has; `absent` are
     bodies the server stored as they arrived that are gone again (another session dropped them);
     `machine` what the machine's other namespaces hold, against its totals. The file limit
     holds for every body, however it came: sent now, stored as it arrived, or already stored.
@@ -295,6 +297,13 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
     namespace_bytes, kept_count = limits.namespace_bytes, kept.count
     redacted, stored = report.redacted, report.stored
     kept_keys: set[str] | None = None
+    # The sizes of the bodies the store already holds that files name: from the file's own row
+    # when it names the body it has (a row's size is its body's, and the row keeps the body),
+    # else in a few queries. One query each cost a whole-manifest re-sync most of its time.
+    existing = existing or {}
+    sizes = _sizes(conn, {f.sha256 for f in files if f.text is None and f.refused is None and (
+        f.redactions is None or (f.stored or f.sha256) in absent) and _address(f.sha256)
+        and not (type(f.path) is str and existing.get(f.path, ("",))[0] == f.sha256)})
     for item in sorted(files, key=_PATH if plain else _shown_path):
         path, sha256, size, mtime_ns, text, counts, stored_as, refused = item
         problem = None if plain else allowlist.problem(kind, path)
@@ -331,13 +340,13 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
                 continue
             sha, size = sha256_text(text), len(body)
         else:
-            found = conn.execute("SELECT size FROM blobs WHERE sha256=?", (sha256,)
-                                 ).fetchone() if _address(sha256) else None
+            row = existing.get(path)
+            found = row[1] if row is not None and row[0] == sha256 else sizes.get(sha256)
             if found is None:
                 refuse(path, "missing-body", f"{path!r}: the server has no body "
                        f"for sha256 {sha256}; send it")
                 continue
-            text, counts, sha, size = None, None, str(sha256), found[0]
+            text, counts, sha, size = None, None, str(sha256), found
         if size > file_bytes:  # every body: one stored before may be over it
             refuse(path, "too-large", _REFUSED["too-large"].format(
                 path=path, size=size, limits=limits))
@@ -361,6 +370,17 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
         accepted[path] = (sha, size, int(mtime_ns or 0))
     conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", blobs)
     return accepted
+
+
+def _sizes(conn: sqlite3.Connection, shas: set[str]) -> dict[str, int]:
+    """sha256 -> size of those of these bodies the store holds (inside the ingest's transaction)."""
+    wanted = sorted(shas)
+    found: dict[str, int] = {}
+    for i in range(0, len(wanted), 500):
+        chunk = wanted[i:i + 500]
+        found.update(conn.execute("SELECT sha256, size FROM blobs WHERE sha256 IN "
+                                  f"({','.join('?' * len(chunk))})", chunk))
+    return found
 
 
 _PATH = itemgetter(0)  # an IncomingFile's path, when every path is a string

@@ -355,7 +355,8 @@ class Session:
         if base is None and "files" not in message:
             raise PeerError("bad-field", "manifest needs files (whole) or base (delta)")
         shas = {sha for _, sha, _, _ in entries}
-        need = self.store.need(shas - self.pool.keys() - self.refused.keys())
+        need = self.store.need(shas - self.pool.keys() - self.refused.keys(),
+                               (self.machine, source))
         if self.version >= 3:
             missing, index = set(need), []
             for i, (_, sha, _, _) in enumerate(entries):
