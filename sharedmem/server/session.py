@@ -97,12 +97,12 @@ class Session:
         a fifth of the time from that manifest to its result. Reference counting frees all
         the rest as before.
         """
-        paused = gc.isenabled()
+        collecting = gc.isenabled()
         gc.disable()
         try:
             return self._run()
         finally:
-            if paused:
+            if collecting:
                 gc.enable()
 
     def _run(self) -> int:
