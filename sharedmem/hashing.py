@@ -18,4 +18,9 @@ def sha256_text(text: str) -> str:
 
 def digest_of(entries: Iterable[tuple[str, str]]) -> str:
     """Order-independent digest of a namespace's (path, sha256) pairs, computed alike on both ends."""
-    return sha256_text("".join(f"{p}\0{s}\n" for p, s in sorted(entries)))
+    return digest_of_sorted(sorted(entries))
+
+
+def digest_of_sorted(entries: Iterable[tuple[str, str]]) -> str:
+    """`digest_of` pairs already in path order, each path once: without sorting them again."""
+    return sha256_text("".join([f"{p}\0{s}\n" for p, s in entries]))

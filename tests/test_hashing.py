@@ -16,3 +16,9 @@ def test_digest_of_ignores_order() -> None:
     pairs = [("b.md", "2"), ("a.md", "1")]
     assert hashing.digest_of(pairs) == hashing.digest_of(reversed(pairs))
     assert hashing.digest_of(pairs) != hashing.digest_of(pairs[:1])
+
+
+def test_digest_of_sorted_pairs_is_their_digest_without_a_sort() -> None:
+    pairs = [("a.md", "1"), ("b/c.md", "2"), ("caf\u00e9.md", "3"), ("\u65e5.md", "4")]
+    assert hashing.digest_of_sorted(pairs) == hashing.digest_of(reversed(pairs))
+    assert hashing.digest_of_sorted(reversed(pairs)) != hashing.digest_of(pairs)  # it trusts

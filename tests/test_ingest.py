@@ -181,6 +181,46 @@ def test_delta_ingest_and_stale_base(st: Store) -> None:
     assert issubclass(StaleBase, StoreError)
 
 
+def test_a_whole_snapshot_digest_is_that_of_the_files_accepted(st: Store) -> None:
+    # Sent in no order, with non-ASCII names (each checked one by one), a collision, a bad
+    # path and a missing body: the digest is taken from the accepted files in path order.
+    sent = [*files({"z.md": "Z", "caf\u00e9.md": "E", "A.md": "A1", "b/x.md": "X"}),
+            *files({"a.md": "A2", "../up.md": "U", "\u65e5\u8a18.md": "J"}),
+            IncomingFile("m.md", "ab" * 32, 5, 0)]
+    report = ingest(st, "m1", "notes", "markdown", sent)
+    assert sorted((r["path"], r["reason"]) for r in report.refused) == [
+        ("../up.md", "bad-path"), ("a.md", "collision"), ("m.md", "missing-body")]
+    accepted = {"z.md": "Z", "caf\u00e9.md": "E", "A.md": "A1", "b/x.md": "X",
+                "\u65e5\u8a18.md": "J"}
+    expected = digest_of((p, sha256_text(t)) for p, t in accepted.items())
+    assert st.namespace_digest("m1", "notes") == expected
+    assert exported(st, "machines/m1/notes/") == {f"machines/m1/notes/{p}": t
+                                                   for p, t in accepted.items()}
+
+
+def test_a_snapshot_naming_stored_bodies_reads_their_sizes_in_few_queries(st: Store) -> None:
+    # Sent again whole, a namespace's own files take their sizes from their rows; bodies that
+    # other files hold are read a few hundred at a time; an unknown one is a missing body.
+    mine = {f"{i:04d}.md": f"mine {i}" for i in range(600)}
+    theirs = {f"{i:04d}.md": f"theirs {i}" * 3 for i in range(700)}
+    ingest(st, "m1", "notes", "markdown", files(mine))
+    ingest(st, "m2", "notes", "markdown", files(theirs))
+    sent = [IncomingFile(p, sha256_text(t), 0, 0) for p, t in mine.items()]
+    sent += [IncomingFile(f"t/{p}", sha256_text(t), 0, 0) for p, t in theirs.items()]
+    sent.append(IncomingFile("gone.md", "ab" * 32, 3, 0))
+    statements: list[str] = []
+    st.conn.set_trace_callback(statements.append)
+    report = ingest(st, "m1", "notes", "markdown", sent)
+    st.conn.set_trace_callback(None)
+    assert [r["path"] for r in report.refused] == ["gone.md"] and report.accepted == 1300
+    assert len([s for s in statements if "FROM blobs" in s]) == 2  # 701 bodies, 500 a query
+    size = sum(len(t.encode()) for t in [*mine.values(), *theirs.values()])
+    assert st.conn.execute("SELECT file_count, byte_count FROM namespaces WHERE machine='m1'"
+                           ).fetchone() == (1300, size)
+    assert st.conn.execute("SELECT sum(size) FROM files f JOIN namespaces n ON n.id = "
+                           "f.namespace_id WHERE n.machine='m1'").fetchone() == (size,)
+
+
 def test_a_delta_digest_listed_by_sqlite_is_the_digest_of_the_whole_namespace(st: Store) -> None:
     # A delta's digest comes from SQLite's path order; the client computes it from Python's
     # sorted strings. Names whose UTF-8 bytes and punctuation test that the two orders agree.

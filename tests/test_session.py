@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import re
@@ -145,6 +146,50 @@ def test_v1_publish_and_export(tmp_path):
     files = [f for r in replies if r["type"] == "files" for f in r["files"]]
     assert files == [["machines/laptop/notes/x.md", sha256_text("hello"), "hello"]]
     assert replies[-1]["type"] == "end"
+
+
+def test_v1_publish_refuses_a_text_that_is_not_utf8_and_keeps_the_rest(tmp_path):
+    store = tmp_path / "store.sqlite3"
+    lines = [enc({**HELLO, "versions": [1]}),
+             enc({"type": "publish", "source": "notes", "kind": "markdown"}),
+             b'{"type": "files", "files": [{"path": "bad.md", "text": "a\\ud800b"}, '
+             b'{"path": "good.md", "text": "fine", "mtime_ns": 7}]}\n',
+             enc({"type": "commit"})]
+    result = talk(store, lines)[-1]
+    assert result["accepted"] == 1
+    assert [(r["path"], r["reason"]) for r in result["refused"]] == [("bad.md", "invalid-utf8")]
+    with Store.open(store) as s:
+        assert s.conn.execute("SELECT path, sha256, mtime_ns FROM files").fetchall() == [
+            ("good.md", sha256_text("fine"), 7)]
+
+
+def test_a_session_pauses_the_cycle_collector_and_restores_it(tmp_path):
+    # A manifest of thousands of entries is thousands of lists: with the collector on, its
+    # parse alone runs several collections, each walking everything the session holds.
+    texts = {f"{i:04d}.md": f"text {i}" for i in range(3000)}
+    entries = [[p, sha256_text(t), len(t.encode()), 0] for p, t in texts.items()]
+    lines = [enc(HELLO3), enc({"type": "bodies", "bodies": list(texts.values())}),
+             enc({"type": "manifest", "source": "notes", "kind": "markdown",
+                  "digest": digest_of((e[0], e[1]) for e in entries), "files": entries}),
+             enc({"type": "bye"})]
+    out = io.BytesIO()
+    session = Session(tmp_path / "store.sqlite3", Channel(io.BytesIO(b"".join(lines)), out,
+                                                          "client"), None)
+    collections: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    assert gc.isenabled()
+    gc.callbacks.append(count)
+    try:
+        assert session.run() == 0
+    finally:
+        gc.callbacks.remove(count)
+    assert collections == [] and gc.isenabled()
+    result = [json.loads(line) for line in out.getvalue().splitlines()][-1]
+    assert result["type"] == "result" and result["accepted"] == 3000
 
 
 def ahead(texts: list[str]) -> bytes:

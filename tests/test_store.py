@@ -607,3 +607,24 @@ def test_a_commit_looks_its_bodies_up_again_once_its_session_was_taken_for_dead(
             for p, t in (("a.md", first), ("b.md", later))])
         assert [(r["path"], r["reason"]) for r in report.refused] == [("a.md", "missing-body")]
         assert exported(live) == {"machines/m1/notes/b.md": later} and live.verify() == []
+
+
+def test_need_reads_a_namespace_sent_again_whole_not_each_of_its_bodies(st: Store) -> None:
+    texts = {f"{i:03d}.md": f"text {i}" for i in range(40)}
+    ingest(st, "m1", "notes", "markdown", files(texts))
+    st.put_blobs([(sha256_text("loose"), 5, b"loose")])  # held, used by no file
+    asked = [sha256_text(t) for t in texts.values()] + [sha256_text("loose"), "ab" * 32]
+    statements: list[str] = []
+    st.conn.set_trace_callback(statements.append)
+    assert st.need(asked, ("m1", "notes")) == ["ab" * 32]
+    st.conn.set_trace_callback(None)
+    looked_up = [s for s in statements if "FROM blobs b WHERE sha256 IN" in s]
+    assert len(looked_up) == 1 and looked_up[0].count("'") == 4  # the two its files do not use
+    # Without the namespace, or for one that holds many more files than are asked about,
+    # each is looked up: the same answer.
+    assert st.need(asked) == ["ab" * 32]
+    statements.clear()
+    st.conn.set_trace_callback(statements.append)
+    assert st.need(asked[-3:], ("m1", "notes")) == ["ab" * 32]
+    st.conn.set_trace_callback(None)
+    assert not any("FROM files WHERE namespace_id" in s for s in statements)

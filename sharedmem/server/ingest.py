@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections import namedtuple
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
+from operator import itemgetter
 
 from sharedmem.clock import utc_now
 from sharedmem.core import StoreError
-from sharedmem.hashing import digest_of, sha256_bytes, sha256_text
+from sharedmem.hashing import digest_of_sorted, sha256_bytes, sha256_text
 from sharedmem.rules import (
     KIND_MARKDOWN,
     SOURCE_KINDS,
@@ -138,8 +139,9 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         accepted = _check_files(conn, kind, files, limits, report, kept, current, absent, others)
         gone = [p for p in current if p not in accepted]
         # mtime_ns is not compared: a kept file's row is never rewritten, only changed ones.
-        changed = [(p, s, z, m) for p, (s, z, m) in accepted.items()
-                   if current.get(p, (None,))[0] != s]
+        changed = ([(p, s, z, m) for p, (s, z, m) in accepted.items()
+                    if current.get(p, (None,))[0] != s] if current else
+                   [(p, s, z, m) for p, (s, z, m) in accepted.items()])
         if row is not None and row[2] and not gone and not changed:
             conn.execute("UPDATE namespaces SET synced_at=? WHERE id=?", (utc_now(), row[0]))
             report.generation, report.unchanged = row[2], True
@@ -150,8 +152,9 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         conn.execute("UPDATE meta SET value=? WHERE key='generation'", (str(generation),))
         count = kept.count + len(accepted)
         size = kept.size + sum(z for _, z, _ in accepted.values())
-        # A whole snapshot is all in `accepted`; a delta's digest is listed after its writes.
-        digest = (digest_of((p, s) for p, (s, _, _) in accepted.items())
+        # A whole snapshot is all in `accepted`, in path order; a delta's digest is listed
+        # after its writes.
+        digest = (digest_of_sorted([(p, s) for p, (s, _, _) in accepted.items()])
                   if base_digest is None else None)
         if row is None:
             ns_id = conn.execute(
@@ -168,10 +171,12 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         # A path the namespace holds is replaced: the delete fires the triggers that keep its
         # previous version and mark its old body unused. A new one is only inserted, a third
         # cheaper (a first sync's every file).
-        for verb, rows in (("INSERT", [c for c in changed if c[0] not in current]),
+        for verb, rows in (("INSERT", [c for c in changed if c[0] not in current]
+                            if current else changed),
                            ("INSERT OR REPLACE", [c for c in changed if c[0] in current])):
-            conn.executemany(f"{verb} INTO files VALUES (?,?,?,?,?,?)",
-                             [(ns_id, p, s, z, m, generation) for p, s, z, m in rows])
+            if rows:
+                conn.executemany(f"{verb} INTO files VALUES (?,?,?,?,?,?)",
+                                 [(ns_id, p, s, z, m, generation) for p, s, z, m in rows])
         if row is not None:  # a new namespace has no tombstones yet
             conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
                              [(ns_id, c[0]) for c in changed])
@@ -260,12 +265,17 @@ def _encodes(text: str) -> bool:
 
 def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
                  limits: Limits, report: IngestReport, kept: _Kept,
-                 existing: Container[str] = (), absent: Container[str] = (),
+                 existing: Mapping[str, tuple[str, int, int]] | None = None,
+                 absent: Container[str] = (),
                  machine: _Machine | None = None) -> dict[str, tuple[str, int, int]]:
     """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted.
 
+    Accepted in path order, each path once (a second is a collision): a whole snapshot's digest
+    is taken from them as they are (`digest_of_sorted`).
+
     `kept` are files a delta leaves as they are: they passed these checks when stored, and
-    count towards the quota; `existing` holds the names of `files` stored now; `absent` are
+    count towards the quota; `existing` holds the rows of `files` stored now, path -> (sha256,
+    size, 0), whose sizes stand for a body's when a file names the sha256 it has; `absent` are
     bodies the server stored as they arrived that are gone again (another session dropped them);
     `machine` what the machine's other namespaces hold, against its totals. The file limit
     holds for every body, however it came: sent now, stored as it arrived, or already stored.
@@ -282,73 +292,103 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
 
     paths = [f.path for f in files]
     plain = all(type(p) is str for p in paths) and allowlist.plain(kind, paths)
-    for item in sorted(files, key=lambda f: str(f.path)):
-        problem = None if plain else allowlist.problem(kind, item.path)
+    # Read once, not for each of a first sync's 10,000 files.
+    file_bytes, namespace_files = limits.file_bytes, limits.namespace_files
+    namespace_bytes, kept_count = limits.namespace_bytes, kept.count
+    redacted, stored = report.redacted, report.stored
+    kept_keys: set[str] | None = None
+    # The sizes of the bodies the store already holds that files name: from the file's own row
+    # when it names the body it has (a row's size is its body's, and the row keeps the body),
+    # else in a few queries. One query each cost a whole-manifest re-sync most of its time.
+    existing = existing or {}
+    sizes = _sizes(conn, {f.sha256 for f in files if f.text is None and f.refused is None and (
+        f.redactions is None or (f.stored or f.sha256) in absent) and _address(f.sha256)
+        and not (type(f.path) is str and existing.get(f.path, ("",))[0] == f.sha256)})
+    for item in sorted(files, key=_PATH if plain else _shown_path):
+        path, sha256, size, mtime_ns, text, counts, stored_as, refused = item
+        problem = None if plain else allowlist.problem(kind, path)
         if problem:
-            refuse(item.path, "bad-path", problem)
+            refuse(path, "bad-path", problem)
             continue
-        key = item.path.lower() if plain else collision_key(item.path)  # the same, for ASCII
+        key = path.lower() if plain else collision_key(path)  # the same, for ASCII
         clash = key in keys
-        if not clash and item.path not in existing:
+        if not clash and path not in existing:
             # A stored name never clashes with those stored beside it (every ingest refuses
             # such pairs), so only a new name is checked against the kept files.
-            clash = key in kept.keys()
+            if kept_keys is None:
+                kept_keys = kept.keys()
+            clash = key in kept_keys
         if clash:
-            refuse(item.path, "collision", f"{item.path!r} collides with another path that "
+            refuse(path, "collision", f"{path!r} collides with another path that "
                    "differs only by case or Unicode form; rename one of them")
             continue
-        if item.refused is not None:
-            refuse(item.path, item.refused, _REFUSED[item.refused].format(
-                path=item.path, size=item.size, limits=limits))
+        if refused is not None:
+            refuse(path, refused, _REFUSED[refused].format(path=path, size=size, limits=limits))
             continue
-        if item.text is None and item.redactions is not None and (
-                item.stored or item.sha256) not in absent:  # stored as it arrived
-            text, counts, sha, size = None, item.redactions, item.stored or item.sha256, item.size
-        elif item.redactions == {} and item.text is not None:  # verified as it arrived
-            text, counts, sha, size = item.text, item.redactions, item.sha256, item.size
-        elif item.text is not None:
+        if text is None and counts is not None and (stored_as or sha256) not in absent:
+            sha = stored_as or sha256  # stored as it arrived
+        elif counts == {} and text is not None:  # verified as it arrived
+            sha = sha256
+        elif text is not None:
             try:
-                if item.redactions is None:
+                if counts is None:
                     from sharedmem.redact.redactor import redact  # compiled only when bodies come
-                    text, counts = redact(item.text)
-                else:
-                    text, counts = item.text, item.redactions
+                    text, counts = redact(text)
                 body = text.encode("utf-8")
             except UnicodeEncodeError:
-                refuse(item.path, "invalid-utf8", f"{item.path!r} is not valid UTF-8 text")
+                refuse(path, "invalid-utf8", f"{path!r} is not valid UTF-8 text")
                 continue
             sha, size = sha256_text(text), len(body)
         else:
-            found = conn.execute("SELECT size FROM blobs WHERE sha256=?", (item.sha256,)
-                                 ).fetchone() if _address(item.sha256) else None
+            row = existing.get(path)
+            found = row[1] if row is not None and row[0] == sha256 else sizes.get(sha256)
             if found is None:
-                refuse(item.path, "missing-body", f"{item.path!r}: the server has no body "
-                       f"for sha256 {item.sha256}; send it")
+                refuse(path, "missing-body", f"{path!r}: the server has no body "
+                       f"for sha256 {sha256}; send it")
                 continue
-            text, counts, sha, size = None, None, str(item.sha256), found[0]
-        if size > limits.file_bytes:  # every body: one stored before may be over it
-            refuse(item.path, "too-large", _REFUSED["too-large"].format(
-                path=item.path, size=size, limits=limits))
+            text, counts, sha, size = None, None, str(sha256), found
+        if size > file_bytes:  # every body: one stored before may be over it
+            refuse(path, "too-large", _REFUSED["too-large"].format(
+                path=path, size=size, limits=limits))
             continue
-        if (kept.count + len(accepted) >= limits.namespace_files
-                or total + size > limits.namespace_bytes):
-            refuse(item.path, "quota", _REFUSED["quota"].format(path=item.path, limits=limits))
+        count = kept_count + len(accepted)
+        if count >= namespace_files or total + size > namespace_bytes:
+            refuse(path, "quota", _REFUSED["quota"].format(path=path, limits=limits))
             continue
-        if machine is not None and machine.full(kept.count + len(accepted) + 1, total + size):
-            refuse(item.path, "machine-quota", machine.message(item.path))
+        if machine is not None and machine.full(count + 1, total + size):
+            refuse(path, "machine-quota", machine.message(path))
             continue
         if counts:  # a body sent this time: its redactions count
-            for name, count in counts.items():
-                report.redacted[name] = report.redacted.get(name, 0) + count
+            for name, number in counts.items():
+                redacted[name] = redacted.get(name, 0) + number
         if text is not None:  # only now: a body refused by the quota is not stored
             blobs.append((sha, size, text))
-        if sha != item.sha256:
-            report.stored[item.path] = sha
+        if sha != sha256:
+            stored[path] = sha
         keys.add(key)
         total += size
-        accepted[item.path] = (sha, size, int(item.mtime_ns or 0))
+        accepted[path] = (sha, size, int(mtime_ns or 0))
     conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", blobs)
     return accepted
+
+
+def _sizes(conn: sqlite3.Connection, shas: set[str]) -> dict[str, int]:
+    """sha256 -> size of those of these bodies the store holds (inside the ingest's transaction)."""
+    wanted = sorted(shas)
+    found: dict[str, int] = {}
+    for i in range(0, len(wanted), 500):
+        chunk = wanted[i:i + 500]
+        found.update(conn.execute("SELECT sha256, size FROM blobs WHERE sha256 IN "
+                                  f"({','.join('?' * len(chunk))})", chunk))
+    return found
+
+
+_PATH = itemgetter(0)  # an IncomingFile's path, when every path is a string
+
+
+def _shown_path(item: IncomingFile) -> str:
+    """The order files are checked in when some path may not be a string."""
+    return str(item.path)
 
 
 # The message of each refusal a session may decide as a body arrives (IncomingFile.refused).
