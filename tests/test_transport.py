@@ -334,14 +334,22 @@ def test_a_record_of_another_transport_is_not_used(tmp_path: Path) -> None:
         probe.close()
 
 
-def capped_server(tmp_path: Path, sshd: Any) -> tuple[dict, Path, Path]:
-    """An ssh transport to a `serve` whose --max-protocol a file decides, and its log of runs."""
+def capped_server(tmp_path: Path, sshd: Any, *, alias: bool = True) -> tuple[dict, Path, Path]:
+    """An ssh transport to a `serve` whose --max-protocol a file decides, and its log of runs.
+
+    With `alias` the host is named as another machine would be (`HostName` gives the address):
+    127.0.0.1 as written is this machine, which `auto` does not compress nor expect a hello of.
+    """
     cap, runs = tmp_path / "cap", tmp_path / "runs"
     cap.write_text("")
     wrapper = tmp_path / "serve.sh"
     wrapper.write_text(f'#!/bin/sh\necho run >> "{runs}"\n'
                        f'exec {" ".join(SERVE)} --store "{sshd.store}" $(cat "{cap}")\n')
-    return sshd.transport(pinned=False, remote_command=["sh", str(wrapper)]), cap, runs
+    transport = sshd.transport(pinned=False, remote_command=["sh", str(wrapper)])
+    if alias:
+        transport["host"] = transport["host"].replace("@127.0.0.1", "@sharedmem-test-server")
+        transport["options"] = [*transport["options"], "HostName=127.0.0.1"]
+    return transport, cap, runs
 
 
 def test_an_older_server_after_a_v3_session_fails_over_once(tmp_path: Path, sshd: Any) -> None:
@@ -355,8 +363,6 @@ def test_an_older_server_after_a_v3_session_fails_over_once(tmp_path: Path, sshd
     cfg = write_config(tmp_path / "c" / "client.json", "laptop", transport,
                        [{"name": "notes", "kind": "markdown", "path": str(notes)}],
                        tmp_path / "cache")
-    # auto would not compress ssh to 127.0.0.1 (this machine): the test asks for it
-    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "compress": "on"}))
     record = tmp_path / "c" / "state" / "server.json"
 
     def sync(*extra: str) -> dict:
@@ -365,7 +371,7 @@ def test_an_older_server_after_a_v3_session_fails_over_once(tmp_path: Path, sshd
         assert proc.returncode == 0, (report, proc.stderr)
         return report
 
-    first = sync()
+    first = sync()  # over ssh to another machine, compress auto: on
     assert first["protocol"] == 3
     assert first["bytes"]["sent"] < 30 * 3200 / 4  # the bodies went compressed
     assert json.loads(record.read_text())["hello"]["compress"] == "zlib"
@@ -425,8 +431,39 @@ def test_a_first_sync_expects_a_server_like_itself_and_runs_again_if_not(
     assert len(list((tmp_path / "cache" / "machines" / "laptop" / "notes").iterdir())) == 30
     hello = json.loads((state / "server.json").read_text())["hello"]
     assert (hello["version"], hello["ahead_bytes"]) == answered
-    assert "compress" not in hello  # auto: ssh to 127.0.0.1 crosses no network
     shutil.rmtree(state)
     capped.write_text("")
     again = sync()  # a server like itself: one run
     assert again["protocol"] == 3 and runs.read_text().count("run") == 3
+
+
+def test_ssh_to_this_machine_waits_for_the_hello_and_sends_plainly(tmp_path: Path,
+                                                                  sshd: Any) -> None:
+    """127.0.0.1 as written is this machine: its hello comes at once, so a first sync waits for
+    it (one run, even against an older server), and `auto` does not compress."""
+    notes = tmp_path / "home" / "notes"
+    notes.mkdir(parents=True)
+    for i in range(30):
+        (notes / f"n{i}.md").write_text(f"# note {i}\n" + "words and words\n" * 200)
+    transport, capped, runs = capped_server(tmp_path, sshd, alias=False)
+    cfg = write_config(tmp_path / "c" / "client.json", "laptop", transport,
+                       [{"name": "notes", "kind": "markdown", "path": str(notes)}],
+                       tmp_path / "cache")
+
+    def sync() -> dict:
+        proc = run_cli("sync", "--config", str(cfg), "--json")
+        report = json.loads(proc.stdout)
+        assert proc.returncode == 0, (report, proc.stderr)
+        return report
+
+    capped.write_text("--max-protocol 2")
+    first = sync()
+    assert first["protocol"] == 2 and runs.read_text().count("run") == 1  # not run again
+    shutil.rmtree(tmp_path / "c" / "state")
+    shutil.rmtree(tmp_path / "cache")
+    capped.write_text("")
+    again = sync()
+    assert again["protocol"] == 3 and runs.read_text().count("run") == 2
+    assert again["bytes"]["sent"] > 30 * 3200  # the texts went as they are
+    assert "compress" not in json.loads((tmp_path / "c" / "state" / "server.json").read_text())[
+        "hello"]

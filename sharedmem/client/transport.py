@@ -209,9 +209,12 @@ class Connection:
 
         A first sync then sends while ssh opens the session and the server starts. An older
         server, or one with a smaller namespace quota, costs that first sync one reconnect,
-        after which the record says what it answers.
+        after which the record says what it answers. Not over ssh to this machine
+        (`Transport.loopback`): there the hello comes at once, and bodies sent before it
+        made a first sync of 10,000 files slower (2.50 s against 2.25 s).
         """
-        if self.config.transport.kind != "ssh" or max(self.versions) < 3:
+        transport = self.config.transport
+        if transport.kind != "ssh" or transport.loopback or max(self.versions) < 3:
             return None
         expected: dict[str, Any] = {"version": max(self.versions),
                                     "ahead_bytes": self.config.limits.namespace_bytes}
