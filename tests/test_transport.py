@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -352,24 +353,31 @@ def capped_server(tmp_path: Path, sshd: Any, *, alias: bool = True) -> tuple[dic
     return transport, cap, runs
 
 
-def test_an_older_server_after_a_v3_session_fails_over_once(tmp_path: Path, sshd: Any) -> None:
-    """The record says v3 and zlib; the server is now capped at 2: the sync runs again, right."""
-    home = tmp_path / "home"
-    notes = home / "notes"
+def capped_sync(tmp_path: Path, sshd: Any, *,
+                alias: bool = True) -> tuple[Callable[..., dict], Path, Path]:
+    """A client of 30 notes and the `capped_server` it syncs with: its sync, the cap, the runs."""
+    notes = tmp_path / "home" / "notes"
     notes.mkdir(parents=True)
     for i in range(30):
         (notes / f"n{i}.md").write_text(f"# note {i}\n" + "words and words\n" * 200)
-    transport, cap, runs = capped_server(tmp_path, sshd)
+    transport, cap, runs = capped_server(tmp_path, sshd, alias=alias)
     cfg = write_config(tmp_path / "c" / "client.json", "laptop", transport,
                        [{"name": "notes", "kind": "markdown", "path": str(notes)}],
                        tmp_path / "cache")
-    record = tmp_path / "c" / "state" / "server.json"
 
     def sync(*extra: str) -> dict:
         proc = run_cli("sync", "--config", str(cfg), "--json", *extra)
         report = json.loads(proc.stdout)
         assert proc.returncode == 0, (report, proc.stderr)
         return report
+
+    return sync, cap, runs
+
+
+def test_an_older_server_after_a_v3_session_fails_over_once(tmp_path: Path, sshd: Any) -> None:
+    """The record says v3 and zlib; the server is now capped at 2: the sync runs again, right."""
+    sync, cap, runs = capped_sync(tmp_path, sshd)
+    record = tmp_path / "c" / "state" / "server.json"
 
     first = sync()  # over ssh to another machine, compress auto: on
     assert first["protocol"] == 3
@@ -378,7 +386,7 @@ def test_an_older_server_after_a_v3_session_fails_over_once(tmp_path: Path, sshd
     assert runs.read_text().count("run") == 1
 
     cap.write_text("--max-protocol 2")
-    (notes / "n1.md").write_text("changed while the server was downgraded\n")
+    (tmp_path / "home" / "notes" / "n1.md").write_text("changed while the server was downgraded\n")
     second = sync()
     assert second["protocol"] == 2 and runs.read_text().count("run") == 3  # tried, then again
     assert [s["status"] for s in second["sources"]] == ["published"]
@@ -406,22 +414,8 @@ def test_a_first_sync_expects_a_server_like_itself_and_runs_again_if_not(
         tmp_path: Path, sshd: Any, cap: str, answered: tuple[int, int]) -> None:
     """No record: over ssh the first sync goes on as if the server answered as ours does by
     default; an older server, or one with a smaller quota, costs it one more run, no more."""
-    notes = tmp_path / "home" / "notes"
-    notes.mkdir(parents=True)
-    for i in range(30):
-        (notes / f"n{i}.md").write_text(f"# note {i}\n" + "words and words\n" * 200)
-    transport, capped, runs = capped_server(tmp_path, sshd)
+    sync, capped, runs = capped_sync(tmp_path, sshd)
     state = tmp_path / "c" / "state"
-    cfg = write_config(tmp_path / "c" / "client.json", "laptop", transport,
-                       [{"name": "notes", "kind": "markdown", "path": str(notes)}],
-                       tmp_path / "cache")
-
-    def sync() -> dict:
-        proc = run_cli("sync", "--config", str(cfg), "--json")
-        report = json.loads(proc.stdout)
-        assert proc.returncode == 0, (report, proc.stderr)
-        return report
-
     capped.write_text(cap)
     first = sync()
     assert runs.read_text().count("run") == 2  # went on as if v3, then again, waiting
@@ -441,21 +435,7 @@ def test_ssh_to_this_machine_waits_for_the_hello_and_sends_plainly(tmp_path: Pat
                                                                   sshd: Any) -> None:
     """127.0.0.1 as written is this machine: its hello comes at once, so a first sync waits for
     it (one run, even against an older server), and `auto` does not compress."""
-    notes = tmp_path / "home" / "notes"
-    notes.mkdir(parents=True)
-    for i in range(30):
-        (notes / f"n{i}.md").write_text(f"# note {i}\n" + "words and words\n" * 200)
-    transport, capped, runs = capped_server(tmp_path, sshd, alias=False)
-    cfg = write_config(tmp_path / "c" / "client.json", "laptop", transport,
-                       [{"name": "notes", "kind": "markdown", "path": str(notes)}],
-                       tmp_path / "cache")
-
-    def sync() -> dict:
-        proc = run_cli("sync", "--config", str(cfg), "--json")
-        report = json.loads(proc.stdout)
-        assert proc.returncode == 0, (report, proc.stderr)
-        return report
-
+    sync, capped, runs = capped_sync(tmp_path, sshd, alias=False)
     capped.write_text("--max-protocol 2")
     first = sync()
     assert first["protocol"] == 2 and runs.read_text().count("run") == 1  # not run again
