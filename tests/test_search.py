@@ -606,6 +606,18 @@ def test_a_search_loads_the_path_order_the_index_stored(tmp_path: Path) -> None:
     assert [s for s in statements if "FROM orders" in s]
 
 
+def test_each_result_s_provenance_comes_with_its_path_not_a_query_each(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path, {f"m{i:02d}.md": f"alpha {i}\n" for i in range(30)})
+    search_mod.refresh_index(cache)
+    got, statements = sql_of_next_search(cache, queries=["alpha"], max_results=25)
+    assert got == reference(cache, ["alpha"])
+    assert not [s for s in statements if "SELECT sha256, namespace FROM files WHERE id=" in s]
+    page = tools.search(cache, ["alpha"], max_results=25)["results"]
+    files = cache.load().files
+    assert {r["path"]: (r["machine"], r["source"], r["sha256"]) for r in page} == {
+        path: ("lab", "notes", files[path].sha256) for path in sorted(files)[:25]}
+
+
 def test_an_order_the_index_no_longer_vouches_for_is_not_used(tmp_path: Path) -> None:
     # A writer that does not know the stored order (an older version of this code) adds a file
     # and bumps the generation: the order of the generation before is ignored, paths sorted.

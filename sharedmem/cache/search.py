@@ -627,6 +627,8 @@ class _View:
         self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
         self.where = where if where is not None else _inverse(ids)
         self.runs: dict[tuple[int, int], tuple[int, int, list[int]] | None] = {}  # `run`
+        # id -> (sha256, namespace) of the batch `named` asked last, for `provenance`.
+        self.origins: dict[Any, tuple[Any, Any]] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -650,9 +652,13 @@ class _View:
         walk, size = iter(positions), 8
         while batch := list(islice(walk, size)):
             wanted = [self.ids[pos] for pos in batch]
-            found = dict(self.index.rows(
-                f"SELECT id, path FROM files WHERE id IN ({','.join('?' * len(wanted))})",
-                tuple(wanted)))
+            found: dict[Any, Any] = {}
+            origins = self.origins = {}
+            for row_id, relpath, sha, namespace in self.index.rows(
+                    "SELECT id, path, sha256, namespace FROM files WHERE id IN "
+                    f"({','.join('?' * len(wanted))})", tuple(wanted)):
+                found[row_id] = relpath
+                origins[row_id] = (sha, namespace)
             for pos, row_id in zip(batch, wanted, strict=True):
                 relpath = found.get(row_id)
                 if not isinstance(relpath, str):
@@ -661,16 +667,22 @@ class _View:
             size = min(size * 4, _BATCH)
 
     def provenance(self, pos: int, relpath: str) -> dict[str, Any]:
-        """Where the file came from, as `provenance` says it from the manifest."""
+        """Where the file came from, as `provenance` says it from the manifest.
+
+        A file `named` just gave has it from the same query as its path.
+        """
         if self.manifest is not None:
             return provenance(self.manifest, relpath)
-        rows = self.index.rows("SELECT sha256, namespace FROM files WHERE id=?",
-                               (self.ids[pos],))
-        if not rows or not all(isinstance(v, str) for v in rows[0]):
+        row = self.origins.get(self.ids[pos])
+        if row is None:
+            rows = self.index.rows("SELECT sha256, namespace FROM files WHERE id=?",
+                                   (self.ids[pos],))
+            row = rows[0] if rows else (None, None)
+        if not all(isinstance(v, str) for v in row):
             raise self.index.damaged()
-        info = self.namespaces.get(rows[0][1])
+        info = self.namespaces.get(row[1])
         return {"machine": info.machine if info else None,
-                "source": info.source if info else None, "sha256": rows[0][0],
+                "source": info.source if info else None, "sha256": row[0],
                 "synced_at": info.synced_at if info else None}
 
     def find(self, relpath: str, lo: int = 0) -> int:
