@@ -377,7 +377,8 @@ def _legacy(cache: Cache, version: int) -> dict[str, CachedFile]:
                    "namespaces": rows}
         files = {p: v._replace(mtime_ns=None) for p, v in files.items()}
     else:
-        text, _ = linejson.encode({"version": 2}, "files", files.items(), {})
+        text = linejson.rewrite({"version": 2}, "files",
+                                ((p, v, False) for p, v in files.items()), {})
         digest = sha256_text(text)
         listing = {"version": 2, "last_sync": manifest.last_sync, "server": manifest.server,
                    "namespaces": rows, "manifest_sha256": digest, "check": _check(rows, digest)}

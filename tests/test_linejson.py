@@ -9,18 +9,19 @@ from sharedmem import linejson
 
 def test_round_trip_is_plain_json_with_one_entry_a_line() -> None:
     items = [("a.md", [1, "x"]), ("odd\nname \u2028 ü \"q\".md", {"k": "line\nbreak"}), ("z", None)]
-    text, lines = linejson.encode({"version": 1}, "files", items, {})
+    text = linejson.rewrite({"version": 1}, "files", [(n, v, False) for n, v in items], {})
     assert json.loads(text) == {"version": 1, "files": dict(items)}
     assert text.count("\n") == len(items) + 1
     value, old = linejson.decode(text, "files")
     assert value == json.loads(text)
-    assert old == lines and [v for v, _ in old.values()] == [v for _, v in items]
+    assert [v for v, _ in old.values()] == [v for _, v in items]
+    assert linejson.rewrite({"version": 1}, "files", [(n, v, True) for n, v in items],
+                            old) == text  # every line taken as read
 
 
-def test_only_unchanged_values_keep_their_line() -> None:
-    text, old = linejson.encode({}, "record", [("a", [1]), ("b", [2])], {})
+def test_only_kept_items_keep_their_line() -> None:
     forged = {"a": ([1], '"a": "kept as it was"'), "b": ([3], '"b": "stale"')}
-    text, _ = linejson.encode({}, "record", [("a", [1]), ("b", [2])], forged)
+    text = linejson.rewrite({}, "record", [("a", [1], True), ("b", [2], False)], forged)
     assert json.loads(text) == {"record": {"a": "kept as it was", "b": [2]}}
 
 
@@ -32,8 +33,8 @@ def test_other_forms_are_read_without_lines() -> None:
 
 
 def test_an_empty_mapping() -> None:
-    text, lines = linejson.encode({"version": 1}, "files", [], {})
-    assert json.loads(text) == {"version": 1, "files": {}} and lines == {}
+    text = linejson.rewrite({"version": 1}, "files", [], {})
+    assert json.loads(text) == {"version": 1, "files": {}}
     assert linejson.decode(text, "files") == ({"version": 1, "files": {}}, {})
 
 
@@ -64,17 +65,18 @@ def test_many_arrays_are_encoded_in_bulk_as_json_dumps_would_one_by_one() -> Non
     assert linejson._lines(plain) == [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in plain]
 
 
-def test_a_rewrite_that_names_its_kept_items_is_what_encode_writes() -> None:
+def test_a_rewrite_of_some_items_is_the_text_of_all_of_them_written_anew() -> None:
     # `rewrite` takes a kept item's line as it was read, and encodes the rest: the text is the
-    # one `encode` makes by comparing every value, when the kept values are the old ones.
+    # one written with nothing kept, when the kept values are the old ones.
     items = [(f"f{i:03}.md", [i, i * 7, "ab" * 32, i, {"jwt": 1} if i % 7 == 0 else {}])
              for i in range(200)]
-    text, _ = linejson.encode({"rules": [1]}, "record", items, {})
+    text = linejson.rewrite({"rules": [1]}, "record", [(n, v, False) for n, v in items], {})
     read, old = linejson.decode(text, "record")
     changed = [(n, [v[0] + 1, *v[1:]] if i % 10 == 0 else read["record"][n])
                for i, (n, v) in enumerate(items) if i != 5] + [("new.md", [1, 2, "cd" * 32, 3, {}])]
     kept = [(n, v, n in read["record"] and v == read["record"][n]) for n, v in changed]
-    want, _ = linejson.encode({"rules": [2]}, "record", changed, old)
+    want = linejson.rewrite({"rules": [2]}, "record", [(n, v, False) for n, v in changed], {})
+    assert json.loads(want) == {"rules": [2], "record": dict(changed)}
     assert linejson.rewrite({"rules": [2]}, "record", kept, old) == want
     assert linejson.rewrite({"rules": [2]}, "record", kept, dict(old)) == want
     assert linejson.rewrite({"rules": [2]}, "record", kept, {}) == want  # no lines: all encoded

@@ -230,8 +230,11 @@ def test_a_pull_staged_keeps_little_per_file(tmp_path: Path) -> None:
         held = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert all(stage.has(path, sha) for path, sha in pulled[::97])
-    assert not stage.has(pulled[0][0], pulled[1][1])  # the same path at another sha256
+    # Found again by the commit's move, by path and sha256 alone.
+    assert not stage.move(pulled[0][0], pulled[1][1], str(tmp_path / "other"))  # another sha256
+    for i, (path, sha) in enumerate(pulled[::97]):
+        assert stage.move(path, sha, str(tmp_path / f"moved{i}"))
+        assert (tmp_path / f"moved{i}").read_bytes() == b"x"
     assert held < 5000 * 20, held / 5000  # nothing kept per file (by number it was ~60 bytes)
 
 

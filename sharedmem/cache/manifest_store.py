@@ -398,11 +398,6 @@ class PullRows:
         """The paths in `states` as a collection to iterate again and count, not held."""
         return PulledPaths(self, states)
 
-    def close(self) -> None:
-        """Drop the records and their temporary file."""
-        self._pending = []
-        self._conn.close()
-
 
 class PulledPaths:
     """The paths of a pull's records in some states: iterated in path order, counted, not held."""

@@ -1019,11 +1019,9 @@ class _Named:
             return None
         view = self.view
         stale = view.stale[bisect_left(view.stale, lo):bisect_left(view.stale, hi)]
-        if self.whole is None and self.seen[1] and self.rate() * len(view) <= _WHOLE:
+        if self.whole is not None or self.seen[1] and self.rate() * len(view) <= _WHOLE:
             # A sparse key: one question for the whole index costs less than one a chunk.
-            self.whole = sorted(view.positions(view.index.candidates(self.keys)) or ())
-        if self.whole is not None:
-            found = set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
+            found = self._from_whole(lo, hi)
         else:
             found = self._asked(lo, hi)
         found.update(stale)
@@ -1040,12 +1038,17 @@ class _Named:
             return set()
         first, end, stray = run
         if len(stray) * _SCATTERED > hi - lo:  # scattered ids: ask once for the whole index
-            self.whole = sorted(view.positions(view.index.candidates(self.keys)) or ())
-            return set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
+            return self._from_whole(lo, hi)
         where, top = view.where, len(view.where)
         found = {where[i] for i in view.index.between(self.expr or "", first, end) if i < top}
         found.update(where[i] for i in stray if i < top)
         return {pos for pos in found if lo <= pos < hi}
+
+    def _from_whole(self, lo: int, hi: int) -> set[int]:
+        """The chunk's positions among all the index names, asked of it once for every chunk."""
+        if self.whole is None:
+            self.whole = sorted(self.view.positions(self.view.index.candidates(self.keys)) or ())
+        return set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
 
 
 def _chunks(span: range) -> Iterator[tuple[int, int]]:

@@ -106,7 +106,7 @@ class Staging:
         """Queue one file, its text in UTF-8; the helper starts once there are `min_files`.
 
         A sync stages its own files while it walks, before any text of the pull is put here,
-        so only what was queued already is looked for (no stat a file, as `has` makes).
+        so only what was queued already is looked for, with no stat of the disk.
         """
         if self._failed or self.queued(path, sha):
             return
@@ -181,12 +181,6 @@ class Staging:
                 self.written.add(int(number))
                 if mtime.isdigit():
                     mtimes[int(number)] = int(mtime)
-
-    def has(self, path: str, sha: str) -> bool:
-        """Whether `path` at `sha` is staged, or queued for the helper to stage."""
-        return self._number(path, sha) is not None or self._ready and (
-            os.path.exists(os.path.join(self.folder, _pull_name(path, sha)))
-            or self._in_tree(path, sha))
 
     def queued(self, path: str, sha: str) -> bool:
         """Whether `path` at `sha` was handed to the helper (`add`), written yet or not."""

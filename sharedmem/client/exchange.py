@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -182,10 +182,15 @@ class Exchange:
             return
         offered = frozenset(self.whole)
         whole = offered - set(self.offer.changed)  # as `receive` will find them, if all goes well
-        intake = self.cache.intake(writer, full_namespaces=whole,
+        self.ahead = (offered, whole, self._intake_with_own(writer, offered, whole))
+
+    def _intake_with_own(self, writer: PreStagedWriter, namespaces: Collection[str],
+                         full_namespaces: Container[str], full: bool = False) -> Intake:
+        """An intake of the pull that has taken this run's own files of those namespaces."""
+        intake = self.cache.intake(writer, full=full, full_namespaces=full_namespaces,
                                    file_bytes=self.config.limits.file_bytes)
-        intake.add_own(self.offer.files(offered))
-        self.ahead = (offered, whole, intake)
+        intake.add_own(self.offer.files(namespaces))
+        return intake
 
     def deliver(self, conn: Connection) -> None:
         """Take the server's answer to each note sent; the outbox changes only in `settle`."""
@@ -252,10 +257,8 @@ class Exchange:
             intake = ahead[2]  # this run's own files, taken as `receive` takes them, meanwhile
             intake.full_namespaces = full_namespaces
         else:
-            intake = self.cache.intake(writer, full=conn.version == 1,
-                                       full_namespaces=full_namespaces,
-                                       file_bytes=self.config.limits.file_bytes)
-            intake.add_own(self.offer.files(skipped_own))
+            intake = self._intake_with_own(writer, skipped_own, full_namespaces,
+                                           full=conn.version == 1)
         self.ahead = None
         removed = removed + self.offer.removed(skipped_own)
         texts = self.offer.texts

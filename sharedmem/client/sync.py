@@ -100,7 +100,8 @@ class Sync:
         self.round_trips = 0  # answers waited for: the hello's, then one per batch of sends
         self._sent_at_wait = 0
         self.held: dict[str, dict[str, str]] = {}  # see _held
-        self.writer: PreStagedWriter | None = None  # the pull's, made early in version 3
+        # The pull's: version 3 takes this run's own files in with it before the answer comes.
+        self.writer = PreStagedWriter(self.staging, own_paths=_OwnPaths(self))
         # With no record of the server's hello, go on as if it answered as ours does by
         # default (`Connection.expected`); not on the run again after a hello that differed.
         self.expect = True
@@ -337,7 +338,6 @@ class Sync:
                 answer_oldest()
         self._request(conn)
         self._encode_states()  # while the answers are on their way
-        self.writer = PreStagedWriter(self.staging, own_paths=_OwnPaths(self))
         self.exchange.take_own_ahead(self.writer)  # so is taking in this run's own files
         while window:
             answer_oldest()
@@ -447,8 +447,7 @@ class Sync:
 
     def _pull(self, conn: Connection) -> dict[str, Any]:
         """Take the pull, staging its texts as they come; move all in once the helper is done."""
-        writer = self.writer or PreStagedWriter(self.staging, own_paths=_OwnPaths(self))
-        pulled = self.exchange.receive(conn, writer)
+        pulled = self.exchange.receive(conn, self.writer)
         self.staging.wait()
         return self.exchange.apply(pulled)
 

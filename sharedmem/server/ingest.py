@@ -24,6 +24,7 @@ from sharedmem.rules import (
     check_markdown_source_name,
     collision_key,
 )
+from sharedmem.server.store import rows_in
 from sharedmem.sources import allowlist
 
 TYPE_CHECKING = False
@@ -139,9 +140,8 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         accepted = _check_files(conn, kind, files, limits, report, kept, current, absent, others)
         gone = [p for p in current if p not in accepted]
         # mtime_ns is not compared: a kept file's row is never rewritten, only changed ones.
-        changed = ([(p, s, z, m) for p, (s, z, m) in accepted.items()
-                    if current.get(p, (None,))[0] != s] if current else
-                   [(p, s, z, m) for p, (s, z, m) in accepted.items()])
+        changed = [(p, s, z, m) for p, (s, z, m) in accepted.items()
+                   if not current or current.get(p, (None,))[0] != s]
         if row is not None and row[2] and not gone and not changed:
             conn.execute("UPDATE namespaces SET synced_at=? WHERE id=?", (utc_now(), row[0]))
             report.generation, report.unchanged = row[2], True
@@ -194,14 +194,9 @@ def _rows(conn: sqlite3.Connection, ns_id: int,
     if paths is None:
         return {p: (s, z, 0) for p, s, z in conn.execute(
             "SELECT path, sha256, size FROM files WHERE namespace_id=?", (ns_id,))}
-    wanted = sorted(paths)
-    found: dict[str, tuple[str, int, int]] = {}
-    for i in range(0, len(wanted), 500):
-        chunk = wanted[i:i + 500]
-        found.update((p, (s, z, 0)) for p, s, z in conn.execute(
-            "SELECT path, sha256, size FROM files WHERE namespace_id=? AND path IN "
-            f"({','.join('?' * len(chunk))})", (ns_id, *chunk)))
-    return found
+    return {p: (s, z, 0) for p, s, z in rows_in(
+        conn, "SELECT path, sha256, size FROM files WHERE namespace_id=? AND path IN ({})",
+        sorted(paths), ns_id)}
 
 
 def _stored_digest(conn: sqlite3.Connection, ns_id: int) -> str:
@@ -374,13 +369,8 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
 
 def _sizes(conn: sqlite3.Connection, shas: set[str]) -> dict[str, int]:
     """sha256 -> size of those of these bodies the store holds (inside the ingest's transaction)."""
-    wanted = sorted(shas)
-    found: dict[str, int] = {}
-    for i in range(0, len(wanted), 500):
-        chunk = wanted[i:i + 500]
-        found.update(conn.execute("SELECT sha256, size FROM blobs WHERE sha256 IN "
-                                  f"({','.join('?' * len(chunk))})", chunk))
-    return found
+    return dict(rows_in(conn, "SELECT sha256, size FROM blobs WHERE sha256 IN ({})",
+                        sorted(shas)))
 
 
 _PATH = itemgetter(0)  # an IncomingFile's path, when every path is a string

@@ -367,8 +367,6 @@ class Session:
                 self.channel.send({"type": "need", "source": source, "index": index})
         else:
             self.channel.send({"type": "need", "source": source, "sha256": need})
-        if need and "sharedmem.redact.redactor" not in sys.modules:
-            _load_redactor_meanwhile()
         wanted = set(need)
         self.budget = self.limits.namespace_bytes
         if need or self.version < 3:

@@ -39,6 +39,19 @@ BUSY_TIMEOUT_MS = 60_000
 # many files for each body asked about: a row read costs a tenth of a look-up, or less.
 NEED_SCAN_RATIO = 4
 MAX_HISTORY_DAYS = 3650  # the longest retention `history --retention-days` takes: ten years
+IN_CHUNK = 500  # values in one `IN (...)`: under SQLite's old cap of 999 parameters
+
+
+def rows_in(conn: sqlite3.Connection, query: str, values: Sequence[object],
+            *before: object) -> Iterator[tuple]:
+    """The rows of `query` for all of `values`, asked `IN (...)` a chunk at a time.
+
+    `query` holds `{}` where the chunk's placeholders go; `before` are the arguments ahead of
+    them.
+    """
+    for i in range(0, len(values), IN_CHUNK):
+        chunk = values[i:i + IN_CHUNK]
+        yield from conn.execute(query.format(",".join("?" * len(chunk))), (*before, *chunk))
 
 
 class NotFound(StoreError):
@@ -292,14 +305,12 @@ class Store:
                     "SELECT sha256 FROM files WHERE namespace_id=?", (row[0],))}
                 have = used.intersection(wanted)
                 lookup = [sha for sha in wanted if sha not in have]
-        for i in range(0, len(lookup), 500):
-            chunk = lookup[i:i + 500]
-            for sha, used in self.conn.execute(
-                    "SELECT sha256, EXISTS (SELECT 1 FROM files f WHERE f.sha256 = b.sha256) "
-                    f"FROM blobs b WHERE sha256 IN ({','.join('?' * len(chunk))})", chunk):
-                have.add(sha)
-                if not used:
-                    loose.append(sha)
+        for sha, used in rows_in(
+                self.conn, "SELECT sha256, EXISTS (SELECT 1 FROM files f WHERE f.sha256 = "
+                "b.sha256) FROM blobs b WHERE sha256 IN ({})", lookup):
+            have.add(sha)
+            if not used:
+                loose.append(sha)
         if loose:
             with self.transaction(durable=False) as conn:
                 session = self._claim(conn, loose)
@@ -367,12 +378,8 @@ class Store:
     def missing(self, shas: Iterable[str]) -> list[str]:
         """Which of these content addresses the store has no body for."""
         wanted = sorted(set(shas))
-        have: set[str] = set()
-        for i in range(0, len(wanted), 500):
-            chunk = wanted[i:i + 500]
-            marks = ",".join("?" * len(chunk))
-            have.update(r[0] for r in self.conn.execute(
-                f"SELECT sha256 FROM blobs WHERE sha256 IN ({marks})", chunk))
+        have = {r[0] for r in rows_in(self.conn, "SELECT sha256 FROM blobs WHERE sha256 IN ({})",
+                                      wanted)}
         return [s for s in wanted if s not in have]
 
     def namespace_digest(self, machine: str, source: str) -> str | None:
