@@ -657,6 +657,24 @@ def test_paths_are_asked_of_the_index_in_batches(tmp_path: Path) -> None:
     assert len([s for s in statements if "path FROM files WHERE id" in s]) <= 12
 
 
+def test_a_page_that_fills_in_the_first_chunk_asks_the_index_about_no_other(
+        tmp_path: Path) -> None:
+    # One file in ten holds the word: the first chunk of positions holds more than the page
+    # takes, so the paths asked in batches must not make the walk look past that chunk.
+    cache = make_cache(tmp_path, {f"f{i:04d}.md": "alpha\n" if i % 10 == 0 else f"beta {i}\n"
+                                  for i in range(3000)})
+    search_mod.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    searcher = search_mod.searcher(cache)
+    tools.search(cache, ["nothing-like-it"])  # the view is loaded
+    assert searcher.index.conn is not None
+    statements: list[str] = []
+    searcher.index.conn.set_trace_callback(statements.append)
+    got = tools.search(cache, ["alpha"], max_results=50)["results"]
+    assert [r["path"] for r in got] == [f"{NS}/f{i:04d}.md" for i in range(0, 500, 10)]
+    assert len([s for s in statements if "MATCH" in s]) == 1, statements
+
+
 def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_path: Path) -> None:
     # The word is in every file: the page fills within the first files, so the index is asked
     # about the first chunk of positions only, not about all 10,000 files.

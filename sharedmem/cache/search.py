@@ -641,16 +641,20 @@ class _View:
             raise self.index.damaged()
         return rows[0][0]
 
-    def named(self, positions: Iterable[int]) -> Iterator[tuple[int, str]]:
+    def named(self, positions: Iterable[int],
+              room: Callable[[], int] = lambda: _BATCH) -> Iterator[tuple[int, str]]:
         """Each position with its path, the paths asked of the index a batch at a time.
 
-        Batches start small and grow, so a page that fills within a few files asks little.
+        Batches start small and double, never past `room()` (what the page could still take if
+        each file held one result): each position taken into a batch is one the walk had to
+        find, and finding positions past those the page reads asks the index about chunks it
+        never needed.
         """
         if self.paths is not None:
             yield from ((pos, self.paths[pos]) for pos in positions)
             return
-        walk, size = iter(positions), 8
-        while batch := list(islice(walk, size)):
+        walk, size = iter(positions), 16
+        while batch := list(islice(walk, max(1, min(size, room())))):
             wanted = [self.ids[pos] for pos in batch]
             found: dict[Any, Any] = {}
             origins = self.origins = {}
@@ -664,7 +668,7 @@ class _View:
                 if not isinstance(relpath, str):
                     raise self.index.damaged()
                 yield pos, relpath
-            size = min(size * 4, _BATCH)
+            size = min(size * 2, _BATCH)
 
     def provenance(self, pos: int, relpath: str) -> dict[str, Any]:
         """Where the file came from, as `provenance` says it from the manifest.
@@ -798,6 +802,10 @@ class _Page:
         self.left = max_bytes
         self.results: list[dict[str, Any]] = []
 
+    def room(self) -> int:
+        """How many more results the page takes, at most."""
+        return self.limit - len(self.results)
+
     def add(self, relpath: str, lines: list[str], number: int, which: Iterable[int],
             origin: dict[str, Any]) -> bool:
         """Add the result for this line; False when the page has no room for it (it is full)."""
@@ -922,7 +930,7 @@ class Searcher:
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         every = set(range(len(matcher.needles)))
         everything = page.query.match_mode == "all"
-        for pos, relpath in view.named(_walk_named(view, spans, named, 1, last_path)):
+        for pos, relpath in view.named(_walk_named(view, spans, named, 1, last_path), page.room):
             data = _read(disk, relpath)
             self.scanned += 1
             found = matcher.which(data, every) if data is not None else set()
@@ -958,7 +966,8 @@ class Searcher:
         last: list[Any] | None = None  # the key of the last result on the page
         for group in range(first, 0, -1):
             walk = _walk_named(view, spans, named, group, start if group == first else "")
-            for pos, relpath in view.named(p for p in walk if held.get(p, group) == group):
+            kept = (p for p in walk if held.get(p, group) == group)
+            for pos, relpath in view.named(kept, page.room):
                 data = _read(disk, relpath)
                 self.scanned += 1
                 found = matcher.which(data, every) if data is not None else set()
