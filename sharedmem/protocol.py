@@ -1,6 +1,7 @@
 """The sync exchange: newline-delimited JSON messages, their shapes, and bounded line reading.
 
 docs/PROTOCOL.md is the contract; this module is its one implementation, used by both ends.
+Version 3's raw texts after a `bodies` line are read here too, as part of the framing.
 """
 
 from __future__ import annotations
