@@ -1,6 +1,7 @@
 """The sync exchange: newline-delimited JSON messages, their shapes, and bounded line reading.
 
 docs/PROTOCOL.md is the contract; this module is its one implementation, used by both ends.
+Version 3's raw texts after a `bodies` line are read here too, as part of the framing.
 """
 
 from __future__ import annotations
@@ -209,6 +210,9 @@ class Channel:
         self._deflate: Any = None
         self._level = ZLIB_LEVEL
         self._inflate: _Inflating | None = None
+        # Version 3, set by a server that announced `raw_bodies` in its hello: a `bodies`
+        # message with `sizes` is followed by its texts as raw UTF-8 (`_texts_after`).
+        self.raw_bodies = False
 
     def compress_output(self) -> None:
         """From the next byte on, what this side sends is one zlib stream (its hello is sent)."""
@@ -326,7 +330,50 @@ class Channel:
         if message["type"] == "error":
             raise PeerError(str(message.get("code", "error")), str(message.get("message", "")),
                             remote=True)
+        if self.raw_bodies and message["type"] == "bodies" and "sizes" in message:
+            message["bodies"] = self._texts_after(message)
         return message
+
+    def _texts_after(self, message: dict[str, Any]) -> list[bytes]:
+        """The texts a raw `bodies` message carries after its line, read whole, as bytes.
+
+        Part of the framing: the next message starts after them, so they are read here, never
+        left for a handler. JSON gives no value of type bytes, so the list cannot be mistaken
+        for the JSON form's texts (str).
+        """
+        sizes = message["sizes"]
+        if "bodies" in message:
+            raise PeerError("bad-field", "a bodies message carries its texts in bodies or after "
+                            "its line (sizes), not both")
+        if type(sizes) is not list or not all(type(n) is int and n >= 0 for n in sizes):
+            raise PeerError("bad-field", "bodies.sizes must be a list of the sizes in bytes "
+                            "(integers from 0) of the texts that follow the line")
+        total = sum(sizes)
+        if total > MAX_LINE_BYTES:
+            raise PeerError("bad-field", f"bodies.sizes adds up to {total} bytes, more than "
+                            f"{MAX_LINE_BYTES} (the limit of a line); split the texts into "
+                            "several bodies messages")
+        data = self.read_exact(total)
+        if len(data) < total:
+            raise ProtocolError(f"the {self.peer} closed the connection {total - len(data)} "
+                                f"bytes short of the {total} bytes of texts its bodies message "
+                                "announced (sizes)")
+        texts, at = [], 0
+        for size in sizes:
+            texts.append(data[at:at + size])
+            at += size
+        return texts
+
+    def read_exact(self, size: int) -> bytes:
+        """The next `size` bytes of the stream, compressed or not; fewer only at its end."""
+        if self._inflate is None:
+            data = self.reader.read(size) if size else b""
+            self.received += len(data)
+        else:
+            data = self._inflate.read(size)
+            self.received = self._inflate.wire
+        self.received_plain += len(data)
+        return data
 
     def expect(self, *types: str) -> dict[str, Any]:
         """Read one message that must be of one of `types`."""
@@ -369,6 +416,12 @@ class _Inflating:
                 return self._take(min(limit, len(self.buffer)))
             self.searched = len(self.buffer)
             self._inflate(limit - len(self.buffer))
+
+    def read(self, size: int) -> bytes:
+        """Exactly `size` bytes decompressed (the texts after a raw `bodies` line); fewer at the end."""
+        while len(self.buffer) < size and not self.ended:
+            self._inflate(size - len(self.buffer))
+        return self._take(min(size, len(self.buffer)))
 
     def _inflate(self, room: int) -> None:
         """Decompress at most `room` (and one step of) bytes more, reading the wire if needed."""
@@ -443,6 +496,19 @@ def chunks(items: Iterable[Any], size_of: Any) -> Iterator[list[Any]]:
         total += size
     if batch:
         yield batch
+
+
+def encode_raw_texts(texts: list[bytes], source: str | None = None) -> bytes:
+    """A version 3 `bodies` message whose UTF-8 texts follow its line as they are (`raw_bodies`).
+
+    `{"type":"bodies","sizes":[...]}` and then the texts one after another: nothing escaped on
+    this side, nothing parsed or decoded whole on the server's (docs/PROTOCOL.md).
+    """
+    head: dict[str, Any] = {"type": "bodies"}
+    if source is not None:
+        head["source"] = source
+    head["sizes"] = [len(data) for data in texts]
+    return b"".join([encode(head), *texts])
 
 
 def encode_texts(texts: Iterable[bytes], source: str | None = None) -> bytes:

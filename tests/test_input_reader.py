@@ -135,3 +135,29 @@ def test_read1_after_a_line_gives_the_rest_in_order_and_starts_the_thread(pipe: 
     assert b'{"type":"hello"}\n' + b"".join(parts) == data
     assert reader._ready is not None  # past `start` bytes, the rest was read ahead
     assert reader.read1(10) == b""
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_reads_between_lines_are_those_of_io(pipe: Pipe, seed: int) -> None:
+    """The texts after a raw `bodies` line: exactly the size asked, across chunks and the thread."""
+    data = sample(seed)
+    rng = random.Random(seed)
+    expected = io.BufferedReader(io.BytesIO(data))  # type: ignore[arg-type]
+    writer = feed(pipe, data, rng.choice((1000, 65_536, 1 << 20)))
+    reader = ReadAhead(pipe.read_end, window=256 * 1024, start=100_000)
+    got, want = [], []
+    for _ in range(300):
+        if rng.random() < 0.5:
+            got.append(reader.readline(1 << 20))
+            want.append(expected.readline(1 << 20))
+        else:
+            size = rng.choice((0, 1, 5, 70_000, 1_500_000))
+            got.append(reader.read(size))
+            want.append(expected.read(size))
+    got.append(reader.read(len(data)))  # past the end: what is left, and no more
+    want.append(expected.read(len(data)))
+    writer.join()
+    assert got == want
+    assert b"".join(got) == data
+    assert reader._ready is not None  # long reads started the thread
+    assert reader.read(10) == b""

@@ -27,6 +27,7 @@ from sharedmem.protocol import (
     chunks,
     encode,
     encode_bodies,
+    encode_raw_texts,
     error,
     field,
     json_values,
@@ -400,3 +401,85 @@ def test_a_sender_the_link_keeps_up_with_stays_at_the_fast_level() -> None:
                                                   io.BytesIO()).level is None
     channel = inflating(wire.getvalue())
     assert [channel.receive() for _ in notes] == notes
+
+
+# --- raw texts after a `bodies` line (version 3, `raw_bodies`) ----------------------------------
+
+RAW_TEXTS = [b"# one\n\n\"quoted\" {json} \\ back\n", b"", "d\u00e9j\u00e0 vu \u65e5\u672c\n".encode(),
+             b"\n\n\n", b"x" * 300_000]
+
+
+def raw_reader(data: bytes, *, compressed: bool) -> Channel:
+    channel = inflating(data, "client") if compressed else channel_over(data)
+    channel.raw_bodies = True  # as a server that announced it sets it
+    return channel
+
+
+def raw_wire(*lines: bytes, compressed: bool) -> bytes:
+    """The bytes a client writes: the hello-less stream of `lines`, compressed or not."""
+    if not compressed:
+        return b"".join(lines)
+    sender, wire = compressed_pair()
+    for line in lines:
+        sender.send_line(line)
+    return wire.getvalue()
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_raw_texts_after_a_bodies_line_are_read_exactly(compressed: bool) -> None:
+    lines = (encode_raw_texts(RAW_TEXTS), encode_raw_texts(RAW_TEXTS[:1], "notes"),
+             encode({"type": "bye"}))
+    wire = raw_wire(*lines, compressed=compressed)
+    reader = raw_reader(wire, compressed=compressed)
+    first = reader.receive()
+    assert first == {"type": "bodies", "sizes": [len(t) for t in RAW_TEXTS], "bodies": RAW_TEXTS}
+    assert reader.receive() == {"type": "bodies", "source": "notes",
+                                "sizes": [len(RAW_TEXTS[0])], "bodies": [RAW_TEXTS[0]]}
+    assert reader.receive() == {"type": "bye"}  # the next message starts after the texts
+    assert reader.receive() is None
+    assert reader.received == len(wire)
+    assert reader.received_plain == sum(map(len, lines))
+
+
+def test_a_channel_that_takes_no_raw_texts_reads_sizes_as_a_plain_field() -> None:
+    """Versions 1 and 2 (and a server that did not announce it): `sizes` means nothing."""
+    reader = channel_over(encode({"type": "bodies", "sizes": [2]}) + b"{}\n")
+    assert reader.receive() == {"type": "bodies", "sizes": [2]}
+    with pytest.raises(PeerError) as caught:
+        reader.receive()
+    assert caught.value.code == "bad-json"
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_raw_texts_that_end_early_name_what_is_missing(compressed: bool) -> None:
+    line = encode_raw_texts([b"abcdef", b"ghij"])
+    wire = raw_wire(line[:-3], compressed=compressed)  # 3 bytes of the texts never come
+    reader = raw_reader(wire, compressed=compressed)
+    with pytest.raises(ProtocolError, match="closed the connection 3 bytes short of the 10 bytes"
+                       ) as caught:
+        reader.receive()
+    assert not isinstance(caught.value, PeerError)
+
+
+@pytest.mark.parametrize("head", [
+    {"sizes": "12"}, {"sizes": [-1]}, {"sizes": [1.5]}, {"sizes": [True]}, {"sizes": [None]},
+    {"sizes": [MAX_LINE_BYTES + 1]}, {"sizes": [MAX_LINE_BYTES, 1]},
+    {"sizes": [2 ** 70, -(2 ** 70)]}, {"sizes": [1], "bodies": ["a"]},
+])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_bad_sizes_are_bad_field_and_nothing_after_the_line_is_read(head: dict,
+                                                                      compressed: bool) -> None:
+    rest = b"y" * 64
+    wire = raw_wire(encode({"type": "bodies", **head}) + rest, compressed=compressed)
+    reader = raw_reader(wire, compressed=compressed)
+    with pytest.raises(PeerError) as caught:
+        reader.receive()
+    assert caught.value.code == "bad-field" and "bodies" in str(caught.value)
+    assert reader.received_plain == len(encode({"type": "bodies", **head}))
+
+
+def test_texts_of_exactly_the_limit_are_read() -> None:
+    texts = [b"a" * (MAX_LINE_BYTES - 5), b"b" * 5]
+    reader = raw_reader(encode_raw_texts(texts) + encode({"type": "bye"}), compressed=False)
+    assert reader.receive()["bodies"] == texts
+    assert reader.receive() == {"type": "bye"}

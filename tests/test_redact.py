@@ -207,6 +207,20 @@ def test_redact_many_falls_back_for_characters_that_break_the_byte_scan(odd: str
     assert redact_many(texts) == [redact(t) for t in texts]
 
 
+@pytest.mark.parametrize("odd", ["", "TO\u212aEN" + SECRETISH, "\u0130 password" + SECRETISH])
+def test_redact_many_of_bytes_alone_decodes_only_what_it_touches(odd: str) -> None:
+    # The server's form (raw texts): UTF-8 alone; an untouched text comes back as None, its
+    # bytes unchanged; every other result is redact's of the decoded text.
+    texts = ["clean text \u00e9", "api_key" + SECRETISH, odd, "note [REDACTED:jwt] stays"]
+    got = redact_many(None, [t.encode("utf-8") for t in texts])
+    want = [redact(t) for t in texts]
+    assert [(w[0] if g[0] is not None else None, w[1]) for g, w in zip(got, want, strict=True)] == got
+    assert got[0] == ((texts[0], {}) if odd else (None, {}))
+    assert got[1][1] and got[3][0] == texts[3]
+    if odd:  # the whole batch the slow way, as with strings
+        assert got == want
+
+
 def test_the_batch_screens_cover_every_rule_matched_with_case() -> None:
     # A rule matched with case is found by the batch scan only through a screen; one left out
     # would let its secrets through redact_many untouched.

@@ -201,3 +201,58 @@ def test_bodies_that_waited_for_the_hello_are_numbered_when_they_go(tmp_path: Pa
         assert ahead.places == {sha256_text(t): i for i, t in enumerate(TEXTS)}
         conn.channel.send(placed(manifest(TEXTS), ahead.places))
         assert conn.channel.expect("result")["accepted"] == len(TEXTS)
+
+
+V3_RECORDER = r'''
+import json, sys, time
+raw, log, delay = sys.argv[1] == "raw", open(sys.argv[2], "w"), float(sys.argv[3])
+hello = {"type": "hello", "version": 3, "versions": [3], "server": "recorder",
+         "ahead_bytes": 100000}
+if raw:
+    hello["raw_bodies"] = True
+source = sys.stdin.buffer
+while line := source.readline():
+    m = json.loads(line)
+    if "sizes" in m:  # the texts follow the line
+        data, texts = source.read(sum(m["sizes"])), []
+        for size in m["sizes"]:
+            texts.append(data[:size].decode("utf-8"))
+            data = data[size:]
+        log.write(json.dumps(["raw", texts]) + "\n")
+    else:
+        log.write(json.dumps([m["type"], m.get("bodies", [])]) + "\n")
+    log.flush()
+    if m["type"] == "hello":
+        time.sleep(delay)
+        sys.stdout.write(json.dumps(hello) + "\n"); sys.stdout.flush()
+'''
+
+
+@pytest.mark.parametrize(("raw", "delay"), [(True, 0), (False, 0), (True, 1), (False, 1)])
+def test_bodies_go_raw_only_to_a_server_whose_hello_says_so(tmp_path: Path, sshd, raw: bool,
+                                                           delay: float) -> None:
+    # With a delay the walk ends before the hello comes: what it encoded then is sent in the
+    # form the hello asks for. Texts a JSON line would escape go raw as they are.
+    script, log = tmp_path / "recorder.py", tmp_path / "log.jsonl"
+    script.write_text(V3_RECORDER)
+    path = write_config(tmp_path / "client.json", "laptop", sshd.transport(
+        pinned=False, remote_command=[sys.executable, str(script), "raw" if raw else "json",
+                                      str(log), str(delay)]), [], tmp_path / "cache")
+    texts = ['"quoted" {json}\n\\ back', "d\u00e9j\u00e0 \u65e5\u672c", "", "plain"]
+    with Connection(config_mod.load(path, {"HOME": str(tmp_path)})) as conn:
+        ahead = Ahead(conn)
+        with conn.handshake():
+            if not delay:
+                wait_for_hello(conn)
+            for text in texts:
+                ahead.offer(sha256_text(text), text.encode())
+            ahead.finish()
+            ahead.wait()
+        ahead.send_waiting()
+        assert ahead.sent_bytes == sum(len(t.encode()) for t in texts)
+        conn.channel.send({"type": "status"})
+        deadline = time.monotonic() + 30
+        while '"status"' not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    received = [json.loads(line) for line in log.read_text().splitlines()]
+    assert received[:3] == [["hello", []], ["raw" if raw else "bodies", texts], ["status", []]]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER, exported
 
-from sharedmem.hashing import digest_of, sha256_text
-from sharedmem.protocol import MAX_LINE_BYTES, Channel
+from sharedmem.hashing import digest_of, sha256_bytes, sha256_text
+from sharedmem.protocol import MAX_LINE_BYTES, Channel, encode_raw_texts
 from sharedmem.rules import Limits
 from sharedmem.server import session as server_module
 from sharedmem.server.session import Session
@@ -622,3 +622,143 @@ def test_version_2_manifest_entries_are_sha256s_only(tmp_path: Path) -> None:
     replies = talk(tmp_path / "store.sqlite3", [
         enc(HELLO), ahead(["zero"]), placed("one", [("a.md", "zero", 0)])])
     assert replies[-1]["code"] == "bad-field" and "place" not in replies[-1]["message"]
+
+
+# --- version 3: raw texts after a `bodies` line (`raw_bodies`) ---------------------------------
+
+SECRET = "token = '" + "Zq8vN2mL" + "p4Rt7Ws1'"  # built from pieces, see above
+
+
+def raw(texts: list[str | bytes], source: str | None = None) -> bytes:
+    return encode_raw_texts([t.encode() if isinstance(t, str) else t for t in texts], source)
+
+
+def placed3(source: str, files: list[tuple[str, str | bytes, int | None]]) -> bytes:
+    """A manifest naming each body by its place ahead (an int), or else by its sha256."""
+    entries = []
+    for path, text, place in files:
+        data = text.encode() if isinstance(text, str) else text
+        entries.append([path, sha256_bytes(data), len(data), 0, place])
+    return enc({"type": "manifest", "source": source, "kind": "markdown",
+                "digest": digest_of((e[0], e[1]) for e in entries),
+                "files": [[p, sha if place is None else place, size, m]
+                          for p, sha, size, m, place in entries]})
+
+
+def test_version_3_takes_raw_texts_ahead_and_answering_a_need(tmp_path: Path) -> None:
+    store = tmp_path / "store.sqlite3"
+    ahead_texts = ['"quoted" {json}\n\\ back\n', "d\u00e9j\u00e0 vu \u65e5\u672c\n", SECRET, ""]
+    needed = "named in need, \u00e9\n"
+    files = [("a.md", ahead_texts[0], 0), ("b.md", ahead_texts[1], 1), ("s.md", SECRET, 2),
+             ("e.md", "", 3), ("n.md", needed, None)]
+    replies = talk(store, [enc(HELLO3), raw(ahead_texts), placed3("one", files),
+                           raw([needed], "one"), enc({"type": "commit", "source": "one"}),
+                           enc({"type": "bye"})])
+    assert replies[0]["version"] == 3 and replies[0]["raw_bodies"] is True
+    assert replies[1] == {"type": "need", "source": "one", "index": [4]}
+    assert replies[2]["accepted"] == 5 and replies[2]["refused"] == []
+    assert replies[2]["redacted"] == {"generic-secret": 1}  # the screen touched it: decoded
+    with Store.open(store) as st:
+        got = exported(st, "machines/laptop/one/")
+        # Stored from the bytes as they came, as TEXT (a BLOB would read back as bytes).
+        assert st.conn.execute("SELECT count(*) FROM blobs WHERE typeof(body) <> 'text'"
+                               ).fetchone()[0] == 0
+    assert {k.rsplit("/", 1)[1]: v for k, v in got.items() if not k.endswith("s.md")} == {
+        "a.md": ahead_texts[0], "b.md": ahead_texts[1], "e.md": "", "n.md": needed}
+    assert "Zq8vN2mL" not in got["machines/laptop/one/s.md"]
+    assert replies[2]["stored"]["s.md"] == sha256_text(got["machines/laptop/one/s.md"])
+
+
+def test_raw_texts_through_a_compressed_session(tmp_path: Path) -> None:
+    texts = [f"note {i} \u00e9 " + "words " * 3000 for i in range(5)]
+    deflate = zlib.compressobj()
+    rest = deflate.compress(raw(texts[:3]) + placed3("one", [(f"{i}.md", t, i if i < 3 else None)
+                                                              for i, t in enumerate(texts)])
+                            + raw(texts[3:], "one") + enc({"type": "commit", "source": "one"})
+                            + enc({"type": "bye"})) + deflate.flush(zlib.Z_SYNC_FLUSH)
+    out = io.BytesIO()
+    hello = enc({**HELLO3, "compress": ["zlib"]})
+    session = Session(tmp_path / "store.sqlite3", Channel(io.BytesIO(hello + rest), out,
+                                                          "client"), None)
+    assert session.run() == 0
+    first, _, after = out.getvalue().partition(b"\n")
+    assert json.loads(first)["raw_bodies"] is True
+    need, result = [json.loads(line) for line in
+                    zlib.decompressobj().decompress(after).splitlines()]
+    assert need["index"] == [3, 4] and result["accepted"] == 5
+    assert session.channel.received < len("".join(texts)) / 10  # the texts came compressed
+
+
+@pytest.mark.parametrize("sizes", [[-1], "12", [1.5], [True], [MAX_LINE_BYTES + 1],
+                                   [MAX_LINE_BYTES, 1]])
+def test_raw_bodies_with_bad_sizes_end_the_session_and_store_nothing(tmp_path: Path,
+                                                                      sizes: object) -> None:
+    store = tmp_path / "store.sqlite3"
+    replies = talk(store, [enc(HELLO3), enc({"type": "bodies", "sizes": sizes}), b"x" * 20]
+                   + manifest("notes", "markdown", [("after.md", "must not land")]))
+    assert replies[-1]["type"] == "error" and replies[-1]["code"] == "bad-field"
+    assert "bodies.sizes" in replies[-1]["message"]
+    assert stored(store) == {"files": 0, "notes": 0}
+
+
+def test_raw_texts_that_end_early_end_the_session_naming_what_is_missing(tmp_path: Path) -> None:
+    store = tmp_path / "store.sqlite3"
+    replies = talk(store, [enc(HELLO3), raw(["abcdef", "ghij"])[:-2]])
+    assert replies[-1]["type"] == "error"
+    assert "2 bytes short of the 10 bytes of texts" in replies[-1]["message"]
+    assert stored(store) == {"files": 0, "notes": 0}
+
+
+def test_a_raw_text_that_is_not_utf8_is_dropped_as_a_json_one_is(tmp_path: Path) -> None:
+    store = tmp_path / "store.sqlite3"
+    broken = b"bad \xff text"  # its sha256 is named, and matches: still not taken
+    surrogate = b"lone \xed\xa0\x80 surrogate"  # UTF-8's form of U+D800 is not valid UTF-8
+    replies = talk(store, [enc(HELLO3), raw(["first", broken, "third"]),
+                           placed3("one", [("a.md", "first", 0), ("c.md", "third", 2),
+                                           ("b.md", broken, None), ("d.md", surrogate, None)]),
+                           raw([broken, surrogate], "one"),
+                           enc({"type": "commit", "source": "one"}), enc({"type": "bye"})])
+    assert replies[1]["index"] == [2, 3]
+    result = replies[2]
+    assert result["accepted"] == 2
+    assert sorted((r["path"], r["reason"]) for r in result["refused"]) == [
+        ("b.md", "missing-body"), ("d.md", "missing-body")]
+    with Store.open(store) as st:
+        assert sorted(exported(st, "machines/laptop/one/").values()) == ["first", "third"]
+    # A manifest cannot name the text that was not UTF-8 by its place.
+    refused = talk(tmp_path / "other.sqlite3", [enc(HELLO3), raw(["first", broken]),
+                                                placed3("one", [("b.md", broken, 1)])])
+    assert refused[-1]["code"] == "bad-field" and "names text 1 sent ahead" in refused[-1][
+        "message"]
+
+
+def test_a_version_3_client_may_still_send_json_texts(tmp_path: Path) -> None:
+    store = tmp_path / "store.sqlite3"
+    replies = talk(store, [enc(HELLO3), enc({"type": "bodies", "bodies": ["json \u00e9"]}),
+                           placed3("one", [("a.md", "json \u00e9", 0)]), enc({"type": "bye"})])
+    assert replies[0]["raw_bodies"] is True  # offered, not required
+    assert replies[1]["accepted"] == 1
+
+
+def test_raw_bodies_are_announced_only_in_version_3(tmp_path: Path) -> None:
+    for versions, args in (([1, 2, 3], ["--max-protocol", "2"]), ([1, 2], []), ([1], [])):
+        hello = talk(tmp_path / "store.sqlite3", [enc({**HELLO, "versions": versions})], *args)[0]
+        assert hello["version"] == max(versions) - bool(args) and "raw_bodies" not in hello
+    # A version 2 session reads a `sizes` field as nothing: what follows is its next line.
+    replies = talk(tmp_path / "store.sqlite3", [enc(HELLO), enc({"type": "bodies", "sizes": [2],
+                                                                 "bodies": []}), b"{}\n"])
+    assert replies[-1]["code"] == "bad-json"
+
+
+def test_raw_bodies_ahead_count_against_ahead_bytes(tmp_path: Path) -> None:
+    store = tmp_path / "store.sqlite3"
+    texts = [f"file {i} " + "x" * 400 for i in range(4)]
+    out = io.BytesIO()
+    session = Session(store, Channel(io.BytesIO(b"".join([enc(HELLO3), raw(texts[:2]),
+                                                          raw(texts[2:])])), out, "client"),
+                      None, limits=Limits(namespace_bytes=1000))
+    assert session.run() == 1
+    hello, failure = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert hello["raw_bodies"] is True
+    assert failure["code"] == "ahead-full" and "1000 bytes" in failure["message"]
+    assert stored(store) == {"files": 0, "notes": 0}

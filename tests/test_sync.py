@@ -450,3 +450,21 @@ def test_a_first_sync_names_the_bodies_it_sent_ahead_by_their_place(tmp_path):
     files = [p for p in notes.rglob("*.md")]
     texts = sum(len(p.read_bytes()) + len(str(p.relative_to(notes))) for p in files)
     assert report["bytes"]["sent"] - texts < 64 * len(files), report["bytes"]
+
+
+def test_version_3_answers_a_need_with_raw_texts(tmp_path):
+    # The bodies answering a need go as raw UTF-8 after their line: a text JSON would escape
+    # to twice its size (quotes, backslashes) costs its own size on the wire.
+    notes, store, cfg = local_laptop(tmp_path, files=2)
+    text = '# Memory\n' + '"quoted\\" ' * 2_000 + "\n"  # 20,010 bytes, 40,000 more in JSON
+    (tmp_path / "h" / ".codex" / "memories" / "MEMORY.md").write_text(text, encoding="utf-8")
+    sync_in_process(cfg)
+    with Store.open(store) as s:
+        s.forget("laptop", "codex")  # unchanged here, so not sent ahead: named in need
+    report, _ = sync_in_process(cfg)
+    assert report["status"] == "ok" and report["protocol"] == 3, report
+    assert report["round_trips"] == 4  # hello; pipeline; whole manifest; bodies and commit
+    assert report["bytes"]["sent"] < 25_000
+    with Store.open(store) as s:
+        assert {p: t for p, _, t in s.export()}["machines/laptop/codex/MEMORY.md"] == text
+    assert cache_files(tmp_path / "laptop" / "cache")["machines/laptop/codex/MEMORY.md"] == text

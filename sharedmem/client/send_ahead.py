@@ -7,7 +7,8 @@ it while the walk goes on) and offers `ahead_bytes`, each file read this time th
 was not told of before goes out at once, in batches; the server verifies, redacts and stores
 them while the walk goes on, and leaves them out of its `need`. A server that does not offer it (or
 version 1) gets the usual exchange, and so does whatever is past the offered bytes.
-In version 3 a `bodies` message carries the texts alone (`protocol.encode_texts`).
+In version 3 a `bodies` message carries the texts alone (`protocol.encode_texts`), and when
+the server's hello offers `raw_bodies`, as raw UTF-8 after its line (`protocol.encode_raw_texts`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import threading
 from queue import SimpleQueue
 
 from sharedmem.client.tails import encode_tails
+from sharedmem.client.transport import raw_bodies
 from sharedmem.core import ProtocolError
-from sharedmem.protocol import AHEAD_REFS, chunks, encode_bodies, encode_texts
+from sharedmem.protocol import AHEAD_REFS, chunks, encode_bodies, encode_raw_texts, encode_texts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -45,9 +47,9 @@ class Ahead:
         self.waiting_tails: list[tuple[str, str, bytes, int]] = []  # offered before the hello
         # Batches of bodies, or one encoded `tails` line.
         self._queue: SimpleQueue[list[tuple[str, bytes]] | bytes | None] = SimpleQueue()
-        # Lines encoded before the hello, in the form of the client's highest version, with
-        # their bodies in case the server chose an older one.
-        self.waiting: tuple[list[bytes], int, list[list[tuple[str, bytes]]], bool] | None = None
+        # Lines encoded before the hello, in the form of the client's highest version (`_form`),
+        # with their bodies in case the server chose another.
+        self.waiting: tuple[list[bytes], int, list[list[tuple[str, bytes]]], str] | None = None
         self._sender: threading.Thread | None = None
         self._failure: ProtocolError | None = None
 
@@ -159,13 +161,13 @@ class Ahead:
         while (room := self._queue.get()) is not None:
             if self._failure is not None:
                 continue
-            compact = _compact(self.conn.early)
+            form = _form(self.conn.early)
             try:
                 if isinstance(room, bytes):  # a `tails` line (`_flush_tails`)
                     self.conn.channel.send_line(room)
                     continue
                 for batch in chunks(room, _size):
-                    self.conn.channel.send_line(_encode(batch, compact))
+                    self.conn.channel.send_line(_encode(batch, form))
             except ProtocolError as exc:
                 self._failure = exc
 
@@ -187,9 +189,9 @@ class Ahead:
             self.flush()
         if self.open and self.pending:  # no hello yet: most likely it chooses our highest
             batches = list(chunks(self.pending, _size))
-            compact = max(self.conn.versions, default=0) >= 3
-            self.waiting = ([_encode(batch, compact) for batch in batches], self.pending_bytes,
-                            batches, compact)
+            form = RAW if max(self.conn.versions, default=0) >= 3 else PAIRS
+            self.waiting = ([_encode(batch, form) for batch in batches], self.pending_bytes,
+                            batches, form)
         if self.open and self.tails:  # no hello yet: sent by `send_waiting`, if there is room
             self.waiting_tails = self.tails
         self.close()
@@ -218,9 +220,9 @@ class Ahead:
         hello = self.conn.early
         if waiting is None or hello is None or hello.get("version", 0) < 2:
             return False
-        lines, size, batches, compact = waiting
-        if compact != _compact(hello):
-            lines = [_encode(batch, not compact) for batch in batches]
+        lines, size, batches, form = waiting
+        if form != _form(hello):
+            lines = [_encode(batch, _form(hello)) for batch in batches]
         limit = hello.get("ahead_bytes")
         if isinstance(limit, int) and not isinstance(limit, bool) and self.sent_bytes + size <= limit:
             for line in lines:
@@ -244,6 +246,18 @@ def _compact(hello: dict[str, object] | None) -> bool:
     return type(version) is int and version >= 3
 
 
-def _encode(batch: list[tuple[str, bytes]], compact: bool) -> bytes:
-    """One `bodies` line ahead: texts alone (version 3) or [sha256, text] pairs (version 2)."""
-    return encode_texts(data for _, data in batch) if compact else encode_bodies(batch)
+PAIRS, TEXTS, RAW = "pairs", "texts", "raw"  # the forms of a `bodies` message ahead
+
+
+def _form(hello: dict[str, object] | None) -> str:
+    """How bodies go ahead to the server of `hello` (raw: version 3 with `raw_bodies`)."""
+    if not _compact(hello):
+        return PAIRS
+    return RAW if raw_bodies(hello) else TEXTS
+
+
+def _encode(batch: list[tuple[str, bytes]], form: str) -> bytes:
+    """One `bodies` message ahead in `form` (`_form`)."""
+    if form == RAW:
+        return encode_raw_texts([data for _, data in batch])
+    return encode_texts(data for _, data in batch) if form == TEXTS else encode_bodies(batch)

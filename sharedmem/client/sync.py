@@ -31,7 +31,14 @@ from sharedmem.clock import utc_now
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import atomic_write
 from sharedmem.hashing import digest_of
-from sharedmem.protocol import VERSIONS, PeerError, chunks, encode, encode_texts
+from sharedmem.protocol import (
+    VERSIONS,
+    PeerError,
+    chunks,
+    encode,
+    encode_raw_texts,
+    encode_texts,
+)
 from sharedmem.rules import MACHINES_DIR
 from sharedmem.sources import kinds as sources
 from sharedmem.sources import walk
@@ -367,8 +374,9 @@ class Sync:
             self.have[sha] = text  # the server sends null for it in the pull
             texts.append(text.encode("utf-8"))
         self.progress(f"{spec.name}: sending {len(texts)} changed files")
+        encode_batch = encode_raw_texts if conn.raw_bodies else encode_texts
         for batch in chunks(texts, lambda data: len(data) + 8):
-            conn.channel.send_line(encode_texts(batch, spec.name))
+            conn.channel.send_line(encode_batch(batch, spec.name))
         conn.channel.send({"type": "commit", "source": spec.name})
         self._wait(conn)
         return conn.channel.expect("result")

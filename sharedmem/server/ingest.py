@@ -39,6 +39,8 @@ class IncomingFile(namedtuple("IncomingFile",
 
     `redactions` is set when the server already redacted `text` as it arrived; when it is
     empty (nothing was redacted), `sha256` and `size` are those the server computed for `text`.
+    Such a `text` may be its UTF-8 (bytes, as the session keeps it), stored as it is, under
+    `stored` when something was redacted.
     `text` None with `redactions` set: the server stored the body, redacted, as it arrived
     (`Store.put_blobs`), under `stored` (its sha256, which is `sha256` when nothing was
     redacted) and `size` is its size. `refused` is a reason the server refused the body for as
@@ -278,7 +280,7 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
     accepted: dict[str, tuple[str, int, int]] = {}
     keys: set[str] = set()  # of the files accepted from `files`
     total = kept.size
-    blobs: list[tuple[str, int, str]] = []  # inserted together: one call, not one per file
+    blobs: list[tuple[str, int, str | bytes]] = []  # inserted together: one call, not one per file
 
     def refuse(path: object, reason: str, message: str) -> None:
         if len(message) > MAX_MESSAGE_CHARS:
@@ -324,6 +326,8 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
             sha = stored_as or sha256  # stored as it arrived
         elif counts == {} and text is not None:  # verified as it arrived
             sha = sha256
+        elif counts and type(text) is bytes:  # redacted as it arrived, in UTF-8
+            sha = stored_as
         elif text is not None:
             try:
                 if counts is None:
@@ -363,7 +367,8 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
         keys.add(key)
         total += size
         accepted[path] = (sha, size, int(mtime_ns or 0))
-    conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,?)", blobs)
+    # CAST: a body kept as its UTF-8 (bytes) is stored as TEXT, as one kept as a str is.
+    conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,CAST(? AS TEXT))", blobs)
     return accepted
 
 

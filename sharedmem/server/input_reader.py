@@ -26,7 +26,7 @@ PIPE_BYTES = MIB  # asked of the kernel for a pipe, so one read takes more while
 
 
 class ReadAhead:
-    """`readline` over a file descriptor, read ahead by a daemon thread once a line is long."""
+    """`readline` and `read` over a file descriptor, read ahead by a thread once a line is long."""
 
     def __init__(self, fd: int, window: int = WINDOW_BYTES, start: int = START_BYTES) -> None:
         self._fd = fd
@@ -106,6 +106,26 @@ class ReadAhead:
             data = data[:size]
         self._read_whole += len(data)
         return data
+
+    def read(self, size: int) -> bytes:
+        """Exactly `size` bytes (the texts after a raw `bodies` line); fewer only at the end.
+
+        The thread starts once `start` bytes were read this way, as it does for a long line.
+        """
+        parts: list[bytes] = []
+        got = 0
+        while got < size:
+            if self._ready is None and got >= self._start_bytes:
+                self._start()
+            data = self._next()
+            if not data:
+                break
+            if got + len(data) > size:
+                self._unread(data[size - got:])
+                data = data[:size - got]
+            parts.append(data)
+            got += len(data)
+        return b"".join(parts)
 
     def readline(self, limit: int) -> bytes:
         """Up to and with the next line break, or `limit` bytes, or what is left: as `io`'s."""

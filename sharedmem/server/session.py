@@ -61,13 +61,13 @@ class Session:
         self.machine = ""
         self.version = 0
         # Verified, redacted bodies not yet committed, by the sha256 the client gave them:
-        # sha256 -> (text, redactions, size, sha256 as stored), size and address those of the
-        # redacted text. Every body (sent ahead, answering a need, or in a version 1 `files`)
+        # sha256 -> (text in UTF-8, redactions, size, sha256 as stored), size and address those
+        # of the redacted text. Every body (sent ahead, answering a need, or in a version 1 `files`)
         # goes to `unstored`, and once those pass STORE_AHEAD_BYTES they are stored as they are
         # (text None here), claimed for this session until it ends (Store.put_blobs): the
         # session holds no more text than that. Fewer wait for the commit that lists them to
         # store them in its own transaction.
-        self.pool: dict[str, tuple[str | None, dict[str, int], int, str]] = {}
+        self.pool: dict[str, tuple[bytes | None, dict[str, int], int, str]] = {}
         self.ahead_bytes = 0
         self.unstored: list[tuple[str, int, bytes]] = []
         self.unstored_keys: list[str] = []  # the client's sha256 of each row of `unstored`
@@ -184,6 +184,8 @@ class Session:
                  "pinned": self.pinned is not None}
         if self.version >= 2:
             reply["ahead_bytes"] = self.limits.namespace_bytes
+        if self.version >= 3:  # bodies may carry their texts as raw UTF-8 after their line
+            reply["raw_bodies"] = True
         compress = self._compression(message)
         if compress is not None:
             reply["compress"] = compress
@@ -191,6 +193,7 @@ class Session:
         if compress is not None:  # both streams, from the byte after each side's hello line
             self.channel.compress_output()
             self.channel.decompress_input()
+        self.channel.raw_bodies = self.version >= 3
         if self.version >= 2 and "sharedmem.redact.redactor" not in sys.modules:
             _load_redactor_meanwhile()  # while the client walks: its changes come redacted
 
@@ -286,7 +289,7 @@ class Session:
                 break
             items = field(part, "files", list)
             self._count_files(len(entries) + len(items), source)
-            bodies: dict[str, tuple[str, bytes]] = {}
+            bodies: dict[str, bytes] = {}
             for item in items:
                 if not isinstance(item, dict):
                     raise PeerError("bad-field", "files entries must be objects")
@@ -301,7 +304,7 @@ class Session:
                 entries.append((path, sha, len(data), mtime))
                 if (sha not in bodies and sha not in self.pool and sha not in self.refused
                         and self._admit(sha, data, ahead=False)):
-                    bodies[sha] = (text, data)
+                    bodies[sha] = data
             self._keep(bodies)
         files = self._incoming(entries)
         self._commit(source, kind, files, {sha for _, sha, _, _ in entries if sha is not None})
@@ -398,8 +401,8 @@ class Session:
             body = pool.get(sha)
             if body is not None:
                 text, counts, size, address = body
-                files.append(make(IncomingFile, (path, sha, size, mtime, text, counts,
-                                                 address if text is None else None, None)))
+                files.append(make(IncomingFile, (path, sha, size, mtime, text, counts, address,
+                                                 None)))
             elif (refusal := refused.get(sha)) is not None:
                 files.append(make(IncomingFile, (path, sha, refusal[1], mtime, None, None, None,
                                                  refusal[0])))
@@ -417,18 +420,22 @@ class Session:
 
         Bodies that are not `wanted` (when given) or do not match their sha256 are dropped:
         the manifest's need, or the commit's missing-body refusal, names what is still due.
+        Version 3's raw texts (bytes, read by `Channel` after the line) are hashed and kept as
+        they came, each checked to be UTF-8 and never decoded whole.
         """
-        fresh: dict[str, tuple[str, bytes]] = {}
+        fresh: dict[str, bytes] = {}
         compact = self.version >= 3
         for pair in field(message, "bodies", list):
             if compact:  # the text alone: its address is its sha256, computed here
-                if not isinstance(pair, str):
+                if type(pair) is bytes:
+                    data = pair
+                    valid = data.isascii() or _utf8(data)
+                elif isinstance(pair, str):
+                    data, valid = _encoded(pair)
+                else:
                     raise PeerError("bad-field", "bodies entries must be texts (strings) in "
                                     "protocol version 3")
-                text = pair
-                try:
-                    data = text.encode("utf-8")
-                except UnicodeEncodeError:
+                if not valid:
                     if wanted is None:
                         self._refer(None)
                     continue
@@ -444,15 +451,14 @@ class Session:
                     or sha in self.refused):
                 continue
             if not compact:
-                try:
-                    data = text.encode("utf-8")
-                except UnicodeEncodeError:
+                data, valid = _encoded(text)
+                if not valid:
                     continue
             if wanted is None:  # every body ahead counts, even one dropped below
                 self._count_ahead(len(data))
             if (compact or sha256_bytes(data) == sha) and self._admit(sha, data,
                                                                        ahead=wanted is None):
-                fresh[sha] = (text, data)
+                fresh[sha] = data
         self._keep(fresh)
 
     def _refer(self, sha: str | None) -> None:
@@ -478,7 +484,7 @@ class Session:
         """
         from sharedmem.server.tails import joined
         assert self.store is not None
-        fresh: dict[str, tuple[str, bytes]] = {}
+        fresh: dict[str, bytes] = {}
         for pair in field(message, "tails", list):
             if (not isinstance(pair, list) or len(pair) != 2
                     or not all(isinstance(x, str) for x in pair)):
@@ -496,7 +502,7 @@ class Session:
             sha = sha256_bytes(data)
             if (sha not in fresh and sha not in self.pool and sha not in self.refused
                     and self._admit(sha, data, ahead=True)):
-                fresh[sha] = (data.decode("utf-8"), data)
+                fresh[sha] = data  # a stored text and a str's UTF-8: valid UTF-8
         self._keep(fresh)
 
     def _admit(self, sha: str, data: bytes, *, ahead: bool) -> bool:
@@ -518,20 +524,23 @@ class Session:
                 return False
         return True
 
-    def _keep(self, fresh: dict[str, tuple[str, bytes]]) -> None:
-        """Redact admitted bodies in one pass into the pool; store them once they add up."""
+    def _keep(self, fresh: dict[str, bytes]) -> None:
+        """Redact admitted bodies (valid UTF-8) in one pass into the pool; store them once they add up.
+
+        The redactor gets the bytes alone and decodes only the texts its screen touches: the
+        others are stored as the bytes that came, never made into a str.
+        """
         if not fresh:
             return
         from sharedmem.redact.redactor import redact_many
-        texts = [text for text, _ in fresh.values()]
-        for (sha, (_, data)), (clean, counts) in zip(
-                fresh.items(), redact_many(texts, [data for _, data in fresh.values()]),
-                strict=True):
+        for (sha, data), (clean, counts) in zip(
+                fresh.items(), redact_many(None, list(fresh.values())), strict=True):
             address = sha
             if counts:  # stored as redacted, under the address of what is stored
+                assert clean is not None
                 data = clean.encode("utf-8")
                 address = sha256_bytes(data)
-            self.pool[sha] = (clean, counts, len(data), address)
+            self.pool[sha] = (data, counts, len(data), address)
             self.unstored.append((address, len(data), data))
             self.unstored_keys.append(sha)
             self.unstored_bytes += len(data)
@@ -799,6 +808,23 @@ def _address(value: str, what: str) -> str:
     if len(value) != 64 or not _HEX.fullmatch(value):
         raise PeerError("bad-field", f"{what} must be a sha256 in 64 lower-case hex digits")
     return value
+
+
+def _utf8(data: bytes) -> bool:
+    """Whether `data` is valid UTF-8 (no lone surrogate either), checked without keeping a str."""
+    try:
+        str(data, "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _encoded(text: str) -> tuple[bytes, bool]:
+    """A JSON text in UTF-8, and whether it has that form (a lone surrogate has none)."""
+    try:
+        return text.encode("utf-8"), True
+    except UnicodeEncodeError:
+        return b"", False
 
 
 def _unicode(texts: list[str]) -> bool:
