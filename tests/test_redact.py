@@ -225,9 +225,9 @@ def test_the_batch_screens_cover_every_rule_matched_with_case() -> None:
     # A rule matched with case is found by the batch scan only through a screen; one left out
     # would let its secrets through redact_many untouched.
     from sharedmem.redact.credentials import _RULE_TEXT
-    from sharedmem.redact.redactor import _SCREENS
+    from sharedmem.redact.redactor import _FOLDED_SCREENS, _SCREENS
     cased = {rule.kind for rule in _RULE_TEXT if not rule.folded} | {"private-key"}
-    screened = set().union(*(kinds for _, kinds in _SCREENS))
+    screened = set().union(*(kinds for _, kinds in _SCREENS + _FOLDED_SCREENS))
     assert cased <= screened
     assert screened - cased <= {rule.kind for rule in _RULE_TEXT}
 
@@ -244,9 +244,9 @@ def test_the_backward_screens_touch_every_text_a_caseless_lead_touches() -> None
     # The rules matched without case are screened from the ':' or '=' back to the keyword; any
     # text one of their patterns matches must be touched, or redact_many would pass it unread.
     from sharedmem.redact.credentials import _RULE_TEXT
-    from sharedmem.redact.redactor import _FOLDED_SCREENS, _SCREENS, _touched
+    from sharedmem.redact.redactor import _FOLDED_SCREENS, _FOLDED_WORDS, _SCREENS, _touched
     folded = [rule for rule in _RULE_TEXT if rule.folded]
-    screened = set().union(*(kinds for _, kinds in _FOLDED_SCREENS + _SCREENS))
+    screened = set().union(*(kinds for _, kinds in _FOLDED_SCREENS + _FOLDED_WORDS + _SCREENS))
     assert {rule.kind for rule in folded} <= screened
     patterns = [re.compile(rule.regex) for rule in folded]
     pieces = ["Token", "PASSWORD", "passwd", "Pwd", "SeCrEt", "api", "ApiKey", "Access", "private",
