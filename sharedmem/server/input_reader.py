@@ -112,6 +112,14 @@ class ReadAhead:
 
         The thread starts once `start` bytes were read this way, as it does for a long line.
         """
+        return self._gather(size, line=False)
+
+    def readline(self, limit: int) -> bytes:
+        """Up to and with the next line break, or `limit` bytes, or what is left: as `io`'s."""
+        return self._gather(limit, line=True)
+
+    def _gather(self, size: int, *, line: bool) -> bytes:
+        """Chunks up to `size` bytes, ending after the first line break when `line`."""
         parts: list[bytes] = []
         got = 0
         while got < size:
@@ -120,35 +128,15 @@ class ReadAhead:
             data = self._next()
             if not data:
                 break
-            if got + len(data) > size:
-                self._unread(data[size - got:])
-                data = data[:size - got]
+            end = data.find(b"\n", 0, size - got) + 1 if line else 0  # 0: no line break
+            cut = end or size - got
+            if cut < len(data):
+                self._unread(data[cut:])
+                data = data[:cut]
             parts.append(data)
             got += len(data)
-        return b"".join(parts)
-
-    def readline(self, limit: int) -> bytes:
-        """Up to and with the next line break, or `limit` bytes, or what is left: as `io`'s."""
-        parts: list[bytes] = []
-        size = 0
-        while size < limit:
-            if self._ready is None and size >= self._start_bytes:
-                self._start()
-            data = self._next()
-            if not data:
+            if end:
                 break
-            end = data.find(b"\n", 0, limit - size)
-            if end != -1:
-                parts.append(data[:end + 1])
-                if end + 1 < len(data):
-                    self._unread(data[end + 1:])
-                return b"".join(parts)
-            if size + len(data) > limit:
-                parts.append(data[:limit - size])
-                self._unread(data[limit - size:])
-                return b"".join(parts)
-            parts.append(data)
-            size += len(data)
         return b"".join(parts)
 
 
