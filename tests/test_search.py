@@ -490,7 +490,7 @@ def test_an_index_of_an_older_version_is_rebuilt_in_place_and_shrinks(tmp_path: 
     assert search_mod.refresh_index(cache) == {"changed": 20, "files": 20}
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()[0] == \
-        f"2/{unicodedata.unidata_version}"
+        f"{search_mod.INDEX_VERSION}/{unicodedata.unidata_version}"
     conn.close()
     assert index_bytes(cache) <= text_bytes(cache)
     assert [r["path"] for r in tools.search(cache, ["alpha 7"])["results"][:1]] == [
@@ -702,3 +702,50 @@ def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_pat
 
 
 
+
+
+SHORT_FILES = {
+    "a.md": "the AI model\n", "b.md": "nothing here\n", "c.md": "ends with ai",
+    "d.md": "ai", "e.md": "Ai and AI\nand ai\n", "f.md": "猫 sat\n", "g.md": "q", "h.md": "zz\n",
+    **{f"n{i:03d}.md": f"simple words {i}\n" for i in range(200)}}
+
+
+@pytest.mark.parametrize("query,case_sensitive", [
+    ("AI", True), ("ai", True), ("ai", False), ("i", True), ("q", True), ("猫", True),
+    ("zz", True), ("z", False), ("qq", True), ("\u00e9", True), (" w", True)])
+def test_short_queries_find_what_a_full_scan_finds(tmp_path: Path, query: str,
+                                                   case_sensitive: bool) -> None:
+    # One or two characters begin a trigram of the index (each text ends in two more line
+    # breaks there), at the end of a file without a line break too, and in a file that short.
+    cache = make_cache(tmp_path, SHORT_FILES)
+    search_mod.refresh_index(cache)
+    got = [(r["path"], r["line_number"])
+           for r in all_pages(cache, queries=[query], case_sensitive=case_sensitive)]
+    assert got == reference(cache, [query], case_sensitive=case_sensitive)
+
+
+def test_a_short_rare_query_reads_only_the_files_the_index_names(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path, SHORT_FILES)
+    search_mod.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    searcher = search_mod.searcher(cache)
+    got = tools.search(cache, ["猫"])["results"]
+    assert [r["path"] for r in got] == [f"{NS}/f.md"]
+    assert searcher.scanned == 1
+    assert tools.search(cache, ["qq"])["results"] == [] and searcher.scanned == 0
+    got = tools.search(cache, ["ai"], case_sensitive=False)["results"]
+    assert {r["path"] for r in got} == {f"{NS}/{n}.md" for n in "acde"}
+    assert searcher.scanned == 4
+
+
+def test_a_short_query_that_begins_too_many_trigrams_is_scanned(tmp_path: Path) -> None:
+    # More than _SHORT_TERMS trigrams begin with the key: the MATCH would cost more than it
+    # saves, so every file is read, and the results are still a full scan's.
+    words = " ".join(f"x{chr(0x4e00 + i)}{chr(0x4e00 + i)}" for i in range(600))
+    cache = make_cache(tmp_path, {"big.md": words + "\n", "small.md": "x\n", "none.md": "y\n"})
+    search_mod.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    searcher = search_mod.searcher(cache)
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["x"])]
+    assert got == reference(cache, ["x"])
+    assert searcher.scanned == 3

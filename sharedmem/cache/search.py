@@ -39,7 +39,7 @@ from sharedmem.cache.layout import CacheFiles
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "2"
+INDEX_VERSION = "3"
 INDEX_FILE = "search.sqlite3"
 LINE_CHARS = 1000
 BACKGROUND_REFRESH = True  # a missing or broken index makes a search start `index --background`
@@ -52,6 +52,10 @@ _FEW = 128  # candidates under 1/128 of a chunk are verified by reading, other k
 _WHOLE = 4096  # a key that names at most about this many files is asked of the whole index
 _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`_View.run`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
+# Each indexed text ends with two line breaks more, so every string of one or two characters it
+# holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
+_END = "\n\n"
+_SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looked up (scanned)
 _SPACES = re.compile(r" [^\S\n]+|[^\S\n ][^\S\n]*")
 _UNCOLLAPSED = re.compile(r"[^\S\n ]|  ")  # what _SPACES would change: a cheap test first
 _MARKED = re.compile(r"[^\x00-\u02ff]")
@@ -396,7 +400,7 @@ class _Writer:
                 self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
                 self.changed += 1
             return False
-        text = normalize(data.decode("utf-8", "replace"))
+        text = normalize(data.decode("utf-8", "replace")) + _END
         if row_id is None:
             row_id = self.conn.execute(
                 "INSERT INTO files(path, sha256, namespace) VALUES (?, ?, ?)",
@@ -457,6 +461,7 @@ class _Index:
         self.path = path
         self.conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None  # the file this connection reads
+        self._vocab = False  # the connection's view of the index's terms is made (`_short`)
 
     def begin(self) -> dict[str, str] | None:
         """Start a read transaction; the index's meta rows, or None when there is no index.
@@ -500,7 +505,7 @@ class _Index:
         """Forget the connection so the next search reopens (or scans)."""
         if self.conn is not None:
             self.conn.close()
-        self.conn, self._identity = None, None
+        self.conn, self._identity, self._vocab = None, None, False
 
     def _unreadable(self, exc: Exception) -> None:
         """Close, and delete the file unless it is only locked, or new and not yet written.
@@ -550,11 +555,49 @@ class _Index:
     def candidates(self, keys: Iterable[str]) -> array[int] | None:
         """Ids of the files whose text may contain every one of `keys`; None if it cannot say.
 
-        None also when no key has three characters or more. All the keys' trigrams go in one
-        MATCH, so SQLite intersects them: a few files can hold all of several common words.
+        All the keys' trigrams go in one MATCH, so SQLite intersects them: a few files can hold
+        all of several common words.
         """
-        expr = _match(keys)
-        return None if expr is None else self._ids("", (expr,))
+        expr = self.expression(keys)
+        return None if expr is None else self.matching(expr)
+
+    def matching(self, expr: str) -> array[int]:
+        """Ids of the files the MATCH `expr` names."""
+        return self._ids("", (expr,))
+
+    def expression(self, keys: Iterable[str]) -> str | None:
+        """The MATCH of files that may hold every key; None when no key narrows them.
+
+        A key of three characters or more is its trigrams (`_match`); a shorter one is any of
+        the trigrams it begins (`_short`).
+        """
+        keys = list(keys)
+        parts = [expr] if (expr := _match(keys)) is not None else []
+        for key in keys:
+            if 0 < len(key) < 3 and (expr := self._short(key)) is not None:
+                parts.append(expr)
+        expr = " AND ".join(parts)
+        return expr if parts and _utf8(expr) is not None else None
+
+    def _short(self, key: str) -> str | None:
+        """Any trigram of the index that `key` (one or two characters) begins; None if too many.
+
+        The index's terms are read in order from `key` up to the next string of its length
+        (`fts5vocab`). None of them: no file holds the key, and the MATCH of the key padded
+        with line breaks, a trigram it would begin, names none.
+        """
+        if self.conn is None or _utf8(key) is None:
+            return None
+        if not self._vocab:
+            self.rows("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING "
+                      "fts5vocab(main, grams, 'row')")
+            self._vocab = True
+        terms = [t for (t,) in self.rows(
+            f"SELECT term FROM temp.vocab WHERE term >= ? AND term < ? LIMIT {_SHORT_TERMS + 1}",
+            (key, key[:-1] + chr(ord(key[-1]) + 1)))]
+        if len(terms) > _SHORT_TERMS or not all(isinstance(t, str) for t in terms):
+            return None
+        return "(" + " OR ".join(_quoted(t) for t in terms or [key + _END[:3 - len(key)]]) + ")"
 
     def between(self, expr: str, lo: int, hi: int) -> array[int]:
         """Ids from `lo` to `hi` of the files the MATCH `expr` names: one seek into each list."""
@@ -585,8 +628,13 @@ def _match(keys: Iterable[str]) -> str | None:
         grams.update(own)
     if not grams:
         return None
-    expr = " AND ".join('"' + g.replace('"', '""') + '"' for g in sorted(grams))
+    expr = " AND ".join(_quoted(g) for g in sorted(grams))
     return expr if _utf8(expr) is not None else None
+
+
+def _quoted(term: str) -> str:
+    """A term as an FTS5 string."""
+    return '"' + term.replace('"', '""') + '"'
 
 
 def _inverse(ids: array[int]) -> array[int]:
@@ -1004,7 +1052,7 @@ class _Named:
     def __init__(self, view: _View, keys: list[str]) -> None:
         self.view = view
         usable = view.index.conn is not None and len(view.stale) < len(view)
-        self.expr = _match(keys) if usable else None
+        self.expr = view.index.expression(keys) if usable else None
         self.keys = keys
         self.asked: dict[int, set[int]] = {}  # chunk start -> the positions named in it
         self.whole: list[int] | None = None  # every position named, when the ids are scattered
@@ -1056,7 +1104,8 @@ class _Named:
     def _from_whole(self, lo: int, hi: int) -> set[int]:
         """The chunk's positions among all the index names, asked of it once for every chunk."""
         if self.whole is None:
-            self.whole = sorted(self.view.positions(self.view.index.candidates(self.keys)) or ())
+            named = None if self.expr is None else self.view.index.matching(self.expr)
+            self.whole = sorted(self.view.positions(named) or ())
         return set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
 
 
