@@ -707,12 +707,14 @@ def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_pat
 SHORT_FILES = {
     "a.md": "the AI model\n", "b.md": "nothing here\n", "c.md": "ends with ai",
     "d.md": "ai", "e.md": "Ai and AI\nand ai\n", "f.md": "猫 sat\n", "g.md": "q", "h.md": "zz\n",
+    "i.md": "last \U0010ffff code point\n",
     **{f"n{i:03d}.md": f"simple words {i}\n" for i in range(200)}}
 
 
 @pytest.mark.parametrize("query,case_sensitive", [
     ("AI", True), ("ai", True), ("ai", False), ("i", True), ("q", True), ("猫", True),
-    ("zz", True), ("z", False), ("qq", True), ("\u00e9", True), (" w", True)])
+    ("zz", True), ("z", False), ("qq", True), ("\u00e9", True), (" w", True),
+    ("\U0010ffff", True), (" \U0010ffff", True)])
 def test_short_queries_find_what_a_full_scan_finds(tmp_path: Path, query: str,
                                                    case_sensitive: bool) -> None:
     # One or two characters begin a trigram of the index (each text ends in two more line

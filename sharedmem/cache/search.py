@@ -582,9 +582,9 @@ class _Index:
     def _short(self, key: str) -> str | None:
         """Any trigram of the index that `key` (one or two characters) begins; None if too many.
 
-        The index's terms are read in order from `key` up to the next string of its length
-        (`fts5vocab`). None of them: no file holds the key, and the MATCH of the key padded
-        with line breaks, a trigram it would begin, names none.
+        The index's terms are read in order from `key` on (`fts5vocab`), those it begins being
+        the first. None of them: no file holds the key, and the MATCH of the key padded with
+        line breaks, a trigram it would begin, names none.
         """
         if self.conn is None or _utf8(key) is None:
             return None
@@ -592,10 +592,12 @@ class _Index:
             self.rows("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING "
                       "fts5vocab(main, grams, 'row')")
             self._vocab = True
-        terms = [t for (t,) in self.rows(
-            f"SELECT term FROM temp.vocab WHERE term >= ? AND term < ? LIMIT {_SHORT_TERMS + 1}",
-            (key, key[:-1] + chr(ord(key[-1]) + 1)))]
-        if len(terms) > _SHORT_TERMS or not all(isinstance(t, str) for t in terms):
+        rows = self.rows(f"SELECT term FROM temp.vocab WHERE term >= ? LIMIT {_SHORT_TERMS + 1}",
+                         (key,))
+        if not all(isinstance(t, str) for (t,) in rows):
+            raise self.damaged()
+        terms = [t for (t,) in rows if t.startswith(key)]
+        if len(terms) > _SHORT_TERMS:
             return None
         return "(" + " OR ".join(_quoted(t) for t in terms or [key + _END[:3 - len(key)]]) + ")"
 
