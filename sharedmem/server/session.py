@@ -30,13 +30,14 @@ from sharedmem.protocol import (
     printable,
 )
 from sharedmem.rules import KIND_MARKDOWN, MIB, SOURCE_KINDS, Limits, name_problem
-from sharedmem.server.ingest import IncomingFile, StaleBase, ingest
 from sharedmem.server.store import DiskFull, Store, disk_full, full_error
 
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from typing import IO, Any
+
+    from sharedmem.server.ingest import IncomingFile
 
 
 STORE_AHEAD_BYTES = 4 * MIB  # bodies are stored in batches of about this much as they come
@@ -392,8 +393,11 @@ class Session:
         """The listed files with what this session holds of each body: text, stored, or refused.
 
         Each made as a plain tuple of all its fields, not through IncomingFile's keywords and
-        defaults: a third of the cost, for the 10,000 files of a first sync.
+        defaults: a third of the cost, for the 10,000 files of a first sync. ingest.py loads
+        here, at the first exchange with a change, not before the hello: a sync that changed
+        nothing never needs it.
         """
+        from sharedmem.server.ingest import IncomingFile
         pool, refused = self.pool, self.refused
         make = tuple.__new__
         files = []
@@ -563,6 +567,7 @@ class Session:
         False when the base turned out stale (answered `stale-base`, nothing changed). They
         leave after the answer: forgetting a first sync's 10,000 is no part of it.
         """
+        from sharedmem.server.ingest import StaleBase, ingest
         assert self.store is not None
         try:
             try:
