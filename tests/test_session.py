@@ -766,7 +766,8 @@ def test_raw_bodies_ahead_count_against_ahead_bytes(tmp_path: Path) -> None:
 
 # What `serve` must not load before its hello: each costs its start milliseconds, and a sync that
 # changed nothing needs none of them (docs/BENCHMARKS.md "serve's start").
-NOT_BEFORE_HELLO = ("hashlib", "_hashlib", "typing", "sharedmem.server.ingest")
+NOT_BEFORE_HELLO = ("hashlib", "_hashlib", "typing", "pathlib", "urllib.parse",
+                    "sharedmem.server.ingest")
 
 
 def test_serve_loads_no_more_than_it_needs_before_its_hello(tmp_path: Path) -> None:

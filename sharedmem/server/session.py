@@ -11,7 +11,6 @@ import re
 import sqlite3
 import sys
 from collections import deque
-from pathlib import Path
 
 from sharedmem import __version__
 from sharedmem.core import BackupError, NoteError, ProtocolError, SharedMemoryError, StoreError
@@ -35,6 +34,7 @@ from sharedmem.server.store import DiskFull, Store, disk_full, full_error
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
+    from pathlib import Path
     from typing import IO, Any
 
     from sharedmem.server.ingest import IncomingFile
@@ -51,7 +51,7 @@ MAX_ERROR_CHARS = 2000  # of an error's text: a client's own error, echoed, is c
 class Session:
     """One client's session: hello, then namespaces, notes and a pull, in a checked order."""
 
-    def __init__(self, store_path: Path, channel: Channel, pinned: str | None,
+    def __init__(self, store_path: Path | str, channel: Channel, pinned: str | None,
                  versions: tuple[int, ...] = VERSIONS, limits: Limits | None = None) -> None:
         self.store_path = store_path
         self.channel = channel
@@ -848,7 +848,7 @@ def _shown(refusal: dict[str, str]) -> dict[str, str]:
     return {key: printable(value) for key, value in refusal.items()}
 
 
-def serve(store: Path, pinned: str | None = None, *, max_version: int = max(VERSIONS),
+def serve(store: Path | str, pinned: str | None = None, *, max_version: int = max(VERSIONS),
           stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
           limits: Limits | None = None) -> int:
     """Run one session on stdin/stdout; logs go to stderr, never to the protocol stream."""
