@@ -767,7 +767,7 @@ def test_raw_bodies_ahead_count_against_ahead_bytes(tmp_path: Path) -> None:
 # What `serve` must not load before its hello: each costs its start milliseconds, and a sync that
 # changed nothing needs none of them (docs/BENCHMARKS.md "serve's start").
 NOT_BEFORE_HELLO = ("hashlib", "_hashlib", "typing", "pathlib", "urllib.parse",
-                    "sharedmem.server.ingest")
+                    "sharedmem.server.ingest", "path patterns")
 
 
 def test_serve_loads_no_more_than_it_needs_before_its_hello(tmp_path: Path) -> None:
@@ -779,7 +779,10 @@ def test_serve_loads_no_more_than_it_needs_before_its_hello(tmp_path: Path) -> N
         "class Hello:\n"  # stdout: notes the modules at the first line written, the hello
         "    def __init__(self): self.modules, self.lines = None, []\n"
         "    def write(self, data):\n"
-        "        if self.modules is None: self.modules = sorted(sys.modules)\n"
+        "        if self.modules is None:\n"
+        "            rules = sys.modules['sharedmem.rules']\n"  # its path patterns not compiled
+        "            self.modules = sorted(sys.modules) + [rules._SAFE_FILE is not None and 'path "
+        "patterns']\n"
         "        self.lines.append(bytes(data)); return len(data)\n"
         "    def flush(self): pass\n"
         "class Out: buffer = Hello()\n"
