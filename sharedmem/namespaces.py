@@ -7,25 +7,27 @@ notes row is a field of its own, so no code finds it by its place in the list.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from collections import namedtuple
 
 from sharedmem.rules import NOTES_DIR
 
+TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
 
-class Namespace(NamedTuple):
-    """One namespace as the server lists it; the fields in the order they go on the wire."""
 
-    key: str
-    machine: str | None
-    source: str
-    kind: str
-    generation: int
-    created_generation: int = 0
-    synced_at: str | None = None
-    files: int = 0
-    bytes: int = 0
-    digest: str = ""
+# Named tuples made by `collections.namedtuple`, not `typing.NamedTuple`: `serve` loads this
+# module before its hello, and typing with its NamedTuple classes cost it about 8 ms there.
+class Namespace(namedtuple("Namespace", "key machine source kind generation created_generation "
+                           "synced_at files bytes digest", defaults=(0, None, 0, 0, ""))):
+    """One namespace as the server lists it; the fields in the order they go on the wire.
+
+    key, machine (None for the notes), source, kind, generation (int), created_generation
+    (int), synced_at (str or None), files and bytes (int), digest (str).
+    """
+
+    __slots__ = ()
 
     def to_row(self) -> dict[str, Any]:
         """The JSON object a server sends for it."""
@@ -44,11 +46,13 @@ class Namespace(NamedTuple):
                    row.get("digest", ""))
 
 
-class NamespaceList(NamedTuple):
-    """Every namespace a server holds: its machines' namespaces, and the notes namespace."""
+class NamespaceList(namedtuple("NamespaceList", "machines notes")):
+    """Every namespace a server holds: its machines' namespaces, and the notes namespace.
 
-    machines: list[Namespace]
-    notes: Namespace | None  # None only when a server left it out of its list
+    machines: list[Namespace]; notes: Namespace, or None only when a server left it out.
+    """
+
+    __slots__ = ()
 
     def every(self) -> list[Namespace]:
         """The machines' namespaces, then the notes namespace: the order of the wire list."""

@@ -37,19 +37,17 @@ MAX_COMPONENT_BYTES = 255
 MAX_PATH_BYTES = 1024
 
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-_NOTE_FILENAME_RE = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})T(\d{2})-(\d{2})-(\d{2})-([a-z0-9][a-z0-9-]{0,79})\.md"
-)
 # C1 controls (Cc), format characters such as bidi overrides and zero-width marks (Cf), and
 # line/paragraph separators: they make a path display as something it is not.
 _INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
 _FORBIDDEN_CHARS = frozenset('\\<>:"|?*')
-# Fast path: plain ASCII names that obviously pass every rule below (checked against the full rule
-# in the tests); anything else takes the full check.
-_SAFE_PART = r"[A-Za-z0-9_-](?:[A-Za-z0-9_.-]{0,253}[A-Za-z0-9_-])?"
-_SAFE_FILE = re.compile(rf"(?:{_SAFE_PART}/)*[A-Za-z0-9_-][A-Za-z0-9_.-]{{0,249}}\.md")
-_SAFE_FOLDER = re.compile(rf"{_SAFE_PART}(?:/{_SAFE_PART})*")
-_RESERVED_RE = re.compile(r"(?:^|/)(?:con|prn|aux|nul|com[1-9]|lpt[1-9])(?:[./]|$)", re.IGNORECASE)
+# The patterns of the path and note rules, compiled at their first use (`_compile_rules`):
+# `serve` loads this module before its hello and checks no path or note there, and compiling
+# them cost it 1.4 ms. _SAFE_FILE and _SAFE_FOLDER are the fast path: plain ASCII names that
+# obviously pass every rule below (checked against the full rule in the tests); anything else
+# takes the full check.
+_NOTE_FILENAME_RE = _SAFE_FILE = _SAFE_FOLDER = _RESERVED_RE = _PLAIN_CHARS = None
+_compiled = False  # set last, once all of them are there
 _RESERVED_WINDOWS = frozenset(
     {"CON", "PRN", "AUX", "NUL"}
     | {f"{port}{i}" for port in ("COM", "LPT") for i in (*"123456789", "\u00b9", "\u00b2", "\u00b3")}
@@ -103,6 +101,20 @@ class Limits(namedtuple("Limits", "file_bytes namespace_bytes namespace_files ma
         return limits
 
 
+def _compile_rules() -> None:
+    """Compile the patterns of the path and note rules (a second thread may too: the same)."""
+    global _NOTE_FILENAME_RE, _SAFE_FILE, _SAFE_FOLDER, _RESERVED_RE, _PLAIN_CHARS, _compiled
+    part = r"[A-Za-z0-9_-](?:[A-Za-z0-9_.-]{0,253}[A-Za-z0-9_-])?"
+    _NOTE_FILENAME_RE = re.compile(
+        r"(\d{4})-(\d{2})-(\d{2})T(\d{2})-(\d{2})-(\d{2})-([a-z0-9][a-z0-9-]{0,79})\.md")
+    _SAFE_FILE = re.compile(rf"(?:{part}/)*[A-Za-z0-9_-][A-Za-z0-9_.-]{{0,249}}\.md")
+    _SAFE_FOLDER = re.compile(rf"{part}(?:/{part})*")
+    _RESERVED_RE = re.compile(r"(?:^|/)(?:con|prn|aux|nul|com[1-9]|lpt[1-9])(?:[./]|$)",
+                              re.IGNORECASE)
+    _PLAIN_CHARS = re.compile(r"[A-Za-z0-9_.\n/-]*")
+    _compiled = True
+
+
 def name_problem(name: object, what: str = "name") -> str | None:
     """Why `name` is not a valid machine or source name, or None.
 
@@ -152,6 +164,8 @@ def path_problems(path: object, *, folder: bool = False) -> list[str]:
     """
     if not isinstance(path, str):
         return [f"path {path!r} is not a string"]
+    if not _compiled:
+        _compile_rules()
     if (len(path) <= MAX_PATH_BYTES and (_SAFE_FOLDER if folder else _SAFE_FILE).fullmatch(path)
             and not _RESERVED_RE.search(path)):
         return []
@@ -198,6 +212,8 @@ def plain_paths(paths: Sequence[str]) -> bool:
     """
     if not paths:
         return True
+    if not _compiled:
+        _compile_rules()
     joined = "\n".join(paths) + "\n"
     if (not _PLAIN_CHARS.fullmatch(joined) or joined.count("\n") != len(paths)
             or joined.count(".md\n") != len(paths)
@@ -220,7 +236,6 @@ def plain_paths(paths: Sequence[str]) -> bool:
     return True
 
 
-_PLAIN_CHARS = re.compile(r"[A-Za-z0-9_.\n/-]*")
 _PLAIN_MAX = 253  # the longest file name _SAFE_FILE takes; shorter than every other limit
 
 
@@ -254,6 +269,8 @@ def collision_key(path: str) -> str:
 
 def note_filename_problem(filename: object) -> str | None:
     """Why `filename` is not a valid ad-hoc note filename, or None."""
+    if not _compiled:
+        _compile_rules()
     if not isinstance(filename, str) or not _NOTE_FILENAME_RE.fullmatch(filename):
         return (
             f"note filename {filename!r} is invalid: use YYYY-MM-DDTHH-MM-SS-<slug>.md with a slug "

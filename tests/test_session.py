@@ -762,3 +762,39 @@ def test_raw_bodies_ahead_count_against_ahead_bytes(tmp_path: Path) -> None:
     assert hello["raw_bodies"] is True
     assert failure["code"] == "ahead-full" and "1000 bytes" in failure["message"]
     assert stored(store) == {"files": 0, "notes": 0}
+
+
+# What `serve` must not load before its hello: each costs its start milliseconds, and a sync that
+# changed nothing needs none of them (docs/BENCHMARKS.md "serve's start").
+NOT_BEFORE_HELLO = ("hashlib", "_hashlib", "typing", "pathlib", "urllib.parse",
+                    "sharedmem.server.ingest", "path patterns")
+
+
+def test_serve_loads_no_more_than_it_needs_before_its_hello(tmp_path: Path) -> None:
+    """The modules loaded when `serve`, run as the forced command runs it, writes its hello."""
+    store = tmp_path / "store.sqlite3"
+    Store.open(store).close()  # an existing, current store: what every sync but the first meets
+    probe = (
+        "import sys\n"
+        "class Hello:\n"  # stdout: notes the modules at the first line written, the hello
+        "    def __init__(self): self.modules, self.lines = None, []\n"
+        "    def write(self, data):\n"
+        "        if self.modules is None:\n"
+        "            rules = sys.modules['sharedmem.rules']\n"  # its path patterns not compiled
+        "            self.modules = sorted(sys.modules) + [rules._SAFE_FILE is not None and 'path "
+        "patterns']\n"
+        "        self.lines.append(bytes(data)); return len(data)\n"
+        "    def flush(self): pass\n"
+        "class Out: buffer = Hello()\n"
+        "sys.stdout = Out\n"
+        f"sys.path.insert(0, {str(LAUNCHER.parent)!r})\n"  # as the launcher does, then its call
+        "from sharedmem.cli.main import main\n"
+        f"code = main(['serve', '--store', {str(store)!r}, '--machine', 'm'])\n"
+        "sys.__stdout__.write(repr((code, Out.buffer.lines[0][:40], Out.buffer.modules)))\n")
+    run = subprocess.run([sys.executable, "-S", "-c", probe], input=enc({
+        "type": "hello", "versions": [3], "client": "t", "machine": "m"}) + enc({"type": "bye"}),
+        capture_output=True, check=True)
+    code, first, modules = eval(run.stdout)  # noqa: S307 (our own probe's repr)
+    assert code == 0 and first.startswith(b'{"type":"hello"'), run.stderr
+    assert "sharedmem.server.store" in modules  # the list is from the hello, after the store opened
+    assert [name for name in NOT_BEFORE_HELLO if name in modules] == []

@@ -628,3 +628,30 @@ def test_need_reads_a_namespace_sent_again_whole_not_each_of_its_bodies(st: Stor
     assert st.need(asked[-3:], ("m1", "notes")) == ["ab" * 32]
     st.conn.set_trace_callback(None)
     assert not any("FROM files WHERE namespace_id" in s for s in statements)
+
+
+PLAIN = ["s.sqlite3", "a/s.sqlite3", "/srv/store/s.sqlite3", "../s.sqlite3", "a/../s",
+         " a/ b ", "a\\b", "a/~/s", "/~/s", "...", "a/.s", "a/.."]
+NOT_PLAIN = ["~s", "~/s", "./~s", "a//s", "//a/s", "///a/s", "a/./s", "./s", "a/", "/", ".", "",
+             "a/."]
+
+
+@pytest.mark.parametrize("text", PLAIN + NOT_PLAIN)
+def test_a_plain_path_is_the_path_pathlib_makes_of_it(text: str) -> None:
+    """`serve` opens a plain path by its text: it must name the file its Path would, alike."""
+    from sharedmem.server.store import plain_path
+    assert plain_path(text) == (text in PLAIN)
+    if plain_path(text):  # and expanduser keeps it: it does not start with `~`
+        assert str(Path(text)) == text and not text.startswith("~")
+
+
+def test_a_store_opened_by_its_text_says_the_same_as_by_its_path(tmp_path: Path) -> None:
+    """The errors of a store opened without pathlib name it as pathlib does."""
+    bad = tmp_path / "not-sqlite.sqlite3"
+    bad.write_bytes(b"this is not a database, it is far too long to be an empty one" * 100)
+    said = []
+    for path in (str(bad), bad):
+        with pytest.raises(StoreError) as caught:
+            Store.open(path)
+        said.append(str(caught.value))
+    assert said[0] == said[1] and str(bad) in said[0]

@@ -30,10 +30,12 @@ def build_serve(sub: Any) -> None:
 
 def run_serve(args: Any) -> int:
     from sharedmem.server import session as server
+    from sharedmem.server.store import plain_path
     settings = getattr(args, "limit", None)  # the quick parse of a forced command has none
     limits = server.Limits.parse(settings) if settings else None
-    return server.serve(user_path(args.store), args.machine,
-                        max_version=args.max_protocol, limits=limits)
+    # A plain path is the Path it would make, as the store opens it: no pathlib before the hello.
+    store = args.store if plain_path(args.store) else user_path(args.store)
+    return server.serve(store, args.machine, max_version=args.max_protocol, limits=limits)
 
 
 # backup ------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import re
 import sqlite3
 import sys
 from collections import deque
-from pathlib import Path
 
 from sharedmem import __version__
 from sharedmem.core import BackupError, NoteError, ProtocolError, SharedMemoryError, StoreError
@@ -30,13 +29,15 @@ from sharedmem.protocol import (
     printable,
 )
 from sharedmem.rules import KIND_MARKDOWN, MIB, SOURCE_KINDS, Limits, name_problem
-from sharedmem.server.ingest import IncomingFile, StaleBase, ingest
 from sharedmem.server.store import DiskFull, Store, disk_full, full_error
 
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
+    from pathlib import Path
     from typing import IO, Any
+
+    from sharedmem.server.ingest import IncomingFile
 
 
 STORE_AHEAD_BYTES = 4 * MIB  # bodies are stored in batches of about this much as they come
@@ -50,7 +51,7 @@ MAX_ERROR_CHARS = 2000  # of an error's text: a client's own error, echoed, is c
 class Session:
     """One client's session: hello, then namespaces, notes and a pull, in a checked order."""
 
-    def __init__(self, store_path: Path, channel: Channel, pinned: str | None,
+    def __init__(self, store_path: Path | str, channel: Channel, pinned: str | None,
                  versions: tuple[int, ...] = VERSIONS, limits: Limits | None = None) -> None:
         self.store_path = store_path
         self.channel = channel
@@ -392,8 +393,11 @@ class Session:
         """The listed files with what this session holds of each body: text, stored, or refused.
 
         Each made as a plain tuple of all its fields, not through IncomingFile's keywords and
-        defaults: a third of the cost, for the 10,000 files of a first sync.
+        defaults: a third of the cost, for the 10,000 files of a first sync. ingest.py loads
+        here, at the first exchange with a change, not before the hello: a sync that changed
+        nothing never needs it.
         """
+        from sharedmem.server.ingest import IncomingFile
         pool, refused = self.pool, self.refused
         make = tuple.__new__
         files = []
@@ -563,6 +567,7 @@ class Session:
         False when the base turned out stale (answered `stale-base`, nothing changed). They
         leave after the answer: forgetting a first sync's 10,000 is no part of it.
         """
+        from sharedmem.server.ingest import StaleBase, ingest
         assert self.store is not None
         try:
             try:
@@ -843,7 +848,7 @@ def _shown(refusal: dict[str, str]) -> dict[str, str]:
     return {key: printable(value) for key, value in refusal.items()}
 
 
-def serve(store: Path, pinned: str | None = None, *, max_version: int = max(VERSIONS),
+def serve(store: Path | str, pinned: str | None = None, *, max_version: int = max(VERSIONS),
           stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
           limits: Limits | None = None) -> int:
     """Run one session on stdin/stdout; logs go to stderr, never to the protocol stream."""

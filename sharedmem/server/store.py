@@ -9,10 +9,10 @@ How long it keeps bodies no file uses, tombstones and previous versions of files
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 
 from sharedmem.clock import utc_now
 from sharedmem.core import NameRuleError, PathRuleError, StoreError
@@ -30,6 +30,7 @@ from sharedmem.server.schema import MIGRATIONS, statements
 
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any
 
     from sharedmem.server.blob_lifecycle import Collected
@@ -72,7 +73,7 @@ SQLITE_FULL, SQLITE_IOERR, SQLITE_CANTOPEN = 13, 10, 14
 LOW_SPACE_BYTES = 1 << 20
 
 
-def disk_full(exc: BaseException, where: Path) -> bool:
+def disk_full(exc: BaseException, where: Path | str) -> bool:
     """Whether `exc`, raised writing at `where` (a file or folder), means its disk is full."""
     if isinstance(exc, OSError):
         import errno
@@ -85,9 +86,11 @@ def disk_full(exc: BaseException, where: Path) -> bool:
     return code & 0xFF in (SQLITE_IOERR, SQLITE_CANTOPEN) and free_bytes(where) < LOW_SPACE_BYTES
 
 
-def free_bytes(where: Path) -> int:
+def free_bytes(where: Path | str) -> int:
     """The bytes this account may still write on the disk holding `where` (large if unknown)."""
     import shutil
+    from pathlib import Path
+    where = Path(where)
     folder = where if where.is_dir() else where.parent
     try:
         return shutil.disk_usage(folder).free
@@ -95,7 +98,7 @@ def free_bytes(where: Path) -> int:
         return 1 << 62
 
 
-def full_error(path: Path, exc: BaseException, what: str = "") -> DiskFull:
+def full_error(path: Path | str, exc: BaseException, what: str = "") -> DiskFull:
     """The error for a write at `path` that found its disk full, saying what to free."""
     said = exc.strerror if isinstance(exc, OSError) else str(exc)
     return DiskFull(f"{what or f'store {path}'}: the disk holding {path} is full "
@@ -107,7 +110,7 @@ def full_error(path: Path, exc: BaseException, what: str = "") -> DiskFull:
 class Store:
     """One SQLite file; every write goes through `transaction`."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+    def __init__(self, path: Path | str, conn: sqlite3.Connection) -> None:
         self.path = path
         self.conn = conn
         self.session: int | None = None  # this process's row in `sessions`, once it claims
@@ -118,20 +121,26 @@ class Store:
     @classmethod
     def open(cls, path: Path | str, *, create: bool = True,
              before_migrate: Callable[[Path, int], None] | None = None) -> Store:
-        """Open (or create) a store, migrating an older schema after `before_migrate` backs it up."""
-        path = Path(path)
-        if not create and not path.is_file():
-            raise StoreError(f"store {path} does not exist: create it with install_server.py or "
-                             "pass the right --store")
-        try:
-            if create:
-                path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            if disk_full(exc, path.parent):
-                raise full_error(path.parent, exc, f"store {path} cannot be created") from None
-            raise StoreError(f"store {path} cannot be created: its folder {path.parent} cannot "
-                             f"be made ({exc.strerror}); fix the path or the folder's "
-                             "permissions") from None
+        """Open (or create) a store, migrating an older schema after `before_migrate` backs it up.
+
+        A `plain_path` with a folder that is there (what `serve` opens at every sync) is opened
+        by its text, without pathlib (milliseconds of `serve`'s start): the same file, and the
+        same text in every message; making that folder would do nothing.
+        """
+        if not (create and plain_path(path) and os.path.isdir(os.path.dirname(path) or ".")):
+            path = _path(path)
+            if not create and not path.is_file():
+                raise StoreError(f"store {path} does not exist: create it with install_server.py "
+                                 "or pass the right --store")
+            try:
+                if create:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                if disk_full(exc, path.parent):
+                    raise full_error(path.parent, exc, f"store {path} cannot be created") from None
+                raise StoreError(f"store {path} cannot be created: its folder {path.parent} "
+                                 f"cannot be made ({exc.strerror}); fix the path or the folder's "
+                                 "permissions") from None
         try:
             conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000,
                                    check_same_thread=False)
@@ -160,7 +169,7 @@ class Store:
         if version < latest:
             try:
                 if version > 0 and before_migrate is not None:
-                    before_migrate(path, version)
+                    before_migrate(_path(path), version)
                 store._migrate(version)
             except BaseException:
                 conn.close()
@@ -708,6 +717,24 @@ def _amount(size: int) -> str:
     if size < 1 << 30:
         return f"{size / (1 << 20):.1f} MiB"
     return f"{size / (1 << 30):.1f} GiB"
+
+
+def plain_path(value: object) -> bool:
+    """Whether `value` is a str that pathlib would keep as it is, with no `~` to expand.
+
+    Such a text names the same file as its Path and prints the same; `serve` then needs no
+    pathlib (about 5 ms of its start, with the urllib.parse it loads).
+    """
+    if type(value) is not str or not value or value[0] == "~" or os.sep != "/":
+        return False
+    parts = value.split("/")
+    return "" not in parts[value[0] == "/":] and "." not in parts
+
+
+def _path(value: Path | str) -> Path:
+    """`value` as a Path, loading pathlib only here: the paths `plain_path` takes never come."""
+    from pathlib import Path
+    return Path(value)
 
 
 def _wal(conn: sqlite3.Connection) -> None:
