@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from array import array
 from pathlib import Path
 
 import pytest
@@ -180,9 +181,10 @@ def test_a_helper_that_could_not_write_leaves_the_writing_to_apply(cache: Cache)
 def test_the_helper_refuses_a_short_record(tmp_path: Path) -> None:
     folder = tmp_path / "staging"
     folder.mkdir()
+    frame = staging_mod._batch(0, ["d/x.md", "y.md"], array("q", [3, 10]),
+                               [b"abc", b"0123456789"])
     proc = subprocess.run([sys.executable, "-I", staging_mod.__file__, str(folder)],
-                          input=b"0 6 3\nd/x.mdabc1 4 10\ny.mdshort", capture_output=True,
-                          timeout=30)
+                          input=frame[:-5], capture_output=True, timeout=30)
     mtime = (folder / "d" / "x.md").stat().st_mtime_ns
     assert proc.returncode == 1 and proc.stdout == b"0 %d" % mtime  # the one written, its time
     assert [p.relative_to(folder).as_posix() for p in folder.rglob("*")] == ["d", "d/x.md"]
@@ -312,3 +314,42 @@ def test_a_commit_that_fails_takes_a_tree_moved_in_out_again(cache: Cache) -> No
     with pytest.raises(CacheError, match="is gone"):
         cache.commit(intake, [], spaces)
     assert not any(p.is_file() for p in cache.root.rglob("*.md")) and not cache.exists()
+
+
+@pytest.mark.skipif(not staging_mod._BY_FOLDER, reason="folders are not opened here (Windows)")
+@pytest.mark.parametrize("planted", ["d", "d/e"])
+def test_the_helper_does_not_follow_a_link_where_a_folder_belongs(tmp_path: Path,
+                                                                    planted: str) -> None:
+    # The helper makes and opens each folder itself, one name at a time: a link planted in the
+    # staging folder (the sync empties it first, so only something else could) stops it.
+    folder, outside = tmp_path / "staging", tmp_path / "outside"
+    (outside / "e").mkdir(parents=True)
+    (folder / planted).parent.mkdir(parents=True, exist_ok=True)
+    (folder / planted).symlink_to(outside if planted == "d" else outside / "e")
+    frame = staging_mod._batch(0, ["top.md", "d/e/x.md"], array("q", [3, 3]), [b"abc", b"xyz"])
+    proc = subprocess.run([sys.executable, "-I", "-S", staging_mod.__file__, str(folder)],
+                          input=frame, capture_output=True, timeout=30)
+    mtime = (folder / "top.md").stat().st_mtime_ns
+    assert proc.returncode == 1 and proc.stdout == b"0 %d" % mtime  # the file before it only
+    assert list(outside.rglob("*")) == [outside / "e"]  # nothing written through the link
+    assert (folder / planted).is_symlink()
+
+
+@pytest.mark.parametrize("by_folder", [True, False] if staging_mod._BY_FOLDER else [False])
+def test_the_helper_writes_alike_by_folder_and_by_path(tmp_path: Path, by_folder: bool) -> None:
+    # More folders than it holds open at once, in two frames, as the sync sends them.
+    paths = [f"{NS}/f{i % 300}/g{i % 7}/n{i}.md" for i in range(700)]
+    texts = [f"note {i}\n".encode() * (i % 5) for i in range(700)]
+    sizes = array("q", map(len, texts))
+    source = tmp_path / "frames"
+    source.write_bytes(staging_mod._batch(0, paths[:400], sizes[:400], texts[:400])
+                       + staging_mod._batch(400, paths[400:], sizes[400:], texts[400:]))
+    folder = tmp_path / "staging"
+    folder.mkdir()
+    with source.open("rb") as frames, (tmp_path / "report").open("w") as report:
+        assert staging_mod._helper(str(folder), frames, report, by_folder) == 0
+    lines = (tmp_path / "report").read_text().split("\n")
+    assert lines == [f"{n} {(folder / p).stat().st_mtime_ns}" for n, p in enumerate(paths)]
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.md")) == sorted(paths)
+    assert all((folder / p).read_bytes() == t for p, t in zip(paths, texts, strict=True))
+    assert (folder / paths[0]).stat().st_mode & 0o777 == 0o600

@@ -40,6 +40,8 @@ from queue import SimpleQueue
 TYPE_CHECKING = False  # subprocess loads only when a helper starts (`Staging._start`)
 if TYPE_CHECKING:
     import subprocess
+    from collections.abc import Callable
+    from typing import BinaryIO, TextIO
 
 STAGING_DIR = "staging"
 BATCH_BYTES = 1 << 20  # texts go to the helper in batches: one GIL hand-off per batch
@@ -94,7 +96,10 @@ class Staging:
         self._tree_files: dict[str, int] = {}  # by namespace: texts staged in its tree
         self._mixed: set[str] = set()  # namespaces where a path was put twice: not moved whole
         self._made: set[str] = set()  # folders made for the trees
-        self._pending: list[tuple[int, str, bytes]] = []  # not yet handed to a helper
+        # Not yet handed to a helper: numbers from `_first` on, each name and text in order.
+        self._first = 0
+        self._pending: list[str] = []
+        self._texts: list[bytes] = []
         self._size = 0
         self._child: subprocess.Popen[bytes] | None = None
         self._queue: SimpleQueue[bytes | None] = SimpleQueue()
@@ -117,7 +122,10 @@ class Staging:
         tree = "/".join(path.split("/", 3)[:3]) in self.new_namespaces  # machines/<m>/<source>
         name = path if tree else f"{number}.part"
         self.names[number] = name
-        self._pending.append((number, name, data))
+        if not self._pending:
+            self._first = number  # numbers are given in order: a batch holds a run of them
+        self._pending.append(name)
+        self._texts.append(data)
         self._size += len(data)
         if self._child is None and (len(self.numbers) < self.min_files or not self._start()):
             return
@@ -130,11 +138,11 @@ class Staging:
         Without a helper, what is queued is dropped: too few files to be worth staging, the
         pull writes them itself.
         """
-        if self._child is None:
-            self._pending, self._size = [], 0
-        elif self._pending:
-            self._queue.put(b"".join(_record(*item) for item in self._pending))
-            self._pending, self._size = [], 0
+        if self._child is not None and self._pending:
+            first = self._first
+            self._queue.put(_batch(first, self._pending,
+                                   self.sizes[first:first + len(self._pending)], self._texts))
+        self._pending, self._texts, self._size = [], [], 0
 
     def _start(self) -> bool:
         self._remove_folder()  # what a killed sync left
@@ -148,7 +156,7 @@ class Staging:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except OSError:
             self._failed = True  # nothing staged: apply writes every file itself
-            self._pending, self._size = [], 0
+            self._pending, self._texts, self._size = [], [], 0
             return False
         self._feeder = threading.Thread(target=self._feed, daemon=True, name="sharedmem-staging")
         self._feeder.start()
@@ -355,7 +363,7 @@ class Staging:
         self._tree_files.clear()
         self._mixed.clear()
         self._made.clear()
-        self._pending, self._size = [], 0
+        self._pending, self._texts, self._size = [], [], 0
         self._remove_folder()
         self._ready = False
 
@@ -396,62 +404,168 @@ def _pull_name(path: str, sha: str) -> str:
     return hashlib.blake2b(key, digest_size=16).hexdigest() + ".pull"
 
 
-def _record(number: int, path: str, data: bytes) -> bytes:
-    """One file for the helper: `<number> <path bytes> <data bytes>`, a newline, then both."""
-    name = path.encode("utf-8")
-    return b"%d %d %d\n%s%s" % (number, len(name), len(data), name, data)
+def _batch(first: int, names: list[str], sizes: array[int], texts: list[bytes]) -> bytes:
+    """Files numbered from `first` on, for the helper: one frame, whatever their count.
 
-
-def _write_new(folder: str, path: str, data: bytes, made: set[str]) -> int | None:
-    """Create the staged file of `path` (it must not exist) holding `data`: its time once closed.
-
-    None if that failed. `made` holds the folders made so far, so each is made once. The paths
-    are the sync's own, checked by the walk: no part is empty, `.`, `..` or absolute. The time
-    is read after the close (a file system may set it then), here on the helper's CPU.
+    `<first> <count> <names bytes> <texts bytes>`, a newline, then each text's size (`sizes`,
+    8 bytes each, this machine's order: the helper runs here), the names in UTF-8 each ended
+    by a NUL (no path holds one), then the texts. No Python object or formatting per file.
     """
-    target = _below(folder, path)
-    parent = os.path.dirname(target)
-    try:
-        if parent not in made:
-            os.makedirs(parent, exist_ok=True)
-            made.add(parent)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
-                     0o600)
+    encoded = "\0".join(names).encode("utf-8") + b"\0"
+    total = sum(sizes)
+    parts = [b"%d %d %d %d\n" % (first, len(names), len(encoded), total), sizes.tobytes(),
+             encoded]
+    parts += texts
+    return b"".join(parts)
+
+
+# Each staged file is made relative to its folder, opened once, where the system allows it:
+# the kernel then resolves one name per file instead of the whole path below the cache.
+_BY_FOLDER = {os.open, os.stat, os.mkdir} <= os.supports_dir_fd
+_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+_FOLDER = _DIR | getattr(os, "O_NOFOLLOW", 0)  # a folder below the staging folder: not a link
+_OPEN_FOLDERS = 256  # folders held open at once, far below any limit on open files
+
+
+class _Folders:
+    """The folders below the staging folder, each opened once, never through a link.
+
+    Each is made (as `os.makedirs` would) and opened one name at a time from the staging
+    folder with `O_NOFOLLOW`: a link where a folder belongs stops the helper, rather than
+    sending a file out of the staging folder. The sync emptied that folder before the helper
+    started, so there is no such link unless something planted one.
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.root = os.open(folder, _DIR)
+        self.open: dict[bytes, int] = {b"": self.root}
+
+    def get(self, parent: bytes) -> int:
+        """The open folder `parent` (a path below the staging folder), made if it is not."""
+        fd = self.open.get(parent)
+        if fd is not None:
+            return fd
+        if len(self.open) > _OPEN_FOLDERS:
+            self.close(keep_root=True)
+        above, _, name = parent.rpartition(b"/")
+        base = self.get(above)
         try:
-            if os.write(fd, data) != len(data):
-                raise OSError("short write")
-        finally:
-            os.close(fd)
-        return os.stat(target).st_mtime_ns
-    except OSError:
-        return None
+            os.mkdir(name, dir_fd=base)
+        except FileExistsError:
+            pass
+        fd = self.open[parent] = os.open(name, _FOLDER, dir_fd=base)
+        return fd
+
+    def close(self, *, keep_root: bool = False) -> None:
+        """Close the folders held open (but the staging folder's own, `keep_root`)."""
+        for fd in self.open.values():
+            if fd != self.root or not keep_root:
+                os.close(fd)
+        self.open = {b"": self.root} if keep_root else {}
+
+    def write(self, path: bytes, data: memoryview) -> int | None:
+        """`_Paths.write` by folder: the file's name created in its open folder, stat'ed there."""
+        parent, _, name = path.rpartition(b"/")
+        try:
+            fd = self.get(parent)
+            out = os.open(name, _NEW, 0o600, dir_fd=fd)
+            try:
+                if os.write(out, data) != len(data):
+                    raise OSError("short write")
+            finally:
+                os.close(out)
+            return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime_ns
+        except OSError:
+            return None
 
 
-def _helper(folder: str) -> int:
-    """Write each record (see `_record`) to its staged file below `folder`.
+class _Paths:
+    """The plain-path way, where folders cannot be opened for it (Windows); else `_Folders`."""
 
-    Prints a line for each file written, its number and time, so the sync moves only whole
-    files and records them without a stat.
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.made: set[str] = set()  # the folders made so far, so each is made once
+
+    def close(self) -> None:
+        """Nothing is held open here."""
+
+    def write(self, path: bytes, data: memoryview) -> int | None:
+        """Create the staged file of `path` (it must not exist) holding `data`: its time once closed.
+
+        None if that failed. The paths are the sync's own, checked by the walk: no part is
+        empty, `.`, `..` or absolute. The time is read after the close (a file system may set
+        it then), here on the helper's CPU.
+        """
+        target = _below(self.folder, path.decode("utf-8"))
+        parent = os.path.dirname(target)
+        try:
+            if parent not in self.made:
+                os.makedirs(parent, exist_ok=True)
+                self.made.add(parent)
+            fd = os.open(target, _NEW, 0o600)
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError("short write")
+            finally:
+                os.close(fd)
+            return os.stat(target).st_mtime_ns
+        except OSError:
+            return None
+
+
+def _helper(folder: str, source: BinaryIO, out: TextIO, by_folder: bool = _BY_FOLDER) -> int:
+    """Write each file of each frame (see `_batch`) to its staged file below `folder`.
+
+    Writes a line to `out` for each file written, its number and time, so the sync moves only
+    whole files and records them without a stat. Stops at the first file that could not be
+    written or did not come whole: status 1.
     """
-    source = sys.stdin.buffer
     written: list[str] = []
-    made: set[str] = set()
-    status = 0
-    while header := source.readline():
-        number, name_size, size = (int(x) for x in header.split())
-        path = source.read(name_size).decode("utf-8")
-        data = source.read(size)
-        mtime = _write_new(folder, path, data, made) if len(data) == size else None
-        if mtime is None:
-            status = 1
-            break
-        written.append(f"{number} {mtime}")
-    sys.stdout.write("\n".join(written))
-    sys.stdout.close()  # the sync goes on as soon as it has read this; it reaps us later
+    status = 1
+    try:
+        writer = _Folders(folder) if by_folder else _Paths(folder)
+    except OSError:
+        pass  # no folder to write in
+    else:
+        try:
+            while header := source.readline():
+                if not _write_frame(header, source, writer.write, written):
+                    break
+            else:
+                status = 0
+        finally:
+            writer.close()
+    out.write("\n".join(written))
+    out.close()  # the sync goes on as soon as it has read this; it reaps us later
     return status
+
+
+def _write_frame(header: bytes, source: BinaryIO, write: Callable[[bytes, memoryview], int | None],
+                 written: list[str]) -> bool:
+    """Write the files of one frame in order, each line to `written`; False at the first failure.
+
+    A frame cut short (the sync stopped) is written up to its last whole file.
+    """
+    first, count, names_size, size = (int(x) for x in header.split())
+    sizes = array("q")
+    raw = source.read(count * sizes.itemsize)
+    names = source.read(names_size).split(b"\0")
+    texts = memoryview(source.read(size))
+    if len(raw) != count * sizes.itemsize or len(names) != count + 1:
+        return False  # cut before its texts: not one is known whole
+    names.pop()  # after the last NUL
+    sizes.frombytes(raw)
+    end = 0
+    for number, (path, length) in enumerate(zip(names, sizes, strict=True), first):
+        start, end = end, end + length
+        data = texts[start:end]
+        if len(data) != length or (mtime := write(path, data)) is None:
+            return False
+        written.append(f"{number} {mtime}")
+    return True
 
 
 if __name__ == "__main__":
     if hasattr(os, "nice"):
         os.nice(19)
-    os._exit(_helper(sys.argv[1]))  # nothing left to flush or close
+    os._exit(_helper(sys.argv[1], sys.stdin.buffer, sys.stdout))  # nothing left to flush
