@@ -468,3 +468,19 @@ def test_version_3_answers_a_need_with_raw_texts(tmp_path):
     with Store.open(store) as s:
         assert {p: t for p, _, t in s.export()}["machines/laptop/codex/MEMORY.md"] == text
     assert cache_files(tmp_path / "laptop" / "cache")["machines/laptop/codex/MEMORY.md"] == text
+
+
+def test_the_cache_is_checked_after_the_manifests_are_sent(tmp_path):
+    # The check of the cache's files needs no answer, and neither do the manifests: they go
+    # first, so the server commits them while the files are compared; the pull, which names
+    # what the check found, goes after it. A file edited by hand is still written again.
+    notes, _, cfg = local_laptop(tmp_path)
+    assert sync_in_process(cfg)[0]["status"] == "ok"
+    cached = tmp_path / "laptop" / "cache" / "machines" / "laptop" / "notes" / "d3" / "note-003.md"
+    kept = cached.read_text()
+    cached.write_text("edited by hand\n")
+    report, told = sync_in_process(cfg)
+    assert report["status"] == "ok" and cached.read_text() == kept
+    walked = next(i for i, line in enumerate(told) if line.startswith("notes: "))
+    checked = next(i for i, line in enumerate(told) if "not as last written" in line)
+    assert walked < checked, told

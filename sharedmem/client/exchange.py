@@ -19,6 +19,7 @@ from sharedmem.cache.cache import (
     CachedFile,
     Damaged,
     Intake,
+    Manifest,
     NamespaceInfo,
 )
 from sharedmem.cache.staged_files import Staging
@@ -91,6 +92,7 @@ class Exchange:
         self.cached: Mapping[str, CachedFile] = {}  # the cache's files (a view of its store)
         self.known: dict[str, int] = {}
         self.digests: dict[str, str | None] = {}  # the server's, as of the cache's generation
+        self.checked = False  # the cache's files compared with its manifest (`check_cache`)
         self.offer = Published()
         self.whole: Mapping[str, str] = {}  # the namespaces the pull asked to leave out
         self.ahead: tuple[frozenset[str], frozenset[str], Intake] | None = None  # take_own_ahead
@@ -100,15 +102,31 @@ class Exchange:
         self.build_index = False  # build a missing search index in this run (see `apply`)
 
     def read_cache(self) -> None:
-        """Take the server generation of each cached namespace; 0 where a file is not as recorded.
+        """`open_cache` and `check_cache` at once: for a run with nothing to walk first."""
+        self.open_cache()
+        self.check_cache()
 
-        A metadata folder that is a link is refused first, before anything is written there. A
-        manifest that is damaged (`Cache.damage`) is rebuilt from the files, listing no
-        namespace, so the pull sends every one whole: the cache is a copy of the server.
+    def open_cache(self) -> None:
+        """Take the server generation of each cached namespace, as the manifest records it.
+
+        A metadata folder that is a link is refused first, before anything is written there.
+        The files are checked later (`check_cache`), before the pull is asked for: a sync
+        walks its sources and sends its manifests meanwhile, which need no answer from it.
         """
         self.cache.check_meta()
         self.cache.convert()
-        manifest = self.cache.load()
+        self._take(self.cache.load())
+        self.checked = False
+
+    def check_cache(self) -> None:
+        """Ask for whole each namespace with a file not as recorded (its generation 0); once.
+
+        A manifest that is damaged (`Cache.damage`) is rebuilt from the files, listing no
+        namespace, so the pull sends every one whole: the cache is a copy of the server.
+        """
+        if self.checked:
+            return
+        self.checked = True
         stale: set[str] = set()
         if self.cache.damage is None:
             try:
@@ -118,14 +136,18 @@ class Exchange:
         if self.cache.damage is not None:
             self.progress(f"cache: {self.cache.damage}; rebuilding its records from the files "
                           "and pulling everything")
-            manifest = self.cache.rebuild()
+            self._take(self.cache.rebuild())
             stale = self.cache.tampered_namespaces()
-        self.cached = manifest.files
         if self.cache.damaged:
             self.progress(f"cache: {len(self.cache.damaged)} files not as last written "
                           "(edited, or left by a killed sync): pulling them again")
-        self.known = {k: (0 if k in stale else ns.generation)
-                      for k, ns in manifest.namespaces.items()}
+        for key in stale & self.known.keys():
+            self.known[key] = 0
+
+    def _take(self, manifest: Manifest) -> None:
+        """The manifest's files, and each namespace's generation and digest as recorded."""
+        self.cached = manifest.files
+        self.known = {k: ns.generation for k, ns in manifest.namespaces.items()}
         self.digests = {k: ns.digest for k, ns in manifest.namespaces.items()}
 
     def deliver_now(self, conn: Connection) -> None:

@@ -180,7 +180,7 @@ class Sync:
         server lacks, and encode the manifests while the last bodies go out.
         """
         self.exchange.cache.remove_leftovers()
-        self.exchange.read_cache()
+        self.exchange.open_cache()  # its files are checked once the manifests are sent
         self.staging.new_namespaces = frozenset(
             self._namespace(s.name) for s in self.config.sources) - self.exchange.known.keys()
         self.snapshots = [self._snapshot(source, ahead) for source in self.config.sources]
@@ -446,6 +446,7 @@ class Sync:
         """Send the notes and the pull, offering what this run published; once."""
         if self.exchange.requested:
             return
+        self.exchange.check_cache()  # after the manifests: the server commits them meanwhile
         whole = self._takes_own()
         entries: dict[str, Any] = {key: p.snap.files for key, p in whole.items()}
         changed, gone = (self._own_changes(entries, whole) if conn.version >= 3
