@@ -552,15 +552,6 @@ class _Index:
                     return ids, where
         return array("q", (i for (i,) in self.rows("SELECT id FROM files ORDER BY path"))), None
 
-    def candidates(self, keys: Iterable[str]) -> array[int] | None:
-        """Ids of the files whose text may contain every one of `keys`; None if it cannot say.
-
-        All the keys' trigrams go in one MATCH, so SQLite intersects them: a few files can hold
-        all of several common words.
-        """
-        expr = self.expression(keys)
-        return None if expr is None else self.matching(expr)
-
     def matching(self, expr: str) -> array[int]:
         """Ids of the files the MATCH `expr` names."""
         return self._ids("", (expr,))
@@ -569,15 +560,15 @@ class _Index:
         """The MATCH of files that may hold every key; None when no key narrows them.
 
         A key of three characters or more is its trigrams (`_match`); a shorter one is any of
-        the trigrams it begins (`_short`).
+        the trigrams it begins (`_short`). All of them go in one MATCH, so SQLite intersects
+        them: a few files can hold all of several common words.
         """
         keys = list(keys)
         parts = [expr] if (expr := _match(keys)) is not None else []
         for key in keys:
             if 0 < len(key) < 3 and (expr := self._short(key)) is not None:
                 parts.append(expr)
-        expr = " AND ".join(parts)
-        return expr if parts and _utf8(expr) is not None else None
+        return " AND ".join(parts) or None
 
     def _short(self, key: str) -> str | None:
         """Any trigram of the index that `key` (one or two characters) begins; None if too many.
@@ -1106,7 +1097,7 @@ class _Named:
     def _from_whole(self, lo: int, hi: int) -> set[int]:
         """The chunk's positions among all the index names, asked of it once for every chunk."""
         if self.whole is None:
-            named = None if self.expr is None else self.view.index.matching(self.expr)
+            named = self.view.index.matching(self.expr or "")
             self.whole = sorted(self.view.positions(named) or ())
         return set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
 
