@@ -249,3 +249,38 @@ def test_malformed_previous_is_ignored(tmp_path, previous):
     write(root / "x.md", "content\n")
     snap = snapshot(spec(KIND_MARKDOWN, root), previous=previous)
     assert snap.files[0].text == "content\n"
+
+
+@pytest.mark.parametrize("field, value", [
+    (2, "not-a-sha"), (2, "g" * 64), (2, None), (3, -1), (3, True), (3, 1.0),
+    (4, {"k": "v"}), (4, {"k": -1}), (4, {1: 1}), (4, "counts"), (0, True), (1, "time"),
+])
+def test_a_record_that_matches_the_file_but_is_malformed_is_read(tmp_path, field, value):
+    # Its size and time are the file's, so only the record's own checks can refuse it.
+    root = tmp_path / "docs"
+    path = write(root / "x.md", "x")  # one byte: a size of True would equal it
+    first = snapshot(spec(KIND_MARKDOWN, root))
+    record = json.loads(json.dumps(first.record()))
+    assert snapshot(first.spec, previous=record).files[0].text is None  # intact: reused
+    if field == 1 and value == "time":
+        value = float(path.stat().st_mtime_ns)  # equal to the time, of another type
+    record["x.md"][field] = value
+    again = snapshot(first.spec, previous=record)
+    assert [e.text for e in again.files] == ["x"]
+
+
+def test_reused_files_keep_the_collision_and_quota_rules(tmp_path):
+    root = tmp_path / "docs"
+    for name in ("a.md", "b.md", "c.md"):
+        write(root / name, f"{name}\n")
+    first = snapshot(spec(KIND_MARKDOWN, root))
+    record = json.loads(json.dumps(first.record()))
+    again = snapshot(first.spec, Limits(namespace_files=2), previous=record)
+    assert [e.path for e in again.files] == ["a.md", "b.md"]
+    assert all(e.text is None for e in again.files) and reasons(again) == {"c.md": "quota"}
+    small = snapshot(first.spec, Limits(namespace_bytes=10), previous=record)
+    assert [e.path for e in small.files] == ["a.md", "b.md"] and reasons(small) == {"c.md": "quota"}
+    write(root / "A.md", "upper\n")  # sorts first, and takes the name a.md collides with
+    clash = snapshot(first.spec, previous=record)
+    assert [e.path for e in clash.files] == ["A.md", "b.md", "c.md"]
+    assert reasons(clash) == {"a.md": "collision"}
