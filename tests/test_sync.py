@@ -470,11 +470,12 @@ def test_version_3_answers_a_need_with_raw_texts(tmp_path):
     assert cache_files(tmp_path / "laptop" / "cache")["machines/laptop/codex/MEMORY.md"] == text
 
 
-def test_the_cache_is_checked_after_the_manifests_are_sent(tmp_path):
+@pytest.mark.parametrize("files", [20, 600])  # 600: the files are stat'ed by a helper
+def test_the_cache_is_checked_after_the_manifests_are_sent(tmp_path, files):
     # The check of the cache's files needs no answer, and neither do the manifests: they go
     # first, so the server commits them while the files are compared; the pull, which names
     # what the check found, goes after it. A file edited by hand is still written again.
-    notes, _, cfg = local_laptop(tmp_path)
+    notes, _, cfg = local_laptop(tmp_path, files=files)
     assert sync_in_process(cfg)[0]["status"] == "ok"
     cached = tmp_path / "laptop" / "cache" / "machines" / "laptop" / "notes" / "d3" / "note-003.md"
     kept = cached.read_text()

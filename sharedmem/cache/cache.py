@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from sharedmem import linejson
+from sharedmem.cache import file_check
 from sharedmem.cache.layout import Folders, namespace_key, published_path_problems
 from sharedmem.cache.manifest_store import (
+    STATS_QUERY,
     STORE_NAME,
     Damaged,
     ManifestStore,
@@ -172,6 +174,7 @@ class Cache:
         self.damage: str | None = None  # why the manifest last loaded is unusable, if it is
         self.damaged: set[str] = set()  # files not as the manifest says (tampered_namespaces)
         self._verified: dict[str, CachedFile] = {}  # files whose time alone moved, re-recorded
+        self._check: file_check.Check | None = None  # a helper statting the files (start_check)
         # The last commit's files written (streamed from its pull's records) and removed, for
         # the search index.
         self.written: Collection[str] = ()
@@ -385,41 +388,64 @@ class Cache:
             raise ProtocolError(f"path {relpath!r} escapes the cache {self.root}: refused")
         return target
 
+    def start_check(self) -> None:
+        """Have a helper stat the files now, for `tampered_namespaces` to take its answer.
+
+        For a sync, before its walk (file_check.py); a cache of fewer than
+        `file_check.MIN_FILES`, or a manifest that cannot be read, is left to the check itself.
+        """
+        self.discard_check()
+        try:
+            if not (self.damage is None and self.store.exists()
+                    and self.store.holds(file_check.MIN_FILES)):
+                return
+        except Damaged:
+            return
+        self._check = file_check.start(str(self.root), str(self.manifest_path), STATS_QUERY)
+
+    def discard_check(self) -> None:
+        """Stop a helper whose answer will not be read (the sync ended before its check)."""
+        check, self._check = self._check, None
+        if check is not None:
+            check.discard()
+
     def tampered_namespaces(self) -> set[str]:
         """Namespaces with a file that is not what the manifest says: the pull asks for them whole.
 
-        Each file is stat'ed, as before every pull, streaming the rows (nothing is held per
-        file). Only one whose size or modification time differs from the manifest's (or is
-        unknown: an older manifest) is hashed; if its sha256 differs too (a killed sync's
-        text, an edit by hand) or it is gone or not a regular file, `damaged` names it, so the
-        pull writes it again even at the sha256 the manifest holds. One whose time alone moved
-        is recorded anew by the next commit, so it is hashed once.
+        Each file is stat'ed, as before every pull: by the helper `start_check` started, if it
+        answers, or here, streaming the rows (nothing is held per file). Only one whose size or
+        modification time differs from the manifest's (or is unknown: an older manifest) is
+        hashed; if its sha256 differs too (a killed sync's text, an edit by hand) or it is gone
+        or not a regular file, `damaged` names it, so the pull writes it again even at the
+        sha256 the manifest holds. One whose time alone moved is recorded anew by the next
+        commit, so it is hashed once.
         """
         manifest = self.load()
+        check, self._check = self._check, None
+        flagged = check.result() if check is not None else None
         bad: set[str] = set()
         damaged: set[str] = set()
         verified: dict[str, CachedFile] = {}
-        root = str(self.root) + os.sep
-        lstat, regular = os.lstat, stat.S_ISREG
+        root = str(self.root)
         files = manifest.files
-        # Only what the stat is compared with is read for every file; the rest, for those
-        # that differ (sha256 and namespace strings are most of a row's cost).
-        rows = files.store.stats() if isinstance(files, FileTable) else (
-            (p, m.size, m.mtime_ns) for p, m in files.items())
-        for path, size, mtime in rows:
-            try:
-                info = lstat(root + path)
-            except OSError:
-                info = None
-            else:
-                if info.st_mtime_ns == mtime and info.st_size == size and regular(info.st_mode):
-                    continue
+        if flagged is None:
+            # Only what the stat is compared with is read for every file; the rest, for those
+            # that differ (sha256 and namespace strings are most of a row's cost).
+            flagged = file_check.differing(root, files.store.stats() if isinstance(
+                files, FileTable) else ((p, m.size, m.mtime_ns) for p, m in files.items()))
+        base = root + os.sep
+        for path in flagged:
             meta = files.get(path)
             if meta is None:  # gone from the manifest since this pass began: nothing to check
                 continue
-            if info is not None and info.st_size == size and regular(info.st_mode) \
-                    and _file_sha256(root + path) == meta.sha256:
-                verified[path] = CachedFile(meta.sha256, size, meta.namespace, info.st_mtime_ns)
+            try:
+                info = os.lstat(base + path)
+            except OSError:
+                info = None
+            if info is not None and info.st_size == meta.size and stat.S_ISREG(info.st_mode) \
+                    and _file_sha256(base + path) == meta.sha256:
+                verified[path] = CachedFile(meta.sha256, meta.size, meta.namespace,
+                                            info.st_mtime_ns)
                 continue
             bad.add(meta.namespace)
             damaged.add(path)

@@ -25,6 +25,8 @@ STORE_NAME = "manifest.sqlite3"
 STORE_VERSION = "3"  # 3: SQLite (1 and 2 were manifest.json beside namespaces.json)
 TIMEOUT = 10.0  # seconds a reader or writer waits for the other's lock
 CHUNK = 1024  # rows fetched at a time when streaming, each chunk its own query
+STATS = "path, size, mtime_ns"  # what a check of the files compares (`stats`, file_check.py)
+STATS_QUERY = f"SELECT {STATS} FROM files"  # the same, all at once, for a helper process
 
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID, STRICT",
@@ -210,6 +212,10 @@ class ManifestStore:
         """Whether there is a file row at all (one row read, not a count of them all)."""
         return bool(self._rows("SELECT 1 FROM files LIMIT 1"))
 
+    def holds(self, count: int) -> bool:
+        """Whether there are at least `count` (> 0) file rows, without counting them all."""
+        return bool(self._rows(f"SELECT 1 FROM files LIMIT 1 OFFSET {int(count) - 1}"))
+
     def counts(self) -> dict[str, int]:
         """How many files each namespace holds."""
         return dict(self._rows("SELECT namespace, count(*) FROM files GROUP BY namespace"))
@@ -236,7 +242,7 @@ class ManifestStore:
 
     def stats(self) -> Iterator[tuple[str, int, int | None]]:
         """(path, size, mtime_ns) of every file in path order: what a check of the files compares."""
-        return self._pages("path, size, mtime_ns")
+        return self._pages(STATS)
 
     def file_namespaces(self) -> list[str]:
         """The namespaces that hold at least one file."""

@@ -164,6 +164,7 @@ class Sync:
                 self.report["status"] = "partial"
         finally:
             self.staging.discard()
+            self.exchange.cache.discard_check()
         self.report["exit_code"] = {"ok": EXIT_OK, "partial": EXIT_PARTIAL,
                                     "failed": EXIT_FAILED}[self.report["status"]]
         self.report["seconds"] = round(time.monotonic() - started, 3)
@@ -180,7 +181,8 @@ class Sync:
         server lacks, and encode the manifests while the last bodies go out.
         """
         self.exchange.cache.remove_leftovers()
-        self.exchange.open_cache()  # its files are checked once the manifests are sent
+        self.exchange.open_cache()  # its files are checked once the manifests are sent,
+        self.exchange.cache.start_check()  # stat'ed by a helper while the sources are walked
         self.staging.new_namespaces = frozenset(
             self._namespace(s.name) for s in self.config.sources) - self.exchange.known.keys()
         self.snapshots = [self._snapshot(source, ahead) for source in self.config.sources]

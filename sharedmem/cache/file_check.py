@@ -1,0 +1,153 @@
+"""The cache's files compared with the manifest by their stat, by a helper process.
+
+Before every pull a sync makes sure each cached file is what the manifest records
+(`Cache.tampered_namespaces`): one `lstat` a file, 50-90 ms at 10,000 files, and nothing the
+server does hides it once the manifests have gone. While the sync walks its sources, its own
+process is busy and the other CPU mostly waits on ssh's handshake. So a helper process (this
+file, run as a script: it needs only the standard library) reads the manifest's rows and stats
+the files meanwhile, and names those whose size, time or type differ from their row. The sync
+then hashes only those, as it would have. A helper that fails (a damaged manifest, no
+interpreter to start) leaves the whole check to the sync, which then finds what it always did.
+
+A cache of fewer than `MIN_FILES` is checked by the sync itself: starting a helper costs more.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from collections.abc import Iterable, Iterator
+
+TYPE_CHECKING = False  # subprocess loads only where os.posix_spawn is missing (`start`)
+if TYPE_CHECKING:
+    import subprocess
+
+MIN_FILES = 512  # below this, the sync's own check costs less than starting a helper
+_SEP = "\0"  # paths are separated by NUL, which no path holds
+
+
+def differing(root: str, rows: Iterable[tuple[str, int, int | None]]) -> Iterator[str]:
+    """The paths of `rows` (path, size, mtime_ns) below `root` whose file is not as recorded.
+
+    Gone, unreadable, not a regular file (a link is not followed), or of another size or
+    modification time; an unknown time (an older manifest) always differs.
+    """
+    base = root + os.sep
+    lstat, regular = os.lstat, stat.S_ISREG
+    for path, size, mtime in rows:
+        try:
+            info = lstat(base + path)
+        except OSError:
+            yield path
+            continue
+        if info.st_mtime_ns != mtime or info.st_size != size or not regular(info.st_mode):
+            yield path
+
+
+class Check:
+    """One helper at work: its answer is read once (`result`), or it is stopped (`discard`)."""
+
+    def __init__(self, pid: int | None, output: int, process: subprocess.Popen[bytes] | None
+                 ) -> None:
+        self._pid, self._output, self._process = pid, output, process
+
+    def result(self) -> list[str] | None:
+        """The paths the helper found differing; None when it failed (check them all instead)."""
+        chunks = []
+        try:
+            while chunk := os.read(self._output, 1 << 16):
+                chunks.append(chunk)
+        except OSError:
+            chunks = []
+        finally:
+            os.close(self._output)
+        if self._wait() != 0:  # an answer cut short ends so too
+            return None
+        return b"".join(chunks).decode("utf-8").split(_SEP)[:-1]
+
+    def discard(self) -> None:
+        """Stop a helper whose answer nobody will read (the sync ended early)."""
+        if self._pid is None and self._process is None:
+            return
+        try:
+            if self._process is not None:
+                self._process.kill()
+            else:
+                assert self._pid is not None
+                os.kill(self._pid, 9)  # SIGKILL on every POSIX system; signal would load enum
+        except OSError:
+            pass
+        os.close(self._output)
+        self._wait()
+
+    def _wait(self) -> int:
+        pid, process = self._pid, self._process
+        self._pid = self._process = None
+        if process is not None:
+            return process.wait()
+        if pid is None:
+            return -1
+        try:
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except ChildProcessError:  # reaped elsewhere: its answer says whether it ended well
+            return 0
+
+
+def start(root: str, manifest: str, query: str) -> Check | None:
+    """A helper checking the files below `root` against the rows `query` reads from `manifest`.
+
+    None when it cannot start: the sync then checks every file itself.
+    """
+    argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), root, manifest, query]
+    read, write = os.pipe()  # neither end is inherited unless handed to the helper
+    try:
+        if hasattr(os, "posix_spawn"):  # without loading subprocess (and its 8 imports)
+            pid = os.posix_spawn(argv[0], argv, os.environ, file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, write, 1),
+                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)])
+            return Check(pid, read, None)
+        import subprocess
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=write,
+                                   stderr=subprocess.DEVNULL)
+        return Check(None, read, process)
+    except (OSError, ValueError):
+        os.close(read)
+        return None
+    finally:
+        os.close(write)
+
+
+def _uri(path: str) -> str:
+    """A read-only SQLite URI of `path`, so that the helper never makes a file that is gone."""
+    path = os.path.abspath(path).replace(os.sep, "/")
+    quoted = "".join(f"%{ord(c):02x}" if c in "%?#" else c for c in path)
+    return f"file:{'' if quoted.startswith('/') else '/'}{quoted}?mode=ro"
+
+
+def main(argv: list[str]) -> int:
+    """Print the differing paths, each followed by a NUL; 0 once all are written."""
+    import sqlite3
+    root, manifest, query = argv
+    try:
+        conn = sqlite3.connect(_uri(manifest), uri=True)
+        try:
+            rows = conn.execute(query).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 1  # the sync reads the rows itself, and reports damage as damage
+    data = "".join(p + _SEP for p in differing(root, rows)).encode("utf-8")
+    try:
+        while data:
+            data = data[os.write(1, data):]
+    except OSError:
+        return 1  # the sync is gone
+    return 0
+
+
+if __name__ == "__main__":
+    if hasattr(os, "nice"):  # ssh's handshake, on the same CPU, is what the sync waits for
+        os.nice(19)
+    sys.exit(main(sys.argv[1:]))

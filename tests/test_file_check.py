@@ -1,0 +1,137 @@
+"""The helper that stats the cache's files while a sync walks: real processes, real SQLite."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from sharedmem.cache import file_check
+from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.cache.manifest_store import STATS_QUERY
+from sharedmem.hashing import sha256_text
+
+A = "machines/laptop/notes"
+
+
+def filled(root: Path, count: int) -> Cache:
+    """A cache whose manifest lists `count` files of namespace A, as a pull wrote them."""
+    cache = Cache(root)
+    texts = [(f"{A}/d{i % 7}/f{i:04}.md", f"file {i}\n") for i in range(count)]
+    cache.apply([(p, sha256_text(t), t) for p, t in texts], [],
+                {A: NamespaceInfo(A, "laptop", "notes", "markdown", 1)})
+    return cache
+
+
+def tamper(cache: Cache) -> set[str]:
+    """Change four files four ways; the paths a check must name."""
+    root = cache.root
+    (root / A / "d1" / "f0001.md").write_text("file 1, edited by hand\n")  # size
+    moved = root / A / "d2" / "f0002.md"
+    os.utime(moved, ns=(0, moved.stat().st_mtime_ns + 10**9))  # time alone
+    (root / A / "d3" / "f0003.md").unlink()  # gone
+    linked = root / A / "d4" / "f0004.md"
+    linked.unlink()
+    linked.symlink_to(root / A / "d5" / "f0005.md")  # a link, never followed
+    return {f"{A}/d1/f0001.md", f"{A}/d2/f0002.md", f"{A}/d3/f0003.md", f"{A}/d4/f0004.md"}
+
+
+def rows_of(cache: Cache) -> list[tuple[str, int, int | None]]:
+    return list(cache.store.stats())
+
+
+def test_differing_names_what_is_not_as_recorded(tmp_path: Path) -> None:
+    cache = filled(tmp_path / "cache", 40)
+    assert list(file_check.differing(str(cache.root), rows_of(cache))) == []
+    expected = tamper(cache)
+    rows = rows_of(cache)
+    assert set(file_check.differing(str(cache.root), rows)) == expected
+    unknown = [(p, z, None) for p, z, _ in rows[:3]]  # an older manifest: no time recorded
+    assert list(file_check.differing(str(cache.root), unknown)) == [p for p, _, _ in unknown]
+    folder = cache.root / A / "d6" / "f0006.md"
+    folder.unlink()
+    folder.mkdir()
+    assert f"{A}/d6/f0006.md" in set(file_check.differing(str(cache.root), rows_of(cache)))
+
+
+def test_the_helper_answers_as_the_check_in_process(tmp_path: Path) -> None:
+    cache = filled(tmp_path / "cache", 300)
+    expected = tamper(cache)
+    check = file_check.start(str(cache.root), str(cache.manifest_path), STATS_QUERY)
+    assert check is not None
+    assert set(check.result()) == expected
+    clean = filled(tmp_path / "clean", 30)
+    check = file_check.start(str(clean.root), str(clean.manifest_path), STATS_QUERY)
+    assert check is not None and check.result() == []
+
+
+def test_a_root_with_uri_characters_is_read(tmp_path: Path) -> None:
+    cache = filled(tmp_path / "50% off? #1", 20)
+    (cache.root / A / "d1" / "f0001.md").unlink()
+    check = file_check.start(str(cache.root), str(cache.manifest_path), STATS_QUERY)
+    assert check is not None and check.result() == [f"{A}/d1/f0001.md"]
+
+
+def test_a_helper_that_cannot_read_the_manifest_answers_none(tmp_path: Path) -> None:
+    cache = filled(tmp_path / "cache", 20)
+    missing = tmp_path / "gone" / "manifest.sqlite3"
+    check = file_check.start(str(cache.root), str(missing), STATS_QUERY)
+    assert check is not None and check.result() is None
+    assert not missing.parent.exists()  # opened read-only: nothing made
+    garbage = tmp_path / "garbage.sqlite3"
+    garbage.write_bytes(b"not a database" * 100)
+    check = file_check.start(str(cache.root), str(garbage), STATS_QUERY)
+    assert check is not None and check.result() is None
+
+
+def test_the_cache_takes_the_helpers_answer(tmp_path: Path) -> None:
+    """The same namespaces and damaged files as the check in process, which hashes the same."""
+    cache = filled(tmp_path / "cache", file_check.MIN_FILES)
+    expected = tamper(cache)
+    cache.start_check()
+    assert cache.tampered_namespaces() == {A}
+    assert cache.damaged == expected - {f"{A}/d2/f0002.md"}  # its time alone moved: hashed
+    plain = filled(tmp_path / "plain", file_check.MIN_FILES)
+    tamper(plain)
+    assert plain.tampered_namespaces() == {A} and plain.damaged == cache.damaged
+    cache.apply([], [], {A: NamespaceInfo(A, "laptop", "notes", "markdown", 1)})
+    cache.start_check()
+    assert cache.tampered_namespaces() == {A}  # the damaged files were not written again
+
+
+def helpers_running() -> list[int]:
+    """Children of this process running file_check.py (Linux: read from /proc)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"file_check.py" in command:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_large_cache_is_checked_by_a_helper_and_a_small_one_is_not(tmp_path: Path) -> None:
+    small = filled(tmp_path / "small", file_check.MIN_FILES - 1)
+    small.start_check()
+    assert helpers_running() == []
+    large = filled(tmp_path / "large", file_check.MIN_FILES)
+    large.start_check()
+    assert len(helpers_running()) == 1
+    assert large.tampered_namespaces() == set()
+    assert helpers_running() == []  # its answer was read and the helper reaped
+    large.start_check()
+    assert len(helpers_running()) == 1
+    large.discard_check()  # a sync that ended before its check
+    assert helpers_running() == []
+    large.start_check()
+    (killed,) = helpers_running()
+    os.kill(killed, 9)  # a helper that dies (out of memory): the sync checks the files itself
+    (large.root / A / "d1" / "f0001.md").write_text("edited by hand\n")
+    assert large.tampered_namespaces() == {A} and large.damaged == {f"{A}/d1/f0001.md"}
+    assert helpers_running() == []
