@@ -284,3 +284,33 @@ def test_reused_files_keep_the_collision_and_quota_rules(tmp_path):
     clash = snapshot(first.spec, previous=record)
     assert [e.path for e in clash.files] == ["A.md", "b.md", "c.md"]
     assert reasons(clash) == {"a.md": "collision"}
+
+
+def test_a_walk_with_a_record_publishes_and_skips_as_one_without(tmp_path):
+    # Unchanged files of a plain folder are taken in one loop (Walker.plain_folder); whatever
+    # else a folder holds must come out as the walk without a record finds it, in walk order.
+    root = tmp_path / "docs"
+    for i in range(12):
+        write(root / f"f{i:02}.md", f"file {i}\n")
+    write(root / "sub" / "inner.md", "inner\n")
+    first = snapshot(spec(KIND_MARKDOWN, root))
+    record = json.loads(json.dumps(first.record()))
+    write(root / "f03.md", "file 3, changed and longer\n")  # read: files after it wait for it
+    write(root / "f00.md", "secret = 'hunter2hunter2'\n")  # read, and redacted
+    (root / "f05.md").unlink()
+    (root / "f05.md").symlink_to(root / "f06.md")  # a link where a file was
+    write(root / "other" / ".hidden.md", "hidden\n")  # a name that is not plain: its own folder
+    (root / "f07.md").unlink()
+    (root / "f07.md").mkdir()  # a folder named like a file
+    write(root / "f07.md" / "deep.md", "deep\n")
+    write(root / "F08.md", "collides with f08.md\n")
+    with_record = snapshot(first.spec, previous=record)
+    without = snapshot(first.spec)
+    assert [(e.path, e.sha256, e.size) for e in with_record.files] == \
+        [(e.path, e.sha256, e.size) for e in without.files]
+    assert [(s.path, s.reason) for s in with_record.skipped] == \
+        [(s.path, s.reason) for s in without.skipped]
+    reused = {e.path for e in with_record.files if e.text is None}
+    assert reused == {f"f{i:02}.md" for i in (1, 2, 4, 6, 9, 10, 11)} | {"sub/inner.md"}
+    assert reasons(with_record) == {"other/.hidden.md": "hidden", "f05.md": "symlink",
+                                    "f08.md": "collision"}
