@@ -132,13 +132,13 @@ def main(argv: list[str]) -> int:
     root, manifest, query = argv
     try:
         conn = sqlite3.connect(_uri(manifest), uri=True)
-        try:
-            rows = conn.execute(query).fetchall()
+        try:  # streamed: no row is held (100,000 of them would be tens of megabytes)
+            found = "".join(p + _SEP for p in differing(root, conn.execute(query)))
         finally:
             conn.close()
     except sqlite3.Error:
         return 1  # the sync reads the rows itself, and reports damage as damage
-    data = "".join(p + _SEP for p in differing(root, rows)).encode("utf-8")
+    data = found.encode("utf-8")
     try:
         while data:
             data = data[os.write(1, data):]
