@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,77 +63,101 @@ def test_the_helper_answers_as_the_check_in_process(tmp_path: Path) -> None:
     expected = tamper(cache)
     check = file_check.start(str(cache.root), str(cache.manifest_path), STATS_QUERY)
     assert check is not None
-    assert set(check.result()) == expected
+    assert set(check.answer(wait=True)) == expected
     clean = filled(tmp_path / "clean", 30)
     check = file_check.start(str(clean.root), str(clean.manifest_path), STATS_QUERY)
-    assert check is not None and check.result() == []
+    assert check is not None and check.answer(wait=True) == []
 
 
 def test_a_root_with_uri_characters_is_read(tmp_path: Path) -> None:
     cache = filled(tmp_path / "50% off? #1", 20)
     (cache.root / A / "d1" / "f0001.md").unlink()
     check = file_check.start(str(cache.root), str(cache.manifest_path), STATS_QUERY)
-    assert check is not None and check.result() == [f"{A}/d1/f0001.md"]
+    assert check is not None and check.answer(wait=True) == [f"{A}/d1/f0001.md"]
 
 
 def test_a_helper_that_cannot_read_the_manifest_answers_none(tmp_path: Path) -> None:
     cache = filled(tmp_path / "cache", 20)
     missing = tmp_path / "gone" / "manifest.sqlite3"
     check = file_check.start(str(cache.root), str(missing), STATS_QUERY)
-    assert check is not None and check.result() is None
+    assert check is not None and check.answer(wait=True) is None
     assert not missing.parent.exists()  # opened read-only: nothing made
     garbage = tmp_path / "garbage.sqlite3"
     garbage.write_bytes(b"not a database" * 100)
     check = file_check.start(str(cache.root), str(garbage), STATS_QUERY)
-    assert check is not None and check.result() is None
+    assert check is not None and check.answer(wait=True) is None
 
 
+def helpers() -> dict[int, str]:
+    """Children of this process running file_check.py, each with its state (Linux: /proc).
+
+    An ended child not yet reaped (state Z) has no command line left: it counts too.
+    """
+    found = {}
+    for pid in os.listdir("/proc"):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid() and (b"file_check.py" in command or fields[0] == "Z"):
+            found[int(pid)] = fields[0]
+    return found
+
+
+def finished() -> None:
+    """Wait until the one helper running has ended (a zombie until its answer is taken)."""
+    deadline = time.monotonic() + 30
+    while set(helpers().values()) != {"Z"}:
+        assert time.monotonic() < deadline, helpers()
+        time.sleep(0.01)
+
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+@linux
 def test_the_cache_takes_the_helpers_answer(tmp_path: Path) -> None:
     """The same namespaces and damaged files as the check in process, which hashes the same."""
     cache = filled(tmp_path / "cache", file_check.MIN_FILES)
-    expected = tamper(cache)
     cache.start_check()
+    finished()
+    expected = tamper(cache)  # after the helper looked: only the check in process sees it
+    assert cache.tampered_namespaces() == set() and helpers() == {}
+    cache.start_check()
+    finished()
     assert cache.tampered_namespaces() == {A}
     assert cache.damaged == expected - {f"{A}/d2/f0002.md"}  # its time alone moved: hashed
     plain = filled(tmp_path / "plain", file_check.MIN_FILES)
     tamper(plain)
     assert plain.tampered_namespaces() == {A} and plain.damaged == cache.damaged
-    cache.apply([], [], {A: NamespaceInfo(A, "laptop", "notes", "markdown", 1)})
+
+
+@linux
+def test_a_helper_not_done_is_stopped_and_the_cache_checks_itself(tmp_path: Path) -> None:
+    # A sync with little to walk (no source of its own) asks before any helper could answer.
+    cache = filled(tmp_path / "cache", file_check.MIN_FILES)
     cache.start_check()
-    assert cache.tampered_namespaces() == {A}  # the damaged files were not written again
+    (stopped,) = helpers()
+    os.kill(stopped, signal.SIGSTOP)  # it never finishes by itself
+    (cache.root / A / "d1" / "f0001.md").write_text("edited by hand\n")
+    assert cache.tampered_namespaces() == {A} and cache.damaged == {f"{A}/d1/f0001.md"}
+    assert helpers() == {}  # killed and reaped
+    cache.start_check()
+    (killed,) = helpers()
+    os.kill(killed, signal.SIGKILL)  # a helper that dies (out of memory)
+    finished()
+    assert cache.tampered_namespaces() == {A} and cache.damaged == {f"{A}/d1/f0001.md"}
+    assert helpers() == {}
 
 
-def helpers_running() -> list[int]:
-    """Children of this process running file_check.py (Linux: read from /proc)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        try:
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == os.getpid() and b"file_check.py" in command:
-            found.append(int(pid))
-    return found
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@linux
 def test_a_large_cache_is_checked_by_a_helper_and_a_small_one_is_not(tmp_path: Path) -> None:
     small = filled(tmp_path / "small", file_check.MIN_FILES - 1)
     small.start_check()
-    assert helpers_running() == []
+    assert helpers() == {}
     large = filled(tmp_path / "large", file_check.MIN_FILES)
     large.start_check()
-    assert len(helpers_running()) == 1
-    assert large.tampered_namespaces() == set()
-    assert helpers_running() == []  # its answer was read and the helper reaped
-    large.start_check()
-    assert len(helpers_running()) == 1
+    assert len(helpers()) == 1
     large.discard_check()  # a sync that ended before its check
-    assert helpers_running() == []
-    large.start_check()
-    (killed,) = helpers_running()
-    os.kill(killed, 9)  # a helper that dies (out of memory): the sync checks the files itself
-    (large.root / A / "d1" / "f0001.md").write_text("edited by hand\n")
-    assert large.tampered_namespaces() == {A} and large.damaged == {f"{A}/d1/f0001.md"}
-    assert helpers_running() == []
+    assert helpers() == {}

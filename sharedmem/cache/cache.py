@@ -413,7 +413,7 @@ class Cache:
         """Namespaces with a file that is not what the manifest says: the pull asks for them whole.
 
         Each file is stat'ed, as before every pull: by the helper `start_check` started, if it
-        answers, or here, streaming the rows (nothing is held per file). Only one whose size or
+        has finished, or here, streaming the rows (nothing is held per file). Only one whose size or
         modification time differs from the manifest's (or is unknown: an older manifest) is
         hashed; if its sha256 differs too (a killed sync's text, an edit by hand) or it is gone
         or not a regular file, `damaged` names it, so the pull writes it again even at the
@@ -422,7 +422,7 @@ class Cache:
         """
         manifest = self.load()
         check, self._check = self._check, None
-        flagged = check.result() if check is not None else None
+        flagged = check.answer() if check is not None else None
         bad: set[str] = set()
         damaged: set[str] = set()
         verified: dict[str, CachedFile] = {}

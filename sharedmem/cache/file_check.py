@@ -6,8 +6,10 @@ server does hides it once the manifests have gone. While the sync walks its sour
 process is busy and the other CPU mostly waits on ssh's handshake. So a helper process (this
 file, run as a script: it needs only the standard library) reads the manifest's rows and stats
 the files meanwhile, and names those whose size, time or type differ from their row. The sync
-then hashes only those, as it would have. A helper that fails (a damaged manifest, no
-interpreter to start) leaves the whole check to the sync, which then finds what it always did.
+then hashes only those, as it would have. It never waits for the helper: one that has not
+finished when the sync needs its answer (a sync with little to walk) is stopped, and so is
+one that failed (a damaged manifest, no interpreter to start); the sync then checks the files
+itself and finds what it always did.
 
 A cache of fewer than `MIN_FILES` is checked by the sync itself: starting a helper costs more.
 """
@@ -46,28 +48,34 @@ def differing(root: str, rows: Iterable[tuple[str, int, int | None]]) -> Iterato
 
 
 class Check:
-    """One helper at work: its answer is read once (`result`), or it is stopped (`discard`)."""
+    """One helper at work: its answer is taken once (`answer`), or it is stopped (`discard`)."""
 
     def __init__(self, pid: int | None, output: int, process: subprocess.Popen[bytes] | None
                  ) -> None:
         self._pid, self._output, self._process = pid, output, process
 
-    def result(self) -> list[str] | None:
-        """The paths the helper found differing; None when it failed (check them all instead)."""
-        chunks = []
-        try:
-            while chunk := os.read(self._output, 1 << 16):
-                chunks.append(chunk)
-        except OSError:
-            chunks = []
-        finally:
-            os.close(self._output)
-        if self._wait() != 0:  # an answer cut short ends so too
+    def answer(self, *, wait: bool = False) -> list[str] | None:
+        """The paths the helper found differing if it has finished well, else None.
+
+        A helper still at work is stopped, unless `wait`: the sync then checks the files
+        itself at once, as it did before helpers. One with little to walk (a reader of other
+        machines' files, with no source of its own) gets there before any helper could.
+        """
+        if wait:
+            data = self._read()  # all of it first: a helper blocked on a full pipe never ends
+            code = self._reap(True)
+        else:
+            code = self._reap(False)
+            if code is None:
+                self.discard()
+                return None
+            data = self._read()  # it has ended: the pipe holds all it wrote
+        if code != 0 or data is None:  # an answer cut short ends so too
             return None
-        return b"".join(chunks).decode("utf-8").split(_SEP)[:-1]
+        return data.decode("utf-8").split(_SEP)[:-1]
 
     def discard(self) -> None:
-        """Stop a helper whose answer nobody will read (the sync ended early)."""
+        """Stop a helper whose answer will not be read, and reap it."""
         if self._pid is None and self._process is None:
             return
         try:
@@ -78,20 +86,40 @@ class Check:
                 os.kill(self._pid, 9)  # SIGKILL on every POSIX system; signal would load enum
         except OSError:
             pass
-        os.close(self._output)
-        self._wait()
+        self._reap(True)
+        self._read()
 
-    def _wait(self) -> int:
-        pid, process = self._pid, self._process
-        self._pid = self._process = None
-        if process is not None:
-            return process.wait()
-        if pid is None:
-            return -1
+    def _read(self) -> bytes | None:
+        """Everything in the pipe up to its end; None when it cannot be read."""
+        if self._output < 0:
+            return None
+        chunks = []
         try:
-            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        except ChildProcessError:  # reaped elsewhere: its answer says whether it ended well
-            return 0
+            while chunk := os.read(self._output, 1 << 16):
+                chunks.append(chunk)
+        except OSError:
+            return None
+        finally:
+            os.close(self._output)
+            self._output = -1
+        return b"".join(chunks)
+
+    def _reap(self, wait: bool) -> int | None:
+        """The helper's exit status once it has ended (reaped then); None while it runs."""
+        pid, process = self._pid, self._process
+        if process is not None:
+            code = process.wait() if wait else process.poll()
+        elif pid is None:
+            return -1
+        else:
+            try:
+                done, status = os.waitpid(pid, 0 if wait else os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its answer says whether it ended well
+                done, status = pid, 0
+            code = os.waitstatus_to_exitcode(status) if done else None
+        if code is not None:
+            self._pid = self._process = None
+        return code
 
 
 def start(root: str, manifest: str, query: str) -> Check | None:

@@ -182,7 +182,8 @@ class Sync:
         """
         self.exchange.cache.remove_leftovers()
         self.exchange.open_cache()  # its files are checked once the manifests are sent,
-        self.exchange.cache.start_check()  # stat'ed by a helper while the sources are walked
+        if self.config.sources:  # stat'ed by a helper while the sources are walked
+            self.exchange.cache.start_check()
         self.staging.new_namespaces = frozenset(
             self._namespace(s.name) for s in self.config.sources) - self.exchange.known.keys()
         self.snapshots = [self._snapshot(source, ahead) for source in self.config.sources]
