@@ -798,3 +798,23 @@ def test_serve_loads_no_more_than_it_needs_before_its_hello(tmp_path: Path) -> N
     assert code == 0 and first.startswith(b'{"type":"hello"'), run.stderr
     assert "sharedmem.server.store" in modules  # the list is from the hello, after the store opened
     assert [name for name in NOT_BEFORE_HELLO if name in modules] == []
+
+
+def test_serve_loads_what_a_change_needs_while_it_waits_after_its_hello(tmp_path: Path) -> None:
+    """The redactor, hashlib, ingest and tails load on a thread, not on a change's answer."""
+    store = tmp_path / "store.sqlite3"
+    Store.open(store).close()
+    probe = (
+        "import sys, threading\n"
+        f"sys.path.insert(0, {str(LAUNCHER.parent)!r})\n"
+        "from sharedmem.cli.main import main\n"
+        f"code = main(['serve', '--store', {str(store)!r}, '--machine', 'm'])\n"
+        "for thread in threading.enumerate():\n"
+        "    if thread.name == 'sharedmem-redact': thread.join()\n"
+        "wanted = ['sharedmem.redact.redactor', 'hashlib', 'sharedmem.server.ingest',\n"
+        "          'sharedmem.server.tails']\n"
+        "sys.stderr.write(repr((code, [m for m in wanted if m not in sys.modules])))\n")
+    run = subprocess.run([sys.executable, "-S", "-c", probe], input=enc({
+        "type": "hello", "versions": [3], "client": "t", "machine": "m"}) + enc({"type": "bye"}),
+        capture_output=True, check=True)
+    assert eval(run.stderr) == (0, [])  # noqa: S307 (our own probe's repr); a bye loads none

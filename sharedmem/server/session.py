@@ -726,16 +726,23 @@ PARTS = frozenset({"files", "bodies", "commit"})
 
 
 def _load_redactor_meanwhile() -> None:
-    """Load and compile the redactor on a thread while the client walks or sends its bodies.
+    """Load what a change needs on a thread, while the client walks or sends its bodies.
 
-    Its patterns take 10-15 ms to compile; a session that receives no text (a sync with no
-    change) spends them on a thread while it waits for the client, not on its answer.
+    The redactor's patterns take 10-15 ms to compile, and `hashlib` (OpenSSL), `ingest.py` and
+    `tails.py` another 8-10 ms to load; a session spends them on a thread while it waits for
+    the client, not on its answer. One that receives no change loads them for nothing, on that
+    thread, while it waits.
     """
     import threading
 
     def load() -> None:
+        from sharedmem.hashing import sha256_bytes
         from sharedmem.redact.redactor import prepare
         prepare()
+        sha256_bytes(b"")  # loads hashlib, which the first hash would
+        import importlib
+        for module in ("sharedmem.server.ingest", "sharedmem.server.tails"):
+            importlib.import_module(module)
 
     threading.Thread(target=load, daemon=True, name="sharedmem-redact").start()
 
