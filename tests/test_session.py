@@ -810,7 +810,7 @@ def test_serve_loads_what_a_change_needs_while_it_waits_after_its_hello(tmp_path
         "from sharedmem.cli.main import main\n"
         f"code = main(['serve', '--store', {str(store)!r}, '--machine', 'm'])\n"
         "for thread in threading.enumerate():\n"
-        "    if thread.name == 'sharedmem-redact': thread.join()\n"
+        "    if thread.name == 'sharedmem-load': thread.join()\n"
         "wanted = ['sharedmem.redact.redactor', 'hashlib', 'sharedmem.server.ingest',\n"
         "          'sharedmem.server.tails']\n"
         "sys.stderr.write(repr((code, [m for m in wanted if m not in sys.modules])))\n")

@@ -196,7 +196,7 @@ class Session:
             self.channel.decompress_input()
         self.channel.raw_bodies = self.version >= 3
         if self.version >= 2 and "sharedmem.redact.redactor" not in sys.modules:
-            _load_redactor_meanwhile()  # while the client walks: its changes come redacted
+            _load_for_changes()  # while the client walks: its changes come redacted
 
     def _compression(self, hello: dict[str, Any]) -> str | None:
         """Version 3: the first compression the client offers that this server speaks, or None.
@@ -725,7 +725,7 @@ HANDLERS[3] = {**HANDLERS[2], "tails": Session._on_tails}
 PARTS = frozenset({"files", "bodies", "commit"})
 
 
-def _load_redactor_meanwhile() -> None:
+def _load_for_changes() -> None:
     """Load what a change needs on a thread, while the client walks or sends its bodies.
 
     The redactor's patterns take 10-15 ms to compile, and `hashlib` (OpenSSL), `ingest.py` and
@@ -744,7 +744,7 @@ def _load_redactor_meanwhile() -> None:
         for module in ("sharedmem.server.ingest", "sharedmem.server.tails"):
             importlib.import_module(module)
 
-    threading.Thread(target=load, daemon=True, name="sharedmem-redact").start()
+    threading.Thread(target=load, daemon=True, name="sharedmem-load").start()
 
 
 def _backup_first(path: Path, old_version: int) -> None:
