@@ -36,6 +36,19 @@ def _ssh_e(server: Sshd) -> str:
             "-o GlobalKnownHostsFile=/dev/null -o LogLevel=ERROR")
 
 
+def _why(report: dict) -> str:
+    """The error of a failed sync, or what made it partial (a quota: raise the limits)."""
+    if report.get("error"):
+        return str(report["error"])
+    reasons: dict[str, int] = {}
+    for source in report.get("sources", []):
+        for item in source.get("skipped", []) + source.get("refused", []):
+            reasons[item.get("reason", "?")] = reasons.get(item.get("reason", "?"), 0) + 1
+    shown = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+    return (f"{report.get('status')} ({shown or 'see its report'}); a corpus past the default "
+            "limits (20,000 files, 64 MiB a source) needs them raised: see docs/CONFIGURATION.md")
+
+
 def _settle() -> None:
     """Let the disk write out what earlier phases left, so each timed phase starts alike.
 
@@ -103,7 +116,7 @@ def _ours(work: Path, server: Sshd, source: Path, run: int,
         seconds = time.perf_counter() - started
         report = json.loads(proc.stdout)
         if proc.returncode != 0:
-            raise SystemExit(f"sync failed in phase {phase}: {report.get('error')}")
+            raise SystemExit(f"sync failed in phase {phase}: {_why(report)}")
         out[phase] = {"seconds": seconds, "sent": report["bytes"]["sent"],
                       "received": report["bytes"]["received"]}
         if phase == "first" and index:  # as an installed client has: the later syncs keep it
