@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
 
-Old = Mapping[str, tuple[Any, str]]  # key -> (value, its line as last read or written)
+TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
+
+    Old = Mapping[str, tuple[Any, str]]  # key -> (value, its line as last read or written)
 
 
 def rewrite(head: Mapping[str, Any], key: str, items: Iterable[tuple[str, Any, bool]],
@@ -78,7 +81,7 @@ def decode(text: str, key: str) -> tuple[dict[str, Any], Old]:
     return value, _Lines(text, entries)
 
 
-class _Lines(Mapping[str, tuple[Any, str]]):
+class _Lines(Mapping):  # of str -> (value, line): Old
     """The lines of a mapping as read, split off the text only when first asked for.
 
     A sync that rewrites nothing (no change) never asks: 10,000 lines cost it 10-20 ms. One

@@ -485,3 +485,19 @@ def test_the_cache_is_checked_after_the_manifests_are_sent(tmp_path, files):
     walked = next(i for i, line in enumerate(told) if line.startswith("notes: "))
     checked = next(i for i, line in enumerate(told) if "not as last written" in line)
     assert walked < checked, told
+
+
+def test_a_sync_loads_no_typing(tmp_path):
+    # Every sync starts a fresh interpreter: typing, and the NamedTuple classes it makes, cost
+    # that start about 10 ms (docs/BENCHMARKS.md "Fifth round"). The types are named tuples.
+    _, _, cfg = local_laptop(tmp_path)
+    probe = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(LAUNCHER.parent)!r})\n"
+        "from sharedmem.cli.main import main\n"
+        f"code = main(['sync', '--config', {str(cfg)!r}])\n"
+        "sys.stderr.write(repr((code, 'typing' in sys.modules)))\n")
+    for _ in range(2):  # a first sync, then one with its saved state and cache to read
+        run = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True,
+                             check=True)
+        assert run.stderr.splitlines()[-1] == "(0, False)", run.stderr[-2000:]

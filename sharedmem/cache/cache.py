@@ -21,7 +21,6 @@ import stat
 from collections import namedtuple
 from collections.abc import Collection, Container, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from sharedmem import linejson
 from sharedmem.cache import file_check
@@ -42,6 +41,10 @@ from sharedmem.files import atomic_write
 from sharedmem.namespaces import Namespace
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
 
+TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
+
 META_DIR = ".sharedmem"
 INDEX_DIR = "index"  # below META_DIR: the search index's folder (search.py)
 MANIFEST_NAME = STORE_NAME
@@ -55,16 +58,15 @@ _HEX = re.compile("[0-9a-f]*")
 __all__ = ["Damaged"]  # raised from here too; defined beside the store
 
 
-class NamespaceInfo(NamedTuple):
-    """What the cache holds of one server namespace, and which server generation it is."""
+class NamespaceInfo(namedtuple("NamespaceInfo", "key machine source kind generation synced_at "
+                               "digest", defaults=(0, None, None))):
+    """What the cache holds of one server namespace, and which server generation it is.
 
-    key: str
-    machine: str | None
-    source: str
-    kind: str
-    generation: int = 0
-    synced_at: str | None = None
-    digest: str | None = None  # the server's, of the snapshot at that generation
+    key, machine (None for the notes), source and kind (str), generation (int), synced_at (str
+    or None), digest (the server's, of the snapshot at that generation; str or None).
+    """
+
+    __slots__ = ()
 
     def to_row(self) -> dict[str, Any]:
         """Its entry as JSON (`status`, an older version's namespaces.json)."""

@@ -15,7 +15,6 @@ import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from sharedmem.core import PathRuleError, ProtocolError
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem, note_filename_problem, path_problems
@@ -29,6 +28,8 @@ from sharedmem.sources.safe_open import (
     read_open,
     refusal,
 )
+
+TYPE_CHECKING = False  # typing costs each sync's start milliseconds
 
 
 def namespace_key(path: str) -> str:
@@ -112,7 +113,10 @@ class Folders:
         return real + os.sep + name
 
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 
 class CacheFiles:

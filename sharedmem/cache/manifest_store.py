@@ -15,11 +15,15 @@ import contextlib
 import json
 import os
 import sqlite3
+from collections import namedtuple
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from sharedmem.core import CacheError
+
+TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 STORE_NAME = "manifest.sqlite3"
 STORE_VERSION = "3"  # 3: SQLite (1 and 2 were manifest.json beside namespaces.json)
@@ -42,14 +46,10 @@ class Damaged(CacheError):
     """Why the manifest cannot be what this cache wrote; `Cache.damage` holds the message."""
 
 
-class Row(NamedTuple):
+class Row(namedtuple("Row", "path sha256 size namespace mtime_ns")):
     """One file's row: path, sha256, size, namespace, modification time (None: unknown)."""
 
-    path: str
-    sha256: str
-    size: int
-    namespace: str
-    mtime_ns: int | None
+    __slots__ = ()
 
 
 class ManifestStore:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections import namedtuple
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from sharedmem.core import ConfigError
 from sharedmem.rules import KIND_MARKDOWN, SOURCE_KINDS, Limits, check_markdown_source_name, name_problem
+
+TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 CONFIG_VERSION = 1
 TRANSPORTS = ("local", "ssh")
@@ -18,24 +22,21 @@ TRANSPORT_KEYS = frozenset({"kind", "store", "host", "port", "identity", "option
                             "remote_command"})
 
 
-class SourceConfig(NamedTuple):
-    """One enabled source: its published name, its kind and the folder it reads."""
+class SourceConfig(namedtuple("SourceConfig", "name kind path")):
+    """One enabled source: its published name, its kind and the folder it reads (a Path)."""
 
-    name: str
-    kind: str
-    path: Path
+    __slots__ = ()
 
 
-class Transport(NamedTuple):
-    """How the client reaches `serve`: a local child process or `ssh`."""
+class Transport(namedtuple("Transport", "kind store host port identity options remote_command",
+                           defaults=(None, None, None, None, (), ()))):
+    """How the client reaches `serve`: a local child process or `ssh`.
 
-    kind: str
-    store: Path | None = None
-    host: str | None = None
-    port: int | None = None
-    identity: Path | None = None
-    options: tuple[str, ...] = ()
-    remote_command: tuple[str, ...] = ()
+    kind (str), store (a Path, local), host (str), port (int), identity (a Path), options and
+    remote_command (tuples of str); each but kind None or empty when not given.
+    """
+
+    __slots__ = ()
 
     @property
     def loopback(self) -> bool:
@@ -51,17 +52,17 @@ class Transport(NamedTuple):
                        in ("proxycommand", "proxyjump") for option in self.options if option.strip())
 
 
-class ClientConfig(NamedTuple):
-    """A validated `client.json`; named tuples, as dataclasses would cost each sync 15 ms."""
+class ClientConfig(namedtuple("ClientConfig", "path machine transport sources cache state limits "
+                              "compress", defaults=(Limits(), "auto"))):
+    """A validated `client.json`; plain named tuples (a dataclass would cost each sync 15 ms).
 
-    path: Path
-    machine: str
-    transport: Transport
-    sources: tuple[SourceConfig, ...]
-    cache: Path
-    state: Path
-    limits: Limits = Limits()
-    compress: str = "auto"
+    Made by `collections.namedtuple`, as the others here: `typing.NamedTuple`, with typing
+    itself, cost each sync's start about 10 ms. path (a Path), machine (str), transport
+    (`Transport`), sources (a tuple of `SourceConfig`), cache and state (Paths), limits
+    (`Limits`), compress (str).
+    """
+
+    __slots__ = ()
 
     @property
     def compresses(self) -> bool:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Collection, Container, Mapping, Sequence
+from collections import namedtuple
+from collections.abc import Callable, Collection, Container, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from sharedmem.cache.cache import (
     INDEX_DIR,
@@ -33,30 +33,29 @@ from sharedmem.files import atomic_write
 from sharedmem.namespaces import NamespaceList
 from sharedmem.rules import plain_paths
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # typing costs each sync's start milliseconds
 if TYPE_CHECKING:
+    from typing import Any
+
     from sharedmem.client.transport import Connection
-    from sharedmem.sources.walk import Entry
 
 Progress = Callable[[str], None]
 
 
-class Published(NamedTuple):
+class Published(namedtuple("Published", "texts whole entries changed gone",
+                           defaults=({}, {}, {}, frozenset(), {}))):
     """What a sync offers its pull of its own files, so the server need not send them back.
 
     `texts` holds the text of each file this run read or sent, by sha256 (the pull's `have`
     in version 2). `whole` names the namespaces it published that it can write from its own
     snapshot, with the digest sent (the pull's `published`); `entries` are the files to take
-    when the server leaves one out of its answer. A namespace in `changed` (version 3: one
-    the cache has) takes only those and loses the cache paths in `gone`; the others are
-    taken whole.
+    when the server leaves one out of its answer (`walk.Entry`s by namespace). A namespace in
+    `changed` (version 3: one the cache has) takes only those and loses the cache paths in
+    `gone`; the others are taken whole. Each is a mapping, `changed` a collection; none is
+    changed once made.
     """
 
-    texts: Mapping[str, str] = {}
-    whole: Mapping[str, str] = {}
-    entries: Mapping[str, Sequence[Entry]] = {}
-    changed: Collection[str] = frozenset()
-    gone: Mapping[str, Sequence[str]] = {}
+    __slots__ = ()
 
     def files(self, keys: Collection[str]) -> list[tuple[str, str, str]]:
         """The files of those namespaces as this run sent them: (cache path, sha256, text)."""
@@ -68,13 +67,14 @@ class Published(NamedTuple):
         return [path for key, paths in self.gone.items() if key in keys for path in paths]
 
 
-class Pulled(NamedTuple):
-    """The server's answer to a pull, read and checked whole; its texts are staged, not applied."""
+class Pulled(namedtuple("Pulled", "intake removed namespaces server")):
+    """The server's answer to a pull, read and checked whole; its texts are staged, not applied.
 
-    intake: Intake  # the files, each checked and staged (or skipped) as it came
-    removed: list[str]
-    namespaces: dict[str, NamespaceInfo]
-    server: dict[str, Any]
+    intake (an `Intake`: the files, each checked and staged or skipped as it came), removed (a
+    list of cache paths), namespaces (`NamespaceInfo`s by key), server (its hello's values).
+    """
+
+    __slots__ = ()
 
 
 NOTE_STATUSES = ("stored", "duplicate", "refused")

@@ -10,21 +10,18 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import namedtuple
 from pathlib import Path
-from typing import NamedTuple
 
 from sharedmem.clock import utc_now
 from sharedmem.files import atomic_write
 from sharedmem.rules import check_note
 
 
-class QueuedNote(NamedTuple):
-    """A note waiting to be delivered; its id makes a retried delivery store it once."""
+class QueuedNote(namedtuple("QueuedNote", "note_id filename text created")):
+    """A note waiting to be delivered; its id makes a retried delivery store it once (all str)."""
 
-    note_id: str
-    filename: str
-    text: str
-    created: str
+    __slots__ = ()
 
 
 class Outbox:

@@ -8,22 +8,26 @@ read again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections import namedtuple
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from sharedmem import linejson
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # typing costs each sync's start milliseconds
 if TYPE_CHECKING:
+    from typing import Any
+
     from sharedmem.sources.walk import Entry
 
 
-class Acked(NamedTuple):
-    """What the server confirmed of the last snapshot: its digest, the next delta's base."""
+class Acked(namedtuple("Acked", "digest files", defaults=(None, None))):
+    """What the server confirmed of the last snapshot: its digest, the next delta's base.
 
-    digest: Any = None
-    files: dict[str, str] | None = None  # path -> sha256, as older versions listed them
+    `files` maps path -> sha256 as older versions listed them (None in this one).
+    """
+
+    __slots__ = ()
 
     def to_row(self) -> dict[str, Any]:
         """The `acked` object of the state file."""
@@ -39,16 +43,15 @@ class Acked(NamedTuple):
         return cls(row.get("digest"), files if isinstance(files, dict) else None)
 
 
-class SourceState(NamedTuple):
+class SourceState(namedtuple("SourceState", "rules acked record", defaults=(None, None, None))):
     """One source's state file: the rules it was made under, what was acknowledged, the record.
 
-    `record` maps each published path to `[disk size, mtime_ns, sha256, size, redactions]`,
+    `rules` are the release and limits (under others the record is not reused), `acked` an
+    `Acked` or None. `record` maps each published path to `[disk size, mtime_ns, sha256, size, redactions]`,
     as the walk reads it back (`walk._valid_record` checks each entry).
     """
 
-    rules: Any = None  # the release and limits: under others the record is not reused
-    acked: Acked | None = None
-    record: Mapping[str, Any] | None = None
+    __slots__ = ()
 
     def to_row(self) -> dict[str, Any]:
         """The JSON object the state file holds."""

@@ -16,7 +16,6 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 from sharedmem import __version__, linejson
 from sharedmem.cache.staged_files import write_failure
@@ -42,6 +41,10 @@ from sharedmem.protocol import (
 from sharedmem.rules import MACHINES_DIR
 from sharedmem.sources import kinds as sources
 from sharedmem.sources import walk
+
+TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2
 ERROR_CHARS = 2000  # of an error kept in the report and state/last-sync.json

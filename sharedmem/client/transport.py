@@ -13,7 +13,6 @@ import json
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 from sharedmem import __version__
 from sharedmem.client.config import ClientConfig, Transport
@@ -22,6 +21,10 @@ from sharedmem.core import ProtocolError, TransportError
 from sharedmem.files import atomic_write
 from sharedmem.program import LAUNCHER, PYTHON_FLAGS
 from sharedmem.protocol import COMPRESSIONS, VERSIONS, Channel, PeerError, printable
+
+TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
 
 LEFT_MESSAGES = 64  # what a server end that went away may have said first, read for its error
 SERVER_RECORD = "server.json"  # in the state folder: the last server hello a sync took
