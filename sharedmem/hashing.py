@@ -5,7 +5,7 @@ from __future__ import annotations
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
-    from typing import Any
+    from typing import Any, BinaryIO
 
 
 def _load_sha256(data: bytes) -> Any:
@@ -31,6 +31,12 @@ def sha256_bytes(data: bytes) -> str:
 def sha256_text(text: str) -> str:
     """Hex SHA-256 of `text` as UTF-8: the content address of a published file."""
     return _sha256(text.encode("utf-8")).hexdigest()
+
+
+def sha256_file(handle: BinaryIO) -> str:
+    """Hex SHA-256 of an open binary file's bytes, read a chunk at a time."""
+    import hashlib
+    return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def digest_of(entries: Iterable[tuple[str, str]]) -> str:

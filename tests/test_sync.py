@@ -487,17 +487,18 @@ def test_the_cache_is_checked_after_the_manifests_are_sent(tmp_path, files):
     assert walked < checked, told
 
 
-def test_a_sync_loads_no_typing(tmp_path):
+def test_a_sync_loads_no_typing_and_one_without_change_no_hashlib(tmp_path):
     # Every sync starts a fresh interpreter: typing, and the NamedTuple classes it makes, cost
-    # that start about 10 ms (docs/BENCHMARKS.md "Fifth round"). The types are named tuples.
+    # that start about 10 ms, and hashlib (OpenSSL) 5 ms (docs/BENCHMARKS.md "A sync without
+    # typing"). A sync that changed nothing hashes nothing.
     _, _, cfg = local_laptop(tmp_path)
     probe = (
         "import sys\n"
         f"sys.path.insert(0, {str(LAUNCHER.parent)!r})\n"
         "from sharedmem.cli.main import main\n"
         f"code = main(['sync', '--config', {str(cfg)!r}])\n"
-        "sys.stderr.write(repr((code, 'typing' in sys.modules)))\n")
-    for _ in range(2):  # a first sync, then one with its saved state and cache to read
+        "sys.stderr.write(repr((code, 'typing' in sys.modules, 'hashlib' in sys.modules)))\n")
+    for hashed in (True, False):  # a first sync, then one that finds nothing changed
         run = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True,
                              check=True)
-        assert run.stderr.splitlines()[-1] == "(0, False)", run.stderr[-2000:]
+        assert run.stderr.splitlines()[-1] == repr((0, False, hashed)), run.stderr[-2000:]

@@ -13,7 +13,6 @@ not the one recorded. The two JSON files of older versions are converted once by
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from sharedmem.cache.writers import FileWriter, Moved
 from sharedmem.clock import utc_now
 from sharedmem.core import CacheError, ProtocolError, SharedMemoryError
 from sharedmem.files import atomic_write
+from sharedmem.hashing import sha256_bytes, sha256_file
 from sharedmem.namespaces import Namespace
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
 
@@ -320,7 +320,7 @@ class Cache:
                         if not stat.S_ISREG(info.st_mode) or published_path_problems(rel):
                             continue
                         with open(full, "rb") as handle:
-                            sha = hashlib.file_digest(handle, "sha256").hexdigest()
+                            sha = sha256_file(handle)
                     except OSError:
                         continue
                     yield rel, sha, info.st_size, namespace_key(rel), info.st_mtime_ns
@@ -367,7 +367,7 @@ class Cache:
                                  meta / LEGACY_NAMESPACES)
             data = (meta / LEGACY_MANIFEST).read_bytes()
             recorded = raw.get("manifest_sha256")
-            if recorded is not None and recorded != hashlib.sha256(data).hexdigest():
+            if recorded is not None and recorded != sha256_bytes(data):
                 return None
             files, _ = _files_of(data, meta / LEGACY_MANIFEST,
                                  None if recorded else raw["namespaces"])
@@ -842,7 +842,7 @@ class Intake:
             return
         if limit is not None and len(data) > limit:
             self._drop(path, "too-large", len(data))
-        elif hashlib.sha256(data).hexdigest() != sha:
+        elif sha256_bytes(data) != sha:
             self._drop(path, "sha256-mismatch")
         else:
             writer.take(path, sha, data)
@@ -904,7 +904,7 @@ def _file_sha256(path: str) -> str | None:
     """The sha256 of a cached file's bytes; None when it cannot be read."""
     try:
         with open(path, "rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
+            return sha256_file(handle)
     except OSError:
         return None
 
@@ -937,7 +937,7 @@ def _namespaces_of(data: bytes, path: Path) -> dict[str, Any]:
 
 
 def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return sha256_bytes(data)
 
 
 def _check(rows: dict[str, Any], digest: str | None) -> str:

@@ -28,7 +28,6 @@ files holds no Python object per file for its staging.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 import sys
@@ -263,6 +262,7 @@ class Staging:
         """Whether the tree holds `path` at `sha`: hashed, as it may hold another put of it."""
         if self._tree(path) is None:
             return False
+        import hashlib  # here: a sync that pulls nothing never loads it (OpenSSL, 5 ms)
         try:
             with open(_below(str(self.folder), path), "rb") as handle:
                 return hashlib.file_digest(handle, "sha256").hexdigest() == sha
@@ -400,6 +400,7 @@ def _pull_name(path: str, sha: str) -> str:
     A cache path may be long and hold any character the rules allow; a hash of it is a
     short, plain name. blake2b with 128 bits: no two of a pull's files meet by chance.
     """
+    import hashlib  # here: a sync that pulls no text never loads it
     key = f"{path}\0{sha}".encode("utf-8", "surrogatepass")
     return hashlib.blake2b(key, digest_size=16).hexdigest() + ".pull"
 
