@@ -30,6 +30,10 @@ from sharedmem.sources.safe_open import (
 )
 
 TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 
 def namespace_key(path: str) -> str:
@@ -111,12 +115,6 @@ class Folders:
                     return None
             self.seen[folder] = real
         return real + os.sep + name
-
-
-if TYPE_CHECKING:
-    from typing import TypeVar
-
-    T = TypeVar("T")
 
 
 class CacheFiles:

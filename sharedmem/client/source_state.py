@@ -47,8 +47,8 @@ class SourceState(namedtuple("SourceState", "rules acked record", defaults=(None
     """One source's state file: the rules it was made under, what was acknowledged, the record.
 
     `rules` are the release and limits (under others the record is not reused), `acked` an
-    `Acked` or None. `record` maps each published path to `[disk size, mtime_ns, sha256, size, redactions]`,
-    as the walk reads it back (`walk._valid_record` checks each entry).
+    `Acked` or None. `record` maps each published path to `[disk size, mtime_ns, sha256, size,
+    redactions]`, as the walk reads it back (`walk._valid_record` checks each entry).
     """
 
     __slots__ = ()

@@ -196,7 +196,7 @@ class Session:
             self.channel.decompress_input()
         self.channel.raw_bodies = self.version >= 3
         if self.version >= 2 and "sharedmem.redact.redactor" not in sys.modules:
-            _load_for_changes()  # while the client walks: its changes come redacted
+            _load_for_changes()  # while the client walks: what its changes will need
 
     def _compression(self, hello: dict[str, Any]) -> str | None:
         """Version 3: the first compression the client offers that this server speaks, or None.
@@ -393,9 +393,8 @@ class Session:
         """The listed files with what this session holds of each body: text, stored, or refused.
 
         Each made as a plain tuple of all its fields, not through IncomingFile's keywords and
-        defaults: a third of the cost, for the 10,000 files of a first sync. ingest.py loads
-        here, at the first exchange with a change, not before the hello: a sync that changed
-        nothing never needs it.
+        defaults: a third of the cost, for the 10,000 files of a first sync. ingest.py is not
+        loaded before the hello: `_load_for_changes` loads it after, while the client walks.
         """
         from sharedmem.server.ingest import IncomingFile
         pool, refused = self.pool, self.refused
