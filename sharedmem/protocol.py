@@ -33,18 +33,21 @@ CHUNK_BYTES = 4 * MIB
 # remembers the first AHEAD_REFS of them (32 bytes each); a client refers to no later one.
 AHEAD_REFS = 1 << 17
 # zlib stream compression (version 3, when both hellos say "zlib"). Level 1 to start: on text
-# it keeps most of level 6's saving at a fifth of its time. A sender that finds itself waiting
-# on the link most of the time (a slow link: its writes block) moves to level 6, whose extra
-# time is then spent while it would wait anyway (docs/BENCHMARKS.md "Compression").
+# it keeps most of level 6's saving at a fifth of its time. A sender that the link holds back
+# to less than level 6 could feed moves to level 6, whose extra time is then spent while it
+# would wait anyway (docs/BENCHMARKS.md "Compression").
 COMPRESSIONS = ("zlib",)
 ZLIB_LEVEL = 1
 ZLIB_SLOW_LINK_LEVEL = 6
-# The link is judged over each 256 KiB of compressed bytes written: slow when the writes
-# blocked for 80% of the time of two windows in a row. At level 1 (about 22 MB/s out on this
-# kind of text) that is a link under about 4 MB/s, where level 6 (about 4 MB/s out) no longer
-# waits on its CPU. Small windows judge soon after the pipes' buffers are full.
+# The link is judged over each 256 KiB of compressed bytes written: slow when, two windows in
+# a row, the writes blocked for at least half the time (the link, not the sender, set the
+# pace) and the bytes went at under 4 MB/s, about what level 6 puts out on this kind of text.
+# Judging by the share blocked alone missed a 20 Mbit/s link for 4 MB: a sync's sender, busy
+# walking, puts out level 1 at about 9 MB/s, so that link blocked it 70-80% of the time.
+# Small windows judge soon after the pipes' buffers are full.
 SLOW_LINK_WINDOW = 256 * 1024
-SLOW_LINK_SHARE = 0.8
+SLOW_LINK_SHARE = 0.5
+SLOW_LINK_RATE = 4_000_000  # bytes a second
 SLOW_LINK_WINDOWS = 2
 COMPRESS_SLICE = 256 * 1024  # bytes of a line compressed before what they give is written
 INFLATE_READ_BYTES = 256 * 1024  # of the wire read at a time, compressed
@@ -290,7 +293,8 @@ class Channel:
             return False
         now = time.monotonic()
         self._window = (now, self.sent, 0.0)
-        slow = blocked >= SLOW_LINK_SHARE * (now - since)
+        took = now - since
+        slow = blocked >= SLOW_LINK_SHARE * took and self.sent - sent < SLOW_LINK_RATE * took
         self._slow_windows = self._slow_windows + 1 if slow else 0
         return self._slow_windows >= SLOW_LINK_WINDOWS
 

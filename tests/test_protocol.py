@@ -392,6 +392,52 @@ def test_a_sender_that_waits_on_a_slow_link_moves_to_the_slow_link_level() -> No
     assert channel.receive() is None
 
 
+class PacedLink(io.BytesIO):
+    """A link whose writes take as long as `rate` bytes a second would: the sender blocks."""
+
+    def __init__(self, rate: float) -> None:
+        super().__init__()
+        self.rate = rate
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        time.sleep(len(data) / self.rate)
+        return super().write(data)
+
+
+def send_busy(sender: Channel, notes: list[dict[str, object]], busy: float) -> None:
+    """Send `notes`, working `busy` seconds before each as a sync's walk does."""
+    for note in notes:
+        time.sleep(busy)
+        sender.send(note)
+
+
+def test_a_busy_sender_on_a_slow_link_moves_to_the_slow_link_level() -> None:
+    """Blocked 70% of the time at 2 MB/s: the link holds it back, though not 80% of the time."""
+    link = PacedLink(2_000_000)
+    sender = Channel(io.BufferedReader(io.BytesIO()), link, "client")
+    sender.compress_output()
+    notes = hex_notes(12, 256 * 1024)  # about 128 KiB each once compressed: 64 ms at 2 MB/s
+    send_busy(sender, notes[:3], 0.027)
+    assert sender.level == ZLIB_LEVEL  # judged over windows of 256 KiB, two in a row
+    send_busy(sender, notes[3:], 0.027)
+    assert sender.level == ZLIB_SLOW_LINK_LEVEL
+    channel = inflating(link.getvalue())
+    assert [channel.receive() for _ in notes] == notes
+
+
+def test_a_fast_link_that_blocks_the_sender_keeps_the_fast_level() -> None:
+    """Blocked most of the time, but at 8 MB/s: faster than level 6 could feed it."""
+    link = PacedLink(8_000_000)
+    sender = Channel(io.BufferedReader(io.BytesIO()), link, "client")
+    sender.compress_output()
+    notes = hex_notes(12, 256 * 1024)
+    for note in notes:
+        sender.send(note)
+    assert sender.level == ZLIB_LEVEL
+    channel = inflating(link.getvalue())
+    assert [channel.receive() for _ in notes] == notes
+
+
 def test_a_sender_the_link_keeps_up_with_stays_at_the_fast_level() -> None:
     sender, wire = compressed_pair()
     notes = hex_notes(6, 512 * 1024)
