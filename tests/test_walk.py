@@ -12,7 +12,7 @@ from test_sources import published, reasons, spec, write
 
 from sharedmem.core import SourceError
 from sharedmem.hashing import sha256_text
-from sharedmem.rules import KIND_MARKDOWN, MIB, Limits
+from sharedmem.rules import KIND_MARKDOWN, MIB, SOURCE_CLAUDE, Limits
 from sharedmem.sources.kinds import load_text, snapshot
 
 GITHUB_TOKEN = "ghp_" + "a" * 36
@@ -287,12 +287,13 @@ def test_reused_files_keep_the_collision_and_quota_rules(tmp_path):
 
 
 def test_a_walk_with_a_record_publishes_and_skips_as_one_without(tmp_path):
-    # Unchanged files of a plain folder are taken in one loop (Walker.plain_folder); whatever
+    # Unchanged files of a plain folder are taken in few steps (Walker.reuse_plain); whatever
     # else a folder holds must come out as the walk without a record finds it, in walk order.
     root = tmp_path / "docs"
     for i in range(12):
         write(root / f"f{i:02}.md", f"file {i}\n")
     write(root / "sub" / "inner.md", "inner\n")
+    write(root / "g.md", "token" + " = '" + "hunter2" * 2 + "'\n")  # redacted, and unchanged
     first = snapshot(spec(KIND_MARKDOWN, root))
     record = json.loads(json.dumps(first.record()))
     write(root / "f03.md", "file 3, changed and longer\n")  # read: files after it wait for it
@@ -306,12 +307,25 @@ def test_a_walk_with_a_record_publishes_and_skips_as_one_without(tmp_path):
     write(root / "F08.md", "collides with f08.md\n")
     with_record = snapshot(first.spec, previous=record)
     without = snapshot(first.spec)
-    assert [(e.path, e.sha256, e.size) for e in with_record.files] == \
-        [(e.path, e.sha256, e.size) for e in without.files]
+    assert [(e.path, e.sha256, e.size, e.redactions) for e in with_record.files] == \
+        [(e.path, e.sha256, e.size, e.redactions) for e in without.files]
     assert [(s.path, s.reason) for s in with_record.skipped] == \
         [(s.path, s.reason) for s in without.skipped]
     assert next(e for e in with_record.files if e.path == "f00.md").redactions
     reused = {e.path for e in with_record.files if e.text is None}
-    assert reused == {f"f{i:02}.md" for i in (1, 2, 4, 6, 9, 10, 11)} | {"sub/inner.md"}
+    assert reused == {f"f{i:02}.md" for i in (1, 2, 4, 6, 9, 10, 11)} | {"sub/inner.md", "g.md"}
+    assert next(e for e in with_record.files if e.path == "g.md").redactions
     assert reasons(with_record) == {"other/.hidden.md": "hidden", "f05.md": "symlink",
                                     "f08.md": "collision"}
+
+
+def test_a_claude_record_is_reused_from_the_memory_folders(tmp_path):
+    # Published as <project>/<name>, found at <project>/memory/<name>: a reused entry keeps both.
+    root = tmp_path / "projects"
+    write(root / "proj" / "memory" / "note.md", "remembered\n")
+    first = snapshot(spec(SOURCE_CLAUDE, root))
+    again = snapshot(first.spec, previous=json.loads(json.dumps(first.record())))
+    [entry] = again.files
+    assert (entry.path, entry.disk_path, entry.text) == ("proj/note.md", "proj/memory/note.md", None)
+    assert entry.sha256 == first.files[0].sha256
+    assert load_text(again.spec, entry) == "remembered\n"

@@ -109,7 +109,10 @@ def _walk_flat(w: Walker, handle: Handle, disk: str, published: str, what: str) 
     listing = w.listing(handle, disk)
     plain = allowlist.plain(w.kind, [published + e.name for e in listing
                                           if e.name.endswith(".md")])
-    for entry in w.entries(handle, disk, listing):
+    reuse = w.reuses_plain(plain)
+    for entry in listing:
+        if reuse and w.reuse_plain(entry, disk, published) or not w.admit(entry, disk):
+            continue
         shown = f"{disk}{entry.name}"
         if entry.is_dir(follow_symlinks=False):
             w.skip(shown, "not-allowlisted",
@@ -151,7 +154,10 @@ def _walk_claude(w: Walker, root: Handle) -> None:
 def _walk_markdown(w: Walker, handle: Handle, rel: str = "", depth: int = 0) -> None:
     listing = w.listing(handle, rel)
     plain = allowlist.plain(KIND_MARKDOWN, [rel + e.name for e in listing if e.name.endswith(".md")])
-    for entry in w.entries(handle, rel, listing):
+    reuse = w.reuses_plain(plain)
+    for entry in listing:
+        if reuse and w.reuse_plain(entry, rel, rel) or not w.admit(entry, rel):
+            continue
         shown = f"{rel}{entry.name}"
         if entry.is_dir(follow_symlinks=False):
             if depth + 1 >= allowlist.MARKDOWN_MAX_PARTS:
