@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -502,3 +503,27 @@ def test_a_sync_loads_no_typing_and_one_without_change_no_hashlib(tmp_path):
         run = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True,
                              check=True)
         assert run.stderr.splitlines()[-1] == repr((0, False, hashed)), run.stderr[-2000:]
+
+
+def test_a_sync_runs_with_the_cycle_collector_paused_and_restores_it(tmp_path):
+    # Its record and snapshot are tens of thousands of objects that each collection walks
+    # (docs/BENCHMARKS.md); reference counting frees what the run drops.
+    notes, _, cfg = local_laptop(tmp_path, files=3000)
+    assert sync_in_process(cfg)[0]["status"] == "ok"
+    for path in sorted(notes.rglob("*.md"))[::50]:  # 1% changed: each read, hashed, sent
+        path.write_text(path.read_text() + "appended\n")
+    collections: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    assert gc.isenabled()
+    gc.callbacks.append(count)
+    try:
+        report = sync_in_process(cfg)[0]
+    finally:
+        gc.callbacks.remove(count)
+    published = {s["source"]: s["status"] for s in report["sources"]}
+    assert report["status"] == "ok" and published == {"codex": "unchanged", "notes": "published"}
+    assert collections == [] and gc.isenabled()
