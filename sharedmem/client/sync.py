@@ -127,8 +127,8 @@ class Sync:
         partial, and everything else is written. Python's cyclic garbage collector is paused
         meanwhile (and restored after), as `serve`'s is for its session: a run makes no
         reference cycles in its work, but holds a record and a snapshot of tens of thousands
-        of objects, and the collector's passes over them cost a sync of 10,000 files with 1%
-        changed about 60 ms before its manifest went (docs/BENCHMARKS.md).
+        of objects, and the collector's passes over them delayed the manifest of a sync of
+        10,000 files with 1% changed by 24-65 ms (docs/BENCHMARKS.md "Sixth round").
         """
         collecting = gc.isenabled()
         gc.disable()
