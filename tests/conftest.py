@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -47,6 +48,27 @@ def run_with_timeout(func, seconds: float = 20.0):
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def collections_in(work):
+    """Run `work` with the collector on; its result and the generation of each collection run.
+
+    The collector must be on when it is called, and on again after.
+    """
+    generations: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    assert gc.isenabled()
+    gc.callbacks.append(count)
+    try:
+        value = work()
+    finally:
+        gc.callbacks.remove(count)
+    assert gc.isenabled()
+    return value, generations
 
 
 def cache_of(root: Path, namespace: str, files: dict[str, str], *, kind: str = "markdown",

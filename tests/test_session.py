@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import io
 import json
 import re
@@ -13,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER, exported
+from conftest import LAUNCHER, collections_in, exported
 
 from sharedmem.hashing import digest_of, sha256_bytes, sha256_text
 from sharedmem.protocol import MAX_LINE_BYTES, Channel, encode_raw_texts
@@ -175,19 +174,7 @@ def test_a_session_pauses_the_cycle_collector_and_restores_it(tmp_path):
     out = io.BytesIO()
     session = Session(tmp_path / "store.sqlite3", Channel(io.BytesIO(b"".join(lines)), out,
                                                           "client"), None)
-    collections: list[int] = []
-
-    def count(phase: str, info: dict) -> None:
-        if phase == "start":
-            collections.append(info["generation"])
-
-    assert gc.isenabled()
-    gc.callbacks.append(count)
-    try:
-        assert session.run() == 0
-    finally:
-        gc.callbacks.remove(count)
-    assert collections == [] and gc.isenabled()
+    assert collections_in(session.run) == (0, [])
     result = [json.loads(line) for line in out.getvalue().splitlines()][-1]
     assert result["type"] == "result" and result["accepted"] == 3000
 

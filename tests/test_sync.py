@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import signal
@@ -13,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER, run_cli, write_config
+from conftest import LAUNCHER, collections_in, run_cli, write_config
 
 from sharedmem.cache.cache import Cache
 from sharedmem.cache.search import index_mark
@@ -512,18 +511,7 @@ def test_a_sync_runs_with_the_cycle_collector_paused_and_restores_it(tmp_path):
     assert sync_in_process(cfg)[0]["status"] == "ok"
     for path in sorted(notes.rglob("*.md"))[::50]:  # 1% changed: each read, hashed, sent
         path.write_text(path.read_text() + "appended\n")
-    collections: list[int] = []
-
-    def count(phase: str, info: dict) -> None:
-        if phase == "start":
-            collections.append(info["generation"])
-
-    assert gc.isenabled()
-    gc.callbacks.append(count)
-    try:
-        report = sync_in_process(cfg)[0]
-    finally:
-        gc.callbacks.remove(count)
+    (report, _), collections = collections_in(lambda: sync_in_process(cfg))
     published = {s["source"]: s["status"] for s in report["sources"]}
     assert report["status"] == "ok" and published == {"codex": "unchanged", "notes": "published"}
-    assert collections == [] and gc.isenabled()
+    assert collections == []

@@ -11,14 +11,13 @@ manifests, the notes and the pull go out together, and the answers are read in o
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from sharedmem import __version__, linejson
+from sharedmem import __version__, collector, linejson
 from sharedmem.cache.staged_files import write_failure
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.client import source_state, tails
@@ -130,13 +129,8 @@ class Sync:
         of objects, and the collector's passes over them delayed the manifest of a sync of
         10,000 files with 1% changed by 24-65 ms (docs/BENCHMARKS.md "Sixth round").
         """
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with collector.Paused():
             return self._run()
-        finally:
-            if collecting:
-                gc.enable()
 
     def _run(self) -> dict[str, Any]:
         started = time.monotonic()

@@ -6,13 +6,12 @@ command with `--machine`, which pins the key to one machine). Only protocol goes
 
 from __future__ import annotations
 
-import gc
 import re
 import sqlite3
 import sys
 from collections import deque
 
-from sharedmem import __version__
+from sharedmem import __version__, collector
 from sharedmem.core import BackupError, NoteError, ProtocolError, SharedMemoryError, StoreError
 from sharedmem.hashing import sha256_bytes
 from sharedmem.protocol import (
@@ -98,13 +97,8 @@ class Session:
         a fifth of the time from that manifest to its result. Reference counting frees all
         the rest as before.
         """
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with collector.Paused():
             return self._run()
-        finally:
-            if collecting:
-                gc.enable()
 
     def _run(self) -> int:
         try:
