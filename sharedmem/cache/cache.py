@@ -936,13 +936,9 @@ def _namespaces_of(data: bytes, path: Path) -> dict[str, Any]:
     return raw
 
 
-def _sha256(data: bytes) -> str:
-    return sha256_bytes(data)
-
-
 def _check(rows: dict[str, Any], digest: str | None) -> str:
     """The sha256 namespaces.json carries of its namespaces and of manifest.json's sha256."""
-    return _sha256(json.dumps([rows, digest]).encode("utf-8"))
+    return sha256_bytes(json.dumps([rows, digest]).encode("utf-8"))
 
 
 def _row_ok(key: str, row: dict[str, Any]) -> bool:

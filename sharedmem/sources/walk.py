@@ -225,11 +225,15 @@ class Walker:
             return False
         self.keys.add(key)
         made = _new(Entry, (path, sha, size, mtime_ns, disk_size, {}, None, disk + name))
-        if self.queue:  # after the files read before it, as if each were taken at once
-            self.queue.append((made.disk_path, made, None, None))
-        else:
-            self._accept(made.disk_path, made)
+        self._take_reused(made.disk_path, made)
         return True
+
+    def _take_reused(self, disk: str, made: Entry) -> None:
+        """Publish a file reused unread, after the files read before it that wait in the queue."""
+        if self.queue:  # as if each were taken at once, in walk order
+            self.queue.append((disk, made, None, None))
+        else:
+            self._accept(disk, made)
 
     def subdir(self, handle: Handle, name: str, shown: str) -> Handle | None:
         """Open a child folder, reporting why not when it cannot be opened."""
@@ -286,10 +290,7 @@ class Walker:
             return
         reused = None if st is None else self._reuse(published, disk, st)
         if reused is not None:
-            if self.queue:  # after the files read before it, as if each were taken at once
-                self.queue.append((disk, reused, None, None))
-            else:
-                self._accept(disk, reused)
+            self._take_reused(disk, reused)
             return
         shown = disk if plain else display(disk)
         try:
