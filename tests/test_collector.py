@@ -39,3 +39,16 @@ def test_a_collector_that_was_off_stays_off_and_an_error_still_restores_it():
     with pytest.raises(ValueError), Paused():
         raise ValueError("inside the block")
     assert gc.isenabled()
+
+
+def test_what_the_block_keeps_goes_to_the_oldest_generation_unwalked():
+    def work() -> list[list]:
+        with Paused():
+            return [[] for _ in range(50_000)]  # far past the threshold of a young collection
+
+    kept, ran = collections_in(work)
+    assert ran == []
+    assert gc.get_count()[0] < 700  # no young collection is due, to walk all of `kept`
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert id(kept) in oldest and id(kept[-1]) in oldest
+    assert collections_in(lambda: cycles(2_000))[1]  # young collections run again after

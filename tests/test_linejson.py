@@ -83,3 +83,19 @@ def test_a_rewrite_of_some_items_is_the_text_of_all_of_them_written_anew() -> No
     edited = text.replace('"f001.md": [1, 7,', '"f001.md":  [1, 7,')  # a hand edit, same value
     _, lines = linejson.decode(edited, "record")
     assert '"f001.md":  [1, 7,' in linejson.rewrite({"rules": [2]}, "record", kept, lines)
+
+
+def test_a_rewrite_makes_the_values_of_the_items_it_encodes_only() -> None:
+    # With `value`, an item is what the caller holds and its value is made only to encode it.
+    text = linejson.rewrite({}, "record", [("a", 1, False), ("b", 2, False)], {}, lambda n: [n])
+    _, old = linejson.decode(text, "record")
+    made: list[int] = []
+
+    def value(n: int) -> list[int]:
+        made.append(n)
+        return [n * 10]
+
+    again = linejson.rewrite({}, "record", [("a", 1, True), ("b", 2, False), ("c", 3, True)],
+                             old, value)
+    assert made == [2, 3]  # b changed; c is kept but has no line to keep
+    assert json.loads(again) == {"record": {"a": [1], "b": [20], "c": [30]}}

@@ -353,3 +353,47 @@ def test_the_helper_writes_alike_by_folder_and_by_path(tmp_path: Path, by_folder
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.md")) == sorted(paths)
     assert all((folder / p).read_bytes() == t for p, t in zip(paths, texts, strict=True))
     assert (folder / paths[0]).stat().st_mode & 0o777 == 0o600
+
+
+def test_a_tree_moves_whole_only_if_it_holds_just_what_is_pulled(cache: Cache) -> None:
+    # One file pulled at another sha256, one more than staged, one fewer: written one by one.
+    batch = items(6)
+    other = "# the server redacted this one differently\n"
+    extra = (f"{NS}/d0/extra.md", sha256_text("extra\n"), "extra\n")
+    info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
+    for pulled in ([*batch[:2], (batch[2][0], sha256_text(other), other), *batch[3:]],
+                   [*batch, extra], batch[:-1]):
+        root = cache.root.parent / f"cache-{len(pulled)}-{pulled[2][1][:6]}"
+        other_cache = Cache(root)
+        stage = staged(other_cache, batch, new=True)
+        done = other_cache.apply(pulled, [], info, writer=PreStagedWriter(stage))
+        assert done["written"] == len(pulled)
+        on_disk = {f.relative_to(root).as_posix() for f in (root / NS).rglob("*") if f.is_file()}
+        assert on_disk == {p for p, _, _ in pulled}  # nothing staged and not pulled moved in
+        assert {p: (root / p).read_text(encoding="utf-8") for p, _, _ in pulled} == {
+            p: t for p, _, t in pulled}
+        rows = Cache(root).load().files
+        assert {p: f.sha256 for p, f in rows.items()} == {p: s for p, s, _ in pulled}
+        assert all(f.size == (root / p).stat().st_size for p, f in rows.items())
+        stage.discard()
+
+
+def test_a_tree_moved_whole_and_files_written_one_by_one_are_recorded_alike(
+        cache: Cache) -> None:
+    batch = items(12)
+    stage = staged(cache, batch, new=True)
+    elsewhere = "machines/desk/notes"
+    pulled = [(f"{elsewhere}/a.md", sha256_text("a\n"), "a\n"),
+              (f"{elsewhere}/z/b.md", sha256_text("b\n"), "b\n")]
+    info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1),
+            elsewhere: NamespaceInfo(elsewhere, "desk", "notes", "markdown", 2)}
+    done = cache.apply(batch + pulled, [], info, writer=PreStagedWriter(stage))
+    assert done["written"] == 14 and not (stage.folder / NS).exists()  # the tree moved
+    rows = Cache(cache.root).load().files
+    assert sorted(rows) == sorted(p for p, _, _ in batch + pulled)
+    for path, sha, _ in batch + pulled:
+        info_on_disk = (cache.root / path).stat()
+        assert (rows[path].sha256, rows[path].size, rows[path].mtime_ns) == (
+            sha, info_on_disk.st_size, info_on_disk.st_mtime_ns)
+        assert rows[path].namespace == (NS if path.startswith(NS) else elsewhere)
+    stage.discard()

@@ -573,8 +573,13 @@ class Cache:
                                      pulled.paths(held, namespace + "/")))
         gone.update(p for p in pulled.paths((PullRows.DROPPED,)) if p in files)
         folders = Folders(self.root)
-        for path in pulled.paths(taken):
-            folders.target(path, create=False, strict=True)  # refuse links before any write
+        # Refuse links before any write. Below a namespace's folder that is not there yet no
+        # file is, so each path of one is checked by checking the folder: a first sync's every
+        # file, 10,000 checks of 2.5 us instead.
+        absent = {key for key in listed if folders.target(f"{key}/-", create=False,
+                                                          strict=True) is None}
+        for path in pulled.paths(taken, outside=absent):
+            folders.target(path, create=False, strict=True)
         base = folders.root + os.sep
         where = str(self.root)  # what is being written, for the message should it fail
         done = _Done(pulled)  # the files put in place
@@ -582,8 +587,8 @@ class Cache:
         unlinked = 0
         try:
             writer.move_namespaces(pulled, folders, done.moved)
-            own = intake.own
-            for path, sha, state in pulled.rows(taken):
+            own, whole = intake.own, done.moved.folders  # every taken file of `whole` is moved
+            for path, sha, state in pulled.rows(taken, outside=whole):
                 if done.moved.has(path, state):
                     continue
                 target = folders.target(path, create=True)
@@ -609,7 +614,8 @@ class Cache:
             with store.transaction() as writing:
                 writing.upsert((p, *m) for p, m in self._verified.items()
                                if p in files and pulled.state(p) not in taken)
-                writing.upsert(_rows(pulled.rows(taken), base, done.moved.paths))
+                writing.upsert(_rows(pulled.rows(taken, outside=whole), base))
+                writing.upsert(_moved_rows(done.moved.paths, base))
                 writing.delete(removed)
                 writing.set_namespaces(rows)
                 writing.set_meta(utc_now(), server or manifest.server)
@@ -693,18 +699,24 @@ class Cache:
             folder = folder.parent
 
 
-def _rows(taken: Iterable[tuple[str, str, int]], base: str,
-          moved: Mapping[str, tuple[int, int, str]]) -> Iterator[tuple[str, str, int, str, int]]:
-    """The row of each file just put in place: its size and time as the disk has them.
+def _moved_rows(moved: Mapping[str, tuple[int, int, str, str]],
+                base: str) -> Iterator[tuple[str, str, int, str, int]]:
+    """The row of each file moved in with its namespace's folder (`Moved.paths`), unstat'ed.
 
-    A file moved in with its namespace's folder (`Moved.paths`) has them from the staging's
-    helper, which read them once it closed the file: a first sync's every file, unstat'ed.
+    Its size and time are the staging helper's, read once it closed the file; one it did not
+    report is stat'ed.
     """
+    for path, (size, mtime, namespace, sha) in moved.items():
+        if mtime < 0:
+            info = os.stat(base + path)
+            size, mtime = info.st_size, info.st_mtime_ns
+        yield path, sha, size, namespace, mtime
+
+
+def _rows(taken: Iterable[tuple[str, str, int]],
+          base: str) -> Iterator[tuple[str, str, int, str, int]]:
+    """The row of each file just written: its size and time as the disk has them."""
     for path, sha, _ in taken:
-        known = moved.get(path)
-        if known is not None and known[1] >= 0:
-            yield path, sha, known[0], known[2], known[1]
-            continue
         info = os.stat(base + path)
         yield path, sha, info.st_size, namespace_key(path), info.st_mtime_ns
 

@@ -16,7 +16,7 @@ import json
 import os
 import sqlite3
 from collections import namedtuple
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from sharedmem.core import CacheError
@@ -32,10 +32,13 @@ CHUNK = 1024  # rows fetched at a time when streaming, each chunk its own query
 STATS = "path, size, mtime_ns"  # what a check of the files compares (`stats`, file_check.py)
 STATS_QUERY = f"SELECT {STATS} FROM files"  # the same, all at once, for a helper process
 
+# A sha256 written here is one this client computed, or checked against its text: the table
+# checks its length only. Checking its digits too (a GLOB, or an ltrim of them) cost a first
+# sync of 10,000 files 35-40 ms (docs/BENCHMARKS.md "Seventh round"); a manifest made before
+# keeps that check, which holds all the same.
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID, STRICT",
-    "CREATE TABLE files(path TEXT PRIMARY KEY, sha256 TEXT NOT NULL"
-    " CHECK (length(sha256) = 64 AND NOT sha256 GLOB '*[^0-9a-f]*'),"
+    "CREATE TABLE files(path TEXT PRIMARY KEY, sha256 TEXT NOT NULL CHECK (length(sha256) = 64),"
     " size INTEGER NOT NULL CHECK (size >= 0), namespace TEXT NOT NULL, mtime_ns INTEGER)"
     " WITHOUT ROWID, STRICT",
 )
@@ -367,31 +370,43 @@ class PullRows:
         return None if row is None else int(row[0])
 
     @staticmethod
-    def _where(states: tuple[int, ...], prefix: str) -> tuple[str, tuple[str, ...]]:
-        """The condition on `states` (below `prefix`, a folder and "/"), and its arguments."""
-        where = f"state IN ({', '.join(str(int(s)) for s in states)})"
-        if not prefix:
-            return where, ()
-        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first path past the folder
-        return where + " AND path >= ? AND path < ?", (prefix, upper)
+    def _where(states: tuple[int, ...], prefix: str,
+               outside: Collection[str] = ()) -> tuple[str, tuple[str, ...]]:
+        """The condition on `states`, and its arguments.
 
-    def _select(self, columns: str, states: tuple[int, ...], prefix: str = "") -> Iterator[Any]:
-        """The records in `states` (below `prefix`), in path order, streamed.
+        Below `prefix` (a folder and "/") if given, and below none of the folders `outside`.
+        """
+        where = f"state IN ({', '.join(str(int(s)) for s in states)})"
+        args: list[str] = []
+        for folder, test in ([(prefix, "path >= ? AND path < ?")] if prefix else []) + [
+                (f"{key}/", "NOT (path >= ? AND path < ?)") for key in sorted(outside)]:
+            where += f" AND {test}"
+            args += [folder, folder[:-1] + chr(ord(folder[-1]) + 1)]  # to the first path past it
+        return where, tuple(args)
+
+    def _select(self, columns: str, states: tuple[int, ...], prefix: str = "",
+                outside: Collection[str] = ()) -> Iterator[Any]:
+        """The records in `states` (below `prefix`, outside those folders), in path order.
 
         One query read a row at a time: nothing writes this database while it is read.
         """
         self.flush()
-        where, args = self._where(states, prefix)
+        where, args = self._where(states, prefix, outside)
         return iter(self._conn.execute(f"SELECT {columns} FROM pulled WHERE {where}"
                                        " ORDER BY path", args))
 
-    def rows(self, states: tuple[int, ...], prefix: str = "") -> Iterator[tuple[str, str, int]]:
-        """(path, sha256, state) of each record in `states` (below `prefix`), in path order."""
-        return self._select("path, sha256, state", states, prefix)
+    def rows(self, states: tuple[int, ...], prefix: str = "", *,
+             outside: Collection[str] = ()) -> Iterator[tuple[str, str, int]]:
+        """(path, sha256, state) of each record in `states` (below `prefix`), in path order.
 
-    def paths(self, states: tuple[int, ...], prefix: str = "") -> Iterator[str]:
-        """The path of each record in `states` (below `prefix`), in path order."""
-        return (p for (p,) in self._select("path", states, prefix))
+        `outside`: folders (namespace keys) whose records are left out.
+        """
+        return self._select("path, sha256, state", states, prefix, outside)
+
+    def paths(self, states: tuple[int, ...], prefix: str = "", *,
+              outside: Collection[str] = ()) -> Iterator[str]:
+        """The path of each record in `states` (below `prefix`, outside those), in path order."""
+        return (p for (p,) in self._select("path", states, prefix, outside))
 
     def count(self, states: tuple[int, ...], prefix: str = "") -> int:
         """How many records are in `states` (below `prefix`, a folder and "/")."""

@@ -93,6 +93,7 @@ class Staging:
         self.mtimes: array[int] = array("q")
         self.pull_trees: frozenset[str] = frozenset()  # pulled texts staged as a tree (put)
         self._tree_files: dict[str, int] = {}  # by namespace: texts staged in its tree
+        self._own_tree_files: dict[str, int] = {}  # by namespace: paths `add`ed to its tree
         self._mixed: set[str] = set()  # namespaces where a path was put twice: not moved whole
         self._made: set[str] = set()  # folders made for the trees
         # Not yet handed to a helper: numbers from `_first` on, each name and text in order.
@@ -115,10 +116,13 @@ class Staging:
         if self._failed or self.queued(path, sha):
             return
         number = len(self.sizes)
+        key = "/".join(path.split("/", 3)[:3])  # machines/<m>/<source>
+        tree = key in self.new_namespaces
+        if tree and path not in self.numbers:
+            self._own_tree_files[key] = self._own_tree_files.get(key, 0) + 1
         self.numbers[path] = number
         self.shas.append(sha)
         self.sizes.append(len(data))
-        tree = "/".join(path.split("/", 3)[:3]) in self.new_namespaces  # machines/<m>/<source>
         name = path if tree else f"{number}.part"
         self.names[number] = name
         if not self._pending:
@@ -319,30 +323,32 @@ class Staging:
         return True
 
     def move_folder(self, namespace: str, pulled: dict[str, str],
-                    target: str) -> dict[str, tuple[int, int, str]]:
+                    target: str) -> dict[str, tuple[int, int, str, str]]:
         """Rename the staged folder of `namespace` onto `target` (absent) if it is just as pulled.
 
         `pulled` maps each cache path of the namespace to its sha256. Only if every one is staged
         and written at that sha256, and nothing else is staged there, does the folder move in
-        one rename. Returns each file moved (none if it was not) with what its manifest row
-        needs that the rename keeps: its size, its time (-1: unknown) and its namespace.
+        one rename. Returns each file moved (none if it was not) with its manifest row but the
+        path: its size and time as the rename keeps them (-1: unknown), namespace and sha256.
         """
-        prefix = namespace + "/"
-        mine = {path: number for path, number in self.numbers.items() if path.startswith(prefix)}
-        if any(self.names.get(number) != path for path, number in mine.items()):
-            return {}  # not staged as a tree
-        if len(mine) != len(pulled) or not all(
-                (number := mine.get(path)) in self.written and self.shas[number] == sha
-                for path, sha in pulled.items()):
-            return {}
+        if self._own_tree_files.get(namespace, 0) != len(pulled):
+            return {}  # as many paths staged in its tree as pulled: each pulled one, just so
+        numbers, names, written, shas = self.numbers, self.names, self.written, self.shas
+        sizes, mtimes, timed = self.sizes, self.mtimes, len(self.mtimes)
+        moved: dict[str, tuple[int, int, str, str]] = {}
+        for path, sha in pulled.items():  # one pass: the first sync's every file
+            number = numbers.get(path)
+            if (number is None or names[number] != path or number not in written
+                    or shas[number] != sha):
+                return {}
+            moved[path] = (sizes[number], mtimes[number] if number < timed else -1, namespace,
+                           sha)
         try:
             os.rename(_below(str(self.folder), namespace), target)
         except OSError:
             return {}
-        self.written.difference_update(mine.values())
-        sizes, mtimes = self.sizes, self.mtimes
-        return {path: (sizes[number], mtimes[number] if number < len(mtimes) else -1, namespace)
-                for path, number in mine.items()}
+        written.difference_update(numbers[path] for path in moved)
+        return moved
 
     def discard(self) -> None:
         """Stop the helper and remove every staged file, also a killed sync's."""

@@ -26,12 +26,15 @@ if TYPE_CHECKING:
 class Moved:
     """What `move_namespaces` moved in whole: the sync's own files by path, pulled namespaces.
 
-    A pulled namespace moved in holds every file the pull took from the server for it (state
-    `PullRows.WRITE`), nothing else: a file of its own text is still written one by one.
+    A namespace of the sync's own moved in (`folders`) holds every file the pull takes for it
+    (each in `paths`); a pulled one (`trees`) every file the pull took from the server for it
+    (state `PullRows.WRITE`), nothing else: a file of its own text is still written one by one.
     """
 
     def __init__(self) -> None:
-        self.paths: dict[str, tuple[int, int, str]] = {}  # size, time (-1: unknown), namespace
+        # size, time (-1: unknown), namespace, sha256
+        self.paths: dict[str, tuple[int, int, str, str]] = {}
+        self.folders: set[str] = set()
         self.trees: set[str] = set()
 
     def has(self, path: str, state: int) -> bool:
@@ -121,7 +124,10 @@ class PreStagedWriter(FileWriter):
                 continue
             target = folders.target(key, create=True)  # makes machines/<machine>, refusing links
             if target is not None and not os.path.lexists(target):
-                moved.paths.update(self.staging.move_folder(key, files, target))
+                done = self.staging.move_folder(key, files, target)
+                if done:
+                    moved.paths.update(done)
+                    moved.folders.add(key)
         for key in sorted(self.staging.pull_trees):
             count = pulled.count((PullRows.WRITE,), key + "/")
             if not count:

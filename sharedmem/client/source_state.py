@@ -89,9 +89,13 @@ def encode_state(rules: Any, acked: Acked | None, files: Iterable[Entry],
     read 100 of 10,000 files encodes 100 lines.
     """
     head = {"rules": rules, "acked": None if acked is None else acked.to_row()}
-    return linejson.rewrite(head, "record", (
-        (e.path, [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)],
-         e.text is None) for e in files), old)
+    return linejson.rewrite(head, "record", ((e.path, e, e.text is None) for e in files), old,
+                            _record_value)
+
+
+def _record_value(e: Entry) -> list[Any]:
+    """An entry's value in the record: see SourceState."""
+    return [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)]
 
 
 def read(path: Path) -> tuple[SourceState, linejson.Old]:

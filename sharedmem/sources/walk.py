@@ -93,12 +93,11 @@ class Walker:
         self.keys: set[str] = set()
         self.bytes = 0
         self.full = False
-        # Files waiting for the next flush, in walk order: (disk path, reused entry or None,
-        # (published path, stat, bytes read) and raw text of a file read this time). Redaction
-        # runs over a whole batch at once (redact.redact_many), which costs half as much as file
-        # by file; the bytes read are the text's UTF-8, hashed as they are when nothing changed.
-        self.queue: list[tuple[str, Entry | None, tuple[str, os.stat_result, bytes] | None,
-                               str | None]] = []
+        # Files read this time that wait for the next flush, in walk order: (disk path,
+        # published path, stat, bytes read, raw text). Redaction runs over a run of them at once
+        # (redact.redact_many); the bytes read are the text's UTF-8, hashed as they are when
+        # nothing changed. A file reused unread flushes them first (`_take_reused`).
+        self.queue: list[tuple[str, str, os.stat_result, bytes, str]] = []
         self.queued_bytes = 0
 
     def skip(self, shown: str, reason: str, message: str) -> None:
@@ -112,23 +111,17 @@ class Walker:
         if not queue:
             return
         from sharedmem.redact.redactor import redact_many  # its patterns compile on first use
-        redacted = iter(redact_many([raw for _, _, _, raw in queue if raw is not None],
-                                    [read[2] for _, _, read, _ in queue if read is not None]))
-        data = b""
-        for disk, made, read, _ in queue:
-            if read is not None:
-                text, counts = next(redacted)
-                published, st, data = read
-                if counts:
-                    data = text.encode("utf-8")
-                if len(data) > self.limits.file_bytes:
-                    skip = too_large(display(disk), len(data), self.limits.file_bytes)
-                    self.skipped.append(Skipped(display(disk), skip.reason, skip.detail))
-                    continue
-                made = Entry(published, sha256_bytes(data), len(data), st.st_mtime_ns,
-                             st.st_size, dict(counts), text, disk)
-            assert made is not None
-            if self._accept(disk, made) and read is not None and self.on_read is not None:
+        redacted = redact_many([raw for *_, raw in queue], [data for *_, data, _ in queue])
+        for (disk, published, st, data, _), (text, counts) in zip(queue, redacted, strict=True):
+            if counts:
+                data = text.encode("utf-8")
+            if len(data) > self.limits.file_bytes:
+                skip = too_large(display(disk), len(data), self.limits.file_bytes)
+                self.skipped.append(Skipped(display(disk), skip.reason, skip.detail))
+                continue
+            made = Entry(published, sha256_bytes(data), len(data), st.st_mtime_ns,
+                         st.st_size, dict(counts), text, disk)
+            if self._accept(disk, made) and self.on_read is not None:
                 self.on_read(made, data)
 
     def _accept(self, disk: str, made: Entry) -> bool:
@@ -229,11 +222,15 @@ class Walker:
         return True
 
     def _take_reused(self, disk: str, made: Entry) -> None:
-        """Publish a file reused unread, after the files read before it that wait in the queue."""
+        """Publish a file reused unread, after the files read before it that wait in the queue.
+
+        They are redacted now, however few: queued behind them, nearly every reused file of a
+        sync that read 1% of 10,000 waited in the queue too, where redacting a file by itself
+        costs about what it does in a batch (docs/BENCHMARKS.md "Seventh round").
+        """
         if self.queue:  # as if each were taken at once, in walk order
-            self.queue.append((disk, made, None, None))
-        else:
-            self._accept(disk, made)
+            self.flush()
+        self._accept(disk, made)
 
     def subdir(self, handle: Handle, name: str, shown: str) -> Handle | None:
         """Open a child folder, reporting why not when it cannot be opened."""
@@ -298,7 +295,7 @@ class Walker:
         except Refused as skip:
             self.skip(disk, skip.reason, skip.detail)
             return
-        self.queue.append((disk, None, (published, st, data), raw))
+        self.queue.append((disk, published, st, data, raw))
         self.queued_bytes += len(raw)
         if self.queued_bytes >= REDACT_BATCH_BYTES:
             self.flush()
