@@ -397,3 +397,31 @@ def test_a_tree_moved_whole_and_files_written_one_by_one_are_recorded_alike(
             sha, info_on_disk.st_size, info_on_disk.st_mtime_ns)
         assert rows[path].namespace == (NS if path.startswith(NS) else elsewhere)
     stage.discard()
+
+
+def test_a_tree_checked_ahead_is_checked_again_if_the_pull_records_into_it(cache: Cache) -> None:
+    # `PreStagedWriter.plan` checks the staged folder while the answer is on its way; a file
+    # the pull then records in that namespace (the server sent another text) voids the check.
+    batch = items(8)
+    info = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
+    other = "# the server's text of this one\n"
+    for late in ([], [(f"{NS}/d0/late.md", sha256_text("late\n"), "late\n")],
+                 [(batch[3][0], sha256_text(other), other)]):
+        root = cache.root.parent / f"cache-{len(late)}-{late[0][1][:6] if late else ''}"
+        target = Cache(root)
+        stage = staged(target, batch, new=True)
+        writer = PreStagedWriter(stage)
+        intake = target.intake(writer)
+        intake.add_own(batch)
+        writer.plan(intake.rows)
+        assert writer.plans[NS]  # as staged: it would move whole
+        for path, sha, text in late:
+            intake.add(path, sha, text)
+        done = target.commit(intake, [], info)
+        want = {p: t for p, _, t in batch} | {p: t for p, _, t in late}
+        on_disk = {f.relative_to(root).as_posix(): f.read_text(encoding="utf-8")
+                   for f in (root / NS).rglob("*") if f.is_file()}
+        assert on_disk == want and done["written"] == len(want)
+        assert {p: f.sha256 for p, f in Cache(root).load().files.items()} == {
+            p: sha256_text(t) for p, t in want.items()}
+        stage.discard()

@@ -349,9 +349,20 @@ class PullRows:
         self._conn.execute("CREATE TABLE pulled(path TEXT PRIMARY KEY, sha256 TEXT NOT NULL,"
                            " state INTEGER NOT NULL) WITHOUT ROWID")
         self._pending: list[tuple[str, str, int]] = []
+        self._touched: set[str] | None = None  # see `watch`
+
+    def watch(self) -> None:
+        """From now on, note the namespace (machines/<m>/<source>) of each path recorded."""
+        self._touched = set()
+
+    def touched(self) -> set[str] | None:
+        """The namespaces recorded in since `watch`; None when not watched."""
+        return self._touched
 
     def set(self, path: str, sha: str, state: int) -> None:
         """Record what the pull does with `path`; a later record of it replaces this one."""
+        if self._touched is not None:
+            self._touched.add("/".join(path.split("/", 3)[:3]))
         self._pending.append((path, sha, state))
         if len(self._pending) >= self.BATCH:
             self.flush()

@@ -322,13 +322,13 @@ class Staging:
         self._tree_files.pop(namespace)
         return True
 
-    def move_folder(self, namespace: str, pulled: dict[str, str],
-                    target: str) -> dict[str, tuple[int, int, str, str]]:
-        """Rename the staged folder of `namespace` onto `target` (absent) if it is just as pulled.
+    def check_folder(self, namespace: str,
+                     pulled: dict[str, str]) -> dict[str, tuple[int, int, str, str]]:
+        """What `move_folder` would move of `namespace`, without moving it; once the helper is done.
 
         `pulled` maps each cache path of the namespace to its sha256. Only if every one is staged
-        and written at that sha256, and nothing else is staged there, does the folder move in
-        one rename. Returns each file moved (none if it was not) with its manifest row but the
+        and written at that sha256, and nothing else is staged there, may the folder move in
+        one rename. Returns each such file (none if it may not) with its manifest row but the
         path: its size and time as the rename keeps them (-1: unknown), namespace and sha256.
         """
         if self._own_tree_files.get(namespace, 0) != len(pulled):
@@ -343,12 +343,21 @@ class Staging:
                 return {}
             moved[path] = (sizes[number], mtimes[number] if number < timed else -1, namespace,
                            sha)
+        return moved
+
+    def move_folder(self, namespace: str, checked: dict[str, tuple[int, int, str, str]],
+                    target: str) -> bool:
+        """Rename the staged folder of `namespace` onto `target` (absent), as `check_folder` found.
+
+        `checked` is what it returned, not empty; False when the rename failed.
+        """
         try:
             os.rename(_below(str(self.folder), namespace), target)
         except OSError:
-            return {}
-        written.difference_update(numbers[path] for path in moved)
-        return moved
+            return False
+        numbers = self.numbers
+        self.written.difference_update(numbers[path] for path in checked)
+        return True
 
     def discard(self) -> None:
         """Stop the helper and remove every staged file, also a killed sync's."""

@@ -64,6 +64,9 @@ class FileWriter:
         """Drop what was taken and not written: a commit failed and is undone."""
         self.taken.clear()
 
+    def plan(self, pulled: PullRows) -> None:
+        """Work out ahead of the commit what `move_namespaces` will move; this writer moves none."""
+
     def move_namespaces(self, pulled: PullRows, folders: Folders, moved: Moved) -> None:
         """Move in whole the namespaces staged just as pulled, into `moved` as each goes.
 
@@ -93,6 +96,7 @@ class PreStagedWriter(FileWriter):
         self.staging = staging
         self.own_texts = own_texts
         self.own_paths = own_paths
+        self.plans: dict[str, dict[str, tuple[int, int, str, str]]] = {}  # see `plan`
 
     def take(self, path: str, sha: str, data: bytes) -> None:
         """Stage a checked text the server sent now, so the pull does not hold it.
@@ -118,16 +122,19 @@ class PreStagedWriter(FileWriter):
         Each is in `moved` as soon as it is in place, so a commit that fails after it undoes
         it. The rest are moved or written one by one.
         """
+        touched = pulled.touched()
         for key in sorted(self.staging.new_namespaces):
-            files = {path: sha for path, sha, _ in pulled.rows(PullRows.TAKEN, key + "/")}
-            if not files:
+            if touched is not None and key not in touched and key in self.plans:
+                checked = self.plans[key]  # what `plan` found, which nothing recorded since
+            else:
+                checked = self._check(pulled, key)
+            if not checked:
                 continue
             target = folders.target(key, create=True)  # makes machines/<machine>, refusing links
-            if target is not None and not os.path.lexists(target):
-                done = self.staging.move_folder(key, files, target)
-                if done:
-                    moved.paths.update(done)
-                    moved.folders.add(key)
+            if (target is not None and not os.path.lexists(target)
+                    and self.staging.move_folder(key, checked, target)):
+                moved.paths.update(checked)
+                moved.folders.add(key)
         for key in sorted(self.staging.pull_trees):
             count = pulled.count((PullRows.WRITE,), key + "/")
             if not count:
@@ -136,6 +143,24 @@ class PreStagedWriter(FileWriter):
             if target is not None and not os.path.lexists(target) \
                     and self.staging.move_tree(key, count, target):
                 moved.trees.add(key)
+
+    def plan(self, pulled: PullRows) -> None:
+        """Check each new namespace's staged folder against the pull now, before the commit.
+
+        A sync does it while the server's answer is on its way, once the helper is done: the
+        commit then moves what was found, unless the pull recorded a file of that namespace
+        since (`PullRows.watch`). A first sync's check of 10,000 files is off its end.
+        """
+        if not self.staging.new_namespaces:
+            return
+        self.staging.wait()
+        pulled.watch()
+        self.plans = {key: self._check(pulled, key) for key in self.staging.new_namespaces}
+
+    def _check(self, pulled: PullRows, key: str) -> dict[str, tuple[int, int, str, str]]:
+        """`Staging.check_folder` of a new namespace against what the pull takes of it."""
+        files = {path: sha for path, sha, _ in pulled.rows(PullRows.TAKEN, key + "/")}
+        return self.staging.check_folder(key, files) if files else {}
 
     def write(self, path: str, sha: str, text: str | None, target: str) -> None:
         """Rename the staged file onto `target` if there is one of `path` at `sha`, else write."""

@@ -204,7 +204,9 @@ class Exchange:
             return
         offered = frozenset(self.whole)
         whole = offered - set(self.offer.changed)  # as `receive` will find them, if all goes well
-        self.ahead = (offered, whole, self._intake_with_own(writer, offered, whole))
+        intake = self._intake_with_own(writer, offered, whole)
+        writer.plan(intake.rows)  # what its commit moves in whole, checked now
+        self.ahead = (offered, whole, intake)
 
     def _intake_with_own(self, writer: PreStagedWriter, namespaces: Collection[str],
                          full_namespaces: Container[str], full: bool = False) -> Intake:
