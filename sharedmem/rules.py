@@ -218,22 +218,27 @@ def plain_paths(paths: Sequence[str]) -> bool:
     if (not _PLAIN_CHARS.fullmatch(joined) or joined.count("\n") != len(paths)
             or joined.count(".md\n") != len(paths)
             or max(map(len, paths)) > _PLAIN_MAX or joined[0] in "./\n"
-            or any(bad in joined for bad in ("\n.", "/.", "./", "//", "\n/"))):
+            or "\n." in joined or "/." in joined or "./" in joined or "//" in joined
+            or "\n/" in joined):
         return False
     lowered = "\n" + joined.lower()
-    for name in ("con", "prn", "aux", "nul", "com", "lpt"):  # Windows reserved names
-        for needle in (f"\n{name}", f"/{name}"):
-            at = lowered.find(needle)
-            while at != -1:
-                end = at + 4
-                numbered = name in ("com", "lpt")  # only com1-9 and lpt1-9 are reserved
-                if numbered and lowered[end] in "123456789":
-                    end += 1
-                # A reserved name ends its component ("." or "/"; a line ends in .md, not in it).
-                if (not numbered or end > at + 4) and lowered[end] in "./":
-                    return False
-                at = lowered.find(needle, at + 1)
+    for needle, numbered in _RESERVED_NEEDLES:  # Windows reserved names
+        at = lowered.find(needle)
+        while at != -1:
+            end = at + 4
+            if numbered and lowered[end] in "123456789":  # only com1-9 and lpt1-9 are reserved
+                end += 1
+            # A reserved name ends its component ("." or "/"; a line ends in .md, not in it).
+            if (not numbered or end > at + 4) and lowered[end] in "./":
+                return False
+            at = lowered.find(needle, at + 1)
     return True
+
+
+# Each reserved name where a component starts, and whether it is reserved only numbered.
+_RESERVED_NEEDLES = tuple((f"{start}{name}", name in ("com", "lpt"))
+                          for name in ("con", "prn", "aux", "nul", "com", "lpt")
+                          for start in ("\n", "/"))
 
 
 _PLAIN_MAX = 253  # the longest file name _SAFE_FILE takes; shorter than every other limit

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from operator import attrgetter
 
 from sharedmem.core import SourceError
 
@@ -90,7 +91,10 @@ def close(handle: Handle) -> None:
 def list_dir(handle: Handle) -> list[os.DirEntry]:
     """Entries of a folder, sorted by name so every walk is deterministic."""
     with os.scandir(handle) as it:
-        return sorted(it, key=lambda e: e.name)
+        return sorted(it, key=_NAME)
+
+
+_NAME = attrgetter("name")  # of a DirEntry: no Python call per entry, as a lambda would make
 
 
 def refusal(exc: OSError, shown: str) -> Refused:
