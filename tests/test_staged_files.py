@@ -425,3 +425,32 @@ def test_a_tree_checked_ahead_is_checked_again_if_the_pull_records_into_it(cache
         assert {p: f.sha256 for p, f in Cache(root).load().files.items()} == {
             p: sha256_text(t) for p, t in want.items()}
         stage.discard()
+
+
+@pytest.mark.parametrize("new", [False, True])
+def test_a_few_files_written_here_are_moved_in_as_the_helpers_are(cache: Cache,
+                                                                   new: bool) -> None:
+    # Too few for a helper: a version 3 sync writes them itself while the answer travels.
+    batch = items(3)
+    stage = Staging(cache.meta, min_files=4)
+    stage.new_namespaces = frozenset({NS} if new else ())
+    for item in batch:
+        add(stage, item)
+    stage.flush()
+    assert stage._child is None and not stage.folder.exists()  # no helper, nothing written
+    stage.write_few()
+    assert stage.written == {0, 1, 2}
+    assert staged_paths(stage) == (sorted(p for p, _, _ in batch) if new
+                                   else ["0.part", "1.part", "2.part"])
+    assert list(stage.mtimes) == [(stage.folder / (p if new else f"{n}.part")).stat().st_mtime_ns
+                                  for n, (p, _, _) in enumerate(batch)]
+    stage.write_few()  # nothing is left to write
+    done = cache.apply(batch, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)},
+                       writer=PreStagedWriter(stage))
+    assert done["written"] == 3 and staged_paths(stage) == []  # every one moved, none written
+    rows = Cache(cache.root).load().files
+    for path, sha, text in batch:
+        assert (cache.root / path).read_text(encoding="utf-8") == text
+        assert (rows[path].sha256, rows[path].mtime_ns) == (sha, (cache.root / path).stat().st_mtime_ns)
+    stage.discard()
+    assert not stage.folder.exists()

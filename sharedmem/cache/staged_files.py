@@ -28,6 +28,7 @@ files holds no Python object per file for its staging.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 import sys
@@ -138,14 +139,39 @@ class Staging:
     def flush(self) -> None:
         """Hand what is queued to the helper now (the caller is about to wait on the server).
 
-        Without a helper, what is queued is dropped: too few files to be worth staging, the
-        pull writes them itself.
+        Without a helper, what is queued stays for `write_few`: too few files to be worth a
+        helper. If nothing writes them, the pull does.
         """
         if self._child is not None and self._pending:
-            first = self._first
-            self._queue.put(_batch(first, self._pending,
-                                   self.sizes[first:first + len(self._pending)], self._texts))
+            self._queue.put(self._frame())
+            self._pending, self._texts, self._size = [], [], 0
+
+    def _frame(self) -> bytes:
+        """What is queued, as one frame for `_write_frames`."""
+        first = self._first
+        return _batch(first, self._pending, self.sizes[first:first + len(self._pending)],
+                      self._texts)
+
+    def write_few(self) -> None:
+        """Write here and now the few files queued with no helper, as the helper would.
+
+        A version 3 sync does it while the server's answer is on its way, so the pull moves
+        them in, as it does the helper's files, instead of writing each once the answer has
+        come (a 1% sync of 10,000 files: 100 files). One that fails to be written is written
+        by the pull, as before.
+        """
+        if self._child is not None or self._failed or not self._pending:
+            return
+        frame = self._frame()
         self._pending, self._texts, self._size = [], [], 0
+        try:
+            if not self._ready:
+                self._remove_folder()  # what a killed sync left
+                self.folder.mkdir(parents=True, exist_ok=True)
+                self._ready = True
+        except OSError:
+            return
+        self._take_report(_write_frames(str(self.folder), io.BytesIO(frame))[0])
 
     def _start(self) -> bool:
         self._remove_folder()  # what a killed sync left
@@ -185,9 +211,15 @@ class Staging:
         self._feeder.join()
         self._feeder = None
         report = self._child.stdout.read()  # ends when the helper closes it, before it exits
-        mtimes = self.mtimes = array("q", [-1]) * len(self.sizes)
-        for line in report.split(b"\n"):
-            number, _, mtime = line.partition(b" ")
+        self._take_report(report.decode("ascii", "replace").split("\n"))
+
+    def _take_report(self, lines: list[str]) -> None:
+        """Record the files a helper wrote from its lines: each one's number and time."""
+        mtimes = self.mtimes
+        if len(mtimes) < len(self.sizes):
+            mtimes.extend([-1] * (len(self.sizes) - len(mtimes)))
+        for line in lines:
+            number, _, mtime = line.partition(" ")
             if number.isdigit() and int(number) < len(mtimes):
                 self.written.add(int(number))
                 if mtime.isdigit():
@@ -376,6 +408,7 @@ class Staging:
         self.names.clear()
         self.written.clear()
         self._tree_files.clear()
+        self._own_tree_files.clear()
         self._mixed.clear()
         self._made.clear()
         self._pending, self._texts, self._size = [], [], 0
@@ -536,24 +569,33 @@ def _helper(folder: str, source: BinaryIO, out: TextIO, by_folder: bool = _BY_FO
     whole files and records them without a stat. Stops at the first file that could not be
     written or did not come whole: status 1.
     """
+    written, status = _write_frames(folder, source, by_folder)
+    out.write("\n".join(written))
+    out.close()  # the sync goes on as soon as it has read this; it reaps us later
+    return status
+
+
+def _write_frames(folder: str, source: BinaryIO,
+                  by_folder: bool = _BY_FOLDER) -> tuple[list[str], int]:
+    """Write the files of the frames in `source`: a line for each ("number time"), and a status.
+
+    The helper's work, also done in the sync's own process for a few files (`write_few`).
+    """
     written: list[str] = []
     status = 1
     try:
         writer = _Folders(folder) if by_folder else _Paths(folder)
     except OSError:
-        pass  # no folder to write in
-    else:
-        try:
-            while header := source.readline():
-                if not _write_frame(header, source, writer.write, written):
-                    break
-            else:
-                status = 0
-        finally:
-            writer.close()
-    out.write("\n".join(written))
-    out.close()  # the sync goes on as soon as it has read this; it reaps us later
-    return status
+        return written, status  # no folder to write in
+    try:
+        while header := source.readline():
+            if not _write_frame(header, source, writer.write, written):
+                break
+        else:
+            status = 0
+    finally:
+        writer.close()
+    return written, status
 
 
 def _write_frame(header: bytes, source: BinaryIO, write: Callable[[bytes, memoryview], int | None],

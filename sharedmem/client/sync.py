@@ -359,7 +359,8 @@ class Sync:
                 answer_oldest()
         self._request(conn)
         self._encode_states()  # while the answers are on their way
-        self.exchange.take_own_ahead(self.writer)  # so is taking in this run's own files
+        self.staging.write_few()  # so is staging the few files no helper took
+        self.exchange.take_own_ahead(self.writer)  # and taking in this run's own files
         while window:
             answer_oldest()
         for prepared in self.snapshots:
