@@ -256,31 +256,3 @@ def test_bodies_go_raw_only_to_a_server_whose_hello_says_so(tmp_path: Path, sshd
             time.sleep(0.01)
     received = [json.loads(line) for line in log.read_text().splitlines()]
     assert received[:3] == [["hello", []], ["raw" if raw else "bodies", texts], ["status", []]]
-
-
-@pytest.mark.parametrize("tails", [False, True])
-def test_what_waits_goes_once_it_is_old_however_little(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch,
-                                                       tails: bool) -> None:
-    # A 1% sync offers a few small bodies or tails while it walks: they go while it walks, so
-    # the server takes them in then, not between the manifest and its answer.
-    monkeypatch.setattr(ahead_mod, "FLUSH_SECONDS", 0.05)
-    with Connection(local_config(tmp_path, tmp_path / "store.sqlite3"), max_version=3) as conn:
-        ahead = Ahead(conn)
-
-        def walk() -> None:
-            wait_for_hello(conn)
-            for text in TEXTS[:3]:  # far below a batch
-                if tails:
-                    ahead.offer_tail(sha256_text(text), sha256_text("# base\n"), text.encode(), 0)
-                else:
-                    ahead.offer(sha256_text(text), text.encode())
-            assert ahead.sent_bytes == 0  # not yet: the first of them has just been offered
-            time.sleep(0.06)
-            ahead.offer(sha256_text(TEXTS[3]), TEXTS[3].encode())
-            assert ahead.sent_bytes == sum(len(t.encode()) for t in TEXTS[:4])  # before finish
-            ahead.finish()
-            ahead.wait()
-
-        with conn.handshake():
-            walk()

@@ -14,7 +14,6 @@ the server's hello offers `raw_bodies`, as raw UTF-8 after its line (`protocol.e
 from __future__ import annotations
 
 import threading
-import time
 from queue import SimpleQueue
 
 from sharedmem.client.tails import encode_tails
@@ -27,10 +26,6 @@ if TYPE_CHECKING:
     from sharedmem.client.transport import Connection
 
 BATCH_BYTES = 1 << 20  # small enough that the server redacts one batch while the next comes
-# What waits goes once it is this old, however little: the server takes it in while the walk
-# goes on. A 1% sync of 10,000 files otherwise sent its 100 tails once the walk was over, and
-# the server's 10-27 ms for them came between the manifest and its answer.
-FLUSH_SECONDS = 0.025
 
 
 class Ahead:
@@ -57,7 +52,6 @@ class Ahead:
         self.waiting: tuple[list[bytes], int, list[list[tuple[str, bytes]]], str] | None = None
         self._sender: threading.Thread | None = None
         self._failure: ProtocolError | None = None
-        self._since: float | None = None  # when the oldest body or tail waiting was offered
 
     def offer(self, sha: str, data: bytes) -> None:
         """Queue a body (its text in UTF-8) to go ahead, as soon as the server is known to take it.
@@ -70,15 +64,8 @@ class Ahead:
         self.offered.add(sha)
         self.pending.append((sha, data))
         self.pending_bytes += len(data)
-        if self.pending_bytes >= BATCH_BYTES or self._due():
+        if self.pending_bytes >= BATCH_BYTES:
             self.flush()
-
-    def _due(self) -> bool:
-        """Whether what waits has waited FLUSH_SECONDS since the oldest of it was offered."""
-        now = time.monotonic()
-        if self._since is None:
-            self._since = now
-        return now - self._since >= FLUSH_SECONDS
 
     def offer_tail(self, sha: str, base: str, data: bytes, start: int) -> None:
         """Queue a file that only grew since `base`, the version the server holds: its tail goes.
@@ -92,7 +79,7 @@ class Ahead:
         self.offered.add(sha)
         self.tails.append((sha, base, data, start))
         self.tail_bytes += len(data) - start
-        if self.tail_bytes >= BATCH_BYTES or self._due():
+        if self.tail_bytes >= BATCH_BYTES:
             self.flush()
 
     def _flush_tails(self) -> None:
@@ -138,8 +125,6 @@ class Ahead:
         """
         hello = self.conn.early
         self._flush_tails()
-        if not self.pending and not self.tails:
-            self._since = None  # nothing waits
         if hello is None or not self.pending:
             return
         limit = hello.get("ahead_bytes")
@@ -162,8 +147,6 @@ class Ahead:
                 self._sender.start()
             self._queue.put(room)
         self.pending, self.pending_bytes = [], 0
-        if not self.tails:
-            self._since = None
 
     def _place(self, room: list[tuple[str, bytes]]) -> None:
         """Number the bodies about to go, in order: the server counts the texts as they come."""
