@@ -166,19 +166,21 @@ class Staging:
         self._pending, self._texts, self._size = [], [], 0
         try:
             if not self._ready:
-                self._remove_folder()  # what a killed sync left
-                self.folder.mkdir(parents=True, exist_ok=True)
-                self._ready = True
+                self._make_folder()
         except OSError:
             return
         self._take_report(_write_frames(str(self.folder), io.BytesIO(frame))[0])
 
+    def _make_folder(self) -> None:
+        """An empty staging folder, for this sync's files only (a killed one's are removed)."""
+        self._remove_folder()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._ready = True
+
     def _start(self) -> bool:
-        self._remove_folder()  # what a killed sync left
         self._queue = SimpleQueue()
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self._ready = True
+            self._make_folder()
             import subprocess  # here: a sync that stages nothing never loads it
             self._child = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(self.folder)],
@@ -252,16 +254,13 @@ class Staging:
         """
         if self._number(path, sha) is not None:
             return  # the helper's
-        if not self._ready:
-            self._remove_folder()  # what a killed sync left
         key = self._tree(path)
         if key is not None and key in self._mixed:
             key = None
         name = path if key is not None else _pull_name(path, sha)
         try:
             if not self._ready:
-                self.folder.mkdir(parents=True, exist_ok=True)
-                self._ready = True
+                self._make_folder()
             if key is not None:
                 parent = path.rpartition("/")[0]
                 if parent not in self._made:  # the paths passed the path rule: no `..`
@@ -387,8 +386,7 @@ class Staging:
             os.rename(_below(str(self.folder), namespace), target)
         except OSError:
             return False
-        numbers = self.numbers
-        self.written.difference_update(numbers[path] for path in checked)
+        self.written.difference_update(self.numbers[path] for path in checked)
         return True
 
     def discard(self) -> None:

@@ -77,7 +77,7 @@ class Session:
         self.refused: dict[str, tuple[str, int]] = {}
         # The bodies the last commit listed, which leave the pool (`_release`) before the next
         # message that reads it: not before a pull, which the client waits for.
-        self.released: set[str] | None = None
+        self.to_release: set[str] | None = None
         self.budget = 0  # bytes one exchange may still send (answering need, or version 1)
         # Version 3: messages the client pipelined past a manifest still waiting for its bodies
         # (answered in order after its commit), with their size on the wire.
@@ -217,8 +217,8 @@ class Session:
             code = "out-of-order" if kind in PARTS else "unknown-type"
             raise PeerError(code, f"message type {kind!r} is not allowed here in protocol "
                             f"version {self.version}")
-        if self.released is not None and kind not in POOL_FREE:
-            shas, self.released = self.released, None
+        if self.to_release is not None and kind not in POOL_FREE:
+            shas, self.to_release = self.to_release, None
             self._release(shas)
         handler(self, message)
 
@@ -564,7 +564,7 @@ class Session:
         """Ingest one namespace, answer its result; the bodies it listed leave the session.
 
         False when the base turned out stale (answered `stale-base`, nothing changed). They
-        leave after the answer, and after the pull that follows it (`released`): forgetting a
+        leave after the answer, and after the pull that follows it (`to_release`): forgetting a
         first sync's 10,000 took 13-17 ms, which the pull's answer waited for.
         """
         from sharedmem.server.ingest import StaleBase, ingest
@@ -583,9 +583,9 @@ class Session:
                                "digest": self.store.namespace_digest(self.machine, source)})
             return True
         finally:
-            if self.released is not None:  # a commit in this message's exchange: both go
-                shas = shas | self.released
-            self.released = shas
+            if self.to_release is not None:  # a commit in this message's exchange: both go
+                shas = shas | self.to_release
+            self.to_release = shas
 
     def _release(self, shas: set[str]) -> None:
         """Forget the bodies a commit listed: it stored what it accepted, and the rest is dropped."""
@@ -712,7 +712,7 @@ class Session:
 # answers each: the one statement of what a version accepts (docs/PROTOCOL.md points here).
 # `bye` and the end of input end the session in `Session.run`, in either version.
 # Messages whose answer reads nothing of the bodies a session holds (`pool`, `refused`,
-# `unstored`): the bodies a commit listed are released after them (`Session.released`).
+# `unstored`): the bodies a commit listed are released after them (`Session.to_release`).
 POOL_FREE = frozenset({"pull", "note", "status", "history", "show", "verify"})
 
 HANDLERS: dict[int, dict[str, Callable[[Session, dict[str, Any]], None]]] = {
