@@ -18,7 +18,7 @@ from test_session import enc, talk
 from test_sync import cache_files, config_for, make_memories, sync_json
 
 from sharedmem.client import config as config_mod
-from sharedmem.client.send_ahead import Ahead
+from sharedmem.client.send_ahead import TAIL_BATCH, Ahead
 from sharedmem.client.tails import MIN_BYTES, grown_from
 from sharedmem.client.transport import Connection
 from sharedmem.hashing import digest_of, sha256_text
@@ -251,6 +251,47 @@ def test_a_tail_goes_as_tails_to_version_3_and_whole_to_version_2(
         "hello", "tails" if version == 3 else "bodies", "status"]
     assert received[1][1] == ([[sha256_text(BASE), TAIL]] if version == 3
                               else [[sha256_text(BASE + TAIL), BASE + TAIL]])
+
+
+def test_tails_go_in_batches_while_the_walk_goes_on(tmp_path: Path, sshd) -> None:
+    """Once the hello has come, every TAIL_BATCH tails go at once: the server joins them then."""
+    script, log = tmp_path / "recorder.py", tmp_path / "log.jsonl"
+    script.write_text(RECORDER)
+    path = write_config(tmp_path / "client.json", "laptop", sshd.transport(
+        pinned=False, remote_command=[sys.executable, str(script), "3", str(log), "0"]),
+        [], tmp_path / "cache")
+    grown = [(BASE + f"- {i}: appended\n") for i in range(TAIL_BATCH + 3)]
+
+    def logged() -> list:
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    with Connection(config_mod.load(path, {"HOME": str(tmp_path)})) as conn:
+        ahead = Ahead(conn)
+
+        def walk() -> None:
+            deadline = time.monotonic() + 30
+            while conn.early is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for text in grown:
+                ahead.offer_tail(sha256_text(text), sha256_text(BASE), text.encode(), len(BASE))
+            deadline = time.monotonic() + 30  # before `finish`: the walk is not over
+            while len(logged()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert [kind for kind, _ in logged()] == ["hello", "tails"]
+            ahead.finish()
+            ahead.wait()
+
+        with conn.handshake():
+            walk()
+        conn.channel.send({"type": "status"})
+        deadline = time.monotonic() + 30
+        while '"status"' not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    received = logged()
+    assert [kind for kind, _ in received][:4] == ["hello", "tails", "tails", "status"]
+    assert [len(tails) for _, tails in received[1:3]] == [TAIL_BATCH, 3]
+    assert [tail for _, batch in received[1:3] for _, tail in batch] == [
+        text[len(BASE):] for text in grown]
 
 
 # --- whole syncs --------------------------------------------------------------------------------

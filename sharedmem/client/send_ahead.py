@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from sharedmem.client.transport import Connection
 
 BATCH_BYTES = 1 << 20  # small enough that the server redacts one batch while the next comes
+# Tails go once this many wait and the hello has come: the server joins, checks and redacts them
+# while the walk goes on, not after the manifest (docs/BENCHMARKS.md "Eighth round").
+TAIL_BATCH = 16
 
 
 class Ahead:
@@ -81,6 +84,8 @@ class Ahead:
         self.tail_bytes += len(data) - start
         if self.tail_bytes >= BATCH_BYTES:
             self.flush()
+        elif len(self.tails) >= TAIL_BATCH:
+            self._flush_tails()
 
     def _flush_tails(self) -> None:
         """Send the tails that wait, once the hello has come (from `flush`)."""
