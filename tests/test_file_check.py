@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -134,8 +135,10 @@ def test_the_cache_takes_the_helpers_answer(tmp_path: Path) -> None:
 
 
 @linux
-def test_a_helper_not_done_is_stopped_and_the_cache_checks_itself(tmp_path: Path) -> None:
+def test_a_helper_just_started_is_stopped_and_the_cache_checks_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A sync with little to walk (no source of its own) asks before any helper could answer.
+    monkeypatch.setattr(file_check, "HEAD_START", 3600.0)
     cache = filled(tmp_path / "cache", file_check.MIN_FILES)
     cache.start_check()
     (stopped,) = helpers()
@@ -161,3 +164,43 @@ def test_a_large_cache_is_checked_by_a_helper_and_a_small_one_is_not(tmp_path: P
     assert len(helpers()) == 1
     large.discard_check()  # a sync that ended before its check
     assert helpers() == {}
+
+
+@linux
+def test_a_helper_past_its_start_is_waited_for(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sync that walked long: its helper is nearly done, and finishing costs less than a pass.
+    monkeypatch.setattr(file_check, "HEAD_START", 0.0)
+    cache = filled(tmp_path / "cache", file_check.MIN_FILES)
+    expected = tamper(cache)
+    cache.start_check()
+    (paused,) = helpers()
+    os.kill(paused, signal.SIGSTOP)
+    resume = threading.Timer(0.5, os.kill, (paused, signal.SIGCONT))
+    resume.start()
+    started = time.monotonic()
+    try:
+        found = cache.tampered_namespaces()
+        waited = time.monotonic() - started
+    finally:
+        resume.cancel()  # a helper stopped at once is gone: nothing to resume
+        resume.join()
+    assert found == {A}
+    assert file_check.WAIT_LIMIT > waited >= 0.5  # not stopped at once, nor at the limit
+    assert cache.damaged == expected - {f"{A}/d2/f0002.md"} and helpers() == {}
+
+
+@linux
+def test_a_stalled_helper_is_waited_for_up_to_the_limit(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(file_check, "HEAD_START", 0.0)
+    monkeypatch.setattr(file_check, "WAIT_LIMIT", 0.3)
+    cache = filled(tmp_path / "cache", file_check.MIN_FILES)
+    cache.start_check()
+    (stalled,) = helpers()
+    os.kill(stalled, signal.SIGSTOP)  # a filesystem that hangs, or a starved helper
+    (cache.root / A / "d1" / "f0001.md").write_text("edited by hand\n")
+    started = time.monotonic()
+    assert cache.tampered_namespaces() == {A} and cache.damaged == {f"{A}/d1/f0001.md"}
+    assert 5 > time.monotonic() - started >= 0.3
+    assert helpers() == {}  # killed and reaped

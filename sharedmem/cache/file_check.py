@@ -6,9 +6,11 @@ server does hides it once the manifests have gone. While the sync walks its sour
 process is busy and the other CPU mostly waits on ssh's handshake. So a helper process (this
 file, run as a script: it needs only the standard library) reads the manifest's rows and stats
 the files meanwhile, and names those whose size, time or type differ from their row. The sync
-then hashes only those, as it would have. It never waits for the helper: one that has not
-finished when the sync needs its answer (a sync with little to walk) is stopped, and so is
-one that failed (a damaged manifest, no interpreter to start); the sync then checks the files
+then hashes only those, as it would have. A helper that has not finished when the sync needs
+its answer is waited for once it is past its start-up (`HEAD_START`), for at most
+`WAIT_LIMIT`: the rest of its pass costs less than the sync's own from the start. One that
+has only just started (a sync with little to walk), one past the limit and one that failed
+(a damaged manifest, no interpreter to start) are stopped; the sync then checks the files
 itself and finds what it always did.
 
 A cache of fewer than `MIN_FILES` is checked by the sync itself: starting a helper costs more.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import time
 from collections.abc import Iterable, Iterator
 
 TYPE_CHECKING = False  # subprocess loads only where os.posix_spawn is missing (`start`)
@@ -27,6 +30,12 @@ if TYPE_CHECKING:
 
 MIN_FILES = 512  # below this, the sync's own check costs less than starting a helper
 _SEP = "\0"  # paths are separated by NUL, which no path holds
+# Seconds a helper has run when its answer is due, past which the sync waits for it instead of
+# stopping it: by then it has started its interpreter and opened the manifest. Stopping one
+# that was a few lstats from its end cost a no-change sync of 10,000 files 67-104 ms
+# (docs/BENCHMARKS.md "Eighth round").
+HEAD_START = 0.05
+WAIT_LIMIT = 2.0  # seconds the sync waits for such a helper at most (one stalled, or starved)
 
 
 def differing(root: str, rows: Iterable[tuple[str, int, int | None]]) -> Iterator[str]:
@@ -53,23 +62,30 @@ class Check:
     def __init__(self, pid: int | None, output: int, process: subprocess.Popen[bytes] | None
                  ) -> None:
         self._pid, self._output, self._process = pid, output, process
+        self._started = time.monotonic()
 
     def answer(self, *, wait: bool = False) -> list[str] | None:
         """The paths the helper found differing if it has finished well, else None.
 
-        A helper still at work is stopped, unless `wait`: the sync then checks the files
-        itself at once, as it did before helpers. One with little to walk (a reader of other
-        machines' files, with no source of its own) gets there before any helper could.
+        With `wait`, it is waited for however long it takes. Otherwise one still at work is
+        waited for up to `WAIT_LIMIT` if it is past `HEAD_START`, and stopped if not (or past
+        the limit): the sync then checks the files itself, as it did before helpers. One with
+        little to walk gets there before a helper could do much.
         """
         if wait:
             data = self._read()  # all of it first: a helper blocked on a full pipe never ends
             code = self._reap(True)
         else:
-            code = self._reap(False)
+            code, data = self._reap(False), None
+            if code is None and time.monotonic() - self._started >= HEAD_START:
+                data = self._read_by(time.monotonic() + WAIT_LIMIT)
+                if data is not None:  # its output ended: it is exiting
+                    code = self._reap(True)
             if code is None:
                 self.discard()
                 return None
-            data = self._read()  # it has ended: the pipe holds all it wrote
+            if data is None:
+                data = self._read()  # it has ended: the pipe holds all it wrote
         if code != 0 or data is None:  # an answer cut short ends so too
             return None
         return data.decode("utf-8").split(_SEP)[:-1]
@@ -103,6 +119,30 @@ class Check:
             os.close(self._output)
             self._output = -1
         return b"".join(chunks)
+
+    def _read_by(self, deadline: float) -> bytes | None:
+        """Everything in the pipe up to its end if that comes by `deadline`, else None.
+
+        None at once where a pipe cannot be waited on with a timeout (Windows): the helper is
+        stopped there, as before helpers were waited for.
+        """
+        if self._output < 0 or os.name == "nt":
+            return None
+        import select  # loaded only here: a sync that finds its helper done never needs it
+        chunks = []
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                if not select.select([self._output], [], [], left)[0]:
+                    return None
+                chunk = os.read(self._output, 1 << 16)
+                if not chunk:
+                    os.close(self._output)
+                    self._output = -1
+                    return b"".join(chunks)
+                chunks.append(chunk)
+        except OSError:
+            return None
+        return None
 
     def _reap(self, wait: bool) -> int | None:
         """The helper's exit status once it has ended (reaped then); None while it runs."""
