@@ -240,6 +240,44 @@ def test_a_delta_digest_listed_by_sqlite_is_the_digest_of_the_whole_namespace(st
     assert st.namespaces().machines[0].bytes == sum(len(t.encode()) for t in state.values())
 
 
+def test_a_delta_stored_as_listed_takes_its_manifests_digest_unlisted(st: Store) -> None:
+    state = {f"{i}.md": f"text {i}" for i in range(20)}
+    ingest(st, "m1", "notes", "markdown", files(state))
+    base = st.namespace_digest("m1", "notes")
+    changed = {"3.md": "three", "new.md": "new"}
+    after = {p: t for p, t in (state | changed).items() if p != "7.md"}
+    claimed = digest_of((p, sha256_text(t)) for p, t in after.items())
+    statements: list[str] = []
+    st.conn.set_trace_callback(statements.append)
+    report = ingest(st, "m1", "notes", "markdown", files(changed), removed=["7.md"],
+                    base_digest=base, digest=claimed)
+    st.conn.set_trace_callback(None)
+    assert report.refused == [] and report.stored == {}
+    assert st.namespace_digest("m1", "notes") == claimed
+    assert not [s for s in statements if "group_concat" in s]  # the namespace is not listed
+    assert exported(st, "machines/m1/notes/") == {f"machines/m1/notes/{p}": t
+                                                   for p, t in after.items()}
+
+
+@pytest.mark.parametrize("case", ["refused", "redacted"])
+def test_a_delta_not_stored_as_listed_lists_its_digest(st: Store, case: str) -> None:
+    # The manifest's digest names what the client sent: with a file refused, or stored as the
+    # server's redaction left it, the namespace holds something else.
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}))
+    base = st.namespace_digest("m1", "notes")
+    text = "../up" if case == "refused" else "token = 'Zq8vN2mL" + "p4Rt7Ws1Kd3'\n"
+    sent = ([*files({"c.md": "C"}), *files({"../up.md": "U"})] if case == "refused"
+            else [IncomingFile("c.md", sha256_text(text), len(text), 0, text, None)])
+    claimed = digest_of([("a.md", sha256_text("A")), ("b.md", sha256_text("B")),
+                         ("c.md", sha256_text("C" if case == "refused" else text))]
+                        + ([("../up.md", sha256_text("U"))] if case == "refused" else []))
+    report = ingest(st, "m1", "notes", "markdown", sent, base_digest=base, digest=claimed)
+    assert report.refused if case == "refused" else report.stored
+    held = {p: sha256_text(t) for p, t in exported(st, "machines/m1/notes/").items()}
+    expected = digest_of((p.removeprefix("machines/m1/notes/"), sha) for p, sha in held.items())
+    assert st.namespace_digest("m1", "notes") == expected != claimed
+
+
 def test_a_delta_counts_the_kept_files_towards_the_quota(st: Store) -> None:
     limits = Limits(file_bytes=100, namespace_bytes=20, namespace_files=3)
     ingest(st, "m1", "notes", "markdown", files({"a.md": "a" * 5, "b.md": "b" * 5}), limits=limits)

@@ -379,7 +379,7 @@ class Session:
         files = self._incoming(entries)
         held = [sha for sha in shas if sha in self.pool] if self.version >= 3 else []
         if self._commit(source, kind, files, shas, removed=removed if base else None,
-                        base=base) and self.version >= 3:
+                        base=base, digest=digest) and self.version >= 3:
             self._remember(held)
 
     def _remember(self, shas: Iterable[str]) -> None:
@@ -560,7 +560,8 @@ class Session:
                 self.pool[sha] = (None, counts, size, address)
 
     def _commit(self, source: str, kind: str, files: list[IncomingFile], shas: set[str], *,
-                removed: list[str] | None = None, base: str | None = None) -> bool:
+                removed: list[str] | None = None, base: str | None = None,
+                digest: str | None = None) -> bool:
         """Ingest one namespace, answer its result; the bodies it listed leave the session.
 
         False when the base turned out stale (answered `stale-base`, nothing changed). They
@@ -572,7 +573,8 @@ class Session:
         try:
             try:
                 report = ingest(self.store, self.machine, source, kind, files,
-                                limits=self.limits, removed=removed, base_digest=base)
+                                limits=self.limits, removed=removed, base_digest=base,
+                                digest=digest)
             except StaleBase as exc:
                 self.channel.send(error("stale-base", str(exc)))
                 return False
