@@ -515,3 +515,39 @@ def test_a_sync_runs_with_the_cycle_collector_paused_and_restores_it(tmp_path):
     published = {s["source"]: s["status"] for s in report["sources"]}
     assert report["status"] == "ok" and published == {"codex": "unchanged", "notes": "published"}
     assert collections == []
+
+
+def test_a_deltas_changes_from_the_files_read_match_those_from_every_file() -> None:
+    """`_changes` looks up only the files read when the record is what the server acknowledged;
+    it must find what comparing every file with the acknowledged map finds."""
+    import random
+
+    from sharedmem.client.source_state import Acked, SourceState
+    from sharedmem.client.sync import _changes
+    from sharedmem.sources.walk import Entry
+
+    rng = random.Random(7)
+    for case in range(200):
+        record = {f"f{i}.md": [i, i, f"{i:064x}", i, {}] for i in range(rng.randrange(0, 30))}
+        if record and case % 5 == 0:
+            record[rng.choice(list(record))] = "not a record entry"
+        files = []
+        for path, rec in record.items():
+            fate = rng.choice(["reused", "read same", "read changed", "removed"])
+            if fate == "removed" or (type(rec) is not list and fate == "reused"):
+                continue
+            sha = rec[2] if fate != "read changed" and type(rec) is list else "e" * 64
+            files.append(Entry(path, sha, 1, 1, 1, {}, None if fate == "reused" else "text"))
+        files += [Entry(f"new{i}.md", "d" * 64, 1, 1, 1, {}, "text")
+                  for i in range(rng.randrange(0, 3))]
+        rng.shuffle(files)
+        digest = "a" * 64
+        whole = SourceState(["r"], Acked(digest), record)
+        listed = SourceState(["r"], Acked(digest, whole.acked_files()), record)
+        assert _changes(whole, files) == _changes(listed, files), case
+    record = {"a.md": [1, 1, "1" * 64, 1, {}], "b.md": [1, 1, "2" * 64, 1, {}],
+              "c.md": [1, 1, "3" * 64, 1, {}]}
+    files = [Entry("a.md", "1" * 64, 1, 1, 1, {}, None), Entry("b.md", "9" * 64, 1, 1, 1, {}, "x"),
+             Entry("d.md", "4" * 64, 1, 1, 1, {}, "y")]
+    assert _changes(SourceState(["r"], Acked("a" * 64), record), files) == (
+        [["b.md", "9" * 64, 1, 1], ["d.md", "4" * 64, 1, 1]], ["c.md"])

@@ -212,16 +212,19 @@ class Sync:
         rules = [__version__, limits.file_bytes, limits.namespace_bytes, limits.namespace_files]
         previous = saved.record if saved.rules == rules else None
         prefix = self._namespace(source.name) + "/"
-        old = saved.acked_files()
-        on_server = set(old.values()) if old is not None else set()
+        on_server: set[str] | None = None  # the acknowledged sha256s, once a file is read
 
         def stage(entry: walk.Entry, data: bytes) -> None:
             """A file read this time: staged if the cache lacks it, sent ahead if the server does."""
+            nonlocal on_server
             if entry.text is None:
                 return
             cached = self.exchange.cached.get(prefix + entry.path)
             if cached is None or cached.sha256 != entry.sha256:
                 self.staging.add(prefix + entry.path, entry.sha256, data)
+            if on_server is None:
+                old = saved.acked_files()
+                on_server = set(old.values()) if old is not None else set()
             if entry.sha256 not in on_server:
                 grown = tails.grown_from((saved.record or {}).get(entry.path), data, on_server)
                 if grown is not None:  # only appended to what the server holds: the tail goes
@@ -244,16 +247,14 @@ class Sync:
                 self.have[entry.sha256] = entry.text
             for kind, count in entry.redactions.items():
                 prepared.redacted[kind] = prepared.redacted.get(kind, 0) + count
-        if old is not None and acked is not None:
+        if acked is not None and (acked.files is not None or saved.record is not None):
             head = {"type": "manifest", "source": spec.name, "kind": spec.kind,
                     "digest": digest, "base": acked.digest}
             if unchanged:
                 prepared.delta = {**head, "files": [], "removed": []}
             else:
-                listed = {e.path for e in snap.files}
-                prepared.delta = {**head, "removed": sorted(p for p in old if p not in listed),
-                                  "files": [[e.path, e.sha256, e.size, e.mtime_ns]
-                                            for e in snap.files if old.get(e.path) != e.sha256]}
+                files, removed = _changes(saved, snap.files)
+                prepared.delta = {**head, "removed": removed, "files": files}
         return prepared
 
     def _publish(self, conn: Connection, prepared: _Prepared,
@@ -603,6 +604,39 @@ def _check_result(conn: Connection, reply: dict[str, Any], source: str) -> None:
         raise conn.malformed("result", f"for source {source!r} it needs that source, unchanged "
                              "(true or false), an integer generation, a digest, refused as a list "
                              "of {path, reason, message} strings and redacted as counts")
+
+
+def _changes(saved: source_state.SourceState,
+             files: list[walk.Entry]) -> tuple[list[list[Any]], list[str]]:
+    """A delta's files (changed or new, in walk order) and removed paths, against the last ack.
+
+    When the record is what the server acknowledged (`acked` lists no files), a file the walk
+    reused from it unread is as acknowledged: only those read are looked up, and when the two
+    cover every path of the record nothing was removed. Building the
+    acknowledged map of 10,000 files to look each up cost a sync 8-10 ms (docs/BENCHMARKS.md
+    "Eighth round").
+    """
+    record = saved.record
+    if saved.acked is None or saved.acked.files is not None or record is None:
+        old = saved.acked_files() or {}
+        listed = {e.path for e in files}
+        return ([[e.path, e.sha256, e.size, e.mtime_ns] for e in files
+                 if old.get(e.path) != e.sha256], sorted(p for p in old if p not in listed))
+    changed, present = [], 0
+    for e in files:
+        if e.text is None:  # taken from its record as it stands
+            present += 1
+            continue
+        rec = record.get(e.path)
+        known = type(rec) is list and len(rec) == 5
+        present += known
+        if not known or rec[2] != e.sha256:
+            changed.append([e.path, e.sha256, e.size, e.mtime_ns])
+    if present == len(record):
+        return changed, []
+    listed = {e.path for e in files}
+    return changed, sorted(p for p, r in record.items()
+                           if type(r) is list and len(r) == 5 and p not in listed)
 
 
 def _state_unchanged(prepared: _Prepared, acked: source_state.Acked | None) -> bool:
