@@ -66,7 +66,7 @@ class _Prepared:
         self.source, self.spec, self.state_file = source, spec, state_file
         self.saved, self.rules, self.snap, self.digest = saved, rules, snap, digest
         self.lines = lines  # the saved record's lines, for reuse
-        self.by_sha: dict[str, walk.Entry] = {}
+        self._by_sha: dict[str, walk.Entry] | None = None
         self.redacted: dict[str, int] = {}
         self.delta: dict[str, Any] | None = None
         self.acked = False
@@ -74,6 +74,13 @@ class _Prepared:
         self.placed = False  # `line` names bodies sent ahead by place (`Ahead.places`)
         self.state_text: str | None = None  # the state file if the server acknowledges `digest`
         self._whole: dict[str, Any] | None = None
+
+    @property
+    def by_sha(self) -> dict[str, walk.Entry]:
+        """sha256 -> file, for the bodies a `need` names: made only when one comes."""
+        if self._by_sha is None:
+            self._by_sha = {entry.sha256: entry for entry in self.snap.files}
+        return self._by_sha
 
     @property
     def whole(self) -> dict[str, Any]:
@@ -215,10 +222,11 @@ class Sync:
         on_server: set[str] | None = None  # the acknowledged sha256s, once a file is read
 
         def stage(entry: walk.Entry, data: bytes) -> None:
-            """A file read this time: staged if the cache lacks it, sent ahead if the server does."""
+            """A file read: kept for the pull, staged if the cache lacks it, sent if the server does."""
             nonlocal on_server
             if entry.text is None:
                 return
+            self.have[entry.sha256] = entry.text
             cached = self.exchange.cached.get(prefix + entry.path)
             if cached is None or cached.sha256 != entry.sha256:
                 self.staging.add(prefix + entry.path, entry.sha256, data)
@@ -241,12 +249,11 @@ class Sync:
                      and all(e.text is None for e in snap.files))
         digest = acked.digest if unchanged else digest_of((e.path, e.sha256) for e in snap.files)
         prepared = _Prepared(source, spec, state_file, saved, rules, snap, digest, lines=lines)
+        redacted = prepared.redacted  # the texts read are in `have` already (`stage`)
         for entry in snap.files:
-            prepared.by_sha[entry.sha256] = entry
-            if entry.text is not None:
-                self.have[entry.sha256] = entry.text
-            for kind, count in entry.redactions.items():
-                prepared.redacted[kind] = prepared.redacted.get(kind, 0) + count
+            if entry.redactions:
+                for kind, count in entry.redactions.items():
+                    redacted[kind] = redacted.get(kind, 0) + count
         if acked is not None and (acked.files is not None or saved.record is not None):
             head = {"type": "manifest", "source": spec.name, "kind": spec.kind,
                     "digest": digest, "base": acked.digest}
