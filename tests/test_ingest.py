@@ -259,6 +259,16 @@ def test_a_delta_stored_as_listed_takes_its_manifests_digest_unlisted(st: Store)
                                                    for p, t in after.items()}
 
 
+def test_a_whole_manifest_stored_as_listed_takes_the_digest_it_names(st: Store) -> None:
+    named = "c" * 64  # not the files' digest: the client's word is taken, as documented
+    ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "b.md": "B"}), digest=named)
+    assert st.namespace_digest("m1", "notes") == named
+    report = ingest(st, "m1", "notes", "markdown", files({"a.md": "A", "../b.md": "B"}),
+                    digest=named)
+    assert report.refused
+    assert st.namespace_digest("m1", "notes") == digest_of([("a.md", sha256_text("A"))])
+
+
 @pytest.mark.parametrize("case", ["refused", "redacted"])
 def test_a_delta_not_stored_as_listed_lists_its_digest(st: Store, case: str) -> None:
     # The manifest's digest names what the client sent: with a file refused, or stored as the

@@ -109,11 +109,12 @@ def ingest(store: Store, machine: str, source: str, kind: str,
 
     With `base_digest`, `files` and `removed` are a delta against that stored digest: only
     their rows are read and written, so a delta costs the server little more than the files
-    it changes. Its new digest is `digest`, the one its manifest names, when every file it
-    lists is stored as listed; else SQLite lists the namespace for it (12-20 ms at 10,000
-    files, docs/BENCHMARKS.md "Eighth round"). The digest is a token between a machine and
-    its own namespace (docs/PROTOCOL.md "Digests"): the server takes it on the client's word
-    for a manifest that says nothing changed already, and checks every body's sha256.
+    it changes. The namespace's new digest is `digest`, the one the manifest names, when
+    every file it lists is stored as listed; else it is computed, for a delta by SQLite
+    listing the namespace (12-20 ms at 10,000 files, docs/BENCHMARKS.md "Eighth round"). The
+    digest is a token between a machine and its own namespace (docs/PROTOCOL.md
+    "Namespaces"): the server takes it on the client's word for a manifest that says nothing
+    changed already, and checks every body's sha256.
     """
     limits = limits or Limits()
     _check_namespace(machine, source, kind)
@@ -159,12 +160,11 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         conn.execute("UPDATE meta SET value=? WHERE key='generation'", (str(generation),))
         count = kept.count + len(accepted)
         size = kept.size + sum(z for _, z, _ in accepted.values())
-        # A whole snapshot is all in `accepted`, in path order; a delta stored as listed is
-        # at the digest its manifest names, and another is listed after its writes.
-        if base_digest is None:
-            digest = digest_of_sorted([(p, s) for p, (s, _, _) in accepted.items()])
-        elif report.refused or report.stored:
-            digest = None
+        # A manifest stored as listed is at the digest it names. Else a whole snapshot's is
+        # taken from `accepted` (in path order), and a delta's is listed after its writes.
+        if digest is None or report.refused or report.stored:
+            digest = (digest_of_sorted([(p, s) for p, (s, _, _) in accepted.items()])
+                      if base_digest is None else None)
         if row is None:
             ns_id = conn.execute(
                 "INSERT INTO namespaces(machine, source, kind, generation, created_generation,"
