@@ -49,7 +49,14 @@ def main(argv: Sequence[str]) -> int:
         from sharedmem.client import early_ssh  # ssh's handshake overlaps loading the rest
         early_ssh.start(argv[argv.index("--config") + 1])
     try:
-        return _run(argv)
+        if argv[:1] != ["sync"] and argv[:1] != ["serve"]:
+            return _run(argv)
+        # Their run pauses the collector (`collector.Paused`), and so do the imports before it:
+        # a hundred modules loaded with it on cost a sync 12-15 ms of young collections that
+        # freed nothing (docs/BENCHMARKS.md "Eighth round").
+        from sharedmem import collector
+        with collector.Paused():
+            return _run(argv)
     finally:
         if "sharedmem.client.early_ssh" in sys.modules:
             sys.modules["sharedmem.client.early_ssh"].discard()
