@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from sharedmem.client.source_state import Acked, SourceState, encode_state, read
 from sharedmem.sources.walk import Entry
 
@@ -62,4 +64,17 @@ def test_missing_damaged_and_older_records(tmp_path: Path) -> None:
     assert SourceState.from_row({"acked": {"digest": "d"},
                                  "record": {"a.md": [1, 2, "s", 3, {}], "odd": [1]}}
                                 ).acked_files() == {"a.md": "s"}
+
+
+@pytest.mark.parametrize("row", [
+    {},
+    {"acked": {"digest": "d"}},
+    {"acked": {"files": {"a.md": "1", "b.md": "1", "c.md": "2"}}},
+    {"acked": {"digest": "d"}, "record": {"a.md": [1, 2, "s", 3, {}], "odd": [1],
+                                          "b.md": [1, 2, "t", 3, {}], "c.md": [1, 2, "s", 3, {}]}},
+    {"record": {"a.md": [1, 2, "s", 3, {}]}},  # recorded, never acknowledged
+])
+def test_the_acknowledged_sha256s_are_the_acknowledged_files_values(row: dict) -> None:
+    state = SourceState.from_row(row)
+    assert state.acked_shas() == set((state.acked_files() or {}).values())
     assert SourceState.from_row({"rules": 1, "acked": "odd", "record": []}) == SourceState(1)

@@ -80,6 +80,16 @@ class SourceState(namedtuple("SourceState", "rules acked record", defaults=(None
             return None
         return {p: r[2] for p, r in self.record.items() if isinstance(r, list) and len(r) == 5}
 
+    def acked_shas(self) -> set[str]:
+        """The sha256s the server confirmed: `acked_files`' values, without making that map."""
+        if self.acked is None:
+            return set()
+        if self.acked.files is not None:
+            return set(self.acked.files.values())
+        if self.record is None:
+            return set()
+        return {r[2] for r in self.record.values() if isinstance(r, list) and len(r) == 5}
+
 
 def encode_state(rules: Any, acked: Acked | None, files: Iterable[Entry],
                  old: linejson.Old) -> str:

@@ -231,8 +231,7 @@ class Sync:
             if cached is None or cached.sha256 != entry.sha256:
                 self.staging.add(prefix + entry.path, entry.sha256, data)
             if on_server is None:
-                old = saved.acked_files()
-                on_server = set(old.values()) if old is not None else set()
+                on_server = saved.acked_shas()
             if entry.sha256 not in on_server:
                 grown = tails.grown_from((saved.record or {}).get(entry.path), data, on_server)
                 if grown is not None:  # only appended to what the server holds: the tail goes
