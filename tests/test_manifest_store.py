@@ -36,3 +36,19 @@ def test_a_new_manifest_checks_the_length_of_each_sha256(tmp_path: Path) -> None
         writing.upsert([("machines/a/x/2.md", "a" * 63, 1, "machines/a/x", 1)])
     assert [r.path for r in store.rows()] == ["machines/a/x/1.md"]
     store.close()
+
+
+def test_sha256s_looks_up_many_paths_a_chunk_a_query(tmp_path: Path) -> None:
+    from sharedmem.cache.manifest_store import IN_CHUNK
+
+    store = ManifestStore(tmp_path / "manifest.sqlite3")
+    held = {f"machines/a/x/{i:05}.md": f"{i:064x}" for i in range(0, 3 * IN_CHUNK, 2)}
+    with store.transaction() as writing:
+        writing.upsert([(p, s, 1, "machines/a/x", 1) for p, s in held.items()])
+    asked = [f"machines/a/x/{i:05}.md" for i in range(3 * IN_CHUNK)]  # every other one held
+    statements: list[str] = []
+    store.connection().set_trace_callback(statements.append)
+    assert store.sha256s(asked) == held
+    assert len([s for s in statements if "IN (" in s]) == 3
+    assert store.sha256s([]) == {}
+    store.close()

@@ -141,6 +141,10 @@ class FileTable(Mapping[str, CachedFile]):
         """The rows (path first), of one namespace if named; streamed."""
         return self.store.rows(namespace)
 
+    def sha256s(self, paths: list[str]) -> dict[str, str]:
+        """The sha256 of each of `paths` it lists, by path: a few queries for them all."""
+        return self.store.sha256s(paths)
+
     def sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         """(path, size) of each file below `prefix` (a folder and "/", or ""); streamed."""
         return self.store.sizes(prefix)

@@ -18,6 +18,7 @@ from sharedmem.cache.cache import (
     Cache,
     CachedFile,
     Damaged,
+    FileTable,
     Intake,
     Manifest,
     NamespaceInfo,
@@ -143,6 +144,13 @@ class Exchange:
                           "(edited, or left by a killed sync): pulling them again")
         for key in stale & self.known.keys():
             self.known[key] = 0
+
+    def cached_shas(self, paths: list[str]) -> dict[str, str]:
+        """The sha256 of each of `paths` the cache lists, by path (as of `open_cache`)."""
+        cached = self.cached
+        if isinstance(cached, FileTable):
+            return cached.sha256s(paths)
+        return {p: c.sha256 for p in paths if (c := cached.get(p)) is not None}
 
     def _take(self, manifest: Manifest) -> None:
         """The manifest's files, and each namespace's generation and digest as recorded."""

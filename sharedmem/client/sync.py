@@ -52,6 +52,7 @@ ERROR_CHARS = 2000  # of an error kept in the report and state/last-sync.json
 # server holds up to 64 messages and 8 MiB of them while a manifest waits for its bodies.
 PIPELINE_MESSAGES = 48
 PIPELINE_BYTES = 6 << 20
+STAGE_BATCH = 256  # files read, looked up in the cache together before they are staged
 
 
 class _Prepared:
@@ -111,6 +112,7 @@ class Sync:
         self.exchange.build_index = build_index
         self.staging = self.exchange.staging
         self.have: dict[str, str] = {}  # sha256 -> text of each file read this time
+        self.unstaged: list[tuple[str, str, bytes]] = []  # read, to stage if the cache lacks them
         self.snapshots: list[_Prepared] = []
         self.last_to_publish: _Prepared | None = None
         self.published: list[_Prepared] = []
@@ -227,9 +229,9 @@ class Sync:
             if entry.text is None:
                 return
             self.have[entry.sha256] = entry.text
-            cached = self.exchange.cached.get(prefix + entry.path)
-            if cached is None or cached.sha256 != entry.sha256:
-                self.staging.add(prefix + entry.path, entry.sha256, data)
+            self.unstaged.append((prefix + entry.path, entry.sha256, data))
+            if len(self.unstaged) >= STAGE_BATCH:
+                self._stage_read()
             if on_server is None:
                 on_server = saved.acked_shas()
             if entry.sha256 not in on_server:
@@ -240,6 +242,7 @@ class Sync:
                     ahead.offer(entry.sha256, data)
 
         snap = sources.snapshot(spec, limits, previous, stage)
+        self._stage_read()
         acked = saved.acked
         # Every file reused from a record the server acknowledged whole (an older state listed
         # the files in `acked`): the snapshot is that record, its digest the acknowledged one.
@@ -262,6 +265,16 @@ class Sync:
                 files, removed = _changes(saved, snap.files)
                 prepared.delta = {**head, "removed": removed, "files": files}
         return prepared
+
+    def _stage_read(self) -> None:
+        """Stage the files read that the cache does not hold at their sha256, looked up together."""
+        batch, self.unstaged = self.unstaged, []
+        if not batch:
+            return
+        held = self.exchange.cached_shas([path for path, _, _ in batch])
+        for path, sha, data in batch:
+            if held.get(path) != sha:
+                self.staging.add(path, sha, data)
 
     def _publish(self, conn: Connection, prepared: _Prepared,
                  reply: dict[str, Any] | None = None) -> dict[str, Any]:
