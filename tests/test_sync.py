@@ -550,4 +550,20 @@ def test_a_deltas_changes_from_the_files_read_match_those_from_every_file() -> N
     files = [Entry("a.md", "1" * 64, 1, 1, 1, {}, None), Entry("b.md", "9" * 64, 1, 1, 1, {}, "x"),
              Entry("d.md", "4" * 64, 1, 1, 1, {}, "y")]
     assert _changes(SourceState(["r"], Acked("a" * 64), record), files) == (
-        [["b.md", "9" * 64, 1, 1], ["d.md", "4" * 64, 1, 1]], ["c.md"])
+        [["b.md", "9" * 64, 1, 0], ["d.md", "4" * 64, 1, 0]], ["c.md"])  # no mtime_ns: 0
+
+
+@pytest.mark.parametrize("version", ["3", "2"])
+def test_manifests_name_no_modification_time(tmp_path: Path, version: str) -> None:
+    # The server stores mtime_ns and reads it for nothing; the real times were a third of a
+    # first sync's manifest on the wire (docs/PROTOCOL.md "Version 2").
+    home = tmp_path / "laptop-home"
+    notes = make_memories(home, files=6)
+    store = tmp_path / "server" / "store.sqlite3"
+    cfg = config_for(tmp_path, home, "laptop", {"kind": "local", "store": str(store)})
+    assert sync_json(cfg, "--max-protocol", version)[0] == 0
+    (notes / "later.md").write_text("# later\n", encoding="utf-8")  # and a delta
+    assert sync_json(cfg, "--max-protocol", version)[0] == 0
+    with sqlite3.connect(store) as conn:
+        assert conn.execute("SELECT max(mtime_ns) FROM files").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM files").fetchone()[0] > 6
