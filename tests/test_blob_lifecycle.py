@@ -23,7 +23,7 @@ from sharedmem.hashing import digest_of, sha256_text
 from sharedmem.server import blob_lifecycle as life
 from sharedmem.server.store import Store
 
-AHEAD = 6  # bodies of 1 MB: five are past the 4 MiB a session stores ahead of their manifest
+AHEAD = 6  # bodies of 1 MB: past the 1 MiB a session stores ahead of their manifest
 
 
 def big(tag: str, count: int = AHEAD) -> list[str]:

@@ -167,7 +167,7 @@ def commit_a_namespace(serve: Serve, disk: Path) -> dict:
 def store_bodies_as_they_come(serve: Serve, disk: Path) -> dict:
     serve.send(HELLO)
     assert serve.read()["type"] == "hello"
-    fill(disk, 1 << 20)  # 5 MiB ahead: stored once 4 MiB have come (put_blobs)
+    fill(disk, 1 << 20)  # 5 MiB ahead: stored once 1 MiB has come (put_blobs)
     for i in range(5):
         serve.send({"type": "bodies", "bodies": [[sha256_text(t), t]
                                                   for _, t in texts(64, 16 << 10, f"b{i}-")]})

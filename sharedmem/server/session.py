@@ -39,7 +39,11 @@ if TYPE_CHECKING:
     from sharedmem.server.ingest import IncomingFile
 
 
-STORE_AHEAD_BYTES = 4 * MIB  # bodies are stored in batches of about this much as they come
+# Bodies are stored in batches of about this much as they come. What is left under it waits
+# for the namespace's commit, after the client's last byte: at 4 MiB, up to 4 MiB of a first
+# sync's bodies were written there (first syncs of 10,000 files over a 40 ms link: 4.16-4.20
+# against 4.11-4.13 s at 1 MiB, docs/BENCHMARKS.md "Eighth round").
+STORE_AHEAD_BYTES = 1 * MIB
 # Version 3: session-level messages that arrive while a namespace exchange waits for its bodies
 # and commit are held, at most this many and this much, and answered after that commit.
 DEFERRED_MESSAGES = 64
