@@ -30,6 +30,12 @@ STORE_VERSION = "3"  # 3: SQLite (1 and 2 were manifest.json beside namespaces.j
 TIMEOUT = 10.0  # seconds a reader or writer waits for the other's lock
 CHUNK = 1024  # rows fetched at a time when streaming, each chunk its own query
 IN_CHUNK = 500  # paths in one `IN (...)`: under SQLite's old cap of 999 parameters
+_FILE_NAMESPACES = (  # see ManifestStore.file_namespaces
+    "WITH RECURSIVE ns(namespace, path) AS ("
+    " SELECT * FROM (SELECT namespace, path FROM files ORDER BY path LIMIT 1)"
+    " UNION ALL SELECT f.namespace, f.path FROM ns, files f WHERE f.path ="
+    " (SELECT min(path) FROM files WHERE path > max(ns.path, ns.namespace || '0')))"
+    " SELECT DISTINCT namespace FROM ns")
 STATS = "path, size, mtime_ns"  # what a check of the files compares (`stats`, file_check.py)
 STATS_QUERY = f"SELECT {STATS} FROM files"  # the same, all at once, for a helper process
 
@@ -262,8 +268,15 @@ class ManifestStore:
         return self._pages(STATS)
 
     def file_namespaces(self) -> list[str]:
-        """The namespaces that hold at least one file."""
-        return [n for (n,) in self._rows("SELECT DISTINCT namespace FROM files")]
+        """The namespaces that hold at least one file, a lookup of the path index each.
+
+        A namespace's paths all begin with its key and "/", so they are one run in path order,
+        and "0" follows "/": each step jumps to the first path past that run (and past the
+        path found, so a row whose namespace were not its path's could not hold it still).
+        `SELECT DISTINCT namespace` read every row: 3-5 ms at 10,000 files, in every sync's
+        commit (docs/BENCHMARKS.md "Eighth round").
+        """
+        return [n for (n,) in self._rows(_FILE_NAMESPACES)]
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Writing]:
