@@ -117,7 +117,7 @@ class Staging:
         if self._failed or self.queued(path, sha):
             return
         number = len(self.sizes)
-        key = "/".join(path.split("/", 3)[:3])  # machines/<m>/<source>
+        key = _namespace(path)
         tree = key in self.new_namespaces
         if tree and path not in self.numbers:
             self._own_tree_files[key] = self._own_tree_files.get(key, 0) + 1
@@ -239,7 +239,7 @@ class Staging:
         """The namespace whose tree `path` is staged in when put first, or None."""
         if not self.pull_trees:
             return None
-        key = "/".join(path.split("/", 3)[:3])  # machines/<m>/<source>
+        key = _namespace(path)
         return key if key in self.pull_trees and key not in self.new_namespaces else None
 
     def put(self, path: str, sha: str, data: bytes) -> None:
@@ -571,6 +571,11 @@ def _helper(folder: str, source: BinaryIO, out: TextIO, by_folder: bool = _BY_FO
     out.write("\n".join(written))
     out.close()  # the sync goes on as soon as it has read this; it reaps us later
     return status
+
+
+def _namespace(path: str) -> str:
+    """The machines/<m>/<source> a cache path is staged under (this script imports no layout)."""
+    return "/".join(path.split("/", 3)[:3])
 
 
 def _write_frames(folder: str, source: BinaryIO,

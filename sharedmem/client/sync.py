@@ -657,8 +657,7 @@ def _changes(saved: source_state.SourceState,
     if present == len(record):
         return changed, []
     listed = {e.path for e in files}
-    return changed, sorted(p for p, r in record.items()
-                           if type(r) is list and len(r) == 5 and p not in listed)
+    return changed, sorted(p for p in saved.acked_files() or () if p not in listed)
 
 
 def _state_unchanged(prepared: _Prepared, acked: source_state.Acked | None) -> bool:
