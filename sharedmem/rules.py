@@ -41,7 +41,7 @@ _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 # line/paragraph separators: they make a path display as something it is not.
 _INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
 _FORBIDDEN_CHARS = frozenset('\\<>:"|?*')
-# The patterns of the path and note rules, compiled at their first use (`_compile_rules`):
+# The patterns of the path and note rules, compiled at their first use (`compile_rules`):
 # `serve` loads this module before its hello and checks no path or note there, and compiling
 # them cost it 1.4 ms. _SAFE_FILE and _SAFE_FOLDER are the fast path: plain ASCII names that
 # obviously pass every rule below (checked against the full rule in the tests); anything else
@@ -101,7 +101,7 @@ class Limits(namedtuple("Limits", "file_bytes namespace_bytes namespace_files ma
         return limits
 
 
-def _compile_rules() -> None:
+def compile_rules() -> None:
     """Compile the patterns of the path and note rules (a second thread may too: the same)."""
     global _NOTE_FILENAME_RE, _SAFE_FILE, _SAFE_FOLDER, _RESERVED_RE, _PLAIN_CHARS, _compiled
     part = r"[A-Za-z0-9_-](?:[A-Za-z0-9_.-]{0,253}[A-Za-z0-9_-])?"
@@ -165,7 +165,7 @@ def path_problems(path: object, *, folder: bool = False) -> list[str]:
     if not isinstance(path, str):
         return [f"path {path!r} is not a string"]
     if not _compiled:
-        _compile_rules()
+        compile_rules()
     if (len(path) <= MAX_PATH_BYTES and (_SAFE_FOLDER if folder else _SAFE_FILE).fullmatch(path)
             and not _RESERVED_RE.search(path)):
         return []
@@ -213,7 +213,7 @@ def plain_paths(paths: Sequence[str]) -> bool:
     if not paths:
         return True
     if not _compiled:
-        _compile_rules()
+        compile_rules()
     joined = "\n".join(paths) + "\n"
     if (not _PLAIN_CHARS.fullmatch(joined) or joined.count("\n") != len(paths)
             or joined.count(".md\n") != len(paths)
@@ -275,7 +275,7 @@ def collision_key(path: str) -> str:
 def note_filename_problem(filename: object) -> str | None:
     """Why `filename` is not a valid ad-hoc note filename, or None."""
     if not _compiled:
-        _compile_rules()
+        compile_rules()
     if not isinstance(filename, str) or not _NOTE_FILENAME_RE.fullmatch(filename):
         return (
             f"note filename {filename!r} is invalid: use YYYY-MM-DDTHH-MM-SS-<slug>.md with a slug "

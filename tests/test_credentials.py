@@ -7,6 +7,7 @@ real-looking secret literal of its own. test_redact.py builds its documents from
 from __future__ import annotations
 
 import random
+import re
 import string
 
 import pytest
@@ -263,3 +264,11 @@ def test_own_sources_hold_nothing_that_looks_like_a_secret() -> None:
     for path in (__file__, module.__file__):
         with open(path, encoding="utf-8") as handle:
             assert find(handle.read()) == [], path
+
+
+def test_rules_compile_the_leads_and_leave_each_full_pattern_until_a_lead_matches() -> None:
+    # Compiling every full pattern cost each process that redacted a text 10 ms more
+    # (docs/BENCHMARKS.md "Ninth round"); a rule's pattern is compiled in _scan, where used.
+    from sharedmem.redact.credentials import rules
+    assert all(isinstance(lead, re.Pattern) for rule in rules() for lead in rule.lead)
+    assert all(isinstance(rule.regex, str) for rule in rules())

@@ -269,6 +269,20 @@ def test_a_record_that_matches_the_file_but_is_malformed_is_read(tmp_path, field
     assert [e.text for e in again.files] == ["x"]
 
 
+def test_one_malformed_entry_leaves_the_rest_of_the_record_reused(tmp_path):
+    # The record is checked a column at a time; an entry that fails is dropped, not the record.
+    root = tmp_path / "docs"
+    for name in ("a.md", "b.md", "c.md"):
+        write(root / name, f"{name}\n")
+    first = snapshot(spec(KIND_MARKDOWN, root))
+    record = json.loads(json.dumps(first.record()))
+    record["b.md"][2] = "z" * 64  # not hex
+    record["c.md"][4] = []  # counts that are not a mapping
+    again = snapshot(first.spec, previous=record)
+    assert [(e.path, e.text) for e in again.files] == [
+        ("a.md", None), ("b.md", "b.md\n"), ("c.md", "c.md\n")]
+
+
 def test_reused_files_keep_the_collision_and_quota_rules(tmp_path):
     root = tmp_path / "docs"
     for name in ("a.md", "b.md", "c.md"):

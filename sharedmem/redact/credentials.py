@@ -29,7 +29,7 @@ _Check = Callable[[re.Match[str]], Span | None]
 
 
 class Rule(namedtuple("Rule", "kind lead regex priority check folded")):
-    """One rule, written as strings and compiled by `rules` on first need.
+    """One rule, written as strings; `rules` compiles the leads, `regex` where one matches.
 
     `regex` (tried with .match) can only start where one of the `lead` patterns matches; a
     lower `priority` is more specific and names a merged span; `check` accepts a match (None:
@@ -139,7 +139,7 @@ _B64 = r"A-Za-z0-9/+"
 
 def _rule(kind: str, lead: str | tuple[str, ...], pattern: str, priority: int = 1,
           check: _Check | None = None, folded: bool = False) -> Rule:
-    """One rule, as text; `rules` compiles them all the first time a text needs them.
+    """One rule, as text; `rules` compiles its leads the first time a text needs them.
 
     Each `lead` pattern starts with a literal, so the regex engine skips to it as fast as
     str.find; the full pattern is then tried only at those places. Most texts match no lead at
@@ -186,18 +186,29 @@ _RULE_TEXT: tuple[Rule, ...] = (
     _rule("generic-secret", tuple(k + _NEAR_OPERATOR for k in KEYWORD_STARTS), _GENERIC, 3,
           _check_generic, folded=True),
 )
-_COMPILED: list[tuple[tuple[Rule, ...], dict[str, re.Pattern[str]]]] = []
+_COMPILED: list[tuple[Rule, ...]] = []
+# Each folded rule's leads as one pattern matched without case, for a text whose lower case
+# is not as long as it is (`folded_leads`).
+_FOLDED_LEADS = {r.kind: "|".join(r.lead) for r in _RULE_TEXT if r.folded}
 
 
-def rules() -> tuple[tuple[Rule, ...], dict[str, re.Pattern[str]]]:
-    """The rules compiled, and each folded rule's leads as one case-insensitive pattern."""
-    if not _COMPILED:
-        compiled = tuple(r._replace(lead=tuple(re.compile(x) for x in r.lead),
-                                    regex=re.compile(r.regex)) for r in _RULE_TEXT)
-        folded = {r.kind: re.compile("|".join(r.lead), re.IGNORECASE)
-                  for r in _RULE_TEXT if r.folded}
-        _COMPILED.append((compiled, folded))
+def rules() -> tuple[Rule, ...]:
+    """The rules with their leads compiled, on first need; each full pattern stays text.
+
+    A full pattern is compiled (and cached by `re`) where one of its leads first matches: a
+    text a screen touched matches the leads of a rule or two, and compiling all 17 patterns
+    and the folded leads cost each process that redacted anything 12 ms of 15
+    (docs/BENCHMARKS.md "Ninth round").
+    """
+    if not _COMPILED:  # filled in one step: a thread never sees part of it
+        _COMPILED.append(tuple(r._replace(lead=tuple(re.compile(x) for x in r.lead))
+                               for r in _RULE_TEXT))
     return _COMPILED[0]
+
+
+def folded_leads(kind: str) -> re.Pattern[str]:
+    """The leads of the folded rule `kind` as one pattern matched without case."""
+    return re.compile(_FOLDED_LEADS[kind], re.IGNORECASE)
 
 
 _PEM_BEGIN = r"-----BEGIN (?P<label>[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?)-----"

@@ -22,6 +22,7 @@ from sharedmem.redact.credentials import (
     MARKER_PREFIX,
     Rule,
     Span,
+    folded_leads,
     group_span,
     marker,
     pem_spans,
@@ -42,7 +43,7 @@ class Finding(namedtuple("Finding", "kind start end line")):
 def _lead_positions(rule: Rule, text: str, lowered: str | None) -> list[int]:
     """Where the rule's leads match, in order: the only places its full pattern can start."""
     if rule.folded and lowered is None:  # lower() changed the length: offsets would not line up
-        return [m.start() for m in rules()[1][rule.kind].finditer(text)]
+        return [m.start() for m in folded_leads(rule.kind).finditer(text)]
     hay = lowered if rule.folded and lowered is not None else text
     found: list[int] = []
     for lead in rule.lead:
@@ -62,10 +63,13 @@ def _scan(rule: Rule, text: str, lowered: str | None) -> Iterator[Span]:
     """Accepted spans of one rule, trying its full pattern only where a lead literal occurs."""
     check = rule.check or group_span
     pos = 0
+    regex = None
     for at in _lead_positions(rule, text, lowered):
         if at < pos or _inside_marker(text, at):
             continue
-        m = rule.regex.match(text, at)
+        if regex is None:  # compiled where a lead first matches (`credentials.rules`)
+            regex = re.compile(rule.regex)
+        m = regex.match(text, at)
         if m is None:
             continue
         pos = m.end()  # accepted or not, never rescan a match: that would be quadratic
@@ -80,7 +84,7 @@ def _candidates(text: str) -> list[tuple[int, int, int, str]]:
     if len(lowered) != len(text):
         lowered = None
     found = [(s, e, 0, "private-key") for s, e in pem_spans(text)]
-    for rule in rules()[0]:
+    for rule in rules():
         found.extend((s, e, rule.priority, rule.kind) for s, e in _scan(rule, text, lowered))
     return found
 

@@ -740,17 +740,19 @@ PARTS = frozenset({"files", "bodies", "commit"})
 def _load_for_changes() -> None:
     """Load what a change needs on a thread, while the client walks or sends its bodies.
 
-    The redactor's patterns take 10-15 ms to compile, and `hashlib` (OpenSSL), `ingest.py` and
-    `tails.py` another 8-10 ms to load; a session spends them on a thread while it waits for
-    the client, not on its answer. One that receives no change loads them for nothing, on that
-    thread, while it waits.
+    The redactor's screens and the path rules' patterns take 3-4 ms to compile, and `hashlib`
+    (OpenSSL), `ingest.py` and `tails.py` another 8-10 ms to load; a session spends them on a
+    thread while it waits for the client, not on its answer. One that receives no change
+    loads them for nothing, on that thread, while it waits.
     """
     import threading
 
     def load() -> None:
         from sharedmem.hashing import sha256_bytes
         from sharedmem.redact.redactor import prepare
+        from sharedmem.rules import compile_rules
         prepare()
+        compile_rules()
         sha256_bytes(b"")  # loads hashlib, which the first hash would
         import importlib
         for module in ("sharedmem.server.ingest", "sharedmem.server.tails"):
