@@ -66,7 +66,7 @@ def proxy_command(rtt_ms: float, mbit: float, log: Path) -> str:
 
 
 def _ours(work: Path, server: Sshd, source: Path, run: int, proxy: str, sockets: Path | None,
-          log: Path) -> dict[str, dict[str, float]]:
+          log: Path, limits: dict[str, int]) -> dict[str, dict[str, float]]:
     """One run of our three phases; the connection the first opens is closed at the end."""
     cfg = work / f"client-{run}" / "client.json"
     cfg.parent.mkdir(parents=True)
@@ -79,7 +79,8 @@ def _ours(work: Path, server: Sshd, source: Path, run: int, proxy: str, sockets:
     cfg.write_text(json.dumps({
         "machine": "laptop", "transport": transport,
         "sources": [{"name": "corpus", "kind": "markdown", "path": str(source)}],
-        "cache": str(cfg.parent / "cache"), "state": str(cfg.parent / "state")}))
+        "cache": str(cfg.parent / "cache"), "state": str(cfg.parent / "state"),
+        **({"limits": limits} if limits else {})}))
     out: dict[str, dict[str, float]] = {}
     try:
         for phase in PHASES:
@@ -92,7 +93,7 @@ def _ours(work: Path, server: Sshd, source: Path, run: int, proxy: str, sockets:
             ended = time.monotonic()
             report = json.loads(proc.stdout or "{}")
             if proc.returncode != 0:
-                raise SystemExit(f"sync failed in phase {phase}: {report.get('error')} "
+                raise SystemExit(f"sync failed in phase {phase}: {bench_sync._why(report)} "
                                  f"{proc.stderr[-400:]}")
             out[phase] = {"seconds": ended - started, "sent": report["bytes"]["sent"],
                           "received": report["bytes"]["received"],
@@ -187,7 +188,9 @@ def main(args: argparse.Namespace) -> int:
         stats = corpus.generate(source, files=args.files)
         report["corpus"] = stats
         print(f"corpus: {stats['files']} files, {stats['bytes'] / 1e6:.1f} MB", file=sys.stderr)
-        server = start_sshd(work / "sshd", work / "server" / "store.sqlite3")
+        limits, serve_args = bench_sync.corpus_limits(stats)
+        server = start_sshd(work / "sshd", work / "server" / "store.sqlite3",
+                            serve_args=serve_args)
         try:
             for name, rtt, mbit in links:
                 slug = name.replace("/", "-")
@@ -203,7 +206,8 @@ def main(args: argparse.Namespace) -> int:
                         proxy = proxy_command(rtt, mbit, log)
                         if tool == "sharedmem":
                             data = _ours(work / slug, server, source, run, proxy,
-                                         None if sockets is None else sockets / slug, log)
+                                         None if sockets is None else sockets / slug, log,
+                                         limits)
                         else:
                             data = _rsync(work / slug, server, source, run, tool == "rsync -az",
                                           proxy, log)

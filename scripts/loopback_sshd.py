@@ -50,6 +50,7 @@ class Sshd:
     known_hosts: Path
     config_file: Path
     process: subprocess.Popen | None = None
+    serve_args: tuple[str, ...] = ()  # after `--store` in each `serve` it runs by default
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -81,7 +82,8 @@ class Sshd:
     def transport(self, *, pinned: bool = True, store: Path | None = None,
                   remote_command: list[str] | None = None) -> dict:
         """A client.json transport section that reaches this sshd."""
-        command = remote_command or [*SERVE, "--store", str(store or self.store)]
+        command = remote_command or [*SERVE, "--store", str(store or self.store),
+                                     *self.serve_args]
         return {"kind": "ssh", "host": f"{self.user}@127.0.0.1", "port": self.port,
                 "identity": str(self.pinned_key if pinned else self.free_key),
                 "options": [f"UserKnownHostsFile={self.known_hosts}",
@@ -89,15 +91,23 @@ class Sshd:
                 "remote_command": command}
 
 
-def pinned_line(store: Path, machine: str, key: str) -> str:
-    """The authorized_keys line that pins `key` to `machine`, as install_server.py writes it."""
+def pinned_line(store: Path, machine: str, key: str, serve_args: tuple[str, ...] = ()) -> str:
+    """The authorized_keys line that pins `key` to `machine`, as install_server.py writes it.
+
+    `serve_args` go after `--store` (a benchmark's `--limit NAME=VALUE` settings).
+    """
     serve = " ".join(SERVE)
-    return (f'restrict,command="{serve} --store {store} '
+    extra = "".join(f" {arg}" for arg in serve_args)
+    return (f'restrict,command="{serve} --store {store}{extra} '
             f'--machine {machine}" {key}')
 
 
-def start_sshd(root: Path, store: Path, machine: str = "laptop") -> Sshd:
-    """Make keys and a config under `root`, then start sshd; raises SshdUnavailable with the reason."""
+def start_sshd(root: Path, store: Path, machine: str = "laptop",
+               serve_args: tuple[str, ...] = ()) -> Sshd:
+    """Make keys and a config under `root`, then start sshd; raises SshdUnavailable with the reason.
+
+    `serve_args` are added to every `serve` this sshd runs by default (`--limit` settings).
+    """
     if not Path(SSHD).exists():
         raise SshdUnavailable(f"OpenSSH server not installed ({SSHD}); .ci/run installs "
                               "openssh-server")
@@ -112,7 +122,8 @@ def start_sshd(root: Path, store: Path, machine: str = "laptop") -> Sshd:
     free_pub = _keygen(root / "free")
     port = _free_port()
     authorized = root / "authorized_keys"
-    authorized.write_text(pinned_line(store, machine, pinned_pub) + "\n" + free_pub + "\n")
+    authorized.write_text(pinned_line(store, machine, pinned_pub, serve_args) + "\n"
+                          + free_pub + "\n")
     authorized.chmod(0o600)
     known = root / "known_hosts"
     known.write_text(f"[127.0.0.1]:{port} {host_pub}\n")
@@ -130,7 +141,7 @@ def start_sshd(root: Path, store: Path, machine: str = "laptop") -> Sshd:
         "PubkeyAuthentication yes", "PermitRootLogin prohibit-password", "UsePAM no",
         f"SetEnv HOME={home}", "LogLevel ERROR", "MaxStartups 50", "MaxSessions 50", ""]))
     server = Sshd(root, port, getpass.getuser(), store, root / "pinned", root / "free", known,
-                  config)
+                  config, serve_args=tuple(serve_args))
     try:
         server.start()
     except RuntimeError as exc:
