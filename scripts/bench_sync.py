@@ -56,7 +56,7 @@ DEFAULT_FILES, DEFAULT_BYTES = 20_000, 64 << 20
 def corpus_limits(stats: dict[str, int]) -> tuple[dict[str, int], tuple[str, ...]]:
     """The client's `limits` and `serve`'s `--limit` settings for a corpus of `stats`.
 
-    None of either for a corpus within the defaults (the 10,000 files of every table here);
+    None of either for a corpus within half the defaults (the 10,000 files of the tables here);
     past them, room for the corpus and the appends of the 1% phases, twice over.
     """
     files, size = stats["files"], stats["bytes"]

@@ -269,13 +269,18 @@ def test_a_record_that_matches_the_file_but_is_malformed_is_read(tmp_path, field
     assert [e.text for e in again.files] == ["x"]
 
 
-def test_one_malformed_entry_leaves_the_rest_of_the_record_reused(tmp_path):
-    # The record is checked a column at a time; an entry that fails is dropped, not the record.
+def three_files(tmp_path):
+    """A folder of a.md, b.md and c.md, its first snapshot, and that snapshot's record as saved."""
     root = tmp_path / "docs"
     for name in ("a.md", "b.md", "c.md"):
         write(root / name, f"{name}\n")
     first = snapshot(spec(KIND_MARKDOWN, root))
-    record = json.loads(json.dumps(first.record()))
+    return root, first, json.loads(json.dumps(first.record()))
+
+
+def test_one_malformed_entry_leaves_the_rest_of_the_record_reused(tmp_path):
+    # Each entry is checked by itself: one that fails is read again, not the whole record.
+    _, first, record = three_files(tmp_path)
     record["b.md"][2] = "z" * 64  # not hex
     record["c.md"][4] = []  # counts that are not a mapping
     again = snapshot(first.spec, previous=record)
@@ -284,11 +289,7 @@ def test_one_malformed_entry_leaves_the_rest_of_the_record_reused(tmp_path):
 
 
 def test_reused_files_keep_the_collision_and_quota_rules(tmp_path):
-    root = tmp_path / "docs"
-    for name in ("a.md", "b.md", "c.md"):
-        write(root / name, f"{name}\n")
-    first = snapshot(spec(KIND_MARKDOWN, root))
-    record = json.loads(json.dumps(first.record()))
+    root, first, record = three_files(tmp_path)
     again = snapshot(first.spec, Limits(namespace_files=2), previous=record)
     assert [e.path for e in again.files] == ["a.md", "b.md"]
     assert all(e.text is None for e in again.files) and reasons(again) == {"c.md": "quota"}
