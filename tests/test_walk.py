@@ -252,7 +252,8 @@ def test_malformed_previous_is_ignored(tmp_path, previous):
 
 
 @pytest.mark.parametrize("field, value", [
-    (2, "not-a-sha"), (2, "g" * 64), (2, None), (3, -1), (3, True), (3, 1.0),
+    (2, "not-a-sha"), (2, "g" * 64), (2, "A" * 64), (2, "0" * 62 + "  "), (2, None),
+    (3, -1), (3, True), (3, 1.0),
     (4, {"k": "v"}), (4, {"k": -1}), (4, {1: 1}), (4, "counts"), (0, True), (1, "time"),
 ])
 def test_a_record_that_matches_the_file_but_is_malformed_is_read(tmp_path, field, value):
