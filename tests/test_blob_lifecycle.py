@@ -151,6 +151,7 @@ def test_a_session_ending_leaves_the_bodies_another_live_session_relies_on(
         assert exported(s) == {f"machines/laptop/notes/{p}": t for p, t in files.items()}
         assert s.verify() == [] and s.counts()["blobs"] == AHEAD
     assert count(store, "SELECT count(*) FROM claims") == 0  # both released at their end
+    assert count(store, "SELECT count(*) FROM stored_ahead") == 0
 
 
 # --- a session killed after storing bodies ahead (issue 14) --------------------------------------
@@ -284,8 +285,46 @@ def test_a_claim_outlives_another_process_taking_its_session_for_dead(tmp_path: 
         assert s.counts()["blobs"] == 0
         s.put_blobs([(sha256_text(text), len(text), text.encode())])
         assert s.session is not None and s.session != first
-        assert s.conn.execute("SELECT count(*) FROM claims").fetchone()[0] == 1
+        assert s.conn.execute("SELECT session_id FROM stored_ahead").fetchall() == [(s.session,)]
         assert s.finish() is not None and s.counts()["blobs"] == 0
+
+
+def rows(tag: str, count: int = 3) -> list[tuple[str, int, bytes]]:
+    texts = [f"{tag} {i}" for i in range(count)]
+    return [(sha256_text(t), len(t), t.encode()) for t in texts]
+
+
+def test_bodies_stored_ahead_are_claimed_as_runs_that_a_strays_collection_honours(
+        tmp_path: Path) -> None:
+    """Two sessions' commits interleave; each commit's new bodies are one run of its session."""
+    path = tmp_path / "store.sqlite3"
+    with Store.open(path) as a, Store.open(path) as b:
+        a.put_blobs(rows("a1"))
+        b.put_blobs(rows("b1"))
+        a.put_blobs([*rows("a2"), *rows("b1")])  # b1 was there: claimed for a, a row each
+        runs = a.conn.execute("SELECT first_rowid, last_rowid, session_id FROM stored_ahead "
+                              "ORDER BY first_rowid").fetchall()
+        assert runs == [(1, 3, a.session), (4, 6, b.session), (7, 9, a.session)]
+        assert a.conn.execute("SELECT count(*) FROM claims WHERE session_id=?",
+                              (a.session,)).fetchone()[0] == 3
+        assert a.collect(strays=True).bodies == 0  # every body is someone's
+        assert b.finish() is not None  # b's own run goes; b1 stays, a claims it
+        assert b.counts()["blobs"] == 9
+        assert a.finish() is not None  # nothing used them: all go
+        assert a.counts()["blobs"] == 0
+        assert a.conn.execute("SELECT count(*) FROM stored_ahead").fetchone()[0] == 0
+
+
+def test_bodies_numbered_past_the_largest_rowid_are_claimed_one_by_one(tmp_path: Path) -> None:
+    """SQLite numbers new rows at random once the largest rowid is taken: no run holds them."""
+    with Store.open(tmp_path / "store.sqlite3") as s:
+        with s.transaction() as conn:
+            conn.execute("INSERT INTO blobs(rowid, sha256, size, body) VALUES (?,?,1,'x')",
+                         (2**63 - 1, sha256_text("x")))
+        s.put_blobs(rows("late"))
+        assert s.conn.execute("SELECT count(*) FROM stored_ahead").fetchone()[0] == 0
+        assert s.conn.execute("SELECT count(*) FROM claims").fetchone()[0] == 3
+        assert s.collect(strays=True).bodies == 1  # only the one nothing claims
 
 
 def test_the_v2_fixture_opens_as_is_and_collects_what_its_time_made_due(tmp_path: Path) -> None:

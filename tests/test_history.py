@@ -28,6 +28,7 @@ from sharedmem.protocol import Channel
 from sharedmem.server import backup
 from sharedmem.server import blob_lifecycle as life
 from sharedmem.server.ingest import IncomingFile, ingest
+from sharedmem.server.schema import SCHEMA_VERSION
 from sharedmem.server.session import Session
 from sharedmem.server.store import NotFound, Store
 
@@ -236,10 +237,16 @@ def fixture_store(path: Path, version: int) -> Path:
     return path
 
 
-def test_the_v3_fixture_opens_as_is_and_its_history_expires_when_its_time_comes(
+def test_the_v3_fixture_migrates_and_its_history_expires_when_its_time_comes(
         tmp_path: Path) -> None:
+    from sharedmem.cli.doctor import doctor_store
     path = fixture_store(tmp_path / "store.sqlite3", 3)
-    with Store.open(path, before_migrate=lambda p, v: pytest.fail("no migration is due")) as s:
+    assert "stored_ahead" not in life.unkept(3) and "stored_ahead" in life.UNKEPT
+    checks = {c.name: c for c in doctor_store(path).checks}  # read before it is migrated
+    assert checks["bodies"].details["orphans"] == 0, checks["bodies"].message
+    migrated: list[int] = []  # to schema 4 (runs of bodies stored ahead), which adds a table
+    with Store.open(path, before_migrate=lambda p, v: migrated.append(v)) as s:
+        assert migrated == [3]
         assert s.verify() == [] and s.counts()["versions"] == 2
         summary = "machines/alpha/codex/memory_summary.md"
         assert [(v["version"], v["replaced_at"]) for v in s.history(summary)["versions"]] == [
@@ -256,6 +263,19 @@ def test_the_v3_fixture_opens_as_is_and_its_history_expires_when_its_time_comes(
         assert len(exported(s, "machines/")) == 5
 
 
+def test_the_v4_fixture_opens_as_is_and_its_killed_session_releases_its_run(
+        tmp_path: Path) -> None:
+    path = fixture_store(tmp_path / "store.sqlite3", 4)
+    with Store.open(path, before_migrate=lambda p, v: pytest.fail("no migration is due")) as s:
+        assert s.verify() == [] and s.counts()["blobs"] == 11
+        done = s.collect(now=T)  # two bodies unused past their grace go; the session stands
+        assert (done.sessions, done.bodies) == (0, 2)
+        done = s.collect(now=T + 3600)  # a day unseen: its claim and its run go, with bodies
+        assert (done.sessions, done.bodies) == (1, 2)
+        assert s.conn.execute("SELECT count(*) FROM stored_ahead").fetchone()[0] == 0
+        assert s.verify() == [] and len(exported(s, "machines/")) == 5
+
+
 def test_a_v2_store_is_migrated_with_history_on_and_doctor_reads_it_before(tmp_path: Path) -> None:
     from sharedmem.cli.doctor import doctor_store
     path = fixture_store(tmp_path / "store.sqlite3", 2)
@@ -263,7 +283,8 @@ def test_a_v2_store_is_migrated_with_history_on_and_doctor_reads_it_before(tmp_p
     checks = {c.name: c for c in doctor_store(path).checks}
     assert checks["bodies"].details["orphans"] == 0, checks["bodies"].message  # it was read
     with Store.open(path) as s:
-        assert s.schema_version() == 3 and s.history_days() == life.DEFAULT_HISTORY_DAYS
+        assert s.schema_version() == SCHEMA_VERSION
+        assert s.history_days() == life.DEFAULT_HISTORY_DAYS
         publish(s, {"MEMORY.md": "# Alpha memory, consolidated\n"}, machine="alpha")
         assert listed(s, "machines/alpha/codex/MEMORY.md") == [(1, False), (7, True)]
         assert listed(s, "machines/alpha/codex/memory_summary.md") == [(1, False)]

@@ -49,7 +49,20 @@ def test_schema_pragmas(tmp_path: Path) -> None:
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persisted in the file
     assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert raw.execute("PRAGMA page_size").fetchone()[0] == store_module.PAGE_SIZE
     raw.close()
+
+
+def test_a_store_made_with_other_pages_keeps_them(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA page_size=4096")
+    raw.execute("PRAGMA journal_mode=WAL")
+    raw.close()
+    with Store.open(path) as st:
+        ingest(st, "laptop", "notes", "markdown", files({"a.md": "A" * 10_000}))
+        assert st.conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+        assert st.verify() == [] and exported(st) == {"machines/laptop/notes/a.md": "A" * 10_000}
 
 
 def test_open_refuses_missing_corrupt_and_newer(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 A body stays while a file uses it, while a live `serve` session claims it, and for
 GRACE_SECONDS after a file stopped using it; then a collection deletes it. A session claims
 what it relies on before any file uses it: the bodies it stored ahead of their manifest
-(`Store.put_blobs`), and bodies the store held that no file used when the session told its
+(`Store.put_blobs`: those it stored as runs of rowids, `stored_ahead`, those the store already
+held as a claim each), and bodies the store held that no file used when the session told its
 client it need not send them (`Store.need`). The grace covers the other case, a body a file
 used when a session was told the store holds it, whose last file then went before that
 session's commit. A session releases its claims when it ends; the claims of one that was
@@ -45,6 +46,9 @@ KEEPS = (
     (1, "EXISTS (SELECT 1 FROM files WHERE files.sha256 = blobs.sha256)"),
     (2, "EXISTS (SELECT 1 FROM claims WHERE claims.sha256 = blobs.sha256)"),
     (3, "EXISTS (SELECT 1 FROM versions WHERE versions.sha256 = blobs.sha256)"),
+    # The run that may hold a rowid is the one that starts nearest below it (runs never overlap).
+    (4, "EXISTS (SELECT 1 FROM (SELECT last_rowid FROM stored_ahead WHERE first_rowid <= "
+        "blobs.rowid ORDER BY first_rowid DESC LIMIT 1) WHERE last_rowid >= blobs.rowid)"),
 )
 
 
@@ -87,17 +91,35 @@ def claim(conn: sqlite3.Connection, session: int | None, shas: Iterable[str], no
     `present` the caller knows the store holds every one (it stored them in this transaction):
     they are claimed without a look-up each, a third of what storing a first sync's bodies cost.
     """
-    if session is None or not conn.execute("UPDATE sessions SET seen_at=? WHERE id=?",
-                                           (now, session)).rowcount:
-        session = int(conn.execute(
-            "INSERT INTO sessions(pid, host, started_at, seen_at) VALUES (?,?,?,?)",
-            (os.getpid(), host(), now, now)).lastrowid or 0)
+    session = _seen(conn, session, now)
     if present:
         conn.executemany("INSERT OR IGNORE INTO claims VALUES (?,?)",
                          [(sha, session) for sha in shas])
     else:
         conn.executemany("INSERT OR IGNORE INTO claims SELECT sha256, ? FROM blobs WHERE sha256=?",
                          [(session, sha) for sha in shas])
+    return session
+
+
+def claim_run(conn: sqlite3.Connection, session: int | None, first: int, last: int,
+              now: int) -> int:
+    """Claim the bodies with rowids `first` to `last`, all stored by this transaction.
+
+    One row for a commit's worth of new bodies (schema 4), where `claim` writes one each.
+    Returns the session's id, registered as `claim` does.
+    """
+    session = _seen(conn, session, now)
+    conn.execute("INSERT INTO stored_ahead VALUES (?,?,?)", (first, last, session))
+    return session
+
+
+def _seen(conn: sqlite3.Connection, session: int | None, now: int) -> int:
+    """The session's id after recording it seen now; a new row if it has none (or it went)."""
+    if session is None or not conn.execute("UPDATE sessions SET seen_at=? WHERE id=?",
+                                           (now, session)).rowcount:
+        session = int(conn.execute(
+            "INSERT INTO sessions(pid, host, started_at, seen_at) VALUES (?,?,?,?)",
+            (os.getpid(), host(), now, now)).lastrowid or 0)
     return session
 
 
@@ -156,7 +178,11 @@ def collect(conn: sqlite3.Connection, now: int, ended: Sequence[int], *,
         conn.executemany("INSERT OR IGNORE INTO unused SELECT sha256, 0 FROM claims c WHERE "
                          "session_id=? AND NOT EXISTS (SELECT 1 FROM files f "
                          "WHERE f.sha256 = c.sha256)", ids)  # what a commit used is kept
-        conn.executemany("DELETE FROM sessions WHERE id=?", ids)  # and its claims
+        conn.executemany("INSERT OR IGNORE INTO unused SELECT b.sha256, 0 FROM stored_ahead s "
+                         "JOIN blobs b ON b.rowid BETWEEN s.first_rowid AND s.last_rowid "
+                         "WHERE s.session_id=? AND NOT EXISTS (SELECT 1 FROM files f "
+                         "WHERE f.sha256 = b.sha256)", ids)
+        conn.executemany("DELETE FROM sessions WHERE id=?", ids)  # and its claims and runs
         done.sessions = len(ids)
     done.versions = prune(conn, now)
     if strays:

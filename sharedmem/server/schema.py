@@ -104,6 +104,19 @@ MIGRATIONS: list[str] = [
                   FROM meta WHERE key='history_days') > 0; END;
     INSERT INTO meta VALUES ('history_days', '30');
     """,
+    # 4: bodies a session stored ahead, claimed as runs of rowids, not a row each. A session's
+    # commit of new bodies takes consecutive rowids (it holds the write lock, and SQLite gives
+    # each new row the largest rowid plus one), so one row here claims a commit's worth. A
+    # `claims` row each (two random inserts in 64-character keys) doubled the cost of storing
+    # a first sync of 50,000 files (docs/BENCHMARKS.md, "Tenth round"). `claims` still holds
+    # the bodies a session was told the store holds. A run goes with its session, and while it
+    # stands its rowids stay the highest in the store's past, so a later run never overlaps it.
+    """
+    CREATE TABLE stored_ahead(
+        first_rowid INTEGER PRIMARY KEY, last_rowid INTEGER NOT NULL,
+        session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE);
+    CREATE INDEX stored_ahead_by_session ON stored_ahead(session_id);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
