@@ -44,6 +44,7 @@ def test_schema_pragmas(tmp_path: Path) -> None:
         assert st.conn.execute("PRAGMA synchronous").fetchone()[0] == 2
         assert st.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
         assert st.conn.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
+        assert st.conn.execute("PRAGMA cache_size").fetchone()[0] == -store_module.CACHE_KIB
         assert st.schema_version() == SCHEMA_VERSION == len(store_module.MIGRATIONS)
         assert st.verify() == []
     raw = sqlite3.connect(path)
