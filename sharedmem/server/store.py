@@ -44,8 +44,10 @@ BUSY_TIMEOUT_MS = 60_000
 PAGE_SIZE = 16384
 # SQLite's page cache for a connection, in KiB (it grows only as pages are read). The default
 # 2 MiB held the indexes of 10,000 files, not those of 50,000: a first sync's rows then read
-# and spilled index pages again and again (their SQL 0.97-1.08 s against 0.67-0.69 s at 64 MiB).
-CACHE_KIB = 65536
+# and spilled index pages again and again. 16 MiB took most of what 64 MiB did (storing a first
+# sync of 50,000 in process: 1.2 + 1.0 s against 1.6 + 1.4 s at 2 MiB, 1.0 + 1.2 s at 64),
+# and `serve` stays within the memory test_hostile_serve allows it (64 MiB: a 122 MiB peak).
+CACHE_KIB = 16384
 # `need` reads a namespace's rows rather than look each body up when it holds at most this
 # many files for each body asked about: a row read costs a tenth of a look-up, or less.
 NEED_SCAN_RATIO = 4
