@@ -279,6 +279,20 @@ def test_doctor_store_names_orphan_bodies_and_repair_collects_them(tmp_path: Pat
     assert checks["store"].details["counts"]["files"] == 7
 
 
+def test_doctor_store_counts_the_bodies_a_live_session_stored_ahead(tmp_path: Path) -> None:
+    """Claimed as a run of rowids or a row each, both count as a running session's."""
+    store = tmp_path / "store.sqlite3"
+    from sharedmem.server.store import Store
+    with Store.open(store) as s:
+        s.put_blobs([(c * 64, 3, b"abc") for c in "ab"])  # new: one run
+        s.put_blobs([(c * 64, 3, b"abc") for c in "bc"])  # b was there: a claim; c a run
+        assert s.conn.execute("SELECT count(*) FROM stored_ahead").fetchone()[0] == 2
+        checks = by_name(doctor_store(store))  # while this process, the session, runs
+    assert checks["bodies"].status == OK, checks["bodies"].message
+    assert checks["bodies"].details["claimed"] == 3 and checks["bodies"].details["orphans"] == 0
+    assert "3 claimed by running sessions" in checks["bodies"].message
+
+
 def test_doctor_repair_never_writes_a_store_that_fails_its_checks(tmp_path: Path) -> None:
     store = tmp_path / "store.sqlite3"
     from sharedmem.server.store import Store

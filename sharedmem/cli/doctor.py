@@ -524,9 +524,13 @@ def _check_bodies(report: Report, store: Path, version: int) -> None:
             live = [r[0] for r in sessions if life.alive(r[1], r[2], r[3], now)]
             dead = len(sessions) - len(live)
             marks = ",".join("?" * len(live))
-            held = conn.execute(f"SELECT count(*) FROM blobs WHERE {unused} AND EXISTS (SELECT 1 "
+            runs = (f" OR EXISTS (SELECT 1 FROM stored_ahead s WHERE s.session_id IN ({marks}) "
+                    "AND blobs.rowid BETWEEN s.first_rowid AND s.last_rowid)"
+                    if version >= 4 else "")  # claimed as runs of rowids (schema 4)
+            held = conn.execute(f"SELECT count(*) FROM blobs WHERE {unused} AND (EXISTS (SELECT 1 "
                                 f"FROM claims c WHERE c.sha256 = blobs.sha256 AND c.session_id "
-                                f"IN ({marks}))", live).fetchone()[0] if live else 0
+                                f"IN ({marks})){runs})", live * (2 if runs else 1)
+                                ).fetchone()[0] if live else 0
             waiting = conn.execute(f"SELECT count(*) FROM blobs WHERE {unused} AND sha256 IN "
                                    "(SELECT sha256 FROM unused)").fetchone()[0]
             stray = conn.execute(f"SELECT count(*), coalesce(sum(size), 0) FROM blobs WHERE "
