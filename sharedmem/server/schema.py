@@ -109,8 +109,9 @@ MIGRATIONS: list[str] = [
     # each new row the largest rowid plus one), so one row here claims a commit's worth. A
     # `claims` row each (two random inserts in 64-character keys) doubled the cost of storing
     # a first sync of 50,000 files (docs/BENCHMARKS.md, "Tenth round"). `claims` still holds
-    # the bodies a session was told the store holds. A run goes with its session, and while it
-    # stands its rowids stay the highest in the store's past, so a later run never overlaps it.
+    # the bodies a session was told the store holds. A run goes with its session; while it
+    # stands its bodies are kept, so the largest rowid stays at or past its end and a later
+    # run starts after it: runs never overlap.
     """
     CREATE TABLE stored_ahead(
         first_rowid INTEGER PRIMARY KEY, last_rowid INTEGER NOT NULL,
