@@ -3,14 +3,18 @@
 
 Files are 200 B to 20 KB in folders up to four deep, mostly English-like prose with some
 accented words (NFC, and a few NFD), some non-Latin text, and rare identifiers
-(`RareIdent0000`...) that each appear in only a few files.
+(`RareIdent0000`...) that each appear in only a few files. Its text has no `:`, `=` or `_`,
+which real notes hold and the redactor's screen stops at: `copy` takes a folder of real
+Markdown as the corpus instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import shutil
 import sys
 import unicodedata
 from pathlib import Path
@@ -78,6 +82,59 @@ def generate(root: Path, files: int = 10000, seed: int = 1) -> dict[str, int]:
         total_lines += len(lines)
     return {"files": files, "bytes": total_bytes, "lines": total_lines,
             "folders": len(folders), "seed": seed}
+
+
+COPY_HELP = ("a folder of Markdown to copy as the corpus, paths kept, instead of generating "
+             "one (--files is then ignored); the 1%% phase appends to the copy")
+
+
+def copy(source: Path, root: Path) -> dict[str, int | str]:
+    """Copy the `.md` files below `source` to `root`, paths kept; return counts as `generate`.
+
+    Hidden names and links are left out, as a sync leaves them. The benchmarks append to the
+    copy, never to `source`.
+    """
+    source, root = Path(source).resolve(), Path(root).resolve()
+    if not source.is_dir():
+        raise SystemExit(f"--corpus {source}: not a folder; name a folder of Markdown files")
+    if root == source or source in root.parents:
+        raise SystemExit(f"--corpus {source}: the benchmark's folder {root} is inside it; "
+                         "give --dir a folder outside the corpus")
+    files = total_bytes = total_lines = 0
+    folders: set[str] = set()
+    for folder, subfolders, names in os.walk(source):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".")
+                               and not os.path.islink(os.path.join(folder, d)))
+        for name in sorted(names):
+            path = Path(folder, name)
+            if name.startswith(".") or not name.endswith(".md") or path.is_symlink() \
+                    or not path.is_file():
+                continue
+            relative = path.relative_to(source)
+            target = root / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            data = target.read_bytes()
+            files += 1
+            total_bytes += len(data)
+            total_lines += data.count(b"\n")
+            folders.add(relative.parent.as_posix())
+    if not files:
+        raise SystemExit(f"--corpus {source}: holds no .md file (hidden names and links are "
+                         "left out); name a folder of Markdown files")
+    return {"files": files, "bytes": total_bytes, "lines": total_lines,
+            "folders": len(folders), "source": str(source)}
+
+
+def make(root: Path, files: int = 10000, copy_of: str | None = None) -> dict[str, int | str]:
+    """The benchmarks' corpus: a copy of the folder `copy_of`, or else `files` generated."""
+    return copy(Path(copy_of), root) if copy_of else generate(root, files)
+
+
+def describe(stats: dict[str, int | str]) -> str:
+    """One line for people: how many files, how large, and from where when copied."""
+    where = f", copied from {stats['source']}" if "source" in stats else ""
+    return f"corpus: {stats['files']} files, {int(stats['bytes']) / 1e6:.1f} MB{where}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -197,6 +197,38 @@ def test_redact_many_equals_redact_of_each() -> None:
         assert redact_many(texts) == [redact(t) for t in texts]
 
 
+def test_a_touched_text_is_tried_first_by_every_rule_that_finds_something_in_it() -> None:
+    # redact_many's first pass over a touched text tries only the rules whose leads the screens
+    # found in it: a rule with a candidate there but left out would let that secret through.
+    from sharedmem.redact.redactor import _candidates, _touched
+    rng = random.Random(23)
+    fragments = ([p[1] + p[2] + p[3] for p in POSITIVES] + [p[2] for p in POSITIVES] + NEGATIVES
+                 + [pem(x) for x in PEM_LABELS]
+                 + ["see https://example.com/x", "https://u:" + tok(12, ALNUM) + "@host/",
+                    "https://hooks.slack.com/services/" + tok(24, ALNUM), "token://x", "://",
+                    "password: " + tok(14, ALNUM), "note [REDACTED:jwt] stays", " ", "\n"])
+    tried = 0
+    for _ in range(400):
+        texts = ["".join(rng.choice(fragments) for _ in range(rng.randint(1, 4)))
+                 for _ in range(rng.randint(1, 6))]
+        touched = _touched([t.encode() for t in texts])
+        for i, text in enumerate(texts):
+            found = {kind for _, _, _, kind in _candidates(text)}
+            if found:
+                tried += 1
+                assert i in touched and (touched[i] is None or found <= touched[i]), text
+    assert tried > 800
+
+
+def test_a_text_with_a_link_alone_is_tried_by_the_url_rules_alone() -> None:
+    from sharedmem.redact.redactor import _URL_KINDS, _touched
+    texts = ["read https://example.com/page first", "a token: here and https://x.org/", "plain"]
+    touched = _touched([t.encode() for t in texts])
+    assert touched[0] == _URL_KINDS
+    assert touched[1] is not None and touched[1] > _URL_KINDS and "generic-secret" in touched[1]
+    assert 2 not in touched
+
+
 SECRETISH = " = '" + tok(14, ALNUM) + "'"
 
 
@@ -248,7 +280,7 @@ def test_the_backward_screens_touch_every_text_a_caseless_lead_touches() -> None
     folded = [rule for rule in _RULE_TEXT if rule.folded]
     screened = set().union(*(kinds for _, kinds in _FOLDED_SCREENS + _FOLDED_WORDS + _SCREENS))
     assert {rule.kind for rule in folded} <= screened
-    patterns = [re.compile(rule.regex) for rule in folded]
+    patterns = [(rule.kind, re.compile(rule.regex)) for rule in folded]
     pieces = ["Token", "PASSWORD", "passwd", "Pwd", "SeCrEt", "api", "ApiKey", "Access", "private",
               "auth", "Authorization", "AWS", "_", "-", "key", "=", ":", "=>", " ", "\t", '"', "'",
               "`", "*", "]", "x", "\n", "https://Hooks.slack.com/", "é", "value", "/", "(",
@@ -257,9 +289,12 @@ def test_the_backward_screens_touch_every_text_a_caseless_lead_touches() -> None
     seen = 0
     for _ in range(4000):
         texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 9))) for _ in range(4)]
-        found = {i for i, t in enumerate(texts) if any(p.search(t) for p in patterns)}
-        seen += len(found)
-        assert found <= _touched([t.encode() for t in texts]), texts
+        touched = _touched([t.encode() for t in texts])
+        for i, text in enumerate(texts):
+            kinds = {kind for kind, p in patterns if p.search(text)}
+            seen += bool(kinds)
+            # Touched, and tried first by every rule that matches it.
+            assert not kinds or i in touched and (touched[i] is None or kinds <= touched[i]), text
     assert seen > 300  # the pieces do make matches often
 
 

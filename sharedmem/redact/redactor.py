@@ -78,22 +78,24 @@ def _scan(rule: Rule, text: str, lowered: str | None) -> Iterator[Span]:
             yield span
 
 
-def _candidates(text: str) -> list[tuple[int, int, int, str]]:
-    """Every rule's accepted spans as (start, end, priority, kind)."""
+def _candidates(text: str, kinds: frozenset[str] | None = None) -> list[tuple[int, int, int, str]]:
+    """Every rule's accepted spans as (start, end, priority, kind); only `kinds`' rules if given."""
     lowered: str | None = text.lower()
     if len(lowered) != len(text):
         lowered = None
-    found = [(s, e, 0, "private-key") for s, e in pem_spans(text)]
+    found = ([(s, e, 0, "private-key") for s, e in pem_spans(text)]
+             if kinds is None or "private-key" in kinds else [])
     for rule in rules():
-        found.extend((s, e, rule.priority, rule.kind) for s, e in _scan(rule, text, lowered))
+        if kinds is None or rule.kind in kinds:
+            found.extend((s, e, rule.priority, rule.kind) for s, e in _scan(rule, text, lowered))
     return found
 
 
-def _merged(text: str) -> list[tuple[int, int, str]]:
+def _merged(text: str, kinds: frozenset[str] | None = None) -> list[tuple[int, int, str]]:
     """Merge overlapping candidates so a secret is replaced once, under its most specific kind."""
     merged: list[tuple[int, int, str]] = []
     best = 0
-    for start, end, priority, kind in sorted(_candidates(text)):
+    for start, end, priority, kind in sorted(_candidates(text, kinds)):
         if merged and start < merged[-1][1]:
             m_start, m_end, m_kind = merged[-1]
             if priority < best:
@@ -147,9 +149,21 @@ def redact(text: str) -> tuple[str, dict[str, int]]:
     Passes repeat until one finds nothing, so redact(redact(x)[0]) never changes anything.
     Each pass turns at least one character that is not a marker into a marker, so it ends.
     """
+    return _redact(text, None)
+
+
+def _redact(text: str, first: frozenset[str] | None) -> tuple[str, dict[str, int]]:
+    """`redact`, its first pass trying only the rules of `first` (all when None).
+
+    `redact_many` names the rules a batch screen found a lead of in the text: no other rule can
+    match it, so that pass finds what one of every rule would. A text with a URL and nothing
+    else (most notes with a link) is then tried by the two URL rules, not seventeen. Later
+    passes, over a text with markers in it, try every rule.
+    """
     counts: dict[str, int] = {}
     while True:
-        spans = _outside_markers(text, _merged(text))
+        spans = _outside_markers(text, _merged(text, first))
+        first = None
         if not spans:
             return text, counts
         parts: list[str] = []
@@ -175,7 +189,8 @@ def redact_many(texts: list[str] | None,
 
     Every rule's leads (ASCII patterns) are searched once, as bytes, over all the texts in UTF-8
     joined by line breaks (no lead can span one), so a text none of them touches is returned as
-    it is without a pass of its own. Bytes keep the scan at one byte a character; lower-casing
+    it is without a pass of its own, and one they touch is tried first by the rules whose leads
+    they found (`_touched`). Bytes keep the scan at one byte a character; lower-casing
     bytes agrees with `str.lower` on ASCII, and the only two characters whose `lower()` is ASCII
     (the Kelvin sign, and capital I with dot, whose lower form is longer) send the whole batch
     the slow way. `encoded`, when the caller has them, are the texts in UTF-8.
@@ -189,7 +204,7 @@ def redact_many(texts: list[str] | None,
                and b"\xc4\xb0" in data for data in encoded):  # U+212A, U+0130 (memchr first)
             return [redact(data.decode("utf-8")) for data in encoded]
         dirty = _touched(encoded)
-        return [redact(data.decode("utf-8")) if i in dirty else (None, {})
+        return [_redact(data.decode("utf-8"), dirty[i]) if i in dirty else (None, {})
                 for i, data in enumerate(encoded)]
     try:
         if any("\u212a" in t or "\u0130" in t for t in texts):
@@ -199,32 +214,56 @@ def redact_many(texts: list[str] | None,
     except UnicodeError:
         return [redact(t) for t in texts]
     dirty = _touched(encoded)
-    return [redact(t) if i in dirty else (t, {}) for i, t in enumerate(texts)]
+    return [_redact(t, dirty[i]) if i in dirty else (t, {}) for i, t in enumerate(texts)]
 
 
-def _touched(encoded: list[bytes]) -> set[int]:
-    """Indexes of the texts (in UTF-8) that some lead, screen or earlier marker touches."""
+def _touched(encoded: list[bytes]) -> dict[int, frozenset[str] | None]:
+    """The texts (in UTF-8) some lead, screen or earlier marker touches, by index.
+
+    Each with the kinds of the rules a screen found a lead of in it: None for all of them,
+    for a text with a marker in it.
+    """
     joined = b"\n".join(encoded)
     backwards = joined.lower()[::-1]
     last = len(joined) - 1
-    hits: list[int] = []
-    for reverse, lead in _byte_leads():
-        if reverse:
-            hits.extend(last - m.start() for m in lead.finditer(backwards))
-        else:
-            hits.extend(m.start() for m in lead.finditer(joined))
-    for word, _ in _FOLDED_WORDS:
+    starts = list(itertools.accumulate((len(b) + 1 for b in encoded[:-1]), initial=0))
+    touched: dict[int, frozenset[str] | None] = {}
+
+    def touch(at: int, kinds: frozenset[str] | None) -> None:
+        i = bisect.bisect_right(starts, at) - 1
+        if i not in touched:
+            touched[i] = kinds
+        elif (known := touched[i]) is not None:
+            touched[i] = None if kinds is None else known | kinds
+
+    keyword = _keyword_screen()
+    for (reverse, lead), kinds in zip(_byte_leads(), _SCREEN_KINDS, strict=True):
+        if not reverse:
+            for m in lead.finditer(joined):
+                touch(m.start(), kinds)
+        elif kinds is not _COLON_KINDS:
+            for m in lead.finditer(backwards):
+                touch(last - m.start(), kinds)
+        else:  # the ':' of a URL's "://", or one after a keyword, or both
+            for m in lead.finditer(backwards):
+                at = m.start()
+                if at < 2 or backwards[at - 2:at] != b"//":
+                    touch(last - at, _OPERATOR_KINDS)
+                elif keyword.match(backwards, at + 1) is None:
+                    touch(last - at, _URL_KINDS)
+                else:
+                    touch(last - at, _COLON_KINDS)
+    for word, kinds in _FOLDED_WORDS:
         at = backwards.find(word.encode("ascii"))
         while at != -1:
-            hits.append(last - at)
+            touch(last - at, kinds)
             at = backwards.find(word.encode("ascii"), at + 1)
     needle = MARKER_PREFIX.encode()
     at = joined.find(needle)
     while at != -1:
-        hits.append(at)
+        touch(at, None)
         at = joined.find(needle, at + 1)
-    starts = list(itertools.accumulate((len(b) + 1 for b in encoded[:-1]), initial=0))
-    return {bisect.bisect_right(starts, at) - 1 for at in hits}
+    return touched
 
 
 _BYTE_LEADS: list[tuple[bool, re.Pattern[bytes]]] = []
@@ -233,6 +272,7 @@ _BYTE_LEADS: list[tuple[bool, re.Pattern[bytes]]] = []
 def prepare() -> None:
     """Compile what `redact_many` needs first, ahead of the texts (the server does it meanwhile)."""
     _byte_leads()
+    _keyword_screen()
 
 
 # The rules matched without case are screened backwards, over the lower-cased bytes reversed:
@@ -245,10 +285,12 @@ def prepare() -> None:
 # case) hold: case plays no part in those three bytes, and one scan does the work of two.
 _BACKWARDS = (r"""[ \t]{0,16}["'`*\]]{0,3}[a-z_-]{0,16}(?:"""
               + "|".join(k[::-1] for k in KEYWORD_STARTS) + ")")
+_URL_KINDS = frozenset({"url-password", "slack-webhook"})  # their matches hold "://"
+_OPERATOR_KINDS = frozenset({"generic-secret", "authorization-header"})  # a keyword, ':' or '='
+_COLON_KINDS = _URL_KINDS | _OPERATOR_KINDS
 _FOLDED_SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
-    (":(?:(?<=//:)|" + _BACKWARDS + ")",
-     frozenset({"generic-secret", "authorization-header", "url-password", "slack-webhook"})),
-    ("=" + _BACKWARDS, frozenset({"generic-secret", "authorization-header"})),
+    (":(?:(?<=//:)|" + _BACKWARDS + ")", _COLON_KINDS),
+    ("=" + _BACKWARDS, _OPERATOR_KINDS),
 )
 # Words looked for in the lower-cased bytes reversed with `bytes.find`, which skips through a
 # word of common letters twice as fast as the regex engine (28 MB: 21 ms against 40).
@@ -273,6 +315,19 @@ _SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
                 "private-key"})),
     (r"J(?<=eyJ)", frozenset({"jwt"})),
 )
+
+
+# The kinds of each of `_byte_leads`, in its order. A ':' screen's match is told apart by
+# `_touched`: "://" (the URL rules) or a keyword before it (the operator rules), or both.
+_SCREEN_KINDS = tuple(kinds for _, kinds in _FOLDED_SCREENS + _SCREENS)
+_KEYWORD_SCREEN: list[re.Pattern[bytes]] = []
+
+
+def _keyword_screen() -> re.Pattern[bytes]:
+    """The ':' screen's keyword part, matched right after the ':' in the reversed bytes."""
+    if not _KEYWORD_SCREEN:
+        _KEYWORD_SCREEN.append(re.compile(_BACKWARDS.encode("ascii")))
+    return _KEYWORD_SCREEN[0]
 
 
 def _byte_leads() -> list[tuple[bool, re.Pattern[bytes]]]:

@@ -1,0 +1,89 @@
+"""scripts/corpus.py: the generated corpus, and a folder of real Markdown copied as one."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import corpus  # noqa: E402
+
+
+def test_the_same_seed_writes_the_same_bytes(tmp_path: Path) -> None:
+    one = corpus.generate(tmp_path / "one", files=30)
+    two = corpus.generate(tmp_path / "two", files=30)
+    assert one == two and one["files"] == 30
+    names = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*.md"))
+    assert names == sorted(p.relative_to(tmp_path / "two") for p in (tmp_path / "two").rglob("*.md"))
+    assert all((tmp_path / "one" / n).read_bytes() == (tmp_path / "two" / n).read_bytes()
+               for n in names)
+
+
+def test_a_copy_keeps_the_markdown_and_its_paths_and_leaves_the_rest(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    (notes / "team" / "deep").mkdir(parents=True)
+    (notes / "a.md").write_text("token: abc\n", encoding="utf-8")
+    (notes / "team" / "b.md").write_text("x = 1\nsecond line\n", encoding="utf-8")
+    (notes / "team" / "deep" / "c.md").write_bytes("naïve_note\n".encode())
+    (notes / "team" / "notes.txt").write_text("not markdown\n", encoding="utf-8")
+    (notes / ".hidden.md").write_text("hidden\n", encoding="utf-8")
+    (notes / ".git").mkdir()
+    (notes / ".git" / "d.md").write_text("in a hidden folder\n", encoding="utf-8")
+    (notes / "link.md").symlink_to(notes / "a.md")
+    (notes / "linked").symlink_to(notes / "team")
+    stats = corpus.copy(notes, tmp_path / "bench" / "corpus")
+    out = tmp_path / "bench" / "corpus"
+    copied = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert copied == ["a.md", "team/b.md", "team/deep/c.md"]
+    assert (out / "team" / "deep" / "c.md").read_bytes() == "naïve_note\n".encode()
+    assert stats == {"files": 3, "bytes": 11 + 18 + len("naïve_note\n".encode()), "lines": 4,
+                     "folders": 3, "source": str(notes.resolve())}
+    assert corpus.describe(stats) == f"corpus: 3 files, 0.0 MB, copied from {notes.resolve()}"
+    assert not any(p.is_symlink() for p in out.rglob("*"))
+
+
+def test_make_copies_when_told_a_folder_and_generates_otherwise(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "only.md").write_text("one\n", encoding="utf-8")
+    assert corpus.make(tmp_path / "c1", 5, str(notes))["files"] == 1
+    made = corpus.make(tmp_path / "c2", 5)
+    assert made["files"] == 5 and "source" not in made
+    assert corpus.describe(made) == f"corpus: 5 files, {made['bytes'] / 1e6:.1f} MB"
+
+
+@pytest.mark.parametrize("case", ["missing", "a file", "no markdown", "inside it"])
+def test_a_folder_that_cannot_be_a_corpus_is_refused_by_name(tmp_path: Path, case: str) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "readme.txt").write_text("text\n", encoding="utf-8")
+    source, root = notes, tmp_path / "bench"
+    if case == "missing":
+        source = tmp_path / "absent"
+    elif case == "a file":
+        source = notes / "readme.txt"
+    elif case == "inside it":
+        (notes / "a.md").write_text("a\n", encoding="utf-8")
+        root = notes / "bench"
+    with pytest.raises(SystemExit) as raised:
+        corpus.copy(source, root)
+    message = str(raised.value)
+    assert message.startswith(f"--corpus {source.resolve()}: ")
+    assert {"missing": "not a folder", "a file": "not a folder", "no markdown": "holds no .md",
+            "inside it": "give --dir a folder outside"}[case] in message
+    assert not (root / "a.md").exists()
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="the sync benchmark needs rsync")
+def test_bench_sync_names_the_folder_it_cannot_copy(tmp_path: Path) -> None:
+    # The option reaches the benchmark: a missing folder stops it before any sshd starts.
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "sync",
+                           "--corpus", str(tmp_path / "absent"), "--dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert f"--corpus {(tmp_path / 'absent').resolve()}: not a folder" in proc.stderr
