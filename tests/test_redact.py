@@ -220,13 +220,22 @@ def test_a_touched_text_is_tried_first_by_every_rule_that_finds_something_in_it(
     assert tried > 800
 
 
-def test_a_text_with_a_link_alone_is_tried_by_the_url_rules_alone() -> None:
-    from sharedmem.redact.redactor import _URL_KINDS, _touched
-    texts = ["read https://example.com/page first", "a token: here and https://x.org/", "plain"]
+def test_a_link_touches_only_the_url_rule_it_may_hold() -> None:
+    # Most notes hold links; one with no '@' within reach and no Slack host touches no rule.
+    from sharedmem.redact.credentials import URL_PART
+    from sharedmem.redact.redactor import _touched
+    texts = ["read https://example.com/page first",
+             "clone https://me:" + tok(12, ALNUM) + "@git.example.com/r.git",
+             "post to https://Hooks.Slack.com/services/" + tok(24, ALNUM),
+             "a token: here and https://x.org/", "plain",
+             "https://" + "é" * URL_PART + ":" + "ü" * (URL_PART - 56) + tok(56, ALNUM) + "@h/"]
     touched = _touched([t.encode() for t in texts])
-    assert touched[0] == _URL_KINDS
-    assert touched[1] is not None and touched[1] > _URL_KINDS and "generic-secret" in touched[1]
-    assert 2 not in touched
+    assert 0 not in touched and 4 not in touched
+    assert touched[1] == {"url-password"} and touched[5] == {"url-password"}
+    assert touched[2] == {"slack-webhook"}
+    assert touched[3] == {"generic-secret", "authorization-header"}
+    assert redact(texts[5])[1] == {"url-password": 1}  # its '@' is 975 bytes past the ':'
+    assert redact_many(texts) == [redact(t) for t in texts]
 
 
 SECRETISH = " = '" + tok(14, ALNUM) + "'"

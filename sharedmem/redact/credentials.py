@@ -132,6 +132,7 @@ _GENERIC = (
     r"(?:\"(?P<dq>[^\"\r\n]{0,4096})\"|'(?P<sq>[^'\r\n]{0,4096})'"
     r"|(?P<bare>(?:[^\s\"'`,;&(){}\[\]<>]|&(?![\w.-]{1,64}=)){1,4096}))"  # stop at "&next="
 )
+URL_PART = 256  # characters at most of a URL's user, and of its password (url-password)
 KEYWORD_STARTS = ("passw", "pwd", "secret", "token", "api", "access", "private", "auth")
 _NEAR_OPERATOR = r"""(?=[a-z_-]{0,16}["'`*\]]{0,3}[ \t]{0,16}[:=])"""  # skips prose in the C engine
 _B64 = r"A-Za-z0-9/+"
@@ -181,8 +182,8 @@ _RULE_TEXT: tuple[Rule, ...] = (
           r"(?:(?P<scheme>bearer|basic|token|bot|apikey|negotiate|ntlm)[ \t]{1,16})?"
           r"(?P<s>[A-Za-z0-9._~+/=-]{8,})", 2, _check_auth, folded=True),
     _rule("url-password", r"://",
-          r"(?<=[A-Za-z0-9])://[^\s:/@?#\"'<>]{1,256}:(?P<s>[^\s/@?#\"'<>]{1,256})@",
-          2, _check_url),
+          rf"(?<=[A-Za-z0-9])://[^\s:/@?#\"'<>]{{1,{URL_PART}}}:"
+          rf"(?P<s>[^\s/@?#\"'<>]{{1,{URL_PART}}})@", 2, _check_url),
     _rule("generic-secret", tuple(k + _NEAR_OPERATOR for k in KEYWORD_STARTS), _GENERIC, 3,
           _check_generic, folded=True),
 )

@@ -20,6 +20,7 @@ from sharedmem.redact.credentials import (
     KEYWORD_STARTS,
     MARKER_PATTERN,
     MARKER_PREFIX,
+    URL_PART,
     Rule,
     Span,
     folded_leads,
@@ -156,9 +157,9 @@ def _redact(text: str, first: frozenset[str] | None) -> tuple[str, dict[str, int
     """`redact`, its first pass trying only the rules of `first` (all when None).
 
     `redact_many` names the rules a batch screen found a lead of in the text: no other rule can
-    match it, so that pass finds what one of every rule would. A text with a URL and nothing
-    else (most notes with a link) is then tried by the two URL rules, not seventeen. Later
-    passes, over a text with markers in it, try every rule.
+    match it, so that pass finds what one of every rule would: a text with a password in a URL
+    and nothing else is tried by one rule, not seventeen. Later passes, over a text with
+    markers in it, try every rule.
     """
     counts: dict[str, int] = {}
     while True:
@@ -249,10 +250,12 @@ def _touched(encoded: list[bytes]) -> dict[int, frozenset[str] | None]:
                 at = m.start()
                 if at < 2 or backwards[at - 2:at] != b"//":
                     touch(last - at, _OPERATOR_KINDS)
-                elif keyword.match(backwards, at + 1) is None:
-                    touch(last - at, _URL_KINDS)
-                else:
-                    touch(last - at, _COLON_KINDS)
+                    continue
+                found = _url_kinds(joined, last - at)
+                if keyword.match(backwards, at + 1) is not None:
+                    found |= _OPERATOR_KINDS
+                if found:
+                    touch(last - at, found)
     for word, kinds in _FOLDED_WORDS:
         at = backwards.find(word.encode("ascii"))
         while at != -1:
@@ -267,6 +270,30 @@ def _touched(encoded: list[bytes]) -> dict[int, frozenset[str] | None]:
 
 
 _BYTE_LEADS: list[tuple[bool, re.Pattern[bytes]]] = []
+
+
+# Bytes from a "://"'s ':' past which url-password's '@' cannot be: 1-URL_PART characters of
+# user, a ':', as many of password, at most four bytes a character.
+_URL_REACH = 3 + 4 * (2 * URL_PART + 2)
+_SLACK_HOST = b"hooks.slack.com/"
+_NO_KINDS: frozenset[str] = frozenset()
+
+
+def _url_kinds(joined: bytes, colon: int) -> frozenset[str]:
+    """The URL rules that may match at the "://" whose ':' is at `colon` in `joined`.
+
+    slack-webhook's match holds the host right after it; url-password's an '@' within reach,
+    with no white space before it. A link with neither (most links) touches no rule.
+    """
+    slack = joined[colon + 3:colon + 3 + len(_SLACK_HOST)].lower() == _SLACK_HOST
+    end = colon + _URL_REACH  # and never past a space or a line break (the texts' joint)
+    for space in (b" ", b"\n"):
+        if (at := joined.find(space, colon + 3, end)) != -1:
+            end = at
+    password = joined.find(b"@", colon + 3, end) != -1
+    if slack:
+        return _URL_KINDS if password else _SLACK_KINDS
+    return _PASSWORD_KINDS if password else _NO_KINDS
 
 
 def prepare() -> None:
@@ -285,7 +312,9 @@ def prepare() -> None:
 # case) hold: case plays no part in those three bytes, and one scan does the work of two.
 _BACKWARDS = (r"""[ \t]{0,16}["'`*\]]{0,3}[a-z_-]{0,16}(?:"""
               + "|".join(k[::-1] for k in KEYWORD_STARTS) + ")")
-_URL_KINDS = frozenset({"url-password", "slack-webhook"})  # their matches hold "://"
+_SLACK_KINDS = frozenset({"slack-webhook"})
+_PASSWORD_KINDS = frozenset({"url-password"})
+_URL_KINDS = _SLACK_KINDS | _PASSWORD_KINDS  # their matches hold "://"
 _OPERATOR_KINDS = frozenset({"generic-secret", "authorization-header"})  # a keyword, ':' or '='
 _COLON_KINDS = _URL_KINDS | _OPERATOR_KINDS
 _FOLDED_SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
@@ -318,7 +347,8 @@ _SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
 
 
 # The kinds of each of `_byte_leads`, in its order. A ':' screen's match is told apart by
-# `_touched`: "://" (the URL rules) or a keyword before it (the operator rules), or both.
+# `_touched`: "://" (the URL rules, `_url_kinds`) or a keyword before it (the operator rules),
+# or both.
 _SCREEN_KINDS = tuple(kinds for _, kinds in _FOLDED_SCREENS + _SCREENS)
 _KEYWORD_SCREEN: list[re.Pattern[bytes]] = []
 
