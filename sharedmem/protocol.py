@@ -379,12 +379,16 @@ class Channel:
         self.received_plain += len(data)
         return data
 
+    def ended(self, types: tuple[str, ...]) -> ProtocolError:
+        """The error for a peer that ended the session while this side waited for `types`."""
+        return ProtocolError(f"the {self.peer} ended the session while this side waited for "
+                             f"{' or '.join(types)}")
+
     def expect(self, *types: str) -> dict[str, Any]:
         """Read one message that must be of one of `types`."""
         message = self.receive()
         if message is None:
-            raise ProtocolError(f"the {self.peer} ended the session while this side waited for "
-                                f"{' or '.join(types)}")
+            raise self.ended(types)
         if message["type"] not in types:
             raise PeerError("out-of-order", f"expected {' or '.join(types)} from the {self.peer}, "
                             f"got {message['type']!r}")

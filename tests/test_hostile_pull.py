@@ -44,6 +44,9 @@ for raw in sys.stdin:
             continue
         if line == "@exit":
             sys.exit(0)
+        if line == "@crash":  # as a server that failed: its traceback on stderr, status 1
+            sys.stderr.write("Traceback (most recent call last):\nRuntimeError: store broke\n")
+            sys.exit(1)
         if line == "@sleep":
             time.sleep(60)
         send(line.replace("@NOTE_ID@", str(message.get("note_id"))))
@@ -166,7 +169,11 @@ BROKEN: dict[str, tuple[str, list, str]] = {
     "type not a string": ("pull", [j({"type": 5})], "not a JSON object with a string 'type'"),
     "the wrong message": ("pull", [END], "expected namespaces"),
     "gone before the end": ("pull", [head(), files(item("machines/desk/notes/b.md")), "@exit"],
-                            "ended the session"),
+                            "ended the session while this side waited for files or end; the "
+                            "server end at "),
+    "crashed before the end": ("pull", [head(), "@crash"], "ended the session while this side "
+                               "waited for files or end; the server end at "),
+    "crashed, what it said": ("pull", [head(), "@crash"], "stopped: RuntimeError: store broke"),
     "an error of a megabyte": ("pull", [j({"type": "error", "code": "store",
                                            "message": "x" * 1_000_000})],
                                "x" * 2000 + "... (1000000 characters)"),

@@ -452,3 +452,7 @@ class _ServerChannel(Channel):
             super().send_line(data)
         except ProtocolError:
             raise self.conn.gone() from None
+
+    def ended(self, types: tuple[str, ...]) -> ProtocolError:
+        """Why the server end stopped in mid-session: its last words on stderr, or its status."""
+        return ProtocolError(f"{super().ended(types)}; {self.conn.failure()}")
