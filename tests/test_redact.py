@@ -335,3 +335,31 @@ def test_a_note_is_checked_by_the_note_rule_around_its_redaction() -> None:
                                 ("2026-01-31T09-30-00-ci.md", "x" * (NOTE_MAX_BYTES + 1), "longer")):
         with pytest.raises(NoteError, match=why):
             redact_note(filename, note)
+
+
+def test_threads_that_redact_first_at_once_each_see_every_screen_once() -> None:
+    # `serve` compiles the screens on a thread (session._load_for_changes) while its session
+    # may already redact the first bodies: two first uses at once must leave one set of them.
+    import sys
+    import threading
+
+    from sharedmem.redact import redactor
+    texts = ["plain", "api_key" + SECRETISH, "see https://u:" + tok(12, ALNUM) + "@h/"]
+    want = [redact(t) for t in texts]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, inside the first compile too
+    try:
+        for _ in range(100):
+            redactor._BYTE_LEADS.clear()
+            redactor._KEYWORD_SCREEN.clear()
+            got: list[object] = []
+            threads = [threading.Thread(target=lambda out=got: out.append(
+                redactor.redact_many(texts))) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert got == [want] * 4
+            assert len(redactor._byte_leads()) == len(redactor._SCREEN_KINDS)
+    finally:
+        sys.setswitchinterval(interval)

@@ -201,9 +201,9 @@ def rules() -> tuple[Rule, ...]:
     and the folded leads cost each process that redacted anything 12 ms of 15
     (docs/BENCHMARKS.md "Ninth round").
     """
-    if not _COMPILED:  # filled in one step: a thread never sees part of it
-        _COMPILED.append(tuple(r._replace(lead=tuple(re.compile(x) for x in r.lead))
-                               for r in _RULE_TEXT))
+    if not _COMPILED:  # replaced whole in one step, as `redactor._byte_leads` does
+        _COMPILED[:] = [tuple(r._replace(lead=tuple(re.compile(x) for x in r.lead))
+                              for r in _RULE_TEXT)]
     return _COMPILED[0]
 
 

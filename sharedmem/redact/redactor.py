@@ -356,14 +356,17 @@ _KEYWORD_SCREEN: list[re.Pattern[bytes]] = []
 def _keyword_screen() -> re.Pattern[bytes]:
     """The ':' screen's keyword part, matched right after the ':' in the reversed bytes."""
     if not _KEYWORD_SCREEN:
-        _KEYWORD_SCREEN.append(re.compile(_BACKWARDS.encode("ascii")))
+        _KEYWORD_SCREEN[:] = [re.compile(_BACKWARDS.encode("ascii"))]  # as `_byte_leads`
     return _KEYWORD_SCREEN[0]
 
 
 def _byte_leads() -> list[tuple[bool, re.Pattern[bytes]]]:
     """(backwards, pattern) for the batch scan, compiled for bytes on first use."""
-    if not _BYTE_LEADS:  # filled in one step: a thread never sees part of the list
-        _BYTE_LEADS.extend(
+    if not _BYTE_LEADS:
+        # Replaced whole in one step: a thread never sees part of the list, and two threads
+        # compiling at once (`serve` does on a thread while its session may redact) each store
+        # the same list, where appending would leave two copies.
+        _BYTE_LEADS[:] = (
             [(True, re.compile(screen.encode("ascii"))) for screen, _ in _FOLDED_SCREENS]
             + [(False, re.compile(screen.encode("ascii"))) for screen, _ in _SCREENS])
     return _BYTE_LEADS
