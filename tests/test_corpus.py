@@ -27,7 +27,7 @@ def test_the_same_seed_writes_the_same_bytes(tmp_path: Path) -> None:
 def test_a_copy_keeps_the_markdown_and_its_paths_and_leaves_the_rest(tmp_path: Path) -> None:
     notes = tmp_path / "notes"
     (notes / "team" / "deep").mkdir(parents=True)
-    (notes / "a.md").write_text("token: abc\n", encoding="utf-8")
+    (notes / "a.md").write_text("title: abc\n", encoding="utf-8")
     (notes / "team" / "b.md").write_text("x = 1\nsecond line\n", encoding="utf-8")
     (notes / "team" / "deep" / "c.md").write_bytes("naïve_note\n".encode())
     (notes / "team" / "notes.txt").write_text("not markdown\n", encoding="utf-8")
