@@ -224,7 +224,7 @@ def test_a_link_touches_only_the_url_rule_it_may_hold() -> None:
     # Most notes hold links; one with no '@' within reach and no Slack host touches no rule.
     from sharedmem.redact.credentials import URL_PART
     from sharedmem.redact.redactor import _touched
-    texts = ["read https://example.com/page first",
+    texts = ["read https://example.com/page first, or https://npmjs.com/package/@scope/x",
              "clone https://me:" + tok(12, ALNUM) + "@git.example.com/r.git",
              "post to https://Hooks.Slack.com/services/" + tok(24, ALNUM),
              "a token: here and https://x.org/", "plain",

@@ -283,12 +283,13 @@ def _url_kinds(joined: bytes, colon: int) -> frozenset[str]:
     """The URL rules that may match at the "://" whose ':' is at `colon` in `joined`.
 
     slack-webhook's match holds the host right after it; url-password's an '@' within reach,
-    with no white space before it. A link with neither (most links) touches no rule.
+    with no '/' or white space before it (its user and password hold neither). A link with
+    neither (most links, a scoped package's `/@scope/` among them) touches no rule.
     """
     slack = joined[colon + 3:colon + 3 + len(_SLACK_HOST)].lower() == _SLACK_HOST
-    end = colon + _URL_REACH  # and never past a space or a line break (the texts' joint)
-    for space in (b" ", b"\n"):
-        if (at := joined.find(space, colon + 3, end)) != -1:
+    end = colon + _URL_REACH  # and never past a '/', a space or a line break (the texts' joint)
+    for stop in (b"/", b" ", b"\n"):
+        if (at := joined.find(stop, colon + 3, end)) != -1:
             end = at
     password = joined.find(b"@", colon + 3, end) != -1
     if slack:
