@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     sync = sub.add_parser("sync", help="the sync benchmark (scripts/bench_sync.py)")
     sync.add_argument("--files", type=int, default=10_000, help="corpus size (default 10000)")
     sync.add_argument("--corpus", metavar="FOLDER", help=corpus.COPY_HELP)
+    sync.add_argument("--style", choices=corpus.STYLES, default="prose", help=corpus.STYLE_HELP)
     sync.add_argument("--runs", type=int, default=3, help="repetitions (default 3)")
     sync.add_argument("--json", action="store_true", help="also print the figures as JSON")
     sync.add_argument("--dir", help="where to put the corpus, the store, the cache and rsync's "

@@ -206,7 +206,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="sharedmem-bench-sync-", dir=getattr(args, "dir", None)))
     try:
         source = work / "corpus"
-        stats = corpus.make(source, files, getattr(args, "corpus", None))
+        stats = corpus.make(source, files, getattr(args, "corpus", None),
+                            getattr(args, "style", None) or "prose")
         print(corpus.describe(stats), file=sys.stderr)
         limits, serve_args = corpus_limits(stats)
         server = start_sshd(work / "sshd", work / "server" / "store.sqlite3",
@@ -277,6 +278,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--corpus", help=corpus.COPY_HELP)
+    parser.add_argument("--style", choices=corpus.STYLES, default="prose", help=corpus.STYLE_HELP)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--dir", help="where to put the corpus, the store and the copies")

@@ -185,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
     passed = True
     try:
         source = work / "corpus"
-        stats = corpus.make(source, args.files, args.corpus)
+        stats = corpus.make(source, args.files, args.corpus, args.style)
         report["corpus"] = stats
         print(corpus.describe(stats), file=sys.stderr)
         limits, serve_args = bench_sync.corpus_limits(stats)
@@ -231,6 +231,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `bench.py wan`."""
     parser.add_argument("--files", type=int, default=10_000, help="corpus size (default 10000)")
     parser.add_argument("--corpus", metavar="FOLDER", help=corpus.COPY_HELP)
+    parser.add_argument("--style", choices=corpus.STYLES, default="prose", help=corpus.STYLE_HELP)
     parser.add_argument("--runs", type=int, default=3, help="repetitions (default 3)")
     parser.add_argument("--link", type=link, action="append",
                         help="40ms (40 ms RTT, 20 Mbit/s), 150ms (150 ms RTT, 5 Mbit/s), or "

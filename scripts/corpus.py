@@ -4,8 +4,9 @@
 Files are 200 B to 20 KB in folders up to four deep, mostly English-like prose with some
 accented words (NFC, and a few NFD), some non-Latin text, and rare identifiers
 (`RareIdent0000`...) that each appear in only a few files. Its text has no `:`, `=` or `_`,
-which real notes hold and the redactor's screen stops at: `copy` takes a folder of real
-Markdown as the corpus instead.
+which real notes hold and the redactor's screens stop at. The `notes` style adds what real
+notes hold besides prose (front matter, links, `key: value` lines, code); `copy` takes a
+folder of real Markdown as the corpus instead.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ ACCENTED = ("décision", "café", "résumé", "naïve", "façade", "Zürich", "j
 FOREIGN = ("日本語のメモ", "Привет мир", "Ελληνικά", "مرحبا", "한국어 메모", "ไทย")
 PHRASE = "rotate the signing key"
 COMMON = "session"
+STYLES = ("prose", "notes")
 
 
 def _line(rng: random.Random, rare: list[str]) -> str:
@@ -52,9 +54,38 @@ def _line(rng: random.Random, rare: list[str]) -> str:
     return prefix + " ".join(words)
 
 
-def generate(root: Path, files: int = 10000, seed: int = 1) -> dict[str, int]:
-    """Write `files` Markdown files under `root`; return counts (files, bytes, lines, folders)."""
+def _noted(extra: random.Random, line: str, n: int) -> str:
+    """A prose line, now and then made into one of what notes hold besides prose.
+
+    Links (a tenth of the lines; one in ten of those with a user before an '@'), `key: value`
+    lines, code, and now and then a name the redactor's keyword screen stops at.
+    """
+    roll = extra.random()
+    word, other = extra.choice(WORDS), extra.choice(WORDS)
+    if roll < 0.09:
+        return f"- see https://{word}.example.org/{other}/{n}"
+    if roll < 0.10:
+        return f"- clone https://{word}@git.example.org/{other}.git"
+    if roll < 0.16:
+        return f"{word}: {line.lstrip('-*# ')}"
+    if roll < 0.19:
+        return f"    {word}_{other} = {other}({n})"
+    if roll < 0.20:
+        return f"- {extra.choice(('api', 'access', 'auth'))}_{word}: {other} {n}"
+    return line
+
+
+def generate(root: Path, files: int = 10000, seed: int = 1,
+             style: str = "prose") -> dict[str, int]:
+    """Write `files` Markdown files under `root`; return counts (files, bytes, lines, folders).
+
+    The `notes` style draws its additions from a second generator, so `prose` stays the bytes
+    it always was.
+    """
+    if style not in STYLES:
+        raise SystemExit(f"--style {style!r}: use one of {', '.join(STYLES)}")
     rng = random.Random(seed)
+    extra = random.Random(seed + 1_000_003) if style == "notes" else None
     root = Path(root)
     rare = [f"RareIdent{i:04d}" for i in range(max(1, files // 50))]
     folders = [""]
@@ -69,9 +100,15 @@ def generate(root: Path, files: int = 10000, seed: int = 1) -> dict[str, int]:
         target = root / folder / f"{rng.choice(WORDS)}-{n:05d}.md"
         size = int(min(20_000, max(200, rng.lognormvariate(7.6, 0.8))))
         lines = [f"# {rng.choice(WORDS).capitalize()} {n}", ""]
-        length = len(lines[0]) + 2
+        if extra is not None and extra.random() < 0.5:  # front matter, as agents' memories have
+            lines[:0] = ["---", f"name: {extra.choice(WORDS)} {extra.choice(WORDS)}",
+                         f"description: {_line(extra, rare).lstrip('-*# ')}",
+                         f"type: {extra.choice(WORDS)}", "---"]
+        length = sum(len(x.encode("utf-8")) + 1 for x in lines)
         while length < size:
             line = _line(rng, rare)
+            if extra is not None:
+                line = _noted(extra, line, n)
             lines.append(line)
             length += len(line.encode("utf-8")) + 1
         text = "\n".join(lines) + "\n"
@@ -81,9 +118,11 @@ def generate(root: Path, files: int = 10000, seed: int = 1) -> dict[str, int]:
         total_bytes += len(data)
         total_lines += len(lines)
     return {"files": files, "bytes": total_bytes, "lines": total_lines,
-            "folders": len(folders), "seed": seed}
+            "folders": len(folders), "seed": seed, **({"style": style} if extra else {})}
 
 
+STYLE_HELP = ("prose (default: 60 words, no ':', '=' or '_') or notes (front matter, links, "
+              "key: value lines and code as well, which the redactor's screens stop at)")
 COPY_HELP = ("a folder of Markdown to copy as the corpus, paths kept, instead of generating "
              "one (--files is then ignored); the 1%% phase appends to the copy")
 
@@ -126,15 +165,17 @@ def copy(source: Path, root: Path) -> dict[str, int | str]:
             "folders": len(folders), "source": str(source)}
 
 
-def make(root: Path, files: int = 10000, copy_of: str | None = None) -> dict[str, int | str]:
+def make(root: Path, files: int = 10000, copy_of: str | None = None,
+         style: str = "prose") -> dict[str, int | str]:
     """The benchmarks' corpus: a copy of the folder `copy_of`, or else `files` generated."""
-    return copy(Path(copy_of), root) if copy_of else generate(root, files)
+    return copy(Path(copy_of), root) if copy_of else generate(root, files, style=style)
 
 
 def describe(stats: dict[str, int | str]) -> str:
     """One line for people: how many files, how large, and from where when copied."""
     where = f", copied from {stats['source']}" if "source" in stats else ""
-    return f"corpus: {stats['files']} files, {int(stats['bytes']) / 1e6:.1f} MB{where}"
+    style = f", {stats['style']} style" if "style" in stats else ""
+    return f"corpus: {stats['files']} files, {int(stats['bytes']) / 1e6:.1f} MB{where}{style}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("root", type=Path, help="folder to fill (created if absent)")
     parser.add_argument("--files", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--style", choices=STYLES, default="prose", help=STYLE_HELP)
     args = parser.parse_args(argv)
-    print(json.dumps(generate(args.root, args.files, args.seed)))
+    print(json.dumps(generate(args.root, args.files, args.seed, args.style)))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,31 @@ def test_the_same_seed_writes_the_same_bytes(tmp_path: Path) -> None:
     assert names == sorted(p.relative_to(tmp_path / "two") for p in (tmp_path / "two").rglob("*.md"))
     assert all((tmp_path / "one" / n).read_bytes() == (tmp_path / "two" / n).read_bytes()
                for n in names)
+
+
+def test_the_prose_style_is_the_corpus_it_always_was(tmp_path: Path) -> None:
+    # Every figure in docs/BENCHMARKS.md was measured on it: the notes style must not move it.
+    stats = corpus.generate(tmp_path / "c", files=60, seed=3)
+    digest = hashlib.sha256()
+    for path in sorted((tmp_path / "c").rglob("*.md")):
+        digest.update(path.relative_to(tmp_path / "c").as_posix().encode() + b"\0"
+                      + path.read_bytes())
+    assert stats == {"files": 60, "bytes": 163708, "lines": 2726, "folders": 5, "seed": 3}
+    assert digest.hexdigest() == "d281527bdc24b67f6b13af8e6182ed569f156821a5ae7d6b2c9f950c7f3b5de4"
+
+
+def test_the_notes_style_holds_what_notes_hold_besides_prose(tmp_path: Path) -> None:
+    stats = corpus.generate(tmp_path / "n", files=200, seed=5, style="notes")
+    again = corpus.generate(tmp_path / "m", files=200, seed=5, style="notes")
+    assert stats == again and stats["style"] == "notes" and stats["files"] == 200
+    text = "".join(p.read_text(encoding="utf-8") for p in sorted((tmp_path / "n").rglob("*.md")))
+    assert text.count("\n---\nname: ") + text.startswith("---\nname: ") > 50  # front matter
+    assert text.count("- see https://") > 100 and "@git.example.org/" in text
+    assert " = " in text and "_" in text and "\ndescription: " in text
+    assert any(f"- {k}_" in text for k in ("api", "access", "auth"))
+    assert corpus.describe(stats).endswith(", notes style")
+    with pytest.raises(SystemExit, match="--style 'poetry': use one of prose, notes"):
+        corpus.generate(tmp_path / "x", files=1, style="poetry")
 
 
 def test_a_copy_keeps_the_markdown_and_its_paths_and_leaves_the_rest(tmp_path: Path) -> None:
