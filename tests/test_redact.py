@@ -228,10 +228,13 @@ def test_a_link_touches_only_the_url_rule_it_may_hold() -> None:
              "clone https://me:" + tok(12, ALNUM) + "@git.example.com/r.git",
              "post to https://Hooks.Slack.com/services/" + tok(24, ALNUM),
              "a token: here and https://x.org/", "plain",
-             "https://" + "é" * URL_PART + ":" + "ü" * (URL_PART - 56) + tok(56, ALNUM) + "@h/"]
+             "https://" + "é" * URL_PART + ":" + "ü" * (URL_PART - 56) + tok(56, ALNUM) + "@h/",
+             "db at postgres://app:" + tok(8, ALNUM) + ":" + tok(8, ALNUM) + "@db.internal/x",
+             "clone https://me@git.example.com/r.git"]  # a user without a password
     touched = _touched([t.encode() for t in texts])
-    assert 0 not in touched and 4 not in touched
-    assert touched[1] == {"url-password"} and touched[5] == {"url-password"}
+    assert 0 not in touched and 4 not in touched and 7 not in touched
+    assert touched[1] == touched[5] == touched[6] == {"url-password"}
+    assert redact(texts[6])[1] == {"url-password": 1}  # a password may hold a ':'
     assert touched[2] == {"slack-webhook"}
     assert touched[3] == {"generic-secret", "authorization-header"}
     assert redact(texts[5])[1] == {"url-password": 1}  # its '@' is 975 bytes past the ':'
@@ -351,7 +354,6 @@ def test_threads_that_redact_first_at_once_each_see_every_screen_once() -> None:
     try:
         for _ in range(100):
             redactor._BYTE_LEADS.clear()
-            redactor._KEYWORD_SCREEN.clear()
             got: list[object] = []
             threads = [threading.Thread(target=lambda out=got: out.append(
                 redactor.redact_many(texts))) for _ in range(4)]

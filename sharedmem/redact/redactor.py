@@ -237,25 +237,13 @@ def _touched(encoded: list[bytes]) -> dict[int, frozenset[str] | None]:
         elif (known := touched[i]) is not None:
             touched[i] = None if kinds is None else known | kinds
 
-    keyword = _keyword_screen()
     for (reverse, lead), kinds in zip(_byte_leads(), _SCREEN_KINDS, strict=True):
-        if not reverse:
-            for m in lead.finditer(joined):
-                touch(m.start(), kinds)
-        elif kinds is not _COLON_KINDS:
+        if reverse:
             for m in lead.finditer(backwards):
                 touch(last - m.start(), kinds)
-        else:  # the ':' of a URL's "://", or one after a keyword, or both
-            for m in lead.finditer(backwards):
-                at = m.start()
-                if at < 2 or backwards[at - 2:at] != b"//":
-                    touch(last - at, _OPERATOR_KINDS)
-                    continue
-                found = _url_kinds(joined, last - at)
-                if keyword.match(backwards, at + 1) is not None:
-                    found |= _OPERATOR_KINDS
-                if found:
-                    touch(last - at, found)
+        else:
+            for m in lead.finditer(joined):
+                touch(m.start(), kinds)
     for word, kinds in _FOLDED_WORDS:
         at = backwards.find(word.encode("ascii"))
         while at != -1:
@@ -272,65 +260,42 @@ def _touched(encoded: list[bytes]) -> dict[int, frozenset[str] | None]:
 _BYTE_LEADS: list[tuple[bool, re.Pattern[bytes]]] = []
 
 
-# Bytes from a "://"'s ':' past which url-password's '@' cannot be: 1-URL_PART characters of
-# user, a ':', as many of password, at most four bytes a character.
-_URL_REACH = 3 + 4 * (2 * URL_PART + 2)
-_SLACK_HOST = b"hooks.slack.com/"
-_NO_KINDS: frozenset[str] = frozenset()
-
-
-def _url_kinds(joined: bytes, colon: int) -> frozenset[str]:
-    """The URL rules that may match at the "://" whose ':' is at `colon` in `joined`.
-
-    slack-webhook's match holds the host right after it; url-password's an '@' within reach,
-    with no '/' or white space before it (its user and password hold neither). A link with
-    neither (most links, a scoped package's `/@scope/` among them) touches no rule.
-    """
-    slack = joined[colon + 3:colon + 3 + len(_SLACK_HOST)].lower() == _SLACK_HOST
-    end = colon + _URL_REACH  # and never past a '/', a space or a line break (the texts' joint)
-    for stop in (b"/", b" ", b"\n"):
-        if (at := joined.find(stop, colon + 3, end)) != -1:
-            end = at
-    password = joined.find(b"@", colon + 3, end) != -1
-    if slack:
-        return _URL_KINDS if password else _SLACK_KINDS
-    return _PASSWORD_KINDS if password else _NO_KINDS
-
-
 def prepare() -> None:
     """Compile what `redact_many` needs first, ahead of the texts (the server does it meanwhile)."""
     _byte_leads()
-    _keyword_screen()
 
 
 # The rules matched without case are screened backwards, over the lower-cased bytes reversed:
 # every generic lead (a keyword, then `_NEAR_OPERATOR`) ends at a ':' or '=', a byte the scan
-# finds at memchr speed, where a scan for the keywords stops at every common letter; 3 scans do
+# finds at memchr speed, where a scan for the keywords stops at every common letter; 2 scans do
 # the work of 10 (28 MB of Markdown: 40-85 ms instead of 150). Each is `_NEAR_OPERATOR` read
 # from its end. The AWS rule's "secret" implies the generic "secret" lead; "authorization"
-# followed by ":" or "=" is the generic "auth" lead. The ':' screen also takes a ':' before "//"
-# (seen from its end, after it), which the URL password and Slack webhook rules (matched with
-# case) hold: case plays no part in those three bytes, and one scan does the work of two.
+# followed by ":" or "=" is the generic "auth" lead.
 _BACKWARDS = (r"""[ \t]{0,16}["'`*\]]{0,3}[a-z_-]{0,16}(?:"""
               + "|".join(k[::-1] for k in KEYWORD_STARTS) + ")")
-_SLACK_KINDS = frozenset({"slack-webhook"})
-_PASSWORD_KINDS = frozenset({"url-password"})
-_URL_KINDS = _SLACK_KINDS | _PASSWORD_KINDS  # their matches hold "://"
 _OPERATOR_KINDS = frozenset({"generic-secret", "authorization-header"})  # a keyword, ':' or '='
-_COLON_KINDS = _URL_KINDS | _OPERATOR_KINDS
+# url-password's match ("://", a user, ':', a password, '@') read from its '@', which is rare
+# where the "://" of every link is not: its user and password hold no '/', white space or '@'
+# (the bytes' white space is ASCII's, so this screen takes what the rule's would, and more),
+# at most URL_PART characters of at most four bytes each. Case plays no part in it.
+_PASSWORD_BACKWARDS = (rf"""@[^\s/@?#"'<>]{{1,{4 * URL_PART}}}:"""
+                       rf"""[^\s:/@?#"'<>]{{1,{4 * URL_PART}}}//:""")
 _FOLDED_SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
-    (":(?:(?<=//:)|" + _BACKWARDS + ")", _COLON_KINDS),
+    (":" + _BACKWARDS, _OPERATOR_KINDS),
     ("=" + _BACKWARDS, _OPERATOR_KINDS),
+    (_PASSWORD_BACKWARDS, frozenset({"url-password"})),
 )
 # Words looked for in the lower-cased bytes reversed with `bytes.find`, which skips through a
-# word of common letters twice as fast as the regex engine (28 MB: 21 ms against 40).
+# word of common letters twice as fast as the regex engine (28 MB: 21 ms against 40); the
+# Slack webhook's host, right after its "://", is one.
 _FOLDED_WORDS: tuple[tuple[str, frozenset[str]], ...] = (
     ("terces", frozenset({"aws-secret-key", "generic-secret"})),
+    ("/moc.kcals.skooh//:", frozenset({"slack-webhook"})),
 )
 
 # What the batch scan looks for in place of the leads of the rules matched with case: every
 # match of those rules' patterns (and every PEM block) holds one of these. Each starts with one
-# byte the scan finds at memchr speed and looks around it only there, so 4 scans (and the ':'
+# byte the scan finds at memchr speed and looks around it only there, so 4 scans (and the '@'
 # screen above) do the work of 15 (one scan of 28 MB costs 8 to 18 ms). test_redact checks
 # that they cover every such rule.
 _SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
@@ -347,18 +312,7 @@ _SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
 )
 
 
-# The kinds of each of `_byte_leads`, in its order. A ':' screen's match is told apart by
-# `_touched`: "://" (the URL rules, `_url_kinds`) or a keyword before it (the operator rules),
-# or both.
-_SCREEN_KINDS = tuple(kinds for _, kinds in _FOLDED_SCREENS + _SCREENS)
-_KEYWORD_SCREEN: list[re.Pattern[bytes]] = []
-
-
-def _keyword_screen() -> re.Pattern[bytes]:
-    """The ':' screen's keyword part, matched right after the ':' in the reversed bytes."""
-    if not _KEYWORD_SCREEN:
-        _KEYWORD_SCREEN[:] = [re.compile(_BACKWARDS.encode("ascii"))]  # as `_byte_leads`
-    return _KEYWORD_SCREEN[0]
+_SCREEN_KINDS = tuple(kinds for _, kinds in _FOLDED_SCREENS + _SCREENS)  # `_byte_leads`' order
 
 
 def _byte_leads() -> list[tuple[bool, re.Pattern[bytes]]]:
