@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import sys
 import unicodedata
 from pathlib import Path
@@ -118,7 +117,7 @@ def generate(root: Path, files: int = 10000, seed: int = 1,
         total_bytes += len(data)
         total_lines += len(lines)
     return {"files": files, "bytes": total_bytes, "lines": total_lines,
-            "folders": len(folders), "seed": seed, **({"style": style} if extra else {})}
+            "folders": len(folders), "seed": seed, **({"style": style} if extra is not None else {})}
 
 
 STYLE_HELP = ("prose (default: 60 words, no ':', '=' or '_') or notes (front matter, links, "
@@ -152,8 +151,8 @@ def copy(source: Path, root: Path) -> dict[str, int | str]:
             relative = path.relative_to(source)
             target = root / relative
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-            data = target.read_bytes()
+            data = path.read_bytes()  # read once: written, and counted
+            target.write_bytes(data)
             files += 1
             total_bytes += len(data)
             total_lines += data.count(b"\n")
