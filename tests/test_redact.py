@@ -310,6 +310,57 @@ def test_the_backward_screens_touch_every_text_a_caseless_lead_touches() -> None
     assert seen > 300  # the pieces do make matches often
 
 
+def test_the_operator_rules_leads_are_all_inside_the_backward_windows() -> None:
+    # Their leads are looked for only between a keyword and the ':' or '=' the backward screens
+    # stop at; a lead outside every window where the rule's pattern matches would be a secret
+    # never tried.
+    from sharedmem.redact.credentials import rules
+    from sharedmem.redact.redactor import (
+        _OPERATOR_KINDS,
+        _lead_positions,
+        _leads_within,
+        _operator_windows,
+    )
+    operator_rules = [(rule, re.compile(rule.regex)) for rule in rules()
+                      if rule.kind in _OPERATOR_KINDS]
+    pieces = ["secret", "secretoken", "secreToken", "accesSecret", "passwd", "PWD", "Token",
+              "api", "Api_Key", "access", "private", "auth", "authorization", "x" * 16, "y" * 17,
+              "_", "-", "key",
+              '"', "'''", "`*]", " " * 16, "\t", " ", ":", "=", "=>", ":=", "\n", "é", "ß", "z"]
+    rng = random.Random(29)
+    seen = 0
+    for _ in range(6000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        lowered = text.lower()
+        windows = _operator_windows(lowered)
+        for rule, regex in operator_rules:
+            every = _lead_positions(rule, text, lowered)
+            got = _leads_within(rule, lowered, windows)
+            assert set(got) <= set(every) and got == sorted(got), (rule.kind, text)
+            want = [at for at in every if regex.match(text, at)]
+            seen += len(want)
+            assert [at for at in got if regex.match(text, at)] == want, (rule.kind, text)
+    assert seen > 300  # the pieces make matches often
+
+
+def test_the_leads_lower_case_finds_what_str_lower_finds() -> None:
+    # Only the ASCII letters are lowered for the leads; where str.lower would turn a character
+    # into ASCII (the Kelvin sign) or change the length (U+0130), its own result must be used.
+    from sharedmem.redact.redactor import _lowered
+    pieces = ["Token", "PASSWORD", "é", "É", "ß", "Σ", "🙂", "\u212a", "\u0130", "\ud800", "ǅ",
+              "Ａ", "x", ": ", "\n"]
+    rng = random.Random(31)
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+        full = text.lower()
+        got = _lowered(text)
+        if len(full) != len(text):
+            assert got is None, text
+            continue
+        assert got is not None and len(got) == len(text), text
+        assert all(a == b for a, b in zip(got, full, strict=True) if a.isascii() or b.isascii()), text
+
+
 BODY = "A1b2C3d4E5f6G7h8J9k0" * 3  # not wordy, long enough for every rule
 EVERY_LEAD = (
     [f"xox{c}-{BODY}" for c in "abposre"] + [f"xapp-{BODY}"]

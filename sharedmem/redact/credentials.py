@@ -207,9 +207,12 @@ def rules() -> tuple[Rule, ...]:
     return _COMPILED[0]
 
 
-def folded_leads(kind: str) -> re.Pattern[str]:
-    """The leads of the folded rule `kind` as one pattern matched without case."""
-    return re.compile(_FOLDED_LEADS[kind], re.IGNORECASE)
+def folded_leads(kind: str, caseless: bool = True) -> re.Pattern[str]:
+    """The leads of the folded rule `kind` as one pattern, matched without case.
+
+    Or (`caseless` false) as they are, for a text already lower-cased.
+    """
+    return re.compile(_FOLDED_LEADS[kind], re.IGNORECASE if caseless else 0)
 
 
 _PEM_BEGIN = r"-----BEGIN (?P<label>[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?)-----"

@@ -41,6 +41,22 @@ class Finding(namedtuple("Finding", "kind start end line")):
     __slots__ = ()
 
 
+def _lowered(text: str) -> str | None:
+    """`text.lower()` as far as the leads can tell, or None where that changes its length.
+
+    The leads match ASCII alone, and the only characters whose lower case holds ASCII are the
+    Kelvin sign and U+0130 (whose lower form is longer), so lowering the ASCII letters alone
+    finds the same leads: as bytes, a third of what `str.lower` costs over non-ASCII text.
+    """
+    if text.isascii():
+        return text.lower()
+    if "\u0130" in text:
+        return None
+    if "\u212a" in text:
+        return text.lower()
+    return text.encode("utf-8", "surrogatepass").lower().decode("utf-8", "surrogatepass")
+
+
 def _lead_positions(rule: Rule, text: str, lowered: str | None) -> list[int]:
     """Where the rule's leads match, in order: the only places its full pattern can start."""
     if rule.folded and lowered is None:  # lower() changed the length: offsets would not line up
@@ -54,18 +70,49 @@ def _lead_positions(rule: Rule, text: str, lowered: str | None) -> list[int]:
     return found
 
 
+def _operator_windows(lowered: str) -> list[tuple[int, int]]:
+    """The stretches of a lowered text from a keyword to the ':' or '=' after it, in order.
+
+    Found backwards from each ':' or '=' as the batch screens find them: a keyword within
+    reach before one, with only letters, quotes and blanks between. Each stretch starts at the
+    farthest such keyword (the screen's letters are greedy) and ends after its ':' or '=', and
+    none holds another, so every lead of a rule in `_OPERATOR_KINDS` lies in one of them.
+    """
+    backwards = lowered[::-1]
+    last = len(lowered)
+    return sorted((last - m.end(), last - m.start()) for screen in _OPERATOR_SCREENS
+                  for m in re.compile(screen).finditer(backwards))
+
+
+def _leads_within(rule: Rule, lowered: str, windows: list[tuple[int, int]]) -> list[int]:
+    """`_lead_positions` of a rule in `_OPERATOR_KINDS`, looked for inside `windows` alone.
+
+    Its eight keywords are common words: scanning a whole text for each cost 20-80 µs of each
+    text that has a keyword before a ':' (docs/BENCHMARKS.md "Twelfth round"). A lead is
+    looked for again one character on, as one keyword may end inside another ("secretoken").
+    """
+    leads = folded_leads(rule.kind, caseless=False)
+    found: list[int] = []
+    for start, end in windows:
+        m = leads.search(lowered, start, end)
+        while m is not None:
+            found.append(m.start())
+            m = leads.search(lowered, m.start() + 1, end)
+    return found
+
+
 def _inside_marker(text: str, at: int) -> bool:
     """True inside an earlier ``[REDACTED:generic-secret]``, whose kind reads like a keyword."""
     i = text.rfind(MARKER_PREFIX, max(0, at - 48), at)
     return i != -1 and "]" not in text[i:at]
 
 
-def _scan(rule: Rule, text: str, lowered: str | None) -> Iterator[Span]:
-    """Accepted spans of one rule, trying its full pattern only where a lead literal occurs."""
+def _scan(rule: Rule, text: str, leads: list[int]) -> Iterator[Span]:
+    """Accepted spans of one rule, trying its full pattern only where a lead (`leads`) occurs."""
     check = rule.check or group_span
     pos = 0
     regex = None
-    for at in _lead_positions(rule, text, lowered):
+    for at in leads:
         if at < pos or _inside_marker(text, at):
             continue
         if regex is None:  # compiled where a lead first matches (`credentials.rules`)
@@ -81,14 +128,20 @@ def _scan(rule: Rule, text: str, lowered: str | None) -> Iterator[Span]:
 
 def _candidates(text: str, kinds: frozenset[str] | None = None) -> list[tuple[int, int, int, str]]:
     """Every rule's accepted spans as (start, end, priority, kind); only `kinds`' rules if given."""
-    lowered: str | None = text.lower()
-    if len(lowered) != len(text):
-        lowered = None
+    lowered = _lowered(text)
     found = ([(s, e, 0, "private-key") for s, e in pem_spans(text)]
              if kinds is None or "private-key" in kinds else [])
+    windows = None
     for rule in rules():
-        if kinds is None or rule.kind in kinds:
-            found.extend((s, e, rule.priority, rule.kind) for s, e in _scan(rule, text, lowered))
+        if kinds is not None and rule.kind not in kinds:
+            continue
+        if rule.kind in _OPERATOR_KINDS and lowered is not None:
+            if windows is None:
+                windows = _operator_windows(lowered)
+            leads = _leads_within(rule, lowered, windows)
+        else:
+            leads = _lead_positions(rule, text, lowered)
+        found.extend((s, e, rule.priority, rule.kind) for s, e in _scan(rule, text, leads))
     return found
 
 
@@ -280,9 +333,9 @@ _OPERATOR_KINDS = frozenset({"generic-secret", "authorization-header"})  # a key
 # at most URL_PART characters of at most four bytes each. Case plays no part in it.
 _PASSWORD_BACKWARDS = (rf"""@[^\s/@?#"'<>]{{1,{4 * URL_PART}}}:"""
                        rf"""[^\s:/@?#"'<>]{{1,{4 * URL_PART}}}//:""")
+_OPERATOR_SCREENS = (":" + _BACKWARDS, "=" + _BACKWARDS)  # also `_operator_windows`' own
 _FOLDED_SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
-    (":" + _BACKWARDS, _OPERATOR_KINDS),
-    ("=" + _BACKWARDS, _OPERATOR_KINDS),
+    *((screen, _OPERATOR_KINDS) for screen in _OPERATOR_SCREENS),
     (_PASSWORD_BACKWARDS, frozenset({"url-password"})),
 )
 # Words looked for in the lower-cased bytes reversed with `bytes.find`, which skips through a
