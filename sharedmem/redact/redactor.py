@@ -46,7 +46,7 @@ def _lowered(text: str) -> str | None:
 
     The leads match ASCII alone, and the only characters whose lower case holds ASCII are the
     Kelvin sign and U+0130 (whose lower form is longer), so lowering the ASCII letters alone
-    finds the same leads: as bytes, a third of what `str.lower` costs over non-ASCII text.
+    finds the same leads: as bytes, about half what `str.lower` costs over non-ASCII text.
     """
     if text.isascii():
         return text.lower()
@@ -87,7 +87,7 @@ def _operator_windows(lowered: str) -> list[tuple[int, int]]:
 def _leads_within(rule: Rule, lowered: str, windows: list[tuple[int, int]]) -> list[int]:
     """`_lead_positions` of a rule in `_OPERATOR_KINDS`, looked for inside `windows` alone.
 
-    Its eight keywords are common words: scanning a whole text for each cost 20-80 µs of each
+    Its eight keywords are common words: scanning a whole text for each cost 45-90 µs of each
     text that has a keyword before a ':' (docs/BENCHMARKS.md "Twelfth round"). A lead is
     looked for again one character on, as one keyword may end inside another ("secretoken").
     """
