@@ -19,6 +19,8 @@ from sharedmem.protocol import (
     CHUNK_BYTES,
     MAX_LINE_BYTES,
     MAX_LINE_VALUES,
+    REPORT_BACKLOG,
+    REPORT_SPAN,
     ZLIB_LEVEL,
     ZLIB_SLOW_LINK_LEVEL,
     Channel,
@@ -447,6 +449,44 @@ def test_a_sender_the_link_keeps_up_with_stays_at_the_fast_level() -> None:
                                                   io.BytesIO()).level is None
     channel = inflating(wire.getvalue())
     assert [channel.receive() for _ in notes] == notes
+
+
+def test_reports_of_a_slow_link_move_the_sender_before_its_writes_block() -> None:
+    """The peer says 256 KiB arrived in 0.1 s (2.6 MB/s) while over 1 MiB more was written:
+    the link sets the pace, though no write of this side ever blocked."""
+    sender, wire = compressed_pair()
+    notes = hex_notes(8, 512 * 1024)  # about 256 KiB each once compressed
+    for note in notes[:5]:
+        sender.send(note)
+    assert sender.level == ZLIB_LEVEL
+    sender.arrived(10_000, 50.0)
+    sender.arrived(10_000 + REPORT_SPAN, 50.1)
+    assert sender.sent - (10_000 + REPORT_SPAN) >= REPORT_BACKLOG
+    for note in notes[5:]:
+        sender.send(note)
+    assert sender.level == ZLIB_SLOW_LINK_LEVEL
+    channel = inflating(wire.getvalue())
+    assert [channel.receive() for _ in notes] == notes
+
+
+@pytest.mark.parametrize(("span", "seconds", "behind"), [
+    (REPORT_SPAN, 0.05, REPORT_BACKLOG),  # 5.2 MB/s: faster than level 6 could feed it
+    (REPORT_SPAN, 0.1, REPORT_BACKLOG // 2),  # slow, but this side writes no faster
+    (REPORT_SPAN // 2, 0.1, REPORT_BACKLOG),  # too few bytes between the reports to judge
+])
+def test_reports_of_a_fast_link_or_a_slow_sender_keep_the_fast_level(
+        span: int, seconds: float, behind: int) -> None:
+    sender, wire = compressed_pair()
+    notes = hex_notes(8, 512 * 1024)
+    for note in notes[:5]:
+        sender.send(note)
+    latest = sender.sent - behind
+    sender.arrived(latest - span, 7.0)
+    sender.arrived(latest, 7.0 + seconds)
+    sender.send(notes[5])
+    assert sender.level == ZLIB_LEVEL
+    channel = inflating(wire.getvalue())
+    assert [channel.receive() for _ in notes[:6]] == notes[:6]
 
 
 # --- raw texts after a `bodies` line (version 3, `raw_bodies`) ----------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -674,6 +675,54 @@ def test_raw_texts_through_a_compressed_session(tmp_path: Path) -> None:
                     zlib.decompressobj().decompress(after).splitlines()]
     assert need["index"] == [3, 4] and result["accepted"] == 5
     assert session.channel.received < len("".join(texts)) / 10  # the texts came compressed
+
+
+def reported_session(tmp_path: Path, hello: dict) -> tuple[list[dict], int]:
+    """A real `serve` over a compressed session: four bodies ahead of 600 kB, their manifest.
+
+    What it wrote, and how many bytes it read.
+    """
+    texts = [os.urandom(300_000).hex() for _ in range(4)]  # half their size once compressed
+    deflate = zlib.compressobj(1)
+    rest = b"".join(deflate.compress(raw([text])) + deflate.flush(zlib.Z_SYNC_FLUSH)
+                    for text in texts)
+    rest += deflate.compress(placed3("one", [(f"{i}.md", t, i) for i, t in enumerate(texts)])
+                             + enc({"type": "bye"})) + deflate.flush(zlib.Z_SYNC_FLUSH)
+    proc = subprocess.run([sys.executable, str(LAUNCHER), "serve", "--store",
+                           str(tmp_path / "store.sqlite3")], input=enc(hello) + rest,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    first, _, after = proc.stdout.partition(b"\n")
+    replies = [json.loads(first)]
+    replies += [json.loads(line) for line in zlib.decompressobj().decompress(after).splitlines()]
+    assert replies[-1]["type"] == "result" and replies[-1]["accepted"] == 4
+    return replies, len(enc(hello) + rest)
+
+
+def test_a_session_that_asks_reports_the_bytes_that_came_until_its_first_manifest(
+        tmp_path: Path) -> None:
+    replies, size = reported_session(tmp_path, {**HELLO3, "compress": ["zlib"], "reports": True})
+    assert replies[0]["reports"] is True
+    reports = replies[1:-1]
+    assert [r["type"] for r in reports] == ["received"] * len(reports)
+    assert [r.get("last") for r in reports] == [None] * (len(reports) - 1) + [True]
+    assert len(reports) >= 2  # the last, and one at least while the bodies came
+    wire = [r["bytes"] for r in reports]
+    assert wire == sorted(wire) and 0 < wire[0] and wire[-1] <= size
+    assert [r["seconds"] for r in reports] == sorted(r["seconds"] for r in reports)
+
+
+@pytest.mark.parametrize("hello", [{**HELLO3, "compress": ["zlib"]},  # not asked for
+                                   {**HELLO3, "versions": [2], "reports": True}])  # no zlib
+def test_a_session_reports_nothing_unless_asked_and_compressed(tmp_path: Path,
+                                                               hello: dict) -> None:
+    if hello["versions"] == [2]:
+        replies = talk(tmp_path / "store.sqlite3", [enc(hello), *manifest(
+            "one", "markdown", [("a.md", "# a\n")])])
+    else:
+        replies = reported_session(tmp_path, hello)[0]
+    assert "reports" not in replies[0]
+    assert "received" not in [r["type"] for r in replies]
 
 
 @pytest.mark.parametrize("sizes", [[-1], "12", [1.5], [True], [MAX_LINE_BYTES + 1],

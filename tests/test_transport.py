@@ -21,7 +21,7 @@ from sharedmem.client.config import ClientConfig, Transport
 from sharedmem.client.early_ssh import remote_words
 from sharedmem.client.transport import Connection, HelloChanged, explain_ssh, ssh_command
 from sharedmem.core import ProtocolError, TransportError
-from sharedmem.protocol import PeerError
+from sharedmem.protocol import PeerError, encode_raw_texts
 from sharedmem.server.store import Store
 
 SSH = Transport("ssh", host="me@srv", port=2222, identity=Path("/keys/id ed25519"),
@@ -293,6 +293,41 @@ def test_the_next_session_goes_on_before_the_hello_answer(tmp_path: Path) -> Non
         assert conn.channel.expect("status")  # the real hello was read and checked first
         assert conn.assumed is None and conn.server["server"].startswith("sharedmem/")
     assert conn.process.wait(timeout=30) == 0
+
+
+def test_a_sync_session_takes_the_servers_reports_while_it_sends_ahead(tmp_path: Path) -> None:
+    """A real `serve`: its `received` reports are read on the hello's thread, never returned."""
+    config = compressing_config(tmp_path, tmp_path / "store.sqlite3")
+    with Connection(config) as conn:
+        with conn.handshake():
+            pass
+        assert conn.server["reports"] is True
+        for _ in range(4):  # about 330 kB each on the wire: reported
+            conn.channel.send_line(encode_raw_texts([os.urandom(300_000).hex().encode()]))
+        conn.channel.send({"type": "status"})
+        assert conn.channel.expect("status")["schema"] >= 1
+        reports = conn.channel._reports
+        assert len(reports) >= 2 and reports == sorted(reports)
+        assert reports[-1][0] <= conn.channel.sent
+    assert conn.process.wait(timeout=30) == 0
+
+
+def test_an_error_read_in_place_of_a_report_reaches_the_sync(tmp_path: Path) -> None:
+    config = compressing_config(tmp_path, tmp_path / "store.sqlite3")
+    with Connection(config) as conn:
+        with conn.handshake():
+            pass
+        conn.channel.send({"type": "bodies", "sizes": [-1]})  # refused: the session ends
+        with pytest.raises(PeerError) as exc:
+            conn.channel.expect("status")
+        assert exc.value.code == "bad-field" and "bodies.sizes" in str(exc.value)
+
+
+def test_commands_other_than_sync_ask_for_no_reports(tmp_path: Path) -> None:
+    with Connection(compressing_config(tmp_path, tmp_path / "store.sqlite3")) as conn:
+        assert "reports" not in conn.hello()
+        conn.channel.send({"type": "status"})
+        assert conn.channel.expect("status")["schema"] >= 1
 
 
 def test_a_hello_that_changed_forgets_the_record(tmp_path: Path) -> None:

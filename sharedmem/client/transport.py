@@ -113,6 +113,13 @@ class Connection:
         self.changed = False  # the real hello was not the one remembered
         self.remembers = False  # a sync's session (`handshake`) keeps the hello for the next
         self.recorded: dict[str, Any] | None = None  # the record as `handshake` read it
+        # A sync's session reads the server's hello on a thread, and after it the `received`
+        # reports (`_read_start`); the answer, and what the thread read past the reports, wait
+        # for the first read of this thread (`_ServerChannel.receive`).
+        self._starter: threading.Thread | None = None
+        self._answer: list[dict[str, Any] | ProtocolError] = []
+        self._hello_read = threading.Event()
+        self._held: list[dict[str, Any] | None | ProtocolError] = []
 
     def _drain(self) -> None:
         assert self.process.stderr is not None
@@ -142,31 +149,33 @@ class Connection:
         self.remembers = True
         self.recorded = self.remembered()
         remembered = self.recorded or (self.expected() if expect else None)
-        self._send_hello()
-        if remembered is not None:  # the answer is read before the first other reply
+        self._send_hello(reports=True)
+        if remembered is not None:  # the answer is checked before the first other reply
             self._assume(remembered)
+        self._starter = threading.Thread(target=self._read_start, args=(remembered is None,),
+                                         daemon=True, name="sharedmem-hello")
+        self._starter.start()
+        if remembered is not None:
             yield
             return
-        answer: list[dict[str, Any] | ProtocolError] = []
-        reader = threading.Thread(target=self._read_hello, args=(answer,), daemon=True,
-                                  name="sharedmem-hello")
-        reader.start()
         try:
             yield
         except PeerError:
             raise
         except ProtocolError:  # a body sent ahead found the server end gone
-            reader.join()
+            self._hello_read.wait()
             raise self.failure() from None
-        reader.join()  # not on other errors: the hello may be slow to come, or never
-        self._accept(answer[0])
+        self._hello_read.wait()  # not on other errors: the hello may be slow to come, or never
+        self._accept(self._answer[0])
 
-    def _send_hello(self) -> None:
+    def _send_hello(self, *, reports: bool = False) -> None:
         hello: dict[str, Any] = {"type": "hello", "versions": self.versions,
                                  "client": f"sharedmem/{__version__}",
                                  "machine": self.config.machine}
         if self.compress:
             hello["compress"] = list(COMPRESSIONS)
+            if reports:  # a sync's: how fast the link takes its stream (`_read_start`)
+                hello["reports"] = True
         try:
             self.channel.send(hello)
         except PeerError:
@@ -174,7 +183,8 @@ class Connection:
         except ProtocolError:
             raise self.failure() from None
 
-    def _read_hello(self, answer: list[dict[str, Any] | ProtocolError]) -> None:
+    def _read_hello(self, answer: list[dict[str, Any] | ProtocolError],
+                    early: bool = True) -> None:
         try:
             reply = self.channel.expect("hello")
         except ProtocolError as exc:
@@ -185,7 +195,53 @@ class Connection:
             if not self.channel.compressing:  # before `early`: bodies ahead go compressed
                 self.channel.compress_output()
             self.channel.decompress_input()
-        self.early = reply
+        if early:  # not while a remembered hello stands in for it: `check_hello` sets it
+            self.early = reply
+
+    def _read_start(self, early: bool) -> None:
+        """On a thread: read the hello, then the server's `received` reports while bodies go.
+
+        The reports (version 3, compressed, when the hello says `reports`) come until one says
+        `last`, which the server sends before it answers anything; each tells the channel how
+        fast the link takes this side's stream (`Channel.arrived`). Anything else read here
+        (an `error`, the end of input, a malformed report) is held for the first read of the
+        sync's own thread.
+        """
+        try:
+            self._read_hello(self._answer, early)
+        finally:
+            self._hello_read.set()
+        reply = self._answer[0]
+        if isinstance(reply, ProtocolError) or reply.get("reports") is not True or (
+                not self._compressed(reply)):
+            return
+        while True:
+            try:
+                message = Channel.receive(self.channel)
+            except ProtocolError as exc:
+                self._held.append(exc)
+                return
+            if message is None or message["type"] != "received":
+                self._held.append(message)
+                return
+            wire, at, last = message.get("bytes"), message.get("seconds"), message.get("last")
+            if (type(wire) is not int or wire < 0 or type(at) not in (int, float)
+                    or last not in (None, True)):
+                self._held.append(self.malformed("received", "bytes must be a count, seconds "
+                                                 "a number and last true if present"))
+                return
+            self.channel.arrived(wire, float(at))
+            if last:
+                return
+
+    def _started(self) -> list[dict[str, Any] | None | ProtocolError]:
+        """Wait for the thread that reads the hello and the reports; what it held past them."""
+        starter, self._starter = self._starter, None
+        if starter is None:
+            return []
+        starter.join()
+        held, self._held = self._held, []
+        return held
 
     def _compressed(self, reply: dict[str, Any]) -> bool:
         """Whether the server's hello turns compression on, as this client offered it."""
@@ -246,8 +302,12 @@ class Connection:
         assumed, self.assumed = self.assumed, None
         if assumed is None:
             return
-        answer: list[dict[str, Any] | ProtocolError] = []
-        self._read_hello(answer)  # plain: the server compresses only after its hello line
+        if self._starter is not None:  # `handshake`'s thread reads it
+            self._hello_read.wait()
+            answer = self._answer
+        else:
+            answer = []
+            self._read_hello(answer)  # plain: the server compresses only after its hello line
         reply = self._accept(answer[0])
         ahead, was = reply.get("ahead_bytes"), assumed.get("ahead_bytes")
         if (reply.get("version") != assumed["version"]
@@ -438,9 +498,16 @@ class _ServerChannel(Channel):
         self.conn = conn
 
     def receive(self) -> dict[str, Any] | None:
-        if self.conn.assumed is not None:
-            self.conn.check_hello()
+        conn = self.conn
+        starter = threading.current_thread() is conn._starter  # the hello's own thread
+        if not starter and conn.assumed is not None:
+            conn.check_hello()
         try:
+            if not starter:
+                for held in conn._started():  # what the hello's thread read past the reports
+                    if isinstance(held, ProtocolError):
+                        raise held
+                    return held
             return super().receive()
         except PeerError as exc:
             if not exc.remote:

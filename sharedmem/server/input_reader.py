@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections import deque
 
 TYPE_CHECKING = False
@@ -38,6 +39,19 @@ class ReadAhead:
         self._failure: OSError | None = None
         self._ready: threading.Condition | None = None  # set when the thread starts
         self._read_whole = 0  # bytes `read1` took before the thread started
+        self._arrived = (0, time.monotonic())  # bytes read off the input, and when: `arrival`
+
+    def arrival(self) -> tuple[int, float]:
+        """The bytes read off the input so far, and the `time.monotonic()` of the last read.
+
+        Read ahead by the thread, as they came: what the session has parsed may lag behind.
+        """
+        return self._arrived
+
+    def _count(self, data: bytes) -> bytes:
+        if data:
+            self._arrived = (self._arrived[0] + len(data), time.monotonic())
+        return data
 
     def _start(self) -> None:
         import threading
@@ -52,7 +66,7 @@ class ReadAhead:
                 while self._buffered >= self._window:
                     ready.wait()
             try:
-                data = os.read(self._fd, READ_BYTES)
+                data = self._count(os.read(self._fd, READ_BYTES))
             except OSError as exc:
                 data, failure = b"", exc
             else:
@@ -71,7 +85,7 @@ class ReadAhead:
         """The next chunk, waiting for it; b"" at the end of input."""
         ready = self._ready
         if ready is None:  # no thread: read here
-            return self._take() if self._chunks else os.read(self._fd, READ_BYTES)
+            return self._take() if self._chunks else self._count(os.read(self._fd, READ_BYTES))
         with ready:
             while not self._chunks and not self._ended:
                 ready.wait()

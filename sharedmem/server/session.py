@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import sys
+import time
 from collections import deque
 
 from sharedmem import __version__, collector
@@ -17,6 +18,7 @@ from sharedmem.hashing import sha256_bytes
 from sharedmem.protocol import (
     AHEAD_REFS,
     COMPRESSIONS,
+    REPORT_BYTES,
     VERSIONS,
     Channel,
     PeerError,
@@ -94,6 +96,9 @@ class Session:
         # Version 3: the sha256 (raw) of each text sent ahead, in order, so a manifest entry may
         # name its body by its place here (protocol.AHEAD_REFS); NO_REF for one not UTF-8.
         self.refs = bytearray()
+        # Version 3, compressed, asked for in the client's hello: the wire bytes last reported
+        # (`received`), until the first message that is not a body sent ahead (then None).
+        self.reported: int | None = None
 
     def run(self) -> int:
         """Serve until `bye` or end of input; a protocol error is answered, then ends the session.
@@ -114,6 +119,8 @@ class Session:
                 message = self._next()
                 if message is None or message["type"] == "bye":
                     return 0
+                if self.reported is not None:
+                    self._report(last=message["type"] not in AHEAD)
                 self._dispatch(message)
         except PeerError as exc:
             self._fail(exc.code, str(exc))
@@ -191,6 +198,9 @@ class Session:
         compress = self._compression(message)
         if compress is not None:
             reply["compress"] = compress
+            if message.get("reports") is True:  # they tell its sender how fast the link goes
+                reply["reports"] = True
+                self.reported = 0
         self.channel.send(reply)
         if compress is not None:  # both streams, from the byte after each side's hello line
             self.channel.compress_output()
@@ -198,6 +208,24 @@ class Session:
         self.channel.raw_bodies = self.version >= 3
         if self.version >= 2 and "sharedmem.redact.redactor" not in sys.modules:
             _load_for_changes()  # while the client walks: what its changes will need
+
+    def _report(self, *, last: bool) -> None:
+        """Say how many bytes of the client's stream have arrived, and when (`received`).
+
+        Before each body sent ahead, once REPORT_BYTES more have come since the last report,
+        and once more, with `last`, before the first message that is not one: the client
+        reads them while it sends (docs/PROTOCOL.md "Compression").
+        """
+        assert self.reported is not None
+        arrival = getattr(self.channel.reader, "arrival", None)
+        wire, at = arrival() if arrival is not None else (self.channel.received, time.monotonic())
+        if not last and wire - self.reported < REPORT_BYTES:
+            return
+        report: dict[str, Any] = {"type": "received", "bytes": wire, "seconds": round(at, 6)}
+        if last:
+            report["last"] = True
+        self.channel.send(report)
+        self.reported = None if last else wire
 
     def _compression(self, hello: dict[str, Any]) -> str | None:
         """Version 3: the first compression the client offers that this server speaks, or None.
@@ -735,6 +763,7 @@ HANDLERS[3] = {**HANDLERS[2], "tails": Session._on_tails}
 # manifest's `bodies` and `commit`): sent where no handler takes them, they are out of order
 # rather than unknown.
 PARTS = frozenset({"files", "bodies", "commit"})
+AHEAD = frozenset({"bodies", "tails"})  # session-level messages reported on (`_report`)
 
 
 def _load_for_changes() -> None:
