@@ -10,6 +10,7 @@ import json
 import re
 import time
 import zlib
+from collections import deque
 from collections.abc import Iterable, Iterator
 
 from sharedmem.core import ProtocolError
@@ -222,7 +223,9 @@ class Channel:
         self.received_plain = 0
         self._deflate: Any = None
         self._level = ZLIB_LEVEL
-        self._reports: list[tuple[int, float]] = []  # the peer's `received` reports (`arrived`)
+        # The peer's latest `received` reports (`arrived`): a few span REPORT_SPAN, and a peer
+        # that sends too many holds no more memory for it.
+        self._reports: deque[tuple[int, float]] = deque(maxlen=64)
         self._inflate: _Inflating | None = None
         # Version 3, set by a server that announced `raw_bodies` in its hello: a `bodies`
         # message with `sizes` is followed by its texts as raw UTF-8 (`_texts_after`).
@@ -239,7 +242,7 @@ class Channel:
         """The peer's report: `wire` bytes of this side's stream had arrived at `seconds`.
 
         `seconds` is the peer's clock, whose differences alone mean anything. Called by the
-        thread that reads the peer while this side's sender writes (a list's append is atomic).
+        thread that reads the peer while this side's sender writes (a deque's append is atomic).
         """
         self._reports.append((wire, seconds))
 
@@ -328,7 +331,7 @@ class Channel:
         The latest reports span REPORT_SPAN arriving at under SLOW_LINK_RATE, and REPORT_BACKLOG
         more bytes have been written than the latest says had arrived.
         """
-        reports = self._reports
+        reports = list(self._reports)
         if len(reports) < 2:
             return False
         wire, at = reports[-1]

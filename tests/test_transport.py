@@ -306,7 +306,7 @@ def test_a_sync_session_takes_the_servers_reports_while_it_sends_ahead(tmp_path:
             conn.channel.send_line(encode_raw_texts([os.urandom(300_000).hex().encode()]))
         conn.channel.send({"type": "status"})
         assert conn.channel.expect("status")["schema"] >= 1
-        reports = conn.channel._reports
+        reports = list(conn.channel._reports)
         assert len(reports) >= 2 and reports == sorted(reports)
         assert reports[-1][0] <= conn.channel.sent
     assert conn.process.wait(timeout=30) == 0
@@ -328,6 +328,42 @@ def test_commands_other_than_sync_ask_for_no_reports(tmp_path: Path) -> None:
         assert "reports" not in conn.hello()
         conn.channel.send({"type": "status"})
         assert conn.channel.expect("status")["schema"] >= 1
+
+
+FAKE_REPORTER = r'''
+import json, sys, zlib
+sys.stdin.buffer.readline()  # the client's hello
+out = sys.stdout.buffer
+out.write(json.dumps({"type": "hello", "versions": [3], "version": 3, "server": "fake",
+                      "machine": "laptop", "pinned": False, "ahead_bytes": 1000,
+                      "raw_bodies": True, "compress": "zlib", "reports": True}).encode() + b"\n")
+deflate = zlib.compressobj()
+after = json.dumps({"type": "error", "code": "store", "message": "read past the report"})
+out.write(deflate.compress(sys.argv[1].encode() + b"\n" + after.encode() + b"\n")
+          + deflate.flush(zlib.Z_SYNC_FLUSH))
+out.flush()
+sys.stdin.buffer.read()  # until the client goes
+'''
+
+
+@pytest.mark.parametrize("report", [{"bytes": "12", "seconds": 1.5},
+                                    {"bytes": 12, "seconds": "soon"},
+                                    {"bytes": -1, "seconds": 1.5},
+                                    {"bytes": 12, "seconds": 1.5, "last": False}])
+def test_a_malformed_report_ends_the_sync_naming_it(tmp_path: Path, sshd: Any,
+                                                    report: dict) -> None:
+    fake = tmp_path / "fake_server.py"
+    fake.write_text(FAKE_REPORTER)
+    line = json.dumps({"type": "received", **report})
+    transport = sshd.transport(pinned=False, remote_command=[sys.executable, str(fake), line])
+    path = write_config(tmp_path / "c" / "client.json", "laptop", transport, [],
+                        tmp_path / "cache")
+    config = config_mod.load(path, {"HOME": str(tmp_path)})._replace(compress="on")
+    with Connection(config) as conn:
+        with conn.handshake():
+            pass
+        with pytest.raises(ProtocolError, match="sent a malformed received message"):
+            conn.channel.receive()
 
 
 def test_a_hello_that_changed_forgets_the_record(tmp_path: Path) -> None:
