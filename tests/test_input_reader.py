@@ -161,3 +161,25 @@ def test_exact_reads_between_lines_are_those_of_io(pipe: Pipe, seed: int) -> Non
     assert b"".join(got) == data
     assert reader._ready is not None  # long reads started the thread
     assert reader.read(10) == b""
+
+
+def test_arrival_counts_what_was_read_off_the_input_before_the_session_takes_it(
+        pipe: Pipe) -> None:
+    """The thread reads ahead: the count and its time are the input's, not the session's."""
+    data = b'{"type":"hello"}\n' + bytes(random.Random(7).randbytes(600_000))
+    before = time.monotonic()
+    writer = feed(pipe, data, 65_536)
+    reader = ReadAhead(pipe.read_end, window=4 * 1024 * 1024, start=100_000)
+    assert reader.arrival()[0] == 0
+    assert reader.readline(1000) == b'{"type":"hello"}\n'
+    assert 0 < reader.arrival()[0] <= len(data)
+    taken = 0
+    while reader._ready is None:  # past `start` bytes taken, the thread reads the rest
+        taken += len(reader.read1(50_000))
+    writer.join(timeout=10)
+    deadline = time.monotonic() + 10
+    while reader.arrival()[0] < len(data) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    wire, at = reader.arrival()
+    assert wire == len(data) > 17 + taken  # all of it came, more than was taken
+    assert before <= at <= time.monotonic()
