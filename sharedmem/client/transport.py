@@ -302,13 +302,8 @@ class Connection:
         assumed, self.assumed = self.assumed, None
         if assumed is None:
             return
-        if self._starter is not None:  # `handshake`'s thread reads it
-            self._hello_read.wait()
-            answer = self._answer
-        else:
-            answer = []
-            self._read_hello(answer)  # plain: the server compresses only after its hello line
-        reply = self._accept(answer[0])
+        self._hello_read.wait()  # `handshake`'s thread reads it, as it does every sync's
+        reply = self._accept(self._answer[0])
         ahead, was = reply.get("ahead_bytes"), assumed.get("ahead_bytes")
         if (reply.get("version") != assumed["version"]
                 or reply.get("compress") != assumed.get("compress")
