@@ -323,8 +323,11 @@ def prepare() -> None:
 # finds at memchr speed, where a scan for the keywords stops at every common letter; 2 scans do
 # the work of 10 (28 MB of Markdown: 40-85 ms instead of 150). Each is `_NEAR_OPERATOR` read
 # from its end. The AWS rule's "secret" implies the generic "secret" lead; "authorization"
-# followed by ":" or "=" is the generic "auth" lead.
-_BACKWARDS = (r"""[ \t]{0,16}["'`*\]]{0,3}[a-z_-]{0,16}(?:"""
+# followed by ":" or "=" is the generic "auth" lead. The blanks and the quotes are taken
+# possessively: neither class holds a character of the next, so giving one back never makes a
+# match, and the engine keeps no place to return to (real Markdown's ':' screen, 24 MB: 35 ms
+# instead of 57).
+_BACKWARDS = (r"""[ \t]{0,16}+["'`*\]]{0,3}+[a-z_-]{0,16}(?:"""
               + "|".join(k[::-1] for k in KEYWORD_STARTS) + ")")
 _OPERATOR_KINDS = frozenset({"generic-secret", "authorization-header"})  # a keyword, ':' or '='
 # url-password's match ("://", a user, ':', a password, '@') read from its '@', which is rare
