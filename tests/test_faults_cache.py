@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -105,6 +106,12 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for config in (desk, laptop):
         done = sync(config)
         assert done.returncode == 0, done.stdout + done.stderr
+    # The last `serve` ends after its client: it checkpoints the store, then removes the log.
+    # A copy taken meanwhile would miss files or hold half a checkpoint.
+    deadline = time.monotonic() + 60
+    while (world / "store.sqlite3-wal").exists():
+        assert time.monotonic() < deadline, "the last serve never closed the store"
+        time.sleep(0.02)
     return world
 
 
