@@ -15,8 +15,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sharedmem.cache.cache import Cache, FileTable, Manifest
+from sharedmem.cache.cache import Cache, Manifest
 from sharedmem.cache.layout import CacheFiles
+from sharedmem.cache.manifest_store import FileTable
 from sharedmem.core import CacheError, LimitError, PathRuleError, ProtocolError
 from sharedmem.rules import path_problems
 
