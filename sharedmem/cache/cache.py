@@ -272,8 +272,8 @@ class Cache:
         already (file_check.py), else it is done here, streaming the rows, each sha256 checked
         to be 64 lower-case hex digits. Only a file whose size or modification time differs
         (or is unknown) is hashed; if its sha256 differs too (a killed sync's text, an edit by
-        hand) or it is gone or not a regular file, it is damaged. One whose time alone moved is verified. A row that
-        cannot be read raises Damaged.
+        hand) or it is gone or not a regular file, it is damaged. One whose time alone moved is
+        verified. A row that cannot be read, or is malformed, raises Damaged.
         """
         files = manifest.files
         root = str(self.root)
