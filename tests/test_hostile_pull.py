@@ -31,9 +31,12 @@ scenario = json.loads(open(os.path.join(os.path.dirname(os.path.abspath(__file__
 def send(line):
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+seen = {}
 for raw in sys.stdin:
     message = json.loads(raw)
-    for line in scenario.get(message["type"], []):
+    kind = message["type"]
+    seen[kind] = seen.get(kind, 0) + 1  # "commit#2": the answer to the second commit only
+    for line in scenario.get(f"{kind}#{seen[kind]}", scenario.get(kind, [])):
         if isinstance(line, dict):  # wait until the client made a file, or say it did not
             deadline = time.monotonic() + line["seconds"]
             while not glob.glob(line["wait"]) and time.monotonic() < deadline:
@@ -447,3 +450,25 @@ def test_a_version_2_need_that_repeats_a_body_is_sent_it_once(
     sent = [json.loads(line) for line in log.read_text().splitlines()]
     bodies = [b for m in sent if m["type"] == "bodies" for b in m["bodies"]]
     assert bodies == [[sha, "# mine, changed\n"]]
+
+
+def test_a_version_2_commit_on_a_forgotten_base_is_sent_again_whole(
+        client: Client, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # The namespace was forgotten between the manifest and the commit: the server answers the
+    # commit `stale-base`, and the sync sends the whole manifest once, instead of failing.
+    (tmp_path / "notes" / "mine.md").write_text("# mine, changed\n", encoding="utf-8")
+    log = client.bin / "received.log"
+    sha = sha256_text("# mine, changed\n")
+    stale = j({"type": "error", "code": "stale-base", "message": "send the whole manifest"})
+    client.serve({**GOOD, "manifest": [j({"type": "need", "source": "notes", "sha256": [sha]})],
+                  "bodies": [], "commit#1": [stale], "commit": [j(RESULT)]})
+    (client.bin / "ssh").write_text((client.bin / "ssh").read_text().replace(
+        "    message = json.loads(raw)\n",
+        f"    message = json.loads(raw)\n    open({str(log)!r}, 'a').write(raw)\n"))
+    code, out, err = client.sync(capsys, "--json")
+    assert code == 0, (out, err)
+    sent = [json.loads(line) for line in log.read_text().splitlines()]
+    manifests = [m for m in sent if m["type"] == "manifest"]
+    assert len(manifests) == 2 and "base" not in manifests[1] and manifests[1]["files"]
+    assert [m["type"] for m in sent].count("commit") == 2
+    assert json.loads(out)["sources"][0]["status"] == "published"

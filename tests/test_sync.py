@@ -449,7 +449,8 @@ def test_version_2_session_is_unchanged_and_echoes_a_delta(tmp_path):
     (notes / "d1" / "note-001.md").write_text("v2 change\n", encoding="utf-8")
     report, told = sync_in_process(cfg, max_version=2)
     assert report["status"] == "ok" and "cache: 1 files pulled" in told
-    assert report["round_trips"] == 4  # hello; per source: manifest, then commit (+ pull)
+    # hello; per source its manifest, then its commit; then the pull, after the last result
+    assert report["round_trips"] == 5
     files = cache_files(tmp_path / "laptop" / "cache")
     assert files["machines/laptop/notes/d1/note-001.md"] == "v2 change\n"
 

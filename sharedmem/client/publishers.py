@@ -1,11 +1,11 @@
 """How a sync publishes its sources, one class per protocol version it speaks (2 and 3).
 
 A publisher has two steps, between which the sync sends its notes and its pull request:
-`send` puts every manifest on the wire (and, in version 2, answers each `need` before the
-next manifest, leaving only the last `result` unread), and `finish` reads the answers that
-remain. Version 3 pipelines: every manifest goes out at once, and each `need` is answered as
-it is read, while the server holds what came after. The client no longer speaks version 1:
-every released server speaks version 2 (docs/PROTOCOL.md "Versions").
+`send` puts every manifest on the wire, and `finish` reads the answers that remain. Version 2
+goes one source at a time, every answer read in `send`. Version 3 pipelines: every manifest
+goes out at once, and each `need` is answered as it is read, while the server holds what came
+after. The client no longer speaks version 1: every released server speaks version 2
+(docs/PROTOCOL.md "hello").
 """
 
 from __future__ import annotations
@@ -64,12 +64,6 @@ class Publisher:
         """Read the answers that remain; every source's `result` by name."""
         raise NotImplementedError
 
-    def _result(self, p: Publication) -> None:
-        """Read one source's `result` and check it has what the sync reads."""
-        self.trips.wait()
-        reply = self.conn.channel.expect("result")
-        self._check_result(p, reply)
-
     def _check_result(self, p: Publication, reply: dict[str, Any]) -> None:
         refused, redacted, digest = reply.get("refused"), reply.get("redacted"), reply.get("digest")
         if (reply.get("source") != p.name or type(reply.get("unchanged")) is not bool
@@ -95,43 +89,44 @@ class Publisher:
 
 
 class V2Publisher(Publisher):
-    """Version 2: one source at a time, manifest, `need`, bodies, `commit`, `result`."""
+    """Version 2 (a 0.1.0 server): one source at a time: manifest, bodies, `commit`, `result`.
 
-    due: Publication | None = None  # the source whose commit went, its `result` unread
+    A base the server no longer holds (`stale-base`, after the manifest or at the commit: the
+    namespace was forgotten meanwhile) is answered once with the whole manifest.
+    """
 
     def send(self, publications: list[Publication], following: tuple[int, int]) -> None:
-        """Publish each source in turn; the last `result` is left for `finish`."""
+        """Publish each source in turn, each `result` read before the next manifest goes."""
         for p in publications:
-            if not p.ok:
-                continue
-            self.finish()
-            self.progress(f"{p.name}: {len(p.files)} files")
-            if self._publish(p):
-                self.due = p
+            if p.ok:
+                self.progress(f"{p.name}: {len(p.files)} files")
+                self._publish(p)
 
     def finish(self) -> dict[str, dict[str, Any]]:
-        """Read the last source's `result`, if it is still due."""
-        due, self.due = self.due, None
-        if due is not None:
-            self._result(due)
+        """Every result is read already."""
         return self.replies
 
-    def _publish(self, p: Publication) -> bool:
-        """Send one manifest, and its bodies and commit if needed; whether a `result` is due."""
+    def _publish(self, p: Publication) -> None:
         channel = self.conn.channel
-        try:
-            channel.send_line(p.line if p.line and not p.placed else encode(p.manifest))
-            self.trips.wait()
-            reply = channel.expect("need", "result")
-        except PeerError as exc:
-            if exc.code != "stale-base":
-                raise
-            channel.send(p.whole)  # the base is not what the server holds
-            self.trips.wait()
-            reply = channel.expect("need", "result")
-        if reply["type"] == "result":
-            self._check_result(p, reply)
-            return False
+        line = p.line if p.line and not p.placed else encode(p.manifest)
+        for attempt in (1, 2):  # the delta, then the whole manifest if its base is stale
+            try:
+                channel.send_line(line)
+                self.trips.wait()
+                reply = channel.expect("need", "result")
+                if reply["type"] == "need":
+                    self._send_bodies(p, reply)
+                    self.trips.wait()
+                    reply = channel.expect("result")
+                self._check_result(p, reply)
+                return
+            except PeerError as exc:
+                if exc.code != "stale-base" or attempt == 2:
+                    raise
+                line = encode(p.whole)
+
+    def _send_bodies(self, p: Publication, reply: dict[str, Any]) -> None:
+        """Answer a `need` with each body it names (once each), then `commit`."""
         need = reply.get("sha256")
         if reply.get("source") != p.name or type(need) is not list or not all(
                 type(sha) is str for sha in need):
@@ -140,9 +135,8 @@ class V2Publisher(Publisher):
         bodies = [[sha, text] for sha, text in p.texts(self._needed(p, need, len(p.files)))]
         self.progress(f"{p.name}: sending {len(bodies)} changed files")
         for batch in chunks(bodies, lambda b: len(b[1]) * 2 + 80):
-            channel.send({"type": "bodies", "source": p.name, "bodies": batch})
-        channel.send({"type": "commit", "source": p.name})
-        return True
+            self.conn.channel.send({"type": "bodies", "source": p.name, "bodies": batch})
+        self.conn.channel.send({"type": "commit", "source": p.name})
 
 
 class V3Publisher(Publisher):
@@ -184,23 +178,32 @@ class V3Publisher(Publisher):
         return self.replies
 
     def _answer_oldest(self) -> int:
-        """Read the answer to the oldest manifest; answer its `need`; its size on the wire."""
+        """Read the answers to the oldest manifest and answer each `need`; its size on the wire.
+
+        `need {"stale": true}` (after the manifest, or at the commit when the namespace was
+        forgotten meanwhile) asks for the whole manifest, once.
+        """
         p, size = self.window.popleft()
         channel = self.conn.channel
-        sent = p.manifest
-        self.trips.wait()
-        reply = channel.expect("need", "result")
-        if reply["type"] == "need" and reply.get("stale") is True:
-            sent = p.whole  # the base is not what the server holds: the whole manifest
-            channel.send(sent)
+        sent, stale = p.manifest, False
+        while True:
             self.trips.wait()
             reply = channel.expect("need", "result")
-        if reply["type"] == "result":
-            self._check_result(p, reply)
-            return size
-        index, files = reply.get("index"), sent["files"]
-        if reply.get("source") != p.name or type(index) is not list or not all(
-                type(i) is int and 0 <= i < len(files) for i in index):
+            if reply["type"] == "result":
+                self._check_result(p, reply)
+                return size
+            if reply.get("stale") is True and not stale:
+                sent, stale = p.whole, True  # the base is not what the server holds
+                channel.send(sent)
+                continue
+            self._send_texts(p, reply, sent["files"])
+
+    def _send_texts(self, p: Publication, reply: dict[str, Any], files: list[Any]) -> None:
+        """Answer a `need` with the text of each file it names (once each), then `commit`."""
+        index = reply.get("index")
+        if reply.get("source") != p.name or reply.get("stale") is not None or type(
+                index) is not list or not all(type(i) is int and 0 <= i < len(files)
+                                              for i in index):
             raise self.conn.malformed("need", f"for source {p.name!r} it needs that source and "
                                       "index as a list of positions in the manifest's files")
         own = self.own()
@@ -211,10 +214,8 @@ class V3Publisher(Publisher):
         self.progress(f"{p.name}: sending {len(texts)} changed files")
         encode_batch = encode_raw_texts if self.conn.raw_bodies else encode_texts
         for batch in chunks(texts, lambda data: len(data) + 8):
-            channel.send_line(encode_batch(batch, p.name))
-        channel.send({"type": "commit", "source": p.name})
-        self._result(p)
-        return size
+            self.conn.channel.send_line(encode_batch(batch, p.name))
+        self.conn.channel.send({"type": "commit", "source": p.name})
 
 
 PUBLISHERS = {2: V2Publisher, 3: V3Publisher}
