@@ -233,7 +233,8 @@ class Connection:
         except PeerError:
             raise
         except ProtocolError:  # a body sent ahead found the server end gone
-            self._hello_read.wait()
+            with self.watch.waiting("its answer to its hello"):
+                self._hello_read.wait()
             raise self.failure() from None
         with self.watch.waiting("its answer to its hello"):  # not on other errors, above:
             self._hello_read.wait()  # the hello may be slow to come, or never
