@@ -118,6 +118,23 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     server.stop()
 
 
+@pytest.fixture
+def busy_sshd(tmp_path: Path) -> Iterator[Sshd]:
+    """A real sshd that drops a connection while another one authenticates (`MaxStartups 1`).
+
+    A test holds one unauthenticated connection (`Sshd.hold_startup`) to make it busy; each drop
+    is logged (`Sshd.dropped`).
+    """
+    store = tmp_path / "server" / "store.sqlite3"
+    store.parent.mkdir()
+    try:
+        server = start_sshd(tmp_path / "sshd", store, max_startups="1", log_level="VERBOSE")
+    except SshdUnavailable as exc:
+        pytest.skip(str(exc))
+    yield server
+    server.stop()
+
+
 # --- the store ---------------------------------------------------------------------------------
 
 @pytest.fixture

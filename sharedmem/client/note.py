@@ -202,7 +202,7 @@ def _deadline(conn: Connection, seconds: float) -> Iterator[None]:
 
     def stop() -> None:
         fired.set()
-        _kill(conn.process)
+        conn.stop_server()
 
     timer = threading.Timer(seconds, stop)
     timer.daemon = True
@@ -218,14 +218,3 @@ def _deadline(conn: Connection, seconds: float) -> Iterator[None]:
     finally:
         timer.cancel()
 
-
-def _kill(process: Any) -> None:
-    """Kill the server end and what it started (it leads a session of its own: ssh, serve)."""
-    if process.poll() is not None:
-        return
-    if hasattr(os, "killpg"):
-        import signal
-        with contextlib.suppress(OSError):
-            os.killpg(process.pid, signal.SIGKILL)
-            return
-    process.kill()

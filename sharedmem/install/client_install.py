@@ -286,7 +286,7 @@ def _pretend(argv: list[str], stdin: str | None = None) -> subprocess.CompletedP
 
 def _schedule(install: bool, prefix: Path, env: Mapping[str, str], console: Console, run: Any,
               platform: str | None, dry_run: bool,
-              python: str = sys.executable) -> dict[str, Any] | None:
+              python: str = sys.executable, machine: str = "") -> dict[str, Any] | None:
     """Install or remove the two-minute job; a failure is a warning, not the end of the install."""
     pretend = env.get(DRYRUN_ENV) == "1"
     runner = _pretend if pretend else (run or scheduler.default_run)
@@ -295,8 +295,8 @@ def _schedule(install: bool, prefix: Path, env: Mapping[str, str], console: Cons
         if install:
             command = [python, *PYTHON_FLAGS, str(prefix / LAUNCHER_NAME), "sync", "--config",
                        str(prefix / "client.json")]
-            plan = scheduler.install(command, prefix / "sync.log", env, platform=platform,
-                                     run=runner, dry_run=dry)
+            plan = scheduler.install(command, prefix / "sync.log", env, machine=machine,
+                                     platform=platform, run=runner, dry_run=dry)
         else:
             plan = scheduler.uninstall(env, platform=platform, run=runner, dry_run=dry)
     except SharedMemoryError as exc:
@@ -372,7 +372,7 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
     summary["cursor_block_shown"] = _show_cursor_block(summary, cfg.state, args.cursor_rules, dry)
     if args.schedule == "auto":
         summary["schedule"] = _schedule(True, prefix, env, console, run, platform, dry,
-                                        python.path)
+                                        python.path, cfg.machine)
     summary["diffs"] = [d for d in diffs if d]
     _report(summary, args.json, console)
     return 1 if console.warnings else 0
