@@ -33,9 +33,8 @@ MIN_FILES = 512  # below this, the sync's own check costs less than starting a h
 DAMAGED = 3  # the helper's status when the manifest is damaged: its output says why
 _SEP = "\0"  # paths are separated by NUL, which no path holds
 # Seconds a helper has run when its answer is due, past which the sync waits for it instead of
-# stopping it: by then it has started its interpreter and opened the manifest. Stopping one
-# that was a few lstats from its end cost a no-change sync of 10,000 files 67-104 ms
-# (docs/BENCHMARKS.md "Eighth round").
+# stopping it: by then it has started its interpreter and opened the manifest, and the rest of
+# its pass costs less than the sync's own pass from the start.
 HEAD_START = 0.05
 WAIT_LIMIT = 2.0  # seconds the sync waits for such a helper at most (one stalled, or starved)
 
@@ -254,7 +253,7 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     import gc
-    gc.disable()  # it makes no cycles: young collections over its rows only cost it 10-20 ms
+    gc.disable()  # it makes no cycles: collections over its rows would free nothing
     if hasattr(os, "nice"):  # ssh's handshake, on the same CPU, is what the sync waits for
         os.nice(19)
     sys.exit(main(sys.argv[1:]))

@@ -1,12 +1,11 @@
 """The cache manifest kept in SQLite: one row a file, looked up by path or streamed, changed by rows.
 
-A manifest loaded whole costs one Python object a file: at 100,000 files a sync that changes
-nothing held 100 MB for it. Kept in `manifest.sqlite3`, a lookup is one query, an iteration
-streams in chunks (each its own short query, so a long reader never holds a lock a commit
-waits for), and a commit writes only the rows that changed, in one transaction (its
-journal makes the commit whole or absent, which the sha256s of the older JSON pair only
-detected). Damage reads as damage: a file that is not a database, a table missing, the wrong
-version, or (`verify`) a failed integrity check.
+A manifest loaded whole would cost one Python object a file, however little a sync changes.
+Kept in `manifest.sqlite3`, a lookup is one query, an iteration streams in chunks (each its own
+short query, so a long reader never holds a lock a commit waits for), and a commit writes only
+the rows that changed, in one transaction whose journal makes it whole or absent. Damage reads
+as damage: a file that is not a database, a table missing, the wrong version, or (`verify`) a
+failed integrity check.
 """
 
 from __future__ import annotations
@@ -43,9 +42,8 @@ STATS_QUERY = f"SELECT {STATS} FROM files"  # the same, all at once, for a helpe
 INTEGRITY_CHECK = "PRAGMA integrity_check"
 
 # A sha256 written here is one this client computed, or checked against its text: the table
-# checks its length only. Checking its digits too (a GLOB, or an ltrim of them) cost a first
-# sync of 10,000 files 35-40 ms (docs/BENCHMARKS.md "Seventh round"); a manifest made before
-# keeps that check, which holds all the same.
+# checks its length only, as a check of its digits in SQLite costs every row written. The sync
+# checks the digits of every row as it reads them anyway (file_check.differing).
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID, STRICT",
     "CREATE TABLE files(path TEXT PRIMARY KEY, sha256 TEXT NOT NULL CHECK (length(sha256) = 64),"
@@ -282,11 +280,7 @@ class ManifestStore:
         return Row(*rows[0]) if rows else None
 
     def sha256s(self, paths: Sequence[str]) -> dict[str, str]:
-        """The sha256 of each of `paths` the manifest lists, by path: IN_CHUNK paths a query.
-
-        A query a path cost a 1% sync of 10,000 files 5-7 ms for its 100 files read
-        (docs/BENCHMARKS.md "Eighth round").
-        """
+        """The sha256 of each of `paths` the manifest lists, by path: IN_CHUNK paths a query."""
         found: dict[str, str] = {}
         for i in range(0, len(paths), IN_CHUNK):
             chunk = tuple(paths[i:i + IN_CHUNK])
@@ -339,9 +333,8 @@ class ManifestStore:
 
         A namespace's paths all begin with its key and "/", so they are one run in path order,
         and "0" follows "/": each step jumps to the first path past that run (and past the
-        path found, so a row whose namespace were not its path's could not hold it still).
-        `SELECT DISTINCT namespace` read every row: 3-5 ms at 10,000 files, in every sync's
-        commit (docs/BENCHMARKS.md "Eighth round").
+        path found, so a row whose namespace were not its path's could not hold it still),
+        where `SELECT DISTINCT namespace` would read every row at every commit.
         """
         return [n for (n,) in self._rows(_FILE_NAMESPACES)]
 
@@ -422,8 +415,7 @@ class Writing:
 class PullRows:
     """A pull's record of each file, in a private temporary SQLite database, not in Python.
 
-    A first pull names every file of the store: held as a dict of path to sha256 that took
-    about 400 bytes a file (36 MB more at 100,000 files than at 10,000). Here each record is a
+    A first pull names every file of the store, so its records are not held in Python. Each is a
     row (path, sha256, what to do with it), the latest record of a path the one that counts,
     written in batches as the pull streams in and read back in path order, a chunk at a time,
     by the commit and the search index. SQLite keeps at most its page cache in memory and

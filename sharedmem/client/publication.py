@@ -47,7 +47,7 @@ def namespace_of(machine: str, source: str) -> str:
 class Publication:
     """One source's snapshot and the messages that publish it, built before the session starts.
 
-    A plain class: the dataclasses module would cost every sync 15 ms to import.
+    A plain class: a sync does not load the dataclasses module.
     """
 
     def __init__(self, source: SourceConfig, key: str, state_file: Path,
