@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 STALE_PERIODS = 3  # a cache older than this many schedule periods is stale: a sync has been missed
 SYNCED_FILE = (".sharedmem", "synced.json")  # below the cache: cache.SYNCED_NAME
 LAST_ATTEMPT_FILE = "last-sync.json"  # below the state folder, written by every sync
+LAST_DELIVERY_FILE = "last-delivery.json"  # below the state folder: the last note delivery's report
 OUTBOX = "outbox"  # below the state folder: outbox.Outbox, one `.json` file a note
 REFUSED_NOTES = "refused-notes"  # below the state folder: each refused note's outbox file...
 REFUSED_SUFFIX = ".reason"  # ...and beside it (`.json` -> `.reason`) the server's reason, as JSON
@@ -139,9 +140,10 @@ def stale_reason(fresh: dict[str, Any], now: float | None = None) -> str | None:
     """Why a sync should start now ('the cache was 2h 5m old'), or None.
 
     Stale is older than STALE_PERIODS runs of the schedule (a laptop that slept, a schedule
-    that stopped), or synced at a time in the future, which no age can be told from. Never for a cache no sync has completed into (the installer's first sync, or
-    a person's, is what sets a client up), nor when a sync finished within the last period (the
-    schedule is trying: the server is likely unreachable, and another try would only fail too).
+    that stopped), or synced at a time in the future, which no age can be told from. Never for
+    a cache no sync has completed into (the installer's first sync, or a person's, is what sets
+    a client up), nor when a sync finished within the last period (the schedule is trying: the
+    server is likely unreachable, and another try would only fail too).
     """
     age = fresh.get("age_seconds")
     future = fresh.get("last_sync_in_future")

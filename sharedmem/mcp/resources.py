@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from sharedmem.cache.cache import Cache, Manifest
-from sharedmem.core import CacheError, PathRuleError, ProtocolError
+from sharedmem.core import CacheError, PathRuleError, ToolArgumentError
 from sharedmem.mcp.tools import REPAIRING, RESULT_MAX_BYTES, cached_bytes, cut_text
 from sharedmem.rules import NOTES_DIR, SOURCE_CLAUDE, SOURCE_CODEX, path_problems
 from sharedmem.sources.allowlist import CODEX_FILES
@@ -100,8 +100,8 @@ def _offered(manifest: Manifest) -> list[tuple[int, str, str, str, str, int]]:
 def templates(cursor: object, version: str) -> dict[str, Any]:
     """The one template: any cached file by its published path."""
     if cursor is not None:
-        raise ProtocolError("invalid cursor: there is one page of resource templates; omit "
-                            "cursor")
+        raise ToolArgumentError("invalid cursor: there is one page of resource templates; "
+                                "omit cursor")
     template = {"uriTemplate": TEMPLATE, "name": "cached-file",
                 "description": "Any Markdown file in the shared memory cache by its published "
                 f"path (from the list or search tools), e.g. {_EXAMPLE}",
@@ -198,13 +198,13 @@ def _encode_cursor(last: tuple[int, str]) -> str:
 
 
 def _decode_cursor(cursor: object) -> tuple[int, str]:
-    """The last resource of the page before; ProtocolError unless resources/list made it."""
+    """The last resource of the page before; ToolArgumentError unless resources/list made it."""
     try:
         data = json.loads(base64.urlsafe_b64decode(str(cursor).encode("ascii")))
     except (ValueError, UnicodeError, binascii.Error):
         data = None
     if not (isinstance(cursor, str) and isinstance(data, list) and len(data) == 3
             and data[0] == "r" and data[1] in (0, 1) and isinstance(data[2], str)):
-        raise ProtocolError("invalid cursor: pass the nextCursor of the previous page unchanged, "
-                            "or omit it to start again")
+        raise ToolArgumentError("invalid cursor: pass the nextCursor of the previous page "
+                                "unchanged, or omit it to start again")
     return data[1], data[2]
