@@ -364,6 +364,7 @@ def _peak_rss_mib(pid: int) -> float:
     ("line.md", "é" * (20 << 20) + "\n"),  # one line of 40 MiB
 ])
 def test_a_read_holds_what_it_returns_not_the_file(tmp_path: Path, name: str, text: str) -> None:
+    """`read` and `resources/read` of a 40 MiB file: the server grows by what they return."""
     config = client_with_cache(tmp_path, {"MEMORY.md": "# Memory\n"})
     (tmp_path / "cache" / NS / name).write_text(text, encoding="utf-8")
     srv = McpServer(config)
@@ -375,6 +376,8 @@ def test_a_read_holds_what_it_returns_not_the_file(tmp_path: Path, name: str, te
             continue
         read = srv.call("read", path=f"{NS}/{name}", max_lines=2000, **args)
         assert read["isError"] is False, read
+    shown = srv.ask("resources/read", {"uri": f"{R}{NS}/{name}"})["result"]["contents"][0]
+    assert shown["text"].endswith("]") and utf8([shown["text"]]) <= CAP  # says where to go on
     grew = _peak_rss_mib(srv.proc.pid) - before
     assert grew < 16, f"a read of a 40 MiB file took {grew:.0f} MiB more"
     assert srv.close() == 0

@@ -426,7 +426,9 @@ def test_only_the_top_level_says_how_fresh_the_cache_is(cache: Cache) -> None:
 def test_a_cached_file_is_opened_as_read_opens_it(cache: Cache, path: str,
                                                   message: str | None) -> None:
     if message is None:
-        assert tools.cached_bytes(cache, path) == cache.root.joinpath(path).read_bytes()
+        data = cache.root.joinpath(path).read_bytes()
+        assert tools.cached_head(cache, path, 10**6) == (data, len(data))
+        assert tools.cached_head(cache, path, 5) == (data[:5], len(data))
     else:
         with pytest.raises(SharedMemoryError, match=message):
-            tools.cached_bytes(cache, path)
+            tools.cached_head(cache, path, 10)

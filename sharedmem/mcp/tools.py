@@ -10,6 +10,7 @@ import base64
 import binascii
 import hashlib
 import json
+import os
 import stat
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -28,7 +29,7 @@ READ_DEFAULT, READ_MAX = 400, 2000
 SEARCH_DEFAULT, SEARCH_MAX = 50, 200
 MAX_QUERIES, QUERY_MAX_CHARS = 16, 1000
 RESULT_MAX_BYTES = 256 * 1024  # text in one result (UTF-8): lines, paths, queries
-__all__ = ["TOOLS", "add_ad_hoc_note", "cached_bytes", "call", "cut_text", "format_text",
+__all__ = ["TOOLS", "add_ad_hoc_note", "cached_head", "call", "cut_text", "format_text",
            "list_files", "read_file", "search"]
 
 
@@ -335,18 +336,24 @@ class _Window:
         self.line += 1
 
 
-def cached_bytes(cache: Cache, path: str) -> bytes:
-    """A cached file's bytes by its published path, as `read` opens it (MCP resources too).
+def cached_head(cache: Cache, path: str, most: int) -> tuple[bytes, int]:
+    """The first `most` bytes of a cached file by its published path, and its size (resources).
 
-    The path rule first, then CacheFiles, which follows no link: PathRuleError names the path
-    and says what to do when it breaks the rule, is not in the cache, or is a link or a FIFO.
+    Opened as `read` opens it: the path rule, then CacheFiles, which follows no link.
+    PathRuleError names the path and what to do when it breaks the rule, is not in the cache,
+    or is a link or a FIFO. Only the head is read, however large the file.
     """
     _check_file_path(path)
     with CacheFiles(cache.root) as disk:
-        data = disk.read(path)
-    if data is None:
-        raise _not_cached(path)
-    return data
+        stream = disk.open(path)
+        if stream is None:
+            raise _not_cached(path)
+        with stream:
+            parts = []
+            while most > 0 and (part := stream.read(most)):
+                parts.append(part)
+                most -= len(part)
+            return b"".join(parts), os.fstat(stream.fileno()).st_size
 
 
 def _check_file_path(path: str) -> None:
