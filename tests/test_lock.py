@@ -135,8 +135,9 @@ def test_a_handed_delivery_lock_is_adopted_only_when_it_is_the_lock(tmp_path):
         handed = os.dup(fd)  # what `pass_fds` gives a child: the same open file
     with delivery_lock(tmp_path) as free:
         assert not free  # the handed file holds the lock after its starter let go
+    os.set_inheritable(handed, True)  # as the child finds it
     held = adopt_lock(tmp_path, handed)
-    assert held is not None
+    assert held is not None and not os.get_inheritable(handed)  # passed on to no child
     with held as ok:
         assert ok
     with delivery_lock(tmp_path) as free:

@@ -107,7 +107,8 @@ def adopt_lock(state: Path, fd: int) -> contextlib.AbstractContextManager[bool] 
     """The delivery lock handed to this process as the open file `fd`, held until the `with` ends.
 
     None unless `fd` is open on this state folder's delivery lock file and holds its lock (a
-    number from the environment is checked, not trusted).
+    number from the environment is checked, not trusted). The file was inheritable to reach
+    this process; it is made not to be, so no child (an `ssh`, a helper) holds the lock on.
     """
     try:
         handed, lock = os.fstat(fd), os.stat(state / DELIVERY_LOCK)
@@ -118,6 +119,7 @@ def adopt_lock(state: Path, fd: int) -> contextlib.AbstractContextManager[bool] 
     if not _try_lock(fd):
         os.close(fd)
         return None
+    os.set_inheritable(fd, False)  # handed over once: nothing this process starts holds it
     return _closed_after(fd)
 
 
