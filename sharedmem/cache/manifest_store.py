@@ -6,7 +6,7 @@ streams in chunks (each its own short query, so a long reader never holds a lock
 waits for), and a commit writes only the rows that changed, in one transaction (its
 journal makes the commit whole or absent, which the sha256s of the older JSON pair only
 detected). Damage reads as damage: a file that is not a database, a table missing, the wrong
-version, or (`verify`) a failed `PRAGMA quick_check`.
+version, or (`verify`) a failed integrity check.
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ _FILE_NAMESPACES = (  # see ManifestStore.file_namespaces
     " UNION ALL SELECT f.namespace, f.path FROM ns, files f WHERE f.path ="
     " (SELECT min(path) FROM files WHERE path > max(ns.path, ns.namespace || '0')))"
     " SELECT DISTINCT namespace FROM ns")
-STATS = "path, size, mtime_ns"  # what a check of the files compares (`stats`, file_check.py)
+STATS = "path, size, mtime_ns, sha256"  # what a check of the files reads (file_check.py)
 STATS_QUERY = f"SELECT {STATS} FROM files"  # the same, all at once, for a helper process
+# What finds damaged pages and keys out of order: the quick check missed keys out of order
+# that made lookups by path fail, so a sync inserted such a file's row again at every run.
+INTEGRITY_CHECK = "PRAGMA integrity_check"
 
 # A sha256 written here is one this client computed, or checked against its text: the table
 # checks its length only. Checking its digits too (a GLOB, or an ltrim of them) cost a first
@@ -60,6 +63,70 @@ class Row(namedtuple("Row", "path sha256 size namespace mtime_ns")):
     """One file's row: path, sha256, size, namespace, modification time (None: unknown)."""
 
     __slots__ = ()
+
+
+class CachedFile(namedtuple("CachedFile", "sha256 size namespace mtime_ns", defaults=(None,))):
+    """One cached file's provenance: its content address, size, namespace and modification time.
+
+    `mtime_ns` is the file's as the cache last wrote or verified it: a file whose size or time
+    differs is hashed by the next sync (`Cache.check_files`). None means "verify once".
+    """
+
+    __slots__ = ()
+
+
+class FileTable(Mapping[str, CachedFile]):
+    """The manifest's files as a read-only mapping over its store: nothing is held.
+
+    A lookup is one query; iterating streams the rows in path order. It always shows the store
+    as it is now, so a caller that needs the file list from before a commit asks before it.
+    """
+
+    def __init__(self, store: ManifestStore) -> None:
+        self.store = store
+
+    def __getitem__(self, path: str) -> CachedFile:
+        row = self.store.get(path) if type(path) is str else None
+        if row is None:
+            raise KeyError(path)
+        return CachedFile(*row[1:])
+
+    def get(self, path: str, default: Any = None) -> Any:  # noqa: D102 - Mapping's, one query
+        row = self.store.get(path) if type(path) is str else None
+        return default if row is None else CachedFile(*row[1:])
+
+    def __contains__(self, path: object) -> bool:
+        return type(path) is str and self.store.get(path) is not None
+
+    def __len__(self) -> int:
+        return self.store.count()
+
+    def __bool__(self) -> bool:
+        return self.store.holds_any()
+
+    def __iter__(self) -> Iterator[str]:
+        return self.store.paths()
+
+    def keys(self) -> Any:  # noqa: D102 - streamed, not a view that would query per key
+        return self.store.paths()
+
+    def items(self) -> Any:  # noqa: D102 - streamed in one query
+        return ((r[0], CachedFile(*r[1:])) for r in self.store.rows())
+
+    def values(self) -> Any:  # noqa: D102 - streamed in one query
+        return (CachedFile(*r[1:]) for r in self.store.rows())
+
+    def rows(self, namespace: str | None = None) -> Iterator[Row]:
+        """The rows (path first), of one namespace if named; streamed."""
+        return self.store.rows(namespace)
+
+    def sha256s(self, paths: list[str]) -> dict[str, str]:
+        """The sha256 of each of `paths` it lists, by path: a few queries for them all."""
+        return self.store.sha256s(paths)
+
+    def sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """(path, size) of each file below `prefix` (a folder and "/", or ""); streamed."""
+        return self.store.sizes(prefix)
 
 
 class ManifestStore:
@@ -139,7 +206,7 @@ class ManifestStore:
         self._conn, self._identity, self._verified = None, None, None
 
     def verify(self) -> None:
-        """`PRAGMA quick_check`, once for each committed state: Damaged when it fails.
+        """SQLite's integrity check, once for each committed state: Damaged when it fails.
 
         Its cost grows with the file (tens of milliseconds at 100,000 rows), so a reader that
         stays open pays it once a sync.
@@ -149,7 +216,7 @@ class ManifestStore:
         if self._verified == key:
             return
         try:
-            problems = [r for (r,) in conn.execute("PRAGMA quick_check")]
+            problems = [r for (r,) in conn.execute(INTEGRITY_CHECK)]
         except sqlite3.Error as exc:
             raise Damaged(f"{self.path} is damaged ({exc})") from None
         if problems != ["ok"]:
@@ -263,8 +330,8 @@ class ManifestStore:
         upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first path past the folder
         return self._pages("path, size", "path >= ? AND path < ?", (prefix, upper))
 
-    def stats(self) -> Iterator[tuple[str, int, int | None]]:
-        """(path, size, mtime_ns) of every file in path order: what a check of the files compares."""
+    def stats(self) -> Iterator[tuple[str, int, int | None, str]]:
+        """(path, size, mtime_ns, sha256) of every file in path order, for a check of the files."""
         return self._pages(STATS)
 
     def file_namespaces(self) -> list[str]:

@@ -383,10 +383,10 @@ def _cache_files(cache: Path) -> dict[str, str]:
     from sharedmem.cache.cache import Cache
     try:
         reader = Cache(cache)
-        files = reader.load().files
-        if reader.damage is not None:  # an older version's manifest, which the sync converts
-            files = reader.legacy_files()
-        return {path: meta.sha256 for path, meta in files.items()}
+        manifest = reader.load()
+        if reader.damage is not None:  # an older version's manifest, which the sync rebuilds
+            manifest = reader.manifest_of(reader.rebuild())  # the files hashed as they are
+        return {path: meta.sha256 for path, meta in manifest.files.items()}
     except (SharedMemoryError, OSError, ValueError):
         return {}
 

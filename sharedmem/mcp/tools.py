@@ -16,8 +16,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
-from sharedmem.cache.cache import Cache, FileTable, Manifest
+from sharedmem.cache.cache import Cache, Manifest
 from sharedmem.cache.layout import CacheFiles
+from sharedmem.cache.manifest_store import FileTable
 from sharedmem.core import CacheError, PathRuleError, ToolArgumentError
 from sharedmem.rules import MAX_PATH_BYTES, NOTE_FILE_MAX_BYTES, NOTES_DIR, path_problems
 

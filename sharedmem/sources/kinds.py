@@ -26,7 +26,7 @@ from sharedmem.sources.safe_open import (
     refusal,
     too_large,
 )
-from sharedmem.sources.walk import Entry, Skipped, Walker, display
+from sharedmem.sources.walk import Entry, Skipped, Walker, display, record_entry
 
 PROBLEM_REASONS = frozenset(
     {"invalid-utf8", "too-large", "quota", "vanished", "unreadable", "bad-path", "collision"}
@@ -53,11 +53,8 @@ class Snapshot(namedtuple("Snapshot", "spec status message files skipped")):
         return [s for s in self.skipped if s.reason in PROBLEM_REASONS]
 
     def record(self) -> dict:
-        """JSON-serialisable record to pass as `previous` to the next snapshot."""
-        return {
-            e.path: [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)]
-            for e in self.files
-        }
+        """The record to pass as `previous` to the next snapshot (`walk.record_entry`)."""
+        return {e.path: record_entry(e) for e in self.files}
 
 
 def default_root(kind: str, env: Mapping[str, str]) -> Path:
