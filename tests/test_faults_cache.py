@@ -353,7 +353,7 @@ def test_a_damaged_manifest_stays_refused_while_the_server_cannot_be_reached(
 
 
 def test_the_mcp_server_says_the_cache_is_being_repaired(world: Path) -> None:
-    from test_mcp import Server
+    from conftest import McpServer as Server
     (world / "laptop" / "cache" / ".sharedmem" / "manifest.sqlite3").write_text("{")
     server = Server(world / "laptop" / "client.json")
     try:
