@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,12 +18,13 @@ import pytest
 from sharedmem.hashing import sha256_text
 from sharedmem.server.ingest import IncomingFile
 from sharedmem.server.store import Store
+from sharedmem.sources.harness_memory import SYSTEM_ROOT_ENV
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, start_sshd  # noqa: E402
 
-__all__ = ["LAUNCHER", "REPO", "Sshd", "cache_of", "exported", "files", "pinned_line", "raw_rows",
+__all__ = ["LAUNCHER", "REPO", "SYSTEM", "Sshd", "cache_of", "exported", "files", "pinned_line", "raw_rows",
            "run_cli", "run_with_timeout", "write_config"]
 
 
@@ -82,6 +86,21 @@ def cache_of(root: Path, namespace: str, files: dict[str, str], *, kind: str = "
     cache.apply([(f"{namespace}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [],
                 {namespace: info})
     return cache
+
+
+# An empty folder in place of `/` for system-wide harness settings (managed settings, /etc/codex),
+# set before any test module is imported: no test, nor any process a test starts, reads the real
+# ones. Tests that build an environment of their own copy it from SYSTEM.
+SYSTEM_ROOT = Path(tempfile.mkdtemp(prefix="sharedmem-system-root-"))
+os.environ[SYSTEM_ROOT_ENV] = str(SYSTEM_ROOT)
+SYSTEM = {SYSTEM_ROOT_ENV: str(SYSTEM_ROOT)}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def system_root() -> Iterator[Path]:
+    """The stand-in for `/`, removed once the session ends."""
+    yield SYSTEM_ROOT
+    shutil.rmtree(SYSTEM_ROOT, ignore_errors=True)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SYSTEM
 
 from sharedmem.cache.cache import Cache
 from sharedmem.cache.search import index_mark
@@ -25,7 +26,7 @@ from sharedmem.rules import Limits
 
 def build(argv: list[str], home: Path, prefix: Path) -> tuple[config_mod.ClientConfig, str]:
     err = io.StringIO()
-    cfg = ci.build_config(ci.parser().parse_args(argv), {"HOME": str(home)}, prefix,
+    cfg = ci.build_config(ci.parser().parse_args(argv), {"HOME": str(home), **SYSTEM}, prefix,
                           Console(io.StringIO(), err))
     return cfg, err.getvalue()
 
@@ -78,7 +79,7 @@ def test_named_sources_and_a_missing_default_folder(tmp_path: Path) -> None:
     assert [(s.name, s.kind, s.path) for s in cfg.sources] == [
         ("claude-code", "claude-code", home / ".claude" / "projects"),
         ("notes", "markdown", home / "notes")]
-    assert "claude-code folder" in warnings and "does not exist yet" in warnings
+    assert "claude-code: none of its memory folders exists yet" in warnings
     assert cfg.transport == config_mod.Transport("local", store=tmp_path / "prefix" /
                                                  "store.sqlite3")
 
@@ -141,7 +142,7 @@ def test_body_refuses_bad_arguments_before_writing(tmp_path: Path) -> None:
 
 def install(home: Path, *argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = ci.client_main(["--local", "--schedule", "none", *argv], {"HOME": str(home)},
+    code = ci.client_main(["--local", "--schedule", "none", *argv], {"HOME": str(home), **SYSTEM},
                           out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 

@@ -15,7 +15,7 @@ from importlib.util import cache_from_source
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, SYSTEM
 
 from sharedmem.core import InstallError
 from sharedmem.install import authorized_keys as authkeys
@@ -543,7 +543,7 @@ def test_local_install_override_policy_and_schedule(home):
     notes = home / "notes"
     notes.mkdir()
     (notes / "a.md").write_text("alpha\n")
-    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "")}
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", ""), **SYSTEM}
     recorder, out, err = Recorder(), io.StringIO(), io.StringIO()
     code = client_main(["--machine", "pc", "--local", "--markdown", f"notes={notes}",
                         "--harness", "codex", "--harness", "claude-code"], env,

@@ -98,7 +98,7 @@ def doctor(config_path: Path, env: Mapping[str, str]) -> Report:
         where = (f"ssh to {cfg.transport.host}" if cfg.transport.kind == "ssh"
                  else f"local store {cfg.transport.store}")
         report.add("config", OK, f"machine {cfg.machine}, {len(cfg.sources)} source(s), {where}")
-        _check_sources(report, cfg)
+        _check_sources(report, cfg, env)
         _check_server(report, cfg)
         _check_ssh_reuse(report, cfg)
         _check_cache(report, cfg)
@@ -107,16 +107,20 @@ def doctor(config_path: Path, env: Mapping[str, str]) -> Report:
     return report
 
 
-def _check_sources(report: Report, cfg: Any) -> None:
+def _check_sources(report: Report, cfg: Any, env: Mapping[str, str]) -> None:
     from sharedmem.sources import kinds as sources
     for src in cfg.sources:
         name = f"source {src.name}"
-        if not src.path.exists():
-            report.add(name, WARN, f"folder {src.path} does not exist, so nothing is published "
-                       "from it", f"create {src.path}, or drop the source by re-running "
+        spec = sources.SourceSpec(src.name, src.kind, src.path)
+        folders = [part.root for part in sources.parts(spec, env)]
+        if not any(folder.exists() for folder in folders):
+            shown = ", ".join(map(str, folders))
+            what = "folder {} does" if len(folders) == 1 else "folders {} do"
+            report.add(name, WARN, f"{what.format(shown)} not exist, so nothing is published "
+                       f"from it", f"create {folders[0]}, or drop the source by re-running "
                        "install_client.py without it", path=str(src.path))
             continue
-        snap = sources.snapshot(sources.SourceSpec(src.name, src.kind, src.path), cfg.limits)
+        snap = sources.snapshot(spec, cfg.limits, env=env)
         skipped = [{"path": s.path, "reason": s.reason, "message": s.message}
                    for s in snap.skipped]
         if snap.status != "ok":

@@ -164,15 +164,22 @@ def _validate(args: Any, env: Mapping[str, str]) -> list[str]:
 
 
 def _sources(args: Any, env: Mapping[str, str], console: Console) -> tuple[SourceConfig, ...]:
-    """The sources named on the command line, else each default one whose folder exists."""
+    """The sources named on the command line, else each default one whose harness has memory.
+
+    A harness has memory when one of the folders it writes to today exists (Codex's
+    `memories_v2` for a version 2 user, Claude Code's relocated or subagent memory too).
+    """
     out: list[SourceConfig] = []
     named = bool(args.source or args.markdown)
     for kind in SOURCES:
         root = sources.default_root(kind, env)
-        if kind in args.source or (not named and root.is_dir()):
-            if not root.is_dir():
-                console.warn(f"{kind} folder {root} does not exist yet: the source is enabled "
-                             "and publishes nothing until it does")
+        folders = [p.root for p in sources.parts(sources.SourceSpec(kind, kind, root), env)]
+        exists = any(f.is_dir() for f in folders)
+        if kind in args.source or (not named and exists):
+            if not exists:
+                console.warn(f"{kind}: none of its memory folders exists yet "
+                             f"({', '.join(map(str, folders))}): the source is enabled and "
+                             "publishes nothing until one does")
             out.append(SourceConfig(kind, kind, root))
     for spec in dict.fromkeys(args.markdown):
         name, _, path = spec.partition("=")
