@@ -308,7 +308,10 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
     claude = json.loads((home / ".claude.json").read_text())
     assert without_ours(claude, "mcpServers") == {**CLAUDE, "mcpServers": {}}
     opencode = json.loads((home / ".config" / "opencode" / "opencode.json").read_text())
-    assert without_ours(opencode, "mcp") == {**OPENCODE, "mcp": {}}
+    guide = home / ".config" / "opencode" / "shared-memories.md"
+    assert without_ours(opencode, "mcp") == {**OPENCODE, "mcp": {}, "instructions": [str(guide)]}
+    assert str(prefix / "cache") in guide.read_text()
+    assert not (home / ".config" / "opencode" / "AGENTS.md").exists()
     cursor = json.loads((home / ".cursor" / "mcp.json").read_text())
     assert without_ours(cursor, "mcpServers") == CURSOR
     agents = (home / ".codex" / "AGENTS.md").read_text()

@@ -384,15 +384,20 @@ def _probe_mcp(report: Report, name: str, command: list[str], env: Mapping[str, 
 
 def _check_guidance(report: Report, name: str, cfg: Any, env: Mapping[str, str]) -> None:
     from sharedmem.install import guidance, harnesses
-    paths = guidance.guidance_paths(name, env)
-    if not paths:
+    path = guidance.read_by(name, env)
+    if path is None:
         return
-    path = next((p for p in paths if p.exists()), paths[-1])
     fix = f"run install_client.py --harness {name} to add the guidance block"
     try:
         text = harnesses.read_text(path) or ""
+        unread = name == "opencode" and path.exists() and not guidance.opencode_lists(env)
     except SharedMemoryError as exc:
         report.add(f"guidance {name}", FAIL, str(exc), f"repair {path}", path=str(path))
+        return
+    if unread:
+        report.add(f"guidance {name}", WARN, f"{path} holds the guidance, but the instructions "
+                   f"list of {harnesses.config_path(name, env)} does not name it, so OpenCode "
+                   "never reads it", fix.replace("add", "list"), path=str(path))
         return
     block = guidance.extract_block(text)
     if block is None:

@@ -368,9 +368,10 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
     summary["harnesses"], summary["guidance"], summary["cursor_block"] = [], [], None
     for name in names:
         console.progress(f"registering {harnesses.SERVER_NAME} with {name}")
-        for change, key in ((harnesses.register(name, mcp, env, dry_run=dry), "harnesses"),
-                            (guidance.add_guidance(name, cfg.cache, env, dry_run=dry),
-                             "guidance")):
+        changes = [(harnesses.register(name, mcp, env, dry_run=dry), "harnesses")]
+        changes += [(c, "guidance") for c in guidance.add_guidance(name, cfg.cache, env,
+                                                                    dry_run=dry)]
+        for change, key in changes:
             summary[key].append(_change(change))
             if change.action == "manual":
                 summary["cursor_block"] = change.after
@@ -459,7 +460,8 @@ def _uninstall(args: Any, env: Mapping[str, str], prefix: Path, console: Console
         change = harnesses.unregister(name, env, dry_run=dry)
         summary["harnesses"].append(_change(change))
         if name != "cursor" or change.action == "removed" or args.harness:
-            summary["guidance"].append(_change(guidance.remove_guidance(name, env, dry_run=dry)))
+            summary["guidance"] += [_change(c) for c in guidance.remove_guidance(name, env,
+                                                                                 dry_run=dry)]
     summary["schedule"] = _schedule(False, prefix, env, console, run, platform, dry)
     installed = _installed(prefix / "client.json", env)
     if installed is not None and not dry:
@@ -580,17 +582,15 @@ def _harness_lines(summary: dict[str, Any]) -> list[str]:
         return [f"  {i['harness']}: {i['message']}" for i in summary["harnesses"]
                 + summary["guidance"] if i["action"] != "manual"]
     lines = []
-    guides = {i["harness"]: i for i in summary["guidance"]}
     for item in summary["harnesses"]:
-        guide = guides.get(item["harness"])
-        if item["action"] == "unchanged" and (guide is None or guide["action"] in (
-                "unchanged", "skipped", "manual")):
-            where = (f"{item['path']}, guidance in {guide['path']}" if guide and
-                     guide["action"] != "manual" else item["path"])
+        guides = [g for g in summary["guidance"] if g["harness"] == item["harness"]
+                  and g["action"] != "manual"]
+        if item["action"] == "unchanged" and all(g["action"] in ("unchanged", "skipped")
+                                                 for g in guides):
+            where = ", guidance in ".join([item["path"], *(g["path"] for g in guides[:1])])
             lines.append(f"  {item['harness']}: already registered, unchanged ({where})")
             continue
-        lines += [f"  {i['harness']}: {i['message']}" for i in (item, guide)
-                  if i is not None and i["action"] != "manual"]
+        lines += [f"  {i['harness']}: {i['message']}" for i in (item, *guides)]
     return lines
 
 
