@@ -308,10 +308,21 @@ def _check_harnesses(report: Report, config_path: Path, cfg: Any,
         _check_registration(report, name, path, command, config_path)
         _probe_mcp(report, name, command, env)
         _check_guidance(report, name, cfg, env)
+    if cfg is not None:
+        _check_memory(report, cfg, env, [n for n in harnesses.HARNESSES if n in detected or any(
+            c.name == f"registration {n}" for c in report.checks)])
     if not any(c.name.startswith("registration ") for c in report.checks):
         report.add("registrations", WARN, f"no harness has {harnesses.SERVER_NAME} registered "
                    "(none of codex, claude-code, opencode, cursor was found)", "install a "
                    "harness, then run install_client.py --harness NAME")
+
+
+def _check_memory(report: Report, cfg: Any, env: Mapping[str, str], names: list[str]) -> None:
+    """Per harness: where it writes memory today (its own settings say) and which source reads it."""
+    from sharedmem.install import memory_coverage
+    for found in memory_coverage.coverage(cfg.sources, env, cfg.machine, names):
+        report.add(f"memory {found.harness}", found.status, found.message, found.fix,
+                   folders=[str(f) for f in found.folders])
 
 
 def _check_registration(report: Report, name: str, path: Path, command: list[str],

@@ -22,7 +22,14 @@ from sharedmem.client import config as config_mod
 from sharedmem.client.config import ClientConfig, SourceConfig, Transport
 from sharedmem.core import InstallError, SharedMemoryError
 from sharedmem.files import atomic_write
-from sharedmem.install import guidance, harnesses, interpreter, scheduler, ssh_reuse
+from sharedmem.install import (
+    guidance,
+    harnesses,
+    interpreter,
+    memory_coverage,
+    scheduler,
+    ssh_reuse,
+)
 from sharedmem.install.console import Console, Parser, fail_if, run_main
 from sharedmem.install.prefix import (
     DEFAULT_PREFIX,
@@ -377,6 +384,13 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
                 summary["cursor_block"] = change.after
             elif dry and change.before != change.after:
                 diffs.append(_diff(change.path, change.before, change.after))
+    summary["memory"] = []
+    for found in memory_coverage.coverage(cfg.sources, env, cfg.machine, names):
+        summary["memory"].append({"harness": found.harness, "status": found.status,
+                                  "message": found.message, "fix": found.fix,
+                                  "folders": [str(f) for f in found.folders]})
+        if found.status != memory_coverage.OK:  # a choice the user may have made: exit stays 0
+            console.warn(f"{found.harness}: {found.message}. Fix: {found.fix}", counts=False)
     summary["cursor_block_shown"] = _show_cursor_block(summary, cfg.state, args.cursor_rules, dry)
     if args.schedule == "auto":
         summary["schedule"] = _schedule(True, prefix, env, console, run, platform, dry,
@@ -519,6 +533,8 @@ def _report(summary: dict[str, Any], as_json: bool, console: Console) -> None:
     if "sync" in summary:
         lines.append("  " + _sync_line(summary["sync"]))
     lines += _harness_lines(summary)
+    lines += [f"  memory {m['harness']}: {m['message']}"
+              + (f" (fix: {m['fix']})" if m["fix"] else "") for m in summary.get("memory", [])]
     for path in summary.get("removed", []):
         lines.append(f"  {'would remove' if dry else 'removed'} {path}")
     schedule = summary.get("schedule")
