@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, start_sshd  # noqa: E402
 
-__all__ = ["LAUNCHER", "REPO", "SYSTEM", "Sshd", "cache_of", "exported", "files", "pinned_line", "raw_rows",
-           "run_cli", "run_with_timeout", "write_config"]
+__all__ = ["LAUNCHER", "REPO", "SYSTEM", "Sshd", "cache_of", "exported", "files", "files_under",
+           "pinned_line", "raw_rows", "run_cli", "run_with_timeout", "write_config"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
@@ -112,6 +112,12 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(path))
     return path
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    """Every file below `root` (by its relative path) and its bytes, to compare trees."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
 
 
 def write_config(path: Path, machine: str, transport: dict, sources: list[dict],

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import files_under as snapshot
 
 from sharedmem.core import InstallError
 from sharedmem.install import guidance as g
@@ -14,18 +15,6 @@ from sharedmem.install import harnesses as h
 
 CACHE = Path("/home/u/.local/share/codex-shared-memory/cache")
 CMD = ["/usr/bin/python3", "/x/shared_memory.py", "mcp", "--config", "/x/client.json"]
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()}
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir()
-    return path
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import files_under as snapshot
 
 from sharedmem.core import InstallError
 from sharedmem.install import harnesses as h
@@ -45,18 +46,6 @@ startup_timeout_sec = 10
 [mcp_servers.shared_memories.env]
 FOO = "bar"
 """
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()}
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir()
-    return path
 
 
 @pytest.fixture

@@ -81,10 +81,15 @@ def test_codex_configuration_problem_is_a_warning(tmp_path: Path, env) -> None:
     assert found.status == WARN and "is not one of v1, v2" in found.message
 
 
-def test_claude_relocated_memory_is_named_with_its_setting(tmp_path: Path, env) -> None:
-    settings = tmp_path / ".claude" / "settings.json"
+def claude_settings(home: Path, auto_memory_directory: str) -> Path:
+    settings = home / ".claude" / "settings.json"
     settings.parent.mkdir()
-    settings.write_text(json.dumps({"autoMemoryDirectory": "~/mem"}))
+    settings.write_text(json.dumps({"autoMemoryDirectory": auto_memory_directory}))
+    return settings
+
+
+def test_claude_relocated_memory_is_named_with_its_setting(tmp_path: Path, env) -> None:
+    settings = claude_settings(tmp_path, "~/mem")
     (tmp_path / "mem").mkdir()
     found = one([claude_source(tmp_path)], env, CLAUDE)
     assert found.status == OK
@@ -96,9 +101,7 @@ def test_claude_relocated_memory_is_named_with_its_setting(tmp_path: Path, env) 
 
 
 def test_claude_ignored_setting_is_a_warning(tmp_path: Path, env) -> None:
-    settings = tmp_path / ".claude" / "settings.json"
-    settings.parent.mkdir()
-    settings.write_text(json.dumps({"autoMemoryDirectory": "relative/mem"}))
+    claude_settings(tmp_path, "relative/mem")
     found = one([claude_source(tmp_path)], env, CLAUDE)
     assert found.status == WARN and "Claude Code ignores it" in found.message
 

@@ -35,14 +35,6 @@ def _same(a: Path, b: Path) -> bool:
     return os.path.abspath(a) == os.path.abspath(b)
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    try:
-        Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
-    except ValueError:
-        return False
-    return True
-
-
 def _exists(folder: Path) -> bool:
     return folder.is_dir()
 
@@ -65,7 +57,8 @@ def codex(sources: Sequence[SourceConfig], env: Mapping[str, str], machine: str)
                    and harness_memory.codex_home_of(s.path) is not None
                    and _same(harness_memory.codex_home_of(s.path), home)), None)
     strays = [s for s in sources if s.kind == KIND_MARKDOWN
-              and any(_inside(s.path, home / d) or _inside(home / d, s.path)
+              and any(harness_memory.within(s.path, home / d)
+                      or harness_memory.within(home / d, s.path)
                       for d in (harness_memory.CODEX_V1_DIR, harness_memory.CODEX_V2_DIR))]
     if strays:
         names = ", ".join(s.name for s in strays)

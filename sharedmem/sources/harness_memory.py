@@ -79,6 +79,15 @@ def system_path(env: Mapping[str, str], *parts: str, platform: str = sys.platfor
     return Path("/", *parts)
 
 
+def within(path: Path, folder: Path) -> bool:
+    """Whether `path` is `folder` or below it, as absolute paths (links are not resolved)."""
+    try:
+        Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
+    except ValueError:
+        return False
+    return True
+
+
 def home_of(env: Mapping[str, str]) -> Path:
     """The account's home as the harnesses see it: HOME (USERPROFILE on Windows)."""
     home = env.get("HOME") or env.get("USERPROFILE")

@@ -116,7 +116,7 @@ def parts(spec: SourceSpec, env: Mapping[str, str]) -> list[Part]:
     if spec.kind == SOURCE_CLAUDE:
         found = harness_memory.claude_memory(spec.root.parent, env)
         out = [Part(spec.root, "", "")]
-        if found.relocated is not None and not _inside(found.relocated, spec.root):
+        if found.relocated is not None and not harness_memory.within(found.relocated, spec.root):
             out.append(Part(found.relocated, f"{found.relocated}/",
                             f"{allowlist.CLAUDE_RELOCATED}/"))
         out.append(Part(found.agents, f"{found.agents}/", f"{allowlist.CLAUDE_AGENTS}/"))
@@ -124,13 +124,19 @@ def parts(spec: SourceSpec, env: Mapping[str, str]) -> list[Part]:
     return [Part(spec.root, "", "")]
 
 
-def _inside(folder: Path, root: Path) -> bool:
-    """Whether `folder` is `root` or below it (its files are walked with root's already)."""
+def _inside(w: Walker, handle: Handle, name: str, shown: str,
+            walk: Callable[..., None], *args: object) -> None:
+    """`walk(w, folder, *args)` over the child folder `name` of `handle`, closed after.
+
+    A folder that cannot be opened is reported and left out.
+    """
+    sub = w.subdir(handle, name, shown)
+    if sub is None:
+        return
     try:
-        Path(os.path.abspath(folder)).relative_to(os.path.abspath(root))
-    except ValueError:
-        return False
-    return True
+        walk(w, sub, *args)
+    finally:
+        close(sub)
 
 
 def _walk_codex(w: Walker, root: Handle, disk: str = "", published: str = "") -> None:
@@ -138,21 +144,10 @@ def _walk_codex(w: Walker, root: Handle, disk: str = "", published: str = "") ->
         name = entry.name
         shown = f"{disk}{name}"
         if name == allowlist.CODEX_ROLLOUTS and entry.is_dir(follow_symlinks=False):
-            sub = w.subdir(root, name, shown)
-            if sub is None:
-                continue
-            try:
-                _walk_flat(w, sub, f"{shown}/", f"{published}{name}/", "rollout summaries")
-            finally:
-                close(sub)
+            _inside(w, root, name, shown, _walk_flat, f"{shown}/", f"{published}{name}/",
+                    "rollout summaries")
         elif name == allowlist.CODEX_SKILLS and entry.is_dir(follow_symlinks=False):
-            sub = w.subdir(root, name, shown)
-            if sub is None:
-                continue
-            try:
-                _walk_skills(w, sub, f"{shown}/", f"{published}{name}/")
-            finally:
-                close(sub)
+            _inside(w, root, name, shown, _walk_skills, f"{shown}/", f"{published}{name}/")
         elif name in allowlist.CODEX_FILES:
             w.file(root, entry, shown, f"{published}{name}")
         elif entry.is_dir(follow_symlinks=False) or name.endswith(".md"):
@@ -170,18 +165,19 @@ def _walk_skills(w: Walker, handle: Handle, disk: str, published: str) -> None:
                 w.skip(shown, "not-allowlisted", f"{display(shown)} is not inside a skill's "
                        "folder; it is not published")
             continue
-        sub = w.subdir(handle, skill.name, shown)
-        if sub is None:
-            continue
-        try:
-            listing = w.listing(sub, f"{shown}/")
-            if not any(e.name == "SKILL.md" for e in listing):
-                w.skip(shown, "not-allowlisted", f"{display(shown)} has no SKILL.md, so it is "
-                       "not a skill; it is not published")
-                continue
-            _walk_flat(w, sub, f"{shown}/", f"{published}{skill.name}/", "skill", listing)
-        finally:
-            close(sub)
+        _inside(w, handle, skill.name, shown, _walk_skill, f"{shown}/",
+                f"{published}{skill.name}/")
+
+
+def _walk_skill(w: Walker, handle: Handle, disk: str, published: str) -> None:
+    """One skill folder: its `.md` files when it holds SKILL.md, else nothing (it is no skill)."""
+    listing = w.listing(handle, disk)
+    if not any(e.name == "SKILL.md" for e in listing):
+        shown = disk.rstrip("/")
+        w.skip(shown, "not-allowlisted", f"{display(shown)} has no SKILL.md, so it is not a "
+               "skill; it is not published")
+        return
+    _walk_flat(w, handle, disk, published, "skill", listing)
 
 
 def _walk_agents(w: Walker, handle: Handle, disk: str, published: str) -> None:
@@ -190,13 +186,8 @@ def _walk_agents(w: Walker, handle: Handle, disk: str, published: str) -> None:
         if not agent.is_dir(follow_symlinks=False):
             continue
         shown = f"{disk}{agent.name}"
-        sub = w.subdir(handle, agent.name, shown)
-        if sub is None:
-            continue
-        try:
-            _walk_flat(w, sub, f"{shown}/", f"{published}{agent.name}/", "agent memory")
-        finally:
-            close(sub)
+        _inside(w, handle, agent.name, shown, _walk_flat, f"{shown}/",
+                f"{published}{agent.name}/", "agent memory")
 
 
 def _walk_flat(w: Walker, handle: Handle, disk: str, published: str, what: str,
@@ -230,26 +221,19 @@ def _walk_claude(w: Walker, root: Handle) -> None:
             w.skip(project.name, "not-allowlisted", f"{display(project.name)} is a name the "
                    "claude-code source publishes other memory under; it is not published")
             continue
-        proj = w.subdir(root, project.name, project.name)
-        if proj is None:
+        _inside(w, root, project.name, project.name, _walk_project, project.name)
+
+
+def _walk_project(w: Walker, handle: Handle, project: str) -> None:
+    """One Claude Code project folder: the `.md` files of its `memory/` only."""
+    for entry in w.listing(handle, f"{project}/"):
+        if entry.name != CLAUDE_MEMORY:
             continue
-        try:
-            for entry in w.listing(proj, f"{project.name}/"):
-                if entry.name != CLAUDE_MEMORY:
-                    continue
-                shown = f"{project.name}/{entry.name}"
-                if is_link(entry):
-                    w.skip(shown, "symlink",
-                           f"{display(shown)} is a symbolic link or junction; not followed")
-                elif entry.is_dir(follow_symlinks=False):
-                    mem = w.subdir(proj, entry.name, shown)
-                    if mem is not None:
-                        try:
-                            _walk_flat(w, mem, f"{shown}/", f"{project.name}/", "memory")
-                        finally:
-                            close(mem)
-        finally:
-            close(proj)
+        shown = f"{project}/{entry.name}"
+        if is_link(entry):
+            w.skip(shown, "symlink", f"{display(shown)} is a symbolic link or junction; not followed")
+        elif entry.is_dir(follow_symlinks=False):
+            _inside(w, handle, entry.name, shown, _walk_flat, f"{shown}/", f"{project}/", "memory")
 
 
 def _walk_markdown(w: Walker, handle: Handle, rel: str = "", depth: int = 0) -> None:
@@ -265,13 +249,7 @@ def _walk_markdown(w: Walker, handle: Handle, rel: str = "", depth: int = 0) -> 
                 w.skip(shown, "too-deep", f"{display(shown)} is more than four folder levels "
                        "deep; its files are not published")
                 continue
-            sub = w.subdir(handle, entry.name, shown)
-            if sub is None:
-                continue
-            try:
-                _walk_markdown(w, sub, f"{shown}/", depth + 1)
-            finally:
-                close(sub)
+            _inside(w, handle, entry.name, shown, _walk_markdown, f"{shown}/", depth + 1)
         elif entry.name.endswith(".md"):
             w.file(handle, entry, shown, shown, plain)
 
