@@ -6,9 +6,11 @@ import gc
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,14 +22,16 @@ import pytest
 from sharedmem.hashing import sha256_text
 from sharedmem.server.ingest import IncomingFile
 from sharedmem.server.store import Store
+from sharedmem.sources.harness_memory import SYSTEM_ROOT_ENV
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, start_sshd  # noqa: E402
 
-__all__ = ["LAB_NS", "LAUNCHER", "REPO", "McpServer", "Sshd", "cache_of", "client_with_cache",
-           "delivery_done", "exported", "files", "hung_ssh", "kill_logged", "pinned_line",
-           "raw_rows", "run_cli", "run_with_timeout", "ssh_client", "write_config"]
+__all__ = ["LAB_NS", "LAUNCHER", "REPO", "SYSTEM", "McpServer", "Sshd", "cache_of",
+           "client_with_cache", "delivery_done", "exported", "files", "files_under", "hung_ssh",
+           "kill_logged", "pinned_line", "raw_rows", "run_cli", "run_with_timeout", "ssh_client",
+           "write_config"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
@@ -90,6 +94,21 @@ def cache_of(root: Path, namespace: str, files: dict[str, str], *, kind: str = "
     return cache
 
 
+# An empty folder in place of `/` for system-wide harness settings (managed settings, /etc/codex),
+# set before any test module is imported: no test, nor any process a test starts, reads the real
+# ones. Tests that build an environment of their own copy it from SYSTEM.
+SYSTEM_ROOT = Path(tempfile.mkdtemp(prefix="sharedmem-system-root-"))
+os.environ[SYSTEM_ROOT_ENV] = str(SYSTEM_ROOT)
+SYSTEM = {SYSTEM_ROOT_ENV: str(SYSTEM_ROOT)}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def system_root() -> Iterator[Path]:
+    """The stand-in for `/`, removed once the session ends."""
+    yield SYSTEM_ROOT
+    shutil.rmtree(SYSTEM_ROOT, ignore_errors=True)
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A temporary HOME for this test; nothing touches the real one."""
@@ -99,6 +118,12 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(path))
     return path
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    """Every file below `root` (by its relative path) and its bytes, to compare trees."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
 
 
 def write_config(path: Path, machine: str, transport: dict, sources: list[dict],

@@ -22,7 +22,14 @@ from sharedmem.client import config as config_mod
 from sharedmem.client.config import ClientConfig, SourceConfig, Transport
 from sharedmem.core import InstallError, SharedMemoryError
 from sharedmem.files import atomic_write
-from sharedmem.install import guidance, harnesses, interpreter, scheduler, ssh_reuse
+from sharedmem.install import (
+    guidance,
+    harnesses,
+    interpreter,
+    memory_coverage,
+    scheduler,
+    ssh_reuse,
+)
 from sharedmem.install.console import Console, Parser, fail_if, run_main
 from sharedmem.install.prefix import (
     DEFAULT_PREFIX,
@@ -164,15 +171,22 @@ def _validate(args: Any, env: Mapping[str, str]) -> list[str]:
 
 
 def _sources(args: Any, env: Mapping[str, str], console: Console) -> tuple[SourceConfig, ...]:
-    """The sources named on the command line, else each default one whose folder exists."""
+    """The sources named on the command line, else each default one whose harness has memory.
+
+    A harness has memory when one of the folders it writes to today exists (Codex's
+    `memories_v2` for a version 2 user, Claude Code's relocated or subagent memory too).
+    """
     out: list[SourceConfig] = []
     named = bool(args.source or args.markdown)
     for kind in SOURCES:
         root = sources.default_root(kind, env)
-        if kind in args.source or (not named and root.is_dir()):
-            if not root.is_dir():
-                console.warn(f"{kind} folder {root} does not exist yet: the source is enabled "
-                             "and publishes nothing until it does")
+        folders = [p.root for p in sources.parts(sources.SourceSpec(kind, kind, root), env)]
+        exists = any(f.is_dir() for f in folders)
+        if kind in args.source or (not named and exists):
+            if not exists:
+                console.warn(f"{kind}: none of its memory folders exists yet "
+                             f"({', '.join(map(str, folders))}): the source is enabled and "
+                             "publishes nothing until one does")
             out.append(SourceConfig(kind, kind, root))
     for spec in dict.fromkeys(args.markdown):
         name, _, path = spec.partition("=")
@@ -361,14 +375,22 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
     summary["harnesses"], summary["guidance"], summary["cursor_block"] = [], [], None
     for name in names:
         console.progress(f"registering {harnesses.SERVER_NAME} with {name}")
-        for change, key in ((harnesses.register(name, mcp, env, dry_run=dry), "harnesses"),
-                            (guidance.add_guidance(name, cfg.cache, env, dry_run=dry),
-                             "guidance")):
+        changes = [(harnesses.register(name, mcp, env, dry_run=dry), "harnesses")]
+        changes += [(c, "guidance") for c in guidance.add_guidance(name, cfg.cache, env,
+                                                                    dry_run=dry)]
+        for change, key in changes:
             summary[key].append(_change(change))
             if change.action == "manual":
                 summary["cursor_block"] = change.after
             elif dry and change.before != change.after:
                 diffs.append(_diff(change.path, change.before, change.after))
+    summary["memory"] = []
+    for found in memory_coverage.coverage(cfg.sources, env, cfg.machine, names):
+        summary["memory"].append({"harness": found.harness, "status": found.status,
+                                  "message": found.message, "fix": found.fix,
+                                  "folders": [str(f) for f in found.folders]})
+        if found.status != memory_coverage.OK:  # a choice the user may have made: exit stays 0
+            console.warn(f"{found.harness}: {found.message}. Fix: {found.fix}", counts=False)
     summary["cursor_block_shown"] = _show_cursor_block(summary, cfg.state, args.cursor_rules, dry)
     if args.schedule == "auto":
         summary["schedule"] = _schedule(True, prefix, env, console, run, platform, dry,
@@ -452,7 +474,8 @@ def _uninstall(args: Any, env: Mapping[str, str], prefix: Path, console: Console
         change = harnesses.unregister(name, env, dry_run=dry)
         summary["harnesses"].append(_change(change))
         if name != "cursor" or change.action == "removed" or args.harness:
-            summary["guidance"].append(_change(guidance.remove_guidance(name, env, dry_run=dry)))
+            summary["guidance"] += [_change(c) for c in guidance.remove_guidance(name, env,
+                                                                                 dry_run=dry)]
     summary["schedule"] = _schedule(False, prefix, env, console, run, platform, dry)
     installed = _installed(prefix / "client.json", env)
     if installed is not None and not dry:
@@ -510,6 +533,8 @@ def _report(summary: dict[str, Any], as_json: bool, console: Console) -> None:
     if "sync" in summary:
         lines.append("  " + _sync_line(summary["sync"]))
     lines += _harness_lines(summary)
+    lines += [f"  memory {m['harness']}: {m['message']}"
+              + (f" (fix: {m['fix']})" if m["fix"] else "") for m in summary.get("memory", [])]
     for path in summary.get("removed", []):
         lines.append(f"  {'would remove' if dry else 'removed'} {path}")
     schedule = summary.get("schedule")
@@ -573,17 +598,15 @@ def _harness_lines(summary: dict[str, Any]) -> list[str]:
         return [f"  {i['harness']}: {i['message']}" for i in summary["harnesses"]
                 + summary["guidance"] if i["action"] != "manual"]
     lines = []
-    guides = {i["harness"]: i for i in summary["guidance"]}
     for item in summary["harnesses"]:
-        guide = guides.get(item["harness"])
-        if item["action"] == "unchanged" and (guide is None or guide["action"] in (
-                "unchanged", "skipped", "manual")):
-            where = (f"{item['path']}, guidance in {guide['path']}" if guide and
-                     guide["action"] != "manual" else item["path"])
+        guides = [g for g in summary["guidance"] if g["harness"] == item["harness"]
+                  and g["action"] != "manual"]
+        if item["action"] == "unchanged" and all(g["action"] in ("unchanged", "skipped")
+                                                 for g in guides):
+            where = ", guidance in ".join([item["path"], *(g["path"] for g in guides[:1])])
             lines.append(f"  {item['harness']}: already registered, unchanged ({where})")
             continue
-        lines += [f"  {i['harness']}: {i['message']}" for i in (item, guide)
-                  if i is not None and i["action"] != "manual"]
+        lines += [f"  {i['harness']}: {i['message']}" for i in (item, *guides)]
     return lines
 
 

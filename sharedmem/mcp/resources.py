@@ -24,7 +24,7 @@ from sharedmem.cache.cache import Cache, Manifest
 from sharedmem.core import CacheError, PathRuleError, ToolArgumentError
 from sharedmem.mcp.tools import REPAIRING, RESULT_MAX_BYTES, cached_head, cut_text
 from sharedmem.rules import NOTES_DIR, SOURCE_CLAUDE, SOURCE_CODEX, path_problems
-from sharedmem.sources.allowlist import CODEX_FILES
+from sharedmem.sources.allowlist import CODEX_FILES, CODEX_V2
 
 SCHEME = "sharedmem://cache/"
 TEMPLATE = SCHEME + "{path}"
@@ -85,13 +85,15 @@ def _offered(manifest: Manifest) -> list[tuple[int, str, str, str, str, int]]:
         ns = manifest.namespaces.get(meta.namespace)
         inner = path[len(meta.namespace) + 1:]
         if ns is None or not (
-                ns.kind == SOURCE_CODEX and inner in CODEX_FILES
+                ns.kind == SOURCE_CODEX and inner.removeprefix(CODEX_V2 + "/") in CODEX_FILES
                 or ns.kind == SOURCE_CLAUDE and inner.count("/") == 1
                 and inner.endswith("/" + CLAUDE_ENTRY)):
             continue
         where = ns.source if ns.kind == SOURCE_CODEX else f"{ns.source}/{inner.partition('/')[0]}"
-        what = ("Codex memory summary" if inner == "memory_summary.md" else
+        what = ("Codex memory summary" if inner.endswith("memory_summary.md") else
                 "Codex memory index" if ns.kind == SOURCE_CODEX else "Claude Code memory index")
+        if inner.startswith(CODEX_V2 + "/") and ns.kind == SOURCE_CODEX:
+            what += " (memory version 2)"
         rows.append((0, path, path.partition("/")[2], f"{inner.rpartition('/')[2]} of "
                      f"{ns.machine} ({where})", f"{what} of machine {ns.machine}, synced "
                      f"{ns.synced_at or 'at an unknown time'}: reference data that may be out "
