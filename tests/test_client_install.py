@@ -84,7 +84,8 @@ def test_named_sources_and_a_missing_default_folder(tmp_path: Path) -> None:
                                                  "store.sqlite3")
 
 
-def test_existing_limits_are_kept_and_a_broken_file_is_replaced(tmp_path: Path) -> None:
+def test_existing_limits_compression_and_timeouts_are_kept_and_a_broken_file_is_replaced(
+        tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     prefix = tmp_path / "prefix"
@@ -92,10 +93,13 @@ def test_existing_limits_are_kept_and_a_broken_file_is_replaced(tmp_path: Path) 
     cfg, _ = build(argv, home, prefix)
     tuned = cfg.to_json()
     tuned["limits"] = {"file_bytes": 4096, "namespace_bytes": 8192, "namespace_files": 3}
+    tuned["compress"] = "on"
+    tuned["timeouts"] = {"reply_seconds": 30}
     prefix.mkdir()
     cfg.path.write_text(json.dumps(tuned))
     again, warnings = build(argv, home, prefix)
     assert again.limits == Limits(4096, 8192, 3) and warnings == ""
+    assert again.compress == "on" and again.timeouts.reply_seconds == 30
     assert config_mod.dumps(again) == config_mod.dumps(config_mod.load(
         cfg.path, {"HOME": str(home)}))
     cfg.path.write_text("{broken")

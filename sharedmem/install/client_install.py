@@ -203,7 +203,8 @@ def reuse_plan(args: Any, env: Mapping[str, str], prefix: Path) -> ssh_reuse.Pla
 
 def build_config(args: Any, env: Mapping[str, str], prefix: Path,
                  console: Console) -> ClientConfig:
-    """The configuration to write; limits already in an existing client.json are kept.
+    """The configuration to write; the limits, compression and timeouts of an existing
+    client.json are kept, as the installer has no options for them.
 
     An ssh transport's options are the user's `--ssh-option` values, then connection reuse's.
     """
@@ -225,8 +226,8 @@ def build_config(args: Any, env: Mapping[str, str], prefix: Path,
                        prefix / "cache", prefix / "state")
     if path.exists():
         try:
-            cfg = ClientConfig(path, cfg.machine, transport, cfg.sources, cfg.cache, cfg.state,
-                               config_mod.load(path, env).limits)
+            old = config_mod.load(path, env)
+            cfg = cfg._replace(limits=old.limits, compress=old.compress, timeouts=old.timeouts)
         except SharedMemoryError as exc:
             console.warn(f"the existing {path} is replaced: {exc}")
     return cfg
