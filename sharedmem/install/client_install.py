@@ -203,8 +203,9 @@ def reuse_plan(args: Any, env: Mapping[str, str], prefix: Path) -> ssh_reuse.Pla
 
 def build_config(args: Any, env: Mapping[str, str], prefix: Path,
                  console: Console) -> ClientConfig:
-    """The configuration to write; the limits, compression and timeouts of an existing
-    client.json are kept, as the installer has no options for them.
+    """The configuration to write; an existing client.json's limits, compress and timeouts kept.
+
+    The installer has no options for them.
 
     An ssh transport's options are the user's `--ssh-option` values, then connection reuse's.
     """
