@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import io
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sharedmem.hashing import sha256_text
+from sharedmem.protocol import Channel
 from sharedmem.server.ingest import IncomingFile
 from sharedmem.server.store import Store
 
@@ -20,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, start_sshd  # noqa: E402
 
-__all__ = ["LAUNCHER", "REPO", "Sshd", "cache_of", "exported", "files", "pinned_line", "raw_rows",
-           "run_cli", "run_with_timeout", "write_config"]
+__all__ = ["LAUNCHER", "REPO", "Sshd", "cache_of", "compressed_pair", "exported", "files",
+           "inflating", "pinned_line", "raw_rows", "run_cli", "run_with_timeout", "write_config"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
@@ -69,6 +71,23 @@ def collections_in(work):
         gc.callbacks.remove(count)
     assert gc.isenabled()
     return value, generations
+
+
+# --- the exchange's channel ---------------------------------------------------------------------
+
+def compressed_pair() -> tuple[Channel, io.BytesIO]:
+    """A channel that compresses what it sends, and the wire it writes to."""
+    wire = io.BytesIO()
+    sender = Channel(io.BufferedReader(io.BytesIO()), wire, "client")
+    sender.compress_output()
+    return sender, wire
+
+
+def inflating(data: bytes, peer: str = "server") -> Channel:
+    """A channel reading `data` as the zlib stream both hellos agreed on."""
+    channel = Channel(io.BufferedReader(io.BytesIO(data)), io.BytesIO(), peer)
+    channel.decompress_input()
+    return channel
 
 
 def cache_of(root: Path, namespace: str, files: dict[str, str], *, kind: str = "markdown",
