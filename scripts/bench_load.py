@@ -8,12 +8,13 @@ of scripts/loopback_sshd.py), a fresh store takes:
 - a steady schedule: each machine then syncs once a period at its own offset in it, one file
   of it changed each time, for a few periods.
 
-It prints, for each: the sessions that succeeded and failed (with the failures' last lines
-counted), the session time (the client's `sync`, start to exit) at the median, p95 and most,
-the CPU the server's processes (`serve`) used in all, their peak RSS (the largest one, and all
-of them at once), the largest size of the store's write-ahead log, and the store's size.
-The server's processes are found and read in /proc every 10 ms (Linux), so a process's last
-10 ms of CPU may be missed. The machine's CPU is shared with whatever else runs on it.
+The clients run on the same machine as the server, so they take its CPU from it. It prints,
+for each: the sessions that succeeded and failed (with the failures' last lines counted), the
+session time (the client's `sync`, start to exit) at the median, p95 and most, the CPU the
+server's processes (`serve`) used in all, their peak RSS (the largest one, and all of them at
+once), the largest size of the store's write-ahead log, and the store's size. The server's
+processes are found and read in /proc every 10 ms (Linux), so a process's last 10 ms of CPU
+may be missed. The machine's CPU is shared with whatever else runs on it.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Markdown files each machine publishes (default 60, about 170 kB)")
     parser.add_argument("--transports", default="local,ssh",
                         help="local (stdio), ssh (the loopback sshd), or both (default)")
-    parser.add_argument("--period", type=float, default=20.0,
-                        help="seconds of one period of the steady schedule (default 20)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="periods of the steady schedule (default 2; 0 leaves it out)")
+    parser.add_argument("--period", type=float, default=120.0,
+                        help="seconds of one period of the steady schedule (default 120, the "
+                             "installed schedule's)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="periods of the steady schedule (default 1; 0 leaves it out)")
     parser.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
                         help="a serve --limit setting for every session (repeatable)")
     parser.add_argument("--dir", help="where to put the stores, sources and caches "

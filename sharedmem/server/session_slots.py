@@ -1,31 +1,33 @@
-"""How many `serve` sessions run on one store at once: each holds a slot, taken before it opens it.
+"""How many `serve` sessions run on one store at once, and how many wait: a slot each.
 
 A session's memory (the interpreter, SQLite's page cache, the lines it reads) is what a burst of
 clients multiplies, so the server bounds the sessions rather than the clients: at most `count`
-(`serve --limit sessions=N`) hold a slot, and one that finds none free waits, at most
-WAIT_SECONDS, then is told to come back (`Busy`). A slot is an OS lock on a small file in the
-folder `STORE-sessions/` beside the store (`flock`, or a byte lock on Windows): the OS drops it
-when its process ends, so a killed session never keeps one.
+(`serve --limit sessions=N`) run, each holding a run slot. One that finds none free takes a
+wait slot, of which there are as many, and waits for a run slot, at most WAIT_SECONDS, holding
+only the interpreter; one that finds no wait slot either is told at once to come back (`Busy`),
+as is one whose wait ran out. So at most `count` sessions run and `count` wait, however many
+clients come at once. A slot is an OS lock on a small file in the folder `STORE-sessions/`
+beside the store (`flock`, or a byte lock on Windows): the OS drops it when its process ends,
+so a killed session never keeps one.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import time
 
 from sharedmem.core import SharedMemoryError
 
 WAIT_SECONDS = 10.0  # a session over the limit waits this long for a slot, then is turned away
-POLL_SECONDS = (0.05, 0.25)  # between looks at the slots, at random in this range
+POLL_SECONDS = (0.05, 0.25)  # between looks at the slots, spread over this range by pid
 
 
 class Busy(SharedMemoryError):
-    """Every slot stayed taken while this session waited: the session answers `busy`."""
+    """No slot came free for this session: it answers `busy`."""
 
 
 class Slot:
-    """One session's slot, held until `release` (or its process ends)."""
+    """One session's run slot, held until `release` (or its process ends)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -43,29 +45,52 @@ def folder(store: object) -> str:
 
 
 def take(store: object, count: int, wait: float | None = None) -> Slot:
-    """A free slot of the store's `count`, waiting up to `wait` seconds (WAIT_SECONDS) for one.
+    """A run slot of the store's `count`, waiting up to `wait` seconds (WAIT_SECONDS) for one.
 
-    Busy when none came free meanwhile. The slots are tried from a random one, so sessions that
-    wait together do not all try the same file first.
+    Busy at once when every run slot and every wait slot is taken, and when no run slot came
+    free within the wait. Each process tries the slots from its own one (by pid), and looks
+    again after its own pause, so sessions that wait together do not all try the same file at
+    the same moment. (`random` is not loaded: milliseconds of every session's start.)
     """
     wait = WAIT_SECONDS if wait is None else wait
     where = folder(store)
     os.makedirs(where, mode=0o700, exist_ok=True)
-    deadline = time.monotonic() + wait
-    first = random.randrange(count)
-    while True:
-        for i in range(count):
-            fd = os.open(os.path.join(where, str((first + i) % count)),
-                         os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
-            if _lock(fd):
-                return Slot(fd)
-            os.close(fd)
-        if time.monotonic() >= deadline:
-            raise Busy(f"the server is busy: {count} sessions already run on store {store}, the "
-                       f"most it takes at once (serve --limit sessions={count}), and none ended "
-                       f"in the {wait:.0f} s this one waited. Nothing was done; try again in a "
-                       "minute (the scheduled sync will)")
-        time.sleep(random.uniform(*POLL_SECONDS))
+    slot = _free(where, "", count)
+    if slot is not None:
+        return slot
+    waiting = _free(where, "wait-", count) if wait > 0 else None
+    if waiting is None:
+        raise Busy(_busy(store, count, f"and {count} more already wait for one"))
+    try:
+        low, high = POLL_SECONDS
+        pause = low + (high - low) * (os.getpid() % 97) / 96
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            slot = _free(where, "", count)
+            if slot is not None:
+                return slot
+    finally:
+        waiting.release()
+    raise Busy(_busy(store, count, f"and none ended in the {wait:.0f} s this one waited"))
+
+
+def _busy(store: object, count: int, why: str) -> str:
+    return (f"the server is busy: {count} sessions already run on store {store}, the most it "
+            f"takes at once (serve --limit sessions={count}), {why}. Nothing was done; try "
+            "again in a minute (the scheduled sync will)")
+
+
+def _free(where: str, prefix: str, count: int) -> Slot | None:
+    """One of the `count` slot files named `prefix` + a number, locked for this process."""
+    first = os.getpid() % count
+    for i in range(count):
+        fd = os.open(os.path.join(where, f"{prefix}{(first + i) % count}"),
+                     os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
+        if _lock(fd):
+            return Slot(fd)
+        os.close(fd)
+    return None
 
 
 def _lock(fd: int) -> bool:

@@ -55,7 +55,7 @@ CACHE_KIB = 16384
 # the readers of older snapshots (`_bound_wal`).
 WAL_FLOOR_BYTES = 4 << 20
 WAL_OWN_TIMES = 4
-WAL_WAIT_MS = 2000
+WAL_WAIT_MS = 1000
 # `need` reads a namespace's rows rather than look each body up when it holds at most this
 # many files for each body asked about: a row read costs a tenth of a look-up, or less.
 NEED_SCAN_RATIO = 4
@@ -257,17 +257,21 @@ class Store:
 
         Other sessions' commits are what grows it past that: this one copies them too, waiting
         at most WAL_WAIT_MS for readers of older snapshots (a pull being sent) to finish. When
-        they do not, the log stays as it is, and the next try waits until it has grown by
-        WAL_FLOOR_BYTES more.
+        they do not, it copies what they allow (SQLite then starts the log over at the first
+        write after they end, cut back to WAL_FLOOR_BYTES), and waits again only once the log
+        has grown by WAL_FLOOR_BYTES more; until then each write copies what it can, waiting
+        for nothing.
         """
         if not self.own_checkpoints:
             return False
         size = self._wal_size()
-        bound = max(WAL_FLOOR_BYTES, WAL_OWN_TIMES * self.wal_written)
-        if size <= bound or size <= self.wal_failed + WAL_FLOOR_BYTES:
+        if size <= max(WAL_FLOOR_BYTES, WAL_OWN_TIMES * self.wal_written):
+            return False
+        if size <= self.wal_failed + WAL_FLOOR_BYTES:
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
             return False
         self.conn.execute(f"PRAGMA busy_timeout={WAL_WAIT_MS}")
-        try:
+        try:  # past the wait it copies what it can without waiting, as a passive one does
             busy = self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         except sqlite3.OperationalError:  # locked past the wait, or no room: left as it is
             busy = 1
