@@ -53,9 +53,13 @@ CACHE_KIB = 16384
 # each write, and at its end, a session that finds it larger than WAL_OWN_TIMES what it wrote
 # itself (and WAL_FLOOR_BYTES) copies it whole and empties it, waiting at most WAL_WAIT_MS for
 # the readers of older snapshots (`_bound_wal`).
+# Past WAL_HARD_TIMES that bound, readers that keep it from being emptied (pulls sent slowly,
+# one after another) are waited for longer, up to WAL_HARD_WAIT_MS, holding back this write.
 WAL_FLOOR_BYTES = 4 << 20
 WAL_OWN_TIMES = 4
 WAL_WAIT_MS = 1000
+WAL_HARD_TIMES = 4
+WAL_HARD_WAIT_MS = 10_000
 # `need` reads a namespace's rows rather than look each body up when it holds at most this
 # many files for each body asked about: a row read costs a tenth of a look-up, or less.
 NEED_SCAN_RATIO = 4
@@ -260,17 +264,20 @@ class Store:
         they do not, it copies what they allow (SQLite then starts the log over at the first
         write after they end, cut back to WAL_FLOOR_BYTES), and waits again only once the log
         has grown by WAL_FLOOR_BYTES more; until then each write copies what it can, waiting
-        for nothing.
+        for nothing. Past WAL_HARD_TIMES the bound it waits up to WAL_HARD_WAIT_MS: new readers
+        do not hold a log copied whole, so only the pulls already being sent are waited for.
         """
         if not self.own_checkpoints:
             return False
         size = self._wal_size()
-        if size <= max(WAL_FLOOR_BYTES, WAL_OWN_TIMES * self.wal_written):
+        bound = max(WAL_FLOOR_BYTES, WAL_OWN_TIMES * self.wal_written)
+        if size <= bound:
             return False
         if size <= self.wal_failed + WAL_FLOOR_BYTES:
             self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
             return False
-        self.conn.execute(f"PRAGMA busy_timeout={WAL_WAIT_MS}")
+        wait = WAL_WAIT_MS if size <= WAL_HARD_TIMES * bound else WAL_HARD_WAIT_MS
+        self.conn.execute(f"PRAGMA busy_timeout={wait}")
         try:  # past the wait it copies what it can without waiting, as a passive one does
             busy = self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         except sqlite3.OperationalError:  # locked past the wait, or no room: left as it is
