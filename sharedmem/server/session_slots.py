@@ -48,9 +48,9 @@ def take(store: object, count: int, wait: float | None = None) -> Slot:
     """A run slot of the store's `count`, waiting up to `wait` seconds (WAIT_SECONDS) for one.
 
     Busy at once when every run slot and every wait slot is taken, and when no run slot came
-    free within the wait. Each process tries the slots from its own one (by pid), and looks
-    again after its own pause, so sessions that wait together do not all try the same file at
-    the same moment. (`random` is not loaded: milliseconds of every session's start.)
+    free within the wait. The slots are tried in order, so sessions one after another use the
+    same file; waiting ones look again after a pause of their own (by pid), so they do not all
+    look at the same moment. (`random` is not loaded: milliseconds of every session's start.)
     """
     wait = WAIT_SECONDS if wait is None else wait
     where = folder(store)
@@ -83,9 +83,8 @@ def _busy(store: object, count: int, why: str) -> str:
 
 def _free(where: str, prefix: str, count: int) -> Slot | None:
     """One of the `count` slot files named `prefix` + a number, locked for this process."""
-    first = os.getpid() % count
     for i in range(count):
-        fd = os.open(os.path.join(where, f"{prefix}{(first + i) % count}"),
+        fd = os.open(os.path.join(where, f"{prefix}{i}"),
                      os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
         if _lock(fd):
             return Slot(fd)
