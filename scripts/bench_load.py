@@ -146,8 +146,9 @@ class Machines:
 class Sessions:
     """Syncs started as scheduled: each one's time and outcome."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], store: Path) -> None:
         self.env = env
+        self.store = store
         self.times: list[float] = []
         self.failures: dict[str, int] = {}
         self.partial = 0
@@ -178,7 +179,8 @@ class Sessions:
                 self.partial += 1
             elif proc.returncode != 0:
                 said = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-                said = said.replace(str(config.parent), "CLIENT")[:160]
+                said = said.replace(str(config.parent), "CLIENT")
+                said = said.replace(str(self.store), "STORE")[:200]
                 self.failures[said] = self.failures.get(said, 0) + 1
 
 
@@ -190,7 +192,7 @@ def _pct(values: list[float], share: float) -> float:
 def _phase(label: str, machines: Machines, store: Path, env: dict[str, str],
            schedule: list[tuple[int, float]]) -> dict:
     """Run the syncs of `schedule` ((machine, delay)), watching the server; their figures."""
-    sessions = Sessions(env)
+    sessions = Sessions(env, store)
     with ServerWatch(store) as watch:
         started = time.perf_counter()
         for m, delay in schedule:
