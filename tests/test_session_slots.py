@@ -91,7 +91,7 @@ def test_as_many_wait_as_run_and_the_rest_are_turned_away_at_once(tmp_path: Path
     while all(w.poll() is None for w in waiting):
         assert time.monotonic() < deadline, "no waiting session took the slot given back"
         time.sleep(0.05)
-    assert [w.poll() for w in waiting].count(0) == 1
+    assert 0 in [w.poll() for w in waiting]  # it ended well: the other may have followed it
     running[1].release()
     assert all(w.wait(timeout=30) == 0 for w in waiting)
 
