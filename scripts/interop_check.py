@@ -8,6 +8,15 @@ also checks that `--uninstall` gives each harness file back byte for byte, and t
 lists the server afterwards. Not part of the test suite (it needs Node.js, and the network with
 --install); scripts/release_check.py runs it.
 
+Where each harness writes memory is shown by the harness itself: each is pointed at a loopback
+stand-in for its model API (which answers every request with an error), and the request it
+sends names its memory folder (Codex's memory instructions, Claude Code's "persistent
+file-based memory at"), or the instruction files it read (OpenCode's "Instructions from:").
+Codex is run with memory version 1, 2, unset and dual write, Claude Code with and without
+`autoMemoryDirectory`; each folder must be the one `sharedmem.sources.harness_memory` resolves,
+and the source must publish it. A registration in Claude Code's legacy `.config.json` must be
+listed by `claude mcp list`. No real API is reached and no key is needed.
+
   python3 scripts/interop_check.py                  # the harnesses found on PATH
   python3 scripts/interop_check.py --install        # install them from npm into a temp folder
   python3 scripts/interop_check.py --npm-prefix DIR # ones installed with npm --prefix DIR
@@ -23,11 +32,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sharedmem.sources import harness_memory  # noqa: E402
+from sharedmem.sources.kinds import SourceSpec, snapshot  # noqa: E402
+
 INSTALLER = REPO / "install_client.py"
 SERVER = "shared_memories"
 PACKAGES = {"codex": "@openai/codex", "claude-code": "@anthropic-ai/claude-code",
@@ -131,9 +147,10 @@ def harness_env(home: Path, bins: dict[str, str | None]) -> dict[str, str]:
     return env
 
 
-def install(env: dict[str, str], cwd: Path, *extra: str) -> tuple[int, str]:
-    """install_client.py of this checkout, with every harness named."""
-    harnesses = [a for h in SEEDS for a in ("--harness", h)]
+def install(env: dict[str, str], cwd: Path, *extra: str,
+            harness: str | None = None) -> tuple[int, str]:
+    """install_client.py of this checkout, with every harness named (or only `harness`)."""
+    harnesses = [a for h in ([harness] if harness else SEEDS) for a in ("--harness", h)]
     return _run([sys.executable, str(INSTALLER), "--machine", "interop", "--local",
                  "--schedule", "none", *harnesses, *extra], env, cwd)
 
@@ -225,6 +242,243 @@ def check_harnesses(bins: dict[str, str | None], env: dict[str, str], cwd: Path,
     return rows
 
 
+# --- where each harness writes memory, shown by the harness itself ------------------------------
+
+class ModelStandIn:
+    """A loopback HTTP server in place of a model API: it keeps each request body it is sent and
+    answers every one with an error, so a harness shows its prompt and stops."""
+
+    def __init__(self) -> None:
+        self.bodies: list[str] = []
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+                size = int(self.headers.get("Content-Length") or 0)
+                stand_in.bodies.append(self.rfile.read(size).decode("utf-8", "replace"))
+                body = b'{"error": {"type": "invalid_request_error", "message": "stand-in"}}'
+                self.send_response(400)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def take(self) -> str:
+        """Every body sent since the last call, as one text."""
+        taken, self.bodies = self.bodies, []
+        return "\n".join(taken)
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+STAND_IN_KEY = "-".join(("interop", "not", "a", "key"))  # the stand-in takes any key
+CODEX_PROVIDER = """model = "gpt-5.4"
+model_provider = "standin"
+
+[model_providers.standin]
+name = "stand-in"
+base_url = "{url}/v1"
+wire_api = "responses"
+env_key = "STANDIN_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+
+[features]
+memories = true
+{memories}"""
+# (what the case is, its [memories] table, the folders that exist before Codex runs)
+CODEX_CASES = [
+    ("memories.version unset, a new user", "", ("memories_v2",)),
+    ("memories.version unset, memories/ exists", "", ("memories", "memories_v2")),
+    ('memories.version = "v2"', '\n[memories]\nversion = "v2"\n', ("memories", "memories_v2")),
+    ('memories.version = "v1", dual_write = true',
+     '\n[memories]\nversion = "v1"\ndual_write = true\n', ("memories",)),
+]
+
+
+def _published_folders(kind: str, root: Path, env: dict[str, str]) -> set[str]:
+    """The first folder of each path the source publishes."""
+    snap = snapshot(SourceSpec(kind, kind, root), env=env)
+    return {e.path.split("/")[0] if "/" in e.path else "" for e in snap.files}
+
+
+def check_codex_memory(codex: str, env: dict[str, str], root: Path,
+                       stand_in: ModelStandIn) -> list[Row]:
+    """Codex's memory folder for each memory setting: the one it reads is ours, and published."""
+    rows = []
+    for number, (case, table, folders) in enumerate(CODEX_CASES):
+        home = root / f"codex-memory-{number}"
+        home.mkdir()
+        (home / "config.toml").write_text(CODEX_PROVIDER.format(url=stand_in.url,
+                                                                memories=table))
+        for folder in folders:
+            (home / folder).mkdir()
+            (home / folder / "memory_summary.md").write_text(f"# interop {folder}\n")
+        run_env = {**env, "CODEX_HOME": str(home), "STANDIN_KEY": STAND_IN_KEY}
+        stand_in.take()
+        code, out = _run([codex, "exec", "--skip-git-repo-check", "say hi"], run_env, root,
+                         timeout=120)
+        sent = stand_in.take()
+        # Codex's memory instructions name the folder it reads, in version 1's words or version
+        # 2's (its consolidation, which may run too, names the folders it writes)
+        read = sorted(set(re.findall(rf"{re.escape(str(home))}/(memories(?:_v2)?)/(?:"
+                                     r"memory_summary\.md \(already provided|"
+                                     r"rollout_summaries/` when its)", sent)))
+        ours = harness_memory.codex_memory(home, run_env)
+        wrote = [f for f in ("memories", "memories_v2")
+                 if (home / f).is_dir() and f not in folders]
+        published = _published_folders("codex", home / "memories", run_env)
+        prefix = {"memories": "", "memories_v2": "memories_v2"}
+        if not sent:
+            rows.append(Row("codex", f"memory: {case}", "fail", f"exit {code}: Codex sent no "
+                            f"request to the stand-in: {_tail(out)}"))
+        elif read != [ours.roots[0][0]] or not set(wrote) <= {n for n, _ in ours.roots}:
+            rows.append(Row("codex", f"memory: {case}", "fail", f"Codex reads {read}, wrote "
+                            f"{wrote}; we resolve {[n for n, _ in ours.roots]} ({ours.why})"))
+        elif prefix[read[0]] not in published:
+            rows.append(Row("codex", f"memory: {case}", "fail", f"the codex source does not "
+                            f"publish {read[0]}/ (it publishes {sorted(published)})"))
+        else:
+            extra = f", also wrote {', '.join(wrote)}/" if wrote else ""
+            rows.append(Row("codex", f"memory: {case}", "ok", f"Codex reads {read[0]}/{extra}; "
+                            f"the codex source publishes {', '.join(n for n, _ in ours.roots)}"))
+    return rows
+
+
+CLAUDE_SAYS = re.compile(r"persistent file-based memory at `([^`]+)`")
+
+
+def check_claude_memory(claude: str, env: dict[str, str], root: Path,
+                        stand_in: ModelStandIn) -> list[Row]:
+    """Claude Code's memory folder with and without autoMemoryDirectory, as it tells its model."""
+    rows = []
+    for case, setting in (("default place", None), ("autoMemoryDirectory", "~/notes/claude")):
+        home = root / f"claude-memory-{len(rows)}"
+        config = home / ".claude"
+        project = home / "project"
+        project.mkdir(parents=True)
+        config.mkdir()
+        if setting is not None:
+            (config / "settings.json").write_text(json.dumps({"autoMemoryDirectory": setting}))
+            (home / "notes" / "claude").mkdir(parents=True)
+            (home / "notes" / "claude" / "MEMORY.md").write_text("# interop\n")
+        run_env = {**env, "HOME": str(home), "ANTHROPIC_BASE_URL": stand_in.url,
+                   "ANTHROPIC_API_KEY": STAND_IN_KEY}
+        stand_in.take()
+        code, out = _run([claude, "-p", "say hi"], run_env, project, timeout=120)
+        said = sorted(set(CLAUDE_SAYS.findall(stand_in.take())))
+        ours = harness_memory.claude_memory(config, run_env)
+        want = (f"{ours.relocated}/" if ours.relocated else
+                f"{config / 'projects'}/{re.sub('[^A-Za-z0-9]', '-', str(project))}/memory/")
+        if said != [want]:
+            rows.append(Row("claude-code", f"memory: {case}", "fail", f"exit {code}: Claude Code "
+                            f"writes {said or 'nothing it said'}; we resolve {want}: "
+                            + _tail(out)))
+            continue
+        detail = f"Claude Code writes {said[0]}"
+        if ours.relocated is not None:
+            published = _published_folders("claude-code", config / "projects", run_env)
+            if "auto-memory" not in published:
+                rows.append(Row("claude-code", f"memory: {case}", "fail",
+                                f"{detail}, but the claude-code source does not publish it"))
+                continue
+            detail += ", published as auto-memory/"
+        rows.append(Row("claude-code", f"memory: {case}", "ok", detail))
+    return rows
+
+
+def check_claude_legacy(claude: str, env: dict[str, str], root: Path) -> list[Row]:
+    """A non-empty ~/.claude/.config.json: the entry goes there, and Claude Code lists it."""
+    home = root / "claude-legacy"
+    legacy = home / ".claude" / ".config.json"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text('{\n  "numStartups": 2\n}\n')
+    run_env = {**env, "HOME": str(home)}
+    code, out = install(run_env, root, harness="claude-code")
+    if code != 0:
+        return [Row("claude-code", "legacy .config.json", "fail", f"install exited {code}: "
+                    + _tail(out))]
+    code, out = _run([claude, "mcp", "list"], run_env, root)
+    row = _expect("claude-code", "legacy .config.json", code, out,
+                  lambda o: "Connected" in _our_line(o), f"a {SERVER} line that says Connected")
+    install(run_env, root, "--uninstall", harness="claude-code")
+    gone_code, gone = _run([claude, "mcp", "list"], run_env, root)
+    left = SERVER in legacy.read_text() or (home / ".claude.json").exists() and SERVER in (
+        home / ".claude.json").read_text()
+    if row.status == "ok" and (gone_code != 0 or _our_line(gone) or left):
+        row = Row("claude-code", "legacy .config.json", "fail", f"{SERVER} is still there after "
+                  f"--uninstall (exit {gone_code}): " + (_our_line(gone) or _tail(gone)))
+    elif row.status == "ok":  # Claude Code rewrites the file itself: its bytes are its own
+        row.detail += "; registered in ~/.claude/.config.json, gone after --uninstall"
+    return [row]
+
+
+def check_opencode_guidance(opencode: str, env: dict[str, str], root: Path,
+                            stand_in: ModelStandIn) -> list[Row]:
+    """OpenCode reads our guidance file and still the user's ~/.claude/CLAUDE.md."""
+    home = root / "opencode-guidance"
+    folder = home / ".config" / "opencode"
+    folder.mkdir(parents=True)
+    (home / ".claude").mkdir()
+    (home / ".claude" / "CLAUDE.md").write_text("# the user's own Claude rules\n")
+    (folder / "opencode.json").write_text(json.dumps({
+        "$schema": "https://opencode.ai/config.json", "model": "standin/m",
+        "provider": {"standin": {"npm": "@ai-sdk/openai-compatible", "models": {"m": {}},
+                                 "options": {"baseURL": f"{stand_in.url}/v1",
+                                             "apiKey": STAND_IN_KEY}}}}, indent=2))
+    run_env = {**env, "HOME": str(home)}
+    code, out = install(run_env, root, harness="opencode")
+    if code != 0:
+        return [Row("opencode", "guidance", "fail", f"install exited {code}: {_tail(out)}")]
+    project = home / "project"
+    project.mkdir()
+    stand_in.take()
+    code, out = _run([opencode, "run", "say hi"], run_env, project, timeout=180)
+    sent = stand_in.take()
+    read = set(re.findall(r"Instructions from: ([^\\\n\"]+)", sent))
+    want = {str(home / ".claude" / "CLAUDE.md"), str(folder / "shared-memories.md")}
+    if not sent:
+        return [Row("opencode", "guidance", "skip", f"OpenCode sent no request (exit {code}; "
+                    "it fetches its provider package from npm first): " + _tail(out))]
+    if not want <= read:
+        return [Row("opencode", "guidance", "fail", f"OpenCode read {sorted(read)}, not "
+                    f"{sorted(want)}")]
+    return [Row("opencode", "guidance", "ok", "OpenCode reads ~/.claude/CLAUDE.md and our "
+                "shared-memories.md (named in opencode.json's instructions)")]
+
+
+def check_memory(bins: dict[str, str | None], env: dict[str, str], root: Path) -> list[Row]:
+    """Each harness's memory and guidance, shown by the harness itself."""
+    stand_in = ModelStandIn()
+    rows: list[Row] = []
+    try:
+        if bins["codex"]:
+            rows += check_codex_memory(bins["codex"], env, root, stand_in)
+        if bins["claude-code"]:
+            rows += check_claude_memory(bins["claude-code"], env, root, stand_in)
+            rows += check_claude_legacy(bins["claude-code"], env, root)
+        if bins["opencode"]:
+            rows += check_opencode_guidance(bins["opencode"], env, root, stand_in)
+    finally:
+        stand_in.close()
+    return rows
+
+
 def table(rows: list[Row]) -> str:
     """The rows as aligned text."""
     widths = [max([len(h)] + [len(getattr(r, h)) for r in rows]) for h in ("harness", "check",
@@ -272,6 +526,7 @@ def main(argv: Sequence[str]) -> int:
         if any(bins.values()):
             launcher = str(home / ".local" / "share" / "codex-shared-memory" / "shared_memory.py")
             rows += check_harnesses(bins, env, root, launcher)
+            rows += check_memory(bins, env, root)
     finally:
         if args.keep:
             print(f"kept {root}", file=sys.stderr)

@@ -79,6 +79,30 @@ class Sshd:
             self.process.wait(timeout=10)
         self.process = None
 
+    def hold_startup(self) -> socket.socket:
+        """A connection that stays unauthenticated until it is closed: it counts for MaxStartups.
+
+        Its banner read, sshd's child for it has started; it says nothing more. A connection
+        made just before (`start`'s own check) may still count for a moment: one sshd drops
+        for it is made again.
+        """
+        deadline = time.monotonic() + 10
+        while True:
+            sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+            try:
+                if sock.recv(256).startswith(b"SSH-"):
+                    return sock
+            except OSError:
+                pass
+            sock.close()
+            if time.monotonic() > deadline:
+                raise RuntimeError("sshd sent no banner in 10 s to a connection it should count")
+            time.sleep(0.05)
+
+    def dropped(self) -> int:
+        """Connections sshd dropped past MaxStartups so far (logged at LogLevel VERBOSE)."""
+        return self.log.read_text(errors="replace").count("past MaxStartups")
+
     def transport(self, *, pinned: bool = True, store: Path | None = None,
                   remote_command: list[str] | None = None) -> dict:
         """A client.json transport section that reaches this sshd."""
@@ -103,10 +127,14 @@ def pinned_line(store: Path, machine: str, key: str, serve_args: tuple[str, ...]
 
 
 def start_sshd(root: Path, store: Path, machine: str = "laptop",
-               serve_args: tuple[str, ...] = ()) -> Sshd:
+               serve_args: tuple[str, ...] = (), max_startups: str = "50",
+               log_level: str = "ERROR") -> Sshd:
     """Make keys and a config under `root`, then start sshd; raises SshdUnavailable with the reason.
 
     `serve_args` are added to every `serve` this sshd runs by default (`--limit` settings).
+    `max_startups` is sshd's `MaxStartups` (`"1"`: a second connection still authenticating is
+    dropped, as a busy server drops one); `log_level` its `LogLevel` (`VERBOSE` logs each drop
+    to `sshd.log`).
     """
     if not Path(SSHD).exists():
         raise SshdUnavailable(f"OpenSSH server not installed ({SSHD}); .ci/run installs "
@@ -139,7 +167,8 @@ def start_sshd(root: Path, store: Path, machine: str = "laptop",
         f"AuthorizedKeysFile {authorized}", f"PidFile {root / 'sshd.pid'}",
         "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
         "PubkeyAuthentication yes", "PermitRootLogin prohibit-password", "UsePAM no",
-        f"SetEnv HOME={home}", "LogLevel ERROR", "MaxStartups 50", "MaxSessions 50", ""]))
+        f"SetEnv HOME={home}", f"LogLevel {log_level}", f"MaxStartups {max_startups}",
+        "MaxSessions 50", ""]))
     server = Sshd(root, port, getpass.getuser(), store, root / "pinned", root / "free", known,
                   config, serve_args=tuple(serve_args))
     try:

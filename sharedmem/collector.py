@@ -2,8 +2,8 @@
 
 A sync's run and a server's session each hold tens of thousands of long-lived objects (a
 source's record and snapshot, a parsed manifest) and make no cycles in their work: every
-collection meanwhile walks those objects and frees nothing (docs/BENCHMARKS.md). Reference
-counting frees everything else as before.
+collection meanwhile walks those objects and frees nothing. Reference counting frees
+everything else as before.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ class Paused:
 
     What the block made and keeps is moved to the oldest generation as it ends, unwalked
     (`gc.freeze` then `gc.unfreeze`): otherwise the first young collection after it walks all of
-    it, a sync's whole record and snapshot, and frees nothing (24 ms at the end of a sync of
-    10,000 files, docs/BENCHMARKS.md "Seventh round"). A later full collection still frees any
-    cycle it left. A class, not a generator: turning the collector on is the last thing its
-    exit does.
+    it, a sync's whole record and snapshot, and frees nothing. A later full collection still
+    frees any cycle it left. A class, not a generator: turning the collector on is the last
+    thing its exit does.
     """
 
     def __enter__(self) -> None:

@@ -41,6 +41,10 @@ class ProtocolError(SharedMemoryError):
     """A peer broke the sync protocol."""
 
 
+class ToolArgumentError(SharedMemoryError):
+    """An MCP tool (or resources request) was called with an argument it does not take."""
+
+
 class TransportError(SharedMemoryError):
     """The server cannot be reached, or the transport failed."""
 

@@ -6,6 +6,5 @@ ROOT = Path(__file__).resolve().parent.parent  # the release: launcher, package,
 LAUNCHER = ROOT / "shared_memory.py"
 # How every command the installers write starts Python (`serve`, the scheduled `sync`, the
 # harnesses' `mcp`): each needs only the standard library, and without `site` Python starts
-# sooner: 5 ms in a bare virtual environment, 60 ms where site-packages holds `.pth` files
-# that import (this machine's pyenv Python).
+# sooner, most where site-packages holds `.pth` files that import.
 PYTHON_FLAGS = ("-S",)

@@ -111,7 +111,8 @@ def compile_rules() -> None:
     global _NOTE_FILENAME_RE, _SAFE_FILE, _SAFE_FOLDER, _RESERVED_RE, _PLAIN_CHARS, _compiled
     part = r"[A-Za-z0-9_-](?:[A-Za-z0-9_.-]{0,253}[A-Za-z0-9_-])?"
     _NOTE_FILENAME_RE = re.compile(
-        r"(\d{4})-(\d{2})-(\d{2})T(\d{2})-(\d{2})-(\d{2})-([a-z0-9][a-z0-9-]{0,79})\.md")
+        r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2})-([0-9]{2})-([0-9]{2})-([a-z0-9][a-z0-9-]{0,79})"
+        r"\.md")
     _SAFE_FILE = re.compile(rf"(?:{part}/)*[A-Za-z0-9_-][A-Za-z0-9_.-]{{0,249}}\.md")
     _SAFE_FOLDER = re.compile(rf"{part}(?:/{part})*")
     _RESERVED_RE = re.compile(r"(?:^|/)(?:con|prn|aux|nul|com[1-9]|lpt[1-9])(?:[./]|$)",
@@ -283,8 +284,8 @@ def note_filename_problem(filename: object) -> str | None:
         compile_rules()
     if not isinstance(filename, str) or not _NOTE_FILENAME_RE.fullmatch(filename):
         return (
-            f"note filename {filename!r} is invalid: use YYYY-MM-DDTHH-MM-SS-<slug>.md with a slug "
-            "of lower-case letters, digits and '-' (1-80 characters), e.g. "
+            f"note filename {filename!r} is invalid: use YYYY-MM-DDTHH-MM-SS-<slug>.md in ASCII "
+            "digits, with a slug of lower-case ASCII letters, digits and '-' (1-80 characters), e.g. "
             "2026-01-31T09-30-00-release-checklist.md"
         )
     year, month, day, hour, minute, second = (int(g) for g in _NOTE_FILENAME_RE.fullmatch(

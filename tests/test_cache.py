@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -10,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from sharedmem.cache.cache import NOTES_NAMESPACE, Cache, CachedFile, NamespaceInfo
+from sharedmem.cache.cache import NOTES_NAMESPACE, Cache, NamespaceInfo
+from sharedmem.cache.manifest_store import CachedFile
 from sharedmem.cache.staged_files import Staging
+from sharedmem.cache.update import CacheUpdate
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.core import CacheError, ProtocolError
 from sharedmem.hashing import sha256_text
@@ -120,8 +121,7 @@ def test_apply_skips_what_it_cannot_write_and_writes_the_rest(tmp_path: Path, ca
     before_cache, before_all = tree(cache.root), tree(tmp_path)
     good = [up(f"{A}/new.md", "fine\n")]
     done = cache.apply(good + upserts, removals, {**spaces(A, B, NOTES_NAMESPACE), **extra},
-                       writer=PreStagedWriter(Staging(cache.meta), own_paths={f"{A}/new.md"}),
-                       file_bytes=1024)  # own paths vouch for themselves only
+                       writer=PreStagedWriter(Staging(cache.meta)), file_bytes=1024)
     assert done["skipped_total"] == 1 and [s["reason"] for s in done["skipped"]] == [reason]
     assert done["written"] == 1 and (cache.root / A / "new.md").read_text() == "fine\n"
     after = tree(cache.root)
@@ -179,9 +179,8 @@ def test_a_linked_metadata_folder_is_refused_and_its_target_untouched(
     with pytest.raises(CacheError, match=f"{link} is a link or not a folder") as exc:
         cache.apply([up(f"{A}/new.md", "new\n")], [], spaces(A, B, NOTES_NAMESPACE))
     assert f"rm {link}" in str(exc.value)
-    for first_step_of_a_sync in (cache.check_meta, cache.remove_leftovers):
-        with pytest.raises(CacheError):
-            first_step_of_a_sync()
+    with pytest.raises(CacheError):
+        CacheUpdate(cache.root).open()  # the first step of a sync
     Staging(cache.meta).discard()  # and its last: never through the link
     assert tree(target) == before and tree(cache.root) == before_cache
 
@@ -248,13 +247,13 @@ def test_delta_keeps_unsent_files_full_removes_them(cache: Cache) -> None:
     assert cache.apply([up(f"{A}/a.md", "alpha\n")], [], everything)["removed"] == 0
     assert len(files_under(cache.root)) == 4
 
-    done = cache.apply([up(f"{A}/a.md", "alpha 2\n")], [], everything, full_namespaces={A})
+    done = cache.apply([up(f"{A}/a.md", "alpha 2\n")], [], everything, whole={A})
     assert counts(done) == (1, 1, 3)
     assert set(files_under(cache.root)) == {f"{A}/a.md", f"{B}/MEMORY.md", NOTE}
     assert not (cache.root / A / "deep").exists()
     assert (cache.root / A).is_dir()
 
-    done = cache.apply([up(f"{B}/MEMORY.md", "desk\n")], [], everything, full=True)
+    done = cache.apply([up(f"{B}/MEMORY.md", "desk\n")], [], everything, whole=everything)
     assert counts(done) == (0, 2, 1)
     assert files_under(cache.root) == {f"{B}/MEMORY.md": "desk\n"}
     assert not (cache.root / "machines" / "laptop").exists()
@@ -280,16 +279,22 @@ def test_manifest_rows_change_only_when_files_change(cache: Cache) -> None:
     same = [up(f"{A}/a.md", "alpha\n"), up(f"{A}/deep/er/b.md", "beta\n"),
             up(f"{B}/MEMORY.md", "desk\n"), up(NOTE, "note\n")]
     server = {"server": "sharedmem/x", "protocol": 2}
-    assert cache.apply(same, [], spaces(A, B, NOTES_NAMESPACE), server=server)["written"] == 0
+    intake = cache.intake()
+    for path, sha, text in same:
+        intake.add(path, sha, text)
+    done = cache.commit(intake, [], spaces(A, B, NOTES_NAMESPACE), server=server)
+    assert done.report["written"] == 0
     after = _marks(cache)
     assert after["files"] == before["files"] and after["commit"] != before["commit"]
-    assert list(cache.written) == [] and cache.removed == []
+    assert list(done.written) == [] and done.removed == []
     reader = Cache(cache.root)
     assert reader.load().server == server and set(reader.load().namespaces) == {
         A, B, NOTES_NAMESPACE}
 
-    cache.apply([up(f"{A}/a.md", "alpha changed\n")], [], spaces(A, B, NOTES_NAMESPACE))
-    assert _marks(cache)["files"] != before["files"] and list(cache.written) == [f"{A}/a.md"]
+    intake = cache.intake()
+    intake.add(*up(f"{A}/a.md", "alpha changed\n"))
+    done = cache.commit(intake, [], spaces(A, B, NOTES_NAMESPACE))
+    assert _marks(cache)["files"] != before["files"] and list(done.written) == [f"{A}/a.md"]
     assert reader.load().files[f"{A}/a.md"].sha256 == sha256_text("alpha changed\n")
     assert reader.load().server == server
 
@@ -318,7 +323,7 @@ def test_the_manifest_is_never_held_whole(tmp_path: Path) -> None:
     tracemalloc.start()
     try:
         reader.load(verify=True)
-        assert reader.tampered_namespaces() == set() and reader.damage is None
+        assert reader.check_files(reader.load()).stale == set() and reader.damage is None
         assert f"{A}/f00042.md" in reader.load().files
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -354,129 +359,22 @@ def test_a_first_pull_holds_no_object_per_file(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
         staging.discard()
-    assert done["written"] == count and len(cache.written) == count
-    assert next(iter(cache.written)) == f"{A}/f00000.md"
+    assert done.report["written"] == count and len(done.written) == count
+    assert next(iter(done.written)) == f"{A}/f00000.md"
     assert (cache.root / A / "f05999.md").read_text() == "file 5999\n"
     per_file = (taken - first) / 4000, (committed - first) / 4000
     assert max(per_file) < 30, per_file  # a dict of path -> sha256 alone: about 250 a file
 
 
-def _legacy(cache: Cache, version: int) -> dict[str, CachedFile]:
-    """Write the cache's manifest as versions 1 and 2 did (manifest.json, namespaces.json)."""
-    from sharedmem import linejson
-    from sharedmem.cache.cache import _check
-    manifest = cache.load()
-    files = dict(manifest.files.items())
-    rows = {k: v.to_row() for k, v in sorted(manifest.namespaces.items())}
+def test_an_older_versions_manifest_reads_as_damaged_until_a_sync_rebuilds_it(cache: Cache) -> None:
+    # Versions 1 and 2 kept manifest.json beside namespaces.json; a sync rebuilds from the files.
     cache.store.close()
     cache.manifest_path.unlink()
-    meta = cache.root / ".sharedmem"
-    if version == 1:
-        text = json.dumps({"version": 1, "files": {p: list(v[:3]) for p, v in files.items()}})
-        listing = {"version": 1, "last_sync": manifest.last_sync, "server": manifest.server,
-                   "namespaces": rows}
-        files = {p: v._replace(mtime_ns=None) for p, v in files.items()}
-    else:
-        text = linejson.rewrite({"version": 2}, "files",
-                                ((p, v, False) for p, v in files.items()), {})
-        digest = sha256_text(text)
-        listing = {"version": 2, "last_sync": manifest.last_sync, "server": manifest.server,
-                   "namespaces": rows, "manifest_sha256": digest, "check": _check(rows, digest)}
-    (meta / "manifest.json").write_text(text, encoding="utf-8")
-    (meta / "namespaces.json").write_text(json.dumps(listing), encoding="utf-8")
-    return files
-
-
-@pytest.mark.parametrize("version", [1, 2])
-def test_an_older_versions_manifest_is_converted_once(cache: Cache, version: int) -> None:
-    namespaces = cache.load().namespaces
-    files = _legacy(cache, version)
+    (cache.meta / "manifest.json").write_text("{}")
+    (cache.meta / "namespaces.json").write_text("{}")
     reader = Cache(cache.root)
-    assert reader.load().files == {} and "older version" in str(reader.damage)
-    assert reader.legacy_files() == files  # read without writing, as the installer does
-    older = Cache(cache.root)
-    older.convert()
-    assert not (cache.root / ".sharedmem" / "manifest.json").exists()
-    assert not (cache.root / ".sharedmem" / "namespaces.json").exists()
-    assert dict(older.load(verify=True).files.items()) == files and older.damage is None
-    assert older.load().namespaces == namespaces
-    assert reader.check() is None and f"{A}/a.md" in reader.load().files
-    older.apply([up(f"{A}/a.md", "alpha 3\n")], [], spaces(A, B, NOTES_NAMESPACE))
-    assert Cache(cache.root).load().files[f"{A}/a.md"].sha256 == sha256_text("alpha 3\n")
-
-
-def test_a_damaged_older_manifest_is_rebuilt_not_converted(cache: Cache) -> None:
-    _legacy(cache, 2)
-    (cache.root / ".sharedmem" / "manifest.json").write_text("{not json")
-    older = Cache(cache.root)
-    older.convert()
-    assert older.load().files == {} and older.damage is not None
-    older.rebuild()
-    older.apply([up(f"{A}/a.md", "alpha\n")], [], spaces(A, B, NOTES_NAMESPACE))
-    assert Cache(cache.root).check() is None
-    assert not (cache.root / ".sharedmem" / "manifest.json").exists()
-    assert f"{B}/MEMORY.md" in Cache(cache.root).load().files
-
-
-def test_a_commit_by_another_process_is_seen(cache: Cache) -> None:
-    reader = Cache(cache.root)
-    assert set(reader.load().files) == set(cache.load().files)
-    mtime = cache.manifest_path.stat().st_mtime_ns
-    cache.apply([up(f"{A}/new.md", "new\n")], [], spaces(A, B, NOTES_NAMESPACE))
-    os.utime(cache.manifest_path, ns=(mtime, mtime))  # as on a file system with coarse times
-    assert f"{A}/new.md" in cache.load().files
-    assert f"{A}/new.md" in reader.load().files
-
-
-def _truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2 + 1])
-
-
-def _drop_table(path: Path) -> None:
-    import sqlite3
-    conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE files")
-    conn.commit()
-    conn.close()
-
-
-def _version_meta(path: Path) -> None:
-    import sqlite3
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value='99' WHERE key='version'")
-    conn.commit()
-    conn.close()
-
-
-@pytest.mark.parametrize(("damage", "problem"), [
-    (lambda p: p.write_text("{not a database"), "not a readable manifest"),
-    (_drop_table, "lacks its tables (files)"),
-    (_version_meta, "is not a manifest of version 3"),
-    (lambda p: p.unlink(), "is missing"),
-])
-def test_load_of_a_missing_or_damaged_manifest_is_empty(tmp_path: Path, cache: Cache,
-                                                        damage, problem: str) -> None:
-    assert cache.exists()
-    nowhere = Cache(tmp_path / "nowhere")
-    assert not nowhere.exists()
-    assert nowhere.load().files == {} and nowhere.damage is None  # never synced: not damaged
-    (cache.root / ".sharedmem" / "namespaces.json").write_text("{}")  # an older leftover
-    cache.store.close()
-    damage(cache.manifest_path)
-    damaged = Cache(cache.root)
-    assert damaged.load().files == {}
-    assert problem in str(damaged.damage) or "older version" in str(damaged.damage)
-    assert damaged.check() == damaged.damage
-
-
-def test_a_truncated_manifest_fails_its_quick_check(tmp_path: Path) -> None:
-    cache = Cache(tmp_path / "cache")
-    cache.apply([up(f"{A}/f{i:04}.md", f"file {i}\n") for i in range(2000)], [], spaces(A))
-    cache.store.close()
-    _truncate(cache.manifest_path)
-    damaged = Cache(cache.root)
-    damaged.load(verify=True)
-    assert damaged.damage is not None and damaged.check() == damaged.damage
+    assert len(reader.load().files) == 0 and "older version" in str(reader.damage)
+    assert reader.check() is not None  # the tools refuse it until then
 
 
 def test_a_manifest_replaced_while_read_is_read_anew(tmp_path: Path, cache: Cache) -> None:
@@ -489,25 +387,29 @@ def test_a_manifest_replaced_while_read_is_read_anew(tmp_path: Path, cache: Cach
     assert reader.damage is None and reader.check() is None
 
 
-def test_tampered_namespaces(cache: Cache) -> None:
-    assert cache.tampered_namespaces() == set()
+def test_check_files(cache: Cache) -> None:
+    assert cache.check_files(cache.load()) == (set(), set(), {})
     same_size = cache.root / A / "a.md"
     same_size.write_text(same_size.read_text().upper())  # only its time tells
-    assert cache.tampered_namespaces() == {A} and cache.damaged == {f"{A}/a.md"}
+    checked = cache.check_files(cache.load())
+    assert checked.stale == {A} and checked.damaged == {f"{A}/a.md"}
     touched = cache.root / B / "MEMORY.md"
     os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
-    assert cache.tampered_namespaces() == {A}  # hashed, and found as written
+    checked = cache.check_files(cache.load())
+    assert checked.stale == {A}  # hashed, and found as written
+    assert set(checked.verified) == {f"{B}/MEMORY.md"}
     cache.apply([up(f"{A}/a.md", same_size.read_text().lower())], [],
-                spaces(A, B, NOTES_NAMESPACE))
+                spaces(A, B, NOTES_NAMESPACE), checked=checked)
     assert same_size.read_text() == same_size.read_text().lower()  # written again
     assert cache.load().files[f"{B}/MEMORY.md"].mtime_ns == touched.stat().st_mtime_ns
-    assert cache.tampered_namespaces() == set() and cache.damaged == set()
+    assert cache.check_files(cache.load()) == (set(), set(), {})
     (cache.root / A / "a.md").write_text("alpha, edited by hand\n")
-    assert cache.tampered_namespaces() == {A}
+    assert cache.check_files(cache.load()).stale == {A}
     (cache.root / B / "MEMORY.md").unlink()
-    assert cache.tampered_namespaces() == {A, B}
+    checked = cache.check_files(cache.load())
+    assert checked.stale == {A, B}
     cache.apply([up(f"{A}/a.md", "alpha\n"), up(f"{B}/MEMORY.md", "desk\n")], [],
-                spaces(A, B, NOTES_NAMESPACE), full_namespaces={A, B})
+                spaces(A, B, NOTES_NAMESPACE), whole={A, B}, checked=checked)
     assert (cache.root / B / "MEMORY.md").read_text() == "desk\n"
 
 

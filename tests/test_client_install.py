@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SYSTEM
 
 from sharedmem.cache.cache import Cache
 from sharedmem.cache.search import index_mark
@@ -25,7 +26,7 @@ from sharedmem.rules import Limits
 
 def build(argv: list[str], home: Path, prefix: Path) -> tuple[config_mod.ClientConfig, str]:
     err = io.StringIO()
-    cfg = ci.build_config(ci.parser().parse_args(argv), {"HOME": str(home)}, prefix,
+    cfg = ci.build_config(ci.parser().parse_args(argv), {"HOME": str(home), **SYSTEM}, prefix,
                           Console(io.StringIO(), err))
     return cfg, err.getvalue()
 
@@ -78,12 +79,13 @@ def test_named_sources_and_a_missing_default_folder(tmp_path: Path) -> None:
     assert [(s.name, s.kind, s.path) for s in cfg.sources] == [
         ("claude-code", "claude-code", home / ".claude" / "projects"),
         ("notes", "markdown", home / "notes")]
-    assert "claude-code folder" in warnings and "does not exist yet" in warnings
+    assert "claude-code: none of its memory folders exists yet" in warnings
     assert cfg.transport == config_mod.Transport("local", store=tmp_path / "prefix" /
                                                  "store.sqlite3")
 
 
-def test_existing_limits_are_kept_and_a_broken_file_is_replaced(tmp_path: Path) -> None:
+def test_existing_limits_compression_and_timeouts_are_kept_and_a_broken_file_is_replaced(
+        tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     prefix = tmp_path / "prefix"
@@ -91,10 +93,13 @@ def test_existing_limits_are_kept_and_a_broken_file_is_replaced(tmp_path: Path) 
     cfg, _ = build(argv, home, prefix)
     tuned = cfg.to_json()
     tuned["limits"] = {"file_bytes": 4096, "namespace_bytes": 8192, "namespace_files": 3}
+    tuned["compress"] = "on"
+    tuned["timeouts"] = {"reply_seconds": 30}
     prefix.mkdir()
     cfg.path.write_text(json.dumps(tuned))
     again, warnings = build(argv, home, prefix)
     assert again.limits == Limits(4096, 8192, 3) and warnings == ""
+    assert again.compress == "on" and again.timeouts.reply_seconds == 30
     assert config_mod.dumps(again) == config_mod.dumps(config_mod.load(
         cfg.path, {"HOME": str(home)}))
     cfg.path.write_text("{broken")
@@ -141,7 +146,7 @@ def test_body_refuses_bad_arguments_before_writing(tmp_path: Path) -> None:
 
 def install(home: Path, *argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = ci.client_main(["--local", "--schedule", "none", *argv], {"HOME": str(home)},
+    code = ci.client_main(["--local", "--schedule", "none", *argv], {"HOME": str(home), **SYSTEM},
                           out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
@@ -183,6 +188,44 @@ def test_each_run_says_what_its_sync_did(tmp_path: Path) -> None:
     assert code == 0, err
     assert "  sync: ok (2 files published, 1 pulled; 5 files in the cache)" in out
     assert index_mark(cache) is not None  # and every sync keeps it current
+
+
+def test_harness_memory_where_it_is_today(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Codex version 2 user, Claude Code memory moved by autoMemoryDirectory, subagent memory
+    and a legacy .config.json: each is found, published, registered where it is read, and the
+    summary says where each harness writes memory."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))  # the in-process sync reads this process's HOME
+    v2 = home / ".codex" / "memories_v2"
+    (v2 / "rollout_summaries").mkdir(parents=True)
+    (v2 / "MEMORY.md").write_text("# v2 index\n")
+    (v2 / "raw_memories.md").write_text("raw\n")
+    claude = home / ".claude"
+    (claude / "agent-memory" / "reviewer").mkdir(parents=True)
+    (claude / "agent-memory" / "reviewer" / "MEMORY.md").write_text("reviewer\n")
+    moved = tmp_path / "elsewhere" / "claude-mem"
+    moved.mkdir(parents=True)
+    (moved / "MEMORY.md").write_text("moved index\n")
+    (claude / "settings.json").write_text(json.dumps({"autoMemoryDirectory": str(moved)}))
+    (claude / ".config.json").write_text('{"numStartups": 5}\n')
+    code, out, err = install(home, "--machine", "pc", "--harness", "codex", "--harness",
+                             "claude-code")
+    assert code == 0, err
+    assert f"  source codex (codex): {home / '.codex' / 'memories'}" in out
+    assert f"  source claude-code (claude-code): {claude / 'projects'}" in out
+    assert f"  memory codex: writes {v2} (version v2: memories.version is not set" in out
+    assert "published by source codex as machines/pc/codex/memories_v2/" in out
+    assert f"  memory claude-code: writes its automatic memory to {moved} (autoMemoryDirectory " \
+           f"in {claude / 'settings.json'})" in out
+    assert f"shared_memories added to {claude / '.config.json'}" in out
+    assert not (home / ".claude.json").exists()
+    cache = home / ".local" / "share" / "codex-shared-memory" / "cache" / "machines" / "pc"
+    assert (cache / "codex" / "memories_v2" / "MEMORY.md").read_text() == "# v2 index\n"
+    assert not (cache / "codex" / "memories_v2" / "raw_memories.md").exists()
+    assert (cache / "claude-code" / "auto-memory" / "MEMORY.md").read_text() == "moved index\n"
+    assert (cache / "claude-code" / "agent-memory" / "reviewer" / "MEMORY.md").exists()
+    summary = json.loads(install(home, "--machine", "pc", "--harness", "codex", "--json")[1])
+    assert [(m["harness"], m["status"]) for m in summary["memory"]] == [("codex", "ok")]
 
 
 def test_the_cursor_block_is_shown_when_new_or_asked(tmp_path: Path) -> None:

@@ -267,3 +267,41 @@ def test_bad_compress_setting(tmp_path: Path, value: object) -> None:
     assert problems_of(exc) == [f"compress must be one of 'auto', 'on', 'off' (auto: on over "
                                 f"ssh to another machine, off for a local store or this "
                                 f"machine), not {value!r}"]
+
+
+def test_timeouts_default_and_are_written_only_when_set(tmp_path: Path) -> None:
+    cfg = config.load(write(tmp_path / "client.json", ssh_raw()), {})
+    assert cfg.timeouts == config.Timeouts(120.0, 300.0, 4096, 4)
+    assert "timeouts" not in json.loads(config.dumps(cfg))
+    raw = {**ssh_raw(), "timeouts": {"reply_seconds": 2, "session_seconds": 0.5,
+                                     "session_rate": 1000, "busy_retries": 0}}
+    cfg = config.load(write(tmp_path / "set" / "client.json", raw), {})
+    assert cfg.timeouts == config.Timeouts(2, 0.5, 1000, 0)
+    assert json.loads(config.dumps(cfg))["timeouts"] == raw["timeouts"]
+    again = config.load(write(tmp_path / "again" / "client.json", config.dumps(cfg)), {})
+    assert again.timeouts == cfg.timeouts
+    partial = {**ssh_raw(), "timeouts": {"reply_seconds": 4096, "busy_retries": 4}}
+    cfg = config.load(write(tmp_path / "partial" / "client.json", partial), {})
+    assert json.loads(config.dumps(cfg))["timeouts"] == {"reply_seconds": 4096}
+
+
+def test_bad_timeouts_are_each_named_once(tmp_path: Path) -> None:
+    raw = {**ssh_raw(), "timeouts": {"reply_seconds": 0, "session_seconds": "300",
+                                     "session_rate": 2.5, "busy_retries": 11, "idle": 5}}
+    with pytest.raises(ConfigError) as exc:
+        config.load(write(tmp_path / "client.json", raw), {})
+    assert problems_of(exc) == [
+        "unknown key timeouts.'idle' (known: reply_seconds, session_seconds, session_rate, "
+        "busy_retries)",
+        "timeouts.reply_seconds must be a number of seconds above 0 and at most 86400, not 0",
+        "timeouts.session_seconds must be a number of seconds above 0 and at most 86400, "
+        "not '300'",
+        "timeouts.session_rate must be a whole number of bytes a second, at least 1, not 2.5",
+        "timeouts.busy_retries must be a whole number from 0 to 10, not 11"]
+    for bad in ([], "60", None):
+        with pytest.raises(ConfigError, match="timeouts must be an object"):
+            config.load(write(tmp_path / "client.json", {**ssh_raw(), "timeouts": bad}), {})
+    for bad in (True, float("nan"), 86_401, -1):
+        with pytest.raises(ConfigError, match="timeouts.reply_seconds must be"):
+            config.load(write(tmp_path / "client.json",
+                              {**ssh_raw(), "timeouts": {"reply_seconds": bad}}), {})

@@ -34,7 +34,7 @@ def test_demo_runs_all_four_tools_in_its_sandbox(tmp_path: Path, home: Path) -> 
     memory = "\n".join(reads[0]["result"]["lines"])
     assert "[REDACTED:" in memory and "Zoë" in memory and _token() not in memory
     assert "日本語" in reads[1]["text"]
-    assert calls["add_ad_hoc_note"]["result"]["status"] == "queued"  # delivered in the background
+    assert calls["add_ad_hoc_note"]["result"]["status"] == "stored"  # and read back at once
     assert "second reviewer" in "\n".join(reads[-1]["result"]["lines"])
     assert result["syncs"][0]["sources"][0]["redacted"] == {"openai-key": 1}
     # the invented credential never left the laptop's sample folder

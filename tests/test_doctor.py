@@ -363,3 +363,31 @@ def test_a_damaged_cache_warns_that_the_next_sync_repairs_it(tmp_path: Path, hom
     assert name in check.details["damage"]
     assert client.sync(config_mod.load(cfg, env))["status"] == "ok"
     assert by_name(doctor(cfg, env))["cache"].status == OK
+
+
+def test_doctor_says_where_each_harness_writes_memory(tmp_path: Path, home: Path) -> None:
+    """A Codex version 2 user whose codex source publishes it, and Claude Code memory that no
+    source publishes: the first is ok, the second a warning naming the fix."""
+    v2 = home / ".codex" / "memories_v2"
+    v2.mkdir(parents=True)
+    (v2 / "MEMORY.md").write_text("# v2\n", encoding="utf-8")
+    (home / ".claude" / "agent-memory" / "reviewer").mkdir(parents=True)
+    base = tmp_path / "client"
+    cfg = write_config(base / "client.json", "laptop",
+                       {"kind": "local", "store": str(base / "store.sqlite3")},
+                       [{"name": "codex", "kind": "codex", "path": str(home / ".codex" /
+                                                                      "memories")}],
+                       base / "cache")
+    env = dict(os.environ, HOME=str(home))
+    assert client.sync(config_mod.load(cfg, env))["status"] == "ok"
+    harnesses.register("codex", [sys.executable, str(LAUNCHER), "mcp", "--config", str(cfg)],
+                       env)
+    checks = by_name(doctor(cfg, env))
+    assert checks["source codex"].status == OK  # its configured folder need not exist
+    assert checks["source codex"].message.startswith(f"1 file(s) publishable from {home}")
+    memory = checks["memory codex"]
+    assert memory.status == OK and "machines/laptop/codex/memories_v2/" in memory.message
+    claude = checks["memory claude-code"]
+    assert claude.status == WARN and "no claude-code source publishes it" in claude.message
+    assert "--source claude-code" in claude.fix
+    assert "memory codex" in format_text(doctor(cfg, env))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -181,3 +182,22 @@ def test_a_spawned_child_reaped_elsewhere_counts_as_ended() -> None:
     assert child.poll() == 0 and child.wait() == 0
     for stream in (child.stdin, child.stdout, child.stderr):
         stream.close()
+
+
+def test_an_early_ssh_a_busy_server_resets_is_followed_by_a_fresh_one(tmp_path, busy_sshd):
+    """sshd past MaxStartups resets the ssh started early: the connection starts another."""
+    cfg = ssh_config(tmp_path, busy_sshd)
+    held = busy_sshd.hold_startup()
+    before = busy_sshd.dropped()
+    early_ssh.start(str(cfg))
+    early = early_ssh._started[1]
+    timer = threading.Timer(1.0, held.close)
+    timer.start()
+    try:
+        with Connection(config_mod.load(cfg)) as conn:
+            assert conn.hello()["version"] == 3
+            assert conn.process is not early
+    finally:
+        timer.join()
+    assert early.poll() == 255 and early_ssh._started is None
+    assert busy_sshd.dropped() > before

@@ -14,11 +14,10 @@ import pytest
 from test_sync import cache_files, config_for, make_memories, sync_json
 from test_transport import local_config
 
-from sharedmem.client.exchange import Exchange, Published
+from sharedmem.client.exchange import Exchange
 from sharedmem.client.outbox import Outbox
 from sharedmem.client.transport import Connection
 from sharedmem.server.store import Store
-from sharedmem.sources.walk import Entry
 
 NOTE = "2026-11-30T09-00-00-decision.md"
 
@@ -45,14 +44,6 @@ def test_notes_are_delivered_and_a_refused_one_is_kept_aside(tmp_path: Path) -> 
     assert reason["note_id"] == queued.note_id and reason["message"] and reason["refused_at"]
     assert reason["message"] == exchange.notes["refused"][0]["message"]
     assert "we chose SQLite" in (config.cache / "extensions/ad_hoc/notes" / NOTE).read_text()
-
-
-def test_the_files_offered_are_those_of_the_namespaces_named() -> None:
-    entries = {"machines/m/a": [Entry("x.md", "1" * 64, 2, 0, 2, {}, "x\n")],
-               "machines/m/b": [Entry("y.md", "2" * 64, 2, 0, 2, {}, "y\n")]}
-    offer = Published({}, {"machines/m/a": "d", "machines/m/b": "e"}, entries)
-    assert offer.files({"machines/m/b"}) == [("machines/m/b/y.md", "2" * 64, "y\n")]
-    assert offer.files(set()) == [] and Published().files({"machines/m/a"}) == []
 
 
 HOSTILE_SERVER = r'''

@@ -201,7 +201,9 @@ def test_a_cache_file_edited_by_hand_is_verified_and_repaired(
     assert report["pull"].get("repaired", {}).get("files", 0) == (edit != "touched")
 
 
-def test_an_older_manifest_without_times_is_verified_once(world: Path) -> None:
+def test_an_older_versions_manifest_is_rebuilt_by_the_next_sync(world: Path) -> None:
+    # Versions 1 and 2 kept manifest.json beside namespaces.json; an upgraded client's first
+    # sync rebuilds the list from the files and pulls every namespace whole, once.
     root = world / "laptop" / "cache"
     meta = root / ".sharedmem"
     cache = Cache(root)
@@ -210,18 +212,18 @@ def test_an_older_manifest_without_times_is_verified_once(world: Path) -> None:
         {"version": 1, "files": {p: list(v[:3]) for p, v in manifest.files.items()}}))
     (meta / "namespaces.json").write_text(json.dumps(
         {"last_sync": manifest.last_sync, "server": manifest.server, "version": 1,
-         "namespaces": {k: v.to_row() for k, v in manifest.namespaces.items()}}))
+         "namespaces": {k: v._asdict() for k, v in manifest.namespaces.items()}}))
     cache.store.close()
     (meta / "manifest.sqlite3").unlink()
-    cache.convert()
-    assert cache.load().files and cache.damage is None  # it converts, times unknown
-    assert all(m.mtime_ns is None for m in cache.load().files.values())
+    assert "older version" in str(Cache(root).check())
     edited = root / "machines" / "laptop" / "notes" / "note-05.md"
     edited.write_text(_same_size(edited.read_text()))  # its size alone would not tell
     done = sync(world / "laptop" / "client.json")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["pull"]["repaired"]["records"] is True
     assert_cache_is_the_server(world)
-    assert all(m.mtime_ns is not None for m in Cache(root).load().files.values())
+    assert not (meta / "manifest.json").exists() and not (meta / "namespaces.json").exists()
+    assert Cache(root).check() is None
 
 
 # --- damaged manifest -----------------------------------------------------------------------------
@@ -291,6 +293,50 @@ def test_a_damaged_manifest_is_refused_then_rebuilt_by_the_next_sync(
     assert_cache_is_the_server(world)
 
 
+def _key_out_of_order(path: Path) -> None:
+    """One path of the file list changed in place so that its key is out of order.
+
+    Lookups by path then miss rows that are there: a sync wrote such a file's row again at
+    every run (the rows grew). SQLite's quick check does not see it; its integrity check does.
+    """
+    data = path.read_bytes()
+    assert b"notes/note-05.md" in data
+    path.write_bytes(data.replace(b"notes/note-05.md", b"notes/note-95.md", 1))
+
+
+SYNC_FINDS = [
+    ("a key out of order", _key_out_of_order),
+    ("a sha256 not hex", _sql("UPDATE files SET sha256 = 'g' || substr(sha256, 2) "
+                              "WHERE path LIKE '%/note-03.md'")),
+]
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["checked in process", "by the helper"])
+@pytest.mark.parametrize(("damage", "how"), SYNC_FINDS, ids=[d for d, _ in SYNC_FINDS])
+def test_damage_a_plain_read_misses_is_found_by_the_sync_and_repaired(
+        world: Path, large: bool, damage: str, how: Callable[[Path], None]) -> None:
+    from sharedmem.cache import file_check
+    root, config = world / "laptop" / "cache", world / "laptop" / "client.json"
+    if large:  # past file_check.MIN_FILES: a helper checks the manifest while the sync walks
+        for i in range(file_check.MIN_FILES):
+            (world / "laptop" / "notes" / f"extra-{i:04}.md").write_text(
+                f"# extra {i}\nextra body {i:04}\n")
+        assert sync(config).returncode == 0
+    manifest = root / ".sharedmem" / "manifest.sqlite3"
+    how(manifest)
+    assert Cache(root).check(verify=False) is None  # what a plain read sees: nothing
+    done = sync(config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["pull"]["repaired"]["records"] is True
+    assert_cache_is_the_server(world)
+    import sqlite3
+    with sqlite3.connect(manifest) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert conn.execute("SELECT count(*) FROM files").fetchone()[0] == len(published(world))
+    again = sync(config)  # and it stays repaired
+    assert again.returncode == 0 and "repaired" not in json.loads(again.stdout)["pull"]
+
+
 def test_a_damaged_manifest_stays_refused_while_the_server_cannot_be_reached(
         world: Path) -> None:
     root, config = world / "laptop" / "cache", world / "laptop" / "client.json"
@@ -307,7 +353,7 @@ def test_a_damaged_manifest_stays_refused_while_the_server_cannot_be_reached(
 
 
 def test_the_mcp_server_says_the_cache_is_being_repaired(world: Path) -> None:
-    from test_mcp import Server
+    from conftest import McpServer as Server
     (world / "laptop" / "cache" / ".sharedmem" / "manifest.sqlite3").write_text("{")
     server = Server(world / "laptop" / "client.json")
     try:

@@ -1,4 +1,4 @@
-"""Registration and guidance, on real files in a temporary home."""
+"""Registration of the MCP server with each harness, on real files in a temporary home."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import files_under as snapshot
 
 from sharedmem.core import InstallError
-from sharedmem.install import guidance as g
 from sharedmem.install import harnesses as h
 
 CMD = ["/usr/bin/python3", "/home/u/.local/share/codex-shared-memory/shared_memory.py", "mcp",
@@ -46,18 +46,6 @@ startup_timeout_sec = 10
 [mcp_servers.shared_memories.env]
 FOO = "bar"
 """
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()}
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir()
-    return path
 
 
 @pytest.fixture
@@ -340,119 +328,6 @@ def test_unknown_harness_and_bad_command(env: dict[str, str]) -> None:
         h.detect({})
 
 
-# --- guidance ----------------------------------------------------------------------------------
-
-CACHE = Path("/home/u/.local/share/codex-shared-memory/cache")
-
-
-def test_guidance_block_comes_from_doc() -> None:
-    block = g.guidance_block(CACHE)
-    assert block.startswith(g.BEGIN_MARK) and block.endswith(g.END_MARK)
-    for needed in ("shared_memories", "add_ad_hoc_note", "memory_summary.md", "MEMORY.md",
-                   "untrusted", "machine, source, sync time", str(CACHE)):
-        assert needed in block
-    assert "<cache>" not in block
-    doc = g.GUIDANCE_DOC.read_text()
-    assert g.extract_block(doc).replace("<cache>", str(CACHE)) == block
-    assert doc.count(g.BEGIN_MARK) == 1
-
-
-GUIDE_FILES = {"codex": ".codex/AGENTS.md", "claude-code": ".claude/CLAUDE.md",
-               "opencode": ".config/opencode/AGENTS.md"}
-
-
-@pytest.mark.parametrize("harness", sorted(GUIDE_FILES))
-def test_guidance_absent_file(home: Path, env: dict[str, str], harness: str) -> None:
-    path = home / GUIDE_FILES[harness]
-    change = g.add_guidance(harness, CACHE, env)
-    assert change.action == "added" and change.path == path
-    assert path.read_text() == g.guidance_block(CACHE) + "\n"
-    assert g.add_guidance(harness, CACHE, env).action == "unchanged"
-    assert g.remove_guidance(harness, env).action == "removed"
-    assert not path.exists()
-
-
-@pytest.mark.parametrize("harness", sorted(GUIDE_FILES))
-@pytest.mark.parametrize("original", ["# Mine\n\n- be terse\n", "no newline at end"])
-def test_guidance_merge(home: Path, env: dict[str, str], harness: str, original: str) -> None:
-    path = home / GUIDE_FILES[harness]
-    path.parent.mkdir(parents=True)
-    path.write_text(original)
-    assert g.add_guidance(harness, CACHE, env, dry_run=True).action == "added"
-    assert path.read_text() == original
-    assert g.add_guidance(harness, CACHE, env).action == "added"
-    text = path.read_text()
-    assert text.startswith(original) and g.guidance_block(CACHE) in text
-    assert h.backup_path(path).read_text() == original
-
-    before = snapshot(home)
-    assert g.add_guidance(harness, CACHE, env).action == "unchanged"
-    assert snapshot(home) == before
-
-    path.write_text(text + "\nlater text\n")
-    change = g.add_guidance(harness, Path("/other/cache"), env)
-    assert change.action == "updated"
-    assert path.read_text() == text.replace(str(CACHE), "/other/cache") + "\nlater text\n"
-
-    assert g.remove_guidance(harness, env).action == "removed"
-    # the block is no longer last: exactly it and its line end go
-    assert path.read_text() == text[:text.index(g.BEGIN_MARK)] + "\nlater text\n"
-    assert g.BEGIN_MARK not in path.read_text()
-
-
-def test_guidance_removed_byte_identical(home: Path, env: dict[str, str]) -> None:
-    path = home / ".codex" / "AGENTS.md"
-    path.parent.mkdir()
-    for original in ("# Rules\r\n\r\nkeep CRLF\r\n", "a\n\n\n", "a\n"):
-        path.write_text(original, newline="")
-        g.add_guidance("codex", CACHE, env)
-        assert g.remove_guidance("codex", env).action == "removed"
-        assert path.read_bytes() == original.encode()
-
-
-def test_guidance_override_file(home: Path, env: dict[str, str]) -> None:
-    folder = home / ".codex"
-    folder.mkdir()
-    (folder / "AGENTS.md").write_text("base\n")
-    (folder / "AGENTS.override.md").write_text("override\n")
-    change = g.add_guidance("codex", CACHE, env)
-    assert change.path == folder / "AGENTS.override.md"
-    assert g.BEGIN_MARK in (folder / "AGENTS.override.md").read_text()
-    assert (folder / "AGENTS.md").read_text() == "base\n"
-    g.remove_guidance("codex", env)
-    assert (folder / "AGENTS.override.md").read_text() == "override\n"
-
-
-@pytest.mark.parametrize("policy", ["Use the shared_memories tools first.\n",
-                                    "## Shared Memory\nnever consult it\n"])
-def test_guidance_skipped_when_policy_exists(home: Path, env: dict[str, str],
-                                             policy: str) -> None:
-    path = home / ".claude" / "CLAUDE.md"
-    path.parent.mkdir()
-    path.write_text(policy)
-    change = g.add_guidance("claude-code", CACHE, env)
-    assert change.action == "skipped" and str(path) in change.message
-    assert path.read_text() == policy
-    assert g.remove_guidance("claude-code", env).action == "unchanged"
-    assert path.read_text() == policy
-
-
-def test_guidance_damaged_block_refused(home: Path, env: dict[str, str]) -> None:
-    path = home / ".codex" / "AGENTS.md"
-    path.parent.mkdir()
-    path.write_text(f"x\n{g.BEGIN_MARK}\nhalf\n")
-    with pytest.raises(InstallError, match="AGENTS.md"):
-        g.add_guidance("codex", CACHE, env)
-
-
-def test_guidance_cursor_is_manual(home: Path, env: dict[str, str]) -> None:
-    change = g.add_guidance("cursor", CACHE, env)
-    assert change.action == "manual" and change.after == g.guidance_block(CACHE)
-    assert "User Rules" in change.message
-    assert g.remove_guidance("cursor", env).action == "manual"
-    assert snapshot(home) == {}
-
-
 def test_codex_quoted_header_and_trick_string(home: Path, env: dict[str, str]) -> None:
     path = codex_file(home)
     path.parent.mkdir()
@@ -588,3 +463,50 @@ def test_opencode_file_we_cannot_edit_is_refused_and_untouched(
         h.register("opencode", CMD, env)
     assert str(path) in str(exc.value)
     assert path.read_text() == text and not h.backup_path(path).exists()
+
+
+# --- Claude Code's legacy .config.json -------------------------------------------------------------
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_claude_registers_where_it_reads_a_legacy_config(home: Path, env: dict[str, str],
+                                                         tmp_path: Path, moved: bool) -> None:
+    """Claude Code 2.1.332 reads a non-empty `.claude/.config.json` instead of `~/.claude.json`
+    (`claude mcp list` then shows only its servers): the entry goes where it reads."""
+    if moved:
+        env = {**env, "CLAUDE_CONFIG_DIR": str(tmp_path / "cfg")}
+    folder = Path(env.get("CLAUDE_CONFIG_DIR") or home / ".claude")
+    current = (folder if moved else home) / ".claude.json"
+    legacy = folder / ".config.json"
+    folder.mkdir(parents=True)
+    current.write_text('{"numStartups": 3}\n')
+    original = '{\n  "numStartups": 9,\n  "mcpServers": {}\n}\n'
+    legacy.write_text(original)
+    assert h.config_path("claude-code", env) == legacy
+    change = h.register("claude-code", CMD, env)
+    assert change.action == "added" and change.path == legacy
+    assert current.read_text() == '{"numStartups": 3}\n'
+    assert h.registered_command("claude-code", env) == CMD
+    assert h.unregister("claude-code", env).action == "removed"
+    assert legacy.read_text() == original
+
+
+def test_an_empty_legacy_config_is_not_read(home: Path, env: dict[str, str]) -> None:
+    (home / ".claude").mkdir()
+    (home / ".claude" / ".config.json").write_text("")
+    assert h.config_path("claude-code", env) == home / ".claude.json"
+    assert h.register("claude-code", CMD, env).path == home / ".claude.json"
+    assert (home / ".claude" / ".config.json").read_text() == ""
+
+
+def test_uninstall_finds_the_entry_in_either_claude_file(home: Path, env: dict[str, str]) -> None:
+    """Registered in ~/.claude.json; Claude Code then turned to a legacy file: both are cleaned."""
+    h.register("claude-code", CMD, env)
+    legacy = home / ".claude" / ".config.json"
+    legacy.parent.mkdir()
+    legacy.write_text(json.dumps({"numStartups": 4,
+                                  "mcpServers": {"shared_memories": {"command": "x"}}}))
+    change = h.unregister("claude-code", env)
+    assert change.action == "removed" and change.path == legacy
+    assert str(home / ".claude.json") in change.message
+    assert not (home / ".claude.json").exists()
+    assert json.loads(legacy.read_text()) == {"numStartups": 4, "mcpServers": {}}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LAUNCHER, exported, files, run_cli, write_config
+from conftest import LAUNCHER, SYSTEM, exported, files, run_cli, write_config
 
 from sharedmem.core import NameRuleError, PathRuleError, StoreError
 from sharedmem.hashing import sha256_text
@@ -484,7 +484,7 @@ def test_a_person_recovers_what_a_consolidation_dropped_after_real_syncs(tmp_pat
                           {"kind": "local", "store": str(store)},
                           [{"name": "codex", "kind": "codex", "path": str(memories)}],
                           tmp_path / "client" / "cache")
-    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", **SYSTEM}
     assert run_cli("sync", "--config", str(config), env=env).returncode == 0
     (memories / "memory_summary.md").write_text("- (consolidated)\n")
     assert run_cli("sync", "--config", str(config), env=env).returncode == 0

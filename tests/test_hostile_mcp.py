@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_mcp import NS, Server, client_with_cache
+from conftest import LAB_NS, McpServer, client_with_cache
 from test_search import flip_schema_byte
 
 from sharedmem.cache.cache import Cache
 from sharedmem.cache.search import index_path, refresh_index
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX links and FIFOs")
+NS = LAB_NS
 Check = Callable[[Any, int], None]  # the parsed reply and the length of its line in bytes
 
 
@@ -50,6 +51,14 @@ def tool_error(fragment: str) -> Check:
         assert reply["result"]["isError"] is True, reply
         assert fragment in _text(reply), _text(reply)[:500]
     return check
+
+
+def short(check: Check, most: int = 1000) -> Check:
+    """`check`, and the reply is at most `most` bytes: it names the size, not the text."""
+    def both(reply: Any, size: int) -> None:
+        check(reply, size)
+        assert size <= most, size
+    return both
 
 
 def rpc_error(code: int, fragment: str = "") -> Check:
@@ -116,28 +125,39 @@ CAP, REPLY, BIG = 256 * 1024, 4 * 1024 * 1024, 20 * 1024 * 1024
 R = "sharedmem://cache/"
 CASES: list[tuple[str, Any, Check]] = [
     ("lone surrogate in a query", call("search", queries=[SURROGATE]),
-     tool_error("argument 'queries' of search is not valid UTF-8 text")),
+     rpc_error(-32602, "argument 'queries' of search is not valid UTF-8 text")),
     ("low surrogate after text in a query", call("search", queries=["ok", "a\udcff"]),
-     tool_error("argument 'queries' of search is not valid UTF-8 text")),
+     rpc_error(-32602, "argument 'queries' of search is not valid UTF-8 text")),
     ("lone surrogate in a search path", call("search", queries=["x"], path=SURROGATE),
-     tool_error("argument 'path' of search is not valid UTF-8 text")),
+     rpc_error(-32602, "argument 'path' of search is not valid UTF-8 text")),
     ("lone surrogate in a search cursor", call("search", queries=["x"], cursor=SURROGATE),
-     tool_error("argument 'cursor' of search is not valid UTF-8 text")),
+     rpc_error(-32602, "argument 'cursor' of search is not valid UTF-8 text")),
     ("lone surrogate in a read path", call("read", path=f"{NS}/{SURROGATE}.md"),
-     tool_error("argument 'path' of read is not valid UTF-8 text")),
+     rpc_error(-32602, "argument 'path' of read is not valid UTF-8 text")),
     ("lone surrogate in a list path", call("list", path=SURROGATE),
-     tool_error("argument 'path' of list is not valid UTF-8 text")),
+     rpc_error(-32602, "argument 'path' of list is not valid UTF-8 text")),
     ("lone surrogate in a list cursor", call("list", cursor=SURROGATE),
-     tool_error("argument 'cursor' of list is not valid UTF-8 text")),
+     rpc_error(-32602, "argument 'cursor' of list is not valid UTF-8 text")),
     ("lone surrogate in a note filename",
      call("add_ad_hoc_note", filename=f"2026-01-31T09-30-00-{SURROGATE}.md", note="x"),
-     tool_error("argument 'filename' of add_ad_hoc_note is not valid UTF-8 text")),
+     rpc_error(-32602, "argument 'filename' of add_ad_hoc_note is not valid UTF-8 text")),
     ("lone surrogate in a note", call("add_ad_hoc_note",
                                       filename="2026-01-31T09-30-00-x.md", note=SURROGATE),
-     tool_error("argument 'note' of add_ad_hoc_note is not valid UTF-8 text")),
+     rpc_error(-32602, "argument 'note' of add_ad_hoc_note is not valid UTF-8 text")),
     ("lone surrogate as an argument name", call("search", **{SURROGATE: 1}),
-     tool_error("has no argument")),
+     rpc_error(-32602, "has no argument")),
     ("lone surrogate as a tool name", call(SURROGATE), rpc_error(-32602, "unknown tool")),
+    ("a query of 512 KiB", call("search", queries=["ok", "q" * (2 * CAP)]),
+     short(tool_error(f"query 2 is {2 * CAP} characters, over the 1000 a query may have"))),
+    ("queries long, with line breaks and empty", call("search", queries=[
+        "q" * (2 * CAP), "a\n" * CAP, ""]), short(tool_error("query 3 is empty"))),
+    ("an argument name of 256 KiB", call("search", queries=["x"], **{"k" * CAP: 1}),
+     short(rpc_error(-32602, "search has no argument 'kkk"))),
+    ("a tool name of 256 KiB", call("t" * CAP), short(rpc_error(-32602, "unknown tool 'ttt"))),
+    ("a read path of 512 KiB", call("read", path="a/" * CAP + "x.md"),
+     short(tool_error(f"path is {2 * CAP + 4} characters, longer than any published path"))),
+    ("a list path of 512 KiB", call("list", path="a/" * CAP),
+     short(tool_error("longer than"))),
     ("lone surrogate as a method", rpc(SURROGATE, id=1), rpc_error(-32601)),
     ("lone surrogate as an id", rpc("ping", id=SURROGATE),
      answers(lambda r: r["id"] == SURROGATE and r["result"] == {})),
@@ -267,9 +287,9 @@ def build_hostile_cache(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpServer]:
     """One server over the hostile cache for every row, negotiated to accept batches."""
-    srv = Server(build_hostile_cache(tmp_path_factory.mktemp("hostile")),
+    srv = McpServer(build_hostile_cache(tmp_path_factory.mktemp("hostile")),
                  env={**os.environ, "HOME": str(tmp_path_factory.mktemp("home"))})
     srv.init("2025-03-26")
     yield srv
@@ -279,7 +299,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.mark.parametrize("name, message, check", CASES, ids=[c[0] for c in CASES])
-def test_hostile_request(server: Server, name: str, message: Any, check: Check) -> None:
+def test_hostile_request(server: McpServer, name: str, message: Any, check: Check) -> None:
     if isinstance(message, dict) and "id" not in message:
         server.next_id += 1
         message = {**message, "id": server.next_id}
@@ -301,7 +321,7 @@ def test_search_over_a_damaged_index_then_rebuilt(tmp_path: Path) -> None:
     cache = Cache(tmp_path / "cache")
     refresh_index(cache)
     flip_schema_byte(index_path(cache))
-    srv = Server(config)
+    srv = McpServer(config)
     srv.init()
     found = srv.call("search", queries=["needle 3"], max_results=200)
     assert found["isError"] is False, found
@@ -328,3 +348,36 @@ def index_readable(path: Path) -> bool:
             conn.close()
     except (sqlite3.Error, ValueError):
         return False
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """The highest resident set size the process has had, in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+@pytest.mark.parametrize("name, text", [
+    ("breaks.md", "\n" * (40 << 20)),  # 40 MiB of empty lines
+    ("line.md", "é" * (20 << 20) + "\n"),  # one line of 40 MiB
+])
+def test_a_read_holds_what_it_returns_not_the_file(tmp_path: Path, name: str, text: str) -> None:
+    """`read` and `resources/read` of a 40 MiB file: the server grows by what they return."""
+    config = client_with_cache(tmp_path, {"MEMORY.md": "# Memory\n"})
+    (tmp_path / "cache" / NS / name).write_text(text, encoding="utf-8")
+    srv = McpServer(config)
+    srv.init()
+    assert srv.call("read", path=f"{NS}/MEMORY.md")["isError"] is False  # the tools loaded
+    before = _peak_rss_mib(srv.proc.pid)
+    for args in ({}, {"line_offset": (40 << 20) - 5}, {"char_offset": 5 << 20}):
+        if name == "line.md" and "line_offset" in args or name == "breaks.md" and args:
+            continue
+        read = srv.call("read", path=f"{NS}/{name}", max_lines=2000, **args)
+        assert read["isError"] is False, read
+    shown = srv.ask("resources/read", {"uri": f"{R}{NS}/{name}"})["result"]["contents"][0]
+    assert shown["text"].endswith("]") and utf8([shown["text"]]) <= CAP  # says where to go on
+    grew = _peak_rss_mib(srv.proc.pid) - before
+    assert grew < 16, f"a read of a 40 MiB file took {grew:.0f} MiB more"
+    assert srv.close() == 0

@@ -31,9 +31,12 @@ scenario = json.loads(open(os.path.join(os.path.dirname(os.path.abspath(__file__
 def send(line):
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+seen = {}
 for raw in sys.stdin:
     message = json.loads(raw)
-    for line in scenario.get(message["type"], []):
+    kind = message["type"]
+    seen[kind] = seen.get(kind, 0) + 1  # "commit#2": the answer to the second commit only
+    for line in scenario.get(f"{kind}#{seen[kind]}", scenario.get(kind, [])):
         if isinstance(line, dict):  # wait until the client made a file, or say it did not
             deadline = time.monotonic() + line["seconds"]
             while not glob.glob(line["wait"]) and time.monotonic() < deadline:
@@ -122,6 +125,8 @@ MALFORMED: dict[str, tuple[str, list, str]] = {
     "need without sha256": ("manifest", [j({"type": "need", "source": "notes"})], "need"),
     "need a string": ("manifest", [j({"type": "need", "source": "notes", "sha256": "ab"})],
                       "need"),
+    "need of more bodies than the manifest lists": (
+        "manifest", [j({"type": "need", "source": "notes", "sha256": ["ab" * 32] * 2})], "need"),
     "note_result of another note": ("note", [j({**NOTE_RESULT, "note_id": "someone-else"})],
                                     "note_result"),
     "note_result status unknown": ("note", [j({**NOTE_RESULT, "status": "maybe"})],
@@ -211,6 +216,10 @@ SKIPPED: dict[str, tuple[list, list[tuple[str, str]]]] = {
                             [("machines/desk/notes/x.md", "sha256-mismatch")]),
     "removal outside the cache": ([head(removed=["../../victim.md"]), files(item()), END],
                                   [("../../victim.md", "bad-path")]),
+    # The cache holds a.md at that sha256 already: the lie is named, the true copy stays.
+    "a lie about a file the cache holds": (
+        [head(), files(["machines/desk/notes/a.md", sha256_text(TEXT), "lie"]), END],
+        [("machines/desk/notes/a.md", "sha256-mismatch")]),
 }
 
 
@@ -407,3 +416,59 @@ def test_status_shows_what_the_server_sent_escaped(
         assert not any(c in out + err for c in "\x1b\x07\x9b\ud800"), out
         assert out.count(escaped) == times  # the error, the sync time (and in JSON the kind)
     assert json.loads(out)["last_attempt"]["error"] == odd  # JSON keeps the text as it was
+
+
+HELLO_3 = j({"type": "hello", "versions": [1, 2, 3], "version": 3, "server": "fake/3",
+             "machine": "laptop", "pinned": False})
+
+
+@pytest.mark.parametrize("index", [[0] * 300_000, [0, 0]], ids=["300,000 times", "twice"])
+def test_a_version_3_need_past_the_manifest_is_refused(
+        client: Client, capsys: pytest.CaptureFixture[str], index: list[int]) -> None:
+    # Each mention once cost a copy of the text: 300,000 of one file took past 600 MiB.
+    client.serve({**GOOD, "hello": [HELLO_3],
+                  "manifest": [j({"type": "need", "source": "notes", "index": index})]})
+    assert_failed_cleanly(client, capsys, "the server (ssh server.invalid) sent a malformed need "
+                          "message: for source 'notes' it asks for")
+
+
+def test_a_version_2_need_that_repeats_a_body_is_sent_it_once(
+        client: Client, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # A hostile server asking for the same body again and again got it each time (GBs).
+    (tmp_path / "notes" / "mine.md").write_text("# mine, changed\n", encoding="utf-8")
+    (tmp_path / "notes" / "other.md").write_text("# another\n", encoding="utf-8")
+    log = client.bin / "received.log"
+    sha = sha256_text("# mine, changed\n")
+    client.serve({**GOOD, "manifest": [j({"type": "need", "source": "notes",
+                                          "sha256": [sha, sha]})],
+                  "bodies": [], "commit": [j(RESULT)]})
+    (client.bin / "ssh").write_text((client.bin / "ssh").read_text().replace(
+        "    message = json.loads(raw)\n",
+        f"    message = json.loads(raw)\n    open({str(log)!r}, 'a').write(raw)\n"))
+    code, out, err = client.sync(capsys)
+    assert code == 0, (out, err)
+    sent = [json.loads(line) for line in log.read_text().splitlines()]
+    bodies = [b for m in sent if m["type"] == "bodies" for b in m["bodies"]]
+    assert bodies == [[sha, "# mine, changed\n"]]
+
+
+def test_a_version_2_commit_on_a_forgotten_base_is_sent_again_whole(
+        client: Client, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # The namespace was forgotten between the manifest and the commit: the server answers the
+    # commit `stale-base`, and the sync sends the whole manifest once, instead of failing.
+    (tmp_path / "notes" / "mine.md").write_text("# mine, changed\n", encoding="utf-8")
+    log = client.bin / "received.log"
+    sha = sha256_text("# mine, changed\n")
+    stale = j({"type": "error", "code": "stale-base", "message": "send the whole manifest"})
+    client.serve({**GOOD, "manifest": [j({"type": "need", "source": "notes", "sha256": [sha]})],
+                  "bodies": [], "commit#1": [stale], "commit": [j(RESULT)]})
+    (client.bin / "ssh").write_text((client.bin / "ssh").read_text().replace(
+        "    message = json.loads(raw)\n",
+        f"    message = json.loads(raw)\n    open({str(log)!r}, 'a').write(raw)\n"))
+    code, out, err = client.sync(capsys, "--json")
+    assert code == 0, (out, err)
+    sent = [json.loads(line) for line in log.read_text().splitlines()]
+    manifests = [m for m in sent if m["type"] == "manifest"]
+    assert len(manifests) == 2 and "base" not in manifests[1] and manifests[1]["files"]
+    assert [m["type"] for m in sent].count("commit") == 2
+    assert json.loads(out)["sources"][0]["status"] == "published"

@@ -56,6 +56,9 @@ def test_a_reader_sees_the_old_snapshot_or_the_new_one(tmp_path: Path) -> None:
     ("codex", "codex", "skills/x.md"),
     ("codex", "codex", "rollout_summaries/a/b.md"),
     ("codex", "codex", "notes.md"),
+    ("codex", "codex", "memories_v2/raw_memories.md"),
+    ("codex", "codex", "memories_v2/phase2_workspace_diff.md"),
+    ("codex", "codex", "skills/deploy/scripts/run.md"),
     ("claude-code", "claude-code", "x.md"),
     ("claude-code", "claude-code", "p/q/x.md"),
     ("markdown", "notes", "a/b/c/d/e/x.md"),
@@ -82,11 +85,16 @@ def test_ingest_rechecks_the_path_rule_and_allowlist(st: Store, kind: str, sourc
 
 def test_allowlist_accepts_what_each_kind_publishes(st: Store) -> None:
     ingest(st, "m1", "codex", "codex", files({"MEMORY.md": "a", "memory_summary.md": "b",
-                                             "rollout_summaries/r.md": "c"}))
-    ingest(st, "m1", "claude-code", "claude-code", files({"-home-u-app/x.md": "d"}))
+                                             "rollout_summaries/r.md": "c",
+                                             "memories_v2/MEMORY.md": "g",
+                                             "memories_v2/skills/s/SKILL.md": "h"}))
+    ingest(st, "m1", "claude-code", "claude-code", files({"-home-u-app/x.md": "d",
+                                                         "agent-memory/rev/MEMORY.md": "i"}))
     ingest(st, "m1", "notes", "markdown", files({"a/b/c/d/x.md": "e", "top.md": "f"}))
     assert sorted(st.manifest()) == [
-        "machines/m1/claude-code/-home-u-app/x.md", "machines/m1/codex/MEMORY.md",
+        "machines/m1/claude-code/-home-u-app/x.md",
+        "machines/m1/claude-code/agent-memory/rev/MEMORY.md", "machines/m1/codex/MEMORY.md",
+        "machines/m1/codex/memories_v2/MEMORY.md", "machines/m1/codex/memories_v2/skills/s/SKILL.md",
         "machines/m1/codex/memory_summary.md", "machines/m1/codex/rollout_summaries/r.md",
         "machines/m1/notes/a/b/c/d/x.md", "machines/m1/notes/top.md"]
 

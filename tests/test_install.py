@@ -15,7 +15,7 @@ from importlib.util import cache_from_source
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, SYSTEM
 
 from sharedmem.core import InstallError
 from sharedmem.install import authorized_keys as authkeys
@@ -308,7 +308,10 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
     claude = json.loads((home / ".claude.json").read_text())
     assert without_ours(claude, "mcpServers") == {**CLAUDE, "mcpServers": {}}
     opencode = json.loads((home / ".config" / "opencode" / "opencode.json").read_text())
-    assert without_ours(opencode, "mcp") == {**OPENCODE, "mcp": {}}
+    guide = home / ".config" / "opencode" / "shared-memories.md"
+    assert without_ours(opencode, "mcp") == {**OPENCODE, "mcp": {}, "instructions": [str(guide)]}
+    assert str(prefix / "cache") in guide.read_text()
+    assert not (home / ".config" / "opencode" / "AGENTS.md").exists()
     cursor = json.loads((home / ".cursor" / "mcp.json").read_text())
     assert without_ours(cursor, "mcpServers") == CURSOR
     agents = (home / ".codex" / "AGENTS.md").read_text()
@@ -543,7 +546,7 @@ def test_local_install_override_policy_and_schedule(home):
     notes = home / "notes"
     notes.mkdir()
     (notes / "a.md").write_text("alpha\n")
-    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "")}
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", ""), **SYSTEM}
     recorder, out, err = Recorder(), io.StringIO(), io.StringIO()
     code = client_main(["--machine", "pc", "--local", "--markdown", f"notes={notes}",
                         "--harness", "codex", "--harness", "claude-code"], env,

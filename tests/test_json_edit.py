@@ -197,3 +197,30 @@ def test_large_file_is_read_in_reasonable_time() -> None:
     assert len(text) > 1_000_000
     added = Document(PATH, text).set(KEYS, ENTRY)
     assert added.startswith(text[:-3])
+
+
+@pytest.mark.parametrize("text", [
+    '{"instructions": []}',
+    '{"instructions": [ ]}',
+    '{\n  "instructions": ["a.md"], "x": 1\n}',
+    '{\n  "instructions": [\n    "a.md",\n    "b.md"\n  ]\n}\n',
+    '{\n\t"instructions": [\n\t\t"a.md"\n\t]\n}',
+    '{\n  // mine\n  "instructions": [\n    "a.md", // keep\n  ],\n}\n',
+])
+def test_an_item_appended_to_an_array_comes_out_byte_for_byte(text: str) -> None:
+    doc = Document(Path("opencode.json"), text, jsonc=True)
+    after = doc.append(("instructions",), "/p/ours.md")
+    added = Document(Path("opencode.json"), after, jsonc=True)
+    assert added.get(("instructions",))[-1] == "/p/ours.md"
+    if "\n    " in text:  # a list laid out a line an item keeps its layout
+        assert '\n    "/p/ours.md"' in after
+    assert added.remove_item(("instructions",), "/p/ours.md") == text
+    assert doc.remove_item(("instructions",), "/p/absent.md") == text
+
+
+def test_array_edits_refuse_what_is_not_an_array() -> None:
+    doc = Document(Path("f.json"), '{"instructions": "a.md"}')
+    with pytest.raises(InstallError, match="instructions is not a JSON array"):
+        doc.append(("instructions",), "x")
+    with pytest.raises(InstallError, match="missing is not a JSON array"):
+        doc.remove_item(("missing",), "x")

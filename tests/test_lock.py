@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER, REPO, run_cli, write_config
 
-from sharedmem.client.lock import sync_lock
+from sharedmem.client.lock import adopt_lock, delivery_lock, delivery_lock_file, sync_lock
 from sharedmem.core import LockError
 
 
@@ -128,3 +128,27 @@ def test_sync_wait_must_be_seconds(tmp_path, value, home):
     assert proc.returncode == 2
     assert "--wait" in proc.stderr and "seconds from 0 to 86400" in proc.stderr
     assert not (tmp_path / "laptop" / "state").exists()
+
+
+def test_a_handed_delivery_lock_is_adopted_only_when_it_is_the_lock(tmp_path):
+    with delivery_lock_file(tmp_path) as fd:
+        handed = os.dup(fd)  # what `pass_fds` gives a child: the same open file
+    with delivery_lock(tmp_path) as free:
+        assert not free  # the handed file holds the lock after its starter let go
+    os.set_inheritable(handed, True)  # as the child finds it
+    held = adopt_lock(tmp_path, handed)
+    assert held is not None and not os.get_inheritable(handed)  # passed on to no child
+    with held as ok:
+        assert ok
+    with delivery_lock(tmp_path) as free:
+        assert free  # let go at the end of the `with`
+    other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT, 0o600)
+    assert adopt_lock(tmp_path, other) is None  # not the lock file: left open, untouched
+    os.close(other)
+    closed = os.open(tmp_path / "delivery.lock", os.O_RDWR)
+    os.close(closed)
+    assert adopt_lock(tmp_path, closed) is None  # no such descriptor now
+    with delivery_lock(tmp_path) as free:
+        assert free
+        stray = os.open(tmp_path / "delivery.lock", os.O_RDWR)
+        assert adopt_lock(tmp_path, stray) is None  # the lock file, but another holds it

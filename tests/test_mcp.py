@@ -4,101 +4,32 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import (
+    LAB_NS,
+    LAUNCHER,
+    REPO,
+    McpServer,
+    client_with_cache,
+    delivery_done,
+    hung_ssh,
+    kill_logged,
+    ssh_client,
+)
 
 from sharedmem.cache.cache import Cache, NamespaceInfo
 from sharedmem.hashing import sha256_text
+from sharedmem.mcp import server as mcp_server
 
-REPO = Path(__file__).resolve().parent.parent
-LAUNCHER = REPO / "shared_memory.py"
-NS = "machines/lab/codex"
+NS = LAB_NS
 VERSIONS = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"]
-
-
-class Server:
-    """A running `shared_memory.py mcp` with line-level helpers and a read timeout."""
-
-    def __init__(self, config: Path, cmd: list[str] | None = None, env: dict | None = None) -> None:
-        self.proc = subprocess.Popen(
-            cmd or [sys.executable, str(LAUNCHER), "mcp", "--config", str(config)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        self.lines: queue.Queue[bytes] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.next_id = 100
-
-    def _pump(self) -> None:
-        assert self.proc.stdout
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(b"")
-
-    def send(self, data: bytes | str | Any) -> None:
-        if not isinstance(data, bytes | str):
-            data = json.dumps(data)
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-        assert self.proc.stdin
-        self.proc.stdin.write(data if data.endswith(b"\n") else data + b"\n")
-        self.proc.stdin.flush()
-
-    def reply(self, timeout: float = 20) -> Any:
-        line = self.lines.get(timeout=timeout)
-        assert line, "the server closed its output"
-        return json.loads(line)
-
-    def ask(self, method: str, params: Any = None, **extra: Any) -> Any:
-        self.next_id += 1
-        msg = {"jsonrpc": "2.0", "id": self.next_id, "method": method, **extra}
-        if params is not None:
-            msg["params"] = params
-        self.send(msg)
-        answer = self.reply()
-        assert answer["id"] == self.next_id, answer
-        return answer
-
-    def call(self, name: str, **arguments: Any) -> dict[str, Any]:
-        result = self.ask("tools/call", {"name": name, "arguments": arguments})["result"]
-        if not result["isError"]:
-            assert json.loads(result["content"][0]["text"]) == result.get(
-                "structuredContent", json.loads(result["content"][0]["text"]))
-        return result
-
-    def init(self, version: str = "2025-06-18") -> dict[str, Any]:
-        answer = self.ask("initialize", {"protocolVersion": version, "capabilities": {},
-                                         "clientInfo": {"name": "pytest", "version": "1"}})
-        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        return answer["result"]
-
-    def alive(self) -> None:
-        assert self.ask("ping")["result"] == {}
-
-    def close(self) -> int:
-        assert self.proc.stdin
-        self.proc.stdin.close()
-        code = self.proc.wait(timeout=20)
-        self.stderr = self.proc.stderr.read().decode() if self.proc.stderr else ""
-        return code
-
-
-def client_with_cache(root: Path, files: dict[str, str]) -> Path:
-    """A cache under `root` of one namespace holding `files`; the client.json that names it."""
-    info = NamespaceInfo(NS, "lab", "codex", "codex", 1, "2026-01-01T00:00:00Z")
-    Cache(root / "cache").apply(
-        [(f"{NS}/{p}", sha256_text(t), t) for p, t in sorted(files.items())], [], {NS: info})
-    path = root / "client.json"
-    path.write_text(json.dumps({
-        "machine": "lab", "transport": {"kind": "local", "store": str(root / "s.sqlite3")},
-        "sources": [], "cache": str(root / "cache"), "state": str(root / "state")}))
-    return path
 
 
 @pytest.fixture
@@ -111,7 +42,7 @@ def config(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def server(config: Path) -> Any:
-    proc = Server(config)
+    proc = McpServer(config)
     yield proc
     if proc.proc.poll() is None:
         proc.proc.kill()
@@ -120,7 +51,7 @@ def server(config: Path) -> Any:
 
 @pytest.mark.parametrize("version", VERSIONS + ["1999-01-01"])
 def test_transcript_per_revision(config: Path, version: str) -> None:
-    srv = Server(config)
+    srv = McpServer(config)
     result = srv.init(version)
     expected = version if version in VERSIONS else "2025-11-25"
     assert result["protocolVersion"] == expected
@@ -168,7 +99,7 @@ def test_transcript_per_revision(config: Path, version: str) -> None:
 
 
 def test_batches_only_in_2025_03_26(config: Path) -> None:
-    srv = Server(config)
+    srv = McpServer(config)
     srv.init("2025-03-26")
     srv.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"},
               {"jsonrpc": "2.0", "method": "notifications/whatever"},
@@ -179,14 +110,14 @@ def test_batches_only_in_2025_03_26(config: Path) -> None:
     assert srv.reply()["error"]["code"] == -32600
     srv.alive()
     assert srv.close() == 0
-    other = Server(config)
+    other = McpServer(config)
     other.init("2025-06-18")
     other.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"}])
     assert other.reply()["error"]["code"] == -32600
     assert other.close() == 0
 
 
-def test_before_initialize(server: Server) -> None:
+def test_before_initialize(server: McpServer) -> None:
     server.send({"jsonrpc": "2.0", "id": "d", "method": "server/discover"})
     answer = server.reply(timeout=5)
     assert answer["id"] == "d" and answer["error"]["code"] == -32601
@@ -248,7 +179,7 @@ BAD_INPUTS: list[tuple[bytes, int | None]] = [
 ]
 
 
-def test_malformed_inputs_each_answered_and_server_survives(server: Server) -> None:
+def test_malformed_inputs_each_answered_and_server_survives(server: McpServer) -> None:
     server.init("2025-06-18")
     for data, code in BAD_INPUTS:
         server.send(data)
@@ -269,36 +200,52 @@ def test_malformed_inputs_each_answered_and_server_survives(server: Server) -> N
     assert "Traceback" not in server.stderr
 
 
+# (tool, arguments, what the error says, whether the arguments fit the tool's input schema)
 TOOL_ERRORS = [
-    ("read", {}, "needs the argument 'path'"),
-    ("read", {"path": 3}, "must be a string"),
-    ("read", {"path": "../../../etc/passwd.md"}, "component"),
-    ("read", {"path": "/etc/passwd.md"}, "absolute"),
-    ("read", {"path": ".sharedmem/manifest.json"}, "hidden"),
-    ("read", {"path": "machines/CON.md"}, "reserved"),
-    ("read", {"path": f"{NS}/missing.md"}, "no file"),
-    ("list", {"path": "machines/../.."}, "component"),
-    ("list", {"cursor": "garbage"}, "cursor"),
-    ("list", {"max_results": 0}, "max_results"),
-    ("search", {"queries": []}, "1 to 16"),
-    ("search", {"queries": "x"}, "list of strings"),
-    ("search", {"queries": ["x"], "match_mode": 1}, "must be a string"),
-    ("search", {"queries": ["x"], "extra": True}, "no argument"),
-    ("add_ad_hoc_note", {"filename": "2026-01-01T00-00-00-x.md"}, "needs the argument 'note'"),
+    ("read", {}, "needs the argument 'path'", False),
+    ("read", {"path": 3}, "must be a string", False),
+    ("read", {"path": "../../../etc/passwd.md"}, "component", True),
+    ("read", {"path": "/etc/passwd.md"}, "absolute", True),
+    ("read", {"path": ".sharedmem/manifest.json"}, "hidden", True),
+    ("read", {"path": "machines/CON.md"}, "reserved", True),
+    ("read", {"path": f"{NS}/missing.md"}, "no file", True),
+    ("list", {"path": "machines/../.."}, "component", True),
+    ("list", {"cursor": "garbage"}, "cursor", True),
+    ("list", {"max_results": 0}, "max_results", True),
+    ("search", {"queries": []}, "1 to 16", True),
+    ("search", {"queries": "x"}, "list of strings", False),
+    ("search", {"queries": ["x"], "match_mode": 1}, "must be a string", False),
+    ("search", {"queries": ["x"], "extra": True}, "no argument", False),
+    ("search", {"queries": 1, "nope": 2}, "no argument 'nope'; it takes", False),
+    ("add_ad_hoc_note", {"filename": "2026-01-01T00-00-00-x.md"}, "needs the argument 'note'",
+     False),
 ]
 
 
-def test_tool_failures_are_results(server: Server) -> None:
-    server.init("2025-11-25")
-    for name, args, message in TOOL_ERRORS:
-        result = server.call(name, **args)
-        assert result["isError"] is True, (name, args)
-        assert "structuredContent" not in result
-        assert message in result["content"][0]["text"], (message, result)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_bad_arguments_are_reported_as_each_revision_says(server: McpServer,
+                                                          version: str) -> None:
+    """A value the tool refuses is a tool error (isError) in every revision; arguments that do
+    not fit the input schema are one from 2025-11-25 on, and JSON-RPC invalid params before."""
+    server.init(version)
+    for name, args, message, fits in TOOL_ERRORS:
+        answer = server.ask("tools/call", {"name": name, "arguments": args})
+        if fits or version >= "2025-11-25":
+            result = answer["result"]
+            assert result["isError"] is True, (name, args)
+            assert "structuredContent" not in result
+            assert message in result["content"][0]["text"], (message, result)
+        else:
+            assert answer["error"]["code"] == -32602, (name, args, answer)
+            assert message in answer["error"]["message"], (message, answer)
     server.alive()
+    both = server.ask("tools/call", {"name": "search", "arguments": {"queries": 1, "nope": 2}})
+    text = both["result"]["content"][0]["text"] if "result" in both else \
+        both["error"]["message"]
+    assert "no argument 'nope'" in text and "must be a list of strings" in text  # all at once
 
 
-def test_pagination_over_the_protocol(server: Server) -> None:
+def test_pagination_over_the_protocol(server: McpServer) -> None:
     server.init()
     names, cursor = [], None
     while True:
@@ -323,13 +270,13 @@ def test_pagination_over_the_protocol(server: Server) -> None:
 
 
 def test_sigterm_and_closed_stdin_end_quietly(config: Path) -> None:
-    srv = Server(config)
+    srv = McpServer(config)
     srv.init()
     srv.call("search", queries=["x"])
     srv.proc.send_signal(signal.SIGTERM)
     assert srv.proc.wait(timeout=20) == 0
     assert b"Traceback" not in srv.proc.stderr.read()
-    other = Server(config)
+    other = McpServer(config)
     assert other.close() == 0 and other.stderr == ""
 
 
@@ -358,7 +305,7 @@ def test_stray_output_cannot_reach_stdout(config: Path) -> None:
         "tools.read_file = loud\n"
         "from sharedmem.mcp.server import main\n"
         "sys.exit(main(sys.argv[1]))\n").replace("REPO_PATH", repr(str(REPO)))
-    srv = Server(config, cmd=[sys.executable, "-c", noisy, str(config)])
+    srv = McpServer(config, cmd=[sys.executable, "-c", noisy, str(config)])
     srv.init()
     assert srv.call("read", path=f"{NS}/MEMORY.md")["isError"] is False
     srv.alive()
@@ -384,105 +331,141 @@ def test_lazy_imports_until_first_tool_call(config: Path) -> None:
     assert out.strip() == "[]"
 
 
-def hung_ssh(folder: Path) -> tuple[Path, Path]:
-    """An `ssh` that never answers, in `folder`/bin: (that bin folder, the log of its pids)."""
-    bin_dir, log = folder / "bin", folder / "ssh-starts.log"
-    bin_dir.mkdir(parents=True)
-    script = bin_dir / "ssh"
-    script.write_text(f"#!/bin/sh\necho $$ >> '{log}'\nexec sleep 300\n", encoding="utf-8")
-    script.chmod(0o755)
-    return bin_dir, log
-
-
-def ssh_client(folder: Path) -> Path:
-    """A client.json whose server is reached by `ssh` (the one on PATH)."""
-    path = folder / "laptop" / "client.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "machine": "laptop", "sources": [], "cache": str(folder / "laptop" / "cache"),
-        "state": str(folder / "laptop" / "state"),
-        "transport": {"kind": "ssh", "host": "server.invalid",
-                      "remote_command": ["python3", "shared_memory.py", "serve"]}}))
-    return path
-
-
-def kill_logged(log: Path) -> None:
-    """Kill every hung `ssh` that wrote its pid to `log`."""
-    for pid in log.read_text().split() if log.exists() else []:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def delivery_done(state: Path, seconds: float = 30) -> bool:
-    """Wait until no note delivery of this client runs (none started, or it has ended)."""
-    from sharedmem.client.lock import delivery_lock
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with delivery_lock(state) as free:
-            if free:
-                return True
-        time.sleep(0.05)
-    return False
-
-
-def test_note_is_delivered_in_the_background(tmp_path: Path, config: Path) -> None:
+def test_a_note_is_answered_once_read_finds_it(tmp_path: Path, config: Path) -> None:
     env = {**os.environ, "HOME": str(tmp_path)}
-    srv = Server(config, env=env)
+    srv = McpServer(config, env=env)
     srv.init()
     path = "extensions/ad_hoc/notes/2026-01-31T09-30-00-e2e.md"
+    started = time.monotonic()
     result = srv.call("add_ad_hoc_note", filename="2026-01-31T09-30-00-e2e.md",
                       note="remember the e2e path")
     assert result["isError"] is False, result
     outcome = result["structuredContent"]
     assert (outcome["status"], outcome["delivery"], outcome["path"]) == (
-        "queued", "started", path), outcome
-    assert path in outcome["message"]
-    deadline = time.monotonic() + 30
-    while (read := srv.call("read", path=path))["isError"]:  # no sync is run by hand
-        assert time.monotonic() < deadline, read
-        time.sleep(0.05)
-    assert read["structuredContent"]["lines"][-3:] == ["```", "remember the e2e path", "```"]
+        "stored", "started", path), outcome
+    assert time.monotonic() - started < 10 and path in outcome["message"]
+    read = srv.call("read", path=path)  # at once: no sync run by hand, no waiting
+    assert read["isError"] is False, read
+    shown = read["structuredContent"]
+    assert shown["lines"][-3:] == ["```", "remember the e2e path", "```"]
+    assert shown["machine"] == "lab" and shown["source"] == "ad_hoc"
+    assert shown["note_origin"]["entries"] == 1 and shown["note_origin"]["machines"] == ["lab"]
     assert delivery_done(tmp_path / "state")
     assert list((tmp_path / "state" / "outbox").iterdir()) == []
-    assert srv.close() == 0
+    assert srv.close() == 0 and "Traceback" not in srv.stderr
 
 
-def test_a_hung_server_never_blocks_the_tools(tmp_path: Path) -> None:
+def _proc_syncs(config: Path, notes_only: bool) -> int:
+    """Processes running `sync --config=CONFIG`, of notes only or whole (Linux /proc)."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        count += (b"sync" in argv and f"--config={config}".encode() in argv
+                  and (b"--notes-only" in argv) == notes_only)
+    return count
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="counts processes in /proc")
+def test_quick_notes_start_one_delivery_that_takes_them_all(tmp_path: Path, config: Path) -> None:
+    from sharedmem.client.lock import sync_lock
+    env = {**os.environ, "HOME": str(tmp_path)}
+    srv = McpServer(config, env=env)
+    srv.init()
+    names = [f"2026-01-31T09-30-0{i}-quick.md" for i in range(5)]
+    with sync_lock(tmp_path / "state"):  # a sync runs: the delivery waits for it
+        asked = [srv.start_call("add_ad_hoc_note", filename=name, note=f"quick {i}")
+                 for i, name in enumerate(names)]
+        deadline = time.monotonic() + 10
+        while len(list((tmp_path / "state" / "outbox").glob("*.json"))) < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert _proc_syncs(config, notes_only=True) == 1  # one delivery, not five
+    answers = [srv.result_of(ident)["structuredContent"] for ident in asked]
+    assert [a["status"] for a in answers] == ["stored"] * 5, answers
+    assert sorted(a["delivery"] for a in answers) == ["already running"] * 4 + ["started"]
+    for i, name in enumerate(names):  # each read back at once, none twice
+        lines = srv.call("read", path=f"extensions/ad_hoc/notes/{name}")["structuredContent"]
+        assert lines["lines"].count(f"quick {i}") == 1 and lines["note_origin"]["entries"] == 1
+    assert delivery_done(tmp_path / "state")
+    assert list((tmp_path / "state" / "outbox").iterdir()) == []
+    assert srv.close() == 0 and "Traceback" not in srv.stderr
+
+
+def test_a_note_waiting_on_a_hung_server_delays_no_other_request(tmp_path: Path) -> None:
     bin_dir, log = hung_ssh(tmp_path)
     client_with_cache(tmp_path / "laptop", {"MEMORY.md": "# Memory\nuse SessionManager\n"})
     cfg = ssh_client(tmp_path)  # the same cache, reached through the hung `ssh`
     env = {**os.environ, "HOME": str(tmp_path), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    srv = Server(cfg, env=env)
+    srv = McpServer(cfg, env=env)
+    waiting = mcp_server.NOTES_WAITING
     try:
         srv.init()
-        answers: list[dict[str, Any]] = []
-        for i in range(4):
-            started = time.monotonic()
-            answers.append(srv.call("add_ad_hoc_note", filename=f"2026-01-31T09-30-0{i}-x.md",
-                                    note=f"note {i}")["structuredContent"])
-            assert time.monotonic() - started < 5, answers[-1]
-            for name, args in [("list", {"path": NS}), ("read", {"path": f"{NS}/MEMORY.md"}),
-                               ("search", {"queries": ["SessionManager"]})]:
-                started = time.monotonic()
-                assert srv.call(name, **args)["isError"] is False
-                assert time.monotonic() - started < 5, name
+        started = time.monotonic()
+        notes = [srv.start_call("add_ad_hoc_note", filename=f"2026-01-31T09-30-{i:02}-x.md",
+                                note=f"note {i}") for i in range(waiting + 1)]
+        for name, args in [("list", {"path": NS}), ("read", {"path": f"{NS}/MEMORY.md"}),
+                           ("search", {"queries": ["SessionManager"]})] * 3:
+            assert srv.call(name, **args)["isError"] is False
+        srv.alive()
+        assert time.monotonic() - started < 5  # none of them waited for a note
+        past = srv.kept.pop(notes.pop())["result"]["structuredContent"]  # one note too many
+        assert past["status"] == "queued" and "Queued: not waited for." in past["message"]
+        assert not set(notes) & set(srv.kept)  # and no other note was answered yet
+        answers = [srv.result_of(ident, 30)["structuredContent"] for ident in notes]
+        waited = time.monotonic() - started
+        assert 9 <= waited < 20, waited  # each note waited its 10 s, side by side
         assert {a["status"] for a in answers} == {"queued"}
-        assert answers[0]["delivery"] == "started"
-        assert {a["delivery"] for a in answers[1:]} <= {"started", "already running"}
-        deadline = time.monotonic() + 20
-        while not log.exists():
-            assert time.monotonic() < deadline, "the delivery never reached for the server"
-            time.sleep(0.05)
-        time.sleep(0.5)
-        assert len(log.read_text().split()) == 1  # one delivery at a time
-        assert srv.call("list", path=NS)["isError"] is False
+        assert sorted(a["delivery"] for a in answers + [past]) == \
+            ["already running"] * waiting + ["started"]
+        assert all("the server did not answer within 10 s" in a["message"] for a in answers)
+        assert len(log.read_text().split()) == 1  # one delivery, one ssh
     finally:
         kill_logged(log)  # the server end goes away: the delivery gives up
     assert delivery_done(tmp_path / "laptop" / "state")
-    assert len(list((tmp_path / "laptop" / "state" / "outbox").iterdir())) == 4
+    assert len(list((tmp_path / "laptop" / "state" / "outbox").iterdir())) == waiting + 1
+    assert srv.close() == 0 and "Traceback" not in srv.stderr
+
+
+def test_the_end_of_input_answers_the_notes_still_waiting(tmp_path: Path) -> None:
+    bin_dir, log = hung_ssh(tmp_path)
+    client_with_cache(tmp_path / "laptop", {"MEMORY.md": "# Memory\n"})
+    cfg = ssh_client(tmp_path)
+    env = {**os.environ, "HOME": str(tmp_path), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    srv = McpServer(cfg, env=env)
+    try:
+        srv.init()
+        ident = srv.start_call("add_ad_hoc_note", filename="2026-01-31T09-30-00-x.md", note="x")
+        assert srv.close() == 0  # stdin closed while the note waits: answered, then the end
+        assert srv.result_of(ident)["structuredContent"]["status"] == "queued"
+    finally:
+        kill_logged(log)
+    assert delivery_done(tmp_path / "laptop" / "state")
+
+
+def test_a_note_the_delivery_cannot_deliver_is_answered_before_the_wait_ends(
+        tmp_path: Path) -> None:
+    client_with_cache(tmp_path / "laptop", {"MEMORY.md": "# Memory\n"})
+    cfg = ssh_client(tmp_path)
+    ssh = tmp_path / "bin" / "ssh"  # an `ssh` that fails at once, as one to a host that is down
+    ssh.parent.mkdir()
+    ssh.write_text("#!/bin/sh\necho 'ssh: connect to host server.invalid port 22: Connection "
+                   "refused' >&2\nexit 255\n")
+    ssh.chmod(0o755)
+    srv = McpServer(cfg, env={**os.environ, "HOME": str(tmp_path),
+                              "PATH": f"{ssh.parent}{os.pathsep}{os.environ['PATH']}"})
+    srv.init()
+    started = time.monotonic()
+    note = srv.call("add_ad_hoc_note", filename="2026-01-31T09-30-00-x.md", note="x")
+    outcome = note["structuredContent"]
+    assert outcome["status"] == "queued" and time.monotonic() - started < 9, outcome
+    assert "the delivery could not reach the server (" in outcome["message"]
+    assert "server.invalid" in outcome["message"] and "next sync" in outcome["message"]
     assert srv.close() == 0
+    assert delivery_done(tmp_path / "laptop" / "state")
 
 
 def test_a_batch_stops_running_requests_past_the_reply_limit(config: Path) -> None:
@@ -515,7 +498,7 @@ def test_initialize_and_the_top_level_say_how_fresh_the_cache_is(tmp_path: Path,
         "error": "ssh: connect to host server.invalid port 22: Name or service not known"}))
     for i in range(2):
         Outbox(state / "outbox").put(f"2026-01-31T09-30-0{i}-later.md", f"note {i}")
-    srv = Server(config)
+    srv = McpServer(config)
     instructions = srv.init()["instructions"]
     assert "The shared memory cache was last synced at " in instructions
     assert ("The last sync attempt (2026-01-31T09:30:00Z) failed: ssh: connect to host "
@@ -538,18 +521,6 @@ def _age_cache(cache: Path, state: Path, seconds: int) -> str:
     return stamp
 
 
-def _syncs_running(config: Path) -> int:
-    """Processes running `sync --config=CONFIG` (Linux /proc)."""
-    count = 0
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        count += b"sync" in argv and f"--config={config}".encode() in argv
-    return count
-
-
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="counts processes in /proc")
 def test_a_stale_cache_gets_one_background_sync(tmp_path: Path) -> None:
     from sharedmem.client.lock import sync_lock
@@ -570,7 +541,7 @@ def test_a_stale_cache_gets_one_background_sync(tmp_path: Path) -> None:
     servers = []
     try:
         with sync_lock(tmp_path / "state"):  # a scheduled sync runs: the background one waits
-            a = Server(cfg, env=env)
+            a = McpServer(cfg, env=env)
             servers.append(a)
             started = time.monotonic()
             instructions = a.init()["instructions"]
@@ -582,17 +553,20 @@ def test_a_stale_cache_gets_one_background_sync(tmp_path: Path) -> None:
             background = fresh["background_sync"]
             assert (background["status"], background["running"]) == ("started", True)
             assert "because the cache was 1h 0m old; it is still running" in fresh["summary"]
-            b = Server(cfg, env=env)  # a second agent starts meanwhile
+            b = McpServer(cfg, env=env)  # a second agent starts meanwhile
             servers.append(b)
             assert "being started in the background" in b.init()["instructions"]
             fresh = b.call("list")["structuredContent"]["freshness"]
             assert fresh["background_sync"]["status"] == "already running"
             assert "already running in the background, so none was started" in fresh["summary"]
-            note = b.call("add_ad_hoc_note", filename="2026-01-31T09-30-00-meanwhile.md",
-                          note="queued while the background sync waited")["structuredContent"]
-            assert note["delivery"] == "already running"
-            assert _syncs_running(cfg) == 1
+            asked = b.start_call("add_ad_hoc_note", filename="2026-01-31T09-30-00-meanwhile.md",
+                                 note="added while the background sync waited")
+            time.sleep(1)
+            assert _proc_syncs(cfg, notes_only=False) == 1  # one background sync
+            assert _proc_syncs(cfg, notes_only=True) == 1  # and the note's own delivery
             assert time.monotonic() - started < 20
+        note = b.result_of(asked, 30)["structuredContent"]  # delivered once the sync let go
+        assert (note["status"], note["delivery"]) == ("stored", "started"), note
         deadline = time.monotonic() + 90
         while (fresh := a.call("list")["structuredContent"]["freshness"])["last_sync"] == old \
                 or fresh["background_sync"]["running"]:
@@ -607,12 +581,39 @@ def test_a_stale_cache_gets_one_background_sync(tmp_path: Path) -> None:
         assert delivery_done(tmp_path / "state", 90)
 
 
+def test_a_cache_synced_in_the_future_gets_a_background_sync(tmp_path: Path) -> None:
+    cfg = tmp_path / "client.json"
+    cfg.write_text(json.dumps({
+        "machine": "lab", "transport": {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
+        "sources": [], "cache": str(tmp_path / "cache"), "state": str(tmp_path / "state")}))
+    env = {**os.environ, "HOME": str(tmp_path)}
+    first = subprocess.run([sys.executable, str(LAUNCHER), "sync", "--config", str(cfg)],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert first.returncode == 0, first.stderr
+    _age_cache(tmp_path / "cache", tmp_path / "state", 3600)  # the schedule last ran an hour ago
+    future = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 10 * 86400))
+    (tmp_path / "cache" / ".sharedmem" / "synced.json").write_text(
+        json.dumps({"last_sync": future}))
+    srv = McpServer(cfg, env=env)
+    instructions = srv.init()["instructions"]
+    assert f"records its last sync at {future}, a time in the future" in instructions
+    assert (f"A sync is being started in the background because the cache's last sync time "
+            f"({future}) is in the future") in instructions
+    deadline = time.monotonic() + 90
+    while (fresh := srv.call("list")["structuredContent"]["freshness"])["last_sync"] == future:
+        assert fresh["background_sync"]["status"] == "started", fresh
+        assert time.monotonic() < deadline, fresh
+        time.sleep(0.1)
+    assert fresh["age_seconds"] is not None and "last_sync_in_future" not in fresh
+    assert srv.close() == 0 and "Traceback" not in srv.stderr
+
+
 def test_a_cache_never_synced_gets_no_background_sync(tmp_path: Path) -> None:
     cfg = tmp_path / "client.json"
     cfg.write_text(json.dumps({
         "machine": "lab", "transport": {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
         "sources": [], "cache": str(tmp_path / "cache"), "state": str(tmp_path / "state")}))
-    srv = Server(cfg, env={**os.environ, "HOME": str(tmp_path)})
+    srv = McpServer(cfg, env={**os.environ, "HOME": str(tmp_path)})
     assert "No sync has completed into the shared memory cache yet" in srv.init()["instructions"]
     fresh = srv.call("list")["structuredContent"]["freshness"]
     assert fresh["last_sync"] is None and "background_sync" not in fresh
@@ -647,7 +648,7 @@ def test_resources_list_the_entry_files_then_the_notes_page_by_page(tmp_path: Pa
     cfg.write_text(json.dumps({
         "machine": "lab", "transport": {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
         "sources": [], "cache": str(tmp_path / "cache"), "state": str(tmp_path / "state")}))
-    srv = Server(cfg)
+    srv = McpServer(cfg)
     srv.init("2025-11-25")
     uris, cursor, pages = [], None, 0
     while True:
@@ -673,7 +674,7 @@ def test_resources_list_the_entry_files_then_the_notes_page_by_page(tmp_path: Pa
 
 
 def test_resources_without_a_configuration_say_why(tmp_path: Path) -> None:
-    srv = Server(tmp_path / "missing.json")
+    srv = McpServer(tmp_path / "missing.json")
     result = srv.init()
     assert result["instructions"].endswith("when the user asks you to remember something.")
     assert srv.ask("resources/templates/list")["result"]["resourceTemplates"]
@@ -689,7 +690,7 @@ def test_resources_without_a_configuration_say_why(tmp_path: Path) -> None:
 def test_resources_of_a_damaged_cache_say_it_is_being_repaired(config: Path, name: str) -> None:
     from sharedmem.mcp.tools import REPAIRING
     uri = f"sharedmem://cache/{NS}/MEMORY.md"
-    srv = Server(config)
+    srv = McpServer(config)
     srv.init("2025-11-25")
     assert srv.ask("resources/list")["result"]["resources"]
     (config.parent / "cache" / ".sharedmem" / name).write_text("{", encoding="utf-8")

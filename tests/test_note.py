@@ -3,17 +3,19 @@ or to a server end that hangs (an `ssh` on PATH that reads nothing and never ans
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
-from conftest import write_config
-from test_mcp import hung_ssh, kill_logged, ssh_client
+import pytest
+from conftest import hung_ssh, kill_logged, ssh_client, write_config
 
 from sharedmem.client import config as config_mod
 from sharedmem.client.lock import delivery_lock
-from sharedmem.client.note import deliver_queued, submit_note
+from sharedmem.client.note import add_note, deliver_queued, submit_note
 from sharedmem.client.outbox import Outbox
 from sharedmem.client.status import status
+from sharedmem.core import NoteError
 
 NOTE = "2026-11-30T09-00-00-decision.md"
 
@@ -61,6 +63,9 @@ def test_a_delivery_gives_up_on_a_hung_server_and_keeps_the_note(tmp_path, monke
     assert "did not answer within 1 s" in report["error"] and "ssh server.invalid" in report["error"]
     assert report["pending"] == 1 and status(cfg)["pending_notes"] == [NOTE]
     assert len(log.read_text().split()) == 1
+    kept = json.loads((cfg.state / "last-delivery.json").read_text())  # for a note waiting
+    assert (kept["status"], kept["pending"], kept["delivered"]) == ("failed", 1, 0)
+    assert kept["error"] == report["error"] and kept["finished_ns"] > time.time_ns() - 60e9
 
 
 def test_a_delivery_leaves_its_notes_to_the_one_running(tmp_path, monkeypatch, home):
@@ -80,3 +85,17 @@ def test_only_one_holds_the_delivery_lock(tmp_path):
         assert (first, second) == (True, False)
     with delivery_lock(tmp_path) as again:
         assert again
+
+
+def test_a_note_the_server_refuses_is_an_error_with_its_reason(tmp_path, home):
+    cfg = config_mod.load(write_config(tmp_path / "laptop" / "client.json", "laptop",
+                                       {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
+                                       [], tmp_path / "laptop" / "cache"))
+    block = "x" * (60 * 1024)
+    for i in range(17):  # a note file holds 1 MiB: the 18th entry of 60 KiB does not fit
+        assert submit_note(cfg, NOTE, f"{i} {block}")["status"] == "stored"
+    with pytest.raises(NoteError, match=r"the server refused the note: note file .* is full"):
+        add_note(cfg, NOTE, f"17 {block}", wait=10)
+    [kept] = status(cfg)["refused_notes"]
+    assert kept["filename"] == NOTE and "is full" in kept["message"]
+    assert status(cfg)["pending_notes"] == []

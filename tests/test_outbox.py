@@ -53,3 +53,15 @@ def test_outbox_pending_order_junk_and_done(tmp_path: Path) -> None:
     outbox.done(pending[0][0])
     assert [n.note_id for _, n in outbox.pending()] == ids[1:]
     assert (folder / "0-broken.json").exists() and (folder / "README.txt").exists()
+
+
+def test_holds_tells_from_the_names_whether_a_note_waits(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path / "outbox")
+    assert not outbox.holds("0" * 32)  # no outbox yet
+    note = outbox.put(note_name(1), "later")
+    other = outbox.put(note_name(2), "later too")
+    assert outbox.holds(note.note_id) and outbox.holds(other.note_id)
+    assert not outbox.holds(note.note_id[:-1])  # a whole id, not a part of one
+    [(path, _)] = [(p, n) for p, n in outbox.pending() if n.note_id == note.note_id]
+    outbox.done(path)
+    assert not outbox.holds(note.note_id) and outbox.holds(other.note_id)

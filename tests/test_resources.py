@@ -65,17 +65,19 @@ def test_uris_that_name_no_file_are_refused_with_the_reason(uri: object, message
 def test_offered_the_entry_files_of_codex_and_claude_code_then_the_notes(tmp_path: Path) -> None:
     cache = fill(tmp_path, {
         NS: ("codex", {"MEMORY.md": "m\n", "memory_summary.md": "s\n",
-                       "rollout_summaries/r.md": "r\n"}),
+                       "rollout_summaries/r.md": "r\n", "memories_v2/MEMORY.md": "v\n",
+                       "memories_v2/rollout_summaries/r.md": "r\n"}),
         "machines/lab/claude-code": ("claude-code", {"web/MEMORY.md": "w\n", "web/x.md": "x\n"}),
         "machines/lab/notes": ("markdown", {"MEMORY.md": "mine\n", "deep/MEMORY.md": "d\n"}),
         NOTES_DIR: ("notes", {note(i).rpartition("/")[2]: f"n{i}\n" for i in range(3)}),
     })
     page = resources.list_resources(cache, None, "2024-11-05")
     assert [r["uri"].removeprefix("sharedmem://cache/") for r in page["resources"]] == [
-        "machines/lab/claude-code/web/MEMORY.md", f"{NS}/MEMORY.md", f"{NS}/memory_summary.md",
-        note(0), note(1), note(2)]
+        "machines/lab/claude-code/web/MEMORY.md", f"{NS}/MEMORY.md",
+        f"{NS}/memories_v2/MEMORY.md", f"{NS}/memory_summary.md", note(0), note(1), note(2)]
     assert "nextCursor" not in page and all("title" not in r for r in page["resources"])
-    assert [r["size"] for r in page["resources"]] == [2, 2, 2, 3, 3, 3]
+    assert [r["size"] for r in page["resources"]] == [2, 2, 2, 2, 3, 3, 3]
+    assert "(memory version 2)" in page["resources"][2]["description"]
     assert resources.read(cache, "u", note(1)) == {
         "contents": [{"uri": "u", "mimeType": "text/markdown", "text": "n1\n"}]}
 

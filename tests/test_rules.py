@@ -307,6 +307,12 @@ def test_note_filename_accepts(filename: str) -> None:
     ("2026-01-31T24-00-00-x.md", "real date"),
     ("2026-01-31T09-60-00-x.md", "real date"),
     ("2026-01-31T09-30-60-x.md", "real date"),
+    # Digits of other scripts are digits to Python's int() and to a regex's \d: a note named
+    # with them would be stored as another note's name would read.
+    ("\uff12\uff10\uff12\uff16-01-01T00-00-00-x.md", "ASCII digits"),  # full-width
+    ("2026-01-01T00-00-0\u0661-x.md", "ASCII digits"),  # Arabic-Indic
+    ("2026-\u0967\u0968-01T00-00-00-x.md", "ASCII digits"),  # Devanagari
+    ("2026-01-01T00-00-00-\uff11.md", "ASCII digits"),  # in the slug
 ])
 def test_note_filename_refuses(filename: object, why: str) -> None:
     problem = note_filename_problem(filename)

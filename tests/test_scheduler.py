@@ -103,11 +103,24 @@ def test_systemd_units_content() -> None:
     assert "StandardOutput=append:/var/log/50%%.log" in lines
     assert "StandardError=append:/var/log/50%%.log" in lines
     timer_lines = timer.splitlines()
-    for wanted in ("OnBootSec=2min", "OnUnitActiveSec=2min", "Unit=codex-shared-memory-sync.service",
-                   "WantedBy=timers.target"):
+    for wanted in ("OnActiveSec=0s", "OnUnitActiveSec=120s", "AccuracySec=1s",
+                   "Unit=codex-shared-memory-sync.service", "WantedBy=timers.target"):
         assert wanted in timer_lines
+    assert "OnActiveSec=95s" in s.systemd_units(tricky, LOG, 95)[1].splitlines()
     with pytest.raises(InstallError, match="line breaks"):
         s.systemd_units(["/bin/x", "a\nb"], LOG)
+    for bad in (-1, 120, 1.5, True):
+        with pytest.raises(InstallError, match="offset must be a whole number of seconds"):
+            s.systemd_units(CMD, LOG, bad)
+
+
+def test_each_machine_has_its_own_second_of_the_period() -> None:
+    """Fixed by the name, so a re-install keeps it; spread over the period for a team."""
+    assert s.spread("laptop") == s.spread("laptop") == 95 and s.spread("desk") == 72
+    team = [s.spread(f"dev-{i:02}") for i in range(1, 41)]
+    assert all(0 <= second < 120 for second in team)
+    assert len(set(team)) >= 30 and min(team) < 20 and max(team) > 100
+    assert sum(second < 60 for second in team) in range(10, 31)  # both minutes of the two
 
 
 
@@ -118,7 +131,7 @@ def test_systemd_units_verify(tmp_path: Path) -> None:
     program.parent.mkdir()
     program.symlink_to(sys.executable)
     service, timer = s.systemd_units([str(program), "-c", 'print("50% $HOME")'],
-                                     tmp_path / "my log.log")
+                                     tmp_path / "my log.log", 95)
     (tmp_path / "codex-shared-memory-sync.service").write_text(service)
     (tmp_path / "codex-shared-memory-sync.timer").write_text(timer)
     result = subprocess.run(["systemd-analyze", "verify", "codex-shared-memory-sync.service",
@@ -136,10 +149,11 @@ def test_cron_line_runs_under_a_real_shell(tmp_path: Path) -> None:
     log = tmp_path / "my logs" / "sync.log"
     log.parent.mkdir()
     command = [sys.executable, "-c", "import sys; print('50% done', sys.argv[1:])", "it's", "$X"]
-    line = s.cron_line(command, log)
-    assert line.startswith("*/2 * * * * ") and line.endswith(" # codex-shared-memory")
+    assert s.cron_line(command, log).startswith("0-59/2 * * * * " + shlex.quote(sys.executable))
+    line = s.cron_line(command, log, 61)  # the odd minutes, one second into them
+    assert line.startswith("1-59/2 * * * * sleep 1; ") and line.endswith(" # codex-shared-memory")
     assert "50\\% done" in line  # a bare % would end the command under cron
-    body = line[len("*/2 * * * * "):-len(" # codex-shared-memory")].replace("\\%", "%")
+    body = line[len("1-59/2 * * * * "):-len(" # codex-shared-memory")].replace("\\%", "%")
     subprocess.run(["/bin/sh", "-c", body], check=True, env={"X": "expanded"})
     subprocess.run(["/bin/sh", "-c", body], check=True)
     assert log.read_text() == "50% done [\"it's\", '$X']\n" * 2
@@ -158,20 +172,37 @@ def test_merge_crontab_replaces_only_ours() -> None:
 def test_launchd_plist_content() -> None:
     data = plistlib.loads(s.launchd_plist(CMD, LOG))
     assert data == {"Label": "com.codex-shared-memory.sync", "ProgramArguments": CMD,
-                    "StartInterval": 120, "RunAtLoad": True, "ProcessType": "Background",
+                    "StartCalendarInterval": [{"Minute": m} for m in range(0, 60, 2)],
+                    "RunAtLoad": True, "ProcessType": "Background",
                     "StandardOutPath": str(LOG), "StandardErrorPath": str(LOG)}
+    late = plistlib.loads(s.launchd_plist(CMD, LOG, 95))
+    assert late["StartCalendarInterval"] == [{"Minute": m} for m in range(1, 60, 2)]
+    assert late["ProgramArguments"] == ["/bin/sh", "-c", f"sleep 35; exec {shlex.join(CMD)}"]
+
+
+def test_launchd_program_sleeps_then_runs_the_command_under_a_real_shell(tmp_path: Path) -> None:
+    command = [sys.executable, "-c", "import sys; print(sys.argv[1:])", "it's", "$X", "a b"]
+    program = plistlib.loads(s.launchd_plist(command, LOG, 61))["ProgramArguments"]
+    started = time.monotonic()
+    done = subprocess.run(program, capture_output=True, text=True, check=True)
+    assert done.stdout == "[\"it's\", '$X', 'a b']\n" and time.monotonic() - started >= 1
 
 
 def test_schtasks_argv() -> None:
     win = ["C:\\Python311\\python.exe", "C:\\csm\\shared_memory.py", "sync", "--config",
            "C:\\csm\\client.json"]
     argv = s.schtasks_create(win, Path("C:\\csm\\sync.log"))
-    assert argv[:10] == ["schtasks", "/Create", "/F", "/SC", "MINUTE", "/MO", "2", "/TN",
-                         "CodexSharedMemorySync", "/TR"]
-    assert argv[10] == ('cmd /c "C:\\Python311\\python.exe C:\\csm\\shared_memory.py sync '
+    assert argv[:12] == ["schtasks", "/Create", "/F", "/SC", "MINUTE", "/MO", "2", "/ST", "00:00",
+                         "/TN", "CodexSharedMemorySync", "/TR"]
+    assert argv[12] == ('cmd /c "C:\\Python311\\python.exe C:\\csm\\shared_memory.py sync '
+                        '--config C:\\csm\\client.json >> C:\\csm\\sync.log 2>&1"')
+    late = s.schtasks_create(win, Path("C:\\csm\\sync.log"), 95)
+    assert late[7:9] == ["/ST", "00:01"]  # the odd minutes
+    assert late[12] == ('cmd /c "C:\\Python311\\python.exe -c __import__(\'time\').sleep(35) & '
+                        'C:\\Python311\\python.exe C:\\csm\\shared_memory.py sync '
                         '--config C:\\csm\\client.json >> C:\\csm\\sync.log 2>&1"')
     spaced = ["C:\\Program Files\\Python\\python.exe", "x"]
-    assert '"C:\\Program Files\\Python\\python.exe" x >> ' in s.schtasks_create(spaced, LOG)[10]
+    assert '"C:\\Program Files\\Python\\python.exe" x >> ' in s.schtasks_create(spaced, LOG)[12]
 
 
 # --- Linux ---------------------------------------------------------------------------------------
@@ -181,11 +212,13 @@ def test_systemd_install_idempotent_and_uninstall(tmp_path: Path, env: dict[str,
     folder = tmp_path / "xdg" / "systemd" / "user"
     log = tmp_path / "prefix" / "sync.log"
     rec = Recorder(systemd=True, unit_path=f"/etc/systemd/user {folder}")
-    plan = s.install(CMD, log, env, platform="linux", run=rec)
+    plan = s.install(CMD, log, env, machine="laptop", platform="linux", run=rec)
     assert plan.kind == "systemd"
     assert plan.files == [folder / "codex-shared-memory-sync.service",
                           folder / "codex-shared-memory-sync.timer"]
-    assert (plan.files[0].read_text(), plan.files[1].read_text()) == s.systemd_units(CMD, log)
+    assert (plan.files[0].read_text(), plan.files[1].read_text()) == s.systemd_units(
+        CMD, log, s.spread("laptop"))
+    assert "OnActiveSec=95s" in plan.files[1].read_text().splitlines()
     assert log.parent.is_dir()
     assert rec.changes() == [["systemctl", "--user", "daemon-reload"],
                              ["systemctl", "--user", "enable", "--now",
@@ -193,7 +226,7 @@ def test_systemd_install_idempotent_and_uninstall(tmp_path: Path, env: dict[str,
     assert s.status(env, platform="linux", run=rec)[0] is True
 
     rec.calls.clear()
-    again = s.install(CMD, log, env, platform="linux", run=rec)
+    again = s.install(CMD, log, env, machine="laptop", platform="linux", run=rec)
     assert again.commands == [["systemctl", "--user", "enable", "--now",
                                 "codex-shared-memory-sync.timer"]]
 
@@ -205,15 +238,38 @@ def test_systemd_install_idempotent_and_uninstall(tmp_path: Path, env: dict[str,
     assert installed is False and "no sync job" in why
 
 
+def test_a_timer_installed_before_is_restarted_on_its_new_second(tmp_path: Path,
+                                                                env: dict[str, str]) -> None:
+    env = {**env, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    folder = tmp_path / "xdg" / "systemd" / "user"
+    folder.mkdir(parents=True)
+    service, timer = s.systemd_units(CMD, LOG, 0)
+    (folder / "codex-shared-memory-sync.service").write_text(service)
+    (folder / "codex-shared-memory-sync.timer").write_text(  # as an older release wrote it
+        timer.replace("OnActiveSec=0s", "OnBootSec=2min"))
+    rec = Recorder(systemd=True, unit_path=str(folder))
+    s.install(CMD, LOG, env, machine="desk", platform="linux", run=rec)
+    assert "OnActiveSec=72s" in (folder / "codex-shared-memory-sync.timer").read_text()
+    assert rec.changes() == [["systemctl", "--user", "daemon-reload"],
+                             ["systemctl", "--user", "enable", "--now",
+                              "codex-shared-memory-sync.timer"],
+                             ["systemctl", "--user", "restart", "codex-shared-memory-sync.timer"]]
+    rec.calls.clear()
+    s.install(CMD, LOG, env, machine="desk", platform="linux", run=rec)  # the same: no restart
+    assert rec.changes() == [["systemctl", "--user", "enable", "--now",
+                              "codex-shared-memory-sync.timer"]]
+
+
 def test_systemd_links_when_manager_does_not_see_folder(env: dict[str, str]) -> None:
     rec = Recorder(systemd=True, unit_path="/real/home/.config/systemd/user")
-    plan = s.install(CMD, LOG.with_name("x.log"), env, platform="linux", run=rec, dry_run=True)
+    plan = s.install(CMD, LOG.with_name("x.log"), env, machine="laptop", platform="linux",
+                     run=rec, dry_run=True)
     folder = Path(env["HOME"]) / ".config" / "systemd" / "user"
     assert plan.commands[1:] == [
         ["systemctl", "--user", "link", str(folder / "codex-shared-memory-sync.service")],
         ["systemctl", "--user", "enable", "--now", str(folder / "codex-shared-memory-sync.timer")]]
     assert rec.changes() == [] and not folder.exists()  # dry run: nothing written or run
-    s.install(CMD, LOG.with_name("x.log"), env, platform="linux", run=rec)
+    s.install(CMD, LOG.with_name("x.log"), env, machine="laptop", platform="linux", run=rec)
     rec.calls.clear()
     s.uninstall(env, platform="linux", run=rec)
     assert rec.changes() == [
@@ -227,14 +283,15 @@ def test_cron_install_merge_and_uninstall(tmp_path: Path, env: dict[str, str]) -
     others = "MAILTO=me\n0 3 * * * /usr/bin/backup\n"
     rec = Recorder(crontab=others + "*/9 * * * * stale # codex-shared-memory\n")
     log = tmp_path / "sync.log"
-    plan = s.install(CMD, log, env, platform="linux", run=rec)
+    plan = s.install(CMD, log, env, machine="laptop", platform="linux", run=rec)
     assert plan.kind == "cron" and plan.commands == [["crontab", "-"]]
-    assert rec.crontab == others + s.cron_line(CMD, log) + "\n"
+    assert rec.crontab == others + s.cron_line(CMD, log, s.spread("laptop")) + "\n"
+    assert s.cron_line(CMD, log, 95).startswith("1-59/2 * * * * sleep 35; ")
     assert s.status(env, platform="linux", run=rec) == (
         True, "crontab line tagged '# codex-shared-memory' is installed")
 
     rec.calls.clear()
-    assert s.install(CMD, log, env, platform="linux", run=rec).commands == []
+    assert s.install(CMD, log, env, machine="laptop", platform="linux", run=rec).commands == []
     assert rec.changes() == []
 
     plan = s.uninstall(env, platform="linux", run=rec)
@@ -244,10 +301,10 @@ def test_cron_install_merge_and_uninstall(tmp_path: Path, env: dict[str, str]) -
 
 def test_cron_dry_run_and_no_scheduler(env: dict[str, str]) -> None:
     rec = Recorder(crontab=None)
-    plan = s.install(CMD, LOG, env, platform="linux", run=rec, dry_run=True)
+    plan = s.install(CMD, LOG, env, machine="laptop", platform="linux", run=rec, dry_run=True)
     assert plan.commands == [["crontab", "-"]] and rec.changes() == [] and rec.crontab is None
     with pytest.raises(InstallError, match="neither `systemctl --user` nor `crontab`"):
-        s.install(CMD, LOG, env, platform="linux", run=Recorder(cron=False))
+        s.install(CMD, LOG, env, machine="laptop", platform="linux", run=Recorder(cron=False))
 
 
 # --- macOS and Windows -------------------------------------------------------------------------
@@ -255,21 +312,22 @@ def test_cron_dry_run_and_no_scheduler(env: dict[str, str]) -> None:
 def test_launchd_install_reinstall_uninstall(tmp_path: Path, env: dict[str, str]) -> None:
     log = tmp_path / "sync.log"
     rec = Recorder()
-    plan = s.install(CMD, log, env, platform="darwin", run=rec)
+    plan = s.install(CMD, log, env, machine="laptop", platform="darwin", run=rec)
     path = Path(env["HOME"]) / "Library" / "LaunchAgents" / "com.codex-shared-memory.sync.plist"
     domain = f"gui/{os.getuid()}"
-    assert plan.files == [path] and plistlib.loads(path.read_bytes())["ProgramArguments"] == CMD
+    assert plan.files == [path] and path.read_bytes() == s.launchd_plist(CMD, log, 95)
     assert rec.changes() == [["launchctl", "bootstrap", domain, str(path)]]
     assert s.status(env, platform="darwin", run=rec)[0] is True
 
     rec.calls.clear()
-    assert s.install(CMD, log, env, platform="darwin", run=rec).commands == []
+    assert s.install(CMD, log, env, machine="laptop", platform="darwin", run=rec).commands == []
 
     moved = [*CMD[:-1], "/elsewhere/client.json"]
-    s.install(moved, log, env, platform="darwin", run=rec)
+    s.install(moved, log, env, machine="laptop", platform="darwin", run=rec)
     assert rec.changes() == [["launchctl", "bootout", f"{domain}/com.codex-shared-memory.sync"],
                              ["launchctl", "bootstrap", domain, str(path)]]
-    assert plistlib.loads(path.read_bytes())["ProgramArguments"] == moved
+    assert plistlib.loads(path.read_bytes())["ProgramArguments"][-1].endswith(
+        "sync --config /elsewhere/client.json")
 
     plan = s.uninstall(env, platform="darwin", run=rec)
     assert not path.exists() and plan.files == [path]
@@ -279,8 +337,8 @@ def test_launchd_install_reinstall_uninstall(tmp_path: Path, env: dict[str, str]
 def test_schtasks_install_and_uninstall(tmp_path: Path, env: dict[str, str]) -> None:
     rec = Recorder()
     log = tmp_path / "sync.log"
-    plan = s.install(CMD, log, env, platform="win32", run=rec)
-    assert plan.kind == "schtasks" and rec.changes() == [s.schtasks_create(CMD, log)]
+    plan = s.install(CMD, log, env, machine="laptop", platform="win32", run=rec)
+    assert plan.kind == "schtasks" and rec.changes() == [s.schtasks_create(CMD, log, 95)]
     assert s.status(env, platform="win32", run=rec)[0] is True
     s.uninstall(env, platform="win32", run=rec)
     assert rec.changes()[-1] == ["schtasks", "/Delete", "/F", "/TN", "CodexSharedMemorySync"]
@@ -291,7 +349,7 @@ def test_schtasks_long_command_uses_wrapper(tmp_path: Path, env: dict[str, str])
     long_cmd = [*CMD[:-1], "C:\\" + "very-long-folder\\" * 20 + "client.json"]
     log = tmp_path / "sync.log"
     rec = Recorder()
-    plan = s.install(long_cmd, log, env, platform="win32", run=rec)
+    plan = s.install(long_cmd, log, env, machine="laptop", platform="win32", run=rec)
     wrapper = tmp_path / "codex-shared-memory-sync.cmd"
     assert plan.files == [wrapper]
     assert rec.calls[-1][-1] == str(wrapper)
@@ -302,7 +360,7 @@ def test_schtasks_long_command_uses_wrapper(tmp_path: Path, env: dict[str, str])
 
 def test_unknown_platform(env: dict[str, str]) -> None:
     with pytest.raises(InstallError, match="aix"):
-        s.install(CMD, LOG, env, platform="aix", run=Recorder())
+        s.install(CMD, LOG, env, machine="laptop", platform="aix", run=Recorder())
 
 
 # --- the real thing (opt-in) -------------------------------------------------------------------
@@ -324,7 +382,7 @@ def test_real_systemd(tmp_path: Path, env: dict[str, str]) -> None:
     log = tmp_path / "sync.log"
     command = [sys.executable, "-c", "print('tick')"]
     try:
-        assert s.install(command, log, env, platform="linux").kind == "systemd"
+        assert s.install(command, log, env, machine="laptop", platform="linux").kind == "systemd"
         assert s.status(env, platform="linux")[0] is True
         deadline = time.monotonic() + 60
         while not (log.exists() and "tick" in log.read_text()) and time.monotonic() < deadline:
@@ -345,9 +403,11 @@ def test_real_crontab(tmp_path: Path, env: dict[str, str]) -> None:
     listing = s.default_run(["crontab", "-l"], None)
     original = listing.stdout if listing.returncode == 0 else None
     try:
-        s.install([sys.executable, "-c", "pass"], tmp_path / "sync.log", env, platform="linux")
+        s.install([sys.executable, "-c", "pass"], tmp_path / "sync.log", env, machine="laptop",
+                  platform="linux")
         now = s.default_run(["crontab", "-l"], None).stdout
-        assert s.cron_line([sys.executable, "-c", "pass"], tmp_path / "sync.log") in now
+        assert s.cron_line([sys.executable, "-c", "pass"], tmp_path / "sync.log",
+                           s.spread("laptop")) in now
         assert s.merge_crontab(now, None) == s.merge_crontab(original or "", None)
         s.uninstall(env, platform="linux")
         after = s.default_run(["crontab", "-l"], None).stdout
@@ -361,5 +421,5 @@ def test_real_crontab(tmp_path: Path, env: dict[str, str]) -> None:
 
 def test_shlex_quoting_round_trips() -> None:
     line = s.cron_line(CMD, LOG)
-    words = shlex.split(line[len("*/2 * * * * "):-len(" # codex-shared-memory")])
+    words = shlex.split(line[len("0-59/2 * * * * "):-len(" # codex-shared-memory")])
     assert words == [*CMD, ">>", str(LOG), "2>&1"]

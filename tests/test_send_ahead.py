@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER, write_config
+from conftest import LAUNCHER, run_cli, write_config
 from test_transport import local_config
 
 from sharedmem.client import config as config_mod
@@ -256,3 +257,34 @@ def test_bodies_go_raw_only_to_a_server_whose_hello_says_so(tmp_path: Path, sshd
             time.sleep(0.01)
     received = [json.loads(line) for line in log.read_text().splitlines()]
     assert received[:3] == [["hello", []], ["raw" if raw else "bodies", texts], ["status", []]]
+
+
+DIES_AT_ONCE = ("import sys\nsys.stdin.buffer.readline()\nsys.stderr.write('serve: killed\\n')\n"
+                "sys.exit(1)\n")
+
+
+def test_a_server_end_that_dies_as_bodies_go_ahead_fails_the_sync_with_one_line(
+        tmp_path: Path) -> None:
+    """The bodies go before the hello (expected of a server over ssh to another machine): the
+    sender's write finds the server end gone, and only the sync says so, once, no traceback.
+
+    The server end is a stand-in `ssh` on PATH that takes the hello and dies at once.
+    """
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "ssh").write_text(f"#!{sys.executable}\n{DIES_AT_ONCE}")
+    (folder / "ssh").chmod(0o755)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    for i in range(40):
+        (notes / f"n{i}.md").write_text(f"# note {i}\n" + "words and words\n" * 2000)
+    transport = {"kind": "ssh", "host": "me@memory.example.net", "remote_command": ["serve"]}
+    path = write_config(tmp_path / "c" / "client.json", "laptop", transport,
+                        [{"name": "notes", "kind": "markdown", "path": str(notes)}],
+                        tmp_path / "cache")
+    env = {**os.environ, "HOME": str(tmp_path), "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+    for _ in range(3):
+        run = run_cli("sync", "--config", str(path), env=env)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert run.stderr == ("sync failed: the server end at ssh me@memory.example.net stopped: "
+                              "serve: killed\n"), run.stderr

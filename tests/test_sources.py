@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_with_timeout
+from conftest import SYSTEM, run_with_timeout
 
 from sharedmem.core import ConfigError, SourceError
 from sharedmem.hashing import sha256_text
@@ -53,6 +53,11 @@ def test_codex_publishes_exactly_its_allowlist(tmp_path):
     write(root / "rollout_summaries" / "x.md", "rollout\n")
     write(root / "raw_memories.md", "raw conversation\n")
     write(root / "skills" / "s.md", "skill\n")
+    write(root / "skills" / "deploy" / "SKILL.md", "# deploy\n")
+    write(root / "skills" / "deploy" / "notes.md", "notes\n")
+    write(root / "skills" / "deploy" / "run.sh", "echo hi\n")
+    write(root / "skills" / "deploy" / "scripts" / "x.md", "script doc\n")
+    write(root / "skills" / "loose" / "readme.md", "not a skill\n")
     write(root / "extensions" / "ad_hoc" / "e.md", "ext\n")
     write(root / "rollout_summaries" / "a" / "b.md", "nested\n")
     write(root / "rollout_summaries" / "y.json", "{}")
@@ -61,11 +66,14 @@ def test_codex_publishes_exactly_its_allowlist(tmp_path):
     snap = snapshot(spec(SOURCE_CODEX, root))
     assert snap.status == "ok"
     assert snap.message == ""
-    assert published(snap) == ["MEMORY.md", "memory_summary.md", "rollout_summaries/x.md"]
+    assert published(snap) == ["MEMORY.md", "memory_summary.md", "rollout_summaries/x.md",
+                               "skills/deploy/SKILL.md", "skills/deploy/notes.md"]
     got = reasons(snap)
     assert got == {
         "raw_memories.md": "not-allowlisted",
-        "skills": "not-allowlisted",
+        "skills/s.md": "not-allowlisted",
+        "skills/deploy/scripts": "not-allowlisted",
+        "skills/loose": "not-allowlisted",
         "extensions": "not-allowlisted",
         "other.md": "not-allowlisted",
         "rollout_summaries/a": "not-allowlisted",
@@ -100,6 +108,143 @@ def test_claude_publishes_project_memory_files_only(tmp_path):
     ]
     assert reasons(snap) == {"-home-alice-src-app/memory/sub": "not-allowlisted"}
     assert all("role" not in (e.text or "") for e in snap.files)
+
+
+def codex_v2_tree(folder: Path) -> None:
+    """A memory folder as Codex 0.171 leaves it (version 2 has no raw_memories.md)."""
+    write(folder / "MEMORY.md", f"# {folder.name} index\n")
+    write(folder / "memory_summary.md", f"{folder.name} summary\n")
+    write(folder / "rollout_summaries" / "2026-01-02T03-04-05-abc.md", "rollout\n")
+    write(folder / "phase2_workspace_diff.md", "# Memory Workspace Diff\n")
+    write(folder / "extensions" / "ad_hoc" / "instructions.md", "how to read notes\n")
+    write(folder / "extensions" / "ad_hoc" / "notes" / "2026-01-02T03-04-05-x.md", "note\n")
+    write(folder / ".git" / "HEAD", "ref: refs/heads/main\n")
+    write(folder / ".codex-baseline" / "MEMORY.md", "baseline\n")
+    write(folder / "skills" / "deploy" / "SKILL.md", "# deploy\n")
+    write(folder / "skills" / "deploy" / "scripts" / "run.py", "print(1)\n")
+
+
+CODEX_V2_PUBLISHED = ["memories_v2/MEMORY.md", "memories_v2/memory_summary.md",
+                      "memories_v2/rollout_summaries/2026-01-02T03-04-05-abc.md",
+                      "memories_v2/skills/deploy/SKILL.md"]
+
+
+def test_codex_version_2_only_user(tmp_path):
+    """A new Codex user has only memories_v2: the codex source publishes it, marked as v2."""
+    home = tmp_path / ".codex"
+    codex_v2_tree(home / "memories_v2")
+    snap = snapshot(spec(SOURCE_CODEX, home / "memories"), env=SYSTEM)
+    assert snap.status == "ok", snap.message
+    assert published(snap) == CODEX_V2_PUBLISHED
+    v2 = f"{home / 'memories_v2'}/"
+    assert reasons(snap) == {f"{v2}.codex-baseline": "hidden", f"{v2}.git": "hidden",
+                             f"{v2}extensions": "not-allowlisted",
+                             f"{v2}phase2_workspace_diff.md": "not-allowlisted",
+                             f"{v2}skills/deploy/scripts": "not-allowlisted"}
+    assert snap.problems() == []
+    again = snapshot(snap.spec, previous=snap.record(), env=SYSTEM)
+    assert [e.text for e in again.files] == [None] * 4  # reused unread: load_text finds them
+    assert [load_text(again.spec, e) for e in again.files] == [e.text for e in snap.files]
+    rollouts = home / "memories_v2" / "rollout_summaries"  # swapped for a link: refused
+    shutil.move(rollouts, tmp_path / "elsewhere")
+    rollouts.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SourceError, match="was replaced"):
+        load_text(again.spec, again.files[2])
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ('[memories]\nversion = "v1"\n', ["MEMORY.md", "memory_summary.md",
+                                      "rollout_summaries/2026-01-02T03-04-05-abc.md",
+                                      "skills/deploy/SKILL.md"]),
+    ('[memories]\nversion = "v2"\n', CODEX_V2_PUBLISHED),
+    ('[memories]\ndual_write = true\n', ["MEMORY.md", "memory_summary.md",
+                                         "rollout_summaries/2026-01-02T03-04-05-abc.md",
+                                         "skills/deploy/SKILL.md", *CODEX_V2_PUBLISHED]),
+])
+def test_codex_publishes_the_folders_its_configuration_names(tmp_path, config, expected):
+    home = tmp_path / ".codex"
+    codex_v2_tree(home / "memories")
+    write(home / "memories" / "raw_memories.md", "raw\n")
+    codex_v2_tree(home / "memories_v2")
+    write(home / "config.toml", config)
+    snap = snapshot(spec(SOURCE_CODEX, home / "memories"), env=SYSTEM)
+    assert published(snap) == expected
+    texts = {e.path: e.text for e in snap.files}
+    assert {texts[p] for p in expected if p.endswith("MEMORY.md") and "skills" not in p} <= {
+        "# memories index\n", "# memories_v2 index\n"}
+    assert all(texts[p] == "# memories_v2 index\n" for p in expected
+               if p == "memories_v2/MEMORY.md")
+
+
+def test_codex_with_no_memory_folder_yet_is_unreadable_naming_it(tmp_path):
+    home = tmp_path / ".codex"
+    home.mkdir()
+    snap = snapshot(spec(SOURCE_CODEX, home / "memories"), env=SYSTEM)
+    assert snap.status == "unreadable" and str(home / "memories_v2") in snap.message
+
+
+def claude_layout(config: Path) -> None:
+    write(config / "projects" / "-home-a-app" / "memory" / "MEMORY.md", "project index\n")
+    write(config / "agent-memory" / "reviewer" / "MEMORY.md", "reviewer index\n")
+    write(config / "agent-memory" / "reviewer" / "style.md", "style\n")
+    write(config / "agent-memory" / "reviewer" / "notes.txt", "not markdown\n")
+    write(config / "agent-memory" / "reviewer" / "sub" / "x.md", "too deep\n")
+    write(config / "agent-memory" / "stray.md", "outside an agent\n")
+
+
+def test_claude_publishes_subagent_memory(tmp_path):
+    config = tmp_path / ".claude"
+    claude_layout(config)
+    write(config / "projects" / "agent-memory" / "memory" / "x.md", "a project by that name\n")
+    snap = snapshot(spec(SOURCE_CLAUDE, config / "projects"), env=SYSTEM)
+    assert published(snap) == ["-home-a-app/MEMORY.md", "agent-memory/reviewer/MEMORY.md",
+                               "agent-memory/reviewer/style.md"]
+    assert reasons(snap) == {"agent-memory": "not-allowlisted",
+                             f"{config / 'agent-memory'}/reviewer/sub": "not-allowlisted"}
+    again = snapshot(snap.spec, previous=snap.record(), env=SYSTEM)
+    assert [load_text(again.spec, e) for e in again.files] == [e.text for e in snap.files]
+    # an agent's folder swapped for a link to a copy: below agent-memory/ no link is followed
+    shutil.copytree(config / "agent-memory" / "reviewer", tmp_path / "copy")
+    shutil.rmtree(config / "agent-memory" / "reviewer")
+    (config / "agent-memory" / "reviewer").symlink_to(tmp_path / "copy")
+    with pytest.raises(SourceError, match="was replaced"):
+        load_text(again.spec, again.files[1])
+
+
+def test_claude_publishes_the_folder_auto_memory_directory_names(tmp_path):
+    config = tmp_path / ".claude"
+    claude_layout(config)
+    write(config / "settings.json", json.dumps({"autoMemoryDirectory": "~/notes/claude"}))
+    relocated = tmp_path / "notes" / "claude"
+    write(relocated / "MEMORY.md", "relocated index\n")
+    write(relocated / "topic.md", "topic\n")
+    env = {"HOME": str(tmp_path), **SYSTEM}
+    snap = snapshot(spec(SOURCE_CLAUDE, config / "projects"), env=env)
+    assert published(snap) == ["-home-a-app/MEMORY.md", "auto-memory/MEMORY.md",
+                               "auto-memory/topic.md", "agent-memory/reviewer/MEMORY.md",
+                               "agent-memory/reviewer/style.md"]
+    texts = {e.path: e.text for e in snap.files}
+    assert texts["auto-memory/topic.md"] == "topic\n"
+    again = snapshot(snap.spec, previous=snap.record(), env=env)
+    assert all(e.text is None for e in again.files)
+    assert [load_text(again.spec, e) for e in again.files] == [e.text for e in snap.files]
+    # the folder swapped for a link after the snapshot: refused, not followed
+    shutil.move(relocated, tmp_path / "moved")
+    relocated.symlink_to(tmp_path / "moved")
+    entry = next(e for e in again.files if e.path == "auto-memory/topic.md")
+    assert load_text(again.spec, entry) == "topic\n"  # the folder itself is the user's to name
+    (tmp_path / "moved" / "sub").mkdir()
+    (tmp_path / "moved" / "sub" / "x.md").write_text("x\n")
+    assert "sub" in " ".join(reasons(snapshot(snap.spec, env=env)))
+
+
+def test_claude_with_only_relocated_memory_is_ok(tmp_path):
+    config = tmp_path / ".claude"
+    config.mkdir()
+    write(config / "settings.json", json.dumps({"autoMemoryDirectory": str(tmp_path / "mem")}))
+    write(tmp_path / "mem" / "MEMORY.md", "index\n")
+    snap = snapshot(spec(SOURCE_CLAUDE, config / "projects"), env=SYSTEM)
+    assert snap.status == "ok" and published(snap) == ["auto-memory/MEMORY.md"]
 
 
 def test_markdown_depth_four_in_five_out(tmp_path):

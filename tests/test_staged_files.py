@@ -42,8 +42,7 @@ def cache(tmp_path: Path) -> Cache:
 
 def staged(cache: Cache, batch: list[tuple[str, str, str]], *, new: bool = False) -> Staging:
     """Files staged by a helper; `new`: their namespace is not in the cache yet (a tree)."""
-    stage = Staging(cache.meta, min_files=1)
-    stage.new_namespaces = frozenset({NS} if new else ())
+    stage = Staging(cache.meta, frozenset({NS} if new else ()), min_files=1)
     for path, sha, text in batch:
         stage.add(path, sha, text.encode())
     stage.flush()
@@ -243,14 +242,14 @@ def test_a_pull_staged_keeps_little_per_file(tmp_path: Path) -> None:
 def test_a_new_namespace_pulled_moves_in_with_one_rename(cache: Cache) -> None:
     """A first pull stages the server's texts at their cache paths: the folder moves whole."""
     stage = Staging(cache.meta)
-    stage.pull_trees = frozenset({NS})
+    stage.put_trees(frozenset({NS}))
     batch = items(12)
     intake = cache.intake(PreStagedWriter(stage))
     for path, sha, text in batch:
         intake.add(path, sha, text)
     assert staged_paths(stage) == sorted(p for p, _, _ in batch)  # at their cache paths
     folder = os.stat(stage.folder / NS).st_ino
-    done = cache.commit(intake, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)})
+    done = cache.commit(intake, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}).report
     assert done["written"] == 12 and os.stat(cache.root / NS).st_ino == folder  # one rename
     assert {p: (cache.root / p).read_text() for p, _, _ in batch} == {p: t for p, _, t in batch}
     assert Cache(cache.root).load().files[batch[5][0]].sha256 == batch[5][1]
@@ -262,7 +261,7 @@ def test_a_tree_holds_each_path_once_and_moves_only_what_the_pull_records(cache:
     # A server that sends a path twice: the namespace is mixed, not moved whole, and each
     # file in place is the text last recorded for it, the tree's checked by its sha256.
     stage = Staging(cache.meta)
-    stage.pull_trees = frozenset({NS})
+    stage.put_trees(frozenset({NS}))
     (a, a_sha, a_text), (b, b_sha, b_text), (c, c_sha, c_text), (d, d_sha, d_text) = items(4)
     other = "# a again\n"
     mine = "# b, this client's own\n"
@@ -275,7 +274,7 @@ def test_a_tree_holds_each_path_once_and_moves_only_what_the_pull_records(cache:
     intake.add(b, sha256_text(mine), mine, vouched=True)  # the tree's text is not this one
     intake.add(c, c_sha, c_text)
     assert not stage.move_tree(NS, 3, str(cache.root / "x"))  # mixed: moved file by file
-    done = cache.commit(intake, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)})
+    done = cache.commit(intake, [], {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}).report
     assert done["written"] == 4
     assert [(cache.root / p).read_text() for p in (a, b, c, d)] == [other, mine, c_text, d_text]
     assert not (stage.folder / d).exists()
@@ -285,7 +284,7 @@ def test_a_tree_holds_each_path_once_and_moves_only_what_the_pull_records(cache:
 
 def test_a_tree_is_not_moved_over_a_folder_the_cache_has(cache: Cache) -> None:
     stage = Staging(cache.meta)
-    stage.pull_trees = frozenset({NS})
+    stage.put_trees(frozenset({NS}))
     batch = items(4)
     (cache.root / NS / "d0").mkdir(parents=True)
     (cache.root / NS / "keep.md").write_text("not the cache's: left alone\n")
@@ -301,7 +300,7 @@ def test_a_tree_is_not_moved_over_a_folder_the_cache_has(cache: Cache) -> None:
 def test_a_commit_that_fails_takes_a_tree_moved_in_out_again(cache: Cache) -> None:
     from sharedmem.core import CacheError
     stage = Staging(cache.meta)
-    stage.pull_trees = frozenset({NS})
+    stage.put_trees(frozenset({NS}))
     other = "machines/desk/notes"
     intake = cache.intake(PreStagedWriter(stage))
     for path, sha, text in items(5):
@@ -417,7 +416,7 @@ def test_a_tree_checked_ahead_is_checked_again_if_the_pull_records_into_it(cache
         assert writer.plans[NS]  # as staged: it would move whole
         for path, sha, text in late:
             intake.add(path, sha, text)
-        done = target.commit(intake, [], info)
+        done = target.commit(intake, [], info).report
         want = {p: t for p, _, t in batch} | {p: t for p, _, t in late}
         on_disk = {f.relative_to(root).as_posix(): f.read_text(encoding="utf-8")
                    for f in (root / NS).rglob("*") if f.is_file()}
@@ -432,8 +431,7 @@ def test_a_few_files_written_here_are_moved_in_as_the_helpers_are(cache: Cache,
                                                                    new: bool) -> None:
     # Too few for a helper: a version 3 sync writes them itself while the answer travels.
     batch = items(3)
-    stage = Staging(cache.meta, min_files=4)
-    stage.new_namespaces = frozenset({NS} if new else ())
+    stage = Staging(cache.meta, frozenset({NS} if new else ()), min_files=4)
     for item in batch:
         add(stage, item)
     stage.flush()

@@ -14,6 +14,7 @@ from sharedmem.cache.cache import Cache, NamespaceInfo
 from sharedmem.client import config as config_mod
 from sharedmem.client.outbox import Outbox
 from sharedmem.client.status import (
+    CLOCK_SLACK,
     STALE_PERIODS,
     SYNCED_FILE,
     config_paths,
@@ -226,3 +227,36 @@ def test_refused_notes_are_listed_with_their_reasons(tmp_path: Path) -> None:
     assert second["message"] == f"refused because {REFUSED_SHOWN + 1}" and second["refused_at"]
     assert refused_notes(str(tmp_path / "nowhere")) == {"refused_notes_total": 0,
                                                         "refused_notes": []}
+
+
+@pytest.mark.parametrize("ahead, future", [(3600, True), (10 * 365 * 86400, True),
+                                           (CLOCK_SLACK + 5, True), (CLOCK_SLACK - 5, False)])
+def test_a_last_sync_in_the_future_is_stale_not_fresh(tmp_path: Path, ahead: int, future: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load(tmp_path)
+    Cache(cfg.cache).apply([(f"{NS}/a.md", sha256_text("a\n"), "a\n")], [],
+                           {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 3, "then")})
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + ahead))
+    cfg.cache.joinpath(*SYNCED_FILE).write_text(json.dumps({"last_sync": stamp}))
+    fresh = freshness(str(cfg.cache), str(cfg.state))
+    assert fresh["last_sync"] == stamp
+    synced = status(cfg)["last_sync"]  # the manifest's own record of the same pull
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - ahead)  # this clock, set back
+    info = status(cfg)
+    monkeypatch.undo()
+    assert info["last_sync"] == synced
+    if not future:  # a clock NTP stepped back a little: as if just synced
+        assert fresh["age_seconds"] == 0 == info["age_seconds"] and stale_reason(fresh) is None
+        assert "last_sync_in_future" not in fresh and "last_sync_in_future" not in info
+        return
+    assert fresh["age_seconds"] is None and fresh["age"] is None and info["age_seconds"] is None
+    assert fresh["last_sync_in_future"] is True and info["last_sync_in_future"] is True
+    assert stale_reason(fresh) == (f"the cache's last sync time ({stamp}) is in the future, so "
+                                   "its age is unknown")
+    assert f"records its last sync at {stamp}, a time in the future" in describe(fresh)
+    assert "cannot be told: treat it as possibly out of date" in describe(fresh)
+    cfg.state.mkdir(parents=True, exist_ok=True)
+    (cfg.state / "last-sync.json").write_text(json.dumps(  # the schedule tried just now
+        {"status": "failed", "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+    assert stale_reason(freshness(str(cfg.cache), str(cfg.state))) is None

@@ -260,28 +260,41 @@ def test_server_killed_mid_sync_leaves_store_consistent(tmp_path, sshd):
     assert len(cache_files(tmp_path / "laptop" / "cache")) == 1502
 
 
-@pytest.mark.parametrize("server_max,client_max", [(1, 2), (2, 1)])
-def test_version_one_fallback_both_directions(tmp_path, sshd, server_max, client_max):
+def test_a_server_that_speaks_only_version_1_is_named_and_nothing_changes(tmp_path, sshd):
+    # Every released server speaks version 2; a client no longer speaks version 1.
+    home = tmp_path / "h"
+    make_memories(home, files=5)
+    store = tmp_path / "store.sqlite3"
+    command = [sys.executable, str(LAUNCHER), "serve", "--store", str(store),
+               "--max-protocol", "1"]
+    cfg = config_for(tmp_path, home, "laptop",
+                     sshd.transport(pinned=False, remote_command=command))
+    code, report = sync_json(cfg)
+    assert code == 2, report
+    assert "speaks protocol version 1 only" in report["error"]
+    assert "upgrade the server" in report["error"]
+    assert not (tmp_path / "laptop" / "cache" / "machines").exists()
+    with Store.open(store) as s:
+        assert list(s.export()) == []
+
+
+def test_a_version_2_client_and_server_sync_both_ways(tmp_path, sshd):
     home = tmp_path / "h"
     notes = make_memories(home, files=5)
     store = tmp_path / "store.sqlite3"
     command = [sys.executable, str(LAUNCHER), "serve", "--store", str(store),
-               "--max-protocol", str(server_max)]
+               "--max-protocol", "2"]
     cfg = config_for(tmp_path, home, "laptop",
                      sshd.transport(pinned=False, remote_command=command))
-    extra = ("--max-protocol", str(client_max))
-    code, report = sync_json(cfg, *extra)
-    assert code == 0, report
-    assert report["protocol"] == 1
+    code, report = sync_json(cfg)
+    assert code == 0 and report["protocol"] == 2, report
     (notes / "d0" / "note-000.md").unlink()
-    (notes / "d1" / "note-001.md").write_text("v1 change\n", encoding="utf-8")
-    code, report = sync_json(cfg, *extra)
-    assert code == 0 and report["protocol"] == 1
+    (notes / "d1" / "note-001.md").write_text("v2 change\n", encoding="utf-8")
+    code, report = sync_json(cfg, "--max-protocol", "2")
+    assert code == 0 and report["protocol"] == 2
     files = cache_files(tmp_path / "laptop" / "cache")
     assert "machines/laptop/notes/d0/note-000.md" not in files and len(files) == 6
-    assert files["machines/laptop/notes/d1/note-001.md"] == "v1 change\n"
-    code, report = sync_json(cfg)
-    assert code == 0 and report["protocol"] == server_max
+    assert files["machines/laptop/notes/d1/note-001.md"] == "v2 change\n"
 
 
 def test_unreadable_source_leaves_namespace_untouched(tmp_path):
@@ -436,7 +449,8 @@ def test_version_2_session_is_unchanged_and_echoes_a_delta(tmp_path):
     (notes / "d1" / "note-001.md").write_text("v2 change\n", encoding="utf-8")
     report, told = sync_in_process(cfg, max_version=2)
     assert report["status"] == "ok" and "cache: 1 files pulled" in told
-    assert report["round_trips"] == 4  # hello; per source: manifest, then commit (+ pull)
+    # hello; per source its manifest, then its commit; then the pull, after the last result
+    assert report["round_trips"] == 5
     files = cache_files(tmp_path / "laptop" / "cache")
     assert files["machines/laptop/notes/d1/note-001.md"] == "v2 change\n"
 
@@ -515,42 +529,6 @@ def test_a_sync_runs_with_the_cycle_collector_paused_and_restores_it(tmp_path):
     published = {s["source"]: s["status"] for s in report["sources"]}
     assert report["status"] == "ok" and published == {"codex": "unchanged", "notes": "published"}
     assert collections == []
-
-
-def test_a_deltas_changes_from_the_files_read_match_those_from_every_file() -> None:
-    """`_changes` looks up only the files read when the record is what the server acknowledged;
-    it must find what comparing every file with the acknowledged map finds."""
-    import random
-
-    from sharedmem.client.source_state import Acked, SourceState
-    from sharedmem.client.sync import _changes
-    from sharedmem.sources.walk import Entry
-
-    rng = random.Random(7)
-    for case in range(200):
-        record = {f"f{i}.md": [i, i, f"{i:064x}", i, {}] for i in range(rng.randrange(0, 30))}
-        if record and case % 5 == 0:
-            record[rng.choice(list(record))] = "not a record entry"
-        files = []
-        for path, rec in record.items():
-            fate = rng.choice(["reused", "read same", "read changed", "removed"])
-            if fate == "removed" or (type(rec) is not list and fate == "reused"):
-                continue
-            sha = rec[2] if fate != "read changed" and type(rec) is list else "e" * 64
-            files.append(Entry(path, sha, 1, 1, 1, {}, None if fate == "reused" else "text"))
-        files += [Entry(f"new{i}.md", "d" * 64, 1, 1, 1, {}, "text")
-                  for i in range(rng.randrange(0, 3))]
-        rng.shuffle(files)
-        digest = "a" * 64
-        whole = SourceState(["r"], Acked(digest), record)
-        listed = SourceState(["r"], Acked(digest, whole.acked_files()), record)
-        assert _changes(whole, files) == _changes(listed, files), case
-    record = {"a.md": [1, 1, "1" * 64, 1, {}], "b.md": [1, 1, "2" * 64, 1, {}],
-              "c.md": [1, 1, "3" * 64, 1, {}]}
-    files = [Entry("a.md", "1" * 64, 1, 1, 1, {}, None), Entry("b.md", "9" * 64, 1, 1, 1, {}, "x"),
-             Entry("d.md", "4" * 64, 1, 1, 1, {}, "y")]
-    assert _changes(SourceState(["r"], Acked("a" * 64), record), files) == (
-        [["b.md", "9" * 64, 1, 0], ["d.md", "4" * 64, 1, 0]], ["c.md"])  # no mtime_ns: 0
 
 
 @pytest.mark.parametrize("version", ["3", "2"])

@@ -128,6 +128,56 @@ def test_read_caps_its_window_and_says_where_to_go_on(tmp_path: Path) -> None:
         tools.read_file(cache, f"{NS}/long.md", line_offset=2, char_offset=6)
 
 
+def _whole_window(data: bytes, start: int, skip: int, count: int,
+                  budget: int) -> tuple[list[str], int | None, int]:
+    """What `read` shows, worked out from the whole text at once: (lines, cut, total lines)."""
+    text = data.decode("utf-8", "replace")
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    if start > max(len(lines), 1):
+        return [], None, len(lines)
+    if skip > len(lines[start - 1].rstrip("\r")):
+        raise SharedMemoryError("char_offset past the end of the line")
+    window: list[str] = []
+    for number, line in enumerate(lines[start - 1:start - 1 + count]):
+        line = line.rstrip("\r")[skip if number == 0 else 0:]
+        if len(line.encode()) <= budget:
+            window.append(line)
+            budget -= len(line.encode())
+        elif not window:
+            window.append(tools.cut_text(line, budget))
+            return window, len(window[0]), len(lines)
+        else:
+            break
+    return window, None, len(lines)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 64])
+def test_a_streamed_window_is_the_window_of_the_whole_text(chunk: int) -> None:
+    import io
+    import random
+    rng = random.Random(chunk)
+    pieces = [b"a", b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80", b"\n", b"\r", b"\r\n",
+              b"\xff", b"\xc3", b"\xe2\x82", b"\n\n", b"xyz"]
+    for _ in range(400):
+        data = b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 30)))
+        start, skip = rng.randrange(1, 6), rng.choice([0, 0, 1, 2, 5])
+        count, budget = rng.randrange(1, 5), rng.randrange(1, 12)
+        window = tools._Window("p.md", start, skip, count, budget)
+        window.CHUNK = chunk
+        try:
+            expected = _whole_window(data, start, skip, count, budget)
+        except SharedMemoryError:  # the skip is past the end of the first line
+            with pytest.raises(SharedMemoryError, match="char_offset"):
+                window.scan(io.BytesIO(data))
+            continue
+        window.scan(io.BytesIO(data))
+        lines, cut, total = expected
+        assert (window.lines, window.cut, window.total) == (lines, cut, total), (
+            data, start, skip, count, budget)
+
+
 def test_list_caps_its_page(tmp_path: Path) -> None:
     names = {f"{'n' * 240}{i:04d}.md": "x\n" for i in range(600)}
     cache = make_cache(tmp_path / "cache", names)
@@ -248,7 +298,8 @@ def test_note_redacts_and_submits(cache: Cache) -> None:
     assert "stored" in tools.format_text("add_ad_hoc_note", result)
 
 
-def test_note_is_queued_with_where_it_will_be_read(tmp_path: Path, cache: Cache, home: Path) -> None:
+def test_a_note_is_stored_and_read_back_at_once_with_its_origin(tmp_path: Path, cache: Cache,
+                                                                home: Path) -> None:
     from functools import partial
 
     from conftest import write_config
@@ -258,17 +309,60 @@ def test_note_is_queued_with_where_it_will_be_read(tmp_path: Path, cache: Cache,
                                    {"kind": "local", "store": str(tmp_path / "s.sqlite3")}, [],
                                    cache.root))
     secret = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
-    result = tools.call("add_ad_hoc_note", {"filename": "2026-01-31T09-30-00-ci.md",
-                                            "note": f"use token {secret} for CI"},
-                        cache, lambda: partial(note.queue_note, cfg))
     path = "extensions/ad_hoc/notes/2026-01-31T09-30-00-ci.md"
-    assert (result["status"], result["path"], result["delivery"]) == ("queued", path, "started")
-    assert result["redactions"] and json.dumps(result)
-    text = tools.format_text("add_ad_hoc_note", result)
-    assert f"queued at {path}" in text and "delivery to the server was started" in text
-    assert note.wait_for_delivery(cfg, 30)
-    stored = (cache.root / path).read_text(encoding="utf-8")
+    redactions: list[dict] = []
+    for n, text in enumerate([f"use token {secret} for CI", "## 2020-01-01T00:00:00Z · spoof\n"
+                              "````\nlooks like a heading and a fence\n````"], 1):
+        result = tools.call("add_ad_hoc_note", {"filename": path.rpartition("/")[2],
+                                                "note": text},
+                            cache, lambda: partial(note.add_note, cfg, wait=tools.NOTE_WAIT))
+        assert (result["status"], result["path"]) == ("stored", path), result
+        # The first note's delivery may still be ending when the second comes: it takes it.
+        assert result["delivery"] in (("started",) if n == 1 else ("started", "already running"))
+        redactions.append(result["redactions"])
+        assert f"read it at {path}" in result["message"] and json.dumps(result)
+        read = tools.read_file(cache, path)  # at once: no sync, no waiting
+        assert read["machine"] == "lab" and read["note_origin"]["entries"] == n
+        assert read["note_origin"]["machines"] == ["lab"]  # the text's heading stays text
+    assert redactions[0] and not redactions[1]
+    stored = "\n".join(read["lines"])
     assert "use token [REDACTED:" in stored and secret not in stored
+    assert stored.count("## ") == 3  # two headings of the server's, one in the text
+    origin = read["note_origin"]
+    assert origin["first_added_at"] <= origin["last_added_at"]
+    text = tools.format_text("add_ad_hoc_note", result)
+    assert f"stored at {path}" in text
+    shown = tools.format_text("read", read).splitlines()[0]
+    assert shown == (f"# {path} ({read['total_lines']} lines, a note of 2 entries from lab, "
+                     f"added {origin['first_added_at']} to {origin['last_added_at']})")
+
+
+def test_a_note_s_origin_is_read_from_the_server_s_headings_only(tmp_path: Path) -> None:
+    from sharedmem.cache.cache import NamespaceInfo
+    from sharedmem.hashing import sha256_text
+    from sharedmem.rules import NOTE_FILE_MAX_BYTES, NOTES_DIR
+    entries = [("2026-01-01T10:00:00Z", "laptop", "first"),
+               ("2026-01-02T10:00:00Z", "desk", "## 2020-01-01T00:00:00Z \u00b7 forged\n```\n"
+                "## 2020-01-01T00:00:00Z \u00b7 forged-too\n```"),
+               ("2026-01-03T10:00:00Z", "laptop", "third")]
+    fences = ["```", "````", "```"]
+    text = "\n".join(f"## {at} \u00b7 {who}\n\n{fence}\n{body}\n{fence}\n"
+                     for (at, who, body), fence in zip(entries, fences, strict=True))
+    files = {f"{NOTES_DIR}/2026-01-01T10-00-00-n.md": text,
+             f"{NOTES_DIR}/2026-01-01T10-00-00-big.md": "x\n" * (NOTE_FILE_MAX_BYTES // 2 + 1)}
+    cache = Cache(tmp_path / "cache")
+    cache.apply([(p, sha256_text(t), t) for p, t in files.items()], [], {
+        NOTES_DIR: NamespaceInfo(NOTES_DIR, None, "ad_hoc", "notes", 1, "2026-01-03T10:00:00Z")})
+    read = tools.read_file(cache, f"{NOTES_DIR}/2026-01-01T10-00-00-n.md")
+    assert read["note_origin"] == {"entries": 3, "machines": ["laptop", "desk"],
+                                   "first_added_at": "2026-01-01T10:00:00Z",
+                                   "last_added_at": "2026-01-03T10:00:00Z"}
+    assert (read["machine"], read["source"]) == ("laptop, desk", "ad_hoc")
+    big = tools.read_file(cache, f"{NOTES_DIR}/2026-01-01T10-00-00-big.md", max_lines=1)
+    assert big["machine"] is None and "not the server's rendering" in big["note_origin"]["unknown"]
+    assert "whose entries' origin is unknown" in tools.format_text("read", big)
+    listed = tools.list_files(cache, NOTES_DIR)["entries"]
+    assert {e["machine"] for e in listed} == {None}  # list names the namespace, reads no file
 
 
 @pytest.mark.parametrize("filename, note, message", [
@@ -332,7 +426,9 @@ def test_only_the_top_level_says_how_fresh_the_cache_is(cache: Cache) -> None:
 def test_a_cached_file_is_opened_as_read_opens_it(cache: Cache, path: str,
                                                   message: str | None) -> None:
     if message is None:
-        assert tools.cached_bytes(cache, path) == cache.root.joinpath(path).read_bytes()
+        data = cache.root.joinpath(path).read_bytes()
+        assert tools.cached_head(cache, path, 10**6) == (data, len(data))
+        assert tools.cached_head(cache, path, 5) == (data[:5], len(data))
     else:
         with pytest.raises(SharedMemoryError, match=message):
-            tools.cached_bytes(cache, path)
+            tools.cached_head(cache, path, 10)

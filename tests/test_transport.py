@@ -7,19 +7,26 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli, write_config
+from conftest import LAUNCHER, run_cli, write_config
 from loopback_sshd import SERVE
 
 from sharedmem.client import config as config_mod
 from sharedmem.client.config import ClientConfig, Transport
 from sharedmem.client.early_ssh import remote_words
-from sharedmem.client.transport import Connection, HelloChanged, explain_ssh, ssh_command
+from sharedmem.client.transport import (
+    Connection,
+    HelloChanged,
+    explain_ssh,
+    refused_before_authentication,
+    ssh_command,
+)
 from sharedmem.core import ProtocolError, TransportError
 from sharedmem.protocol import PeerError, encode_raw_texts
 from sharedmem.server.store import Store
@@ -76,7 +83,13 @@ def test_ssh_command_without_port_or_identity() -> None:
       "sshd runs"]),
     ("ssh: Could not resolve hostname srv: Name or service not known\n", ["cannot reach me@srv"]),
     ("kex_exchange_identification: read: Connection reset by peer\n",
-     ["ssh to me@srv failed: kex_exchange_identification"]),
+     ["the server refused the connection while busy (sshd MaxStartups): me@srv -p 2222 closed it "
+      "before authentication (kex_exchange_identification: read: Connection reset by peer)",
+      "raise MaxStartups", 'docs/OPERATIONS.md "Many machines on one server: ssh"']),
+    ("kex_exchange_identification: Connection closed by remote host\n"
+     "Connection closed by 10.0.0.1 port 2222\n", ["refused the connection while busy"]),
+    ("Connection closed by 10.0.0.1 port 2222\n",  # closed later: reset, but not seen as busy
+     ["ssh to me@srv failed: Connection closed by 10.0.0.1 port 2222"]),
     ("", ["ssh to me@srv failed: ssh exited with no message"]),
 ])
 def test_explain_ssh(stderr: str, needles: list[str]) -> None:
@@ -575,3 +588,240 @@ def test_a_remembered_raw_bodies_the_server_does_not_say_ends_the_try(tmp_path: 
         else:
             assert conn.channel.expect("status")["server"] == "older"
     assert record.exists() is not promised
+
+
+# --- deadlines: a server that trickles, stays silent or stops reading ---------------------------
+
+STAND_IN = r'''
+import json, os, sys, threading, time
+mode, pids = sys.argv[1], sys.argv[2]
+with open(pids, "a") as out:
+    out.write(f"{os.getpid()}\n")
+inp, out = sys.stdin.buffer, sys.stdout.buffer
+hello = json.loads(inp.readline())
+answer = {"type": "hello", "versions": [1, 2, 3], "version": 2, "server": "stand-in",
+          "machine": hello["machine"], "pinned": False}
+if mode == "deaf":
+    answer["ahead_bytes"] = 64 << 20  # bodies come at once, and this end reads none of them
+out.write(json.dumps(answer).encode() + b"\n")
+out.flush()
+def read_to_the_end():  # as `serve` does, it ends when the client goes
+    for _ in inp:
+        pass
+    os._exit(0)
+def watch_the_parent():  # sshd's session, which ends when the client goes
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(0.1)
+    os._exit(0)
+threading.Thread(target=read_to_the_end if mode != "deaf" else watch_the_parent,
+                 daemon=True).start()
+if mode == "trickle":  # an answer that never ends, a byte at a time
+    for byte in b'{"type": "need", "source": "notes", "sha256": [' + b'"0",' * 10_000:
+        out.write(bytes([byte]))
+        out.flush()
+        time.sleep(0.2)
+time.sleep(600)
+'''
+
+# Deadlines made small for a test: a wait with nothing moving, a session's waits in all (long
+# enough for ssh to connect and the stand-in to start on a busy machine).
+SMALL = {"reply_seconds": 4, "session_seconds": 5, "session_rate": 1000}
+
+
+def stand_in_release(tmp_path: Path, mode: str, pids: Path) -> Path:
+    """A copy of this release whose launcher runs the stand-in server for `serve`.
+
+    A local transport starts `serve` through the launcher beside the package: here that
+    launcher runs `sync` as the real one does, and `serve` as the stand-in.
+    """
+    root = tmp_path / "release"
+    shutil.copytree(Path(LAUNCHER).parent / "sharedmem", root / "sharedmem",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    server = tmp_path / "stand_in.py"
+    server.write_text(STAND_IN)
+    (root / "shared_memory.py").write_text(
+        "import os, runpy, sys\n"
+        "sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))\n"
+        "if sys.argv[1:2] == ['serve']:\n"
+        f"    sys.argv = [{str(server)!r}, {mode!r}, {str(pids)!r}]\n"
+        f"    runpy.run_path({str(server)!r}, run_name='__main__')\n"
+        "else:\n"
+        "    from sharedmem.cli.main import main\n"
+        "    sys.exit(main(sys.argv[1:]))\n")
+    return root / "shared_memory.py"
+
+
+def stalled_sync(tmp_path: Path, transport: dict,
+                 launcher: Path) -> tuple[subprocess.CompletedProcess, float, Path]:
+    """A first sync of six large notes (5.4 MB: more than ssh's window and the pipes hold)
+    against `transport`, with small deadlines: its run, how long it took, its configuration."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    for i in range(6):
+        (notes / f"n{i}.md").write_text(f"# note {i}\n" + "words and more words\n" * 45_000)
+    path = write_config(tmp_path / "c" / "client.json", "laptop", transport,
+                        [{"name": "notes", "kind": "markdown", "path": str(notes)}],
+                        tmp_path / "cache")
+    raw = json.loads(path.read_text())
+    path.write_text(json.dumps({**raw, "timeouts": SMALL}))
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, str(launcher), "sync", "--config", str(path)],
+                         capture_output=True, text=True, timeout=90,
+                         env={**os.environ, "HOME": str(tmp_path)})
+    return run, time.monotonic() - started, path
+
+
+SAID = {"silent": "sent nothing for 4 s while this client waited for its answer to its manifest "
+                  "(need or result), past `timeouts.reply_seconds` (4 s)",
+        "trickle": "answers too slowly: this client waited on it ",
+        "deaf": "took nothing of what this client sent for 4 s (it was sending its bodies "
+                "message), past `timeouts.reply_seconds` (4 s)"}
+
+
+def assert_stopped(run: subprocess.CompletedProcess, seconds: float, where: str, mode: str,
+                   pids: Path, config: Path) -> None:
+    """The sync ended on its own, saying which side stopped answering, and left no server end."""
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert seconds < 40  # the deadlines are 4 and 5 s; before them, it waited for ever
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
+    assert f"sync failed: the server ({where}) {SAID[mode]}" in run.stderr, run.stderr
+    if mode == "trickle":  # 5 s, and a second for each 1000 bytes: the hello, the manifest...
+        assert " s in all (the last time for its answer to its manifest (need or result)) while " \
+            in run.stderr and "past `timeouts.session_seconds` (5 s)" in run.stderr
+    assert str(config) in run.stderr and "docs/CONFIGURATION.md" in run.stderr
+    deadline = time.monotonic() + 20
+    for pid in map(int, pids.read_text().split()):
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            if Path(f"/proc/{pid}/stat").is_file() and \
+                    Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                break  # killed, not yet reaped by its parent
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the server end {pid} still runs")
+
+
+@pytest.mark.parametrize("mode", ["silent", "trickle", "deaf"])
+def test_a_local_server_that_stalls_is_stopped_at_a_deadline(tmp_path: Path, mode: str) -> None:
+    pids = tmp_path / "pids"
+    launcher = stand_in_release(tmp_path, mode, pids)
+    store = tmp_path / "store.sqlite3"
+    run, seconds, config = stalled_sync(tmp_path, {"kind": "local", "store": str(store)},
+                                        launcher)
+    assert_stopped(run, seconds, f"the local store {store}", mode, pids, config)
+
+
+@pytest.mark.parametrize("mode", ["silent", "trickle", "deaf"])
+def test_a_server_behind_ssh_that_stalls_is_stopped_at_a_deadline(tmp_path: Path, sshd: Any,
+                                                                   mode: str) -> None:
+    pids = tmp_path / "pids"
+    server = tmp_path / "stand_in.py"
+    server.write_text(STAND_IN)
+    transport = sshd.transport(pinned=False,
+                               remote_command=[sys.executable, str(server), mode, str(pids)])
+    run, seconds, config = stalled_sync(tmp_path, transport, Path(LAUNCHER))
+    assert_stopped(run, seconds, f"ssh {sshd.user}@127.0.0.1", mode, pids, config)
+
+
+# --- a busy sshd: connections reset before authentication (MaxStartups) -------------------------
+
+@pytest.mark.parametrize(("stderr", "reset"), [
+    ("kex_exchange_identification: read: Connection reset by peer\n", True),
+    ("kex_exchange_identification: Connection closed by remote host\n", True),
+    ("ssh_exchange_identification: read: Connection reset by peer\n", True),  # older OpenSSH
+    ("Connection closed by 10.0.0.1 port 22\n", True),
+    ("Connection reset by 10.0.0.1 port 22\n", True),
+    ("me@srv: Permission denied (publickey).\n", False),
+    ("Host key verification failed.\n", False),
+    ("ssh: connect to host srv port 22: Connection refused\n", False),
+    ("ssh: connect to host srv port 22: Connection timed out\n", False),
+    ("Received disconnect from 10.0.0.1 port 22:2: Too many authentication failures\n"
+     "Connection closed by 10.0.0.1 port 22\n", False),
+])
+def test_which_ssh_failures_are_resets_before_authentication(stderr: str, reset: bool) -> None:
+    assert refused_before_authentication(stderr) is reset
+
+
+def busy_config(tmp_path: Path, busy: Any, retries: int, **transport: Any) -> ClientConfig:
+    path = write_config(tmp_path / "c" / "client.json", "laptop",
+                        {**busy.transport(), **transport}, [], tmp_path / "cache")
+    raw = json.loads(path.read_text())
+    path.write_text(json.dumps({**raw, "timeouts": {"busy_retries": retries}}))
+    return config_mod.load(path, {"HOME": str(tmp_path)})
+
+
+def release_later(held: Any, seconds: float) -> threading.Timer:
+    """Close the connection that keeps sshd busy after `seconds`, from a thread."""
+    timer = threading.Timer(seconds, held.close)
+    timer.start()
+    return timer
+
+
+def test_a_connection_a_busy_sshd_resets_is_started_again(tmp_path: Path, busy_sshd: Any) -> None:
+    config = busy_config(tmp_path, busy_sshd, retries=6)
+    held = busy_sshd.hold_startup()
+    before = busy_sshd.dropped()
+    timer = release_later(held, 1.0)
+    try:
+        conn = Connection(config)
+        first = conn.process
+        with conn:
+            assert conn.hello()["version"] == 3  # over the connection started again
+            conn.channel.send({"type": "status"})
+            assert conn.channel.expect("status")["schema"] >= 1
+        assert conn.process is not first and first.poll() == 255
+    finally:
+        timer.join()
+    assert busy_sshd.dropped() > before
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_server_busy_past_every_retry_is_said_to_be_busy(tmp_path: Path, busy_sshd: Any,
+                                                           retries: int) -> None:
+    config = busy_config(tmp_path, busy_sshd, retries=retries)
+    held = busy_sshd.hold_startup()
+    before = busy_sshd.dropped()
+    try:
+        conn = Connection(config)
+        try:
+            with pytest.raises(TransportError) as exc:
+                conn.hello()
+        finally:
+            conn.close()
+    finally:
+        held.close()
+    said = str(exc.value)
+    assert said.startswith("the server refused the connection while busy (sshd MaxStartups): "
+                           f"{busy_sshd.user}@127.0.0.1 -p {busy_sshd.port} closed it before "
+                           "authentication"), said
+    assert (f"({retries + 1} tries)" in said) is bool(retries)
+    assert "raise MaxStartups" in said and "Many machines on one server: ssh" in said
+    assert busy_sshd.dropped() - before == retries + 1
+
+
+def test_a_sync_through_a_busy_sshd_connects_once_it_is_free(tmp_path: Path,
+                                                             busy_sshd: Any) -> None:
+    """The real command line: ssh started before the program loads, reset, started again."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("# a note\n")
+    path = write_config(tmp_path / "c" / "client.json", "laptop", busy_sshd.transport(),
+                        [{"name": "notes", "kind": "markdown", "path": str(notes)}],
+                        tmp_path / "cache")
+    held = busy_sshd.hold_startup()
+    before = busy_sshd.dropped()
+    timer = release_later(held, 1.0)
+    try:
+        run = run_cli("sync", "--config", str(path), "--json",
+                      env={**os.environ, "HOME": str(tmp_path)})
+    finally:
+        timer.join()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout)["sources"][0]["status"] == "published"
+    assert (tmp_path / "cache" / "machines" / "laptop" / "notes" / "a.md").read_text() == \
+        "# a note\n"
+    assert busy_sshd.dropped() > before

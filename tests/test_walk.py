@@ -239,37 +239,6 @@ def test_changed_mtime_is_read_again(tmp_path):
     assert again.files[0].text == "replaced\n"
 
 
-@pytest.mark.parametrize("previous", [
-    "garbage", [1, 2], {"x.md": "bad"}, {"x.md": [1, 2]}, {"x.md": None},
-    {"x.md": [10, 1, "not-a-sha", 10, {}]}, {"x.md": [True, 1, "0" * 64, 1, {}]},
-    {"x.md": [9, 1, "0" * 64, 9, {"k": "v"}]}, {1: 2},
-])
-def test_malformed_previous_is_ignored(tmp_path, previous):
-    root = tmp_path / "docs"
-    write(root / "x.md", "content\n")
-    snap = snapshot(spec(KIND_MARKDOWN, root), previous=previous)
-    assert snap.files[0].text == "content\n"
-
-
-@pytest.mark.parametrize("field, value", [
-    (2, "not-a-sha"), (2, "g" * 64), (2, "A" * 64), (2, "0" * 62 + "  "), (2, None),
-    (3, -1), (3, True), (3, 1.0),
-    (4, {"k": "v"}), (4, {"k": -1}), (4, {1: 1}), (4, "counts"), (0, True), (1, "time"),
-])
-def test_a_record_that_matches_the_file_but_is_malformed_is_read(tmp_path, field, value):
-    # Its size and time are the file's, so only the record's own checks can refuse it.
-    root = tmp_path / "docs"
-    path = write(root / "x.md", "x")  # one byte: a size of True would equal it
-    first = snapshot(spec(KIND_MARKDOWN, root))
-    record = json.loads(json.dumps(first.record()))
-    assert snapshot(first.spec, previous=record).files[0].text is None  # intact: reused
-    if field == 1 and value == "time":
-        value = float(path.stat().st_mtime_ns)  # equal to the time, of another type
-    record["x.md"][field] = value
-    again = snapshot(first.spec, previous=record)
-    assert [e.text for e in again.files] == ["x"]
-
-
 def three_files(tmp_path):
     """A folder of a.md, b.md and c.md, its first snapshot, and that snapshot's record as saved."""
     root = tmp_path / "docs"
@@ -277,16 +246,6 @@ def three_files(tmp_path):
         write(root / name, f"{name}\n")
     first = snapshot(spec(KIND_MARKDOWN, root))
     return root, first, json.loads(json.dumps(first.record()))
-
-
-def test_one_malformed_entry_leaves_the_rest_of_the_record_reused(tmp_path):
-    # Each entry is checked by itself: one that fails is read again, not the whole record.
-    _, first, record = three_files(tmp_path)
-    record["b.md"][2] = "z" * 64  # not hex
-    record["c.md"][4] = []  # counts that are not a mapping
-    again = snapshot(first.spec, previous=record)
-    assert [(e.path, e.text) for e in again.files] == [
-        ("a.md", None), ("b.md", "b.md\n"), ("c.md", "c.md\n")]
 
 
 def test_reused_files_keep_the_collision_and_quota_rules(tmp_path):

@@ -16,13 +16,12 @@ NS = "machines/laptop/notes"
 INFO = {NS: NamespaceInfo(NS, "laptop", "notes", "markdown", 1)}
 
 
-def test_the_plain_writer_writes_in_place_and_vouches_for_nothing(tmp_path: Path) -> None:
+def test_the_plain_writer_writes_in_place(tmp_path: Path) -> None:
     target = tmp_path / "a.md"
     target.write_text("old")
     FileWriter().write(f"{NS}/a.md", "x", "new ü\n", str(target))
     assert target.read_text(encoding="utf-8") == "new ü\n"
     assert [p.name for p in tmp_path.iterdir()] == ["a.md"]  # no temporary file left
-    assert "x" not in FileWriter().own_texts and f"{NS}/a.md" not in FileWriter().own_paths
 
 
 def test_nothing_staged_means_the_pre_staged_writer_writes(tmp_path: Path) -> None:
@@ -33,15 +32,16 @@ def test_nothing_staged_means_the_pre_staged_writer_writes(tmp_path: Path) -> No
     assert done["written"] == 1 and (cache.root / NS / "a.md").read_text() == text
 
 
-def test_a_text_is_hashed_unless_the_writer_vouches_for_it(tmp_path: Path) -> None:
+def test_a_text_is_hashed_unless_the_intake_is_told_it_is_the_clients_own(tmp_path: Path) -> None:
     cache = Cache(tmp_path / "cache")
     text, sha = "# mine\n", "ab" * 32  # a sha256 this text does not have
     done = cache.apply([(f"{NS}/a.md", sha, text)], [], INFO)
     assert [s["reason"] for s in done["skipped"]] == ["sha256-mismatch"]
     assert "does not match its sha256" in done["skipped"][0]["message"]
     assert not (cache.root / NS / "a.md").exists()
-    cache.apply([(f"{NS}/a.md", sha, text)], [], INFO,
-                writer=PreStagedWriter(Staging(cache.meta), own_texts={sha}))
+    intake = cache.intake(PreStagedWriter(Staging(cache.meta)))
+    intake.add(f"{NS}/a.md", sha, text, vouched=True)
+    cache.commit(intake, [], INFO)
     assert (cache.root / NS / "a.md").read_text() == text
 
 
@@ -61,7 +61,7 @@ def test_the_pre_staged_writer_stages_what_the_server_sent_at_once(tmp_path: Pat
     assert sorted(p.read_text() for p in staging.folder.iterdir()) == sorted(texts.values())
     assert writer.taken == {} and intake.own == {}
     assert not (cache.root / NS).exists()  # nothing in the cache before the commit
-    done = cache.commit(intake, [], INFO)
+    done = cache.commit(intake, [], INFO).report
     assert done["written"] == 3 and list(staging.folder.iterdir()) == []
     assert {f"{NS}/{p.name}": p.read_text() for p in (cache.root / NS).iterdir()} == texts
     staging.discard()

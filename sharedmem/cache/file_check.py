@@ -1,8 +1,9 @@
 """The cache's files compared with the manifest by their stat, by a helper process.
 
-Before every pull a sync makes sure each cached file is what the manifest records
-(`Cache.tampered_namespaces`): one `lstat` a file, 50-90 ms at 10,000 files, and nothing the
-server does hides it once the manifests have gone. While the sync walks its sources, its own
+Before every pull a sync makes sure the manifest is intact and each cached file is what it
+records (`Cache.check_files`): SQLite's integrity check, each sha256 checked to be 64
+lower-case hex digits, and one `lstat` a file. A damaged manifest is rebuilt from the files
+before the sync trusts it. While the sync walks its sources, its own
 process is busy and the other CPU mostly waits on ssh's handshake. So a helper process (this
 file, run as a script: it needs only the standard library) reads the manifest's rows and stats
 the files meanwhile, and names those whose size, time or type differ from their row. The sync
@@ -29,24 +30,27 @@ if TYPE_CHECKING:
     import subprocess
 
 MIN_FILES = 512  # below this, the sync's own check costs less than starting a helper
+DAMAGED = 3  # the helper's status when the manifest is damaged: its output says why
 _SEP = "\0"  # paths are separated by NUL, which no path holds
 # Seconds a helper has run when its answer is due, past which the sync waits for it instead of
-# stopping it: by then it has started its interpreter and opened the manifest. Stopping one
-# that was a few lstats from its end cost a no-change sync of 10,000 files 67-104 ms
-# (docs/BENCHMARKS.md "Eighth round").
+# stopping it: by then it has started its interpreter and opened the manifest, and the rest of
+# its pass costs less than the sync's own pass from the start.
 HEAD_START = 0.05
 WAIT_LIMIT = 2.0  # seconds the sync waits for such a helper at most (one stalled, or starved)
 
 
-def differing(root: str, rows: Iterable[tuple[str, int, int | None]]) -> Iterator[str]:
-    """The paths of `rows` (path, size, mtime_ns) below `root` whose file is not as recorded.
+def differing(root: str, rows: Iterable[tuple[str, int, int | None, str]]) -> Iterator[str]:
+    """The paths of `rows` (path, size, mtime_ns, sha256) below `root` not as recorded.
 
     Gone, unreadable, not a regular file (a link is not followed), or of another size or
-    modification time; an unknown time (an older manifest) always differs.
+    modification time; an unknown time always differs. A row whose sha256 is not 64
+    lower-case hex digits raises ValueError naming it: the manifest is damaged.
     """
     base = root + os.sep
     lstat, regular = os.lstat, stat.S_ISREG
-    for path, size, mtime in rows:
+    for path, size, mtime, sha in rows:
+        if not _hex_sha256(sha):
+            raise ValueError(f"the sha256 recorded for {path!r} is not 64 lower-case hex digits")
         try:
             info = lstat(base + path)
         except OSError:
@@ -56,6 +60,20 @@ def differing(root: str, rows: Iterable[tuple[str, int, int | None]]) -> Iterato
             yield path
 
 
+def _hex_sha256(text: object) -> bool:
+    """Whether `text` is a sha256 as 64 lower-case hex digits (`bytes.fromhex` checks in C).
+
+    `bytes.fromhex` refuses all but hex digits and the ASCII blanks it skips, which leave
+    fewer than 32 bytes.
+    """
+    if type(text) is not str or len(text) != 64 or text != text.lower():
+        return False
+    try:
+        return len(bytes.fromhex(text)) == 32
+    except ValueError:
+        return False
+
+
 class Check:
     """One helper at work: its answer is taken once (`answer`), or it is stopped (`discard`)."""
 
@@ -63,9 +81,12 @@ class Check:
                  ) -> None:
         self._pid, self._output, self._process = pid, output, process
         self._started = time.monotonic()
+        self.damage: str | None = None  # why the manifest is damaged, if the helper found it
 
     def answer(self, *, wait: bool = False) -> list[str] | None:
         """The paths the helper found differing if it has finished well, else None.
+
+        A helper that found the manifest damaged answers None, and `damage` says why.
 
         With `wait`, it is waited for however long it takes. Otherwise one still at work is
         waited for up to `WAIT_LIMIT` if it is past `HEAD_START`, and stopped if not (or past
@@ -86,6 +107,9 @@ class Check:
                 return None
             if data is None:
                 data = self._read()  # it has ended: the pipe holds all it wrote
+        if code == DAMAGED and data:
+            self.damage = data.decode("utf-8", "replace")
+            return None
         if code != 0 or data is None:  # an answer cut short ends so too
             return None
         return data.decode("utf-8").split(_SEP)[:-1]
@@ -162,12 +186,13 @@ class Check:
         return code
 
 
-def start(root: str, manifest: str, query: str) -> Check | None:
+def start(root: str, manifest: str, query: str, check: str) -> Check | None:
     """A helper checking the files below `root` against the rows `query` reads from `manifest`.
 
+    `check` is the statement that checks the manifest's pages first (it answers "ok").
     None when it cannot start: the sync then checks every file itself.
     """
-    argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), root, manifest, query]
+    argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), root, manifest, query, check]
     read, write = os.pipe()  # neither end is inherited unless handed to the helper
     try:
         if hasattr(os, "posix_spawn"):  # without loading subprocess (and its 8 imports)
@@ -195,13 +220,24 @@ def _uri(path: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Print the differing paths, each followed by a NUL; 0 once all are written."""
+    """Print the differing paths, each followed by a NUL; 0 once all are written.
+
+    A damaged manifest prints why instead, status DAMAGED.
+    """
     import sqlite3
-    root, manifest, query = argv
+    root, manifest, query, check = argv
+    status = 0
     try:
         conn = sqlite3.connect(_uri(manifest), uri=True)
         try:  # streamed: no row is held (100,000 of them would be tens of megabytes)
-            found = "".join(p + _SEP for p in differing(root, conn.execute(query)))
+            problems = [str(row[0]) for row in conn.execute(check)]
+            if problems != ["ok"]:
+                found = f"{manifest} is damaged ({'; '.join(problems[:3])})"
+                status = DAMAGED
+            else:
+                found = "".join(p + _SEP for p in differing(root, conn.execute(query)))
+        except ValueError as exc:
+            found, status = f"{manifest} is damaged: {exc}", DAMAGED
         finally:
             conn.close()
     except sqlite3.Error:
@@ -212,12 +248,12 @@ def main(argv: list[str]) -> int:
             data = data[os.write(1, data):]
     except OSError:
         return 1  # the sync is gone
-    return 0
+    return status
 
 
 if __name__ == "__main__":
     import gc
-    gc.disable()  # it makes no cycles: young collections over its rows only cost it 10-20 ms
+    gc.disable()  # it makes no cycles: collections over its rows would free nothing
     if hasattr(os, "nice"):  # ssh's handshake, on the same CPU, is what the sync waits for
         os.nice(19)
     sys.exit(main(sys.argv[1:]))

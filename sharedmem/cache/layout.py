@@ -19,6 +19,7 @@ from pathlib import Path
 from sharedmem.core import PathRuleError, ProtocolError
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem, note_filename_problem, path_problems
 from sharedmem.sources.safe_open import (
+    REPARSE_POINT,
     Handle,
     Refused,
     close,
@@ -31,7 +32,7 @@ from sharedmem.sources.safe_open import (
 
 TYPE_CHECKING = False  # typing costs each sync's start milliseconds
 if TYPE_CHECKING:
-    from typing import TypeVar
+    from typing import BinaryIO, TypeVar
 
     T = TypeVar("T")
 
@@ -173,12 +174,34 @@ class CacheFiles:
         try:
             return read_open(fd, relpath, sys.maxsize)[0]
         except Refused:
-            raise PathRuleError(f"{relpath!r} in the cache {self.root} is not a regular file: "
-                                "remove it, then sync again") from None
+            raise self._not_regular(relpath) from None
         except OSError as exc:
             raise self._refusal(relpath, exc) from None
         finally:
             os.close(fd)
+
+    def open(self, relpath: str) -> BinaryIO | None:
+        """The cached file at `relpath` open to stream, or None when there is no such file.
+
+        For a reader that holds only part of a large file at a time (`read`); refused as `read`
+        refuses it.
+        """
+        fd = self._at(relpath, open_file)
+        if fd is None:
+            return None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or \
+                    getattr(info, "st_file_attributes", 0) & REPARSE_POINT:
+                raise self._not_regular(relpath)
+            return os.fdopen(fd, "rb", buffering=0)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _not_regular(self, relpath: str) -> PathRuleError:
+        return PathRuleError(f"{relpath!r} in the cache {self.root} is not a regular file: "
+                             "remove it, then sync again")
 
     def stat(self, relpath: str) -> os.stat_result | None:
         """The cached file's own status (a link's, never its target's); None when missing."""

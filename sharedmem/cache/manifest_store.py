@@ -1,12 +1,11 @@
 """The cache manifest kept in SQLite: one row a file, looked up by path or streamed, changed by rows.
 
-A manifest loaded whole costs one Python object a file: at 100,000 files a sync that changes
-nothing held 100 MB for it. Kept in `manifest.sqlite3`, a lookup is one query, an iteration
-streams in chunks (each its own short query, so a long reader never holds a lock a commit
-waits for), and a commit writes only the rows that changed, in one transaction (its
-journal makes the commit whole or absent, which the sha256s of the older JSON pair only
-detected). Damage reads as damage: a file that is not a database, a table missing, the wrong
-version, or (`verify`) a failed `PRAGMA quick_check`.
+A manifest loaded whole would cost one Python object a file, however little a sync changes.
+Kept in `manifest.sqlite3`, a lookup is one query, an iteration streams in chunks (each its own
+short query, so a long reader never holds a lock a commit waits for), and a commit writes only
+the rows that changed, in one transaction whose journal makes it whole or absent. Damage reads
+as damage: a file that is not a database, a table missing, the wrong version, or (`verify`) a
+failed integrity check.
 """
 
 from __future__ import annotations
@@ -36,13 +35,15 @@ _FILE_NAMESPACES = (  # see ManifestStore.file_namespaces
     " UNION ALL SELECT f.namespace, f.path FROM ns, files f WHERE f.path ="
     " (SELECT min(path) FROM files WHERE path > max(ns.path, ns.namespace || '0')))"
     " SELECT DISTINCT namespace FROM ns")
-STATS = "path, size, mtime_ns"  # what a check of the files compares (`stats`, file_check.py)
+STATS = "path, size, mtime_ns, sha256"  # what a check of the files reads (file_check.py)
 STATS_QUERY = f"SELECT {STATS} FROM files"  # the same, all at once, for a helper process
+# What finds damaged pages and keys out of order: the quick check missed keys out of order
+# that made lookups by path fail, so a sync inserted such a file's row again at every run.
+INTEGRITY_CHECK = "PRAGMA integrity_check"
 
 # A sha256 written here is one this client computed, or checked against its text: the table
-# checks its length only. Checking its digits too (a GLOB, or an ltrim of them) cost a first
-# sync of 10,000 files 35-40 ms (docs/BENCHMARKS.md "Seventh round"); a manifest made before
-# keeps that check, which holds all the same.
+# checks its length only, as a check of its digits in SQLite costs every row written. The sync
+# checks the digits of every row as it reads them anyway (file_check.differing).
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID, STRICT",
     "CREATE TABLE files(path TEXT PRIMARY KEY, sha256 TEXT NOT NULL CHECK (length(sha256) = 64),"
@@ -60,6 +61,70 @@ class Row(namedtuple("Row", "path sha256 size namespace mtime_ns")):
     """One file's row: path, sha256, size, namespace, modification time (None: unknown)."""
 
     __slots__ = ()
+
+
+class CachedFile(namedtuple("CachedFile", "sha256 size namespace mtime_ns", defaults=(None,))):
+    """One cached file's provenance: its content address, size, namespace and modification time.
+
+    `mtime_ns` is the file's as the cache last wrote or verified it: a file whose size or time
+    differs is hashed by the next sync (`Cache.check_files`). None means "verify once".
+    """
+
+    __slots__ = ()
+
+
+class FileTable(Mapping[str, CachedFile]):
+    """The manifest's files as a read-only mapping over its store: nothing is held.
+
+    A lookup is one query; iterating streams the rows in path order. It always shows the store
+    as it is now, so a caller that needs the file list from before a commit asks before it.
+    """
+
+    def __init__(self, store: ManifestStore) -> None:
+        self.store = store
+
+    def __getitem__(self, path: str) -> CachedFile:
+        row = self.store.get(path) if type(path) is str else None
+        if row is None:
+            raise KeyError(path)
+        return CachedFile(*row[1:])
+
+    def get(self, path: str, default: Any = None) -> Any:  # noqa: D102 - Mapping's, one query
+        row = self.store.get(path) if type(path) is str else None
+        return default if row is None else CachedFile(*row[1:])
+
+    def __contains__(self, path: object) -> bool:
+        return type(path) is str and self.store.get(path) is not None
+
+    def __len__(self) -> int:
+        return self.store.count()
+
+    def __bool__(self) -> bool:
+        return self.store.holds_any()
+
+    def __iter__(self) -> Iterator[str]:
+        return self.store.paths()
+
+    def keys(self) -> Any:  # noqa: D102 - streamed, not a view that would query per key
+        return self.store.paths()
+
+    def items(self) -> Any:  # noqa: D102 - streamed in one query
+        return ((r[0], CachedFile(*r[1:])) for r in self.store.rows())
+
+    def values(self) -> Any:  # noqa: D102 - streamed in one query
+        return (CachedFile(*r[1:]) for r in self.store.rows())
+
+    def rows(self, namespace: str | None = None) -> Iterator[Row]:
+        """The rows (path first), of one namespace if named; streamed."""
+        return self.store.rows(namespace)
+
+    def sha256s(self, paths: list[str]) -> dict[str, str]:
+        """The sha256 of each of `paths` it lists, by path: a few queries for them all."""
+        return self.store.sha256s(paths)
+
+    def sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """(path, size) of each file below `prefix` (a folder and "/", or ""); streamed."""
+        return self.store.sizes(prefix)
 
 
 class ManifestStore:
@@ -139,7 +204,7 @@ class ManifestStore:
         self._conn, self._identity, self._verified = None, None, None
 
     def verify(self) -> None:
-        """`PRAGMA quick_check`, once for each committed state: Damaged when it fails.
+        """SQLite's integrity check, once for each committed state: Damaged when it fails.
 
         Its cost grows with the file (tens of milliseconds at 100,000 rows), so a reader that
         stays open pays it once a sync.
@@ -149,7 +214,7 @@ class ManifestStore:
         if self._verified == key:
             return
         try:
-            problems = [r for (r,) in conn.execute("PRAGMA quick_check")]
+            problems = [r for (r,) in conn.execute(INTEGRITY_CHECK)]
         except sqlite3.Error as exc:
             raise Damaged(f"{self.path} is damaged ({exc})") from None
         if problems != ["ok"]:
@@ -215,11 +280,7 @@ class ManifestStore:
         return Row(*rows[0]) if rows else None
 
     def sha256s(self, paths: Sequence[str]) -> dict[str, str]:
-        """The sha256 of each of `paths` the manifest lists, by path: IN_CHUNK paths a query.
-
-        A query a path cost a 1% sync of 10,000 files 5-7 ms for its 100 files read
-        (docs/BENCHMARKS.md "Eighth round").
-        """
+        """The sha256 of each of `paths` the manifest lists, by path: IN_CHUNK paths a query."""
         found: dict[str, str] = {}
         for i in range(0, len(paths), IN_CHUNK):
             chunk = tuple(paths[i:i + IN_CHUNK])
@@ -263,8 +324,8 @@ class ManifestStore:
         upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first path past the folder
         return self._pages("path, size", "path >= ? AND path < ?", (prefix, upper))
 
-    def stats(self) -> Iterator[tuple[str, int, int | None]]:
-        """(path, size, mtime_ns) of every file in path order: what a check of the files compares."""
+    def stats(self) -> Iterator[tuple[str, int, int | None, str]]:
+        """(path, size, mtime_ns, sha256) of every file in path order, for a check of the files."""
         return self._pages(STATS)
 
     def file_namespaces(self) -> list[str]:
@@ -272,9 +333,8 @@ class ManifestStore:
 
         A namespace's paths all begin with its key and "/", so they are one run in path order,
         and "0" follows "/": each step jumps to the first path past that run (and past the
-        path found, so a row whose namespace were not its path's could not hold it still).
-        `SELECT DISTINCT namespace` read every row: 3-5 ms at 10,000 files, in every sync's
-        commit (docs/BENCHMARKS.md "Eighth round").
+        path found, so a row whose namespace were not its path's could not hold it still),
+        where `SELECT DISTINCT namespace` would read every row at every commit.
         """
         return [n for (n,) in self._rows(_FILE_NAMESPACES)]
 
@@ -355,8 +415,7 @@ class Writing:
 class PullRows:
     """A pull's record of each file, in a private temporary SQLite database, not in Python.
 
-    A first pull names every file of the store: held as a dict of path to sha256 that took
-    about 400 bytes a file (36 MB more at 100,000 files than at 10,000). Here each record is a
+    A first pull names every file of the store, so its records are not held in Python. Each is a
     row (path, sha256, what to do with it), the latest record of a path the one that counts,
     written in batches as the pull streams in and read back in path order, a chunk at a time,
     by the commit and the search index. SQLite keeps at most its page cache in memory and

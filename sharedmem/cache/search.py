@@ -34,8 +34,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache, CachedFile, Manifest, NamespaceInfo
+from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache, Manifest, NamespaceInfo
 from sharedmem.cache.layout import CacheFiles
+from sharedmem.cache.manifest_store import CachedFile
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.program import LAUNCHER
 

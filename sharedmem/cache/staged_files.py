@@ -79,11 +79,12 @@ class Staging:
     are kept, for `move_tree`.
     """
 
-    def __init__(self, meta: Path, min_files: int = MIN_FILES) -> None:
+    def __init__(self, meta: Path, new_namespaces: frozenset[str] = frozenset(),
+                 min_files: int = MIN_FILES) -> None:
         self.folder = meta / STAGING_DIR
         self._base = os.path.join(self.folder, "")  # a name below it is this and the name
         self.min_files = min_files
-        self.new_namespaces: frozenset[str] = frozenset()  # staged as a tree (see above)
+        self.new_namespaces = new_namespaces  # the sync's own files there: staged as a tree
         self.numbers: dict[str, int] = {}  # by cache path: its latest number
         self.shas: list[str] = []  # by number
         self.sizes: array[int] = array("q")  # by number
@@ -234,6 +235,10 @@ class Staging:
     def _number(self, path: str, sha: str) -> int | None:
         number = self.numbers.get(path)
         return number if number is not None and self.shas[number] == sha else None
+
+    def put_trees(self, namespaces: frozenset[str]) -> None:
+        """Stage the pull's texts of these namespaces (new to the cache) as trees (`put`)."""
+        self.pull_trees = namespaces
 
     def _tree(self, path: str) -> str | None:
         """The namespace whose tree `path` is staged in when put first, or None."""

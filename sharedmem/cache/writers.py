@@ -4,14 +4,12 @@
 writer first, as the pull streams in (`take`): the plain writer holds them until the commit;
 a sync's pre-staged writer writes each into the staging folder at once, so a pull never holds
 more than one message of texts, and moves them into place at the commit. It also moves in the
-files its helper wrote ahead (staged_files.py), and vouches for what the sync published
-itself, so the commit does not check that again.
+files its helper wrote ahead (staged_files.py).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Container
 from pathlib import Path
 
 from sharedmem.cache.layout import Folders, namespace_key
@@ -44,14 +42,11 @@ class Moved:
 
 
 class FileWriter:
-    """Writes each file atomically (a temporary file, then a rename); vouches for nothing.
+    """Writes each file atomically (a temporary file, then a rename).
 
     The texts it takes wait in memory until the commit. Not fsynced: the cache is a copy of
     the server, and the next pull heals a lost write.
     """
-
-    own_texts: Container[str] = frozenset()  # sha256s whose text need not be hashed again
-    own_paths: Container[str] = frozenset()  # cache paths that need not be checked again
 
     def __init__(self) -> None:
         self.taken: dict[tuple[str, str], bytes] = {}
@@ -85,17 +80,12 @@ class FileWriter:
 class PreStagedWriter(FileWriter):
     """Moves in what was staged for the very path and sha256 the pull names; writes the rest.
 
-    Texts the server sent are staged as they arrive (`take`). `own_texts` are the sha256s of
-    texts this client hashed itself; `own_paths` are cache paths this client published itself,
-    so they passed the walk's rules, and the layout is its own.
+    Texts the server sent are staged as they arrive (`take`).
     """
 
-    def __init__(self, staging: Staging, own_texts: Container[str] = frozenset(),
-                 own_paths: Container[str] = frozenset()) -> None:
+    def __init__(self, staging: Staging) -> None:
         super().__init__()
         self.staging = staging
-        self.own_texts = own_texts
-        self.own_paths = own_paths
         self.plans: dict[str, dict[str, tuple[int, int, str, str]]] = {}  # see `plan`
 
     def take(self, path: str, sha: str, data: bytes) -> None:

@@ -25,8 +25,8 @@ def build_sync(sub: Any) -> None:
                        "changed).")
     p.add_argument("--config", required=True, help="path of client.json")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
-    p.add_argument("--max-protocol", type=int, choices=(1, 2, 3), default=3,
-                   help="highest protocol version to speak (1 to talk to an old server)")
+    p.add_argument("--max-protocol", type=int, choices=(2, 3), default=3,
+                   help="highest protocol version to speak (2: as a 0.1.0 client does)")
     p.add_argument("--compress", choices=("auto", "on", "off"),
                    help="compress the session (protocol 3), overriding client.json's compress "
                    "(default auto: on over ssh to another machine, off for a local store or ssh to "

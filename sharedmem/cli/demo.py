@@ -324,18 +324,9 @@ def _agent_session(cfg: Path, env: dict[str, str], say: Progress) -> list[dict[s
         for tool, arguments in plan:
             say(f"calling {tool}")
             is_error, result = session.call(tool, arguments)
-            if tool == "add_ad_hoc_note" and not is_error:
-                _await_delivery(cfg, say)
             calls.append({"tool": tool, "arguments": arguments, "is_error": is_error,
                           "result": result, "text": _render(tool, is_error, result)})
     return calls
-
-
-def _await_delivery(cfg: Path, say: Progress) -> None:
-    """Let the note's background delivery finish, as an agent finds it a moment later."""
-    from sharedmem.client import config, note
-    say("waiting for the note's delivery")
-    note.wait_for_delivery(config.load(cfg), 30)
 
 
 def format_text(result: dict[str, Any]) -> str:

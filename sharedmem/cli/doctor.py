@@ -98,7 +98,7 @@ def doctor(config_path: Path, env: Mapping[str, str]) -> Report:
         where = (f"ssh to {cfg.transport.host}" if cfg.transport.kind == "ssh"
                  else f"local store {cfg.transport.store}")
         report.add("config", OK, f"machine {cfg.machine}, {len(cfg.sources)} source(s), {where}")
-        _check_sources(report, cfg)
+        _check_sources(report, cfg, env)
         _check_server(report, cfg)
         _check_ssh_reuse(report, cfg)
         _check_cache(report, cfg)
@@ -107,16 +107,20 @@ def doctor(config_path: Path, env: Mapping[str, str]) -> Report:
     return report
 
 
-def _check_sources(report: Report, cfg: Any) -> None:
+def _check_sources(report: Report, cfg: Any, env: Mapping[str, str]) -> None:
     from sharedmem.sources import kinds as sources
     for src in cfg.sources:
         name = f"source {src.name}"
-        if not src.path.exists():
-            report.add(name, WARN, f"folder {src.path} does not exist, so nothing is published "
-                       "from it", f"create {src.path}, or drop the source by re-running "
+        spec = sources.SourceSpec(src.name, src.kind, src.path)
+        folders = [part.root for part in sources.parts(spec, env)]
+        if not any(folder.exists() for folder in folders):
+            shown = ", ".join(map(str, folders))
+            what = "folder {} does" if len(folders) == 1 else "folders {} do"
+            report.add(name, WARN, f"{what.format(shown)} not exist, so nothing is published "
+                       f"from it", f"create {folders[0]}, or drop the source by re-running "
                        "install_client.py without it", path=str(src.path))
             continue
-        snap = sources.snapshot(sources.SourceSpec(src.name, src.kind, src.path), cfg.limits)
+        snap = sources.snapshot(spec, cfg.limits, env=env)
         skipped = [{"path": s.path, "reason": s.reason, "message": s.message}
                    for s in snap.skipped]
         if snap.status != "ok":
@@ -304,10 +308,21 @@ def _check_harnesses(report: Report, config_path: Path, cfg: Any,
         _check_registration(report, name, path, command, config_path)
         _probe_mcp(report, name, command, env)
         _check_guidance(report, name, cfg, env)
+    if cfg is not None:
+        _check_memory(report, cfg, env, [n for n in harnesses.HARNESSES if n in detected or any(
+            c.name == f"registration {n}" for c in report.checks)])
     if not any(c.name.startswith("registration ") for c in report.checks):
         report.add("registrations", WARN, f"no harness has {harnesses.SERVER_NAME} registered "
                    "(none of codex, claude-code, opencode, cursor was found)", "install a "
                    "harness, then run install_client.py --harness NAME")
+
+
+def _check_memory(report: Report, cfg: Any, env: Mapping[str, str], names: list[str]) -> None:
+    """Per harness: where it writes memory today (its own settings say) and which source reads it."""
+    from sharedmem.install import memory_coverage
+    for found in memory_coverage.coverage(cfg.sources, env, cfg.machine, names):
+        report.add(f"memory {found.harness}", found.status, found.message, found.fix,
+                   folders=[str(f) for f in found.folders])
 
 
 def _check_registration(report: Report, name: str, path: Path, command: list[str],
@@ -380,15 +395,20 @@ def _probe_mcp(report: Report, name: str, command: list[str], env: Mapping[str, 
 
 def _check_guidance(report: Report, name: str, cfg: Any, env: Mapping[str, str]) -> None:
     from sharedmem.install import guidance, harnesses
-    paths = guidance.guidance_paths(name, env)
-    if not paths:
+    path = guidance.read_by(name, env)
+    if path is None:
         return
-    path = next((p for p in paths if p.exists()), paths[-1])
     fix = f"run install_client.py --harness {name} to add the guidance block"
     try:
         text = harnesses.read_text(path) or ""
+        unread = name == "opencode" and path.exists() and not guidance.opencode_lists(env)
     except SharedMemoryError as exc:
         report.add(f"guidance {name}", FAIL, str(exc), f"repair {path}", path=str(path))
+        return
+    if unread:
+        report.add(f"guidance {name}", WARN, f"{path} holds the guidance, but the instructions "
+                   f"list of {harnesses.config_path(name, env)} does not name it, so OpenCode "
+                   "never reads it", fix.replace("add", "list"), path=str(path))
         return
     block = guidance.extract_block(text)
     if block is None:

@@ -52,8 +52,7 @@ def main(argv: Sequence[str]) -> int:
         if argv[:1] != ["sync"] and argv[:1] != ["serve"]:
             return _run(argv)
         # Their run pauses the collector (`collector.Paused`), and so do the imports before it:
-        # a hundred modules loaded with it on cost a sync 12-15 ms of young collections that
-        # freed nothing (docs/BENCHMARKS.md "Eighth round").
+        # the collections a hundred modules' objects set off would free nothing.
         from sharedmem import collector
         with collector.Paused():
             return _run(argv)
@@ -63,7 +62,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _quick_args(argv: list[str]) -> Any:
-    """The commands the installers write, parsed without argparse (20 ms a run with it).
+    """The commands the installers write, parsed without loading argparse.
 
     `serve --store S [--machine M]`, as forced commands run it, and `sync --config C [--json]`,
     as the schedule runs it. Anything else (other options, help, a missing value) gives None

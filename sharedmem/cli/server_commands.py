@@ -200,7 +200,7 @@ def run_export(args: Any) -> int:
         raise Refused(f"export folder {out} is not empty: pass a new or empty folder")
     with Store.open(user_path(args.store), create=False) as store:
         namespaces = {ns.key: NamespaceInfo.listed(ns) for ns in store.namespaces().every()}
-        done = Cache(out).apply(store.export(), [], namespaces, full=True)  # streamed
+        done = Cache(out).apply(store.export(), [], namespaces, whole=namespaces)  # streamed
     emit({"out": str(out), **done}, args.json, f"exported {done['files']} files to {out}")
     return 0
 

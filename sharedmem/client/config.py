@@ -20,6 +20,8 @@ TRANSPORTS = ("local", "ssh")
 COMPRESS_MODES = ("auto", "on", "off")  # auto: on over ssh to another machine
 TRANSPORT_KEYS = frozenset({"kind", "store", "host", "port", "identity", "options",
                             "remote_command"})
+MAX_TIMEOUT_SECONDS = 86_400  # a deadline of a day is as good as none; more is a typo
+MAX_BUSY_RETRIES = 10
 
 
 class SourceConfig(namedtuple("SourceConfig", "name kind path")):
@@ -52,14 +54,35 @@ class Transport(namedtuple("Transport", "kind store host port identity options r
                        in ("proxycommand", "proxyjump") for option in self.options if option.strip())
 
 
+class Timeouts(namedtuple("Timeouts", "reply_seconds session_seconds session_rate busy_retries",
+                          defaults=(120.0, 300.0, 4096, 4))):
+    """How long a session waits on the server, and how often a busy sshd is tried again.
+
+    reply_seconds: the longest the server may move no byte (send none, take none of what this
+    side writes) while the client waits on it; above the server's own wait for its store's
+    lock (60 s). session_seconds and session_rate: a session's waits on the server add up to
+    at most session_seconds, and one second more for every session_rate bytes moved either
+    way, so a server that trickles is stopped however steadily it trickles. busy_retries: how
+    many more times an ssh connection the server resets before authentication (sshd's
+    MaxStartups) is started again, after a growing pause with jitter.
+    """
+
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings that are not the default, as `client.json` writes them."""
+        return {key: value for key, value, default in zip(
+            self._fields, self, Timeouts(), strict=True) if value != default}
+
+
 class ClientConfig(namedtuple("ClientConfig", "path machine transport sources cache state limits "
-                              "compress", defaults=(Limits(), "auto"))):
+                              "compress timeouts", defaults=(Limits(), "auto", Timeouts()))):
     """A validated `client.json`; plain named tuples (a dataclass would cost each sync 15 ms).
 
     Made by `collections.namedtuple`, as the others here: `typing.NamedTuple`, with typing
     itself, cost each sync's start about 10 ms. path (a Path), machine (str), transport
     (`Transport`), sources (a tuple of `SourceConfig`), cache and state (Paths), limits
-    (`Limits`), compress (str).
+    (`Limits`), compress (str), timeouts (`Timeouts`).
     """
 
     __slots__ = ()
@@ -106,6 +129,8 @@ class ClientConfig(namedtuple("ClientConfig", "path machine transport sources ca
         }
         if self.compress != "auto":  # the default is left out: installers write the same bytes
             out["compress"] = self.compress
+        if timeouts := self.timeouts.to_json():
+            out["timeouts"] = timeouts
         return out
 
 
@@ -156,13 +181,15 @@ def parse(raw: object, path: Path, env: Mapping[str, str]) -> ClientConfig:
                         f"(auto: on over ssh to another machine, off for a local store or this "
                         f"machine), not {compress!r}")
         compress = "auto"
-    known = {"version", "machine", "transport", "sources", "cache", "state", "limits", "compress"}
+    timeouts = _timeouts(raw.get("timeouts", {}), problems)
+    known = {"version", "machine", "transport", "sources", "cache", "state", "limits", "compress",
+             "timeouts"}
     problems.extend(f"unknown key {key!r}" for key in raw if key not in known)
     if problems:
         listing = "\n  - ".join(problems)
         raise ConfigError(f"configuration {path} has {len(problems)} problem(s):\n  - {listing}")
     return ClientConfig(path, machine, transport, sources, cache, state, limits,  # type: ignore[arg-type]
-                        compress)
+                        compress, timeouts)
 
 
 def expand(value: str, env: Mapping[str, str]) -> str:
@@ -263,3 +290,33 @@ def _limits(raw: object, problems: list[str]) -> Limits:
     limits = Limits(**{k: v for k, v in raw.items() if k in known})
     problems.extend(limits.problems())
     return limits
+
+
+def _timeouts(raw: object, problems: list[str]) -> Timeouts:
+    """The `timeouts` object: seconds as positive numbers, the rate and retries as integers."""
+    if not isinstance(raw, dict):
+        problems.append("timeouts must be an object such as {\"reply_seconds\": 120}")
+        return Timeouts()
+    problems.extend(f"unknown key timeouts.{key!r} (known: {', '.join(Timeouts._fields)})"
+                    for key in raw if key not in Timeouts._fields)
+    values: dict[str, Any] = {}
+    for key in ("reply_seconds", "session_seconds"):
+        value = raw.get(key, getattr(Timeouts(), key))
+        if type(value) not in (int, float) or not 0 < value <= MAX_TIMEOUT_SECONDS:
+            problems.append(f"timeouts.{key} must be a number of seconds above 0 and at most "
+                            f"{MAX_TIMEOUT_SECONDS}, not {value!r}")
+            continue
+        values[key] = value
+    rate = raw.get("session_rate", Timeouts().session_rate)
+    if type(rate) is not int or rate < 1:
+        problems.append(f"timeouts.session_rate must be a whole number of bytes a second, at "
+                        f"least 1, not {rate!r}")
+    else:
+        values["session_rate"] = rate
+    retries = raw.get("busy_retries", Timeouts().busy_retries)
+    if type(retries) is not int or not 0 <= retries <= MAX_BUSY_RETRIES:
+        problems.append(f"timeouts.busy_retries must be a whole number from 0 to "
+                        f"{MAX_BUSY_RETRIES}, not {retries!r}")
+    else:
+        values["busy_retries"] = retries
+    return Timeouts(**values)

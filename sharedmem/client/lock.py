@@ -22,6 +22,7 @@ DEFAULT_WAIT = 90.0
 _POLL = 0.05  # seconds between tries while waiting
 _REPORT_EVERY = 15.0  # seconds between "still waiting" messages
 _RECORD = 96  # bytes of the holder's record in the lock file
+DELIVERY_LOCK = "delivery.lock"  # below the state folder: one note delivery a machine at a time
 Waiting = Callable[[str], None]
 
 
@@ -86,17 +87,46 @@ def delivery_lock(state: Path) -> Iterator[bool]:
 
 
 @contextlib.contextmanager
-def delivery_lock_file(state: Path) -> Iterator[int | None]:
-    """The delivery lock's open file while this process holds it; None when another holds it.
+def delivery_lock_file(state: Path, name: str = DELIVERY_LOCK) -> Iterator[int | None]:
+    """The lock file's open file while this process holds it; None when another holds it.
 
+    The delivery lock, or another of the same kind (`name`: the MCP server's background sync).
     On POSIX a child given the file (`pass_fds`) holds the lock with it until it ends, after
-    this process closed its own: how the MCP server's background sync keeps a second from
-    starting, with no moment when neither holds it.
+    this process closed its own: so a delivery or a background sync started holds its lock
+    from its first instant, with no moment when neither holds it.
     """
     state.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state / "delivery.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(state / name, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         yield fd if _try_lock(fd) else None
+    finally:
+        os.close(fd)
+
+
+def adopt_lock(state: Path, fd: int) -> contextlib.AbstractContextManager[bool] | None:
+    """The delivery lock handed to this process as the open file `fd`, held until the `with` ends.
+
+    None unless `fd` is open on this state folder's delivery lock file and holds its lock (a
+    number from the environment is checked, not trusted). The file was inheritable to reach
+    this process; it is made not to be, so no child (an `ssh`, a helper) holds the lock on.
+    """
+    try:
+        handed, lock = os.fstat(fd), os.stat(state / DELIVERY_LOCK)
+    except OSError:
+        return None
+    if (handed.st_dev, handed.st_ino) != (lock.st_dev, lock.st_ino):
+        return None
+    if not _try_lock(fd):
+        os.close(fd)
+        return None
+    os.set_inheritable(fd, False)  # handed over once: nothing this process starts holds it
+    return _closed_after(fd)
+
+
+@contextlib.contextmanager
+def _closed_after(fd: int) -> Iterator[bool]:
+    try:
+        yield True
     finally:
         os.close(fd)
 

@@ -1,11 +1,15 @@
 """Adding a note: check and redact it, queue it in the outbox, then deliver it.
 
-`add_ad_hoc_note` (MCP) queues the note and starts a delivery detached from it (`sync
---notes-only`), so no tool ever waits on the server; `note` (the CLI) delivers in its own time.
-A delivery is the exchange (exchange.py) with nothing published first, so a note never loads
-the sync. It holds the sync lock, runs one at a time per machine, and gives up once the server
-has not finished within DELIVERY_TIMEOUT seconds: its notes then wait for the next sync. The same
-detached start runs the whole `sync` an MCP server starts on a stale cache (`start_sync`).
+`add_ad_hoc_note` (MCP) queues the note, starts a delivery detached from the MCP server (`sync
+--notes-only`, so it goes on when the server stops) and waits, a bounded time (the tool says
+how long), until the server has stored the note and the cache shows it (`add_note`); `note`
+(the CLI) delivers in its own process (`submit_note`). A delivery is the exchange (exchange.py)
+with nothing published first, so a note never loads the sync. One runs at a time per machine:
+the delivery lock is handed to the process started from its first instant, and before it ends
+it looks again for notes queued meanwhile, so a burst of notes starts one process that
+delivers them all. It gives up once the server has not finished within DELIVERY_TIMEOUT
+seconds: its notes then wait for the next sync. The MCP server's background `sync` on a stale
+cache starts the same way (`start_sync`), under a lock of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from sharedmem.client.config import ClientConfig
 from sharedmem.client.exchange import Exchange
 from sharedmem.client.lock import Waiting, delivery_lock, delivery_lock_file, sync_lock
 from sharedmem.client.outbox import Outbox, QueuedNote
+from sharedmem.client.status import LAST_DELIVERY_FILE, REFUSED_NOTES, REFUSED_SUFFIX
 from sharedmem.client.transport import Connection
 from sharedmem.core import NoteError, SharedMemoryError, TransportError
 from sharedmem.rules import NOTES_DIR
@@ -28,6 +33,9 @@ if TYPE_CHECKING:
 
 DELIVERY_TIMEOUT = 30.0  # seconds a delivery waits on the server, from starting ssh to the pull
 NOTE_LOCK_WAIT = 30.0  # seconds `note` waits for a running sync before leaving the note queued
+BACKGROUND_LOCK = "background-sync.lock"  # below the state folder: one background sync a machine
+HANDED_LOCK = "SHAREDMEM_DELIVERY_LOCK_FD"  # the delivery lock's descriptor, handed to the child
+_POLL = 0.05  # seconds between looks at the outbox and the cache while a note is delivered
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 
 
@@ -50,65 +58,183 @@ def submit_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any
     return result
 
 
-def queue_note(config: ClientConfig, filename: str, text: str) -> dict[str, Any]:
-    """Queue a note and start its delivery in the background (`add_ad_hoc_note`); answers at once."""
-    note = _queue(config, filename, text)
+def add_note(config: ClientConfig, filename: str, text: str, wait: float) -> dict[str, Any]:
+    """Queue a note, start its delivery detached, and wait until the cache shows it.
+
+    `add_ad_hoc_note`: the answer is `stored` with the path `read` now finds, or, when the server
+    has not answered within `wait` seconds (or the delivery failed sooner), `queued` with what
+    will deliver it. A note the server refused raises NoteError. Safe on a thread of its own:
+    it touches only files and the child it starts.
+    """
+    import time
     path = f"{NOTES_DIR}/{filename}"
-    delivery, why = start_delivery(config)
-    later = ("If the server cannot be reached, the note stays queued on this machine and the "
-             "next sync delivers it.")
-    message = {
-        "started": f"Queued; a delivery to the server was started in the background. Once the "
-                   f"server has stored the note (usually within seconds) it can be read at "
-                   f"{path}. {later}",
-        "already running": f"Queued; the delivery (or background sync) already running on this "
-                           f"machine takes it too. Once the server has stored the note (usually "
-                           f"within seconds) it can be read at {path}. {later}",
-        "not started": f"Queued on this machine, but no delivery could be started ({why}): the "
-                       f"next sync delivers it, and it can then be read at {path}.",
-    }[delivery]
-    return {"status": "queued", "filename": filename, "note_id": note.note_id, "path": path,
-            "delivery": delivery, "message": message}
+    outbox = Outbox(config.state / "outbox")
+    queued_ns = time.time_ns()
+    text = _redacted(filename, text)
+    shown = _Shown(config, path, text)  # counted before any delivery can take the note
+    note = outbox.put(filename, text)
+    delivery, why, process = start_detached(config, "--notes-only", hold=True)
+    result = {"filename": filename, "note_id": note.note_id, "path": path, "delivery": delivery}
+    deadline = time.monotonic() + wait
+    stored, failed = False, None
+    while True:
+        if not stored and not outbox.holds(note.note_id):
+            _raise_if_refused(config, note)
+            stored = True
+        if stored and shown.now():
+            return {**result, "status": "stored",
+                    "message": f"Stored on the server; read it at {path}."}
+        if not stored:
+            failed = _failed(config, process, queued_ns)
+        if failed is not None or delivery == "not started" or time.monotonic() >= deadline:
+            break
+        time.sleep(_POLL)
+    return {**result, **_waiting(path, wait, delivery, why, stored, failed)}
 
 
-def start_delivery(config: ClientConfig) -> tuple[str, str]:
-    """Start `sync --notes-only` detached, unless a delivery runs: (what happened, why not)."""
-    what, why, _ = start_detached(config, "--notes-only")
-    return what, why
+def _waiting(path: str, wait: float, delivery: str, why: str, stored: bool,
+             failed: str | None) -> dict[str, str]:
+    """The status and message of a note not yet shown: what will deliver it, where to read it."""
+    sync = "the next sync (the schedule's, or `shared_memory.py sync`)"
+    if stored:
+        return {"status": "stored", "message": f"Stored on the server, but this machine's cache "
+                f"did not show it within {wait:g} s: it can be read at {path} after {sync}."}
+    if failed is not None:
+        return {"status": "queued", "message": f"Queued on this machine: the delivery could not "
+                f"reach the server ({failed}). {sync[0].upper()}{sync[1:]} delivers it; it can "
+                f"then be read at {path}."}
+    if delivery == "not started":
+        return {"status": "queued", "message": f"Queued on this machine, but no delivery could "
+                f"be started ({why}): {sync} delivers it; it can then be read at {path}."}
+    waited = f"the server did not answer within {wait:g} s" if wait > 0 else "not waited for"
+    return {"status": "queued", "message": f"Queued: {waited}. The delivery running in the "
+            f"background goes on (it gives up on a server that "
+            f"has not answered within {DELIVERY_TIMEOUT:g} s); if it cannot deliver the note, "
+            f"{sync} does. It can then be read at {path}."}
+
+
+class _Shown:
+    """Whether the cache shows a note: its file holds one more copy of its text than when queued.
+
+    The server renders each entry's text on lines of its own inside a fence (LF line breaks,
+    trailing blanks dropped), so one more of those is the note's entry, even in a file that
+    already held the same text. The cache's manifest must list the file as it now is too (it
+    is written after the files), so `read` finds it with its provenance.
+    """
+
+    def __init__(self, config: ClientConfig, path: str, text: str) -> None:
+        body = text.replace("\r\n", "\n").replace("\r", "\n").rstrip()
+        self.needle = f"\n{body}\n".encode()
+        self.cache, self.path = config.cache, path
+        data = self._data()
+        self.before = 0 if data is None else data.count(self.needle)
+
+    def _data(self) -> bytes | None:
+        from sharedmem.cache.layout import CacheFiles
+        try:
+            with CacheFiles(self.cache) as disk:
+                return disk.read(self.path)
+        except SharedMemoryError:  # a link or a damaged folder: not shown, the sync repairs it
+            return None
+
+    def now(self) -> bool:
+        data = self._data()
+        if data is None or data.count(self.needle) <= self.before:
+            return False
+        from sharedmem.cache.cache import Cache
+        from sharedmem.hashing import sha256_bytes
+        cache = Cache(self.cache)  # this thread's own connection
+        try:
+            listed = cache.load().files.get(self.path)
+        finally:
+            cache.store.close()
+        return listed is not None and listed.sha256 == sha256_bytes(data)
+
+
+def _raise_if_refused(config: ClientConfig, note: QueuedNote) -> None:
+    """Raise NoteError with the server's reason when it refused this note (kept aside)."""
+    import json
+    folder = config.state / REFUSED_NOTES
+    suffix = f"-{note.note_id}.json"
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if entry.name.endswith(suffix):
+                reason = folder / (entry.name.removesuffix(".json") + REFUSED_SUFFIX)
+                try:
+                    message = json.loads(reason.read_text(encoding="utf-8"))["message"]
+                except (OSError, ValueError, KeyError, TypeError):
+                    message = "no reason recorded"
+                raise NoteError(f"the server refused the note: {message} (its text is kept in "
+                                f"{entry.path})")
+
+
+def _failed(config: ClientConfig, process: subprocess.Popen[bytes] | None,
+            queued_ns: int) -> str | None:
+    """Why the delivery this note waits for failed, or None while it may still deliver it.
+
+    The one started for it failed when it ended with an error (its report says why); one that
+    was already running, when it reported a failure after the note was queued (it found the
+    note queued, then could not deliver).
+    """
+    if process is None:
+        return _failure(config, queued_ns)
+    if process.poll() in (None, 0):
+        return None
+    return _failure(config, queued_ns) or f"the delivery ended with exit status {process.returncode}"
+
+
+def _failure(config: ClientConfig, since_ns: int) -> str | None:
+    """Why the delivery that ended after `since_ns` failed, from its report; None if none did."""
+    import json
+    try:
+        report = json.loads((config.state / LAST_DELIVERY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or report.get("status") != "failed":
+        return None
+    ended = report.get("finished_ns")
+    if not isinstance(ended, int) or ended <= since_ns:
+        return None
+    return str(report.get("error") or "no reason recorded")
 
 
 def start_sync(config: ClientConfig) -> tuple[str, str, subprocess.Popen[bytes] | None]:
     """Start a whole `sync` detached (the MCP server, on a stale cache), unless one runs.
 
-    The same start as a delivery's, and the same lock: the sync holds the delivery lock until it
-    ends (handed over on POSIX), so a second MCP server starts no second one, and a note added
-    meanwhile is delivered by it (or, when it has passed that step, by the next sync).
+    It holds a lock of its own (BACKGROUND_LOCK, handed over on POSIX) until it ends, so a second
+    MCP server starts no second one. A note added meanwhile starts its own delivery, which
+    waits for this sync's sync lock and then delivers what the sync did not.
     """
-    return start_detached(config, hold=True)
+    return start_detached(config, hold=True, lock=BACKGROUND_LOCK)
 
 
-def start_detached(config: ClientConfig, *flags: str, hold: bool = False
-                   ) -> tuple[str, str, subprocess.Popen[bytes] | None]:
-    """Start `sync FLAGS` detached unless the delivery lock is held: (what, why not, process).
+def start_detached(config: ClientConfig, *flags: str, hold: bool = False,
+                   lock: str | None = None) -> tuple[str, str, subprocess.Popen[bytes] | None]:
+    """Start `sync FLAGS` detached unless its lock is held: (what, why not, process).
 
-    'already running' when a delivery (which looks for notes queued meanwhile once it is done)
-    or a background sync holds the lock. With `hold`, the child is handed the lock.
+    The lock is the delivery lock, or `lock`; 'already running' when another process holds it
+    (a delivery looks for notes queued meanwhile before it ends). With `hold`, the child is
+    handed the lock (POSIX), so no moment passes with neither holding it.
     """
     import subprocess
     import sys
 
     from sharedmem.program import LAUNCHER
-    with delivery_lock_file(config.state) as fd:
+    with delivery_lock_file(config.state, *([lock] if lock else [])) as fd:
         if fd is None:
             return "already running", "", None
         # `--config=PATH`, one word: so `sync` starts no ssh ahead, which a delivery that finds
         # another one running would only have to stop.
         argv = [sys.executable, str(LAUNCHER), "sync", *flags, f"--config={config.path}"]
+        handed = hold and os.name != "nt"
+        env = None
+        if handed and lock is None:
+            env = {**os.environ, HANDED_LOCK: str(fd)}
         try:
             process = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, close_fds=True,
-                pass_fds=(fd,) if hold and os.name != "nt" else (),
+                stderr=subprocess.DEVNULL, close_fds=True, env=env,
+                pass_fds=(fd,) if handed else (),
                 creationflags=_DETACHED if os.name == "nt" else 0,
                 start_new_session=os.name != "nt")
         except OSError as exc:
@@ -120,10 +246,13 @@ def deliver_queued(config: ClientConfig, lock_wait: float, waiting: Waiting | No
                    timeout: float = DELIVERY_TIMEOUT) -> dict[str, Any]:
     """Deliver every queued note and refresh the cache (`sync --notes-only`); one run at a time.
 
-    A run that finds another delivery running leaves the notes to it. Before it ends, a run looks
-    again for notes queued while it held the delivery lock (their writers saw it held and
-    started none); after a failure it stops, and the next sync delivers what is left.
+    A run that finds another delivery running leaves the notes to it; one started by `add_note`
+    holds the lock from its start (handed over). Before it ends, a run looks again for notes
+    queued while it held the delivery lock (their writers saw it held and started none); after
+    a failure it stops, and the next sync delivers what is left. Its report is kept in
+    LAST_DELIVERY_FILE, where a note waiting on it reads why it failed.
     """
+    import time
     report: dict[str, Any] = {"machine": config.machine, "status": "ok",
                               "notes": {"delivered": 0, "refused": []}}
     outbox = Outbox(config.state / "outbox")
@@ -132,8 +261,10 @@ def deliver_queued(config: ClientConfig, lock_wait: float, waiting: Waiting | No
     def fresh() -> set[str]:
         return {n.note_id for _, n in outbox.pending()} - tried
 
+    handed = _handed_lock(config)
     while True:
-        with delivery_lock(config.state) as held:
+        with handed or delivery_lock(config.state) as held:
+            handed = None
             if not held:
                 report["message"] = ("another delivery of this machine is running; it takes "
                                      "the queued notes")
@@ -152,30 +283,46 @@ def deliver_queued(config: ClientConfig, lock_wait: float, waiting: Waiting | No
     if report["status"] == "ok" and report["notes"]["refused"]:
         report["status"] = "partial"
     report["pending"] = len(outbox.pending())
+    _keep_report(config, {**report, "finished_ns": time.time_ns()})
     return report
 
 
-def wait_for_delivery(config: ClientConfig, seconds: float) -> bool:
-    """Wait until no note is queued and no delivery runs (the demo, before it shows the note).
+def _handed_lock(config: ClientConfig) -> contextlib.AbstractContextManager[bool] | None:
+    """The delivery lock this process was handed by the one that started it, if it was.
 
-    False if that takes longer than `seconds`: the server is slow or unreachable.
+    Trusted only when the descriptor named in HANDED_LOCK is open on this machine's delivery
+    lock file and holds its lock; it is taken out of the environment, so nothing this process
+    starts sees it.
     """
-    import time
-    outbox = Outbox(config.state / "outbox")
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not outbox.pending():
-            with delivery_lock(config.state) as free:
-                if free:
-                    return True
-        time.sleep(0.05)
-    return False
+    from sharedmem.client.lock import adopt_lock
+    value = os.environ.pop(HANDED_LOCK, "")
+    if not (value.isascii() and value.isdigit()):
+        return None
+    return adopt_lock(config.state, int(value))
+
+
+def _keep_report(config: ClientConfig, report: dict[str, Any]) -> None:
+    """Keep a delivery's report for the notes waiting on it; a failure to write loses only that."""
+    import json
+
+    from sharedmem.clock import utc_now
+    from sharedmem.files import atomic_write
+    kept = {k: report[k] for k in ("status", "error", "pending", "finished_ns") if k in report}
+    with contextlib.suppress(OSError):
+        atomic_write(config.state / LAST_DELIVERY_FILE, json.dumps(
+            {**kept, "delivered": report["notes"]["delivered"], "finished_at": utc_now()},
+            ensure_ascii=False).encode("utf-8"), mode=0o600, durable=False)
+
+
+def _redacted(filename: str, text: str) -> str:
+    """A note checked and redacted; refused (NoteError) before anything is written."""
+    from sharedmem.redact.redactor import redact_note
+    return redact_note(filename, text)[0]
 
 
 def _queue(config: ClientConfig, filename: str, text: str) -> QueuedNote:
     """Check, redact and queue a note; refused before anything is written."""
-    from sharedmem.redact.redactor import redact_note
-    return Outbox(config.state / "outbox").put(filename, redact_note(filename, text)[0])
+    return Outbox(config.state / "outbox").put(filename, _redacted(filename, text))
 
 
 def _deliver(exchange: Exchange, lock_wait: float, timeout: float,
@@ -202,7 +349,7 @@ def _deadline(conn: Connection, seconds: float) -> Iterator[None]:
 
     def stop() -> None:
         fired.set()
-        _kill(conn.process)
+        conn.stop_server()
 
     timer = threading.Timer(seconds, stop)
     timer.daemon = True
@@ -218,14 +365,3 @@ def _deadline(conn: Connection, seconds: float) -> Iterator[None]:
     finally:
         timer.cancel()
 
-
-def _kill(process: Any) -> None:
-    """Kill the server end and what it started (it leads a session of its own: ssh, serve)."""
-    if process.poll() is not None:
-        return
-    if hasattr(os, "killpg"):
-        import signal
-        with contextlib.suppress(OSError):
-            os.killpg(process.pid, signal.SIGKILL)
-            return
-    process.kill()

@@ -57,6 +57,21 @@ class Outbox:
                 continue
         return out
 
+    def holds(self, note_id: str) -> bool:
+        """Whether the note `note_id` still waits here, from the file names alone (none read).
+
+        A folder that cannot be read says yes: the note is not known to have left.
+        """
+        suffix = f"-{note_id}.json"
+        try:
+            with os.scandir(self.folder) as entries:
+                return any(e.name.endswith(suffix) and not e.name.startswith(".")
+                           for e in entries)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+
     def done(self, path: Path) -> None:
         """Forget a note the server has acknowledged."""
         try:

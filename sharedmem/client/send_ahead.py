@@ -18,7 +18,7 @@ from queue import SimpleQueue
 
 from sharedmem.client.tails import encode_tails
 from sharedmem.client.transport import raw_bodies
-from sharedmem.core import ProtocolError
+from sharedmem.core import SharedMemoryError
 from sharedmem.protocol import AHEAD_REFS, chunks, encode_bodies, encode_raw_texts, encode_texts
 
 TYPE_CHECKING = False
@@ -54,7 +54,7 @@ class Ahead:
         # with their bodies in case the server chose another.
         self.waiting: tuple[list[bytes], int, list[list[tuple[str, bytes]]], str] | None = None
         self._sender: threading.Thread | None = None
-        self._failure: ProtocolError | None = None
+        self._failure: SharedMemoryError | None = None
 
     def offer(self, sha: str, data: bytes) -> None:
         """Queue a body (its text in UTF-8) to go ahead, as soon as the server is known to take it.
@@ -162,7 +162,11 @@ class Ahead:
             places[sha] = len(places)
 
     def _send(self) -> None:
-        """Encode and write on a thread: the walk goes on while the pipe is full."""
+        """Encode and write on a thread: the walk goes on while the pipe is full.
+
+        A failure (the server end gone, or stopped past a deadline) is kept for `wait`, which
+        raises it on the sync's own thread: nothing of it is printed from here.
+        """
         while (room := self._queue.get()) is not None:
             if self._failure is not None:
                 continue
@@ -173,7 +177,7 @@ class Ahead:
                     continue
                 for batch in chunks(room, _size):
                     self.conn.channel.send_line(_encode(batch, form))
-            except ProtocolError as exc:
+            except SharedMemoryError as exc:
                 self._failure = exc
 
     def close(self) -> None:

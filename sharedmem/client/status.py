@@ -25,10 +25,12 @@ if TYPE_CHECKING:
 STALE_PERIODS = 3  # a cache older than this many schedule periods is stale: a sync has been missed
 SYNCED_FILE = (".sharedmem", "synced.json")  # below the cache: cache.SYNCED_NAME
 LAST_ATTEMPT_FILE = "last-sync.json"  # below the state folder, written by every sync
+LAST_DELIVERY_FILE = "last-delivery.json"  # below the state folder: the last note delivery's report
 OUTBOX = "outbox"  # below the state folder: outbox.Outbox, one `.json` file a note
 REFUSED_NOTES = "refused-notes"  # below the state folder: each refused note's outbox file...
 REFUSED_SUFFIX = ".reason"  # ...and beside it (`.json` -> `.reason`) the server's reason, as JSON
 REFUSED_SHOWN = 5  # refused notes `status` names one by one; the rest are counted
+CLOCK_SLACK = 60  # seconds a last sync may lie ahead of now (clocks stepped by NTP) and count as now
 _SMALL = 1 << 20  # a bookkeeping file larger than this is damaged: read as nothing
 _ERROR_CHARS = 300  # of a failed attempt's error, in the one-line summary
 
@@ -40,15 +42,17 @@ def status(config: ClientConfig) -> dict[str, Any]:
     cache = Cache(config.cache)
     manifest = cache.load(verify=True)  # a damaged store is named, as doctor reports it
     last = _read_json(os.path.join(config.state, LAST_ATTEMPT_FILE), follow=True)
-    age = time.time() - parse_utc(manifest.last_sync) if manifest.last_sync else None
+    synced = _when(manifest.last_sync)
+    age = None if synced is None or _future(synced) else max(0, int(time.time() - synced))
     counts = cache.counts()
     return {
         "machine": config.machine,
         "cache": str(config.cache),
         "damage": cache.damage,
         "last_sync": manifest.last_sync,
-        "age_seconds": None if age is None else int(age),
+        "age_seconds": age,
         "age": None if age is None else age_text(age),
+        **({"last_sync_in_future": True} if synced is not None and _future(synced) else {}),
         "last_attempt": last,
         "pending_notes": [n.filename for _, n in Outbox(config.state / OUTBOX).pending()],
         **refused_notes(str(config.state)),
@@ -112,35 +116,46 @@ def freshness(cache: str, state: str, now: float | None = None) -> dict[str, Any
 
     `last_sync` is the last pull written into the cache; `last_attempt` the last whole sync's
     outcome (status, error, finished_at), None before the first; `pending_notes` the notes in
-    the outbox. Nothing here fails: what cannot be read is reported as unknown.
+    the outbox. Nothing here fails: what cannot be read is reported as unknown. A last sync
+    later than now (past CLOCK_SLACK: a clock set back, a damaged record) has no age and is
+    marked `last_sync_in_future`: it is stale, not fresh.
     """
     now = time.time() if now is None else now
     last_sync = _read_json(os.path.join(cache, *SYNCED_FILE)).get("last_sync")
     synced = _when(last_sync)
     raw = _read_json(os.path.join(state, LAST_ATTEMPT_FILE), follow=True)
     attempt = {k: raw[k] for k in ("status", "error", "finished_at") if isinstance(raw.get(k), str)}
-    age = None if synced is None else max(0, int(now - synced))
-    return {"last_sync": last_sync if synced is not None else None, "age_seconds": age,
-            "age": None if age is None else age_text(age),
-            "last_attempt": attempt if attempt.get("status") else None,
-            "pending_notes": _count_notes(os.path.join(state, OUTBOX))}
+    future = synced is not None and _future(synced, now)
+    age = None if synced is None or future else max(0, int(now - synced))
+    fresh = {"last_sync": last_sync if synced is not None else None, "age_seconds": age,
+             "age": None if age is None else age_text(age),
+             "last_attempt": attempt if attempt.get("status") else None,
+             "pending_notes": _count_notes(os.path.join(state, OUTBOX))}
+    if future:
+        fresh["last_sync_in_future"] = True
+    return fresh
 
 
 def stale_reason(fresh: dict[str, Any], now: float | None = None) -> str | None:
     """Why a sync should start now ('the cache was 2h 5m old'), or None.
 
-    Stale is older than STALE_PERIODS runs of the schedule: a laptop that slept, a schedule
-    that stopped. Never for a cache no sync has completed into (the installer's first sync, or
-    a person's, is what sets a client up), nor when a sync finished within the last period (the
-    schedule is trying: the server is likely unreachable, and another try would only fail too).
+    Stale is older than STALE_PERIODS runs of the schedule (a laptop that slept, a schedule
+    that stopped), or synced at a time in the future, which no age can be told from. Never for
+    a cache no sync has completed into (the installer's first sync, or a person's, is what sets
+    a client up), nor when a sync finished within the last period (the schedule is trying: the
+    server is likely unreachable, and another try would only fail too).
     """
     age = fresh.get("age_seconds")
-    if age is None or age <= STALE_PERIODS * SYNC_INTERVAL_SECONDS:
+    future = fresh.get("last_sync_in_future")
+    if not future and (age is None or age <= STALE_PERIODS * SYNC_INTERVAL_SECONDS):
         return None
     now = time.time() if now is None else now
     tried = _when((fresh.get("last_attempt") or {}).get("finished_at"))
     if tried is not None and 0 <= now - tried < SYNC_INTERVAL_SECONDS:
         return None
+    if future:
+        return (f"the cache's last sync time ({fresh['last_sync']}) is in the future, so its "
+                "age is unknown")
     return f"the cache was {fresh['age']} old"
 
 
@@ -149,7 +164,11 @@ def describe(fresh: dict[str, Any]) -> str:
 
     A `background_sync` entry (added by the MCP server) says what it started.
     """
-    if fresh.get("last_sync"):
+    if fresh.get("last_sync_in_future"):
+        parts = [f"The shared memory cache records its last sync at {fresh['last_sync']}, a time "
+                 "in the future (this machine's clock was set back, or the record is damaged), "
+                 "so how old it is cannot be told: treat it as possibly out of date."]
+    elif fresh.get("last_sync"):
         parts = [f"The shared memory cache was last synced at {fresh['last_sync']} "
                  f"({fresh['age']} ago)."]
     else:
@@ -185,6 +204,11 @@ def describe(fresh: dict[str, Any]) -> str:
         parts.append(f"{background['reason'][0].upper()}{background['reason'][1:]}, but no "
                      f"background sync could be started: {background['why']}.")
     return " ".join(parts)
+
+
+def _future(when: float, now: float | None = None) -> bool:
+    """Whether `when` is later than now by more than CLOCK_SLACK."""
+    return when - (time.time() if now is None else now) > CLOCK_SLACK
 
 
 def _when(stamp: object) -> float | None:

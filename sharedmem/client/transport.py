@@ -4,20 +4,28 @@ Either way the session is the same newline-delimited JSON over the child's stdin
 compressed after the hellos when both offer it (version 3). A sync that remembers the server's
 hello (`state/server.json`) goes on as soon as its own hello is sent, and checks the answer
 before it uses any other reply (docs/PROTOCOL.md "Optimistic hello").
+
+Every wait on the server has a deadline (`Watch`, set by `timeouts` in client.json): past one
+the server end is stopped and the error says which wait ran out. An ssh connection that sshd
+resets before authentication (a busy server's MaxStartups) is started again, a few times, with
+everything sent so far sent again: nothing of it reached the server.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 from sharedmem import __version__
-from sharedmem.client.config import ClientConfig, Transport
+from sharedmem.client.config import ClientConfig, Timeouts, Transport
 from sharedmem.client.early_ssh import spawn, ssh_argv, take
-from sharedmem.core import ProtocolError, TransportError
+from sharedmem.core import ProtocolError, SharedMemoryError, TransportError
 from sharedmem.files import atomic_write
 from sharedmem.program import LAUNCHER, PYTHON_FLAGS
 from sharedmem.protocol import COMPRESSIONS, VERSIONS, Channel, PeerError, printable
@@ -29,6 +37,19 @@ if TYPE_CHECKING:
 LEFT_MESSAGES = 64  # what a server end that went away may have said first, read for its error
 SERVER_RECORD = "server.json"  # in the state folder: the last server hello a sync took
 REMEMBERED = ("version", "compress", "ahead_bytes", "server", "raw_bodies")  # of that hello
+# Written to the server end a slice at a time, so a long line on a slow link shows as progress
+# while it drains (`Watch`); read through a buffer of a pipe's capacity.
+WRITE_SLICE = 64 * 1024
+READ_BUFFER = 64 * 1024
+RESET_EXIT_WAIT = 5.0  # seconds ssh has to exit once its output ended, for a reset to be retried
+BUSY_PAUSE = 1.0  # seconds before the first retry of a busy sshd: doubled each time, jittered
+BUSY_PAUSE_MAX = 16.0
+# What ssh says when the server's sshd drops the connection before its banner (MaxStartups),
+# or closes it before authentication; and what rules a retry out.
+RESET_SIGNS = ("exchange_identification", "Connection reset by", "Connection closed by")
+NOT_A_RESET = ("Permission denied", "Host key verification failed", "host key",
+               "Could not resolve", "Connection refused", "timed out",
+               "Too many authentication failures")
 
 
 class HelloChanged(ProtocolError):
@@ -62,11 +83,34 @@ def server_command(config: ClientConfig, max_version: int | None = None) -> list
     return ssh_command(config.transport)
 
 
-def explain_ssh(stderr: str, transport: Transport) -> str:
-    """Turn ssh's complaint into a sentence that says how to fix it."""
+def refused_before_authentication(stderr: str) -> bool:
+    """Whether ssh's complaint is a connection the server reset or closed before authentication.
+
+    sshd past `MaxStartups` drops a new connection before it sends its banner
+    (`kex_exchange_identification: read: Connection reset by peer`, or `... Connection closed
+    by remote host`); a refused key, an unknown host key or a name that does not resolve is no
+    such thing, and is not retried.
+    """
+    return any(sign in stderr for sign in RESET_SIGNS) and not any(
+        other in stderr for other in NOT_A_RESET)
+
+
+def explain_ssh(stderr: str, transport: Transport, tries: int = 1) -> str:
+    """Turn ssh's complaint into a sentence that says how to fix it.
+
+    `tries`: how many connections were started, each reset before authentication.
+    """
     host = transport.host
     port = f" -p {transport.port}" if transport.port else ""
     text = stderr.strip().splitlines()[-1] if stderr.strip() else "ssh exited with no message"
+    tried = f" ({tries} tries)" if tries > 1 else ""
+    if "exchange_identification" in stderr and refused_before_authentication(stderr):
+        return (f"the server refused the connection while busy (sshd MaxStartups): {host}{port} "
+                f"closed it before authentication{tried} ({text}), so nothing was sent. The next "
+                "sync tries again; if this happens often, raise MaxStartups in the server's "
+                "sshd_config or spread the machines' schedules (docs/OPERATIONS.md \"Many "
+                "machines on one server: ssh\"). sshd's PerSourcePenalties or a hosts.deny rule "
+                "refuse connections the same way")
     if "Host key verification failed" in stderr or "No ED25519 host key is known" in stderr \
             or "host key for" in stderr.lower() and "not known" in stderr.lower():
         return (f"the host key of {host} is not known (or changed), and strict checking is on: "
@@ -78,7 +122,7 @@ def explain_ssh(stderr: str, transport: Transport) -> str:
                 f"PUBKEY prints the line), or pass --ssh-identity with the right private key")
     if "Connection refused" in stderr or "Could not resolve" in stderr or "timed out" in stderr:
         return f"cannot reach {host}{port} ({text}): check the host name, port and that sshd runs"
-    return f"ssh to {host} failed: {text}"
+    return f"ssh to {host} failed{tried}: {text}"
 
 
 class Connection:
@@ -87,20 +131,28 @@ class Connection:
     def __init__(self, config: ClientConfig, max_version: int = max(VERSIONS)) -> None:
         self.config = config
         self.versions = [v for v in VERSIONS if v <= max_version]
-        argv = server_command(config, max_version if max_version < max(VERSIONS) else None)
+        self.argv = server_command(config, max_version if max_version < max(VERSIONS) else None)
         self.where = (f"ssh {config.transport.host}" if config.transport.kind == "ssh"
                       else f"the local store {config.transport.store}")
         try:
-            self.process = take(argv) or spawn(argv)  # ssh may have started before we loaded
+            process = take(self.argv) or spawn(self.argv)  # ssh may have started before we loaded
         except OSError as exc:
-            raise TransportError(f"cannot start {argv[0]!r} to reach {self.where}: {exc}; "
+            raise TransportError(f"cannot start {self.argv[0]!r} to reach {self.where}: {exc}; "
                                  "install OpenSSH's client or fix the transport") from None
-        self._stderr: list[bytes] = []
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.channel: Channel = _ServerChannel(self, self.process.stdout, self.process.stdin)
-        self._gone: ProtocolError | None = None
+        self._carried = 0  # bytes moved by the server ends before this one (`moved`)
+        self._open(process)
+        self.channel: _ServerChannel = _ServerChannel(self, self._input_stream, self._output)
+        # Until the server's first byte, every line sent is kept: an ssh connection reset before
+        # authentication is started again and they go again (`_restart`). ssh reads nothing
+        # of its input before authentication, so the lines kept then are a pipe's worth.
+        self._replay: list[tuple[bytes, bool]] | None = (
+            [] if config.transport.kind == "ssh" and config.timeouts.busy_retries else None)
+        self._tries = 1  # server ends started
+        self._generation = 0  # how many times the server end was started again
+        self._sending = threading.RLock()  # one line at a time, and no line during a restart
+        self._closing = False
+        self.last_sent = "hello"  # the type of the last line sent, as a deadline names it
+        self._gone: SharedMemoryError | None = None
         self.version = 0
         self.server: dict[str, Any] = {}
         self.early: dict[str, Any] | None = None  # the server's hello, once it has come
@@ -120,12 +172,30 @@ class Connection:
         self._answer: list[dict[str, Any] | ProtocolError] = []
         self._hello_read = threading.Event()
         self._held: list[dict[str, Any] | None | ProtocolError] = []
+        self.watch = Watch(self, config.timeouts)
 
-    def _drain(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            if sum(map(len, self._stderr)) < 64 * 1024:
-                self._stderr.append(line)
+    def _open(self, process: Any) -> None:
+        """Take a started server end: its pipes, counted, and a thread reading its stderr."""
+        assert process.stdin is not None and process.stdout is not None
+        self.process = process
+        self._input = _Received(process.stdout.fileno())
+        self._input_stream = io.BufferedReader(self._input, READ_BUFFER)
+        self._output = _Sent(process.stdin.fileno())
+        self._stderr: list[bytes] = []
+        self._stderr_reader = threading.Thread(target=self._drain, args=(process, self._stderr),
+                                               daemon=True)
+        self._stderr_reader.start()
+
+    def moved(self) -> int:
+        """Bytes moved between this client and the server ends so far, both ways, on the wire."""
+        return self._carried + self._input.count + self._output.count
+
+    @staticmethod
+    def _drain(process: Any, kept: list[bytes]) -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if sum(map(len, kept)) < 64 * 1024:
+                kept.append(line)
 
     def stderr(self) -> str:
         """What the server end (or ssh) said on stderr so far."""
@@ -163,9 +233,11 @@ class Connection:
         except PeerError:
             raise
         except ProtocolError:  # a body sent ahead found the server end gone
-            self._hello_read.wait()
+            with self.watch.waiting("its answer to its hello"):
+                self._hello_read.wait()
             raise self.failure() from None
-        self._hello_read.wait()  # not on other errors: the hello may be slow to come, or never
+        with self.watch.waiting("its answer to its hello"):  # not on other errors, above:
+            self._hello_read.wait()  # the hello may be slow to come, or never
         self._accept(self._answer[0])
 
     def _send_hello(self, *, reports: bool = False) -> None:
@@ -393,13 +465,16 @@ class Connection:
                          "stored nothing more, and this machine's cache and the notes waiting to "
                          f"go are as they were. The server says: {said}", remote=True)
 
-    def gone(self) -> ProtocolError:
+    def gone(self) -> SharedMemoryError:
         """Why the server end stopped reading while this side wrote: its `error`, if it sent one.
 
         A server that fails (a full disk, say) answers an error and ends while the client may
         still be sending (bodies ahead): that write finds the pipe closed, and the answer waits
-        unread behind it. Once the server end has exited, what it wrote is read for it.
+        unread behind it. Once the server end has exited, what it wrote is read for it. A
+        server end stopped past a deadline is said as that.
         """
+        if (expired := self.expired()) is not None:
+            return expired
         if self._gone is None:
             reason = self.failure()  # the process is gone, or stopped: its stdout ends
             try:
@@ -415,7 +490,7 @@ class Connection:
             raise
         except PeerError as exc:
             return exc if exc.remote else None
-        except ProtocolError:
+        except SharedMemoryError:  # no hello came: the server end's exit says why (`failure`)
             return None
         try:
             for _ in range(LEFT_MESSAGES):
@@ -429,29 +504,131 @@ class Connection:
 
     def failure(self) -> TransportError:
         """Why the server end went away, as an error with a fix."""
+        if (expired := self.expired()) is not None:
+            return expired
         try:
             code = self.process.wait(timeout=20)
         except _timeout():
             self.process.kill()
             code = self.process.wait()
-        self._reader.join(timeout=5)
+        self._stderr_reader.join(timeout=5)
+        if (expired := self.expired()) is not None:  # it ran out while this waited
+            return expired
         said = self.stderr()
         if self.config.transport.kind == "ssh" and code == 255:
-            return TransportError(explain_ssh(said, self.config.transport))
+            return TransportError(explain_ssh(said, self.config.transport, self._tries))
         last = said.strip().splitlines()[-1] if said.strip() else f"exit status {code}"
         return TransportError(f"the server end at {self.where} stopped: {last}")
 
+    def expired(self) -> TransportError | None:
+        """The error of a session stopped past a deadline (`Watch`), or None."""
+        reason = self.watch.reason
+        return None if reason is None else TransportError(reason)
+
+    def stop_server(self) -> None:
+        """Kill the server end and what it started (it leads a session of its own: ssh, serve)."""
+        process = self.process
+        if process.poll() is not None:
+            return
+        if hasattr(os, "killpg"):
+            import signal
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)
+                return
+        process.kill()
+
+    def write(self, data: bytes) -> None:
+        """Send one line on the channel; one ssh reset before authentication starts it again.
+
+        The lines sent before the server's first byte are kept (`_replay`) until then.
+        """
+        with self._sending:
+            self.last_sent = _kind(data)
+            replay = self._replay
+            if replay is not None:
+                if self._input.count:  # the server has answered: nothing to send again
+                    self._replay = replay = None
+                else:
+                    replay.append((data, self.channel.compressing))
+            generation = self._generation
+            try:
+                with self.watch.waiting(f"its {self.last_sent} message", sending=True):
+                    Channel.send_line(self.channel, data)
+                return
+            except ProtocolError:
+                if self._restart(generation):  # this line went again, after those before it
+                    return
+        raise self.gone() from None
+
+    def restarted(self, generation: int) -> bool:
+        """Whether the server end of `generation` was replaced: now, after a reset, or already.
+
+        Only an ssh connection that sshd reset or closed before authentication, before the
+        server said anything, is started again, at most `timeouts.busy_retries` times.
+        """
+        if generation != self._generation:
+            return True
+        if self._replay is None or self._input.count:
+            return False
+        with self._sending:
+            return self._restart(generation)
+
+    def _restart(self, generation: int) -> bool:
+        """`restarted`, with the sending lock held: start ssh again and send the kept lines."""
+        if generation != self._generation:
+            return True
+        while (self._replay is not None and not self._closing and self.watch.reason is None
+               and self._tries <= self.config.timeouts.busy_retries
+               and self._reset_before_authentication()):
+            with self.watch.paused():
+                time.sleep(_busy_pause(self._tries))
+                self._tries += 1
+                try:
+                    process = spawn(self.argv)
+                except OSError:
+                    return False
+            self._retire()
+            self._open(process)
+            self._generation += 1
+            self.channel = _ServerChannel(self, self._input_stream, self._output)
+            try:
+                for line, compressed in self._replay:
+                    if compressed and not self.channel.compressing:
+                        self.channel.compress_output()
+                    Channel.send_line(self.channel, line)
+            except ProtocolError:
+                continue  # reset again: the loop looks at why
+            return True
+        return False
+
+    def _reset_before_authentication(self) -> bool:
+        """Whether this ssh exited as one the server reset before authentication does."""
+        if self.config.transport.kind != "ssh" or self._input.count:
+            return False
+        try:
+            code = self.process.wait(timeout=RESET_EXIT_WAIT)
+        except _timeout():
+            return False
+        self._stderr_reader.join(timeout=5)
+        return code == 255 and refused_before_authentication(self.stderr())
+
+    def _retire(self) -> None:
+        """Let go of a server end that has exited, before another takes its place."""
+        self._carried += self._input.count + self._output.count
+        self._output.close()
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            with contextlib.suppress(OSError):
+                stream.close()
+
     def close(self) -> None:
         """Say bye and reap the child; kill it if it does not go."""
-        try:
+        self._closing = True  # a bye is not worth starting ssh again
+        with contextlib.suppress(SharedMemoryError):
             self.channel.send({"type": "bye"})
-        except ProtocolError:
-            pass
-        for stream in (self.process.stdin,):
-            try:
-                stream.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
+        self.watch.stop()
+        self._output.close()
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
         if self.process.poll() is None:
             threading.Thread(target=self._reap, daemon=True).start()
         else:
@@ -486,35 +663,230 @@ def raw_bodies(hello: dict[str, Any] | None) -> bool:
 
 
 class _ServerChannel(Channel):
-    """The channel to the server end, whose `error` replies and going away `Connection` explains."""
+    """The channel to the server end, whose `error` replies and going away `Connection` explains.
+
+    Its lines go through `Connection.write`; its waits for the server are watched
+    (`Connection.watch`). A server end started again after a reset gets a new one, to which a
+    read begun on this one goes on.
+    """
 
     def __init__(self, conn: Connection, reader: Any, writer: Any) -> None:
         super().__init__(reader, writer, "server")
         self.conn = conn
+        self.awaited = "its next message"  # what `expect` waits for, as a deadline names it
+
+    def expect(self, *types: str) -> dict[str, Any]:
+        self.awaited = " or ".join(types)
+        return super().expect(*types)
 
     def receive(self) -> dict[str, Any] | None:
         conn = self.conn
-        starter = threading.current_thread() is conn._starter  # the hello's own thread
-        if not starter and conn.assumed is not None:
-            conn.check_hello()
-        try:
-            if not starter:
+        if threading.current_thread() is conn._starter:  # the hello's own thread: not a wait
+            return self._next_message()
+        with conn.watch.waiting(f"its answer to its {conn.last_sent} ({self.awaited})"):
+            try:
+                if conn.assumed is not None:
+                    conn.check_hello()
                 for held in conn._started():  # what the hello's thread read past the reports
+                    if isinstance(held, PeerError) and held.remote:
+                        raise conn.explain(held)
                     if isinstance(held, ProtocolError):
                         raise held
                     return held
-            return super().receive()
-        except PeerError as exc:
-            if not exc.remote:
+                return self._next_message()
+            except ProtocolError:
+                if (expired := conn.expired()) is not None:
+                    raise expired from None
                 raise
-            raise self.conn.explain(exc) from None
+
+    def _next_message(self) -> dict[str, Any] | None:
+        """The next message, from the server end started again if this one was reset."""
+        conn = self.conn
+        generation = conn._generation
+        try:
+            message = super().receive()
+        except PeerError as exc:
+            if exc.remote:
+                raise conn.explain(exc) from None
+            raise
+        if message is None:
+            if conn.expired() is not None:
+                raise conn.expired()  # type: ignore[misc]
+            if conn.restarted(generation):
+                return conn.channel._next_message()
+        return message
 
     def send_line(self, data: bytes) -> None:
-        try:
-            super().send_line(data)
-        except ProtocolError:
-            raise self.conn.gone() from None
+        self.conn.write(data)
 
     def ended(self, types: tuple[str, ...]) -> ProtocolError:
         """Why the server end stopped in mid-session: its last words on stderr, or its status."""
         return ProtocolError(f"{super().ended(types)}; {self.conn.failure()}")
+
+
+def _kind(line: bytes) -> str:
+    """The type of an encoded message, read from its start, for what a deadline names."""
+    start = line.find(b'"type":"', 0, 64)
+    end = line.find(b'"', start + 8, start + 40) if start >= 0 else -1
+    return line[start + 8:end].decode("ascii", "replace") if end > 0 else "next"
+
+
+def _busy_pause(tries: int) -> float:
+    """Seconds to wait before the next connection to a busy sshd: growing, and jittered.
+
+    Half the step is fixed and half random, so machines reset together come back apart.
+    """
+    import random
+    step = min(BUSY_PAUSE_MAX, BUSY_PAUSE * 2 ** (tries - 1))
+    return step / 2 + random.uniform(0, step / 2)
+
+
+class _Received(io.FileIO):
+    """The server end's output, counting the bytes read from it (`Connection.moved`)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(fd, "rb", closefd=False)
+        self.count = 0
+
+    def readinto(self, buffer: Any) -> int | None:
+        n = super().readinto(buffer)
+        if n:
+            self.count += n
+        return n
+
+
+class _Sent:
+    """The server end's input: written a slice at a time, counting the bytes it took.
+
+    Nothing is buffered here, so nothing is left to write once it is closed; after that a
+    write fails instead of reaching whatever file reused the descriptor.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.count = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view[:WRITE_SLICE])
+            self.count += n
+            view = view[n:]
+        return len(data)
+
+    def flush(self) -> None:
+        """Each write has reached the pipe when it returns."""
+
+    def close(self) -> None:
+        """Write no more; the process's own stream object closes the descriptor."""
+        self.fd = -1
+
+
+class Watch:
+    """The deadlines of one session, kept by a thread that stops the server end past one.
+
+    The client waits on the server while it reads an answer or writes what the server must
+    take (`waiting`); its own work in between counts for neither deadline. Per wait: no byte
+    moved either way for `reply_seconds`. Per session: the waits add up to more than
+    `session_seconds` and one second for every `session_rate` bytes moved, which a server that
+    trickles reaches however steadily it trickles.
+    """
+
+    def __init__(self, conn: Connection, timeouts: Timeouts) -> None:
+        self.conn = conn
+        self.timeouts = timeouts
+        self.reason: str | None = None  # why the session was stopped, once it was
+        self._lock = threading.Lock()
+        self._waits = 0  # waits going on (a thread each)
+        self._since = 0.0  # when the present stretch of waiting began
+        self._waited = 0.0  # seconds waited in the stretches before it
+        self._what = ""  # what the latest wait waits for
+        self._sending = False  # whether that wait is a write
+        self._paused = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="sharedmem-watch")
+        self._thread.start()
+
+    @contextlib.contextmanager
+    def waiting(self, what: str, *, sending: bool = False) -> Iterator[None]:
+        """The client waits on the server meanwhile: for `what` (as an error would say it)."""
+        with self._lock:
+            if self._waits == 0:
+                self._since = time.monotonic()
+            self._waits += 1
+            self._what, self._sending = what, sending
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waits -= 1
+                if self._waits == 0 and not self._paused:
+                    self._waited += time.monotonic() - self._since
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No deadline runs meanwhile: the client pauses on purpose (before it connects again)."""
+        with self._lock:
+            if self._waits and not self._paused:
+                self._waited += time.monotonic() - self._since
+            self._paused += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused -= 1
+                self._since = time.monotonic()
+
+    def stop(self) -> None:
+        """The session is over: no deadline runs any more."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        limits = self.timeouts
+        tick = max(0.02, min(1.0, limits.reply_seconds / 8, limits.session_seconds / 8))
+        moved, moved_at = self.conn.moved(), time.monotonic()
+        while not self._stop.wait(tick):
+            now, now_moved = time.monotonic(), self.conn.moved()
+            if now_moved != moved:
+                moved, moved_at = now_moved, now
+            with self._lock:
+                if not self._waits or self._paused:
+                    continue
+                quiet = now - max(moved_at, self._since)
+                waited = self._waited + now - self._since
+                what, sending = self._what, self._sending
+            allowed = limits.session_seconds + moved / limits.session_rate
+            if quiet >= limits.reply_seconds:
+                self._expire(self._quiet(quiet, what, sending))
+                return
+            if waited > allowed:
+                self._expire(self._slow(waited, moved, what))
+                return
+
+    def _quiet(self, seconds: float, what: str, sending: bool) -> str:
+        where = self.conn.where
+        if sending:
+            said = (f"the server ({where}) took nothing of what this client sent for "
+                    f"{seconds:.0f} s (it was sending {what})")
+        else:
+            said = (f"the server ({where}) sent nothing for {seconds:.0f} s while this client "
+                    f"waited for {what}")
+        return (f"{said}, past `timeouts.reply_seconds` ({self.timeouts.reply_seconds:g} s) in "
+                f"{self.conn.config.path}: {_STOPPED}")
+
+    def _slow(self, seconds: float, moved: int, what: str) -> str:
+        limits = self.timeouts
+        return (f"the server ({self.conn.where}) answers too slowly: this client waited on it "
+                f"{seconds:.0f} s in all (the last time for {what}) while {moved} bytes moved, "
+                f"past `timeouts.session_seconds` ({limits.session_seconds:g} s) and one second "
+                f"for every `timeouts.session_rate` ({limits.session_rate}) bytes in "
+                f"{self.conn.config.path}: {_STOPPED}")
+
+    def _expire(self, reason: str) -> None:
+        self.reason = reason
+        self.conn.stop_server()
+
+
+_STOPPED = ("this client stopped the session, and what it had not finished waits for the next "
+            "sync. The server or the network hangs, or a peer that is not a sharedmem server "
+            "answers; docs/CONFIGURATION.md \"Timeouts\" says how to set these deadlines")

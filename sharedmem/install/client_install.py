@@ -22,7 +22,14 @@ from sharedmem.client import config as config_mod
 from sharedmem.client.config import ClientConfig, SourceConfig, Transport
 from sharedmem.core import InstallError, SharedMemoryError
 from sharedmem.files import atomic_write
-from sharedmem.install import guidance, harnesses, interpreter, scheduler, ssh_reuse
+from sharedmem.install import (
+    guidance,
+    harnesses,
+    interpreter,
+    memory_coverage,
+    scheduler,
+    ssh_reuse,
+)
 from sharedmem.install.console import Console, Parser, fail_if, run_main
 from sharedmem.install.prefix import (
     DEFAULT_PREFIX,
@@ -164,15 +171,22 @@ def _validate(args: Any, env: Mapping[str, str]) -> list[str]:
 
 
 def _sources(args: Any, env: Mapping[str, str], console: Console) -> tuple[SourceConfig, ...]:
-    """The sources named on the command line, else each default one whose folder exists."""
+    """The sources named on the command line, else each default one whose harness has memory.
+
+    A harness has memory when one of the folders it writes to today exists (Codex's
+    `memories_v2` for a version 2 user, Claude Code's relocated or subagent memory too).
+    """
     out: list[SourceConfig] = []
     named = bool(args.source or args.markdown)
     for kind in SOURCES:
         root = sources.default_root(kind, env)
-        if kind in args.source or (not named and root.is_dir()):
-            if not root.is_dir():
-                console.warn(f"{kind} folder {root} does not exist yet: the source is enabled "
-                             "and publishes nothing until it does")
+        folders = [p.root for p in sources.parts(sources.SourceSpec(kind, kind, root), env)]
+        exists = any(f.is_dir() for f in folders)
+        if kind in args.source or (not named and exists):
+            if not exists:
+                console.warn(f"{kind}: none of its memory folders exists yet "
+                             f"({', '.join(map(str, folders))}): the source is enabled and "
+                             "publishes nothing until one does")
             out.append(SourceConfig(kind, kind, root))
     for spec in dict.fromkeys(args.markdown):
         name, _, path = spec.partition("=")
@@ -189,7 +203,8 @@ def reuse_plan(args: Any, env: Mapping[str, str], prefix: Path) -> ssh_reuse.Pla
 
 def build_config(args: Any, env: Mapping[str, str], prefix: Path,
                  console: Console) -> ClientConfig:
-    """The configuration to write; limits already in an existing client.json are kept.
+    """The configuration to write; the limits, compression and timeouts of an existing
+    client.json are kept, as the installer has no options for them.
 
     An ssh transport's options are the user's `--ssh-option` values, then connection reuse's.
     """
@@ -211,8 +226,8 @@ def build_config(args: Any, env: Mapping[str, str], prefix: Path,
                        prefix / "cache", prefix / "state")
     if path.exists():
         try:
-            cfg = ClientConfig(path, cfg.machine, transport, cfg.sources, cfg.cache, cfg.state,
-                               config_mod.load(path, env).limits)
+            old = config_mod.load(path, env)
+            cfg = cfg._replace(limits=old.limits, compress=old.compress, timeouts=old.timeouts)
         except SharedMemoryError as exc:
             console.warn(f"the existing {path} is replaced: {exc}")
     return cfg
@@ -286,7 +301,7 @@ def _pretend(argv: list[str], stdin: str | None = None) -> subprocess.CompletedP
 
 def _schedule(install: bool, prefix: Path, env: Mapping[str, str], console: Console, run: Any,
               platform: str | None, dry_run: bool,
-              python: str = sys.executable) -> dict[str, Any] | None:
+              python: str = sys.executable, machine: str = "") -> dict[str, Any] | None:
     """Install or remove the two-minute job; a failure is a warning, not the end of the install."""
     pretend = env.get(DRYRUN_ENV) == "1"
     runner = _pretend if pretend else (run or scheduler.default_run)
@@ -295,8 +310,8 @@ def _schedule(install: bool, prefix: Path, env: Mapping[str, str], console: Cons
         if install:
             command = [python, *PYTHON_FLAGS, str(prefix / LAUNCHER_NAME), "sync", "--config",
                        str(prefix / "client.json")]
-            plan = scheduler.install(command, prefix / "sync.log", env, platform=platform,
-                                     run=runner, dry_run=dry)
+            plan = scheduler.install(command, prefix / "sync.log", env, machine=machine,
+                                     platform=platform, run=runner, dry_run=dry)
         else:
             plan = scheduler.uninstall(env, platform=platform, run=runner, dry_run=dry)
     except SharedMemoryError as exc:
@@ -361,18 +376,26 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
     summary["harnesses"], summary["guidance"], summary["cursor_block"] = [], [], None
     for name in names:
         console.progress(f"registering {harnesses.SERVER_NAME} with {name}")
-        for change, key in ((harnesses.register(name, mcp, env, dry_run=dry), "harnesses"),
-                            (guidance.add_guidance(name, cfg.cache, env, dry_run=dry),
-                             "guidance")):
+        changes = [(harnesses.register(name, mcp, env, dry_run=dry), "harnesses")]
+        changes += [(c, "guidance") for c in guidance.add_guidance(name, cfg.cache, env,
+                                                                    dry_run=dry)]
+        for change, key in changes:
             summary[key].append(_change(change))
             if change.action == "manual":
                 summary["cursor_block"] = change.after
             elif dry and change.before != change.after:
                 diffs.append(_diff(change.path, change.before, change.after))
+    summary["memory"] = []
+    for found in memory_coverage.coverage(cfg.sources, env, cfg.machine, names):
+        summary["memory"].append({"harness": found.harness, "status": found.status,
+                                  "message": found.message, "fix": found.fix,
+                                  "folders": [str(f) for f in found.folders]})
+        if found.status != memory_coverage.OK:  # a choice the user may have made: exit stays 0
+            console.warn(f"{found.harness}: {found.message}. Fix: {found.fix}", counts=False)
     summary["cursor_block_shown"] = _show_cursor_block(summary, cfg.state, args.cursor_rules, dry)
     if args.schedule == "auto":
         summary["schedule"] = _schedule(True, prefix, env, console, run, platform, dry,
-                                        python.path)
+                                        python.path, cfg.machine)
     summary["diffs"] = [d for d in diffs if d]
     _report(summary, args.json, console)
     return 1 if console.warnings else 0
@@ -383,10 +406,10 @@ def _cache_files(cache: Path) -> dict[str, str]:
     from sharedmem.cache.cache import Cache
     try:
         reader = Cache(cache)
-        files = reader.load().files
-        if reader.damage is not None:  # an older version's manifest, which the sync converts
-            files = reader.legacy_files()
-        return {path: meta.sha256 for path, meta in files.items()}
+        manifest = reader.load()
+        if reader.damage is not None:  # an older version's manifest, which the sync rebuilds
+            manifest = reader.manifest_of(reader.rebuild())  # the files hashed as they are
+        return {path: meta.sha256 for path, meta in manifest.files.items()}
     except (SharedMemoryError, OSError, ValueError):
         return {}
 
@@ -452,7 +475,8 @@ def _uninstall(args: Any, env: Mapping[str, str], prefix: Path, console: Console
         change = harnesses.unregister(name, env, dry_run=dry)
         summary["harnesses"].append(_change(change))
         if name != "cursor" or change.action == "removed" or args.harness:
-            summary["guidance"].append(_change(guidance.remove_guidance(name, env, dry_run=dry)))
+            summary["guidance"] += [_change(c) for c in guidance.remove_guidance(name, env,
+                                                                                 dry_run=dry)]
     summary["schedule"] = _schedule(False, prefix, env, console, run, platform, dry)
     installed = _installed(prefix / "client.json", env)
     if installed is not None and not dry:
@@ -510,6 +534,8 @@ def _report(summary: dict[str, Any], as_json: bool, console: Console) -> None:
     if "sync" in summary:
         lines.append("  " + _sync_line(summary["sync"]))
     lines += _harness_lines(summary)
+    lines += [f"  memory {m['harness']}: {m['message']}"
+              + (f" (fix: {m['fix']})" if m["fix"] else "") for m in summary.get("memory", [])]
     for path in summary.get("removed", []):
         lines.append(f"  {'would remove' if dry else 'removed'} {path}")
     schedule = summary.get("schedule")
@@ -573,17 +599,15 @@ def _harness_lines(summary: dict[str, Any]) -> list[str]:
         return [f"  {i['harness']}: {i['message']}" for i in summary["harnesses"]
                 + summary["guidance"] if i["action"] != "manual"]
     lines = []
-    guides = {i["harness"]: i for i in summary["guidance"]}
     for item in summary["harnesses"]:
-        guide = guides.get(item["harness"])
-        if item["action"] == "unchanged" and (guide is None or guide["action"] in (
-                "unchanged", "skipped", "manual")):
-            where = (f"{item['path']}, guidance in {guide['path']}" if guide and
-                     guide["action"] != "manual" else item["path"])
+        guides = [g for g in summary["guidance"] if g["harness"] == item["harness"]
+                  and g["action"] != "manual"]
+        if item["action"] == "unchanged" and all(g["action"] in ("unchanged", "skipped")
+                                                 for g in guides):
+            where = ", guidance in ".join([item["path"], *(g["path"] for g in guides[:1])])
             lines.append(f"  {item['harness']}: already registered, unchanged ({where})")
             continue
-        lines += [f"  {i['harness']}: {i['message']}" for i in (item, guide)
-                  if i is not None and i["action"] != "manual"]
+        lines += [f"  {i['harness']}: {i['message']}" for i in (item, *guides)]
     return lines
 
 

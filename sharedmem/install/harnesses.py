@@ -11,10 +11,11 @@ was before this project first touched it. Re-running with the same inputs writes
 
 from __future__ import annotations
 
+import copy
 import json
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sharedmem.core import InstallError
@@ -27,6 +28,8 @@ BACKUP_SUFFIX = ".bak-shared-memory"
 CODEX_STARTUP_TIMEOUT_SEC = codex_toml.STARTUP_TIMEOUT_SEC
 OPENCODE_SCHEMA = "https://opencode.ai/config.json"
 CONFIG_MODE = 0o600
+CLAUDE_LEGACY = ".config.json"  # Claude Code's older global configuration file
+OPENCODE_GUIDANCE = "shared-memories.md"
 _WRITES = ("added", "updated", "removed")
 
 
@@ -69,6 +72,11 @@ def opencode_dir(env: Mapping[str, str]) -> Path:
     return Path(env.get("XDG_CONFIG_HOME") or home_dir(env) / ".config") / "opencode"
 
 
+def opencode_guidance(env: Mapping[str, str]) -> Path:
+    """Our guidance file for OpenCode, which its configuration's `instructions` lists."""
+    return opencode_dir(env) / OPENCODE_GUIDANCE
+
+
 def check_harness(harness: str) -> None:
     """Refuse a harness name this module does not know."""
     if harness not in HARNESSES:
@@ -81,15 +89,35 @@ def config_path(harness: str, env: Mapping[str, str]) -> Path:
     if harness == "codex":
         return codex_home(env) / "config.toml"
     if harness == "claude-code":
-        if env.get("CLAUDE_CONFIG_DIR"):
-            return Path(env["CLAUDE_CONFIG_DIR"]) / ".claude.json"
-        return home_dir(env) / ".claude.json"
+        return claude_files(env)[0]
     if harness == "opencode":
         folder = opencode_dir(env)
         if not (folder / "opencode.json").exists() and (folder / "opencode.jsonc").exists():
             return folder / "opencode.jsonc"
         return folder / "opencode.json"
     return home_dir(env) / ".cursor" / "mcp.json"
+
+
+def claude_files(env: Mapping[str, str]) -> list[Path]:
+    """Claude Code's global configuration files, the one it reads first.
+
+    `.claude.json` in $CLAUDE_CONFIG_DIR (else the home); but a non-empty legacy
+    `.config.json` in Claude Code's folder is read instead (checked against Claude Code
+    2.1.332, whose `claude mcp list` then shows only that file's servers).
+    """
+    base = Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else home_dir(env)
+    current = base / ".claude.json"
+    legacy = claude_dir(env) / CLAUDE_LEGACY
+    try:
+        used = legacy.is_file() and legacy.stat().st_size > 0
+    except OSError:
+        used = False
+    return [legacy, current] if used else [current, legacy]
+
+
+def config_paths(harness: str, env: Mapping[str, str]) -> list[Path]:
+    """Every file that may hold our entry for `harness`, the one it reads first."""
+    return claude_files(env) if harness == "claude-code" else [config_path(harness, env)]
 
 
 def detect(env: Mapping[str, str]) -> list[str]:
@@ -130,8 +158,13 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def finish(change: Change, *, dry_run: bool, new_mode: int) -> Change:
-    """Carry out `change` (backup first, then an atomic write or a removal) unless dry-run."""
+def finish(change: Change, *, dry_run: bool, new_mode: int, backup: bool = True) -> Change:
+    """Carry out `change` (backup first, then an atomic write or a removal) unless dry-run.
+
+    `backup=False` for a file that holds only what we wrote (`ours_only`), and for a removal:
+    there is nothing of the user's to keep that the install's backup does not hold, and a
+    backup of our own entries would make them look like the user's.
+    """
     if change.action not in _WRITES:
         return change
     if dry_run:
@@ -142,7 +175,7 @@ def finish(change: Change, *, dry_run: bool, new_mode: int) -> Change:
         if change.after is None:
             path.unlink()
             return change
-        if change.before is not None and not backup_path(path).exists():
+        if backup and change.before is not None and not backup_path(path).exists():
             atomic_write(backup_path(path), path.read_bytes(), mode=_mode(path))
         mode = _mode(path) if path.exists() else new_mode
         atomic_write(path, change.after.encode("utf-8"), mode=mode)
@@ -197,13 +230,41 @@ def _new_json(harness: str, command: list[str]) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
-def _skeleton_only(data: object) -> bool:
-    """True when `data` holds nothing but empty objects (and opencode's `$schema`)."""
+def skeleton_only(data: object) -> bool:
+    """True when `data` holds nothing but empty objects and lists (and opencode's `$schema`)."""
     return isinstance(data, dict) and all(
-        key == "$schema" or _skeleton_only(value) for key, value in data.items())
+        key == "$schema" or value == [] or skeleton_only(value) for key, value in data.items())
 
 
-def _backup_data(harness: str, path: Path) -> dict | None:
+def ours_only(harness: str, path: Path, text: str | None, env: Mapping[str, str]) -> bool:
+    """Whether a harness file holds one of our entries and nothing of anyone else's.
+
+    For a JSON file, our entries are our server entry and, for OpenCode, our guidance file in
+    `instructions`; with them taken out, only empty objects and lists (and `$schema`) are left.
+    A file without an entry of ours is the user's, even when empty.
+    """
+    if text is None or not text.strip() or harness == "codex":
+        return False
+    doc = _document(harness, path, text)
+    data = copy.deepcopy(doc.data)
+    found = False
+    node: object = data
+    keys = _json_keys(harness, doc.data)
+    for key in keys[:-1]:
+        node = node.get(key) if isinstance(node, dict) else None
+    servers = node.get(keys[-1]) if isinstance(node, dict) else None
+    if isinstance(servers, dict) and SERVER_NAME in servers:
+        del servers[SERVER_NAME]
+        found = True
+    listed = data.get("instructions")
+    if harness == "opencode" and isinstance(listed, list):
+        mine = str(opencode_guidance(env))
+        found = found or mine in listed
+        data["instructions"] = [item for item in listed if item != mine]
+    return found and skeleton_only(data)
+
+
+def backup_data(harness: str, path: Path) -> dict | None:
     """The parsed backup of `path` (the file before our first change), if it reads as JSON."""
     try:
         text = read_text(backup_path(path))
@@ -220,13 +281,13 @@ def _unregister_json(harness: str, path: Path, doc: json_edit.Document) -> str |
     """
     keys = _json_keys(harness, doc.data)
     after = doc.remove((*keys, SERVER_NAME))
-    backup = _backup_data(harness, path) if backup_path(path).exists() else None
+    backup = backup_data(harness, path) if backup_path(path).exists() else None
     for depth in range(len(keys), 0, -1):
         doc = _document(harness, path, after)
         if backup is None or doc.get(keys[:depth]) != {} or _has(backup, keys[:depth]):
             break
         after = doc.remove(keys[:depth])
-    if _skeleton_only(_document(harness, path, after).data):
+    if skeleton_only(_document(harness, path, after).data):
         if not backup_path(path).exists():
             return None  # we created the file, and it holds nothing else
         blank = read_text(backup_path(path))
@@ -295,12 +356,26 @@ def register(harness: str, command: list[str], env: Mapping[str, str], *,
         was = _entry_command(harness, old)
         change = Change(harness, path, "updated", f"{SERVER_NAME} in {path} updated: it ran "
                         f"{was if was else old!r}, now {command}", before, after)
-    return finish(change, dry_run=dry_run, new_mode=CONFIG_MODE)
+    return finish(change, dry_run=dry_run, new_mode=CONFIG_MODE,
+                  backup=not ours_only(harness, path, before, env))
 
 
 def unregister(harness: str, env: Mapping[str, str], *, dry_run: bool = False) -> Change:
-    """Remove our MCP server entry; remove the file too when we created it and nothing else is left."""
-    path = config_path(harness, env)
+    """Remove our MCP server entry; remove the file too when we created it and nothing else is left.
+
+    For Claude Code, from each of its configuration files that holds one (the harness may have
+    moved to the other since the install); the change returned is the first one's.
+    """
+    changes = [_unregister_file(harness, path, dry_run) for path in config_paths(harness, env)]
+    removed = [c for c in changes if c.action == "removed"]
+    if len(removed) > 1:
+        return replace(removed[0], message=removed[0].message + "; also from "
+                       + ", ".join(str(c.path) for c in removed[1:]))
+    return removed[0] if removed else changes[0]
+
+
+def _unregister_file(harness: str, path: Path, dry_run: bool) -> Change:
+    """Our entry taken out of one file, as `unregister` describes."""
     before = read_text(path)
     if before is None:
         return Change(harness, path, "unchanged", f"{path} does not exist: nothing to remove")
@@ -319,7 +394,7 @@ def unregister(harness: str, env: Mapping[str, str], *, dry_run: bool = False) -
     change = Change(harness, path, "removed", f"{SERVER_NAME} removed from {path}"
                     + (" (the file held nothing else and was deleted)" if after is None else ""),
                     before, after)
-    return finish(change, dry_run=dry_run, new_mode=CONFIG_MODE)
+    return finish(change, dry_run=dry_run, new_mode=CONFIG_MODE, backup=False)
 
 
 def registered_command(harness: str, env: Mapping[str, str]) -> list[str] | None:

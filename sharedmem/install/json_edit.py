@@ -44,6 +44,7 @@ class Node:
     start: int
     end: int = -1
     members: list[Member] = field(default_factory=list)
+    items: list[Node] = field(default_factory=list)  # an array's values, in order
 
 
 @dataclass
@@ -326,6 +327,75 @@ class Document:
         return self._apply(self._delete(node, member), expected,
                            f"remove {'.'.join(keys)}")
 
+    def _array(self, keys: tuple[str, ...]) -> Node:
+        """The array that is the member at `keys` (it must be one)."""
+        node, depth = self._object(keys[:-1])
+        member = self._member(node, keys[-1], keys) if depth == len(keys) - 1 else None
+        if member is None or member.value.kind != "array":
+            raise InstallError(f"{self.path}: {'.'.join(keys)} is not a JSON array; fix it by "
+                               "hand, then re-run")
+        return member.value
+
+    def append(self, keys: tuple[str, ...], value: object) -> str:
+        """The text with `value` added as the last item of the array at `keys`.
+
+        The item goes right after the last one, after a copy of the separator between the last
+        two (or the file's compact one), so `remove_item` gives the bytes back.
+        """
+        array = self._array(keys)
+        expected = copy.deepcopy(self.data)
+        target = expected
+        for key in keys:
+            target = target[key]
+        target.append(value)
+        what = f"add {json.dumps(value, ensure_ascii=False)} to {'.'.join(keys)}"
+        items = array.items
+        if not items:
+            return self._apply([(array.start + 1, array.start + 1, self.render(value, "", True))],
+                               expected, what)
+        last = items[-1]
+        gap = self.comma
+        if len(items) > 1 and not self.commented(items[-2].end, last.start):
+            gap = self.text[items[-2].end:last.start]
+        elif "\n" in self.text[array.start:last.start]:
+            gap = "," + self.text[self._blanks_before(last.start):last.start]
+        indent = self.line_indent(last.start)
+        return self._apply([(last.end, last.end, gap + self.render(value, indent, True))],
+                           expected, what)
+
+    def remove_item(self, keys: tuple[str, ...], value: object) -> str:
+        """The text without the items equal to `value` in the array at `keys`.
+
+        Each goes with the separator before it, as `append` put it in.
+        """
+        array = self._array(keys)
+        values = self.get(keys)
+        assert isinstance(values, list)
+        doomed = [i for i, item in enumerate(values) if item == value]
+        if not doomed:
+            return self.text
+        expected = copy.deepcopy(self.data)
+        target = expected
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = [item for item in values if item != value]
+        splices = []
+        items = array.items
+        for index in doomed:
+            item = items[index]
+            if index and not self.commented(items[index - 1].end, item.start):
+                splices.append((items[index - 1].end, item.end, ""))
+            elif index + 1 < len(items) and not self.commented(item.end, items[index + 1].start):
+                splices.append((item.start, items[index + 1].start, ""))
+            elif len(items) == 1:
+                splices.append((item.start, item.end, ""))
+            else:
+                raise InstallError(f"{self.path}: a comment sits next to "
+                                   f"{json.dumps(value, ensure_ascii=False)} in "
+                                   f"{'.'.join(keys)}; remove that item by hand")
+        return self._apply(splices, expected, f"remove {json.dumps(value, ensure_ascii=False)} "
+                           f"from {'.'.join(keys)}")
+
 
 def _tree(text: str, tokens: list[tuple[str, int, int]]) -> Node:
     """The spans of a token list json.loads already accepted (so its grammar is valid).
@@ -346,6 +416,8 @@ def _tree(text: str, tokens: list[tuple[str, int, int]]) -> Node:
             assert key is not None
             stack[-1].members.append(Member(key[0], key[1], key[2], node))
             waiting[-1] = None
+        else:
+            stack[-1].items.append(node)
 
     for kind, start, end in tokens:
         if kind in "{[":

@@ -1,7 +1,8 @@
 """The two-minute sync job, with its output appended to one log file.
 
 Linux gets a systemd user timer (or a crontab line), macOS a LaunchAgent, Windows a Task
-Scheduler task.
+Scheduler task. Each machine runs at its own second of the period (`spread`, from its name,
+the same every time), so a team's machines do not all reach the server's sshd at once.
 
 Every command that touches the system goes through one `Runner` (argv, stdin text), so tests
 can stand in for the operating system with a recorder, and dry-run can list what would run.
@@ -9,6 +10,7 @@ can stand in for the operating system with a recorder, and dry-run can list what
 
 from __future__ import annotations
 
+import hashlib
 import os
 import plistlib
 import shlex
@@ -61,6 +63,23 @@ class Schedule:
 
 # --- the generated texts -------------------------------------------------------------------------
 
+def spread(machine: str) -> int:
+    """This machine's second of the period, from 0 to INTERVAL_SECONDS - 1: fixed by its name.
+
+    A hash of the name, so machines named alike (`laptop-1`, `laptop-2`) still fall apart,
+    and a re-install keeps the second it had.
+    """
+    digest = hashlib.sha256(machine.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % INTERVAL_SECONDS
+
+
+def _minute_and_second(offset: int) -> tuple[int, int]:
+    """Which minute of the two-minute period (0 even, 1 odd) and which second of it."""
+    if not (type(offset) is int and 0 <= offset < INTERVAL_SECONDS):
+        raise InstallError(f"the schedule's offset must be a whole number of seconds from 0 to "
+                           f"{INTERVAL_SECONDS - 1}, not {offset!r}")
+    return divmod(offset, 60)
+
 def _check_command(command: list[str], log: Path) -> None:
     parts = [*command, str(log)]
     if not command or not all(isinstance(p, str) and p for p in command) or any(
@@ -76,14 +95,21 @@ def _systemd_quote(arg: str) -> str:
     return f'"{escaped}"'
 
 
-def systemd_units(command: list[str], log: Path) -> tuple[str, str]:
-    """The service and timer unit texts.
+def systemd_units(command: list[str], log: Path, offset: int = 0) -> tuple[str, str]:
+    """The service and timer unit texts; the first run `offset` seconds after the timer starts.
 
     `KillMode=process`: the ssh master connection a sync leaves open for the next one (see
     ssh_reuse.py) is a process of the unit's cgroup, which systemd would otherwise kill as soon
     as the sync ends. It has left the sync's session; it ends itself when idle.
+
+    The timer counts on the monotonic clock, from its start (login, boot, install) and then
+    from each run: machines that start together run `offset` apart, and a suspend pauses the
+    count, so laptops woken together keep their seconds apart too (a wall-clock time, or
+    `RandomizedDelaySec`, which draws anew each run, would bunch them on waking).
+    `AccuracySec=1s` keeps systemd from moving the runs to coalesce them.
     """
     _check_command(command, log)
+    _minute_and_second(offset)
     target = str(log).replace("%", "%%")
     service = (
         "[Unit]\nDescription=Codex Shared Memory sync\n\n"
@@ -92,16 +118,21 @@ def systemd_units(command: list[str], log: Path) -> tuple[str, str]:
         f"StandardOutput=append:{target}\nStandardError=append:{target}\n")
     timer = (
         "[Unit]\nDescription=Run Codex Shared Memory sync every two minutes\n\n"
-        "[Timer]\nOnBootSec=2min\nOnUnitActiveSec=2min\nAccuracySec=10s\n"
+        f"[Timer]\nOnActiveSec={offset}s\nOnUnitActiveSec={INTERVAL_SECONDS}s\nAccuracySec=1s\n"
         f"Unit={SERVICE}\n\n[Install]\nWantedBy=timers.target\n")
     return service, timer
 
 
-def cron_line(command: list[str], log: Path) -> str:
-    """Our crontab line; `%` is escaped because cron turns a bare one into a line break."""
+def cron_line(command: list[str], log: Path, offset: int = 0) -> str:
+    """Our crontab line; `%` is escaped because cron turns a bare one into a line break.
+
+    It runs in the even or odd minutes, and sleeps into its second of the minute first.
+    """
     _check_command(command, log)
-    body = f"{shlex.join(command)} >> {shlex.quote(str(log))} 2>&1".replace("%", "\\%")
-    return f"*/2 * * * * {body} {CRON_TAG}"
+    minute, second = _minute_and_second(offset)
+    wait = f"sleep {second}; " if second else ""
+    body = f"{wait}{shlex.join(command)} >> {shlex.quote(str(log))} 2>&1".replace("%", "\\%")
+    return f"{minute}-59/2 * * * * {body} {CRON_TAG}"
 
 
 def merge_crontab(current: str, line: str | None) -> str:
@@ -120,31 +151,48 @@ def merge_crontab(current: str, line: str | None) -> str:
     return "".join(f"{entry}\n" for entry in out)
 
 
-def launchd_plist(command: list[str], log: Path) -> bytes:
-    """The LaunchAgent property list."""
+def launchd_plist(command: list[str], log: Path, offset: int = 0) -> bytes:
+    """The LaunchAgent property list: the even or odd minutes, each run sleeping into its second.
+
+    launchd starts a run the machine slept through once it wakes; the sleep keeps machines
+    woken together apart, and is short enough that a run ends before the next is due.
+    """
     _check_command(command, log)
+    minute, second = _minute_and_second(offset)
+    program = (["/bin/sh", "-c", f"sleep {second}; exec {shlex.join(command)}"] if second
+               else list(command))
     return plistlib.dumps({
-        "Label": LAUNCHD_LABEL, "ProgramArguments": list(command),
-        "StartInterval": INTERVAL_SECONDS, "RunAtLoad": True, "ProcessType": "Background",
+        "Label": LAUNCHD_LABEL, "ProgramArguments": program,
+        "StartCalendarInterval": [{"Minute": m} for m in range(minute, 60, 2)],
+        "RunAtLoad": True, "ProcessType": "Background",
         "StandardOutPath": str(log), "StandardErrorPath": str(log)}, sort_keys=False)
 
 
-def _windows_plan(command: list[str], log: Path) -> tuple[list[str], str | None]:
-    """The schtasks argv and, when /TR would be too long, the text of a .cmd wrapper."""
+def _windows_plan(command: list[str], log: Path,
+                  offset: int = 0) -> tuple[list[str], str | None]:
+    """The schtasks argv and, when /TR would be too long, the text of a .cmd wrapper.
+
+    The task starts at 00:00 or 00:01 and repeats every two minutes: the even or odd minutes.
+    Each run first sleeps into its second with the same Python (`command[0]`), as `timeout`
+    refuses to run without a console.
+    """
     _check_command(command, log)
-    inner = (f"{subprocess.list2cmdline(command)} >> {subprocess.list2cmdline([str(log)])}"
-             " 2>&1")
+    minute, second = _minute_and_second(offset)
+    wait = "" if not second else subprocess.list2cmdline(
+        [command[0], "-c", f"__import__('time').sleep({second})"]) + " & "
+    inner = (f"{wait}{subprocess.list2cmdline(command)} >> "
+             f"{subprocess.list2cmdline([str(log)])} 2>&1")
     action, wrapper = f'cmd /c "{inner}"', None
     if len(action) > SCHTASKS_TR_MAX:
         wrapper = "@echo off\r\n" + inner.replace("%", "%%") + "\r\n"
         action = subprocess.list2cmdline([str(log.parent / WRAPPER_NAME)])
-    return ["schtasks", "/Create", "/F", "/SC", "MINUTE", "/MO", "2", "/TN", TASK_NAME,
-            "/TR", action], wrapper
+    return ["schtasks", "/Create", "/F", "/SC", "MINUTE", "/MO", "2", "/ST", f"00:0{minute}",
+            "/TN", TASK_NAME, "/TR", action], wrapper
 
 
-def schtasks_create(command: list[str], log: Path) -> list[str]:
+def schtasks_create(command: list[str], log: Path, offset: int = 0) -> list[str]:
     """The `schtasks /Create` argv; output goes through `cmd /c` to reach the log."""
-    return _windows_plan(command, log)[0]
+    return _windows_plan(command, log, offset)[0]
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -235,18 +283,22 @@ def _do(plan: Schedule, run: Runner, dry_run: bool, argv: list[str],
         _must(run, argv, stdin)
 
 
-def install(command: list[str], log: Path, env: Mapping[str, str], *,
+def install(command: list[str], log: Path, env: Mapping[str, str], *, machine: str,
             platform: str | None = None, run: Runner = default_run,
             dry_run: bool = False) -> Schedule:
-    """Install (or refresh) the job that runs `command` every two minutes; idempotent."""
+    """Install (or refresh) the job that runs `command` every two minutes; idempotent.
+
+    It runs at `machine`'s own second of the period (`spread`).
+    """
     system = _platform(platform)
     _check_command(command, log)
+    offset = spread(machine)
     if not dry_run:
         log.parent.mkdir(parents=True, exist_ok=True)
     if system == "darwin":
-        return _install_launchd(command, log, env, run, dry_run)
+        return _install_launchd(command, log, env, run, dry_run, offset)
     if system == "win32":
-        argv, wrapper = _windows_plan(command, log)
+        argv, wrapper = _windows_plan(command, log, offset)
         plan = Schedule("schtasks", message=f"Task Scheduler task {TASK_NAME} runs sync every "
                         f"two minutes; output goes to {log}")
         if wrapper is not None:
@@ -256,12 +308,12 @@ def install(command: list[str], log: Path, env: Mapping[str, str], *,
         _do(plan, run, dry_run, argv)
         return plan
     if _systemd_works(run):
-        return _install_systemd(command, log, env, run, dry_run)
+        return _install_systemd(command, log, env, run, dry_run, offset)
     current = _crontab(run)
     if current is None:
         raise InstallError("neither `systemctl --user` nor `crontab` works on this machine: "
                            f"run `{shlex.join(command)}` every two minutes some other way")
-    merged = merge_crontab(current, cron_line(command, log))
+    merged = merge_crontab(current, cron_line(command, log, offset))
     plan = Schedule("cron", message=f"crontab line tagged '{CRON_TAG}' runs sync every two "
                     f"minutes; output goes to {log}")
     if not _same_crontab(current, merged):
@@ -270,13 +322,14 @@ def install(command: list[str], log: Path, env: Mapping[str, str], *,
 
 
 def _install_systemd(command: list[str], log: Path, env: Mapping[str, str], run: Runner,
-                     dry_run: bool) -> Schedule:
+                     dry_run: bool, offset: int) -> Schedule:
     folder = _unit_dir(env)
-    service, timer = systemd_units(command, log)
+    service, timer = systemd_units(command, log, offset)
     units = {folder / SERVICE: service, folder / TIMER: timer}
     plan = Schedule("systemd", list(units), message=f"systemd user timer {TIMER} runs sync "
                     f"every two minutes; output goes to {log}")
     changed = [p for p, text in units.items() if _read(p) != text.encode("utf-8")]
+    replaced = folder / TIMER in changed and _read(folder / TIMER) is not None
     if not dry_run:
         for path in changed:
             _write(path, units[path].encode("utf-8"))
@@ -287,12 +340,14 @@ def _install_systemd(command: list[str], log: Path, env: Mapping[str, str], run:
     else:
         _do(plan, run, dry_run, ["systemctl", "--user", "link", str(folder / SERVICE)])
         _do(plan, run, dry_run, ["systemctl", "--user", "enable", "--now", str(folder / TIMER)])
+    if replaced:  # a timer already running counts from its old settings until it starts again
+        _do(plan, run, dry_run, ["systemctl", "--user", "restart", TIMER])
     return plan
 
 
 def _install_launchd(command: list[str], log: Path, env: Mapping[str, str], run: Runner,
-                     dry_run: bool) -> Schedule:
-    path, data = _plist_path(env), launchd_plist(command, log)
+                     dry_run: bool, offset: int) -> Schedule:
+    path, data = _plist_path(env), launchd_plist(command, log, offset)
     plan = Schedule("launchd", [path], message=f"LaunchAgent {LAUNCHD_LABEL} runs sync every "
                     f"two minutes; output goes to {log}")
     loaded = run(["launchctl", "print", f"{_domain()}/{LAUNCHD_LABEL}"], None).returncode == 0

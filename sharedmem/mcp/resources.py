@@ -5,24 +5,26 @@ A resource's URI is `sharedmem://cache/<path>`, `<path>` being the file's publis
 client that expands the template `sharedmem://cache/{path}` strictly reaches the same file.
 `resources/list` offers the entry files (a codex namespace's `memory_summary.md` and `MEMORY.md`,
 each claude-code project's `MEMORY.md`), then the notes; the template reaches any cached file.
-A URI is read through the `read` tool's own code path (`tools.cached_bytes`: the path rule, then
-CacheFiles, which follows no link) and gives at most `tools.RESULT_MAX_BYTES` of text: a longer
-file ends with a line that says where the `read` tool goes on.
+A URI is read through the `read` tool's own code path (`tools.cached_head`: the path rule, then
+CacheFiles, which follows no link) and gives at most `tools.RESULT_MAX_BYTES` of text, of which
+only the head of the file is read: a longer file ends with a line that says where the `read`
+tool goes on.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import json
 from typing import Any
 from urllib.parse import quote
 
 from sharedmem.cache.cache import Cache, Manifest
-from sharedmem.core import CacheError, PathRuleError, ProtocolError
-from sharedmem.mcp.tools import REPAIRING, RESULT_MAX_BYTES, cached_bytes, cut_text
+from sharedmem.core import CacheError, PathRuleError, ToolArgumentError
+from sharedmem.mcp.tools import REPAIRING, RESULT_MAX_BYTES, cached_head, cut_text
 from sharedmem.rules import NOTES_DIR, SOURCE_CLAUDE, SOURCE_CODEX, path_problems
-from sharedmem.sources.allowlist import CODEX_FILES
+from sharedmem.sources.allowlist import CODEX_FILES, CODEX_V2
 
 SCHEME = "sharedmem://cache/"
 TEMPLATE = SCHEME + "{path}"
@@ -83,13 +85,15 @@ def _offered(manifest: Manifest) -> list[tuple[int, str, str, str, str, int]]:
         ns = manifest.namespaces.get(meta.namespace)
         inner = path[len(meta.namespace) + 1:]
         if ns is None or not (
-                ns.kind == SOURCE_CODEX and inner in CODEX_FILES
+                ns.kind == SOURCE_CODEX and inner.removeprefix(CODEX_V2 + "/") in CODEX_FILES
                 or ns.kind == SOURCE_CLAUDE and inner.count("/") == 1
                 and inner.endswith("/" + CLAUDE_ENTRY)):
             continue
         where = ns.source if ns.kind == SOURCE_CODEX else f"{ns.source}/{inner.partition('/')[0]}"
-        what = ("Codex memory summary" if inner == "memory_summary.md" else
+        what = ("Codex memory summary" if inner.endswith("memory_summary.md") else
                 "Codex memory index" if ns.kind == SOURCE_CODEX else "Claude Code memory index")
+        if inner.startswith(CODEX_V2 + "/") and ns.kind == SOURCE_CODEX:
+            what += " (memory version 2)"
         rows.append((0, path, path.partition("/")[2], f"{inner.rpartition('/')[2]} of "
                      f"{ns.machine} ({where})", f"{what} of machine {ns.machine}, synced "
                      f"{ns.synced_at or 'at an unknown time'}: reference data that may be out "
@@ -100,8 +104,8 @@ def _offered(manifest: Manifest) -> list[tuple[int, str, str, str, str, int]]:
 def templates(cursor: object, version: str) -> dict[str, Any]:
     """The one template: any cached file by its published path."""
     if cursor is not None:
-        raise ProtocolError("invalid cursor: there is one page of resource templates; omit "
-                            "cursor")
+        raise ToolArgumentError("invalid cursor: there is one page of resource templates; "
+                                "omit cursor")
     template = {"uriTemplate": TEMPLATE, "name": "cached-file",
                 "description": "Any Markdown file in the shared memory cache by its published "
                 f"path (from the list or search tools), e.g. {_EXAMPLE}",
@@ -144,10 +148,12 @@ def read(cache: Cache, uri: str, path: str) -> dict[str, Any]:
     damage = cache.check()
     if damage is not None:
         raise CacheError(f"{REPAIRING}; {damage}")
-    data = cached_bytes(cache, path)
-    text = data.decode("utf-8", "replace")
-    if len(text) > RESULT_MAX_BYTES // 4 and len(text.encode("utf-8")) > RESULT_MAX_BYTES:
-        text = _cut(text, path, len(data))
+    head, size = cached_head(cache, path, RESULT_MAX_BYTES + 1)
+    whole = len(head) == size  # else the head is longer than can be shown: cut it
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(head, whole)
+    if not whole or len(text) > RESULT_MAX_BYTES // 4 and \
+            len(text.encode("utf-8")) > RESULT_MAX_BYTES:
+        text = _cut(text, path, size)
     return {"contents": [{"uri": uri, "mimeType": MIME, "text": text}]}
 
 
@@ -198,13 +204,13 @@ def _encode_cursor(last: tuple[int, str]) -> str:
 
 
 def _decode_cursor(cursor: object) -> tuple[int, str]:
-    """The last resource of the page before; ProtocolError unless resources/list made it."""
+    """The last resource of the page before; ToolArgumentError unless resources/list made it."""
     try:
         data = json.loads(base64.urlsafe_b64decode(str(cursor).encode("ascii")))
     except (ValueError, UnicodeError, binascii.Error):
         data = None
     if not (isinstance(cursor, str) and isinstance(data, list) and len(data) == 3
             and data[0] == "r" and data[1] in (0, 1) and isinstance(data[2], str)):
-        raise ProtocolError("invalid cursor: pass the nextCursor of the previous page unchanged, "
-                            "or omit it to start again")
+        raise ToolArgumentError("invalid cursor: pass the nextCursor of the previous page "
+                                "unchanged, or omit it to start again")
     return data[1], data[2]

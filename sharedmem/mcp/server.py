@@ -5,6 +5,11 @@ of fastjson.py (not `json`, which loads `re`), and three small files read for th
 freshness (client/status.py); the configuration, cache, tools and search index are loaded on
 the first tool request. A stale cache gets one sync started in the background, after the
 `initialize` reply is written (client/note.py `start_sync`).
+
+Requests are answered one at a time, in order, by the loop that reads them, except a note:
+`add_ad_hoc_note` waits (bounded) for the server to store it, so its reply is worked out on a
+thread of its own (`Later`) and written when ready, while the loop goes on answering (JSON-RPC
+lets replies come in any order). Every reply is written whole under one lock (`Output`).
 """
 
 from __future__ import annotations
@@ -20,12 +25,17 @@ from sharedmem.fastjson import dumps, loads
 
 TYPE_CHECKING = False  # typing imports re: start-up does not pay for it
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from typing import Any
 
 VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST = VERSIONS[-1]
 BATCH_VERSION = "2025-03-26"
+# From this revision on, arguments that do not fit a tool's input schema are a tool execution
+# error (a result with isError, which a model reads and corrects); before it the specification
+# lists them among the protocol errors (JSON-RPC invalid params).
+ARGUMENT_RESULTS_VERSION = "2025-11-25"
+NOTES_WAITING = 16  # notes waiting on the server at once; past that a note answers at once
 MAX_LINE_BYTES = 4 * 1024 * 1024
 MAX_REPLY_BYTES = 4 * 1024 * 1024  # past this much of a batch's reply, requests are not run
 TOOLS_PAGE = 50
@@ -99,6 +109,80 @@ def _valid_id(ident: object) -> bool:
     return isinstance(ident, str) or (isinstance(ident, int) and not isinstance(ident, bool))
 
 
+class Later:
+    """A reply worked out on a thread of its own, so the loop answers other requests meanwhile."""
+
+    def __init__(self, ident: Any, work: Callable[[], dict[str, Any]]) -> None:
+        import threading
+        self._ident, self._work = ident, work
+        self._reply: dict[str, Any] | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._reply = self._work()
+        except Exception as exc:  # noqa: BLE001 - one bad request must not end the session
+            _log(f"internal error in a reply worked out later: {exc!r}")
+            self._reply = _error(self._ident, INTERNAL_ERROR,
+                                 f"internal error: {type(exc).__name__}")
+
+    def reply(self) -> dict[str, Any]:
+        """The reply, once it is worked out."""
+        self._thread.join()
+        assert self._reply is not None
+        return self._reply
+
+
+class Output:
+    """Replies to stdout, each one line written whole: the loop's, and those of `Later`.
+
+    The lock and the threads exist from the first `Later` on; until then the loop writes alone.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock: Any = None
+        self._writers: list[Any] = []
+
+    def send(self, reply: Any) -> None:
+        """Write a reply now, or once the `Later` replies in it are ready."""
+        if isinstance(reply, Later) or (isinstance(reply, list)
+                                        and any(isinstance(r, Later) for r in reply)):
+            import threading
+            if self._lock is None:
+                self._lock = threading.Lock()
+            self._writers = [t for t in self._writers if t.is_alive()]
+            writer = threading.Thread(target=self._send_later, args=(reply,), daemon=True)
+            writer.start()
+            self._writers.append(writer)
+        else:
+            self._write(reply)
+
+    def drain(self) -> None:
+        """Wait until every reply still being worked out is written (each is bounded)."""
+        for writer in self._writers:
+            writer.join()
+
+    def _send_later(self, reply: Any) -> None:
+        if isinstance(reply, Later):
+            reply = reply.reply()
+        else:
+            reply = [r.reply() if isinstance(r, Later) else r for r in reply]
+        try:
+            self._write(reply)
+        except OSError:  # the client closed its end: there is no one to answer
+            pass
+
+    def _write(self, reply: Any) -> None:
+        data = (_dumps(reply) + "\n").encode("utf-8")
+        if self._lock is None:
+            _write_all(self.fd, data)
+            return
+        with self._lock:
+            _write_all(self.fd, data)
+
+
 class Server:
     """One MCP session: negotiated revision, lazily loaded configuration and cache."""
 
@@ -110,9 +194,13 @@ class Server:
         self._stale: str | None = None  # why a background sync is due, until after_reply starts it
         self.background: dict[str, Any] | None = None  # what that start did, for freshness
         self._process: Any = None  # the sync it started
+        self._note_slots: Any = None  # a semaphore of NOTES_WAITING, from the first note on
 
     def handle(self, line: bytes | LineTooLong) -> Any:
-        """The reply to one input line (a dict, a list for a batch), or None for silence."""
+        """The reply to one input line (a dict, a list for a batch), or None for silence.
+
+        A reply (or one of a batch) may be a `Later`: `Output.send` writes it when it is ready.
+        """
         if isinstance(line, LineTooLong):
             return _error(None, INVALID_REQUEST,
                           f"message longer than {MAX_LINE_BYTES} bytes: refused unread")
@@ -134,19 +222,19 @@ class Server:
             return self.batch(message)
         return self.message(message)
 
-    def batch(self, messages: list[Any]) -> list[dict[str, Any]] | None:
+    def batch(self, messages: list[Any]) -> list[Any] | None:
         """Answer a batch in order, until its reply passes MAX_REPLY_BYTES.
 
         From then on each request is answered with a REPLY_LIMIT error instead of being run (a
         note is not added), so one batch of large reads cannot make a reply of hundreds of MiB:
         a reply holds at most the limit plus one request's answer.
         """
-        replies: list[dict[str, Any]] = []
+        replies: list[Any] = []
         size = 0
         for msg in messages:
             if size > MAX_REPLY_BYTES and isinstance(msg, dict) and "method" in msg \
                     and _valid_id(msg.get("id")):
-                reply: dict[str, Any] | None = _error(
+                reply: Any = _error(
                     msg["id"], REPLY_LIMIT, f"reply limit reached: this batch's answers passed "
                     f"{MAX_REPLY_BYTES} bytes, so this request was not run; send it again on "
                     "its own or in a later batch")
@@ -154,10 +242,11 @@ class Server:
                 reply = self.message(msg)
             if reply is not None:
                 replies.append(reply)
-                size += len(_dumps(reply).encode("utf-8"))
+                if not isinstance(reply, Later):  # a note's reply is small
+                    size += len(_dumps(reply).encode("utf-8"))
         return replies or None
 
-    def message(self, msg: object) -> dict[str, Any] | None:
+    def message(self, msg: object) -> Any:
         """Check one JSON-RPC message and answer it (None for notifications and responses)."""
         if not isinstance(msg, dict):
             return _error(None, INVALID_REQUEST, "a message must be a JSON object")
@@ -189,7 +278,7 @@ class Server:
             _log(f"internal error in {method}: {exc!r}")
             return _error(ident, INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
 
-    def request(self, ident: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    def request(self, ident: Any, method: str, params: dict[str, Any]) -> Any:
         """Answer one request that passed the JSON-RPC checks."""
         if method == "ping":
             return _ok(ident, {})
@@ -209,13 +298,7 @@ class Server:
         if method == "tools/list":
             return self._tools_list(ident, params)
         if method == "tools/call":
-            name, arguments = params.get("name"), params.get("arguments", {})
-            from sharedmem.mcp.tools import TOOLS
-            if not isinstance(name, str) or name not in {t["name"] for t in TOOLS}:
-                return _error(ident, INVALID_PARAMS, f"unknown tool {name!r}: call tools/list")
-            if not isinstance(arguments, dict):
-                return _error(ident, INVALID_PARAMS, "arguments must be an object")
-            return _ok(ident, self._call(name, arguments))
+            return self._tools_call(ident, params)
         if method in ("resources/list", "resources/read", "resources/templates/list"):
             return self._resources(ident, method, params)
         return _error(ident, METHOD_NOT_FOUND, f"method {method!r} not found")
@@ -301,6 +384,46 @@ class Server:
         except SharedMemoryError as exc:
             return _error(ident, RESOURCE_NOT_FOUND, f"Resource not found: {exc}", data)
 
+    def _tools_call(self, ident: Any, params: dict[str, Any]) -> Any:
+        """Check a tool call, then answer it; a note's answer comes `Later`.
+
+        Arguments that do not fit the tool's input schema are an error as the negotiated
+        revision says: JSON-RPC invalid params before ARGUMENT_RESULTS_VERSION, a tool result
+        with isError from it on.
+        """
+        from sharedmem.core import SharedMemoryError, ToolArgumentError
+        from sharedmem.mcp.tools import TOOLS, check_arguments
+        name, arguments = params.get("name"), params.get("arguments", {})
+        if not isinstance(name, str) or name not in {t["name"] for t in TOOLS}:
+            return _error(ident, INVALID_PARAMS, f"unknown tool {name!r:.80}: call tools/list")
+        if not isinstance(arguments, dict):
+            return _error(ident, INVALID_PARAMS, "arguments must be an object")
+        try:
+            check_arguments(name, arguments)
+        except ToolArgumentError as exc:
+            assert self.version is not None
+            if self.version < ARGUMENT_RESULTS_VERSION:
+                return _error(ident, INVALID_PARAMS, str(exc))
+            return _ok(ident, _failed(f"{name} failed: {exc}"))
+        if name != "add_ad_hoc_note":
+            return _ok(ident, self._call(name, arguments))
+        try:
+            self._load()  # here, so the cache (and its SQLite) belongs to this thread
+        except SharedMemoryError:
+            return _ok(ident, self._call(name, arguments))  # which says why
+        if self._note_slots is None:
+            import threading
+            self._note_slots = threading.BoundedSemaphore(NOTES_WAITING)
+        if not self._note_slots.acquire(blocking=False):  # the note is added, not waited for
+            return _ok(ident, self._call(name, arguments, wait=0))
+
+        def answer() -> dict[str, Any]:
+            try:
+                return _ok(ident, self._call(name, arguments))
+            finally:
+                self._note_slots.release()
+        return Later(ident, answer)
+
     def _tools_list(self, ident: Any, params: dict[str, Any]) -> dict[str, Any]:
         from sharedmem.mcp.tools import TOOLS
         cursor = params.get("cursor")
@@ -321,21 +444,26 @@ class Server:
             result["nextCursor"] = f"tools:{offset + TOOLS_PAGE}"
         return _ok(ident, result)
 
-    def _call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, name: str, arguments: dict[str, Any],
+              wait: float | None = None) -> dict[str, Any]:
+        """Run a tool: its result, or a result with isError saying why it failed.
+
+        A note waits `wait` seconds for the server (the tool's NOTE_WAIT unless given). Safe on a
+        `Later` thread for a note, which touches only files and the delivery it starts.
+        """
         from sharedmem.core import SharedMemoryError
-        from sharedmem.mcp.tools import call
+        from sharedmem.mcp.tools import NOTE_WAIT, call
         try:
             config, cache = self._load()
-            result = call(name, arguments, cache, lambda: self._submit(config),
+            result = call(name, arguments, cache,
+                          lambda: self._submit(config, NOTE_WAIT if wait is None else wait),
                           self.cache_freshness)
         except SharedMemoryError as exc:
-            return {"content": [{"type": "text", "text": f"{name} failed: {exc}"}],
-                    "isError": True}
+            return _failed(f"{name} failed: {exc}")
         except Exception as exc:  # noqa: BLE001 - a tool bug is reported, the session goes on
             _log(f"tool {name} crashed: {exc!r}")
-            return {"content": [{"type": "text", "text": f"{name} failed unexpectedly "
-                                 f"({type(exc).__name__}); try other arguments"}],
-                    "isError": True}
+            return _failed(f"{name} failed unexpectedly ({type(exc).__name__}); try other "
+                           "arguments")
         out: dict[str, Any] = {"content": [{"type": "text", "text": _dumps(result)}],
                                "isError": False}
         if self.version is not None and self.version >= "2025-06-18":
@@ -351,17 +479,22 @@ class Server:
         return self._context
 
     @staticmethod
-    def _submit(config: Any) -> Any:
-        """Queue the note and deliver it in the background, so no tool waits on the server."""
+    def _submit(config: Any, wait: float) -> Any:
+        """Queue the note, start its delivery, and wait for it at most `wait` seconds."""
         from functools import partial
 
         from sharedmem.core import NoteError
         try:
-            from sharedmem.client.note import queue_note
+            from sharedmem.client.note import add_note
         except ImportError:
             raise NoteError("note delivery is not available in this installation: update it "
                             "with install_client.py") from None
-        return partial(queue_note, config)
+        return partial(add_note, config, wait=wait)
+
+
+def _failed(text: str) -> dict[str, Any]:
+    """A tool result that says the tool failed and why (isError), for the model to read."""
+    return {"content": [{"type": "text", "text": text}], "isError": True}
 
 
 def _dumps(obj: Any) -> str:
@@ -394,7 +527,11 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def main(config_path: str) -> int:
-    """Serve MCP on stdin/stdout until end of input, SIGTERM or a closed pipe; exit 0."""
+    """Serve MCP on stdin/stdout until end of input, SIGTERM or a closed pipe; exit 0.
+
+    At the end of input the notes still waiting are answered first (each within its bound);
+    SIGTERM ends at once, and a note's delivery, a process of its own, goes on.
+    """
     import signal
     sys.stdout.flush()
     out = os.dup(1)
@@ -402,12 +539,14 @@ def main(config_path: str) -> int:
     sys.stdout = sys.stderr
     signal.signal(signal.SIGTERM, lambda _sig, _frame: os._exit(0))
     server = Server(config_path)
+    output = Output(out)
     try:
         for line in read_lines(0):
             reply = server.handle(line)
             if reply is not None:
-                _write_all(out, (_dumps(reply) + "\n").encode("utf-8"))
+                output.send(reply)
             server.after_reply()
+        output.drain()  # the end of input: answer the notes still waiting, then exit
     except (BrokenPipeError, KeyboardInterrupt):
         pass
     except OSError as exc:

@@ -10,15 +10,19 @@ import base64
 import binascii
 import hashlib
 import json
+import os
 import stat
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, BinaryIO
 
-from sharedmem.cache.cache import Cache, FileTable, Manifest
+from sharedmem.cache.cache import Cache, Manifest
 from sharedmem.cache.layout import CacheFiles
-from sharedmem.core import CacheError, LimitError, PathRuleError, ProtocolError
-from sharedmem.rules import path_problems
+from sharedmem.cache.manifest_store import FileTable
+from sharedmem.core import CacheError, PathRuleError, ToolArgumentError
+from sharedmem.rules import MAX_PATH_BYTES, NOTE_FILE_MAX_BYTES, NOTES_DIR, path_problems
+
+NOTE_WAIT = 10  # seconds add_ad_hoc_note waits for the server to store a note (its description)
 
 Submit = Callable[[str, str], dict[str, Any]]
 LIST_DEFAULT, LIST_MAX = 200, 2000
@@ -26,7 +30,7 @@ READ_DEFAULT, READ_MAX = 400, 2000
 SEARCH_DEFAULT, SEARCH_MAX = 50, 200
 MAX_QUERIES, QUERY_MAX_CHARS = 16, 1000
 RESULT_MAX_BYTES = 256 * 1024  # text in one result (UTF-8): lines, paths, queries
-__all__ = ["TOOLS", "add_ad_hoc_note", "cached_bytes", "call", "cut_text", "format_text",
+__all__ = ["TOOLS", "add_ad_hoc_note", "cached_head", "call", "cut_text", "format_text",
            "list_files", "read_file", "search"]
 
 
@@ -42,7 +46,7 @@ def _decode_cursor(cursor: str, fingerprint: str) -> dict[str, Any]:
     except (ValueError, UnicodeError, binascii.Error):
         data = None
     if not isinstance(data, dict) or data.get("f") != fingerprint:
-        raise ProtocolError(
+        raise ToolArgumentError(
             "cursor is not valid for this request: pass back the next_cursor of the previous "
             "page unchanged with the same other arguments, or omit cursor to start again"
         )
@@ -57,7 +61,7 @@ def _number(value: int | None, name: str, default: int, low: int, high: int) -> 
     if value is None:
         return default
     if not low <= value <= high:
-        raise LimitError(f"{name} must be between {low} and {high}, not {value}")
+        raise ToolArgumentError(f"{name} must be between {low} and {high}, not {value}")
     return value
 
 
@@ -82,9 +86,7 @@ def _folder(disk: CacheFiles, path: str | None) -> str:
         return ""
     assert isinstance(path, str)
     path = path.rstrip("/")
-    problems = path_problems(path, folder=True)
-    if problems:
-        raise PathRuleError("; ".join(problems) + ": use a path from list, e.g. 'machines'")
+    _check_path(path, "use a path from list, e.g. 'machines'", folder=True)
     disk.folder(path)
     return path
 
@@ -174,7 +176,8 @@ def read_file(cache: Cache, path: str, line_offset: int | None = None,
 
     The window holds at most RESULT_MAX_BYTES of text: it stops before the line that would pass
     that, or cuts a first line longer than that, and says where to go on (`next_offset`, and
-    `next_char_offset` for the rest of a cut line).
+    `next_char_offset` for the rest of a cut line). The file is streamed once: what is held
+    is the window, not the file. A note also says whose entries it holds (`note_origin`).
     """
     from sharedmem.cache.search import provenance
     _check_file_path(path)
@@ -182,73 +185,237 @@ def read_file(cache: Cache, path: str, line_offset: int | None = None,
     count = _number(max_lines, "max_lines", READ_DEFAULT, 1, READ_MAX)
     skip = _number(char_offset, "char_offset", 0, 0, 2**31)
     manifest = _intact(cache)
-    text = _read_cached(cache, path).decode("utf-8", "replace")
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
-    total = len(lines)
+    window = _Window(path, start, skip, count, RESULT_MAX_BYTES)
+    with CacheFiles(cache.root) as disk:
+        stream = disk.open(path)
+        if stream is None:
+            raise _not_cached(path)
+        with stream:
+            window.scan(stream)
+        origin = note_origin(disk, path) if path.startswith(NOTES_DIR + "/") else None
+    total = window.total
     if start > max(total, 1):
-        raise LimitError(f"line_offset {start} is past the end of {path!r}, which has {total} "
-                         "lines: start at 1")
-    first = lines[start - 1].rstrip("\r")
-    if skip > len(first):
-        raise LimitError(f"char_offset {skip} is past the end of line {start} of {path!r}, "
-                         f"which has {len(first)} characters: pass next_char_offset unchanged")
-    window, cut = _window([first[skip:]] + [line.rstrip("\r") for line in
-                                             lines[start:start - 1 + count]], RESULT_MAX_BYTES)
-    end = start - 1 + len(window) - (cut is not None)
+        raise ToolArgumentError(f"line_offset {start} is past the end of {path!r}, which has "
+                                f"{total} lines: start at 1")
+    end = start - 1 + len(window.lines) - (window.cut is not None)
     more = end < total
-    return {"path": path, "line_offset": start, "char_offset": skip, "lines": window,
-            "total_lines": total, "truncated": more,
-            "next_offset": end + 1 if more else None,
-            "next_char_offset": None if cut is None else skip + cut,
-            "capped": cut is not None or (more and len(window) < count),
-            **provenance(manifest, path)}
+    result = {"path": path, "line_offset": start, "char_offset": skip, "lines": window.lines,
+              "total_lines": total, "truncated": more,
+              "next_offset": end + 1 if more else None,
+              "next_char_offset": None if window.cut is None else skip + window.cut,
+              "capped": window.cut is not None or (more and len(window.lines) < count),
+              **provenance(manifest, path)}
+    if origin is not None:
+        result["machine"] = ", ".join(origin["machines"]) or None
+        result["note_origin"] = origin
+    return result
 
 
-def cached_bytes(cache: Cache, path: str) -> bytes:
-    """A cached file's bytes by its published path, as `read` opens it (MCP resources too).
+class _Window:
+    """Lines `start`.. of a file read in chunks, as `read` shows them, and how many lines it has.
 
-    The path rule first, then CacheFiles, which follows no link: PathRuleError names the path
-    and says what to do when it breaks the rule, is not in the cache, or is a link or a FIFO.
+    Lines end at LF (CRs before it are dropped) and are decoded as UTF-8 with U+FFFD for what
+    is not, as the whole text would be: an LF byte is never part of another character, so a
+    decoder that has just taken one holds nothing back. Lines before the window and after it
+    are only counted; of a line in it, only the characters that could still fit are kept, so a
+    40 MiB file (or a 40 MiB line) costs a chunk, not 40 MiB.
+    """
+
+    CHUNK = 256 * 1024
+
+    def __init__(self, path: str, start: int, skip: int, count: int, budget: int) -> None:
+        import codecs
+        self.path, self.start, self.skip, self.count = path, start, skip, count
+        self.budget = budget  # bytes of UTF-8 the window may still take
+        self.lines: list[str] = []
+        self.cut: int | None = None  # where the window's one line was cut, if it was
+        self.line = 1  # the number of the line being read
+        self.open = True  # lines are still taken
+        self.total = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._begin()
+
+    def scan(self, stream: BinaryIO) -> None:
+        """Read the whole stream; then `lines`, `cut` and `total` hold the answer."""
+        newlines, last = 0, b""
+        while chunk := stream.read(self.CHUNK):
+            newlines += self._feed(chunk)
+            last = chunk[-1:]
+        if last != b"\n":  # the text after the last LF (or an empty file) is a line too
+            newlines += 1
+            if self._taking():
+                self._take(self._decoder.decode(b"", True))
+                self._end_line()
+        self.total = newlines
+
+    def _taking(self) -> bool:
+        return self.open and self.line >= self.start
+
+    def _feed(self, data: bytes) -> int:
+        """Take one chunk; the LFs in it."""
+        pos = seen = 0
+        if not self._taking():
+            rest = data.count(b"\n")
+            need = self.start - self.line if self.open else rest + 1
+            if rest < need:
+                self.line += rest
+                return rest
+            for _ in range(need):  # only in the chunk where the window starts
+                pos = data.index(b"\n", pos) + 1
+            self.line += need
+            seen = need
+        end = data.rfind(b"\n", pos)
+        if end < 0:
+            self._take(self._decoder.decode(data[pos:]))
+            return seen
+        parts = self._decoder.decode(data[pos:end + 1]).split("\n")
+        parts.pop()  # what follows the last LF
+        for done, part in enumerate(parts, 1):
+            if self._chars:
+                self._take(part)
+                self._end_line()
+            else:
+                self._end_line(part)
+            if not self.open:  # the rest of the chunk is only counted
+                self.line += len(parts) - done
+                return seen + len(parts)
+        self._take(self._decoder.decode(data[end + 1:]))
+        return seen + len(parts)
+
+    def _begin(self) -> None:
+        """Start a line that comes in parts: none of it taken yet."""
+        self._chars = self._crs = 0  # characters so far; CRs at their end
+        self._kept: list[str] = []
+
+    def _keep(self) -> tuple[int, int]:
+        """Which characters of the line to keep: from the first, at most how many.
+
+        The first line of the window starts at `skip`; one character more than fits the budget
+        tells that the line does not fit.
+        """
+        return (self.skip if self.line == self.start else 0), self.budget + 1
+
+    def _take(self, text: str) -> None:
+        """Take the next part of a line that comes in more than one."""
+        if not text:
+            return
+        bare = text.rstrip("\r")
+        self._crs = self._crs + len(text) if not bare else len(text) - len(bare)
+        first, most = self._keep()
+        low, high = first - self._chars, first + most - self._chars
+        if high > 0 and low < len(text):
+            self._kept.append(text[max(0, low):high])
+        self._chars += len(text)
+
+    def _end_line(self, whole: str | None = None) -> None:
+        """A line is complete (`whole`, when it came in one part): in the window if it fits."""
+        first, most = self._keep()
+        if whole is None:
+            length = self._chars - self._crs  # without the CRs at its end
+            text = "".join(self._kept)[:max(0, length - first)]
+            self._begin()
+        else:
+            whole = whole.rstrip("\r")
+            length = len(whole)
+            text = whole[first:first + most] if first or length >= most else whole
+        if first > length:
+            raise ToolArgumentError(
+                f"char_offset {first} is past the end of line {self.line} of {self.path!r}, "
+                f"which has {length} characters: pass next_char_offset unchanged")
+        size = len(text) if len(text) > self.budget else _size(text)
+        if length - first < most and size <= self.budget:
+            self.lines.append(text)
+            self.budget -= size
+        elif not self.lines:  # a first line too long: cut at a character, so a window moves on
+            self.lines.append(cut_text(text, self.budget))
+            self.cut = len(self.lines[0])
+            self.open = False
+        else:
+            self.open = False
+        if len(self.lines) == self.count:
+            self.open = False
+        self.line += 1
+
+
+def cached_head(cache: Cache, path: str, most: int) -> tuple[bytes, int]:
+    """The first `most` bytes of a cached file by its published path, and its size (resources).
+
+    Opened as `read` opens it: the path rule, then CacheFiles, which follows no link.
+    PathRuleError names the path and what to do when it breaks the rule, is not in the cache,
+    or is a link or a FIFO. Only the head is read, however large the file.
     """
     _check_file_path(path)
-    return _read_cached(cache, path)
+    with CacheFiles(cache.root) as disk:
+        stream = disk.open(path)
+        if stream is None:
+            raise _not_cached(path)
+        with stream:
+            parts = []
+            while most > 0 and (part := stream.read(most)):
+                parts.append(part)
+                most -= len(part)
+            return b"".join(parts), os.fstat(stream.fileno()).st_size
 
 
 def _check_file_path(path: str) -> None:
-    problems = path_problems(path)
+    _check_path(path, "pass a .md path from list or search")
+
+
+def _check_path(path: str, fix: str, *, folder: bool = False) -> None:
+    """Refuse a path that breaks the path rule; one too long is named by its size, not shown."""
+    if len(path) > MAX_PATH_BYTES:
+        raise PathRuleError(f"path is {len(path)} characters, longer than any published path "
+                            f"({MAX_PATH_BYTES} bytes): {fix}")
+    problems = path_problems(path, folder=folder)
     if problems:
-        raise PathRuleError("; ".join(problems) + ": pass a .md path from list or search")
+        raise PathRuleError("; ".join(problems) + f": {fix}")
 
 
-def _read_cached(cache: Cache, path: str) -> bytes:
-    with CacheFiles(cache.root) as disk:
-        data = disk.read(path)
-    if data is None:
-        raise PathRuleError(f"no file {path!r} in the cache: use list or search to find "
-                            "published paths")
-    return data
+def _not_cached(path: str) -> PathRuleError:
+    return PathRuleError(f"no file {path!r} in the cache: use list or search to find published "
+                         "paths")
 
 
-def _window(lines: list[str], budget: int) -> tuple[list[str], int | None]:
-    """The lines that fit in `budget` bytes of UTF-8, and where the last one was cut (if it was).
+_NOTE_LINES = None  # compiled at the first note read: the server's headings and fences
 
-    Whole lines while they fit; a line too long is cut at a character only when it comes
-    first, so a window always moves on.
+
+def note_origin(disk: CacheFiles, path: str) -> dict[str, Any]:
+    """Who added a cached note file's entries, and when, from the headings the server wrote.
+
+    Only the server writes a line outside a fence (PROVENANCE.md), so a heading there names the
+    machine that sent the entry; a text that looks like one is inside its fence. A file larger
+    than a note file may be (not the server's rendering) is not read: its origin is unknown.
     """
-    out: list[str] = []
-    for line in lines:
-        size = len(line) if len(line) > budget else _size(line)
-        if size <= budget:
-            out.append(line)
-            budget -= size
-            continue
-        if not out:
-            out.append(cut_text(line, budget))
-            return out, len(out[0])
-        break
-    return out, None
+    global _NOTE_LINES
+    if _NOTE_LINES is None:
+        import re
+        _NOTE_LINES = re.compile(r"^(?:## ([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)"
+                                 r" \u00b7 ([a-z0-9][a-z0-9._-]{0,62})|(`{3,}))$", re.MULTILINE)
+    stream = disk.open(path)
+    data = b""
+    if stream is not None:
+        with stream:
+            data = stream.read(NOTE_FILE_MAX_BYTES + 1)
+    origin: dict[str, Any] = {"entries": 0, "machines": [], "first_added_at": None,
+                              "last_added_at": None}
+    if len(data) > NOTE_FILE_MAX_BYTES:
+        origin["unknown"] = (f"the file is larger than a note file may be ({NOTE_FILE_MAX_BYTES} "
+                             "bytes), so it is not the server's rendering")
+        return origin
+    fence = None
+    for match in _NOTE_LINES.finditer(data.decode("utf-8", "replace")):
+        added, machine, ticks = match.groups()
+        if fence is not None:
+            fence = None if ticks == fence else fence
+        elif ticks:
+            fence = ticks
+        else:
+            origin["entries"] += 1
+            origin["first_added_at"] = origin["first_added_at"] or added
+            origin["last_added_at"] = added
+            if machine not in origin["machines"]:
+                origin["machines"].append(machine)
+    return origin
 
 
 def _size(text: str) -> int:
@@ -279,20 +446,15 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
     """Lines containing the queries as substrings, most relevant files first, one page."""
     from sharedmem.cache.search import Query, normalize, searcher
     if not isinstance(queries, list) or not 1 <= len(queries) <= MAX_QUERIES:
-        raise LimitError(f"queries must be a list of 1 to {MAX_QUERIES} strings, e.g. "
-                         "[\"release\"]")
-    for query in queries:
-        if not isinstance(query, str) or not query or len(query) > QUERY_MAX_CHARS:
-            raise LimitError(f"each query must be a non-empty string of at most "
-                             f"{QUERY_MAX_CHARS} characters, not {query!r}")
-        if "\n" in query or "\r" in query:
-            raise LimitError(f"query {query!r} contains a line break: lines are matched one at "
-                             "a time, so search for one line's text (or pass several queries)")
-        if normalized and not normalize(query).strip():
-            raise LimitError(f"query {query!r} is empty once normalized: search for letters")
+        raise ToolArgumentError(f"queries must be a list of 1 to {MAX_QUERIES} strings, e.g. "
+                                "[\"release\"]")
+    problems = [_query_problem(number, query, normalize if normalized else None)
+                for number, query in enumerate(queries, 1)]
     mode = match_mode or "any"
     if mode not in ("any", "all"):
-        raise LimitError(f"match_mode must be 'any' or 'all', not {mode!r}")
+        problems.append(f"match_mode must be 'any' or 'all', not {mode!r:.40}")
+    if any(problems):
+        raise ToolArgumentError("; ".join(filter(None, problems)))
     with CacheFiles(cache.root) as disk:
         folder = _folder(disk, path)
     query = Query(list(queries), mode, folder or None,
@@ -306,7 +468,7 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
     shape = (int, str, int) if len(query.queries) > 1 and mode == "any" else (str, int)
     if after is not None and not (isinstance(after, list) and len(after) == len(shape) and all(
             type(v) is t for v, t in zip(after, shape, strict=True))):
-        raise ProtocolError("cursor is damaged: omit it to start the search again")
+        raise ToolArgumentError("cursor is damaged: omit it to start the search again")
     budget = RESULT_MAX_BYTES - sum(map(_size, query.queries))
     damage = cache.check(verify=False)  # the search reads its texts from its index
     if damage is not None:
@@ -317,11 +479,31 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
             "capped": last is not None and len(results) < limit}
 
 
-def add_ad_hoc_note(filename: str, note: str, submit: Submit) -> dict[str, Any]:
-    """Check and redact a note, then hand it to `submit`, which queues it in the outbox.
+def _query_problem(number: int, query: object,
+                   normalize: Callable[[str], str] | None) -> str | None:
+    """What is wrong with one search query, or None.
 
-    MCP's submit starts the delivery in the background and answers at once; the CLI's `note`
-    delivers before it answers.
+    It names the query by number and size, never repeating it whole, so an error stays far
+    below one result's cap.
+    """
+    if not isinstance(query, str) or not query:
+        return f"query {number} is empty or not a string: pass non-empty strings"
+    if len(query) > QUERY_MAX_CHARS:
+        return (f"query {number} is {len(query)} characters, over the {QUERY_MAX_CHARS} a query "
+                "may have: search for a shorter part of the line")
+    if "\n" in query or "\r" in query:
+        return (f"query {number} ({query[:40]!r}...) contains a line break: lines are matched "
+                "one at a time, so search for one line's text (or pass several queries)")
+    if normalize is not None and not normalize(query).strip():
+        return f"query {number} ({query[:40]!r}) is empty once normalized: search for letters"
+    return None
+
+
+def add_ad_hoc_note(filename: str, note: str, submit: Submit) -> dict[str, Any]:
+    """Check and redact a note, then hand it to `submit`, which queues and delivers it.
+
+    MCP's submit (`note.add_note`) starts a delivery of its own and waits, bounded, until the
+    cache shows the note; the CLI's (`note.submit_note`) delivers it in its own process.
     """
     from sharedmem.redact.redactor import redact_note
     text, counts = redact_note(filename, note)
@@ -352,36 +534,46 @@ def _unicode_problem(value: object) -> str | None:
     return None
 
 
+def check_arguments(name: str, arguments: dict[str, Any]) -> None:
+    """Check `arguments` against the tool's input schema: every problem, raised once.
+
+    ToolArgumentError for an unknown argument, a value of the wrong type or not UTF-8 text,
+    and a required one left out; the MCP server reports it as the negotiated revision says.
+    """
+    spec = next((t for t in TOOLS if t["name"] == name), None)
+    if spec is None:
+        raise ToolArgumentError(f"unknown tool {name!r:.80}: use list, read, search or "
+                                "add_ad_hoc_note")
+    schema = spec["inputSchema"]
+    problems = []
+    for key, value in arguments.items():
+        prop = schema["properties"].get(key)
+        if prop is None:
+            problems.append(f"{name} has no argument {key!r:.80}; it takes "
+                            f"{', '.join(schema['properties'])}")
+            continue
+        kind = _TYPES[prop["type"]]
+        bad = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        if bad or (kind is list and not all(isinstance(v, str) for v in value)):
+            problems.append(f"argument {key!r} of {name} must be {_ARTICLES[prop['type']]}, "
+                            f"not {json.dumps(value)[:80]}")
+        elif problem := _unicode_problem(value):
+            problems.append(f"argument {key!r} of {name} is not valid UTF-8 text: {problem} "
+                            "(from a JSON escape such as \\ud800 that is not half of a pair, "
+                            "or from bytes that are not UTF-8): send it as UTF-8")
+    problems += [f"{name} needs the argument {key!r}: {schema['properties'][key]['description']}"
+                 for key in schema.get("required", []) if key not in arguments]
+    if problems:
+        raise ToolArgumentError("; ".join(problems))
+
+
 def call(name: str, arguments: dict[str, Any], cache: Cache, submit: Callable[[], Submit],
          freshness: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Check `arguments` against the tool's input schema, then run it.
 
     `freshness` says how fresh the cache is, for `list` of the top level.
     """
-    spec = next((t for t in TOOLS if t["name"] == name), None)
-    if spec is None:
-        raise ProtocolError(f"unknown tool {name!r}: use list, read, search or add_ad_hoc_note")
-    schema = spec["inputSchema"]
-    for key, value in arguments.items():
-        prop = schema["properties"].get(key)
-        if prop is None:
-            raise ProtocolError(f"{name} has no argument {key!r}; it takes "
-                                f"{', '.join(schema['properties'])}")
-        kind = _TYPES[prop["type"]]
-        bad = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
-        if bad or (kind is list and not all(isinstance(v, str) for v in value)):
-            raise ProtocolError(f"argument {key!r} of {name} must be "
-                                f"{_ARTICLES[prop['type']]}, "
-                                f"not {json.dumps(value)[:80]}")
-        problem = _unicode_problem(value)
-        if problem:
-            raise ProtocolError(f"argument {key!r} of {name} is not valid UTF-8 text: {problem} "
-                                "(from a JSON escape such as \\ud800 that is not half of a pair, "
-                                "or from bytes that are not UTF-8): send it as UTF-8")
-    missing = [k for k in schema.get("required", []) if k not in arguments]
-    if missing:
-        raise ProtocolError(f"{name} needs the argument {missing[0]!r}: "
-                            f"{schema['properties'][missing[0]]['description']}")
+    check_arguments(name, arguments)
     if name == "list":
         return list_files(cache, **arguments, freshness=freshness)
     if name == "read":
@@ -402,8 +594,7 @@ def format_text(tool: str, result: dict[str, Any]) -> str:
     elif tool == "read":
         first = result["line_offset"]
         rows = [f"{first + i:>6}  {line}" for i, line in enumerate(result["lines"])]
-        rows.insert(0, f"# {result['path']} ({result['total_lines']} lines, from "
-                       f"{result['machine'] or '?'}/{result['source'] or '?'})")
+        rows.insert(0, f"# {result['path']} ({result['total_lines']} lines, {_origin(result)})")
         if result["truncated"]:
             rows.append(f"... more from line {result['next_offset']}" + (
                 f", character {result['next_char_offset']} (--char-offset)"
@@ -426,6 +617,19 @@ def format_text(tool: str, result: dict[str, Any]) -> str:
     if result.get("next_cursor"):
         rows.append(f"(more: --cursor {result['next_cursor']})")
     return "\n".join(rows)
+
+
+def _origin(result: dict[str, Any]) -> str:
+    """Where a read file came from, in words: a machine's source, or a note's entries."""
+    note = result.get("note_origin")
+    if note is None:
+        return f"from {result['machine'] or '?'}/{result['source'] or '?'}"
+    if not note["entries"]:
+        return "a note whose entries' origin is unknown"
+    when = note["first_added_at"] if note["entries"] == 1 else \
+        f"{note['first_added_at']} to {note['last_added_at']}"
+    return (f"a note of {note['entries']} entr{'y' if note['entries'] == 1 else 'ies'} from "
+            f"{', '.join(note['machines'])}, added {when}")
 
 
 def _prop(kind: str, description: str, **extra: Any) -> dict[str, Any]:
@@ -491,6 +695,10 @@ TOOLS: list[dict[str, Any]] = [
                            "next_char_offset": {"type": ["integer", "null"],
                                                 "description": "set when the last line was "
                                                 "cut: where it goes on"},
+                           "note_origin": {"type": "object", "description": "a note "
+                                           "only: its entries (count), machines, "
+                                           "first_added_at and last_added_at, from the "
+                                           "headings the server wrote"},
                            **_CAPPED, **_PROVENANCE},
                           ("path", "lines", "total_lines", "truncated"))},
     {"name": "search", "title": "Search shared memory",
@@ -523,10 +731,11 @@ TOOLS: list[dict[str, Any]] = [
                           ("queries", "results"))},
     {"name": "add_ad_hoc_note", "title": "Add a shared memory note",
      "description": "Store a new note in the shared memory for every machine, ONLY when the user "
-     "asks to remember something. Notes are append-only and credentials are redacted. The note "
-     "is queued on this machine and delivered to the server in the background (usually within "
-     "seconds); the result gives the path where it can then be read. If the server is "
-     "unreachable it stays queued and the next sync delivers it.",
+     "asks to remember something. Notes are append-only and credentials are redacted. The call "
+     f"waits (at most {NOTE_WAIT:g} s) until the server has stored the note and this machine's "
+     "cache shows it, then answers 'stored' with the path read finds it at. If the server does "
+     "not answer in time the answer is 'queued': the note waits on this machine, and the "
+     "message says what delivers it (the delivery still running, or the next sync).",
      "annotations": {"title": "Add a shared memory note", "readOnlyHint": False,
                      "destructiveHint": False, "idempotentHint": False, "openWorldHint": False},
      "inputSchema": _obj({"filename": _prop("string", "YYYY-MM-DDTHH-MM-SS-<slug>.md with a "
@@ -535,11 +744,11 @@ TOOLS: list[dict[str, Any]] = [
                           "note": _prop("string", "the note's Markdown text, at most 64 KiB")},
                          ("filename", "note"), closed=True),
      "outputSchema": _obj({
-         "status": {"type": "string", "description": "'queued': waiting on this machine for "
-                    "its delivery; 'stored': the server has it"},
+         "status": {"type": "string", "description": "'stored': the server has it (and, "
+                    "unless message says otherwise, read finds it at path now); 'queued': it "
+                    "waits on this machine for its delivery"},
          "filename": {"type": "string"}, "note_id": {"type": "string"},
-         "path": {"type": "string", "description": "where the note can be read (read, list) "
-                  "once it is delivered"},
+         "path": {"type": "string", "description": "where read and list find the note"},
          "delivery": {"type": "string", "description": "'started', 'already running' (that "
                       "delivery takes this note too) or 'not started' (the next sync "
                       "delivers it)"},

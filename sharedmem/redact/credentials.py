@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 MARKER_PREFIX = "[REDACTED:"
 # The patterns below are compiled where they are used, on first need, and cached by `re`: most
-# texts never need them, and compiling them all at import cost a process 2.5 ms.
+# texts never need them, and compiling them all at import would cost every process.
 MARKER_PATTERN = r"\[REDACTED:[a-z-]{1,40}\]"
 
 
@@ -197,9 +197,8 @@ def rules() -> tuple[Rule, ...]:
     """The rules with their leads compiled, on first need; each full pattern stays text.
 
     A full pattern is compiled (and cached by `re`) where one of its leads first matches: a
-    text a screen touched matches the leads of a rule or two, and compiling all 17 patterns
-    and the folded leads cost each process that redacted anything 12 ms of 15
-    (docs/BENCHMARKS.md "Ninth round").
+    text a screen touched matches the leads of a rule or two, so compiling all the patterns
+    and the folded leads would cost each process that redacts anything most of its redaction.
     """
     if not _COMPILED:  # replaced whole in one step, as `redactor._byte_leads` does
         _COMPILED[:] = [tuple(r._replace(lead=tuple(re.compile(x) for x in r.lead))

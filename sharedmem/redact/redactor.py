@@ -87,8 +87,8 @@ def _operator_windows(lowered: str) -> list[tuple[int, int]]:
 def _leads_within(rule: Rule, lowered: str, windows: list[tuple[int, int]]) -> list[int]:
     """`_lead_positions` of a rule in `_OPERATOR_KINDS`, looked for inside `windows` alone.
 
-    Its eight keywords are common words: scanning a whole text for each cost 45-90 µs of each
-    text that has a keyword before a ':' (docs/BENCHMARKS.md "Twelfth round"). A lead is
+    Its eight keywords are common words, so scanning a whole text for each would cost more than
+    the screen that found the window. A lead is
     looked for again one character on, as one keyword may end inside another ("secretoken").
     """
     leads = folded_leads(rule.kind, caseless=False)
@@ -321,12 +321,11 @@ def prepare() -> None:
 # The rules matched without case are screened backwards, over the lower-cased bytes reversed:
 # every generic lead (a keyword, then `_NEAR_OPERATOR`) ends at a ':' or '=', a byte the scan
 # finds at memchr speed, where a scan for the keywords stops at every common letter; 2 scans do
-# the work of 10 (28 MB of Markdown: 40-85 ms instead of 150). Each is `_NEAR_OPERATOR` read
+# the work of 10. Each is `_NEAR_OPERATOR` read
 # from its end. The AWS rule's "secret" implies the generic "secret" lead; "authorization"
 # followed by ":" or "=" is the generic "auth" lead. The blanks and the quotes are taken
 # possessively: neither class holds a character of the next, so giving one back never makes a
-# match, and the engine keeps no place to return to (real Markdown's ':' screen, 24 MB: 35 ms
-# instead of 57).
+# match, and the engine keeps no place to return to.
 _BACKWARDS = (r"""[ \t]{0,16}+["'`*\]]{0,3}+[a-z_-]{0,16}(?:"""
               + "|".join(k[::-1] for k in KEYWORD_STARTS) + ")")
 _OPERATOR_KINDS = frozenset({"generic-secret", "authorization-header"})  # a keyword, ':' or '='
@@ -342,7 +341,7 @@ _FOLDED_SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
     (_PASSWORD_BACKWARDS, frozenset({"url-password"})),
 )
 # Words looked for in the lower-cased bytes reversed with `bytes.find`, which skips through a
-# word of common letters twice as fast as the regex engine (28 MB: 21 ms against 40); the
+# word of common letters faster than the regex engine; the
 # Slack webhook's host, right after its "://", is one.
 _FOLDED_WORDS: tuple[tuple[str, frozenset[str]], ...] = (
     ("terces", frozenset({"aws-secret-key", "generic-secret"})),
@@ -352,7 +351,7 @@ _FOLDED_WORDS: tuple[tuple[str, frozenset[str]], ...] = (
 # What the batch scan looks for in place of the leads of the rules matched with case: every
 # match of those rules' patterns (and every PEM block) holds one of these. Each starts with one
 # byte the scan finds at memchr speed and looks around it only there, so 4 scans (and the '@'
-# screen above) do the work of 15 (one scan of 28 MB costs 8 to 18 ms). test_redact checks
+# screen above) do the work of 15. test_redact checks
 # that they cover every such rule.
 _SCREENS: tuple[tuple[str, frozenset[str]], ...] = (
     (r"A(?:KIA|SIA|BIA|CCA|Iza)", frozenset({"aws-access-key", "google-api-key"})),

@@ -28,6 +28,10 @@ from sharedmem.sources.safe_open import (
     too_large,
 )
 
+TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+if TYPE_CHECKING:
+    from typing import Any
+
 REDACT_BATCH_BYTES = 1 << 20  # files read are redacted in batches of about this many bytes
 
 _new = tuple.__new__  # a named tuple made from all its fields, without its keywords' cost
@@ -61,9 +65,7 @@ def _hex_sha256(text: str) -> bool:
     """Whether `text`, a str of 64 characters, is a sha256 in lower-case hex: checked in C.
 
     `bytes.fromhex` refuses every character but the hex digits and the ASCII whitespace it
-    skips, which leaves fewer than 32 bytes. This runs for each of a sync's 10,000 files:
-    `str.strip` with the hex digits took 1 µs a sha256 (a regex match 0.6), this 0.2-0.3
-    (docs/BENCHMARKS.md "Ninth round").
+    skips, which leaves fewer than 32 bytes.
     """
     try:
         return len(bytes.fromhex(text)) == 32 and text == text.lower()
@@ -71,20 +73,27 @@ def _hex_sha256(text: str) -> bool:
         return False
 
 
-def _valid_record(value: object) -> tuple[int, int, str, int, dict[str, int]] | None:
-    """One `previous` record entry, or None when it is malformed (10,000 of these a sync)."""
-    if type(value) not in (list, tuple) or len(value) != 5:  # type: ignore[arg-type]
-        return None
-    disk_size, mtime_ns, sha, size, counts = value  # type: ignore[misc]
-    if not (type(disk_size) is int and disk_size >= 0 and type(mtime_ns) is int
+def record_entry(e: Entry) -> list[Any]:
+    """A file's entry in a source's record: what the next walk compares and reuses unread.
+
+    `[disk size, mtime_ns, sha256, size, redactions]`, JSON as it is saved.
+    """
+    return [e.disk_size, e.mtime_ns, e.sha256, e.size, dict(e.redactions)]
+
+
+def valid_record(value: object) -> bool:
+    """Whether a saved record entry has the shape `record_entry` gives, each value of its kind.
+
+    Checked once where the record is read (client/source_state.py): the walk trusts what it
+    is given as `previous`.
+    """
+    if type(value) is not list or len(value) != 5:
+        return False
+    disk_size, mtime_ns, sha, size, counts = value
+    return (type(disk_size) is int and disk_size >= 0 and type(mtime_ns) is int
             and type(size) is int and size >= 0 and type(sha) is str and len(sha) == 64
-            and type(counts) is dict and _hex_sha256(sha)):
-        return None  # `type(x) is int` also refuses True and False
-    if not counts:
-        return disk_size, mtime_ns, sha, size, {}
-    if not all(type(k) is str and type(v) is int and v >= 0 for k, v in counts.items()):
-        return None
-    return disk_size, mtime_ns, sha, size, dict(counts)
+            and _hex_sha256(sha) and type(counts) is dict
+            and all(type(k) is str and type(v) is int and v >= 0 for k, v in counts.items()))
 
 
 class Walker:
@@ -208,17 +217,12 @@ class Walker:
         except OSError:
             return False
         path = published + name
-        # The record's checks (`_valid_record`) inline, on the matching case only: a call
-        # and a tuple a file was a fifth of a no-change walk.
         rec = self.previous.get(path)
-        if type(rec) is not list or len(rec) != 5:
+        if rec is None:
             return False
         disk_size, mtime_ns, sha, size, counts = rec
         limits = self.limits
-        if (disk_size != st.st_size or mtime_ns != st.st_mtime_ns or type(disk_size) is not int
-                or type(mtime_ns) is not int or type(size) is not int or size < 0
-                or type(sha) is not str or len(sha) != 64 or not _hex_sha256(sha)
-                or type(counts) is not dict or counts
+        if (disk_size != st.st_size or mtime_ns != st.st_mtime_ns or counts
                 or disk_size > limits.file_bytes or size > limits.file_bytes):
             return False  # one with redactions goes the general way, which copies its counts
         key = path.lower()
@@ -316,9 +320,9 @@ class Walker:
 
     def _reuse(self, published: str, disk: str, st: os.stat_result) -> Entry | None:
         """The previous record's entry when size and mtime are unchanged, without reading."""
-        rec = _valid_record(self.previous.get(published))
+        rec = self.previous.get(published)
         if rec is None or rec[0] != st.st_size or rec[1] != st.st_mtime_ns:
             return None
         if rec[0] > self.limits.file_bytes or rec[3] > self.limits.file_bytes:
             return None
-        return Entry(published, rec[2], rec[3], rec[1], rec[0], rec[4], None, disk)
+        return Entry(published, rec[2], rec[3], rec[1], rec[0], dict(rec[4]), None, disk)
