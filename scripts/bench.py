@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Maintainer benchmarks: `bench.py mcp` (the MCP server), `sync` (the sync exchange), `wan`
-(the sync over a slow link), `scale`."""
+(the sync over a slow link), `scale`, `load` (many machines on one store)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     bench_scale.add_arguments(sub.add_parser(
         "scale", help="a store of several machines: a new client's first pull, no-change "
                       "syncs, search and memory (scripts/bench_scale.py)"))
+    import bench_load
+    bench_load.add_arguments(sub.add_parser(
+        "load", help="N machines on one store: a burst of first syncs, then a steady schedule, "
+                     "over local stdio and ssh (scripts/bench_load.py)"))
     args = parser.parse_args(argv)
     if args.command == "mcp":
         return bench_mcp.main(args)
@@ -48,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_scale.run(args)
     if args.command == "wan":
         return bench_wan.main(args)
+    if args.command == "load":
+        return bench_load.run(args)
     import bench_sync
     return bench_sync.main(args)
 

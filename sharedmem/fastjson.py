@@ -1,7 +1,7 @@
 """JSON read and written by the C module `_json`, without importing `json`.
 
 `json.loads` and `json.dumps` run this same C scanner and encoder, so the values and the text
-are theirs; what importing `json` adds is `re` (about 10 ms), which `mcp` would pay before its
+are theirs; what importing `json` adds is `re` (milliseconds), which `mcp` would pay before its
 `initialize` answer and `sync` before starting ssh. Text the scanner does not take whole goes
 to `json` itself, so the error is json's: Python 3.11's scanner cannot even report one before
 `json` is loaded (it fails with a SystemError instead).
@@ -39,8 +39,23 @@ except ImportError:  # a Python without the C accelerator: `json` does all the w
     _scan = make_encoder = None
 
 
-def loads(text: str) -> Any:
-    """The value of one JSON text, as `json.loads` gives it; JSONError if it is not JSON."""
+def loads(text: str, *, unicode_only: bool = False) -> Any:
+    r"""The value of one JSON text, as `json.loads` gives it; JSONError if it is not JSON.
+
+    With `unicode_only`, a text whose strings hold a lone surrogate (a `\ud800` escape, which
+    has no UTF-8 form) is refused as not JSON too: checked here, where the text enters, so no
+    reader of the value needs to. Only a text with such an escape is walked.
+    """
+    value = _loads(text)
+    if unicode_only and ("\\ud" in text or "\\uD" in text):
+        lone = lone_surrogate(value)
+        if lone is not None:
+            raise JSONError(f"a string holds a lone surrogate ({lone}), which is not Unicode "
+                            "text: it has no UTF-8 form")
+    return value
+
+
+def _loads(text: str) -> Any:
     if _scan is not None:
         try:
             value, end = _scan(text, len(text) - len(text.lstrip(_WHITESPACE)))
@@ -57,6 +72,25 @@ def loads(text: str) -> Any:
         raise JSONError(NESTED_TOO_DEEPLY) from None
     except ValueError as exc:
         raise JSONError(str(exc)) from None
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """The first lone surrogate a decoded value's strings (keys too) hold, written out, or None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return f"U+{ord(item[exc.start]):04X}"
+        elif kind is list:
+            stack.extend(item)
+        elif kind is dict:
+            stack.extend(item)
+            stack.extend(item.values())
+    return None
 
 
 def dumps(value: Any, *, ascii_only: bool = False) -> str:

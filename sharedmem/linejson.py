@@ -91,8 +91,8 @@ def decode(text: str, key: str) -> tuple[dict[str, Any], Old]:
 class _Lines(Mapping):  # of str -> (value, line): Old
     """The lines of a mapping as read, split off the text only when first asked for.
 
-    A sync that rewrites nothing (no change) never asks: 10,000 lines cost it 10-20 ms. One
-    that does (`rewrite`) asks for lines by name, and pairs no value with its line.
+    A sync that rewrites nothing (no change) never asks, and splitting thousands of lines would
+    cost it milliseconds. One that does (`rewrite`) asks for lines by name, and pairs no value with its line.
     """
 
     def __init__(self, text: str, entries: dict[str, Any]) -> None:

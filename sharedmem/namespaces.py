@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+from sharedmem.core import ProtocolError
 from sharedmem.rules import NOTES_DIR
 
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
     from typing import Any
 
 
 # Named tuples made by `collections.namedtuple`, not `typing.NamedTuple`: `serve` loads this
-# module before its hello, and typing with its NamedTuple classes cost it about 8 ms there.
+# module before its hello, and typing with its NamedTuple classes costs milliseconds there.
 class Namespace(namedtuple("Namespace", "key machine source kind generation created_generation "
                            "synced_at files bytes digest", defaults=(0, None, 0, 0, ""))):
     """One namespace as the server lists it; the fields in the order they go on the wire.
@@ -34,16 +34,35 @@ class Namespace(namedtuple("Namespace", "key machine source kind generation crea
         return self._asdict()
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Namespace:
-        """Read a server's row; only key, source, kind and generation must be there.
+    def from_row(cls, row: object) -> Namespace:
+        """Read a server's row, checking each field it holds is of its kind: the one reader.
 
-        A client reads no more than those and machine and synced_at, so a server that sends
-        fewer of the others (an older one, or a test's stand-in) is read all the same.
+        key, source and kind must be strings and generation an integer from 0; machine and
+        synced_at are a string or null, and the rest, when there, of their kind. A server that
+        sends fewer of the others (an older one, or a test's stand-in) is read all the same.
+        ProtocolError names what is wrong.
         """
-        return cls(str(row["key"]), row.get("machine"), str(row["source"]), str(row["kind"]),
-                   int(row["generation"]), row.get("created_generation", 0),
-                   row.get("synced_at"), row.get("files", 0), row.get("bytes", 0),
-                   row.get("digest", ""))
+        if type(row) is not dict:
+            raise ProtocolError(f"a namespaces row is not an object: {type(row).__name__}")
+        for name, kinds, needed in _FIELDS:
+            if name in row:
+                value = row[name]
+                if type(value) not in kinds or (type(value) is int and value < 0):
+                    raise ProtocolError(f"namespaces row {str(row.get('key'))[:200]!r}: {name} "
+                                        f"must be {_KIND_NAMES[kinds]}, not {value!r:.80}")
+            elif needed:
+                raise ProtocolError(f"namespaces row {str(row.get('key'))[:200]!r} has no {name}")
+        return cls(row["key"], row.get("machine"), row["source"], row["kind"],
+                   row["generation"], row.get("created_generation", 0), row.get("synced_at"),
+                   row.get("files", 0), row.get("bytes", 0), row.get("digest", ""))
+
+
+_STR, _INT, _STR_OR_NULL = (str,), (int,), (str, type(None))
+_KIND_NAMES = {_STR: "a string", _INT: "an integer from 0", _STR_OR_NULL: "a string or null"}
+_FIELDS = (("key", _STR, True), ("source", _STR, True), ("kind", _STR, True),
+           ("generation", _INT, True), ("machine", _STR_OR_NULL, False),
+           ("synced_at", _STR_OR_NULL, False), ("created_generation", _INT, False),
+           ("files", _INT, False), ("bytes", _INT, False), ("digest", _STR_OR_NULL, False))
 
 
 class NamespaceList(namedtuple("NamespaceList", "machines notes")):
@@ -63,8 +82,13 @@ class NamespaceList(namedtuple("NamespaceList", "machines notes")):
         return [ns.to_row() for ns in self.every()]
 
     @classmethod
-    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> NamespaceList:
-        """Read a server's list; the notes namespace is the row with its key, wherever it is."""
+    def from_rows(cls, rows: object) -> NamespaceList:
+        """Read a server's list; the notes namespace is the row with its key, wherever it is.
+
+        ProtocolError when it is not a list, or a row is not read (`Namespace.from_row`).
+        """
+        if type(rows) is not list:
+            raise ProtocolError(f"namespaces must be a list of rows, not {type(rows).__name__}")
         machines: list[Namespace] = []
         notes = None
         for row in rows:

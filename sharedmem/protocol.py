@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import zlib
 from collections import deque
 from collections.abc import Iterable, Iterator
 
-from sharedmem.core import ProtocolError
+from sharedmem.compression import Deflating, Inflating, NotZlib
+from sharedmem.core import JSONError, ProtocolError
+from sharedmem.fastjson import loads
 from sharedmem.rules import MIB
 
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
@@ -22,47 +22,17 @@ if TYPE_CHECKING:
 
 VERSIONS = (1, 2, 3)
 MAX_LINE_BYTES = 32 * MIB
-# Parsing costs about 75 bytes a JSON value on top of the text (an empty list, a dict entry), so
-# a line of 32 MiB of `[],` or `"a":0,` would cost 27 times its size. A million values cost
-# about 75 MB, what the largest legal line of text costs anyway; no message either end sends
-# comes near it (a manifest of 20,000 files holds about 100,000).
+# Parsing costs several times a line's size in values that are nearly empty (`[],`, `"a":0,`);
+# this many values cost what the largest legal line of text costs anyway, and no message
+# either end sends comes near it (docs/PROTOCOL.md "Framing").
 MAX_LINE_VALUES = 1_000_000
 CHUNK_BYTES = 4 * MIB
 # Version 3: a manifest entry may name its body by its place among the texts this session sent
 # ahead (`bodies` before the manifest, counted from 0) instead of by its sha256, which the
-# server computed as each came: 3 bytes on the wire instead of 34 once compressed. The server
+# server computed as each came: a few bytes on the wire instead of a sha256's. The server
 # remembers the first AHEAD_REFS of them (32 bytes each); a client refers to no later one.
 AHEAD_REFS = 1 << 17
-# zlib stream compression (version 3, when both hellos say "zlib"). Level 1 to start: on text
-# it keeps most of level 6's saving at a fifth of its time. A sender that the link holds back
-# to less than level 6 could feed moves to level 6, whose extra time is then spent while it
-# would wait anyway (docs/BENCHMARKS.md "Compression").
-COMPRESSIONS = ("zlib",)
-ZLIB_LEVEL = 1
-ZLIB_SLOW_LINK_LEVEL = 6
-# The link is judged over each 256 KiB of compressed bytes written: slow when, two windows in
-# a row, the writes blocked for at least half the time (the link, not the sender, set the
-# pace) and the bytes went at under 4 MB/s, about what level 6 puts out on this kind of text.
-# Judging by the share blocked alone missed a 20 Mbit/s link for 4 MB: a sync's sender, busy
-# walking, puts out level 1 at about 9 MB/s, so that link blocked it 70-80% of the time.
-# Small windows judge soon after the pipes' buffers are full.
-SLOW_LINK_WINDOW = 256 * 1024
-SLOW_LINK_SHARE = 0.5
-SLOW_LINK_RATE = 4_000_000  # bytes a second
-SLOW_LINK_WINDOWS = 2
-# Those windows see the link only once ssh's channel window (2 MB) and the pipes are full: on
-# real text over 40 ms and 20 Mbit/s, after 3.3-4.3 MB went at level 1. A server that offers
-# `reports` says, every REPORT_BYTES of this side's stream it has taken off the wire until the
-# first message that is not a body sent ahead, how many and when by its own clock
-# (`received`). The link is slow as soon as reports over REPORT_SPAN show the bytes arriving
-# at under SLOW_LINK_RATE while REPORT_BACKLOG more have been written than had arrived: the
-# link, not this side, sets the pace (docs/PROTOCOL.md "Compression").
-REPORT_BYTES = 256 * 1024
-REPORT_SPAN = 256 * 1024
-REPORT_BACKLOG = 1024 * 1024
-COMPRESS_SLICE = 256 * 1024  # bytes of a line compressed before what they give is written
-INFLATE_READ_BYTES = 256 * 1024  # of the wire read at a time, compressed
-INFLATE_STEP_BYTES = MIB  # decompressed at most per step, so a small input cannot grow memory
+COMPRESSIONS = ("zlib",)  # what a hello may offer; the machinery is compression.py's
 
 ERROR_CODES = {
     "bad-json": "a line is not one JSON object in UTF-8",
@@ -80,6 +50,9 @@ ERROR_CODES = {
     "disk-full": "the disk holding the server's store is full; nothing of the step was stored",
     "note": "a note was refused",
     "not-found": "the store holds no such file or version (history, show); the session goes on",
+    "session-limit": "the client sent more than the server takes in one session (bytes or "
+                     "messages)",
+    "busy": "the server runs as many sessions on its store as it takes at once; try again later",
 }
 
 
@@ -123,7 +96,7 @@ def json_values(line: bytes) -> int:
     """How many values a line of JSON holds, at most: the `[`, `{`, `,` and `:` outside strings.
 
     Every value but the outermost follows one of them. Counting them in the whole line is one
-    pass at memory speed (a copy of the line without them, twice as fast as a count of each,
+    pass at memory speed (a copy of the line without them, faster than a count of each,
     and gone before the line is decoded, which costs as much); only a line where strings hold
     many of them (a body of JSON or CSV text) is walked string by string, to leave out those
     inside long strings, and a walk stops once the strings alone are too many (each is a value).
@@ -155,7 +128,7 @@ def json_text(data: bytes) -> bytes:
     """`data`, valid UTF-8, as the inside of a JSON string (no quotes), ready to go on a line.
 
     Markdown rarely holds a control character but the line break and the tab, so a few byte
-    replaces do what `json.dumps` does at a quarter of its cost; JSON needs nothing else escaped.
+    replaces do what `json.dumps` does at a fraction of its cost; JSON needs nothing else escaped.
     """
     if len(data.translate(None, _RARE_CONTROLS)) != len(data):
         return json.dumps(data.decode("utf-8"), ensure_ascii=False)[1:-1].encode("utf-8")
@@ -210,7 +183,8 @@ class Channel:
     """Both directions of one session over a pair of byte streams, counting bytes each way.
 
     `sent` and `received` count bytes on the wire (compressed, when the session compresses);
-    `sent_plain` and `received_plain` count the lines themselves.
+    `sent_plain` and `received_plain` count the lines themselves (and raw texts after a line).
+    What a server takes from its client is bounded with `guard`.
     """
 
     def __init__(self, reader: IO[bytes], writer: IO[bytes], peer: str = "peer") -> None:
@@ -221,22 +195,38 @@ class Channel:
         self.received = 0
         self.sent_plain = 0
         self.received_plain = 0
-        self._deflate: Any = None
-        self._level = ZLIB_LEVEL
-        # The peer's latest `received` reports (`arrived`): a few span REPORT_SPAN, and a peer
-        # that sends too many holds no more memory for it.
+        self.messages = 0  # received
+        self.unicode_only = False
+        self.most_bytes: int | None = None
+        self.most_messages: int | None = None
+        self._deflate: Deflating | None = None
+        # The peer's latest `received` reports (`arrived`): a few span a report window, and a
+        # peer that sends too many holds no more memory for it.
         self._reports: deque[tuple[int, float]] = deque(maxlen=64)
-        self._inflate: _Inflating | None = None
+        self._inflate: Inflating | None = None
         # Version 3, set by a server that announced `raw_bodies` in its hello: a `bodies`
         # message with `sizes` is followed by its texts as raw UTF-8 (`_texts_after`).
         self.raw_bodies = False
 
+    def guard(self, *, most_bytes: int, most_messages: int) -> None:
+        """Bound what the peer may send from now on: what a server takes from its client.
+
+        A line whose JSON holds a lone surrogate is refused as `bad-json` where it is decoded
+        (`fastjson.loads`), so no handler meets one; the whole session may send at most
+        `most_bytes` (counted as lines decompress, raw texts too) and `most_messages`: past
+        either, the read stops with `session-limit`, nothing more of the peer's stream inflated.
+        """
+        self.unicode_only = True
+        self.most_bytes = most_bytes
+        self.most_messages = most_messages
+
+    def take_raw_bodies(self) -> None:
+        """From now on a `bodies` line with `sizes` is followed by its texts (a server's `raw_bodies`)."""
+        self.raw_bodies = True
+
     def compress_output(self) -> None:
         """From the next byte on, what this side sends is one zlib stream (its hello is sent)."""
-        self._deflate = zlib.compressobj(ZLIB_LEVEL)
-        self._level = ZLIB_LEVEL
-        self._window = (time.monotonic(), self.sent, 0.0)  # its start, bytes sent, time blocked
-        self._slow_windows = 0  # windows in a row in which the writes mostly blocked
+        self._deflate = Deflating(self.writer, self.sent, self._reports)
 
     def arrived(self, wire: int, seconds: float) -> None:
         """The peer's report: `wire` bytes of this side's stream had arrived at `seconds`.
@@ -248,12 +238,12 @@ class Channel:
 
     def decompress_input(self) -> None:
         """From the next byte on, what the peer sends is one zlib stream (its hello was read)."""
-        self._inflate = _Inflating(self.reader, self.peer)
+        self._inflate = Inflating(self.reader, self.peer)
 
     @property
     def level(self) -> int | None:
         """The zlib level this side's output uses now; None when it is not compressed."""
-        return self._level if self._deflate is not None else None
+        return self._deflate.level if self._deflate is not None else None
 
     @property
     def compressing(self) -> bool:
@@ -275,82 +265,44 @@ class Channel:
                 self.writer.write(data)
                 self.sent += plain
             else:
-                self._write_compressed(data)
+                self._deflate.write(data)
+                self.sent = self._deflate.wire
             self.writer.flush()
         except (BrokenPipeError, ConnectionResetError, ValueError, OSError) as exc:
             raise ProtocolError(f"the {self.peer} closed the connection ({exc})") from None
         self.sent_plain += plain
 
-    def _write_compressed(self, data: bytes) -> None:
-        """Compress a slice at a time and write what each gives, ending in a sync flush.
+    def _room(self, wanted: int) -> int:
+        """How much of `wanted` bytes the session's bound lets the peer send yet, plus one.
 
-        A 4 MiB batch then starts onto a slow link after the first slice is compressed, not
-        after the whole line, and the compressed line is never held whole.
+        One byte more than allowed is read, so a peer past the bound is told (`_over`) without
+        more of its stream inflated or held.
         """
-        view = memoryview(data)
-        for start in range(0, len(data), COMPRESS_SLICE):
-            if out := self._deflate.compress(view[start:start + COMPRESS_SLICE]):
-                self._write_timed(out, flush=True)
-            if self._level == ZLIB_LEVEL and self._link_is_slow():
-                # The stream ends here, even inside a line, and one at the slow link's level
-                # starts: the reader takes concatenated zlib streams (`_Inflating`).
-                self._write_timed(self._deflate.flush(zlib.Z_FINISH), flush=False)
-                self._deflate = zlib.compressobj(ZLIB_SLOW_LINK_LEVEL)
-                self._level = ZLIB_SLOW_LINK_LEVEL
-        self._write_timed(self._deflate.flush(zlib.Z_SYNC_FLUSH), flush=False)
+        if self.most_bytes is None:
+            return wanted
+        return min(wanted, max(0, self.most_bytes - self.received_plain) + 1)
 
-    def _write_timed(self, data: bytes, *, flush: bool) -> None:
-        started = time.monotonic()
-        self.writer.write(data)
-        if flush:
-            self.writer.flush()
-        since, sent, blocked = self._window
-        self._window = (since, sent, blocked + time.monotonic() - started)
-        self.sent += len(data)
-
-    def _link_is_slow(self) -> bool:
-        """Whether the link holds this side back to less than level 6 would feed it.
-
-        The peer's reports say so (`_reports_say_slow`), or this side's waits over its windows.
-        """
-        if self._reports_say_slow():
-            return True
-        since, sent, blocked = self._window
-        if self.sent - sent < SLOW_LINK_WINDOW:
-            return False
-        now = time.monotonic()
-        self._window = (now, self.sent, 0.0)
-        took = now - since
-        slow = blocked >= SLOW_LINK_SHARE * took and self.sent - sent < SLOW_LINK_RATE * took
-        self._slow_windows = self._slow_windows + 1 if slow else 0
-        return self._slow_windows >= SLOW_LINK_WINDOWS
-
-    def _reports_say_slow(self) -> bool:
-        """Whether the peer's reports show the link slower than this side writes.
-
-        The latest reports span REPORT_SPAN arriving at under SLOW_LINK_RATE, and REPORT_BACKLOG
-        more bytes have been written than the latest says had arrived.
-        """
-        reports = list(self._reports)
-        if len(reports) < 2:
-            return False
-        wire, at = reports[-1]
-        if self.sent - wire < REPORT_BACKLOG:
-            return False
-        for earlier, then in reversed(reports[:-1]):
-            if wire - earlier >= REPORT_SPAN:
-                return at > then and wire - earlier < SLOW_LINK_RATE * (at - then)
-        return False
+    def _over(self) -> PeerError:
+        return PeerError("session-limit", f"the {self.peer} sent more than {self.most_bytes} "
+                         "bytes (decompressed) in this session, the most the server takes in one "
+                         "(session_bytes); nothing more was read. Publish less in one sync, or "
+                         "raise the limit (serve --limit session_bytes=N)")
 
     def _readline(self) -> bytes:
         """The next line, compressed or not; never more than MAX_LINE_BYTES + 1 bytes of it."""
+        limit = self._room(MAX_LINE_BYTES + 1)
         if self._inflate is None:
-            line = self.reader.readline(MAX_LINE_BYTES + 1)
+            line = self.reader.readline(limit)
             self.received += len(line)
         else:
-            line = self._inflate.readline(MAX_LINE_BYTES + 1)
+            try:
+                line = self._inflate.readline(limit)
+            except NotZlib as exc:
+                raise PeerError("bad-json", str(exc)) from None
             self.received = self._inflate.wire
         self.received_plain += len(line)
+        if self.most_bytes is not None and self.received_plain > self.most_bytes:
+            raise self._over()
         return line
 
     def receive(self) -> dict[str, Any] | None:
@@ -358,6 +310,12 @@ class Channel:
         line = self._readline()
         if not line:
             return None
+        self.messages += 1
+        if self.most_messages is not None and self.messages > self.most_messages:
+            raise PeerError("session-limit", f"the {self.peer} sent more than "
+                            f"{self.most_messages} messages in this session, the most the server "
+                            "takes in one (session_messages); nothing more was read. Raise the "
+                            "limit if a client needs more (serve --limit session_messages=N)")
         if len(line) > MAX_LINE_BYTES:
             raise PeerError("line-too-long", f"a message from the {self.peer} is longer than "
                             f"{MAX_LINE_BYTES} bytes; refused")
@@ -368,10 +326,13 @@ class Channel:
         try:
             text = line.decode("utf-8")
             del line  # parsed from the text alone: the bytes need not stay meanwhile
-            message = json.loads(text)
-        except (UnicodeDecodeError, ValueError, RecursionError):
+            message = loads(text, unicode_only=self.unicode_only)
+        except UnicodeDecodeError:
             raise PeerError("bad-json", f"the {self.peer} sent a line that is not one UTF-8 JSON "
                             "object") from None
+        except JSONError as exc:
+            raise PeerError("bad-json", f"the {self.peer} sent a line that is not one UTF-8 JSON "
+                            f"object ({exc})") from None
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             raise PeerError("bad-json", f"the {self.peer} sent a message that is not a JSON "
                             "object with a string 'type'")
@@ -401,6 +362,8 @@ class Channel:
             raise PeerError("bad-field", f"bodies.sizes adds up to {total} bytes, more than "
                             f"{MAX_LINE_BYTES} (the limit of a line); split the texts into "
                             "several bodies messages")
+        if self.most_bytes is not None and self.received_plain + total > self.most_bytes:
+            raise self._over()
         data = self.read_exact(total)
         if len(data) < total:
             raise ProtocolError(f"the {self.peer} closed the connection {total - len(data)} "
@@ -418,7 +381,10 @@ class Channel:
             data = self.reader.read(size) if size else b""
             self.received += len(data)
         else:
-            data = self._inflate.read(size)
+            try:
+                data = self._inflate.read(size)
+            except NotZlib as exc:
+                raise PeerError("bad-json", str(exc)) from None
             self.received = self._inflate.wire
         self.received_plain += len(data)
         return data
@@ -437,74 +403,6 @@ class Channel:
             raise PeerError("out-of-order", f"expected {' or '.join(types)} from the {self.peer}, "
                             f"got {message['type']!r}")
         return message
-
-
-class _Inflating:
-    """`readline` over a zlib stream, holding at most one line (and one step) decompressed.
-
-    The limits of a line apply to what it decompresses to: each step inflates at most what
-    the line may still grow by, so a few bytes that would inflate to gigabytes (a zip bomb)
-    make a line too long, never a large buffer.
-    """
-
-    def __init__(self, reader: Any, peer: str) -> None:
-        self.reader = reader
-        self.peer = peer
-        self.inflater = zlib.decompressobj()
-        self.buffer = bytearray()  # decompressed, not yet returned
-        self.searched = 0  # bytes of `buffer` known to hold no line break
-        self.tail = b""  # compressed, not yet decompressed
-        self.wire = 0  # compressed bytes read
-        self.ended = False
-        self.full = False  # the last step filled its room: zlib may hold more output
-
-    def readline(self, limit: int) -> bytes:
-        """Up to and with the next line break, or `limit` bytes, or what is left at the end."""
-        while True:
-            end = self.buffer.find(b"\n", self.searched, limit)
-            if end != -1:
-                return self._take(end + 1)
-            if len(self.buffer) >= limit or self.ended:
-                return self._take(min(limit, len(self.buffer)))
-            self.searched = len(self.buffer)
-            self._inflate(limit - len(self.buffer))
-
-    def read(self, size: int) -> bytes:
-        """Exactly `size` bytes decompressed (the texts after a raw `bodies` line); fewer at the end."""
-        while len(self.buffer) < size and not self.ended:
-            self._inflate(size - len(self.buffer))
-        return self._take(min(size, len(self.buffer)))
-
-    def _inflate(self, room: int) -> None:
-        """Decompress at most `room` (and one step of) bytes more, reading the wire if needed."""
-        if not self.tail and not self.full:
-            read = getattr(self.reader, "read1", None)
-            data = (read(INFLATE_READ_BYTES) if read is not None
-                    else self.reader.readline(INFLATE_READ_BYTES))
-            if not data:
-                self.ended = True
-                return
-            self.wire += len(data)
-            self.tail = data
-        step = min(room, INFLATE_STEP_BYTES)
-        try:
-            out = self.inflater.decompress(self.tail, step)
-        except zlib.error as exc:
-            raise PeerError("bad-json", f"the {self.peer} sent data that is not the zlib stream "
-                            f"both hellos agreed on ({exc})") from None
-        self.tail = self.inflater.unconsumed_tail
-        self.full = len(out) == step
-        if self.inflater.eof:  # the sender ended its stream; another may follow it at once
-            self.tail = self.inflater.unused_data
-            self.inflater = zlib.decompressobj()
-            self.full = False
-        self.buffer += out
-
-    def _take(self, size: int) -> bytes:
-        line = bytes(self.buffer[:size])
-        del self.buffer[:size]
-        self.searched = 0
-        return line
 
 
 def choose_version(mine: tuple[int, ...], theirs: object) -> int:

@@ -55,14 +55,19 @@ _RESERVED_WINDOWS = frozenset(
 
 
 class Limits(namedtuple("Limits", "file_bytes namespace_bytes namespace_files machine_bytes "
-                         "machine_files machine_namespaces",
-                         defaults=(1 * MIB, 64 * MIB, 20_000, 256 * MIB, 100_000, 64))):
+                         "machine_files machine_namespaces session_bytes session_messages "
+                         "sessions",
+                         defaults=(1 * MIB, 64 * MIB, 20_000, 256 * MIB, 100_000, 64,
+                                   1024 * MIB, 100_000, 8))):
     """Size limits: a file; a namespace; a machine, over all its namespaces on the server.
 
     The defaults protect both ends. The machine totals hold only on the server, which alone
     sees every namespace of a machine (an operator sets them with `serve --limit`): without
-    them one machine could fill the server's disk with namespaces each within its quota.
-    A named tuple, not a dataclass: the dataclasses module alone would cost `serve` about 10 ms.
+    them one machine could fill the server's disk with namespaces each within its quota. So do
+    the bounds of one session (the bytes it may send, decompressed, and its messages), which
+    bound the server's work for one connection, and the sessions a store runs at once, which
+    bound its memory under a burst of clients. A named tuple, not a dataclass: the dataclasses
+    module would cost `serve` milliseconds before its hello.
     """
 
     __slots__ = ()

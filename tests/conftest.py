@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 import queue
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from sharedmem.hashing import sha256_text
+from sharedmem.protocol import Channel
 from sharedmem.server.ingest import IncomingFile
 from sharedmem.server.store import Store
 from sharedmem.sources.harness_memory import SYSTEM_ROOT_ENV
@@ -29,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, start_sshd  # noqa: E402
 
 __all__ = ["LAB_NS", "LAUNCHER", "REPO", "SYSTEM", "McpServer", "Sshd", "cache_of",
-           "client_with_cache", "delivery_done", "exported", "files", "files_under", "hung_ssh",
-           "kill_logged", "pinned_line", "raw_rows", "run_cli", "run_with_timeout", "ssh_client",
-           "write_config"]
+           "client_with_cache", "compressed_pair", "delivery_done", "exported", "files",
+           "files_under", "hung_ssh", "inflating", "kill_logged", "pinned_line", "raw_rows",
+           "run_cli", "run_with_timeout", "ssh_client", "write_config"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
@@ -79,6 +81,23 @@ def collections_in(work):
         gc.callbacks.remove(count)
     assert gc.isenabled()
     return value, generations
+
+
+# --- the exchange's channel ---------------------------------------------------------------------
+
+def compressed_pair() -> tuple[Channel, io.BytesIO]:
+    """A channel that compresses what it sends, and the wire it writes to."""
+    wire = io.BytesIO()
+    sender = Channel(io.BufferedReader(io.BytesIO()), wire, "client")
+    sender.compress_output()
+    return sender, wire
+
+
+def inflating(data: bytes, peer: str = "server") -> Channel:
+    """A channel reading `data` as the zlib stream both hellos agreed on."""
+    channel = Channel(io.BufferedReader(io.BytesIO(data)), io.BytesIO(), peer)
+    channel.decompress_input()
+    return channel
 
 
 def cache_of(root: Path, namespace: str, files: dict[str, str], *, kind: str = "markdown",

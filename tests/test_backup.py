@@ -222,7 +222,7 @@ def test_restore_refuses_a_newer_store_unless_forced_and_keeps_it(tmp_path: Path
         backup.restore(info.path, path)
     with Store.open(path) as s:
         assert s.counts() == newer
-    kept = backup.restore(info.path, path, force=True)
+    kept = backup.restore(info.path, path, force=True).kept
     assert kept is not None and kept.parent == tmp_path / "backups"
     assert not (tmp_path / "store.sqlite3-wal").exists()
     assert not (tmp_path / "store.sqlite3-shm").exists()
@@ -232,7 +232,7 @@ def test_restore_refuses_a_newer_store_unless_forced_and_keeps_it(tmp_path: Path
     assert listed[kept].protected and listed[kept].state == "ok" and listed[kept].label == "replaced"
     assert listed[kept].counts == newer
     assert backup.verify(kept) == []
-    assert backup.restore(kept, path) is not None  # the kept store restores back, not newer
+    assert backup.restore(kept, path).kept is not None  # the kept store restores back, not newer
     with Store.open(path) as s:
         assert s.counts() == newer
 
@@ -250,7 +250,7 @@ def test_restore_never_uses_a_damaged_archive(tmp_path: Path) -> None:
 def test_restore_into_a_missing_or_unreadable_store(tmp_path: Path) -> None:
     info = backup.create(make_store(tmp_path / "store.sqlite3"))
     fresh = tmp_path / "new" / "store.sqlite3"
-    assert backup.restore(info.path, fresh) is None
+    assert backup.restore(info.path, fresh).kept is None
     with Store.open(fresh, create=False) as s:
         assert s.counts() == info.counts
     broken = tmp_path / "broken" / "store.sqlite3"
@@ -260,7 +260,7 @@ def test_restore_into_a_missing_or_unreadable_store(tmp_path: Path) -> None:
         backup.restore(info.path, broken)
     (broken.parent / "store.sqlite3-wal").write_bytes(b"stale wal")
     (broken.parent / "store.sqlite3-shm").write_bytes(b"stale shm")
-    kept = backup.restore(info.path, broken, force=True)
+    kept = backup.restore(info.path, broken, force=True).kept
     assert kept is not None and kept.read_bytes() == b"this is not sqlite" * 300
     assert kept.with_name(kept.name + "-wal").read_bytes() == b"stale wal"  # kept beside, not lost
     assert sorted(p.name for p in broken.parent.iterdir()) == ["backups", "store.sqlite3"]
@@ -327,3 +327,86 @@ def test_migration_from_the_v1_fixture_backs_up_first(tmp_path: Path, monkeypatc
     assert info.protected and info.label == "pre-migrate-v1" and info.schema_version == 1
     assert backup.verify(info.path) == []
     assert contents(info.path) == (files, notes)
+
+
+# --- what clients see after a restore ------------------------------------------------------------
+
+def pulled(st: Store, known: dict[str, int], cache: dict[str, str]) -> dict[str, int]:
+    """Take one pull into `cache` (path -> text) as a client does; the generations it now knows."""
+    namespaces, full, upserts, removals = st.pull(known)
+    for key in full:
+        for path in [p for p in cache if p.startswith(key + "/")]:
+            del cache[path]
+    for path in removals:
+        cache.pop(path, None)
+    cache.update({path: text for path, _, text in upserts})
+    return {ns.key: ns.generation for ns in namespaces.every()}
+
+
+def test_after_a_restore_a_clients_next_pull_is_what_the_store_holds(tmp_path: Path) -> None:
+    # The restore rewinds the generations: the first note after it takes the sequence number
+    # of a note it lost, and a namespace's next commit a generation clients already hold.
+    path = tmp_path / "store.sqlite3"
+    cache: dict[str, str] = {}
+    with Store.open(path) as st:
+        ingest(st, "m1", "notes", "markdown", [IncomingFile("a.md", text="A")])
+        st.append_note("m1", "2026-01-31T09-30-00-kept.md", "before the backup")
+        known = pulled(st, {}, cache)
+    info = backup.create(path)
+    with Store.open(path) as st:
+        ingest(st, "m1", "notes", "markdown", [IncomingFile("a.md", text="A2"),
+                                               IncomingFile("b.md", text="B")])
+        st.append_note("m1", "2026-01-31T09-30-00-lost.md", "after the backup")
+        known = pulled(st, known, cache)
+    with pytest.raises(BackupError, match="newer than the backup"):
+        backup.restore(info.path, path)
+    done = backup.restore(info.path, path, force=True)
+    assert done.generation > max(known.values())
+    again = backup.restore(info.path, path)  # its own renumbering is not newer than the archive
+    assert again.generation > done.generation
+    with Store.open(path) as st:
+        st.append_note("m2", "2026-01-31T09-30-00-new.md", "after the restore")
+        ingest(st, "m1", "notes", "markdown", [IncomingFile("a.md", text="A3")])
+        known = pulled(st, known, cache)
+        assert cache == {p: t for p, _, t in st.export()}
+        assert any("after the restore" in t for t in cache.values())
+        assert not any("after the backup" in t for t in cache.values())
+        st.append_note("m2", "2026-01-31T09-30-00-new.md", "and once more")
+        _, full, upserts, _ = st.pull(known)  # back to changes only
+        assert full == set() and [p for p, _, _ in upserts] == [
+            "extensions/ad_hoc/notes/2026-01-31T09-30-00-new.md"]
+
+
+def test_a_restore_says_every_client_pulls_the_store_whole(tmp_path: Path) -> None:
+    from conftest import run_cli, write_config
+    store = tmp_path / "server" / "store.sqlite3"
+    store.parent.mkdir()
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    configs = {}
+    for machine in ("laptop", "desk"):
+        configs[machine] = write_config(tmp_path / machine / "client.json", machine,
+                                        {"kind": "local", "store": str(store)}, [],
+                                        tmp_path / machine / "cache")
+
+    def note(machine: str, name: str, text: str) -> None:
+        done = run_cli("note", "--config", str(configs[machine]), name, text, env=env)
+        assert done.returncode == 0, done.stderr
+
+    def notes_of(machine: str) -> dict[str, str]:
+        folder = tmp_path / machine / "cache" / "extensions" / "ad_hoc" / "notes"
+        return {p.name: p.read_text() for p in sorted(folder.glob("*.md"))}
+
+    note("laptop", "2026-01-31T09-30-00-kept.md", "before the backup")
+    assert run_cli("backup", "create", "--store", str(store), env=env).returncode == 0
+    note("laptop", "2026-01-31T09-30-00-lost.md", "after the backup")
+    assert "2026-01-31T09-30-00-lost.md" in notes_of("laptop")
+    archive = next((store.parent / "backups").glob("store-*.sqlite3"))
+    done = run_cli("backup", "restore", "--store", str(store), "--force", str(archive), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "each client's next sync pulls every file and note whole" in done.stdout
+    note("desk", "2026-01-31T09-30-00-new.md", "after the restore")
+    assert run_cli("sync", "--config", str(configs["laptop"]), env=env).returncode == 0
+    with Store.open(store) as st:
+        held = {p.rsplit("/", 1)[1]: t for p, _, t in st.export()}
+    assert notes_of("laptop") == held
+    assert sorted(held) == ["2026-01-31T09-30-00-kept.md", "2026-01-31T09-30-00-new.md"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,20 @@ def test_a_malformed_text_is_our_error_before_json_is_loaded() -> None:
         "    fastjson.loads('{\"machine\": \"a\" \"transport\": {}}')\n"
         "except JSONError as exc:\n"
         "    print(exc)\n") == "Expecting ',' delimiter: line 1 column 17 (char 16)"
+
+
+@pytest.mark.parametrize(("text", "lone"), [
+    ('"\\ud800"', "U+D800"), ('{"a": ["x", "y\\udfff"]}', "U+DFFF"), ('{"k\\uDbFf": 1}', "U+DBFF"),
+    ('["\\ud83d\\ude00", "\\ude00\\ud83d"]', "U+DE00"),  # a pair the wrong way round is two
+])
+def test_unicode_only_refuses_a_lone_surrogate_anywhere(text: str, lone: str) -> None:
+    assert json.loads(text) == fastjson.loads(text)  # taken as json takes it, by default
+    with pytest.raises(JSONError, match=re.escape(f"lone surrogate ({lone})")):
+        fastjson.loads(text, unicode_only=True)
+
+
+@pytest.mark.parametrize("text", [
+    '"\\ud83d\\ude00"', '"\\\\ud800"', '{"a": "\\u00e9", "b": "\\ud7ff\\ue000"}', '[1, 2.5, null]',
+])
+def test_unicode_only_takes_every_text_that_has_a_utf8_form(text: str) -> None:
+    assert same(fastjson.loads(text, unicode_only=True), json.loads(text))

@@ -99,18 +99,17 @@ def test_allowlist_accepts_what_each_kind_publishes(st: Store) -> None:
         "machines/m1/notes/a/b/c/d/x.md", "machines/m1/notes/top.md"]
 
 
-def test_ingest_limits_utf8_and_collisions(st: Store) -> None:
+def test_ingest_limits_and_collisions(st: Store) -> None:
     limits = Limits(file_bytes=10, namespace_bytes=25, namespace_files=3)
     report = ingest(st, "m1", "notes", "markdown", [
         *files({"a.md": "a" * 10, "b.md": "b" * 11, "c.md": "c" * 10, "d.md": "d" * 10,
                 "e.md": "e", "f.md": "f", "A.md": "upper"}),
-        IncomingFile("bad.md", text="broken \ud800 text"),
         IncomingFile("STRASSE.md", text="x"), IncomingFile("straße.md", text="y"),
     ], limits=limits)
     reasons = {r["path"]: r["reason"] for r in report.refused}
-    # Sorted order: A.md, STRASSE.md, a.md(collides), b.md, bad.md, c.md, d.md, e.md, f.md, straße.md
+    # Sorted order: A.md, STRASSE.md, a.md(collides), b.md, c.md, d.md, e.md, f.md, straße.md
     assert reasons == {"a.md": "collision", "straße.md": "collision", "b.md": "too-large",
-                       "bad.md": "invalid-utf8", "d.md": "quota", "e.md": "quota", "f.md": "quota"}
+                       "d.md": "quota", "e.md": "quota", "f.md": "quota"}
     assert sorted(st.manifest()) == ["machines/m1/notes/A.md", "machines/m1/notes/STRASSE.md",
                                      "machines/m1/notes/c.md"]
     for r in report.refused:
@@ -399,14 +398,12 @@ def test_refusals_decided_as_the_bodies_came(st: Store) -> None:
     report = ingest(st, "m1", "notes", "markdown", [
         IncomingFile("a.md", "a" * 64, 50, 0, refused="too-large"),
         IncomingFile("b.md", "b" * 64, 5, 0, refused="quota"),
-        IncomingFile("c.md", None, 0, 0, refused="invalid-utf8"),
         IncomingFile("../d.md", "d" * 64, 50, 0, refused="too-large"),  # the path rule first
         *files({"e.md": "kept"})], limits=limits)
     assert {r["path"]: (r["reason"], r["message"]) for r in report.refused} == {
         "a.md": ("too-large", "'a.md' is 50 bytes, over the 10-byte file limit"),
         "b.md": ("quota", f"'b.md' is past the namespace quota ({limits.namespace_files} files, "
                           f"{limits.namespace_bytes} bytes)"),
-        "c.md": ("invalid-utf8", "'c.md' is not valid UTF-8 text"),
         "../d.md": ("bad-path", report.refused[0]["message"])}
     assert exported(st) == {"machines/m1/notes/e.md": "kept"}
     assert st.counts()["blobs"] == 1
@@ -454,17 +451,6 @@ def test_a_machine_has_totals_over_all_its_namespaces(st: Store) -> None:
     assert "machine 'm1' already has 3 namespaces" in report.refused[0]["message"]
     assert "serve --limit machine_namespaces=N" in report.refused[0]["message"]
     assert st.namespace_digest("m1", "d") is None and st.verify() == []
-
-
-def test_a_delta_naming_paths_sqlite_cannot_take_refuses_them(st: Store) -> None:
-    ingest(st, "m1", "notes", "markdown", files({"a.md": "A"}))
-    report = ingest(st, "m1", "notes", "markdown",
-                    [IncomingFile("b\ud800.md", text="x"), *files({"c.md": "C"})],
-                    removed=["gone\udfff.md"], base_digest=st.namespace_digest("m1", "notes"))
-    assert [(r["path"], r["reason"]) for r in report.refused] == [("b\ud800.md", "bad-path")]
-    assert sorted(exported(st)) == ["machines/m1/notes/a.md", "machines/m1/notes/c.md"]
-    report = ingest(st, "m1", "notes", "markdown", [IncomingFile("d.md", "\ud800" * 64)])
-    assert [r["reason"] for r in report.refused] == ["missing-body"]
 
 
 def test_a_refusal_message_is_cut_however_long_the_path(st: Store) -> None:

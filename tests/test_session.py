@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from conftest import LAUNCHER, collections_in, exported
 from sharedmem.hashing import digest_of, sha256_bytes, sha256_text
 from sharedmem.protocol import MAX_LINE_BYTES, Channel, encode_raw_texts
 from sharedmem.rules import Limits
+from sharedmem.server import body_pool
 from sharedmem.server import session as server_module
 from sharedmem.server.session import Session
 from sharedmem.server.store import Store
@@ -148,19 +150,21 @@ def test_v1_publish_and_export(tmp_path):
     assert replies[-1]["type"] == "end"
 
 
-def test_v1_publish_refuses_a_text_that_is_not_utf8_and_keeps_the_rest(tmp_path):
+def test_a_line_with_a_lone_surrogate_is_refused_where_it_is_decoded(tmp_path):
+    # A lone surrogate has no UTF-8 form: the line carrying one is refused whole, as not JSON
+    # in UTF-8, before any handler reads it (here a version 1 text; any field alike).
     store = tmp_path / "store.sqlite3"
     lines = [enc({**HELLO, "versions": [1]}),
              enc({"type": "publish", "source": "notes", "kind": "markdown"}),
              b'{"type": "files", "files": [{"path": "bad.md", "text": "a\\ud800b"}, '
              b'{"path": "good.md", "text": "fine", "mtime_ns": 7}]}\n',
              enc({"type": "commit"})]
-    result = talk(store, lines)[-1]
-    assert result["accepted"] == 1
-    assert [(r["path"], r["reason"]) for r in result["refused"]] == [("bad.md", "invalid-utf8")]
-    with Store.open(store) as s:
-        assert s.conn.execute("SELECT path, sha256, mtime_ns FROM files").fetchall() == [
-            ("good.md", sha256_text("fine"), 7)]
+    failure = talk(store, lines)[-1]
+    assert failure["type"] == "error" and failure["code"] == "bad-json"
+    assert "lone surrogate (U+D800)" in failure["message"]
+    assert stored(store) == {"files": 0, "notes": 0}
+    pair = enc({**HELLO, "versions": [1]}) + b'{"type": "status", "x": "\\ud83d\\ude00"}\n'
+    assert talk(store, [pair])[-1]["type"] == "status"  # a surrogate pair is one character
 
 
 def test_a_session_pauses_the_cycle_collector_and_restores_it(tmp_path):
@@ -301,7 +305,7 @@ def blob_count(store: Path) -> int:
 @pytest.mark.parametrize("batch", [1, 1 << 20])  # stored as they come; left to the commit
 def test_bodies_sent_ahead_are_stored_and_dropped_if_no_file_uses_them(tmp_path, monkeypatch,
                                                                        batch):
-    monkeypatch.setattr(server_module, "STORE_AHEAD_BYTES", batch)
+    monkeypatch.setattr(body_pool, "STORE_AHEAD_BYTES", batch)
     store = tmp_path / "store.sqlite3"
     past_a_batch = [f"{i} " + "w" * 900_000 for i in range(5)]  # stored by the real serve
     talk(store, [enc(HELLO), ahead(past_a_batch), ahead(["never listed", "nor this"]),
@@ -354,8 +358,9 @@ EVERY_TYPE = sorted(ACCEPTED[1] | ACCEPTED[3] | {"files", "commit", "hello", "gi
 
 def test_the_session_table_has_a_row_for_each_protocol_version() -> None:
     from sharedmem.protocol import VERSIONS
-    assert {v: set(row) for v, row in server_module.HANDLERS.items()} == {
+    assert {v: set(row.handlers) for v, row in server_module.HANDLERS.items()} == {
         v: ACCEPTED[v] for v in VERSIONS}
+    assert all(row.number == v for v, row in server_module.HANDLERS.items())
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
@@ -381,7 +386,7 @@ def test_bodies_ahead_that_no_manifest_lists_are_stored_not_held(tmp_path: Path,
     # Bodies ahead in rounds below a batch, between manifests that list none of them: the
     # session must store them as they add up, not keep them all as text; bodies redaction
     # changes too (stored as redacted).
-    monkeypatch.setattr(server_module, "STORE_AHEAD_BYTES", 100_000)
+    monkeypatch.setattr(body_pool, "STORE_AHEAD_BYTES", 100_000)
     lines = [enc(HELLO)]
     for round_ in range(6):
         lines.append(ahead([f"{secret}round {round_} body {i} " + "r" * 30_000
@@ -390,7 +395,7 @@ def test_bodies_ahead_that_no_manifest_lists_are_stored_not_held(tmp_path: Path,
     session = Session(tmp_path / "store.sqlite3",
                       Channel(io.BytesIO(b"".join(lines)), io.BytesIO(), "client"), None)
     assert session.run() == 0
-    held = sum(len(body[0]) for body in session.pool.values() if body[0] is not None)
+    held = sum(len(body[0]) for body in session.bodies.pool.values() if body[0] is not None)
     assert held < 100_000
     assert blob_count(tmp_path / "store.sqlite3") == 6  # the listed ones; the rest dropped
 
@@ -598,8 +603,7 @@ def test_version_3_manifest_names_bodies_sent_ahead_by_their_place(tmp_path: Pat
 def test_a_place_that_names_no_text_sent_ahead_is_refused(tmp_path: Path, place: object,
                                                           why: str) -> None:
     store = tmp_path / "store.sqlite3"
-    lines = [enc(HELLO3), b'{"type": "bodies", "bodies": ["zero", "\\ud800"]}\n',
-             placed("one", [("a.md", "zero", place)])]
+    lines = [enc(HELLO3), raw(["zero", b"not \xff UTF-8"]), placed("one", [("a.md", "zero", place)])]
     replies = talk(store, lines)
     assert replies[-1]["code"] == "bad-field" and why in replies[-1]["message"], replies
     assert "a.md" in replies[-1]["message"] or place is True
@@ -874,5 +878,104 @@ def test_the_bodies_a_commit_listed_leave_after_the_pull_not_before_it(tmp_path:
         replies = [json.loads(line) for line in out.getvalue().splitlines()]
         assert [r["type"] for r in replies if r["type"] in ("result", "namespaces")][:2] == [
             "result", "namespaces"]
-        assert (listed <= session.pool.keys()) is kept
-        assert listed.isdisjoint(session.pool) is not kept
+        assert (listed <= session.bodies.pool.keys()) is kept
+        assert listed.isdisjoint(session.bodies.pool) is not kept
+
+
+# --- what one session may cost the server -------------------------------------------------------
+
+def run_session(store: Path, wire: bytes, limits: Limits | None = None,
+                compressed: bool = False) -> tuple[int, list[dict]]:
+    """An in-process session over `wire`: its exit status and its replies (inflated after hello)."""
+    out = io.BytesIO()
+    status = Session(store, Channel(io.BytesIO(wire), out, "client"), None, limits=limits).run()
+    first, _, rest = out.getvalue().partition(b"\n")
+    if compressed:
+        rest = zlib.decompressobj().decompress(rest)
+    return status, [json.loads(first), *(json.loads(line) for line in rest.splitlines())]
+
+
+def test_what_a_session_sends_is_bounded_as_it_decompresses(tmp_path: Path) -> None:
+    # A megabyte a line that compresses to a kilobyte: the bound counts what the lines inflate
+    # to, so the sixth is refused having read about the bound and no more.
+    deflate = zlib.compressobj()
+    pad = enc({"type": "status", "pad": "a" * 1_000_000})
+    wire = (enc({**HELLO3, "compress": ["zlib"]}) + deflate.compress(pad * 20)
+            + deflate.flush())
+    assert len(wire) < 40_000
+    status, replies = run_session(tmp_path / "store.sqlite3", wire,
+                                  Limits(session_bytes=5_000_000), compressed=True)
+    assert status == 1 and [r["type"] for r in replies[1:-1]] == ["status"] * 4
+    assert replies[-1]["code"] == "session-limit"
+    assert "more than 5000000 bytes (decompressed)" in replies[-1]["message"]
+    assert "serve --limit session_bytes=N" in replies[-1]["message"]
+    status, replies = run_session(tmp_path / "store.sqlite3", wire, compressed=True)
+    assert status == 0 and len(replies) == 21  # the default bound is far above this
+
+
+def test_what_a_session_sends_is_bounded_in_messages(tmp_path: Path) -> None:
+    wire = enc(HELLO) + enc({"type": "status"}) * 20
+    status, replies = run_session(tmp_path / "store.sqlite3", wire, Limits(session_messages=10))
+    assert status == 1 and [r["type"] for r in replies[1:]] == ["status"] * 9 + ["error"]
+    assert replies[-1]["code"] == "session-limit" and "more than 10 messages" in replies[-1][
+        "message"]
+
+
+def test_raw_texts_count_against_what_a_session_may_send(tmp_path: Path) -> None:
+    wire = enc(HELLO3) + raw(["x" * 600_000]) + raw(["y" * 600_000])
+    status, replies = run_session(tmp_path / "store.sqlite3", wire, Limits(session_bytes=1_000_000))
+    assert status == 1 and replies[-1]["code"] == "session-limit"
+
+
+def test_verify_is_answered_once_a_session(tmp_path: Path) -> None:
+    # Each reads the whole store: a session asking it again and again would cost the server
+    # the store's size each time for a few bytes on the wire.
+    status, replies = run_session(tmp_path / "store.sqlite3",
+                                  enc(HELLO) + enc({"type": "verify"}) * 2)
+    assert status == 1 and replies[1]["type"] == "verified"
+    assert replies[2]["code"] == "out-of-order" and "once" in replies[2]["message"]
+
+
+@pytest.mark.parametrize("hello", [HELLO, HELLO3])
+@pytest.mark.parametrize("part", ["commit", "bodies"])
+def test_a_part_naming_another_source_is_out_of_order(tmp_path: Path, hello: dict,
+                                                      part: str) -> None:
+    # The exchange waits for source a's bodies and commit: one for source b is out of order
+    # (docs/PROTOCOL.md), and nothing of a is committed.
+    store = tmp_path / "store.sqlite3"
+    lines = [enc(hello), manifest3("a", [("x.md", "text of x")])]
+    if part == "bodies":
+        lines.append(enc({"type": "bodies", "source": "b", "bodies": ["text of x"]
+                          if hello is HELLO3 else [[sha256_text("text of x"), "text of x"]]}))
+    lines.append(enc({"type": "commit", "source": "b"}))
+    replies = talk(store, lines)
+    assert replies[1]["type"] == "need" and replies[-1]["code"] == "out-of-order", replies
+    assert "source 'b'" in replies[-1]["message"] and "source 'a'" in replies[-1]["message"]
+    assert stored(store) == {"files": 0, "notes": 0}
+
+
+def test_a_sync_the_server_turns_away_as_busy_says_so(tmp_path: Path) -> None:
+    from conftest import run_cli, write_config
+
+    from sharedmem.server.session_slots import take
+    store = tmp_path / "server" / "store.sqlite3"
+    store.parent.mkdir()
+    source = tmp_path / "notes"
+    source.mkdir()
+    (source / "a.md").write_text("hello\n")
+    config = write_config(tmp_path / "client" / "client.json", "laptop",
+                          {"kind": "local", "store": str(store)},
+                          [{"name": "notes", "kind": "markdown", "path": str(source)}],
+                          tmp_path / "cache")
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    held = [take(store, 8) for _ in range(8)]  # every slot of the default count
+    started = time.monotonic()
+    done = run_cli("sync", "--config", str(config), env=env)
+    assert time.monotonic() - started >= 10  # it waited for one to come free, then gave up
+    assert talk(store, [enc(HELLO)], "--limit", "sessions=9")[-1]["type"] == "hello"
+    for slot in held:
+        slot.release()
+    assert done.returncode == 2, done.stderr
+    assert "the server is busy: 8 sessions already run on store" in done.stderr
+    assert "try again in a minute" in done.stderr
+    assert run_cli("sync", "--config", str(config), env=env).returncode == 0

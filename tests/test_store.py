@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -305,7 +307,7 @@ def test_pull_sends_only_changes_and_removals(st: Store) -> None:
     ingest(st, "m2", "notes", "markdown", files({"x.md": "X"}))
     st.append_note("m1", NOTE, "one")
     namespaces, full, upserts, removals = st.pull({})
-    assert full == {"machines/m1/notes", "machines/m2/notes"} and removals == []
+    assert full == {"machines/m1/notes", "machines/m2/notes", NOTES_DIR} and removals == []
     assert sorted(p for p, _, _ in upserts) == sorted(st.manifest())
     known = {ns.key: ns.generation for ns in namespaces.every()}
     _, full, upserts, removals = st.pull(known)
@@ -513,6 +515,49 @@ def test_close_copies_the_wal_into_the_database_even_while_another_session_reads
     assert path.stat().st_size > 200_000
     assert reader.execute("SELECT count(*) FROM files").fetchone()[0] == 1
     reader.close()
+
+
+def test_the_wal_stays_bounded_while_sessions_and_pulls_overlap_without_end(
+        tmp_path: Path) -> None:
+    # A burst: sessions one after another, each writing its own bodies, while pulls (read
+    # snapshots that come and go) never all end at once. Each session copies the log only at its
+    # end, passively, which readers of older snapshots hold back: without a bound the log keeps
+    # every session's pages.
+    path = tmp_path / "store.sqlite3"
+    Store.open(path).close()
+    stop = threading.Event()
+
+    def pulls(offset: float) -> None:
+        time.sleep(offset)
+        conn = sqlite3.connect(path, isolation_level=None)
+        while not stop.is_set():
+            conn.execute("BEGIN")
+            conn.execute("SELECT count(*) FROM blobs").fetchone()
+            time.sleep(0.04)
+            conn.execute("ROLLBACK")
+        conn.close()
+
+    readers = [threading.Thread(target=pulls, args=(i * 0.02,)) for i in range(2)]
+    for reader in readers:
+        reader.start()
+    largest = written = 0
+    try:
+        for session in range(40):
+            st = Store.open(path)
+            st.checkpoint_at_close()
+            for batch in range(2):
+                st.put_blobs([body(f"{session} {batch} {i} " + "x" * 3000) for i in range(30)])
+                largest = max(largest, os.stat(f"{path}-wal").st_size)
+            written = max(written, st.wal_written)
+            st.close()
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for reader in readers:
+            reader.join()
+    bound = max(store_module.WAL_FLOOR_BYTES, store_module.WAL_OWN_TIMES * written)
+    assert 40 * written > 2 * bound  # what the sessions wrote in all would pass it
+    assert largest <= bound + written, (largest, written)  # a commit past it: copied at the next
 
 
 # --- bodies and tombstones over their life (blob_lifecycle.py) ---------------------------------

@@ -530,54 +530,30 @@ def _repair(report: Report, store: Path) -> None:
 
 def _check_bodies(report: Report, store: Path, version: int) -> None:
     """Bodies no file uses: kept for a live session or a grace, or orphans to collect."""
-    from sharedmem.server import blob_lifecycle as life
+    from sharedmem.server import blob_lifecycle
     conn = sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        unused = "NOT EXISTS (SELECT 1 FROM files WHERE files.sha256 = blobs.sha256)"
-        total = conn.execute(f"SELECT count(*), coalesce(sum(size), 0) FROM blobs "
-                             f"WHERE {unused}").fetchone()
-        if version < 2:  # before the lifecycle tables: every one is an orphan
-            stray, held, waiting, dead, tombstones = total, 0, 0, 0, 0
-        else:
-            now = int(time.time())
-            sessions = conn.execute("SELECT id, pid, host, seen_at FROM sessions").fetchall()
-            live = [r[0] for r in sessions if life.alive(r[1], r[2], r[3], now)]
-            dead = len(sessions) - len(live)
-            marks = ",".join("?" * len(live))
-            runs = (f" OR EXISTS (SELECT 1 FROM stored_ahead s WHERE s.session_id IN ({marks}) "
-                    "AND blobs.rowid BETWEEN s.first_rowid AND s.last_rowid)"
-                    if version >= 4 else "")  # claimed as runs of rowids (schema 4)
-            held = conn.execute(f"SELECT count(*) FROM blobs WHERE {unused} AND (EXISTS (SELECT 1 "
-                                f"FROM claims c WHERE c.sha256 = blobs.sha256 AND c.session_id "
-                                f"IN ({marks})){runs})", live * (2 if runs else 1)
-                                ).fetchone()[0] if live else 0
-            waiting = conn.execute(f"SELECT count(*) FROM blobs WHERE {unused} AND sha256 IN "
-                                   "(SELECT sha256 FROM unused)").fetchone()[0]
-            stray = conn.execute(f"SELECT count(*), coalesce(sum(size), 0) FROM blobs WHERE "
-                                 f"{life.unkept(version)} AND sha256 NOT IN "
-                                 "(SELECT sha256 FROM unused)").fetchone()
-            tombstones = conn.execute("SELECT count(*) FROM tombstones").fetchone()[0]
+        details = blob_lifecycle.census(conn, version, int(time.time()))
     except sqlite3.Error as exc:
         report.add("bodies", WARN, f"unused bodies could not be counted ({exc})",
                    "run `doctor --store` again; if it persists, restore a verified backup")
         return
     finally:
         conn.close()
-    details = {"unused": total[0], "unused_bytes": total[1], "claimed": held,
-               "waiting": waiting, "orphans": stray[0], "orphan_bytes": stray[1],
-               "killed_sessions": dead, "tombstones": tombstones}
-    kept = (f"{total[0]} bod{'y' if total[0] == 1 else 'ies'} no file uses ({total[1]} bytes)"
-            if total[0] else "every body is used by a file")
-    if stray[0]:
-        report.add("bodies", WARN, f"{kept}; {stray[0]} of them ({stray[1]} bytes) are orphans "
-                   "nothing will collect", f"run `shared_memory.py doctor --store {store} "
-                   "--repair`", **details)
+    unused, size = details["unused"], details["unused_bytes"]
+    kept = (f"{unused} bod{'y' if unused == 1 else 'ies'} no file uses ({size} bytes)"
+            if unused else "every body is used by a file")
+    if details["orphans"]:
+        report.add("bodies", WARN, f"{kept}; {details['orphans']} of them "
+                   f"({details['orphan_bytes']} bytes) are orphans nothing will collect",
+                   f"run `shared_memory.py doctor --store {store} --repair`", **details)
         return
+    held, waiting, dead = details["claimed"], details["waiting"], details["killed_sessions"]
     parts = [f"{held} claimed by running sessions" if held else "",
              f"{waiting} kept for an hour after their last file went, or released by a session "
              "that ended" if waiting else "",
              f"{dead} session(s) ended without cleaning up, collected by the next session or "
-             "--repair" if dead else "", f"{tombstones} tombstone(s)"]
+             "--repair" if dead else "", f"{details['tombstones']} tombstone(s)"]
     report.add("bodies", OK, "; ".join([kept, *filter(None, parts)]), **details)
 
 

@@ -29,13 +29,44 @@ def build_serve(sub: Any) -> None:
 
 
 def run_serve(args: Any) -> int:
-    from sharedmem.server import session as server
+    from sharedmem.rules import Limits
     from sharedmem.server.store import plain_path
     settings = getattr(args, "limit", None)  # the quick parse of a forced command has none
-    limits = server.Limits.parse(settings) if settings else None
+    limits = Limits.parse(settings) if settings else Limits()
     # A plain path is the Path it would make, as the store opens it: no pathlib before the hello.
     store = args.store if plain_path(args.store) else user_path(args.store)
+    if not _slot(store, limits.sessions):
+        return 1
+    from sharedmem.server import session as server
     return server.serve(store, args.machine, max_version=args.max_protocol, limits=limits)
+
+
+def _slot(store: Any, count: int) -> bool:
+    """Take one of the store's session slots for this process, lean, before the session loads.
+
+    A session waiting for a slot holds no more than the interpreter and this module. One turned
+    away answers `busy` in place of a hello and ends; the client says so. The slot is this
+    process's until it exits. A store whose folder cannot hold the slots runs without one: the
+    session's opening of the store then says what is wrong with it.
+    """
+    import sys
+
+    from sharedmem.server import session_slots
+    try:
+        session_slots.take(store, count)
+    except session_slots.Busy as exc:
+        from sharedmem.fastjson import dumps
+        sys.stderr.write(f"serve: {exc}\n")
+        line = dumps({"type": "error", "code": "busy", "message": str(exc)}) + "\n"
+        try:
+            sys.stdout.buffer.write(line.encode("utf-8"))
+            sys.stdout.buffer.flush()
+        except OSError:
+            pass
+        return False
+    except OSError:
+        pass
+    return True
 
 
 # backup ------------------------------------------------------------------------------------------
@@ -113,10 +144,14 @@ def run_backup(args: Any) -> int:
         emit([str(p) for p in removed], args.json,
               "\n".join(f"{verb} {p}" for p in removed) or "nothing to remove")
         return 0
-    kept = backup.restore(user_path(args.archive), store, force=args.force)
-    emit({"store": str(store), "replaced_store_kept_at": str(kept) if kept else None}, args.json,
+    done = backup.restore(user_path(args.archive), store, force=args.force)
+    emit({"store": str(store), "replaced_store_kept_at": str(done.kept) if done.kept else None,
+          "generation": done.generation, "clients_pull_whole": True}, args.json,
           f"restored {store} from {args.archive}"
-          + (f"; the replaced store is kept at {kept}" if kept else ""))
+          + (f"; the replaced store is kept at {done.kept}" if done.kept else "")
+          + f". Its generations now start at {done.generation}, past every one a client holds: "
+          "each client's next sync pulls every file and note whole and drops what the store "
+          "no longer has (notes written after the backup are gone from the store)")
     return 0
 
 

@@ -13,14 +13,22 @@ import shutil
 import sqlite3
 import stat
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sharedmem.clock import utc_now
 from sharedmem.core import BackupError
 from sharedmem.rules import name_problem
 from sharedmem.server import catalog
-from sharedmem.server.store import BUSY_TIMEOUT_MS, DiskFull, Store, disk_full, full_error
+from sharedmem.server.store import (
+    BUSY_TIMEOUT_MS,
+    DiskFull,
+    Store,
+    disk_full,
+    full_error,
+    restart_generations,
+)
 
 IN_USE_TIMEOUT = 0.2
 _MARKS = ("schema_version", "generation", "note_seq")
@@ -74,15 +82,28 @@ def verify(archive: Path) -> list[str]:
     return _listing_problems(archive, entry) + _check_copy(archive, entry)
 
 
+class Restored(NamedTuple):
+    """What a restore did: where the replaced store was kept, and its new generations' floor.
+
+    `kept` is None when there was no store to replace; `generation` is what every namespace of
+    the restored store is at, a generation no client had seen.
+    """
+
+    kept: Path | None
+    generation: int
+
+
 def restore(archive: Path, store: Path, *, force: bool = False,
-            folder: Path | None = None) -> Path | None:
-    """Replace `store` with a verified archive; returns where the replaced store was kept.
+            folder: Path | None = None) -> Restored:
+    """Replace `store` with a verified archive, whose generations start past every client's.
 
     Refused when another process has the store open (never overridden: a live writer's -wal
     would corrupt the restored file), and, unless `force`, when the store is unreadable or
     newer than the archive (schema version, ingest generation or newest note). The replaced
-    store is kept, protected, in `folder` (default `backups/` beside the store); None when
-    there was no store to replace.
+    store is kept, protected, in `folder` (default `backups/` beside the store). Clients then
+    converge on the restored store at their next sync: it renumbers its generations past every
+    one the replaced store (or the clock) could have given them (`store.restart_generations`),
+    so each pull sends every namespace and the notes whole.
     """
     archive, store = Path(archive), Path(store)
     if not archive.is_file():
@@ -96,7 +117,7 @@ def restore(archive: Path, store: Path, *, force: bool = False,
     with contextlib.closing(_open_ro(archive)) as conn:
         archived = _details(conn)
     mode = stat.S_IMODE(store.stat().st_mode) if store.exists() else None
-    kept = _retire(store, archived, force, folder) if store.exists() else None
+    kept, replaced = _retire(store, archived, force, folder) if store.exists() else (None, None)
     store.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_in(store.parent)
     try:
@@ -105,13 +126,41 @@ def restore(archive: Path, store: Path, *, force: bool = False,
         if catalog.sha256_file(tmp) != (entry["sha256"] if entry else catalog.sha256_file(archive)):
             raise BackupError(f"the copy of {archive} at {tmp} differs from it: check the disk "
                               f"under {store.parent} and run restore again")
+        floor = _restart(tmp, [archived, replaced])
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, store)
         catalog.fsync(store.parent)
     finally:
         _discard(tmp)
-    return kept
+    return Restored(kept, floor)
+
+
+def _restart(copy: Path, seen: list[dict[str, Any] | None]) -> int:
+    """Renumber the restored copy's generations past every one a client may hold; the floor.
+
+    Past the archive's and the replaced store's generations and notes generations, and past
+    the clock in microseconds, which covers a replaced store that could not be read: its
+    generations grew by one a commit since the last restore's floor, never by a million a
+    second.
+    """
+    marks = [time.time_ns() // 1000]
+    marks += [int(d.get(k) or 0) for d in seen if d for k in ("generation", "notes_generation")]
+    floor = max(marks) + 1
+    conn = sqlite3.connect(copy, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        restart_generations(conn, floor)
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if disk_full(exc, copy):
+            raise full_error(copy.parent, exc, f"the restore into {copy.parent}") from None
+        raise BackupError(f"the restored copy {copy} could not be renumbered ({exc}): check the "
+                          "disk and run restore again") from None
+    finally:
+        conn.close()
+    catalog.fsync(copy)
+    return floor
 
 
 def migration_hook(path: Path, old_version: int) -> None:
@@ -158,12 +207,21 @@ def _copy_checked(store: Path, tmp: Path) -> dict[str, object]:
 
 
 def _details(conn: sqlite3.Connection) -> dict[str, Any]:
-    """Schema version, counts and the newest-data marks of an open store."""
+    """Schema version, counts and the newest-data marks of an open store.
+
+    `generation` and `note_seq` say whether a store is newer than an archive;
+    `notes_generation` and `restored_generation` (the floor of the restore that made it, or 0)
+    let a restore renumber past what clients hold.
+    """
     copy = Store(Path(), conn)
-    generation = conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+    meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('generation', "
+                             "'restored_generation')").fetchall())
+    notes = copy.namespaces().notes
     return {"schema_version": copy.schema_version(), "counts": copy.counts(),
-            "generation": int(generation[0]) if generation else 0,
-            "note_seq": copy.note_generation()}
+            "generation": int(meta.get("generation") or 0),
+            "note_seq": copy.note_generation(),
+            "notes_generation": notes.generation if notes is not None else 0,
+            "restored_generation": int(meta.get("restored_generation") or 0)}
 
 
 def _check_copy(archive: Path, entry: dict | None) -> list[str]:
@@ -198,8 +256,13 @@ def _listing_problems(archive: Path, entry: dict | None) -> list[str]:
     return problems
 
 
-def _retire(store: Path, archived: dict[str, Any], force: bool, folder: Path | None) -> Path:
-    """Check the store is idle and not newer, then keep a protected raw copy of it."""
+def _retire(store: Path, archived: dict[str, Any], force: bool,
+            folder: Path | None) -> tuple[Path, dict[str, Any] | None]:
+    """Check the store is idle and not newer, then keep a protected raw copy of it.
+
+    Returns where it was kept and its details (None when it could not be read). A generation
+    that a restore set and no commit moved since is not newer: the content is the archive's.
+    """
     target = Path(folder) if folder is not None else catalog.backups_folder(store)
     # SQLite drops the side files of a file it cannot read, so copy them first.
     saved = {suffix: _temp_in(target) for suffix in ("-wal", "-journal")
@@ -225,7 +288,8 @@ def _retire(store: Path, archived: dict[str, Any], force: bool, folder: Path | N
                 raise BackupError(f"store {store} cannot be read ({exc}): pass --force to replace "
                                   "it; the damaged file is kept as a protected backup") from None
         newer = [f"{k} {current[k]} > {archived[k]}" for k in _MARKS
-                 if current is not None and int(current[k]) > int(archived[k])]
+                 if current is not None and int(current[k]) > int(archived[k])
+                 and not (k == "generation" and current[k] == current["restored_generation"])]
         if newer and not force:
             raise BackupError(f"store {store} is newer than the backup ({', '.join(newer)}): "
                               "restoring would lose that; pass --force to restore anyway (the "
@@ -245,7 +309,7 @@ def _retire(store: Path, archived: dict[str, Any], force: bool, folder: Path | N
         conn.close()
         for path in [tmp, *saved.values()]:
             _discard(path)
-    return kept
+    return kept, current
 
 
 def _open_ro(path: Path) -> sqlite3.Connection:

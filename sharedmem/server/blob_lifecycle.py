@@ -89,7 +89,8 @@ def claim(conn: sqlite3.Connection, session: int | None, shas: Iterable[str], no
     The session is registered (a row for this process) at its first claim, and again if its
     row is gone (another process took it for dead after SESSION_STALE_SECONDS unseen). With
     `present` the caller knows the store holds every one (it stored them in this transaction):
-    they are claimed without a look-up each, a third of what storing a first sync's bodies cost.
+    they are claimed without a look-up each, a large part of what storing a first sync's bodies
+    would cost.
     """
     session = _seen(conn, session, now)
     if present:
@@ -196,6 +197,44 @@ def collect(conn: sqlite3.Connection, now: int, ended: Sequence[int], *,
     conn.execute("DELETE FROM unused WHERE since <= ?", (cutoff,))
     done.tombstones = compact(conn, now)
     return done
+
+
+def census(conn: sqlite3.Connection, schema: int, now: int) -> dict[str, int]:
+    """What keeps the bodies no file uses, read only (`doctor --store`), in a store of `schema`.
+
+    unused and unused_bytes: bodies no file uses; claimed: those a live session claims;
+    waiting: those marked unused (kept for the grace, then collected); orphans and
+    orphan_bytes: those nothing keeps and nothing marks, which only a full scan collects
+    (`collect(strays=True)`); killed_sessions: sessions whose process is gone; tombstones.
+    A store from before these tables (schema 1) has only orphans.
+    """
+    unused = "NOT EXISTS (SELECT 1 FROM files WHERE files.sha256 = blobs.sha256)"
+    total = conn.execute(f"SELECT count(*), coalesce(sum(size), 0) FROM blobs WHERE {unused}"
+                         ).fetchone()
+    out = {"unused": total[0], "unused_bytes": total[1], "claimed": 0, "waiting": 0,
+           "orphans": total[0], "orphan_bytes": total[1], "killed_sessions": 0,
+           "tombstones": conn.execute("SELECT count(*) FROM tombstones").fetchone()[0]}
+    if schema < 2:
+        return out
+    sessions = conn.execute("SELECT id, pid, host, seen_at FROM sessions").fetchall()
+    live = [r[0] for r in sessions if alive(r[1], r[2], r[3], now)]
+    out["killed_sessions"] = len(sessions) - len(live)
+    if live:
+        marks = ",".join("?" * len(live))
+        claimed = (f"EXISTS (SELECT 1 FROM claims c WHERE c.sha256 = blobs.sha256 AND "
+                   f"c.session_id IN ({marks}))")
+        if schema >= 4:  # bodies stored ahead, claimed as runs of rowids
+            claimed += (f" OR EXISTS (SELECT 1 FROM stored_ahead s WHERE s.session_id IN "
+                        f"({marks}) AND blobs.rowid BETWEEN s.first_rowid AND s.last_rowid)")
+        out["claimed"] = conn.execute(f"SELECT count(*) FROM blobs WHERE {unused} AND "
+                                      f"({claimed})", live * (2 if schema >= 4 else 1)
+                                      ).fetchone()[0]
+    out["waiting"] = conn.execute(f"SELECT count(*) FROM blobs WHERE {unused} AND sha256 IN "
+                                  "(SELECT sha256 FROM unused)").fetchone()[0]
+    out["orphans"], out["orphan_bytes"] = conn.execute(
+        f"SELECT count(*), coalesce(sum(size), 0) FROM blobs WHERE {unkept(schema)} AND sha256 "
+        "NOT IN (SELECT sha256 FROM unused)").fetchone()
+    return out
 
 
 def history_days(conn: sqlite3.Connection) -> int:

@@ -44,7 +44,8 @@ class IncomingFile(namedtuple("IncomingFile",
     `text` None with `redactions` set: the server stored the body, redacted, as it arrived
     (`Store.put_blobs`), under `stored` (its sha256, which is `sha256` when nothing was
     redacted) and `size` is its size. `refused` is a reason the server refused the body for as
-    it arrived (`too-large`, `quota`, `invalid-utf8`), keeping nothing of it.
+    it arrived (`too-large`, `quota`), keeping nothing of it. Every text is Unicode: the session
+    refused a line holding a lone surrogate where it decoded it (`Channel.guard`).
     """
 
     __slots__ = ()
@@ -111,7 +112,7 @@ def ingest(store: Store, machine: str, source: str, kind: str,
     their rows are read and written, so a delta costs the server little more than the files
     it changes. The namespace's new digest is `digest`, the one the manifest names, when
     every file it lists is stored as listed; else it is computed, for a delta by SQLite
-    listing the namespace (12-20 ms at 10,000 files, docs/BENCHMARKS.md "Eighth round"). The
+    listing the namespace (docs/BENCHMARKS.md). The
     digest is a token between a machine and its own namespace (docs/PROTOCOL.md
     "Namespaces"): the server takes it on the client's word for a manifest that says nothing
     changed already, and checks every body's sha256.
@@ -129,7 +130,7 @@ def ingest(store: Store, machine: str, source: str, kind: str,
             kept = _Kept(conn, None, set(), 0, 0)
         else:
             drop = set(removed or ()) | {f.path for f in files}
-            current = _rows(conn, row[0], _storable(drop))
+            current = _rows(conn, row[0], drop)
             # Every ingest writes the namespace's count and size with its rows.
             kept = _Kept(conn, row[0], drop, row[3] - len(current),
                          row[4] - sum(v[1] for v in current.values()))
@@ -178,7 +179,7 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         conn.executemany("INSERT OR REPLACE INTO tombstones VALUES (?,?,?)",
                          [(ns_id, p, generation) for p in gone])
         # A path the namespace holds is replaced: the delete fires the triggers that keep its
-        # previous version and mark its old body unused. A new one is only inserted, a third
+        # previous version and mark its old body unused. A new one is only inserted, which is
         # cheaper (a first sync's every file).
         for verb, rows in (("INSERT", [c for c in changed if c[0] not in current]
                             if current else changed),
@@ -245,28 +246,6 @@ class _Kept:
         return self._keys
 
 
-def _storable(paths: set[str]) -> set[str]:
-    """The paths SQLite can be asked about: a lone surrogate has no UTF-8 (such a path is refused)."""
-    try:
-        "".join(p for p in paths if type(p) is str).encode("utf-8")
-    except UnicodeEncodeError:
-        return {p for p in paths if type(p) is not str or _encodes(p)}
-    return paths
-
-
-def _address(sha: object) -> bool:
-    """Whether `sha` may be looked up: a string SQLite can take (no lone surrogate)."""
-    return isinstance(sha, str) and (sha.isascii() or _encodes(sha))
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
                  limits: Limits, report: IngestReport, kept: _Kept,
                  existing: Mapping[str, tuple[str, int, int]] | None = None,
@@ -306,7 +285,7 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
     # else in a few queries. One query each cost a whole-manifest re-sync most of its time.
     existing = existing or {}
     sizes = _sizes(conn, {f.sha256 for f in files if f.text is None and f.refused is None and (
-        f.redactions is None or (f.stored or f.sha256) in absent) and _address(f.sha256)
+        f.redactions is None or (f.stored or f.sha256) in absent)
         and not (type(f.path) is str and existing.get(f.path, ("",))[0] == f.sha256)})
     for item in sorted(files, key=_PATH if plain else _shown_path):
         path, sha256, size, mtime_ns, text, counts, stored_as, refused = item
@@ -336,15 +315,10 @@ def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFi
         elif counts and type(text) is bytes:  # redacted as it arrived, in UTF-8
             sha = stored_as
         elif text is not None:
-            try:
-                if counts is None:
-                    from sharedmem.redact.redactor import redact  # compiled only when bodies come
-                    text, counts = redact(text)
-                body = text.encode("utf-8")
-            except UnicodeEncodeError:
-                refuse(path, "invalid-utf8", f"{path!r} is not valid UTF-8 text")
-                continue
-            sha, size = sha256_text(text), len(body)
+            if counts is None:
+                from sharedmem.redact.redactor import redact  # compiled only when bodies come
+                text, counts = redact(text)
+            sha, size = sha256_text(text), len(text.encode("utf-8"))
         else:
             row = existing.get(path)
             found = row[1] if row is not None and row[0] == sha256 else sizes.get(sha256)
@@ -398,7 +372,6 @@ _REFUSED = {
     "too-large": "{path!r} is {size} bytes, over the {limits.file_bytes}-byte file limit",
     "quota": "{path!r} is past the namespace quota ({limits.namespace_files} files, "
              "{limits.namespace_bytes} bytes)",
-    "invalid-utf8": "{path!r} is not valid UTF-8 text",
 }
 
 

@@ -26,9 +26,11 @@ from sharedmem.rules import (
 
 GENESIS = "0" * 64
 # How note files are rendered: 1 put bodies under their headings as they were, 2 fences them.
-# The notes namespace's generation is RENDERING * GENERATION_STEP + the newest note's sequence
-# number, so a client whose files are of an older rendering knows a smaller generation and is
-# sent every note file again (`files_since`).
+# The notes namespace's generation is its base plus the newest note's sequence number. The base
+# is RENDERING * GENERATION_STEP, plus meta's `notes_epoch` once a restore moved it past every
+# generation a client may have seen (the restore rewinds the sequence numbers). A client whose
+# generation is not one of this base's (an older rendering, another epoch, or one a restore
+# took back) is sent every note file, whole (`since`).
 RENDERING = 2
 GENERATION_STEP = 10**12
 
@@ -168,21 +170,40 @@ def newest_seq(conn: sqlite3.Connection) -> int:
     return conn.execute("SELECT coalesce(max(seq), 0) FROM notes").fetchone()[0]
 
 
-def generation(seq: int) -> int:
-    """The notes namespace's generation when the newest note is `seq` (0 while there is none)."""
-    return RENDERING * GENERATION_STEP + seq if seq else 0
+def base(epoch: int | None) -> int:
+    """Where the notes generations of a store whose meta `notes_epoch` is `epoch` count from.
 
-
-def files_since(conn: sqlite3.Connection, known: int = 0) -> Iterator[tuple[str, str, str]]:
-    """(path, sha256, text) of each note file changed since the client's notes generation.
-
-    A generation of another rendering (or 0) gets every file.
+    The notes namespace's `created_generation`: no note has it, the first has one more.
     """
-    base = RENDERING * GENERATION_STEP
-    since = known - base if base <= known < base + GENERATION_STEP else 0
+    return RENDERING * GENERATION_STEP + (epoch or 0)
+
+
+def generation(seq: int, start: int) -> int:
+    """The notes namespace's generation when the newest note is `seq` (0 while there is none)."""
+    return start + seq if seq else 0
+
+
+def since(known: int, newest: int, start: int) -> int | None:
+    """The sequence number a client's notes generation `known` stands for; None if none.
+
+    None when `known` is not a generation this store's notes have had since `start` (an older
+    rendering's, another epoch's, one past the newest, or 0): the client is sent every note
+    file, and drops any other.
+    """
+    return known - start if start < known <= newest else None
+
+
+def restart(conn: sqlite3.Connection, floor: int) -> None:
+    """Make every notes generation from now on larger than `floor` (inside a restore's commit)."""
+    epoch = max(0, floor - RENDERING * GENERATION_STEP)
+    conn.execute("INSERT OR REPLACE INTO meta VALUES ('notes_epoch', ?)", (str(epoch),))
+
+
+def files_since(conn: sqlite3.Connection, seq: int = 0) -> Iterator[tuple[str, str, str]]:
+    """(path, sha256, text) of each note file with an entry past `seq` (all for 0)."""
     names = [r[0] for r in conn.execute(
         "SELECT filename FROM notes GROUP BY filename HAVING max(seq) > ? ORDER BY filename",
-        (since,))]
+        (seq,))]
     for name in names:
         text = render_note(conn.execute("SELECT created_at, machine, body FROM notes WHERE "
                                         "filename=? ORDER BY seq", (name,)))

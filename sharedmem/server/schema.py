@@ -107,8 +107,8 @@ MIGRATIONS: list[str] = [
     # 4: bodies a session stored ahead, claimed as runs of rowids, not a row each. A session's
     # commit of new bodies takes consecutive rowids (it holds the write lock, and SQLite gives
     # each new row the largest rowid plus one), so one row here claims a commit's worth. A
-    # `claims` row each (two random inserts in 64-character keys) doubled the cost of storing
-    # a first sync of 50,000 files (docs/BENCHMARKS.md, "Tenth round"). `claims` still holds
+    # `claims` row each (two random inserts in 64-character keys) cost a large first sync
+    # much of its storing time (docs/BENCHMARKS.md). `claims` still holds
     # the bodies a session was told the store holds. A run goes with its session; while it
     # stands its bodies are kept, so the largest rowid stays at or past its end and a later
     # run starts after it: runs never overlap.

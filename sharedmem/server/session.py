@@ -2,6 +2,8 @@
 
 Run by the client as a local child process or as the remote command of `ssh` (in an SSH forced
 command with `--machine`, which pins the key to one machine). Only protocol goes to stdout.
+What each protocol version accepts, and how its messages are shaped, is one object per version
+in `HANDLERS`; the bodies a session holds until a commit uses them are `body_pool.py`'s.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import time
 from collections import deque
 
 from sharedmem import __version__, collector
+from sharedmem.compression import REPORT_BYTES
 from sharedmem.core import BackupError, NoteError, ProtocolError, SharedMemoryError, StoreError
 from sharedmem.hashing import sha256_bytes
 from sharedmem.protocol import (
     AHEAD_REFS,
     COMPRESSIONS,
-    REPORT_BYTES,
     VERSIONS,
     Channel,
     PeerError,
@@ -27,9 +29,9 @@ from sharedmem.protocol import (
     encode_files,
     error,
     field,
-    printable,
 )
 from sharedmem.rules import KIND_MARKDOWN, MIB, SOURCE_KINDS, Limits, name_problem
+from sharedmem.server.body_pool import NO_REF, REF_BYTES, BodyPool
 from sharedmem.server.store import DiskFull, Store, disk_full, full_error
 
 TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
@@ -41,11 +43,6 @@ if TYPE_CHECKING:
     from sharedmem.server.ingest import IncomingFile
 
 
-# Bodies are stored in batches of about this much as they come. What is left under it waits
-# for the namespace's commit, after the client's last byte: at 4 MiB, up to 4 MiB of a first
-# sync's bodies were written there (first syncs of 10,000 files over a 40 ms link: 4.16-4.20
-# against 4.11-4.13 s at 1 MiB, docs/BENCHMARKS.md "Eighth round").
-STORE_AHEAD_BYTES = 1 * MIB
 # Version 3: session-level messages that arrive while a namespace exchange waits for its bodies
 # and commit are held, at most this many and this much, and answered after that commit.
 DEFERRED_MESSAGES = 64
@@ -63,51 +60,37 @@ class Session:
         self.pinned = pinned
         self.versions = versions
         self.limits = limits or Limits()
+        channel.guard(most_bytes=self.limits.session_bytes,
+                      most_messages=self.limits.session_messages)
         self.store: Store | None = None
+        self.bodies: BodyPool | None = None  # once the store is open
         self.machine = ""
-        self.version = 0
-        # Verified, redacted bodies not yet committed, by the sha256 the client gave them:
-        # sha256 -> (text in UTF-8, redactions, size, sha256 as stored), size and address those
-        # of the redacted text. Every body (sent ahead, answering a need, or in a version 1 `files`)
-        # goes to `unstored`, and once those pass STORE_AHEAD_BYTES they are stored as they are
-        # (text None here), claimed for this session until it ends (Store.put_blobs): the
-        # session holds no more text than that. Fewer wait for the commit that lists them to
-        # store them in its own transaction.
-        self.pool: dict[str, tuple[bytes | None, dict[str, int], int, str]] = {}
-        self.ahead_bytes = 0
-        self.unstored: list[tuple[str, int, bytes]] = []
-        self.unstored_keys: list[str] = []  # the client's sha256 of each row of `unstored`
-        self.unstored_bytes = 0
-        # Bodies refused as they came, kept as (reason, size) and none of their text: over the
-        # file limit (for the session), or past the namespace quota of one exchange (`budget`).
-        self.refused: dict[str, tuple[str, int]] = {}
-        # The bodies the last commit listed, which leave the pool (`_release`) before the next
-        # message that reads it: not before a pull, which the client waits for.
-        self.to_release: set[str] | None = None
-        self.budget = 0  # bytes one exchange may still send (answering need, or version 1)
+        self.protocol: Version1 = HANDLERS[min(versions)]  # the hello's choice, once it came
         # Version 3: messages the client pipelined past a manifest still waiting for its bodies
         # (answered in order after its commit), with their size on the wire.
         self.deferred: deque[tuple[dict[str, Any], int]] = deque()
         self.deferred_bytes = 0
-        # Version 3: the sha256s whose text the client holds (the bodies it sent that a commit
-        # of this session listed): a pull sends `null` for them, with no `have` list. At most
+        # The sha256s whose text the client holds (the bodies it sent that a commit of this
+        # session listed): a version 3 pull sends `null` for them, with no `have` list. At most
         # namespace_files of them; past that a text is sent again, which costs bytes only.
         self.client_has: set[str] = set()
-        # Version 3: the sha256 (raw) of each text sent ahead, in order, so a manifest entry may
-        # name its body by its place here (protocol.AHEAD_REFS); NO_REF for one not UTF-8.
-        self.refs = bytearray()
-        # Version 3, compressed, asked for in the client's hello: the wire bytes last reported
+        # Compressed, asked for in the client's hello: the wire bytes last reported
         # (`received`), until the first message that is not a body sent ahead (then None).
         self.reported: int | None = None
+        self.verified = False  # `verify` checks the whole store: once a session
+
+    @property
+    def version(self) -> int:
+        """The protocol version the hellos agreed on."""
+        return self.protocol.number
 
     def run(self) -> int:
         """Serve until `bye` or end of input; a protocol error is answered, then ends the session.
 
         Python's cyclic garbage collector is paused meanwhile (and restored after): a session
         makes no reference cycles in its work, but holds tens of thousands of objects once a
-        manifest of 10,000 files is parsed, and each full collection walks all of them, up to
-        a fifth of the time from that manifest to its result. Reference counting frees all
-        the rest as before.
+        large manifest is parsed, and each full collection would walk all of them. Reference
+        counting frees all the rest as before.
         """
         with collector.Paused():
             return self._run()
@@ -166,17 +149,20 @@ class Session:
             sys.stderr.write(f"serve: {problem}\n")
 
     def _fail(self, code: str, message: str) -> None:
-        """Say why the session ends; `code` and `message` may echo the peer's own error."""
-        message = printable(message[:MAX_ERROR_CHARS])
+        """Say why the session ends; `code` and `message` may echo the peer's own error.
+
+        What the client sent is Unicode text (`Channel.guard`), so every echo can be sent.
+        """
+        message = message[:MAX_ERROR_CHARS]
         sys.stderr.write(f"serve: {message}\n")
         try:
-            self.channel.send(error(printable(code[:MAX_ERROR_CHARS]), message))
+            self.channel.send(error(code[:MAX_ERROR_CHARS], message))
         except ProtocolError:
             pass
 
     def _hello(self) -> None:
         message = self.channel.expect("hello")
-        self.version = choose_version(self.versions, message.get("versions"))
+        self.protocol = HANDLERS[choose_version(self.versions, message.get("versions"))]
         machine = field(message, "machine", str)
         if (problem := name_problem(machine, "machine")) is not None:
             raise PeerError("bad-field", problem)
@@ -186,16 +172,11 @@ class Session:
                             f"key made for {machine!r}, or re-pin this key with install_server.py "
                             f"--authorize {machine} --key ...")
         self.machine = machine
-        self.store = Store.open(self.store_path, before_migrate=_backup_first)
-        self.store.checkpoint_at_close()
+        self._open()
         reply = {"type": "hello", "versions": list(self.versions), "version": self.version,
                  "server": f"sharedmem/{__version__}", "machine": machine,
-                 "pinned": self.pinned is not None}
-        if self.version >= 2:
-            reply["ahead_bytes"] = self.limits.namespace_bytes
-        if self.version >= 3:  # bodies may carry their texts as raw UTF-8 after their line
-            reply["raw_bodies"] = True
-        compress = self._compression(message)
+                 "pinned": self.pinned is not None, **self.protocol.hello(self.limits)}
+        compress = self.protocol.compression(message)
         if compress is not None:
             reply["compress"] = compress
             if message.get("reports") is True:  # they tell its sender how fast the link goes
@@ -205,9 +186,16 @@ class Session:
         if compress is not None:  # both streams, from the byte after each side's hello line
             self.channel.compress_output()
             self.channel.decompress_input()
-        self.channel.raw_bodies = self.version >= 3
-        if self.version >= 2 and "sharedmem.redact.redactor" not in sys.modules:
+        if self.protocol.raw_bodies:
+            self.channel.take_raw_bodies()
+        if self.protocol.ahead and "sharedmem.redact.redactor" not in sys.modules:
             _load_for_changes()  # while the client walks: what its changes will need
+
+    def _open(self) -> None:
+        """Open the store (`serve` holds one of its session slots by now) and the body pool."""
+        self.store = Store.open(self.store_path, before_migrate=_backup_first)
+        self.store.checkpoint_at_close()
+        self.bodies = BodyPool(self.store, self.limits)
 
     def _report(self, *, last: bool) -> None:
         """Say how many bytes of the client's stream have arrived, and when (`received`).
@@ -227,31 +215,17 @@ class Session:
         self.channel.send(report)
         self.reported = None if last else wire
 
-    def _compression(self, hello: dict[str, Any]) -> str | None:
-        """Version 3: the first compression the client offers that this server speaks, or None.
-
-        The client's offer is its promise: from the byte after its hello it compresses when
-        this server's hello says so (docs/PROTOCOL.md "Compression").
-        """
-        offered = hello.get("compress")
-        if self.version < 3 or offered is None:
-            return None
-        if not isinstance(offered, list) or not all(isinstance(c, str) for c in offered):
-            raise PeerError("bad-field", "hello.compress must be a list of compression names "
-                            f"such as {list(COMPRESSIONS)}")
-        return next((c for c in offered if c in COMPRESSIONS), None)
-
     def _dispatch(self, message: dict[str, Any]) -> None:
         """Answer one message through HANDLERS, the table of what each version accepts."""
         kind = message["type"]
-        handler = HANDLERS[self.version].get(kind)
+        handler = self.protocol.handlers.get(kind)
         if handler is None:
             code = "out-of-order" if kind in PARTS else "unknown-type"
             raise PeerError(code, f"message type {kind!r} is not allowed here in protocol "
                             f"version {self.version}")
-        if self.to_release is not None and kind not in POOL_FREE:
-            shas, self.to_release = self.to_release, None
-            self._release(shas)
+        if kind not in POOL_FREE:
+            assert self.bodies is not None
+            self.bodies.settle()
         handler(self, message)
 
     def _next(self) -> dict[str, Any] | None:
@@ -262,27 +236,27 @@ class Session:
             return message
         return self.channel.receive()
 
-    def _part(self, *types: str, whole: str | None = None) -> dict[str, Any]:
-        """Read the next part of a namespace exchange (`expect`); in version 3 hold the rest.
+    def _part(self, source: str | None, *types: str, whole: bool = False) -> dict[str, Any]:
+        """Read the next part of `source`'s namespace exchange; pipelined, hold the rest.
 
-        A version 3 client sends every manifest, its notes and its pull without waiting: what
-        comes before the part awaited is a session-level message, held (up to
-        DEFERRED_MESSAGES and DEFERRED_BYTES) and answered in order after this exchange.
-        With `whole`, the part awaited is that source's whole manifest (after `need stale`);
-        other manifests are held.
+        A part that names another source is out of order (docs/PROTOCOL.md). A version 3 client
+        sends every manifest, its notes and its pull without waiting: what comes before the
+        part awaited is a session-level message, held (up to DEFERRED_MESSAGES and
+        DEFERRED_BYTES) and answered in order after this exchange. With `whole`, the part
+        awaited is that source's whole manifest (after `need stale`); other manifests are held.
         """
-        if self.version < 3:
-            return self.channel.expect(*types)
+        if not self.protocol.pipelined:
+            return _of_source(self.channel.expect(*types), source)
         while True:
             before = self.channel.received
             message = self.channel.receive()
             if message is None:
                 return self.channel.expect(*types)  # says the client ended the session
             kind = message["type"]
-            if kind in types and (whole is None or (message.get("source") == whole
-                                                    and "base" not in message)):
-                return message
-            if kind not in HANDLERS[self.version] and kind != "bye" or kind in PARTS:
+            if kind in types and (not whole or (message.get("source") == source
+                                                and "base" not in message)):
+                return _of_source(message, source)
+            if kind not in self.protocol.handlers and kind != "bye" or kind in PARTS:
                 raise PeerError("out-of-order", f"expected {' or '.join(types)} from the "
                                 f"client, got {kind!r}")
             size = self.channel.received - before
@@ -313,13 +287,12 @@ class Session:
         Each text is taken as it comes, as a body answering a need is: verified, redacted and
         stored in batches, so the session holds the names, not the snapshot.
         """
+        assert self.bodies is not None
         source, kind = self._namespace(message)
-        entries: list[tuple[str, str | None, int, int]] = []
-        self.budget = self.limits.namespace_bytes
-        while True:
-            part = self.channel.expect("files", "commit")
-            if part["type"] == "commit":
-                break
+        entries: list[tuple[str, str, int, int]] = []
+        pool = self.bodies
+        pool.exchange()
+        while (part := self._part(source, "files", "commit"))["type"] == "files":
             items = field(part, "files", list)
             self._count_files(len(entries) + len(items), source)
             bodies: dict[str, bytes] = {}
@@ -327,20 +300,13 @@ class Session:
                 if not isinstance(item, dict):
                     raise PeerError("bad-field", "files entries must be objects")
                 path, text = field(item, "path", str), field(item, "text", str)
-                mtime = _mtime(item.get("mtime_ns"))
-                try:
-                    data = text.encode("utf-8")
-                except UnicodeEncodeError:
-                    entries.append((path, None, 0, mtime))  # refused: invalid-utf8
-                    continue
+                data = text.encode("utf-8")
                 sha = sha256_bytes(data)
-                entries.append((path, sha, len(data), mtime))
-                if (sha not in bodies and sha not in self.pool and sha not in self.refused
-                        and self._admit(sha, data, ahead=False)):
+                entries.append((path, sha, len(data), _mtime(item.get("mtime_ns"))))
+                if sha not in bodies and sha not in pool and pool.admit(sha, data, ahead=False):
                     bodies[sha] = data
-            self._keep(bodies)
-        files = self._incoming(entries)
-        self._commit(source, kind, files, {sha for _, sha, _, _ in entries if sha is not None})
+            pool.keep(bodies)
+        self._commit(source, kind, pool.incoming(entries), {e[1] for e in entries})
 
     def _count_files(self, count: int, source: str) -> None:
         """Refuse an exchange that lists more files than a namespace may hold, before holding them."""
@@ -353,13 +319,12 @@ class Session:
                             "namespace_files=N)")
 
     def _on_manifest(self, message: dict[str, Any]) -> None:
-        """Version 2: a manifest or a delta; the server asks only for the bodies it lacks.
+        """Version 2 and 3: a manifest or a delta; the server asks only for the bodies it lacks.
 
-        Version 3 names the bodies it lacks by their index in `files`, answers a stale delta
-        with `need {"stale": true}` and takes the whole manifest as the next part, and commits
-        at once a manifest that needs nothing (docs/PROTOCOL.md "Version 3").
+        Its version says how a manifest may name bodies, how a stale delta and the bodies
+        lacking are answered, and whether one that lacks none commits at once.
         """
-        assert self.store is not None
+        assert self.store is not None and self.bodies is not None
         source, kind = self._namespace(message)
         digest = _address(field(message, "digest", str), "manifest.digest")
         base = field(message, "base", str, optional=True)
@@ -374,80 +339,47 @@ class Session:
             return
         raw = field(message, "files", list, optional=True) or []
         self._count_files(len(raw), source)
-        entries = _entries(raw, self.refs if self.version >= 3 else None)
+        entries = _entries(raw, self.protocol.places(self.bodies))
         removed = field(message, "removed", list, optional=True) or []
-        if not all(isinstance(p, str) for p in removed) or not _unicode(removed):
-            raise PeerError("bad-field", "manifest.removed must be a list of paths in valid "
-                            "Unicode")
+        if not all(isinstance(p, str) for p in removed):
+            raise PeerError("bad-field", "manifest.removed must be a list of paths")
         if base is not None and current != base:
-            if self.version >= 3:
-                self.channel.send({"type": "need", "source": source, "stale": True,
-                                   "index": []})
-                self._on_manifest(self._part("manifest", whole=source))
-                return
-            self.channel.send(error("stale-base", f"namespace {self.machine}/{source} is not at "
-                                    "the base digest; send the whole manifest"))
+            self.protocol.stale(self, source)
             return
         if base is None and "files" not in message:
             raise PeerError("bad-field", "manifest needs files (whole) or base (delta)")
         shas = {sha for _, sha, _, _ in entries}
-        need = self.store.need(shas - self.pool.keys() - self.refused.keys(),
-                               (self.machine, source))
-        if self.version >= 3:
-            missing, index = set(need), []
-            for i, (_, sha, _, _) in enumerate(entries):
-                if sha in missing:
-                    missing.discard(sha)
-                    index.append(i)
-            if index:
-                self.channel.send({"type": "need", "source": source, "index": index})
-        else:
-            self.channel.send({"type": "need", "source": source, "sha256": need})
-        wanted = set(need)
-        self.budget = self.limits.namespace_bytes
-        if need or self.version < 3:
-            while (part := self._part("bodies", "commit"))["type"] == "bodies":
+        need = self.store.need(self.bodies.lacking(shas), (self.machine, source))
+        answer = self.protocol.need(source, entries, need)
+        self.bodies.exchange()
+        if answer is not None:
+            self.channel.send(answer)
+            wanted = set(need)
+            while (part := self._part(source, "bodies", "commit"))["type"] == "bodies":
                 self._take_bodies(part, wanted)
-        files = self._incoming(entries)
-        held = [sha for sha in shas if sha in self.pool] if self.version >= 3 else []
-        if self._commit(source, kind, files, shas, removed=removed if base else None,
-                        base=base, digest=digest) and self.version >= 3:
+        held = self.bodies.held(shas)
+        if self._commit(source, kind, self.bodies.incoming(entries), shas,
+                        removed=removed if base else None, base=base, digest=digest):
             self._remember(held)
 
+    def _stale_base(self, source: str) -> None:
+        """Version 2: a delta's base is not what the store holds; the client sends it whole."""
+        self.channel.send(error("stale-base", f"namespace {self.machine}/{source} is not at the "
+                                "base digest; send the whole manifest"))
+
+    def _stale_need(self, source: str) -> None:
+        """Version 3: `need stale`, and the whole manifest is the next part of this exchange."""
+        self.channel.send({"type": "need", "source": source, "stale": True, "index": []})
+        self._on_manifest(self._part(source, "manifest", whole=True))
+
     def _remember(self, shas: Iterable[str]) -> None:
-        """Version 3: note sha256s whose text the client holds, up to namespace_files of them."""
+        """Note sha256s whose text the client holds, up to namespace_files of them."""
         room = self.limits.namespace_files - len(self.client_has)
         if room > 0:
             self.client_has.update(list(shas)[:room])
 
-    def _incoming(self, entries: Iterable[tuple[str, str | None, int, int]]
-                  ) -> list[IncomingFile]:
-        """The listed files with what this session holds of each body: text, stored, or refused.
-
-        Each made as a plain tuple of all its fields, not through IncomingFile's keywords and
-        defaults: a third of the cost, for the 10,000 files of a first sync. ingest.py is not
-        loaded before the hello: `_load_for_changes` loads it after, while the client walks.
-        """
-        from sharedmem.server.ingest import IncomingFile
-        pool, refused = self.pool, self.refused
-        make = tuple.__new__
-        files = []
-        for path, sha, size, mtime in entries:
-            body = pool.get(sha)
-            if body is not None:
-                text, counts, size, address = body
-                files.append(make(IncomingFile, (path, sha, size, mtime, text, counts, address,
-                                                 None)))
-            elif (refusal := refused.get(sha)) is not None:
-                files.append(make(IncomingFile, (path, sha, refusal[1], mtime, None, None, None,
-                                                 refusal[0])))
-            else:  # version 1 lists a text that is not UTF-8 with no sha256: refused
-                files.append(make(IncomingFile, (path, sha, size, mtime, None, None, None,
-                                                 "invalid-utf8" if sha is None else None)))
-        return files
-
     def _on_bodies(self, message: dict[str, Any]) -> None:
-        """Version 2: bodies ahead of their manifest, sent while the client still walks."""
+        """Version 2 and 3: bodies ahead of their manifest, sent while the client still walks."""
         self._take_bodies(message, None)
 
     def _take_bodies(self, message: dict[str, Any], wanted: set[str] | None) -> None:
@@ -455,60 +387,27 @@ class Session:
 
         Bodies that are not `wanted` (when given) or do not match their sha256 are dropped:
         the manifest's need, or the commit's missing-body refusal, names what is still due.
-        Version 3's raw texts (bytes, read by `Channel` after the line) are hashed and kept as
-        they came, each checked to be UTF-8 and never decoded whole.
+        How an entry names its body is the version's (`Version.body`).
         """
+        assert self.bodies is not None
+        pool = self.bodies
         fresh: dict[str, bytes] = {}
-        compact = self.version >= 3
-        for pair in field(message, "bodies", list):
-            if compact:  # the text alone: its address is its sha256, computed here
-                if type(pair) is bytes:
-                    data = pair
-                    valid = data.isascii() or _utf8(data)
-                elif isinstance(pair, str):
-                    data, valid = _encoded(pair)
-                else:
-                    raise PeerError("bad-field", "bodies entries must be texts (strings) in "
-                                    "protocol version 3")
-                if not valid:
-                    if wanted is None:
-                        self._refer(None)
-                    continue
-                sha = sha256_bytes(data)
-                if wanted is None:
-                    self._refer(sha)
-            else:
-                if (not isinstance(pair, list) or len(pair) != 2
-                        or not all(isinstance(x, str) for x in pair)):
-                    raise PeerError("bad-field", "bodies entries must be [sha256, text]")
-                sha, text = pair
-            if ((wanted is not None and sha not in wanted) or sha in fresh or sha in self.pool
-                    or sha in self.refused):
+        refer = wanted is None and self.protocol.places(pool) is not None
+        for entry in field(message, "bodies", list):
+            body = self.protocol.body(entry)
+            if refer:
+                pool.refer(None if body is None else body[0])
+            if body is None:
                 continue
-            if not compact:
-                data, valid = _encoded(text)
-                if not valid:
-                    continue
+            sha, data, verified = body
+            if (wanted is not None and sha not in wanted) or sha in fresh or sha in pool:
+                continue
             if wanted is None:  # every body ahead counts, even one dropped below
-                self._count_ahead(len(data))
-            if (compact or sha256_bytes(data) == sha) and self._admit(sha, data,
-                                                                       ahead=wanted is None):
+                pool.count_ahead(len(data))
+            if (verified or sha256_bytes(data) == sha) and pool.admit(sha, data,
+                                                                      ahead=wanted is None):
                 fresh[sha] = data
-        self._keep(fresh)
-
-    def _refer(self, sha: str | None) -> None:
-        """Version 3: remember the next text sent ahead, which a manifest may name by its place."""
-        if len(self.refs) < AHEAD_REFS * REF_BYTES:
-            self.refs += NO_REF if sha is None else bytes.fromhex(sha)
-
-    def _count_ahead(self, size: int) -> None:
-        """Count bytes of bodies or tails sent ahead; past `ahead_bytes` the session ends."""
-        self.ahead_bytes += size
-        if self.ahead_bytes > self.limits.namespace_bytes:
-            raise PeerError("ahead-full", "the client sent more than "
-                            f"{self.limits.namespace_bytes} bytes of bodies and tails ahead of "
-                            "a manifest (hello.ahead_bytes); send the rest when the server "
-                            "names them in need")
+        pool.keep(fresh)
 
     def _on_tails(self, message: dict[str, Any]) -> None:
         """Version 3: bodies ahead, each a stored body and what was appended to it (`tails`).
@@ -518,78 +417,23 @@ class Session:
         tail count): the manifest's `need` then names the whole body.
         """
         from sharedmem.server.tails import joined
-        assert self.store is not None
+        assert self.store is not None and self.bodies is not None
+        pool = self.bodies
         fresh: dict[str, bytes] = {}
         for pair in field(message, "tails", list):
             if (not isinstance(pair, list) or len(pair) != 2
                     or not all(isinstance(x, str) for x in pair)):
                 raise PeerError("bad-field", "tails entries must be [base sha256, tail text]")
-            base, tail = _address(pair[0], "tails base"), pair[1]
-            try:
-                added = tail.encode("utf-8")
-            except UnicodeEncodeError:
-                continue
+            base, added = _address(pair[0], "tails base"), pair[1].encode("utf-8")
             data = joined(self.store, base, added, self.limits.file_bytes)
             # A missing base counts its address too: no entry is free, however short its tail.
-            self._count_ahead(len(base) + len(added) if data is None else len(data))
+            pool.count_ahead(len(base) + len(added) if data is None else len(data))
             if data is None:
                 continue
             sha = sha256_bytes(data)
-            if (sha not in fresh and sha not in self.pool and sha not in self.refused
-                    and self._admit(sha, data, ahead=True)):
+            if sha not in fresh and sha not in pool and pool.admit(sha, data, ahead=True):
                 fresh[sha] = data  # a stored text and a str's UTF-8: valid UTF-8
-        self._keep(fresh)
-
-    def _admit(self, sha: str, data: bytes, *, ahead: bool) -> bool:
-        """Whether to keep a verified body; a refused one is remembered, none of its text.
-
-        A body over the file limit is refused as `too-large` at once, so it is never stored.
-        Bodies ahead are bounded by `ahead_bytes` (`_take_bodies`); the others by the
-        exchange's namespace quota (`budget`), past which each is refused as `quota`: more
-        than that could not all be stored in one namespace anyway.
-        """
-        size = len(data)
-        if size > self.limits.file_bytes:
-            self.refused[sha] = ("too-large", size)
-            return False
-        if not ahead:
-            self.budget -= size
-            if self.budget < 0:
-                self.refused[sha] = ("quota", size)
-                return False
-        return True
-
-    def _keep(self, fresh: dict[str, bytes]) -> None:
-        """Redact admitted bodies (valid UTF-8) in one pass into the pool; store them once they add up.
-
-        The redactor gets the bytes alone and decodes only the texts its screen touches: the
-        others are stored as the bytes that came, never made into a str.
-        """
-        if not fresh:
-            return
-        from sharedmem.redact.redactor import redact_many
-        for (sha, data), (clean, counts) in zip(
-                fresh.items(), redact_many(None, list(fresh.values())), strict=True):
-            address = sha
-            if counts:  # stored as redacted, under the address of what is stored
-                assert clean is not None
-                data = clean.encode("utf-8")
-                address = sha256_bytes(data)
-            self.pool[sha] = (data, counts, len(data), address)
-            self.unstored.append((address, len(data), data))
-            self.unstored_keys.append(sha)
-            self.unstored_bytes += len(data)
-        if self.unstored_bytes >= STORE_AHEAD_BYTES:
-            # Stored now, while the client still walks or sends, not in the commit it waits
-            # for, and not held. A few bodies (a small re-sync's) are left to that commit: a
-            # transaction of their own would cost it more than it saves.
-            assert self.store is not None
-            rows, keys = self.unstored, self.unstored_keys
-            self.unstored, self.unstored_keys, self.unstored_bytes = [], [], 0
-            self.store.put_blobs(rows)
-            for sha in keys:
-                _, counts, size, address = self.pool[sha]
-                self.pool[sha] = (None, counts, size, address)
+        pool.keep(fresh)
 
     def _commit(self, source: str, kind: str, files: list[IncomingFile], shas: set[str], *,
                 removed: list[str] | None = None, base: str | None = None,
@@ -597,11 +441,11 @@ class Session:
         """Ingest one namespace, answer its result; the bodies it listed leave the session.
 
         False when the base turned out stale (answered `stale-base`, nothing changed). They
-        leave after the answer, and after the pull that follows it (`to_release`): forgetting a
-        first sync's 10,000 took 13-17 ms, which the pull's answer waited for.
+        leave after the answer, and after the pull that follows it (`BodyPool.listed`): for a
+        first sync that is thousands of entries, which the pull's answer need not wait for.
         """
         from sharedmem.server.ingest import StaleBase, ingest
-        assert self.store is not None
+        assert self.store is not None and self.bodies is not None
         try:
             try:
                 report = ingest(self.store, self.machine, source, kind, files,
@@ -612,36 +456,16 @@ class Session:
                 return False
             self.channel.send({"type": "result", "source": source, "unchanged": report.unchanged,
                                "generation": report.generation, "accepted": report.accepted,
-                               "refused": [_shown(item) for item in report.refused],
-                               "redacted": report.redacted, "stored": report.stored,
+                               "refused": report.refused, "redacted": report.redacted,
+                               "stored": report.stored,
                                "digest": self.store.namespace_digest(self.machine, source)})
             return True
         finally:
-            if self.to_release is not None:  # a commit in this message's exchange: both go
-                shas = shas | self.to_release
-            self.to_release = shas
-
-    def _release(self, shas: set[str]) -> None:
-        """Forget the bodies a commit listed: it stored what it accepted, and the rest is dropped."""
-        for sha in shas:
-            self.pool.pop(sha, None)
-        if self.refused:
-            for sha in shas:
-                self.refused.pop(sha, None)
-        if self.unstored and not shas.isdisjoint(self.unstored_keys):
-            kept = [i for i, sha in enumerate(self.unstored_keys) if sha not in shas]
-            self.unstored = [self.unstored[i] for i in kept]
-            self.unstored_keys = [self.unstored_keys[i] for i in kept]
-            self.unstored_bytes = sum(row[1] for row in self.unstored)
+            self.bodies.listed(shas)
 
     def _on_note(self, message: dict[str, Any]) -> None:
         assert self.store is not None
         note_id = field(message, "note_id", str)
-        if not _unicode([note_id]):  # refused here: SQLite cannot even look it up
-            self.channel.send({"type": "note_result", "note_id": printable(note_id),
-                               "status": "refused", "message": "note id is not valid Unicode "
-                               "(it holds a lone surrogate): the client must make a new one"})
-            return
         try:
             path, stored = self.store.append_note(self.machine, field(message, "filename", str),
                                                   field(message, "text", str), note_id)
@@ -658,13 +482,7 @@ class Session:
         if not all(type(v) is int and 0 <= v < 2**63 for v in known.values()):
             raise PeerError("bad-field", "pull.known must map namespace keys to generations "
                             "(integers from 0)")
-        if self.version >= 3:  # no list: the session knows what the client sent it
-            have: set[str] = self.client_has
-        else:
-            have_list = field(message, "have", list, optional=True) or []
-            if not all(isinstance(sha, str) for sha in have_list):
-                raise PeerError("bad-field", "pull.have must be a list of sha256 strings")
-            have = set(have_list)
+        have = self.protocol.have(message, self.client_has)
         published = field(message, "published", dict, optional=True) or {}
         if not all(isinstance(v, str) for v in published.values()):
             raise PeerError("bad-field", "pull.published must map namespace keys to digests")
@@ -693,14 +511,19 @@ class Session:
         """Send files in messages of about CHUNK_BYTES as the store's cursor gives them.
 
         At most one message is held (its rows, then its line), never the pull: a first pull of
-        a store of 100,000 files costs `serve` no more memory than one of 1,000.
+        a large store costs `serve` no more memory than a small one's.
         """
         for batch in chunks(items, _file_cost):
             self.channel.send_line(encode_files(batch))
         self.channel.send({"type": "end"})
 
     def _on_verify(self, message: dict[str, Any]) -> None:
+        """The store's own checks (`doctor`): once a session, since each reads the whole store."""
         assert self.store is not None
+        if self.verified:
+            raise PeerError("out-of-order", "verify was already answered in this session: it "
+                            "checks the whole store, so a session asks it once")
+        self.verified = True
         self.channel.send({"type": "verified", "problems": self.store.verify(),
                            "schema": self.store.schema_version(), "counts": self.store.counts()})
 
@@ -742,23 +565,149 @@ class Session:
         self.channel.send({"type": "version", **found})
 
 
-# The messages a client may send after hello, for each protocol version, and the method that
-# answers each: the one statement of what a version accepts (docs/PROTOCOL.md points here).
-# `bye` and the end of input end the session in `Session.run`, in either version.
-# Messages whose answer reads nothing of the bodies a session holds (`pool`, `refused`,
-# `unstored`): the bodies a commit listed are released after them (`Session.to_release`).
-POOL_FREE = frozenset({"pull", "note", "status", "history", "show", "verify"})
+class Version1:
+    """Protocol version 1: whole snapshots (`publish`, `files`, `commit`) and the whole export.
 
-HANDLERS: dict[int, dict[str, Callable[[Session, dict[str, Any]], None]]] = {
-    1: {"publish": Session._on_publish, "note": Session._on_note, "export": Session._on_export,
-        "verify": Session._on_verify, "status": Session._on_status},
-    2: {"manifest": Session._on_manifest, "bodies": Session._on_bodies, "note": Session._on_note,
+    Each version is one of these objects: the messages it accepts after hello (`handlers`,
+    each with the method that answers it) and how its messages differ from its predecessor's.
+    `bye` and the end of input end the session in `Session.run`, in every version.
+    """
+
+    number = 1
+    ahead = False  # bodies may come ahead of their manifest (hello offers `ahead_bytes`)
+    raw_bodies = False  # a `bodies` line may be followed by its texts as raw UTF-8
+    pipelined = False  # messages past a manifest waiting for its bodies are held
+    handlers: dict[str, Callable[[Session, dict[str, Any]], None]] = {
+        "publish": Session._on_publish, "note": Session._on_note, "export": Session._on_export,
+        "verify": Session._on_verify, "status": Session._on_status}
+
+    def hello(self, limits: Limits) -> dict[str, Any]:
+        """What the server's hello adds in this version."""
+        return {}
+
+    def compression(self, hello: dict[str, Any]) -> str | None:
+        """The compression this session uses: none before version 3."""
+        return None
+
+
+class Version2(Version1):
+    """Version 2: content-addressed publish (`manifest`, `need`, `bodies`), pulls, history."""
+
+    number = 2
+    ahead = True
+    handlers = {
+        "manifest": Session._on_manifest, "bodies": Session._on_bodies, "note": Session._on_note,
         "pull": Session._on_pull, "verify": Session._on_verify, "status": Session._on_status,
-        "history": Session._on_history, "show": Session._on_show},
-}
-# Version 3 takes what version 2 takes, and `tails`, the same handlers reading the version's
-# changes (compact bodies, needs by index, no `have`, pipelining): docs/PROTOCOL.md "Version 3".
-HANDLERS[3] = {**HANDLERS[2], "tails": Session._on_tails}
+        "history": Session._on_history, "show": Session._on_show}
+
+    def hello(self, limits: Limits) -> dict[str, Any]:
+        """Bodies ahead, up to the namespace quota."""
+        return {"ahead_bytes": limits.namespace_bytes}
+
+    def places(self, pool: BodyPool) -> bytearray | None:
+        """The sha256s of the texts sent ahead, by place, if a manifest may name them so."""
+        return None
+
+    def stale(self, session: Session, source: str) -> None:
+        """Answer a delta whose base the store does not hold."""
+        session._stale_base(source)
+
+    def need(self, source: str, entries: list[tuple[str, str, int, int]],
+             need: list[str]) -> dict[str, Any] | None:
+        """The `need` answering a manifest; None when nothing is lacking and it commits at once."""
+        return {"type": "need", "source": source, "sha256": need}
+
+    def body(self, entry: object) -> tuple[str, bytes, bool] | None:
+        """A `bodies` entry as (sha256, UTF-8 text, whether the sha256 is the text's): a pair."""
+        if (not isinstance(entry, list) or len(entry) != 2
+                or not all(isinstance(x, str) for x in entry)):
+            raise PeerError("bad-field", "bodies entries must be [sha256, text]")
+        return entry[0], entry[1].encode("utf-8"), False
+
+    def have(self, message: dict[str, Any], client_has: set[str]) -> set[str]:
+        """The sha256s whose text a pull need not send: the client lists them (`have`)."""
+        listed = field(message, "have", list, optional=True) or []
+        if not all(isinstance(sha, str) for sha in listed):
+            raise PeerError("bad-field", "pull.have must be a list of sha256 strings")
+        return set(listed)
+
+
+class Version3(Version2):
+    """Version 3, for slow links: compression, texts alone, needs by index, pipelining, tails.
+
+    The same messages as version 2 and `tails` (docs/PROTOCOL.md "Version 3").
+    """
+
+    number = 3
+    raw_bodies = True
+    pipelined = True
+    handlers = {**Version2.handlers, "tails": Session._on_tails}
+
+    def hello(self, limits: Limits) -> dict[str, Any]:
+        """Bodies ahead, and their texts raw after their line."""
+        return {"ahead_bytes": limits.namespace_bytes, "raw_bodies": True}
+
+    def compression(self, hello: dict[str, Any]) -> str | None:
+        """The first compression the client offers that this server speaks, or None.
+
+        The client's offer is its promise: from the byte after its hello it compresses when
+        this server's hello says so (docs/PROTOCOL.md "Compression").
+        """
+        offered = hello.get("compress")
+        if offered is None:
+            return None
+        if not isinstance(offered, list) or not all(isinstance(c, str) for c in offered):
+            raise PeerError("bad-field", "hello.compress must be a list of compression names "
+                            f"such as {list(COMPRESSIONS)}")
+        return next((c for c in offered if c in COMPRESSIONS), None)
+
+    def places(self, pool: BodyPool) -> bytearray | None:
+        """A manifest entry may name its body by its place among the texts sent ahead."""
+        return pool.refs
+
+    def stale(self, session: Session, source: str) -> None:
+        """`need stale`: the whole manifest comes next, in the same exchange."""
+        session._stale_need(source)
+
+    def need(self, source: str, entries: list[tuple[str, str, int, int]],
+             need: list[str]) -> dict[str, Any] | None:
+        """Positions in the manifest's files, the first of each sha256 lacking; None for none."""
+        if not need:
+            return None
+        missing, index = set(need), []
+        for i, (_, sha, _, _) in enumerate(entries):
+            if sha in missing:
+                missing.discard(sha)
+                index.append(i)
+        return {"type": "need", "source": source, "index": index}
+
+    def body(self, entry: object) -> tuple[str, bytes, bool] | None:
+        """The text alone (a str, or raw bytes read after the line): its address is computed.
+
+        None for raw bytes that are not UTF-8 (dropped, and a place nothing can name).
+        """
+        if type(entry) is bytes:
+            if not (entry.isascii() or _utf8(entry)):
+                return None
+            data = entry
+        elif isinstance(entry, str):
+            data = entry.encode("utf-8")
+        else:
+            raise PeerError("bad-field", "bodies entries must be texts (strings) in protocol "
+                            "version 3")
+        return sha256_bytes(data), data, True
+
+    def have(self, message: dict[str, Any], client_has: set[str]) -> set[str]:
+        """No list: the session knows which texts the client sent it."""
+        return client_has
+
+
+# The protocol versions this server speaks, each with its handlers: the one statement of what a
+# version accepts (docs/PROTOCOL.md points here).
+HANDLERS: dict[int, Version1] = {v.number: v for v in (Version1(), Version2(), Version3())}
+# Messages whose answer reads nothing of the bodies a session holds: the bodies a commit listed
+# are released after them (`BodyPool.settle`), so the pull's answer does not wait for it.
+POOL_FREE = frozenset({"pull", "note", "status", "history", "show", "verify"})
 # The parts of an exchange its handler reads itself (a publish's `files` and `commit`, a
 # manifest's `bodies` and `commit`): sent where no handler takes them, they are out of order
 # rather than unknown.
@@ -766,13 +715,23 @@ PARTS = frozenset({"files", "bodies", "commit"})
 AHEAD = frozenset({"bodies", "tails"})  # session-level messages reported on (`_report`)
 
 
+def _of_source(part: dict[str, Any], source: str | None) -> dict[str, Any]:
+    """`part` of an exchange, unless it names a source other than the exchange's."""
+    named = part.get("source")
+    if source is not None and named is not None and named != source:
+        raise PeerError("out-of-order", f"a {part['type']!r} for source {named!r} came while "
+                        f"the exchange of source {source!r} waited for its parts; finish one "
+                        "source's exchange before the next")
+    return part
+
+
 def _load_for_changes() -> None:
     """Load what a change needs on a thread, while the client walks or sends its bodies.
 
-    The redactor's screens and the path rules' patterns take 3-4 ms to compile, and `hashlib`
-    (OpenSSL), `ingest.py` and `tails.py` another 8-10 ms to load; a session spends them on a
-    thread while it waits for the client, not on its answer. One that receives no change
-    loads them for nothing, on that thread, while it waits.
+    Compiling the redactor's screens and the path rules' patterns, and loading `hashlib`
+    (OpenSSL), `ingest.py` and `tails.py`, take milliseconds a session spends on a thread while
+    it waits for the client, not on its answer. One that receives no change loads them for
+    nothing, on that thread, while it waits.
     """
     import threading
 
@@ -815,7 +774,7 @@ def _entries(raw: list[Any], refs: bytearray | None) -> list[tuple[str, str, int
     """Manifest entries as (path, sha256, size, mtime_ns); `refs`: version 3's texts sent ahead.
 
     One pass over the entries, each checked with no call for the usual values: a first sync
-    lists 10,000 of them, and this is on the way from its manifest to its result.
+    lists thousands of them, and this is on the way from its manifest to its result.
     """
     out: list[tuple[str, str, int, int]] = []
     append = out.append
@@ -846,8 +805,6 @@ def _entries(raw: list[Any], refs: bytearray | None) -> list[tuple[str, str, int
 
 
 _HEX = re.compile("[0-9a-f]*")
-REF_BYTES = 32
-NO_REF = bytes(REF_BYTES)  # a text sent ahead that was not UTF-8: nothing to refer to
 _NO_REF_HEX = NO_REF.hex()
 
 
@@ -866,36 +823,12 @@ def _address(value: str, what: str) -> str:
 
 
 def _utf8(data: bytes) -> bool:
-    """Whether `data` is valid UTF-8 (no lone surrogate either), checked without keeping a str."""
+    """Whether `data` is valid UTF-8, checked without keeping a str."""
     try:
         str(data, "utf-8")
     except UnicodeDecodeError:
         return False
     return True
-
-
-def _encoded(text: str) -> tuple[bytes, bool]:
-    """A JSON text in UTF-8, and whether it has that form (a lone surrogate has none)."""
-    try:
-        return text.encode("utf-8"), True
-    except UnicodeEncodeError:
-        return b"", False
-
-
-def _unicode(texts: list[str]) -> bool:
-    """Whether every one of `texts` has a UTF-8 form (holds no lone surrogate)."""
-    try:
-        "".join(texts).encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _shown(refusal: dict[str, str]) -> dict[str, str]:
-    """A refusal as it can be sent: a path or message with a lone surrogate written out."""
-    if _unicode(list(refusal.values())):
-        return refusal
-    return {key: printable(value) for key, value in refusal.items()}
 
 
 def serve(store: Path | str, pinned: str | None = None, *, max_version: int = max(VERSIONS),

@@ -37,17 +37,29 @@ if TYPE_CHECKING:
 
 BUSY_TIMEOUT_MS = 60_000
 # A new store's page size (an existing one keeps its own: SQLite changes it only in a VACUUM,
-# never in WAL mode). Memory files of a few kB fill 4 kB pages one body to a page, and a
-# first sync's bodies (random sha256 keys) rewrite index pages at each commit: at 16 kB,
-# storing 50,000 bodies (139 MB) cost 0.8-1.1 s against 1.3-1.4 s, and the file is 168
-# against 210 MB (docs/BENCHMARKS.md, "Tenth round").
+# never in WAL mode). Memory files of a few kB fill small pages one body to a page, and a
+# first sync's bodies (random sha256 keys) rewrite index pages at each commit: larger pages
+# store them faster in a smaller file (docs/BENCHMARKS.md).
 PAGE_SIZE = 16384
 # SQLite's page cache for a connection, in KiB (it grows only as pages are read). The default
-# 2 MiB held the indexes of 10,000 files, not those of 50,000: a first sync's rows then read
-# and spilled index pages again and again. 16 MiB took most of what 64 MiB did (storing a first
-# sync of 50,000 in process: 1.2 + 1.0 s against 1.6 + 1.4 s at 2 MiB, 1.0 + 1.2 s at 64),
-# and `serve` stays within the memory test_hostile_serve allows it (64 MiB: a 122 MiB peak).
+# held the indexes of a small store, not those of a large first sync, whose rows then read and
+# spilled index pages again and again; this took most of what four times as much did
+# (docs/BENCHMARKS.md). A session holds at most this much of it: memory per session is
+# bounded, and so is the sessions' number (`session_slots.py`).
 CACHE_KIB = 16384
+# A session copies the write-ahead log into the store itself, at its end (`checkpoint_at_close`),
+# not inside the commits its client waits for. Sessions that overlap without end (a team's
+# morning burst) would never find it copied and unread, so it could grow without bound: before
+# each write, and at its end, a session that finds it larger than WAL_OWN_TIMES what it wrote
+# itself (and WAL_FLOOR_BYTES) copies it whole and empties it, waiting at most WAL_WAIT_MS for
+# the readers of older snapshots (`_bound_wal`).
+# Past WAL_HARD_TIMES that bound, readers that keep it from being emptied (pulls sent slowly,
+# one after another) are waited for longer, up to WAL_HARD_WAIT_MS, holding back this write.
+WAL_FLOOR_BYTES = 4 << 20
+WAL_OWN_TIMES = 4
+WAL_WAIT_MS = 1000
+WAL_HARD_TIMES = 4
+WAL_HARD_WAIT_MS = 10_000
 # `need` reads a namespace's rows rather than look each body up when it holds at most this
 # many files for each body asked about: a row read costs a tenth of a look-up, or less.
 NEED_SCAN_RATIO = 4
@@ -129,6 +141,10 @@ class Store:
         # Whether every claim this store made is under `session`: not when its row went (taken
         # for dead) and a later claim made a new one, since the old claims went with it.
         self.claims_whole = True
+        self.wal = f"{path}-wal"
+        self.own_checkpoints = False  # `checkpoint_at_close`: the log is this session's to bound
+        self.wal_written = 0  # bytes this connection's commits added to the log
+        self.wal_failed = 0  # the log's size when copying it last could not finish
 
     @classmethod
     def open(cls, path: Path | str, *, create: bool = True,
@@ -203,14 +219,16 @@ class Store:
         """Checkpoint the WAL, then close the connection; says why the checkpoint failed, if it did.
 
         A passive checkpoint first: a last connection closing checkpoints by itself, but holding
-        the database exclusively while it does, and a session that stored a first sync's 28 MB
-        kept the next session's server waiting on its disk that long. Passive, the next one reads
-        and writes meanwhile; the close then has nothing left to copy. On a full disk the log is
-        left as it is: it holds every commit, and the next connection reads it.
+        the database exclusively while it does, and a session that stored a large first sync
+        would keep the next session's server waiting on its disk that long. Passive, the next
+        one reads and writes meanwhile; the close then has nothing left to copy. A log grown
+        past this session's bound is copied whole and emptied instead (`_bound_wal`). On a full
+        disk the log is left as it is: it holds every commit, and the next connection reads it.
         """
         problem = None
         try:
-            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            if not self._bound_wal():
+                self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.Error as exc:  # the close checkpoints what it can, as before
             if disk_full(exc, self.path):
                 problem = (f"store {self.path}: the disk holding it is full, so its write-ahead "
@@ -224,9 +242,50 @@ class Store:
         """Copy the WAL into the database when the session ends, not inside each commit.
 
         A large ingest's commit would otherwise also rewrite every page into the main file
-        before its client hears the result; the last connection to close does it instead.
+        before its client hears the result; the session copies it at its end instead, or
+        sooner once the log passes its bound (`_bound_wal`). A log emptied whole is cut back to
+        WAL_FLOOR_BYTES, not kept at its largest.
         """
         self.conn.execute("PRAGMA wal_autocheckpoint=0")
+        self.conn.execute(f"PRAGMA journal_size_limit={WAL_FLOOR_BYTES}")
+        self.own_checkpoints = True
+
+    def _wal_size(self) -> int:
+        try:
+            return os.stat(self.wal).st_size
+        except OSError:
+            return 0
+
+    def _bound_wal(self) -> bool:
+        """Whether the log held over a few times this session's writes, and was copied and emptied.
+
+        Other sessions' commits are what grows it past that: this one copies them too, waiting
+        at most WAL_WAIT_MS for readers of older snapshots (a pull being sent) to finish. When
+        they do not, it copies what they allow (SQLite then starts the log over at the first
+        write after they end, cut back to WAL_FLOOR_BYTES), and waits again only once the log
+        has grown by WAL_FLOOR_BYTES more; until then each write copies what it can, waiting
+        for nothing. Past WAL_HARD_TIMES the bound it waits up to WAL_HARD_WAIT_MS: new readers
+        do not hold a log copied whole, so only the pulls already being sent are waited for.
+        """
+        if not self.own_checkpoints:
+            return False
+        size = self._wal_size()
+        bound = max(WAL_FLOOR_BYTES, WAL_OWN_TIMES * self.wal_written)
+        if size <= bound:
+            return False
+        if size <= self.wal_failed + WAL_FLOOR_BYTES:
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            return False
+        wait = WAL_WAIT_MS if size <= WAL_HARD_TIMES * bound else WAL_HARD_WAIT_MS
+        self.conn.execute(f"PRAGMA busy_timeout={wait}")
+        try:  # past the wait it copies what it can without waiting, as a passive one does
+            busy = self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        except sqlite3.OperationalError:  # locked past the wait, or no room: left as it is
+            busy = 1
+        finally:
+            self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        self.wal_failed = size if busy else 0
+        return not busy
 
     def __enter__(self) -> Store:
         return self
@@ -245,6 +304,7 @@ class Store:
         or the checkpoint when the session closes, makes it durable, since the WAL is synced as
         a whole. Notes, which a client deletes from its outbox once stored, are always fsynced.
         """
+        self._bound_wal()
         if not durable:
             self.conn.execute("PRAGMA synchronous=NORMAL")
         try:
@@ -255,9 +315,12 @@ class Store:
                     raise full_error(self.path, exc) from None
                 raise StoreError(f"store {self.path} is busy or unwritable ({exc}); try again") \
                     from None
+            before = self._wal_size() if self.own_checkpoints else 0
             try:
                 yield self.conn
                 self.conn.execute("COMMIT")
+                if self.own_checkpoints:  # what this commit added, as near as the file tells
+                    self.wal_written += max(0, self._wal_size() - before)
             except BaseException as exc:
                 if self.conn.in_transaction:  # SQLite may have rolled back (full disk, I/O)
                     with contextlib.suppress(sqlite3.Error):  # the first error says more
@@ -447,10 +510,10 @@ class Store:
         """The sequence number of the newest note, which backups compare (0 for none)."""
         return note_log.newest_seq(self.conn)
 
-    def _note_files(self, since: int = 0, *, encoded: bool = False
+    def _note_files(self, seq: int = 0, *, encoded: bool = False
                     ) -> Iterator[tuple[str, str, Any]]:
-        """Note files changed since the client's notes generation (all for 0), one at a time."""
-        for path, sha, text in note_log.files_since(self.conn, since):
+        """Note files with an entry past sequence number `seq` (all for 0), one at a time."""
+        for path, sha, text in note_log.files_since(self.conn, seq):
             yield path, sha, text.encode("utf-8") if encoded else text
 
     def namespaces(self) -> NamespaceList:
@@ -458,12 +521,14 @@ class Store:
         rows = self.conn.execute(
             "SELECT machine, source, kind, generation, created_generation, synced_at, "
             "file_count, byte_count, digest FROM namespaces ORDER BY machine, source").fetchall()
-        notes = self.conn.execute("SELECT count(DISTINCT filename), coalesce(max(seq), 0), "
-                                  "max(created_at) FROM notes").fetchone()
+        notes = self.conn.execute(
+            "SELECT count(DISTINCT filename), coalesce(max(seq), 0), max(created_at), (SELECT "
+            "CAST(value AS INTEGER) FROM meta WHERE key='notes_epoch') FROM notes").fetchone()
+        start = note_log.base(notes[3])
         return NamespaceList(
             [Namespace(f"{MACHINES_DIR}/{r[0]}/{r[1]}", *r) for r in rows],
-            Namespace(NOTES_DIR, None, "ad_hoc", "notes", note_log.generation(notes[1]), 0,
-                      notes[2], notes[0], 0, ""))
+            Namespace(NOTES_DIR, None, "ad_hoc", "notes", note_log.generation(notes[1], start),
+                      start, notes[2], notes[0], 0, ""))
 
     def export(self, *, encoded: bool = False) -> Iterator[tuple[str, str, Any]]:
         """Every published file as (path, sha256, text), namespaces first, then notes.
@@ -516,8 +581,9 @@ class Store:
         `encoded` it is in UTF-8 bytes.
 
         A namespace is sent whole ("full") when the client's generation predates its creation
-        (it was forgotten and re-created) or the tombstones compacted since (blob_lifecycle.py),
-        or is from the future (the store was restored).
+        (it was forgotten and re-created, or the store restored: `restart_generations`) or the
+        tombstones compacted since (blob_lifecycle.py), or is from the future. So are the notes,
+        when the client's generation is not one this store's notes have had (`note_log.since`).
         """
         namespaces = self.namespaces()
         full: set[str] = set()
@@ -536,17 +602,22 @@ class Store:
                     "SELECT t.path FROM tombstones t JOIN namespaces n ON n.id=t.namespace_id "
                     "WHERE n.machine=? AND n.source=? AND t.generation > ?",
                     (ns.machine, ns.source, since)))
-        since_notes = known.get(NOTES_DIR, 0)
-        assert namespaces.notes is not None  # a store always lists its notes
-        newest_note = namespaces.notes.generation
+        notes = namespaces.notes
+        assert notes is not None  # a store always lists its notes
+        known_notes = known.get(NOTES_DIR, 0)
+        seq = None
+        if known_notes != notes.generation:
+            seq = note_log.since(known_notes, notes.generation, notes.created_generation)
+            if seq is None:  # not a generation of this store's notes: all of them, whole
+                full.add(NOTES_DIR)
+                seq = 0
 
         def upserts() -> Iterator[tuple[str, str, Any]]:
             for path, sha, body, _ in self.changes(known, namespaces, have, compacted,
                                                    encoded=encoded):
                 yield path, sha, body
-            if since_notes != newest_note:
-                yield from self._note_files(since_notes if since_notes <= newest_note else 0,
-                                            encoded=encoded)
+            if seq is not None:
+                yield from self._note_files(seq, encoded=encoded)
 
         return namespaces, full, upserts(), removals
 
@@ -689,6 +760,22 @@ class Store:
         return row[0], inner
 
 
+def restart_generations(conn: sqlite3.Connection, floor: int) -> None:
+    """After a restore, in its commit: every generation at `floor`, past all a client has seen.
+
+    A restore rewinds the generations to the archive's, and the commits after it would reuse
+    numbers clients already hold for other content. At `floor` (larger than any generation the
+    store issued before), every namespace counts as created then, so a client's generation from
+    before is below its creation and its next pull takes it whole; the notes' generations start
+    past it too (`note_log.restart`). `restored_generation` tells the restore's own renumbering
+    from commits made since (`backup._retire`).
+    """
+    conn.execute("UPDATE meta SET value=? WHERE key='generation'", (str(floor),))
+    conn.execute("UPDATE namespaces SET generation=?, created_generation=?", (floor, floor))
+    conn.execute("INSERT OR REPLACE INTO meta VALUES ('restored_generation', ?)", (str(floor),))
+    note_log.restart(conn, floor)
+
+
 def split_published(path: object) -> tuple[str, str, str]:
     """(machine, source, path inside the namespace) of a published file path, or why not.
 
@@ -750,7 +837,7 @@ def plain_path(value: object) -> bool:
     """Whether `value` is a str that pathlib would keep as it is, with no `~` to expand.
 
     Such a text names the same file as its Path and prints the same; `serve` then needs no
-    pathlib (about 5 ms of its start, with the urllib.parse it loads).
+    pathlib (milliseconds of its start, with the urllib.parse it loads).
     """
     if type(value) is not str or not value or value[0] == "~" or os.sep != "/":
         return False
