@@ -20,6 +20,7 @@ from sharedmem.client.outbox import Outbox, QueuedNote
 from sharedmem.client.own_files import OwnFiles
 from sharedmem.client.status import REFUSED_NOTES, REFUSED_SUFFIX
 from sharedmem.clock import utc_now
+from sharedmem.core import ProtocolError
 from sharedmem.files import atomic_write
 from sharedmem.namespaces import NamespaceList
 from sharedmem.rules import plain_paths
@@ -137,12 +138,11 @@ class Exchange:
         for name, value in (("full", full), ("removed", removed), ("skipped", skipped)):
             if type(value) is not list or not all(type(v) is str for v in value):
                 raise conn.malformed("namespaces", f"{name} must be a list of strings")
-        if type(rows) is not list or not all(type(row) is dict and _row_ok(row) for row in rows):
-            raise conn.malformed("namespaces", "namespaces must be a list of objects with string "
-                                 "key, source and kind, integer generation, and machine and "
-                                 "synced_at each a string or null")
-        namespaces = {ns.key: NamespaceInfo.listed(ns)
-                      for ns in NamespaceList.from_rows(rows).every()}
+        try:
+            listed = NamespaceList.from_rows(rows)
+        except ProtocolError as exc:
+            raise conn.malformed("namespaces", str(exc)) from None
+        namespaces = {ns.key: NamespaceInfo.listed(ns) for ns in listed.every()}
         own = self.own
         skipped_own = {key for key in skipped if key in own.offered}  # only those asked for
         intake = update.intake(namespaces, full, skipped_own, own.whole(skipped_own),
@@ -178,14 +178,6 @@ class Exchange:
         self.progress(f"cache: {count} files pulled")
         return Pulled(intake, removed, namespaces,
                       {"server": conn.server.get("server"), "protocol": conn.version})
-
-
-def _row_ok(row: dict[str, Any]) -> bool:
-    """Whether a namespaces row has what the client reads of it, each of its type."""
-    return (type(row.get("key")) is str and type(row.get("source")) is str
-            and type(row.get("kind")) is str and type(row.get("generation")) is int
-            and (row.get("machine") is None or type(row["machine"]) is str)
-            and (row.get("synced_at") is None or type(row["synced_at"]) is str))
 
 
 def _quarantine(path: Path, refused: Mapping[str, str]) -> None:
