@@ -545,3 +545,41 @@ def test_manifests_name_no_modification_time(tmp_path: Path, version: str) -> No
     with sqlite3.connect(store) as conn:
         assert conn.execute("SELECT max(mtime_ns) FROM files").fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM files").fetchone()[0] > 6
+
+
+BUSY_FIRST = r"""
+import os, sys
+count = sys.argv[1]
+seen = int(open(count).read()) if os.path.exists(count) else 0
+open(count, "w").write(str(seen + 1))
+if seen < int(sys.argv[2]):  # as `serve` does when its store runs all the sessions it takes
+    sys.stdin.readline()
+    sys.stdout.write('{"type": "error", "code": "busy", "message": "the server is busy"}\n')
+    sys.exit(0)
+os.execv(sys.executable, [sys.executable, *sys.argv[3:]])
+"""
+
+
+@pytest.mark.parametrize("turned_away,retries,code", [(2, 4, 0), (3, 2, 2)])
+def test_a_session_the_server_turns_away_as_busy_is_tried_again(
+        tmp_path, sshd, turned_away, retries, code):
+    home = tmp_path / "h"
+    make_memories(home, files=3)
+    script, count = tmp_path / "busy_first.py", tmp_path / "sessions"
+    script.write_text(BUSY_FIRST)
+    store = tmp_path / "store.sqlite3"
+    command = [sys.executable, str(script), str(count), str(turned_away), str(LAUNCHER), "serve",
+               "--store", str(store)]
+    cfg = config_for(tmp_path, home, "laptop",
+                     sshd.transport(pinned=False, remote_command=command))
+    raw = json.loads(cfg.read_text())
+    raw["timeouts"] = {"busy_retries": retries}
+    cfg.write_text(json.dumps(raw))
+    done = run_cli("sync", "--config", str(cfg))
+    assert done.returncode == code, done.stderr
+    assert int(count.read_text()) == min(turned_away, retries) + 1
+    assert done.stderr.count("the server is busy; trying again in") == min(turned_away, retries)
+    if code:
+        assert "busy" in done.stderr.splitlines()[-1]
+    else:
+        assert "machines/laptop/notes/d0/note-000.md" in cache_files(tmp_path / "laptop" / "cache")

@@ -30,10 +30,11 @@ from sharedmem.client.own_files import OwnFiles
 from sharedmem.client.publication import Publication, namespace_of
 from sharedmem.client.publishers import PUBLISHERS, RoundTrips, publisher_for
 from sharedmem.client.send_ahead import Ahead
-from sharedmem.client.transport import Connection, HelloChanged
+from sharedmem.client.transport import Connection, HelloChanged, busy_pause
 from sharedmem.clock import utc_now
 from sharedmem.core import SharedMemoryError
 from sharedmem.files import atomic_write
+from sharedmem.protocol import PeerError
 
 TYPE_CHECKING = False  # typing costs each sync's start milliseconds
 if TYPE_CHECKING:
@@ -176,20 +177,32 @@ def sync(config: ClientConfig, *, max_version: int = max(PUBLISHERS),
          waiting: Progress | None = None, build_index: bool = False) -> dict[str, Any]:
     """One whole sync; see Sync.run. With `build_index`, a missing search index is built too.
 
-    A run that sent bodies ahead of a hello that then differed from the one remembered runs
-    again, expecting nothing. The run is kept alive afterwards: freeing ten thousand snapshot
+    A run is made again when nothing it did can have counted: after bodies went ahead of a
+    hello that then differed from the one remembered (expecting nothing this time), or when
+    the server turned the session away as busy before its hello (after a growing, jittered
+    pause, at most `timeouts.busy_retries` times, said through `waiting`), so a burst of
+    machines spreads out instead of failing together. The run is kept alive afterwards: freeing ten thousand snapshot
     entries one by one costs a sync that ends the process anyway (`shared_memory.py sync`)
     several milliseconds.
     """
-    runner = Sync(config, max_version, progress, lock_wait, waiting, build_index)
-    _FINISHED[:] = [runner]  # only the last: a process that syncs again frees the one before
-    report = runner.run()
-    if isinstance(runner.failure, HelloChanged):
-        runner = Sync(config, max_version, progress, lock_wait, waiting, build_index,
-                      expect=False)
-        _FINISHED[:] = [runner]
+    expect, busy = True, 0
+    while True:
+        runner = Sync(config, max_version, progress, lock_wait, waiting, build_index, expect)
+        _FINISHED[:] = [runner]  # only the last: a process that syncs again frees the one before
         report = runner.run()
-    return report
+        failure = runner.failure
+        if isinstance(failure, HelloChanged) and expect:
+            expect = False
+        elif (isinstance(failure, PeerError) and failure.code == "busy"
+              and busy < config.timeouts.busy_retries):
+            busy += 1
+            pause = busy_pause(busy)
+            (waiting or (lambda _msg: None))(
+                f"the server is busy; trying again in {pause:.0f} s ({busy} of "
+                f"{config.timeouts.busy_retries})")
+            time.sleep(pause)
+        else:
+            return report
 
 
 _FINISHED: list[Sync] = []  # see sync()

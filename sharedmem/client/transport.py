@@ -581,7 +581,7 @@ class Connection:
                and self._tries <= self.config.timeouts.busy_retries
                and self._reset_before_authentication()):
             with self.watch.paused():
-                time.sleep(_busy_pause(self._tries))
+                time.sleep(busy_pause(self._tries))
                 self._tries += 1
                 try:
                     process = spawn(self.argv)
@@ -731,8 +731,8 @@ def _kind(line: bytes) -> str:
     return line[start + 8:end].decode("ascii", "replace") if end > 0 else "next"
 
 
-def _busy_pause(tries: int) -> float:
-    """Seconds to wait before the next connection to a busy sshd: growing, and jittered.
+def busy_pause(tries: int) -> float:
+    """Seconds to wait before the next connection to a busy server: growing, and jittered.
 
     Half the step is fixed and half random, so machines reset together come back apart.
     """
