@@ -181,9 +181,9 @@ def sync(config: ClientConfig, *, max_version: int = max(PUBLISHERS),
     hello that then differed from the one remembered (expecting nothing this time), or when
     the server turned the session away as busy before its hello (after a growing, jittered
     pause, at most `timeouts.busy_retries` times, said through `waiting`), so a burst of
-    machines spreads out instead of failing together. The run is kept alive afterwards: freeing ten thousand snapshot
-    entries one by one costs a sync that ends the process anyway (`shared_memory.py sync`)
-    several milliseconds.
+    machines spreads out instead of failing together. The run is kept alive afterwards:
+    freeing ten thousand snapshot entries one by one costs a sync that ends the process anyway
+    (`shared_memory.py sync`) several milliseconds.
     """
     expect, busy = True, 0
     while True:
