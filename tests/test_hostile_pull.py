@@ -472,3 +472,4 @@ def test_a_version_2_commit_on_a_forgotten_base_is_sent_again_whole(
     assert len(manifests) == 2 and "base" not in manifests[1] and manifests[1]["files"]
     assert [m["type"] for m in sent].count("commit") == 2
     assert json.loads(out)["sources"][0]["status"] == "published"
+

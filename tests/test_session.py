@@ -539,6 +539,80 @@ def test_version_3_answers_a_stale_delta_with_need_stale_then_takes_the_whole(
     assert replies[5]["source"] == "two" and replies[5]["accepted"] == 1
 
 
+class Live:
+    """A real `serve` driven a line at a time, so the test can act between two messages."""
+
+    def __init__(self, store: Path, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(LAUNCHER), "serve", "--store",
+                                      str(store), *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
+
+    def send(self, *lines: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"".join(lines))
+        self.proc.stdin.flush()
+
+    def read(self) -> dict:
+        assert self.proc.stdout is not None
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.send(enc({"type": "bye"}))
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("hello,stale", [
+    (HELLO3, {"type": "need", "source": "one", "stale": True, "index": []}),
+    ({**HELLO3, "versions": [2]}, None)])
+def test_a_delta_whose_base_is_forgotten_before_its_commit_is_taken_whole(
+        tmp_path: Path, hello: dict, stale: dict | None) -> None:
+    # `forget` between the manifest and its commit: version 3 answers the commit `need stale`
+    # and takes the whole manifest in the same exchange; version 2 answers `stale-base`.
+    store = tmp_path / "store.sqlite3"
+    first = [("a.md", "one")]
+    talk(store, [enc(HELLO3), manifest3("one", first),
+                 enc({"type": "bodies", "source": "one", "bodies": ["one"]}),
+                 enc({"type": "commit", "source": "one"})])
+    base = digest_of([("a.md", sha256_text("one"))])
+    both = [*first, ("b.md", "two")]
+    delta = enc({"type": "manifest", "source": "one", "kind": "markdown", "base": base,
+                 "digest": digest_of((p, sha256_text(t)) for p, t in both), "removed": [],
+                 "files": [["b.md", sha256_text("two"), 3, 0]]})
+    v3 = stale is not None
+    live = Live(store)
+    try:
+        live.send(enc(hello))
+        assert live.read()["version"] == (3 if v3 else 2)
+        live.send(delta)
+        need = live.read()
+        assert need["type"] == "need"
+        with Store.open(store) as s:
+            s.forget("laptop", "one")
+        body = ["two"] if v3 else [[sha256_text("two"), "two"]]
+        live.send(enc({"type": "bodies", "source": "one", "bodies": body}),
+                  enc({"type": "commit", "source": "one"}))
+        answer = live.read()
+        if not v3:
+            assert answer["type"] == "error" and answer["code"] == "stale-base"
+            return
+        assert answer == stale
+        live.send(manifest3("one", both))
+        need = live.read()
+        assert need == {"type": "need", "source": "one", "index": [0]}  # a.md: forgotten too
+        live.send(enc({"type": "bodies", "source": "one", "bodies": ["one"]}),
+                  enc({"type": "commit", "source": "one"}))
+        result = live.read()
+        assert result["type"] == "result" and result["accepted"] == 2
+        live.close()
+    finally:
+        live.proc.kill()
+        live.proc.wait()
+    with Store.open(store) as s:
+        assert set(exported(s)) == {"machines/laptop/one/a.md", "machines/laptop/one/b.md"}
+
+
 def test_version_3_bodies_are_texts_alone(tmp_path: Path) -> None:
     replies = talk(tmp_path / "store.sqlite3", [
         enc(HELLO3), enc({"type": "bodies", "bodies": [[sha256_text("x"), "x"]]})])

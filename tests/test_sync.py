@@ -583,3 +583,4 @@ def test_a_session_the_server_turns_away_as_busy_is_tried_again(
         assert "busy" in done.stderr.splitlines()[-1]
     else:
         assert "machines/laptop/notes/d0/note-000.md" in cache_files(tmp_path / "laptop" / "cache")
+

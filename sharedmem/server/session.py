@@ -440,7 +440,9 @@ class Session:
                 digest: str | None = None) -> bool:
         """Ingest one namespace, answer its result; the bodies it listed leave the session.
 
-        False when the base turned out stale (answered `stale-base`, nothing changed). They
+        False when the base turned out stale (the namespace changed since its manifest was
+        read: a `forget` meanwhile): nothing changed, and the version answers as it answers a
+        stale delta (version 3 then takes the whole manifest in this exchange). The bodies
         leave after the answer, and after the pull that follows it (`BodyPool.listed`): for a
         first sync that is thousands of entries, which the pull's answer need not wait for.
         """
@@ -451,8 +453,8 @@ class Session:
                 report = ingest(self.store, self.machine, source, kind, files,
                                 limits=self.limits, removed=removed, base_digest=base,
                                 digest=digest)
-            except StaleBase as exc:
-                self.channel.send(error("stale-base", str(exc)))
+            except StaleBase:
+                self.protocol.stale(self, source)
                 return False
             self.channel.send({"type": "result", "source": source, "unchanged": report.unchanged,
                                "generation": report.generation, "accepted": report.accepted,
