@@ -204,8 +204,8 @@ class Channel:
         # peer that sends too many holds no more memory for it.
         self._reports: deque[tuple[int, float]] = deque(maxlen=64)
         self._inflate: Inflating | None = None
-        # Version 3, set by a server that announced `raw_bodies` in its hello: a `bodies`
-        # message with `sizes` is followed by its texts as raw UTF-8 (`_texts_after`).
+        # Version 3, set by its server: a `bodies` message with `sizes` is followed by its
+        # texts as raw UTF-8 (`_texts_after`).
         self.raw_bodies = False
 
     def guard(self, *, most_bytes: int, most_messages: int) -> None:
@@ -221,7 +221,7 @@ class Channel:
         self.most_messages = most_messages
 
     def take_raw_bodies(self) -> None:
-        """From now on a `bodies` line with `sizes` is followed by its texts (a server's `raw_bodies`)."""
+        """From now on a `bodies` line with `sizes` is followed by its texts (version 3's bodies)."""
         self.raw_bodies = True
 
     def compress_output(self) -> None:
@@ -347,8 +347,8 @@ class Channel:
         """The texts a raw `bodies` message carries after its line, read whole, as bytes.
 
         Part of the framing: the next message starts after them, so they are read here, never
-        left for a handler. JSON gives no value of type bytes, so the list cannot be mistaken
-        for the JSON form's texts (str).
+        left for a handler. JSON gives no value of type bytes, so texts put in the JSON instead
+        are told apart (and refused) by their type.
         """
         sizes = message["sizes"]
         if "bodies" in message:
@@ -449,7 +449,7 @@ def chunks(items: Iterable[Any], size_of: Any) -> Iterator[list[Any]]:
 
 
 def encode_raw_texts(texts: list[bytes], source: str | None = None) -> bytes:
-    """A version 3 `bodies` message whose UTF-8 texts follow its line as they are (`raw_bodies`).
+    """A version 3 `bodies` message whose UTF-8 texts follow its line as they are.
 
     `{"type":"bodies","sizes":[...]}` and then the texts one after another: nothing escaped on
     this side, nothing parsed or decoded whole on the server's (docs/PROTOCOL.md).
@@ -461,17 +461,4 @@ def encode_raw_texts(texts: list[bytes], source: str | None = None) -> bytes:
     return b"".join([encode(head), *texts])
 
 
-def encode_texts(texts: Iterable[bytes], source: str | None = None) -> bytes:
-    """A version 3 `bodies` message: the UTF-8 texts alone, their sha256 left to the server.
 
-    With `source` it answers that source's `need`; without, it goes ahead of the manifests.
-    """
-    head = b'{"type":"bodies",' if source is None else (
-        b'{"type":"bodies","source":"' + json_text(source.encode("utf-8")) + b'",')
-    parts = [head, b'"bodies":[']
-    for data in texts:
-        parts += (b'"', json_text(data), b'",')
-    if parts[-1] == b'",':
-        parts[-1] = b'"'
-    parts.append(b"]}\n")
-    return b"".join(parts)

@@ -219,4 +219,4 @@ def test_reports_of_a_fast_link_or_a_slow_sender_keep_the_fast_level(
     assert [channel.receive() for _ in notes[:6]] == notes[:6]
 
 
-# --- raw texts after a `bodies` line (version 3, `raw_bodies`) ----------------------------------
+# --- raw texts after a `bodies` line (version 3) ------------------------------------------------

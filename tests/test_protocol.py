@@ -268,7 +268,7 @@ RAW_TEXTS = [b"# one\n\n\"quoted\" {json} \\ back\n", b"", "d\u00e9j\u00e0 vu \u
 
 def raw_reader(data: bytes, *, compressed: bool) -> Channel:
     channel = inflating(data, "client") if compressed else channel_over(data)
-    channel.raw_bodies = True  # as a server that announced it sets it
+    channel.take_raw_bodies()  # as a version 3 server does
     return channel
 
 

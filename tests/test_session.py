@@ -172,7 +172,7 @@ def test_a_session_pauses_the_cycle_collector_and_restores_it(tmp_path):
     # parse alone runs several collections, each walking everything the session holds.
     texts = {f"{i:04d}.md": f"text {i}" for i in range(3000)}
     entries = [[p, sha256_text(t), len(t.encode()), 0] for p, t in texts.items()]
-    lines = [enc(HELLO3), enc({"type": "bodies", "bodies": list(texts.values())}),
+    lines = [enc(HELLO3), raw(list(texts.values())),
              enc({"type": "manifest", "source": "notes", "kind": "markdown",
                   "digest": digest_of((e[0], e[1]) for e in entries), "files": entries}),
              enc({"type": "bye"})]
@@ -487,12 +487,12 @@ def test_version_3_takes_every_message_pipelined_and_answers_in_order(tmp_path: 
     # went ahead, as a text alone), a note and a pull; only then the body and the commit.
     store = tmp_path / "store.sqlite3"
     first = [("a.md", "sent ahead"), ("b.md", "named in need"), ("c.md", "sent ahead")]
-    lines = [enc(HELLO3), enc({"type": "bodies", "bodies": ["sent ahead", "second ahead"]}),
+    lines = [enc(HELLO3), raw(["sent ahead", "second ahead"]),
              manifest3("one", first), manifest3("two", [("x.md", "second ahead")]),
              enc({"type": "note", "note_id": "note-0001", "filename":
                   "2026-01-01T00-00-00-hi.md", "text": "hello"}),
              enc({"type": "pull", "known": {}}),
-             enc({"type": "bodies", "source": "one", "bodies": ["named in need"]}),
+             raw(["named in need"], "one"),
              enc({"type": "commit", "source": "one"}), enc({"type": "bye"})]
     replies = talk(store, lines)
     assert [r["type"] for r in replies[:6]] == ["hello", "need", "result", "result",
@@ -514,7 +514,7 @@ def test_version_3_sends_a_text_it_stored_redacted(tmp_path: Path) -> None:
     secret = "token = '" + "Zq8vN2mL" + "p4Rt7Ws1'"  # built from pieces, see above
     replies = talk(tmp_path / "store.sqlite3", [
         enc(HELLO3), manifest3("one", [("s.md", secret)]),
-        enc({"type": "bodies", "source": "one", "bodies": [secret]}),
+        raw([secret], "one"),
         enc({"type": "commit", "source": "one"}), enc({"type": "pull", "known": {}})])
     assert replies[2]["redacted"] == {"generic-secret": 1}
     sent = [f for r in replies if r["type"] == "files" for f in r["files"]]
@@ -527,9 +527,9 @@ def test_version_3_answers_a_stale_delta_with_need_stale_then_takes_the_whole(
     files = [("a.md", "one"), ("b.md", "two")]
     lines = [enc(HELLO3), manifest3("one", files[:1], base="0" * 64, removed=[]),
              manifest3("two", [("x.md", "other")]), manifest3("one", files),
-             enc({"type": "bodies", "source": "one", "bodies": ["one", "two"]}),
+             raw(["one", "two"], "one"),
              enc({"type": "commit", "source": "one"}),
-             enc({"type": "bodies", "source": "two", "bodies": ["other"]}),
+             raw(["other"], "two"),
              enc({"type": "commit", "source": "two"})]
     replies = talk(store, lines)
     assert replies[1] == {"type": "need", "source": "one", "stale": True, "index": []}
@@ -573,7 +573,7 @@ def test_a_delta_whose_base_is_forgotten_before_its_commit_is_taken_whole(
     store = tmp_path / "store.sqlite3"
     first = [("a.md", "one")]
     talk(store, [enc(HELLO3), manifest3("one", first),
-                 enc({"type": "bodies", "source": "one", "bodies": ["one"]}),
+                 raw(["one"], "one"),
                  enc({"type": "commit", "source": "one"})])
     base = digest_of([("a.md", sha256_text("one"))])
     both = [*first, ("b.md", "two")]
@@ -590,8 +590,8 @@ def test_a_delta_whose_base_is_forgotten_before_its_commit_is_taken_whole(
         assert need["type"] == "need"
         with Store.open(store) as s:
             s.forget("laptop", "one")
-        body = ["two"] if v3 else [[sha256_text("two"), "two"]]
-        live.send(enc({"type": "bodies", "source": "one", "bodies": body}),
+        live.send(raw(["two"], "one") if v3 else enc({"type": "bodies", "source": "one",
+                                                     "bodies": [[sha256_text("two"), "two"]]}),
                   enc({"type": "commit", "source": "one"}))
         answer = live.read()
         if not v3:
@@ -601,7 +601,7 @@ def test_a_delta_whose_base_is_forgotten_before_its_commit_is_taken_whole(
         live.send(manifest3("one", both))
         need = live.read()
         assert need == {"type": "need", "source": "one", "index": [0]}  # a.md: forgotten too
-        live.send(enc({"type": "bodies", "source": "one", "bodies": ["one"]}),
+        live.send(raw(["one"], "one"),
                   enc({"type": "commit", "source": "one"}))
         result = live.read()
         assert result["type"] == "result" and result["accepted"] == 2
@@ -624,7 +624,7 @@ def test_version_3_holds_a_bounded_number_of_messages_past_a_waiting_manifest(
         tmp_path: Path, bound: str) -> None:
     store = tmp_path / "store.sqlite3"
     waiting = [enc(HELLO3), manifest3("one", [("a.md", "needed")])]
-    body = [enc({"type": "bodies", "source": "one", "bodies": ["needed"]}),
+    body = [raw(["needed"], "one"),
             enc({"type": "commit", "source": "one"})]
     if bound == "bytes":  # a few status messages padded to more than 8 MiB in all
         pad = "p" * (8 * 1024 * 1024 // 3)
@@ -655,11 +655,10 @@ def test_version_3_manifest_names_bodies_sent_ahead_by_their_place(tmp_path: Pat
     # Places count every text sent ahead, in order, over every `bodies` message (a duplicate
     # too); a body sent in answer to a need is not one of them.
     store = tmp_path / "store.sqlite3"
-    lines = [enc(HELLO3), enc({"type": "bodies", "bodies": ["zero", "one"]}),
-             enc({"type": "bodies", "bodies": ["zero", "three"]}),
+    lines = [enc(HELLO3), raw(["zero", "one"]), raw(["zero", "three"]),
              placed("one", [("a.md", "zero", 0), ("b.md", "one", 1), ("c.md", "three", 3),
                             ("d.md", "four", sha256_text("four"))]),
-             enc({"type": "bodies", "source": "one", "bodies": ["four"]}),
+             raw(["four"], "one"),
              enc({"type": "commit", "source": "one"}),
              placed("two", [("x.md", "zero", 2)])]
     replies = talk(store, lines)
@@ -690,7 +689,7 @@ def test_version_2_manifest_entries_are_sha256s_only(tmp_path: Path) -> None:
     assert replies[-1]["code"] == "bad-field" and "place" not in replies[-1]["message"]
 
 
-# --- version 3: raw texts after a `bodies` line (`raw_bodies`) ---------------------------------
+# --- version 3: raw texts after a `bodies` line ------------------------------------------------
 
 SECRET = "token = '" + "Zq8vN2mL" + "p4Rt7Ws1'"  # built from pieces, see above
 
@@ -720,7 +719,7 @@ def test_version_3_takes_raw_texts_ahead_and_answering_a_need(tmp_path: Path) ->
     replies = talk(store, [enc(HELLO3), raw(ahead_texts), placed3("one", files),
                            raw([needed], "one"), enc({"type": "commit", "source": "one"}),
                            enc({"type": "bye"})])
-    assert replies[0]["version"] == 3 and replies[0]["raw_bodies"] is True
+    assert replies[0]["version"] == 3
     assert replies[1] == {"type": "need", "source": "one", "index": [4]}
     assert replies[2]["accepted"] == 5 and replies[2]["refused"] == []
     assert replies[2]["redacted"] == {"generic-secret": 1}  # the screen touched it: decoded
@@ -748,7 +747,7 @@ def test_raw_texts_through_a_compressed_session(tmp_path: Path) -> None:
                                                           "client"), None)
     assert session.run() == 0
     first, _, after = out.getvalue().partition(b"\n")
-    assert json.loads(first)["raw_bodies"] is True
+    assert json.loads(first)["version"] == 3
     need, result = [json.loads(line) for line in
                     zlib.decompressobj().decompress(after).splitlines()]
     assert need["index"] == [3, 4] and result["accepted"] == 5
@@ -846,18 +845,16 @@ def test_a_raw_text_that_is_not_utf8_is_dropped_as_a_json_one_is(tmp_path: Path)
         "message"]
 
 
-def test_a_version_3_client_may_still_send_json_texts(tmp_path: Path) -> None:
+def test_version_3_bodies_are_raw_texts_only(tmp_path: Path) -> None:
+    # One wire shape a version: texts in the JSON of a version 3 `bodies` message are refused.
     store = tmp_path / "store.sqlite3"
     replies = talk(store, [enc(HELLO3), enc({"type": "bodies", "bodies": ["json \u00e9"]}),
                            placed3("one", [("a.md", "json \u00e9", 0)]), enc({"type": "bye"})])
-    assert replies[0]["raw_bodies"] is True  # offered, not required
-    assert replies[1]["accepted"] == 1
+    assert replies[-1]["code"] == "bad-field" and "raw after its line" in replies[-1]["message"]
+    assert stored(store) == {"files": 0, "notes": 0}
 
 
-def test_raw_bodies_are_announced_only_in_version_3(tmp_path: Path) -> None:
-    for versions, args in (([1, 2, 3], ["--max-protocol", "2"]), ([1, 2], []), ([1], [])):
-        hello = talk(tmp_path / "store.sqlite3", [enc({**HELLO, "versions": versions})], *args)[0]
-        assert hello["version"] == max(versions) - bool(args) and "raw_bodies" not in hello
+def test_a_version_2_session_reads_no_raw_texts(tmp_path: Path) -> None:
     # A version 2 session reads a `sizes` field as nothing: what follows is its next line.
     replies = talk(tmp_path / "store.sqlite3", [enc(HELLO), enc({"type": "bodies", "sizes": [2],
                                                                  "bodies": []}), b"{}\n"])
@@ -873,7 +870,7 @@ def test_raw_bodies_ahead_count_against_ahead_bytes(tmp_path: Path) -> None:
                       None, limits=Limits(namespace_bytes=1000))
     assert session.run() == 1
     hello, failure = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert hello["raw_bodies"] is True
+    assert hello["version"] == 3
     assert failure["code"] == "ahead-full" and "1000 bytes" in failure["message"]
     assert stored(store) == {"files": 0, "notes": 0}
 
@@ -1019,8 +1016,8 @@ def test_a_part_naming_another_source_is_out_of_order(tmp_path: Path, hello: dic
     store = tmp_path / "store.sqlite3"
     lines = [enc(hello), manifest3("a", [("x.md", "text of x")])]
     if part == "bodies":
-        lines.append(enc({"type": "bodies", "source": "b", "bodies": ["text of x"]
-                          if hello is HELLO3 else [[sha256_text("text of x"), "text of x"]]}))
+        lines.append(raw(["text of x"], "b") if hello is HELLO3 else enc({
+            "type": "bodies", "source": "b", "bodies": [[sha256_text("text of x"), "text of x"]]}))
     lines.append(enc({"type": "commit", "source": "b"}))
     replies = talk(store, lines)
     assert replies[1]["type"] == "need" and replies[-1]["code"] == "out-of-order", replies

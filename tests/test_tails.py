@@ -22,6 +22,7 @@ from sharedmem.client.send_ahead import TAIL_BATCH, Ahead
 from sharedmem.client.tails import MIN_BYTES, grown_from
 from sharedmem.client.transport import Connection
 from sharedmem.hashing import digest_of, sha256_text
+from sharedmem.protocol import encode_raw_texts
 from sharedmem.server.store import Store
 
 HELLO = {"type": "hello", "versions": [3], "machine": "laptop"}
@@ -89,8 +90,7 @@ def publish(files: list[tuple[str, str]], bodies: bool = True) -> list[bytes]:
     lines = [enc({"type": "manifest", "source": "notes", "kind": "markdown",
                   "digest": digest_of((e[0], e[1]) for e in entries), "files": entries})]
     if bodies:
-        lines.append(enc({"type": "bodies", "source": "notes",
-                          "bodies": [t for _, t in files]}))
+        lines.append(encode_raw_texts([t.encode() for _, t in files], "notes"))
         lines.append(enc({"type": "commit", "source": "notes"}))
     return lines
 

@@ -349,7 +349,7 @@ sys.stdin.buffer.readline()  # the client's hello
 out = sys.stdout.buffer
 out.write(json.dumps({"type": "hello", "versions": [3], "version": 3, "server": "fake",
                       "machine": "laptop", "pinned": False, "ahead_bytes": 1000,
-                      "raw_bodies": True, "compress": "zlib", "reports": True}).encode() + b"\n")
+                      "compress": "zlib", "reports": True}).encode() + b"\n")
 deflate = zlib.compressobj()
 after = json.dumps({"type": "error", "code": "store", "message": "read past the report"})
 out.write(deflate.compress(sys.argv[1].encode() + b"\n" + after.encode() + b"\n")
@@ -533,61 +533,19 @@ def test_ssh_to_this_machine_waits_for_the_hello_and_sends_plainly(tmp_path: Pat
         "hello"]
 
 
-# --- raw bodies in the remembered hello ---------------------------------------------------------
+# --- the remembered hello ---------------------------------------------------------------------
 
-NO_RAW_SERVER = r'''
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m["type"] == "hello":
-        print(json.dumps({"type": "hello", "version": 3, "versions": [3], "server": "older",
-                          "ahead_bytes": 1000}), flush=True)
-    elif m["type"] == "status":
-        print(json.dumps({"type": "status", "server": "older"}), flush=True)
-'''
-
-
-def test_a_sync_remembers_raw_bodies_and_expects_them(tmp_path: Path) -> None:
+def test_a_sync_remembers_the_hello_and_expects_the_default_one_over_ssh(tmp_path: Path) -> None:
     config = local_config(tmp_path, tmp_path / "store.sqlite3")
     with Connection(config) as conn, conn.handshake():
         pass
-    assert conn.raw_bodies
-    assert json.loads((config.state / "server.json").read_text())["hello"]["raw_bodies"] is True
+    hello = json.loads((config.state / "server.json").read_text())["hello"]
+    assert hello["version"] == 3 and hello["ahead_bytes"] == config.limits.namespace_bytes
+    assert "raw_bodies" not in hello  # every version 3 body is raw: nothing to announce
     ssh = config._replace(transport=Transport("ssh", host="memory.example.net"))
     probe = Connection.__new__(Connection)  # no process: only what `expected` reads
     probe.config, probe.versions, probe.compress = ssh, [1, 2, 3], False
-    assert probe.expected() == {"version": 3, "ahead_bytes": config.limits.namespace_bytes,
-                                "raw_bodies": True}
-
-
-@pytest.mark.parametrize("promised", [True, False])
-def test_a_remembered_raw_bodies_the_server_does_not_say_ends_the_try(tmp_path: Path, sshd,
-                                                                      promised: bool) -> None:
-    """Bodies sent raw on a remembered hello reach a server that reads JSON only: run again."""
-    script = tmp_path / "older.py"
-    script.write_text(NO_RAW_SERVER)
-    path = write_config(tmp_path / "client.json", "laptop", sshd.transport(
-        pinned=False, remote_command=[sys.executable, str(script)]), [], tmp_path / "cache")
-    config = config_mod.load(path, {"HOME": str(tmp_path)})
-    with Connection(config) as conn, conn.handshake():
-        pass
-    assert not conn.raw_bodies
-    record = config.state / "server.json"
-    saved = json.loads(record.read_text())
-    assert "raw_bodies" not in saved["hello"]
-    if promised:
-        saved["hello"]["raw_bodies"] = True
-        record.write_text(json.dumps(saved))
-    with Connection(config) as conn:
-        with conn.handshake():
-            assert conn.assumed is not None and conn.raw_bodies is promised
-            conn.channel.send({"type": "status"})
-        if promised:
-            with pytest.raises(HelloChanged, match="raw_bodies None"):
-                conn.channel.receive()
-        else:
-            assert conn.channel.expect("status")["server"] == "older"
-    assert record.exists() is not promised
+    assert probe.expected() == {"version": 3, "ahead_bytes": config.limits.namespace_bytes}
 
 
 # --- deadlines: a server that trickles, stays silent or stops reading ---------------------------

@@ -15,7 +15,7 @@ from collections import deque
 from sharedmem.client.own_files import OwnFiles
 from sharedmem.client.publication import Publication
 from sharedmem.core import ProtocolError
-from sharedmem.protocol import PeerError, chunks, encode, encode_raw_texts, encode_texts
+from sharedmem.protocol import PeerError, chunks, encode, encode_raw_texts
 
 TYPE_CHECKING = False  # typing costs each sync's start milliseconds
 if TYPE_CHECKING:
@@ -212,9 +212,8 @@ class V3Publisher(Publisher):
             own.add_text(sha, text)  # the server sends null for it in the pull
             texts.append(text.encode("utf-8"))
         self.progress(f"{p.name}: sending {len(texts)} changed files")
-        encode_batch = encode_raw_texts if self.conn.raw_bodies else encode_texts
         for batch in chunks(texts, lambda data: len(data) + 8):
-            self.conn.channel.send_line(encode_batch(batch, p.name))
+            self.conn.channel.send_line(encode_raw_texts(batch, p.name))
         self.conn.channel.send({"type": "commit", "source": p.name})
 
 

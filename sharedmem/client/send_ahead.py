@@ -7,8 +7,8 @@ it while the walk goes on) and offers `ahead_bytes`, each file read this time th
 was not told of before goes out at once, in batches; the server verifies, redacts and stores
 them while the walk goes on, and leaves them out of its `need`. A server that does not offer it (or
 version 1) gets the usual exchange, and so does whatever is past the offered bytes.
-In version 3 a `bodies` message carries the texts alone (`protocol.encode_texts`), and when
-the server's hello offers `raw_bodies`, as raw UTF-8 after its line (`protocol.encode_raw_texts`).
+A version 2 `bodies` message carries [sha256, text] pairs (`protocol.encode_bodies`); a version
+3 one carries the texts alone, as raw UTF-8 after its line (`protocol.encode_raw_texts`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import threading
 from queue import SimpleQueue
 
 from sharedmem.client.tails import encode_tails
-from sharedmem.client.transport import raw_bodies
 from sharedmem.core import SharedMemoryError
-from sharedmem.protocol import AHEAD_REFS, chunks, encode_bodies, encode_raw_texts, encode_texts
+from sharedmem.protocol import AHEAD_REFS, chunks, encode_bodies, encode_raw_texts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,9 +49,9 @@ class Ahead:
         self.waiting_tails: list[tuple[str, str, bytes, int]] = []  # offered before the hello
         # Batches of bodies, or one encoded `tails` line.
         self._queue: SimpleQueue[list[tuple[str, bytes]] | bytes | None] = SimpleQueue()
-        # Lines encoded before the hello, in the form of the client's highest version (`_form`),
+        # Lines encoded before the hello, in the form of the client's highest version,
         # with their bodies in case the server chose another.
-        self.waiting: tuple[list[bytes], int, list[list[tuple[str, bytes]]], str] | None = None
+        self.waiting: tuple[list[bytes], int, list[list[tuple[str, bytes]]], bool] | None = None
         self._sender: threading.Thread | None = None
         self._failure: SharedMemoryError | None = None
 
@@ -170,7 +169,7 @@ class Ahead:
         while (room := self._queue.get()) is not None:
             if self._failure is not None:
                 continue
-            form = _form(self.conn.early)
+            form = _compact(self.conn.early)
             try:
                 if isinstance(room, bytes):  # a `tails` line (`_flush_tails`)
                     self.conn.channel.send_line(room)
@@ -198,7 +197,7 @@ class Ahead:
             self.flush()
         if self.open and self.pending:  # no hello yet: most likely it chooses our highest
             batches = list(chunks(self.pending, _size))
-            form = RAW if max(self.conn.versions, default=0) >= 3 else PAIRS
+            form = max(self.conn.versions, default=0) >= 3
             self.waiting = ([_encode(batch, form) for batch in batches], self.pending_bytes,
                             batches, form)
         if self.open and self.tails:  # no hello yet: sent by `send_waiting`, if there is room
@@ -230,8 +229,8 @@ class Ahead:
         if waiting is None or hello is None or hello.get("version", 0) < 2:
             return False
         lines, size, batches, form = waiting
-        if form != _form(hello):
-            lines = [_encode(batch, _form(hello)) for batch in batches]
+        if form != _compact(hello):
+            lines = [_encode(batch, _compact(hello)) for batch in batches]
         limit = hello.get("ahead_bytes")
         if isinstance(limit, int) and not isinstance(limit, bool) and self.sent_bytes + size <= limit:
             for line in lines:
@@ -255,18 +254,8 @@ def _compact(hello: dict[str, object] | None) -> bool:
     return type(version) is int and version >= 3
 
 
-PAIRS, TEXTS, RAW = "pairs", "texts", "raw"  # the forms of a `bodies` message ahead
-
-
-def _form(hello: dict[str, object] | None) -> str:
-    """How bodies go ahead to the server of `hello` (raw: version 3 with `raw_bodies`)."""
-    if not _compact(hello):
-        return PAIRS
-    return RAW if raw_bodies(hello) else TEXTS
-
-
-def _encode(batch: list[tuple[str, bytes]], form: str) -> bytes:
-    """One `bodies` message ahead in `form` (`_form`)."""
-    if form == RAW:
+def _encode(batch: list[tuple[str, bytes]], compact: bool) -> bytes:
+    """One `bodies` message ahead: version 3's texts alone (`compact`), else version 2's pairs."""
+    if compact:
         return encode_raw_texts([data for _, data in batch])
-    return encode_texts(data for _, data in batch) if form == TEXTS else encode_bodies(batch)
+    return encode_bodies(batch)

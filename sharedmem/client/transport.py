@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 LEFT_MESSAGES = 64  # what a server end that went away may have said first, read for its error
 SERVER_RECORD = "server.json"  # in the state folder: the last server hello a sync took
-REMEMBERED = ("version", "compress", "ahead_bytes", "server", "raw_bodies")  # of that hello
+REMEMBERED = ("version", "compress", "ahead_bytes", "server")  # of that hello
 # Written to the server end a slice at a time, so a long line on a slow link shows as progress
 # while it drains (`Watch`); read through a buffer of a pipe's capacity.
 WRITE_SLICE = 64 * 1024
@@ -331,8 +331,7 @@ class Connection:
         if (not isinstance(hello, dict) or hello.get("version") not in self.versions
                 or hello.get("compress") not in (None, *COMPRESSIONS)
                 or hello.get("compress") is not None and not self.compress
-                or type(hello.get("ahead_bytes")) not in (int, type(None))
-                or type(hello.get("raw_bodies")) not in (bool, type(None))):
+                or type(hello.get("ahead_bytes")) not in (int, type(None))):
             return None
         return hello
 
@@ -349,8 +348,7 @@ class Connection:
         if transport.kind != "ssh" or transport.loopback or max(self.versions) < 3:
             return None
         expected: dict[str, Any] = {"version": max(self.versions),
-                                    "ahead_bytes": self.config.limits.namespace_bytes,
-                                    "raw_bodies": True}
+                                    "ahead_bytes": self.config.limits.namespace_bytes}
         if self.compress:
             expected["compress"] = COMPRESSIONS[0]
         return expected
@@ -379,15 +377,13 @@ class Connection:
         ahead, was = reply.get("ahead_bytes"), assumed.get("ahead_bytes")
         if (reply.get("version") != assumed["version"]
                 or reply.get("compress") != assumed.get("compress")
-                or (was is not None and (ahead is None or ahead < was))
-                or (assumed.get("raw_bodies") is True and reply.get("raw_bodies") is not True)):
+                or (was is not None and (ahead is None or ahead < was))):
             self.changed = True
             self.forget()
             raise HelloChanged(
                 f"the server at {self.where} answered protocol version {reply.get('version')}, "
-                f"compression {reply.get('compress')!r}, ahead_bytes {ahead!r} and raw_bodies "
-                f"{reply.get('raw_bodies')!r}, not what the last sync recorded; the record is "
-                "forgotten and the sync runs again")
+                f"compression {reply.get('compress')!r} and ahead_bytes {ahead!r}, not what "
+                "the last sync recorded; the record is forgotten and the sync runs again")
         self.early = reply
 
     def forget(self) -> None:
@@ -424,21 +420,14 @@ class Connection:
             raise ProtocolError(f"the server chose protocol version {version!r}, which this "
                                 f"client does not speak ({self.versions})")
         if not (server is None or type(server) is str) or not (
-                ahead is None or type(ahead) is int) or type(reply.get("raw_bodies")) not in (
-                bool, type(None)):
-            raise self.malformed("hello", "server must be a string, ahead_bytes an integer and "
-                                 "raw_bodies true or false")
+                ahead is None or type(ahead) is int):
+            raise self.malformed("hello", "server must be a string and ahead_bytes an integer")
         if reply.get("compress") is not None and not self._compressed(reply):
             raise self.malformed("hello", f"compress {reply.get('compress')!r} was not offered "
                                  "(only version 3 compresses, and only what the client offers)")
         self.version = version
         self.server = reply
         return reply
-
-    @property
-    def raw_bodies(self) -> bool:
-        """Whether bodies may go as raw texts after their line: version 3, and the hello says so."""
-        return raw_bodies(self.server)
 
     def malformed(self, kind: str, detail: str) -> ProtocolError:
         """The error for a reply of the right type whose fields are missing or of the wrong shape.
@@ -654,12 +643,6 @@ class Connection:
         if kind is None:
             self.remember()
         self.close()
-
-
-def raw_bodies(hello: dict[str, Any] | None) -> bool:
-    """Whether a server hello (real, remembered or expected) takes texts raw after a `bodies` line."""
-    return (hello is not None and type(hello.get("version")) is int and hello["version"] >= 3
-            and hello.get("raw_bodies") is True)
 
 
 class _ServerChannel(Channel):

@@ -646,8 +646,8 @@ class Version3(Version2):
     handlers = {**Version2.handlers, "tails": Session._on_tails}
 
     def hello(self, limits: Limits) -> dict[str, Any]:
-        """Bodies ahead, and their texts raw after their line."""
-        return {"ahead_bytes": limits.namespace_bytes, "raw_bodies": True}
+        """Bodies ahead (their texts raw after their line, as every version 3 body)."""
+        return {"ahead_bytes": limits.namespace_bytes}
 
     def compression(self, hello: dict[str, Any]) -> str | None:
         """The first compression the client offers that this server speaks, or None.
@@ -684,20 +684,16 @@ class Version3(Version2):
         return {"type": "need", "source": source, "index": index}
 
     def body(self, entry: object) -> tuple[str, bytes, bool] | None:
-        """The text alone (a str, or raw bytes read after the line): its address is computed.
+        """The text alone, raw bytes read after the line: its address is computed.
 
-        None for raw bytes that are not UTF-8 (dropped, and a place nothing can name).
+        None for bytes that are not UTF-8 (dropped, and a place nothing can name).
         """
-        if type(entry) is bytes:
-            if not (entry.isascii() or _utf8(entry)):
-                return None
-            data = entry
-        elif isinstance(entry, str):
-            data = entry.encode("utf-8")
-        else:
-            raise PeerError("bad-field", "bodies entries must be texts (strings) in protocol "
-                            "version 3")
-        return sha256_bytes(data), data, True
+        if type(entry) is not bytes:
+            raise PeerError("bad-field", "a version 3 bodies message carries its texts raw after "
+                            "its line (sizes), not in the JSON")
+        if not (entry.isascii() or _utf8(entry)):
+            return None
+        return sha256_bytes(entry), entry, True
 
     def have(self, message: dict[str, Any], client_has: set[str]) -> set[str]:
         """No list: the session knows which texts the client sent it."""
