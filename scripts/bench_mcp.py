@@ -121,7 +121,7 @@ def pct(values: list[float], q: float) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Build, measure, print the table; exit 1 if any target is missed."""
-    from sharedmem.cache.search import refresh_index
+    from sharedmem.cache.search_index import refresh_index
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-mcp-"))
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

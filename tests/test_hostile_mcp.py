@@ -21,7 +21,7 @@ from test_mcp import NS, Server, client_with_cache
 from test_search import flip_schema_byte
 
 from sharedmem.cache.cache import Cache
-from sharedmem.cache.search import index_path, refresh_index
+from sharedmem.cache.search_index import index_path, refresh_index
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX links and FIFOs")
 Check = Callable[[Any, int], None]  # the parsed reply and the length of its line in bytes

@@ -16,7 +16,9 @@ import pytest
 from conftest import cache_of, run_cli
 
 from sharedmem.cache import search as search_mod
+from sharedmem.cache import search_index
 from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.cache.folding import normalize
 from sharedmem.hashing import sha256_text
 from sharedmem.mcp import tools
 
@@ -106,9 +108,9 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c["queries"]))
 def test_search_equals_reference_scan(corpus_cache: Cache, case: dict, index: str) -> None:
     if index == "fresh":
-        search_mod.refresh_index(corpus_cache)
+        search_index.refresh_index(corpus_cache)
     else:
-        search_mod.index_path(corpus_cache).unlink(missing_ok=True)
+        search_index.index_path(corpus_cache).unlink(missing_ok=True)
         search_mod._SEARCHERS.clear()
         search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
     try:
@@ -151,7 +153,7 @@ def test_a_first_any_reads_the_files_of_its_page_not_every_candidate(
     search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
     try:
         if index == "fresh":
-            search_mod.refresh_index(cache)
+            search_index.refresh_index(cache)
         got = tools.search(cache, ["alpha", "beta"], max_results=4)
         scanned = search_mod.searcher(cache).scanned
         rest = all_pages(cache, queries=["alpha", "beta"], max_results=150)
@@ -185,7 +187,7 @@ def test_substring_and_case_rules(tmp_path: Path) -> None:
 def test_normalization_matches_accents_and_nfd(tmp_path: Path) -> None:
     nfd = unicodedata.normalize("NFD", "café au lait")
     cache = make_cache(tmp_path, {"a.md": "Décision  prise\n", "b.md": nfd + "\n"})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     assert [r["line"] for r in tools.search(cache, ["decision prise"], normalized=True)[
         "results"]] == ["Décision  prise"]
     assert tools.search(cache, ["decision"])["results"] == []
@@ -195,14 +197,14 @@ def test_normalization_matches_accents_and_nfd(tmp_path: Path) -> None:
 
 def test_stale_index_still_correct(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {"a.md": "alpha\n", "b.md": "beta\n"})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/c.md", sha256_text("gamma alpha\n"), "gamma alpha\n"),
                  (f"{NS}/a.md", sha256_text("changed\n"), "changed\n")], [], {NS: info})
     got = [r["path"] for r in tools.search(cache, ["alpha"])["results"]]
     assert got == [f"{NS}/c.md"]
-    search_mod.refresh_index(cache)
-    conn = sqlite3.connect(search_mod.index_path(cache))
+    search_index.refresh_index(cache)
+    conn = sqlite3.connect(search_index.index_path(cache))
     assert sorted(p for (p,) in conn.execute("SELECT path FROM files")) == [
         f"{NS}/{n}.md" for n in "abc"]
     conn.close()
@@ -212,11 +214,11 @@ def test_stale_index_still_correct(tmp_path: Path) -> None:
 def test_refresh_skips_a_file_being_rewritten(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {"a.md": "alpha\n", "b.md": "beta\n"})
     (cache.root / NS / "b.md").write_text("beta rewritten\n", encoding="utf-8")
-    assert search_mod.refresh_index(cache) == {"changed": 1, "files": 1}
+    assert search_index.refresh_index(cache) == {"changed": 1, "files": 1}
     assert [r["path"] for r in tools.search(cache, ["rewritten"])["results"]] == [f"{NS}/b.md"]
     (cache.root / NS / "b.md").write_text("beta\n", encoding="utf-8")
-    assert search_mod.refresh_index(cache) == {"changed": 1, "files": 2}
-    assert search_mod.refresh_index(cache) == {"changed": 0, "files": 2}
+    assert search_index.refresh_index(cache) == {"changed": 1, "files": 2}
+    assert search_index.refresh_index(cache) == {"changed": 0, "files": 2}
 
 
 def flip_schema_byte(path: Path) -> None:
@@ -277,10 +279,10 @@ FILES = {f"f{i:02d}.md": f"alpha {i}\nbeta\n" for i in range(10)}
 def test_a_damaged_index_is_scanned_past_deleted_and_rebuilt(
         tmp_path: Path, damage: Callable[[Path], None], noticed: bool) -> None:
     cache = make_cache(tmp_path / "cache", FILES)
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     expected = reference(cache, ["alpha"])
     search_mod._SEARCHERS.clear()
-    damage(search_mod.index_path(cache))
+    damage(search_index.index_path(cache))
     search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
     try:
         for _ in range(2):
@@ -288,10 +290,10 @@ def test_a_damaged_index_is_scanned_past_deleted_and_rebuilt(
             assert [(r["path"], r["line_number"]) for r in got] == expected
     finally:
         search_mod.BACKGROUND_REFRESH = saved
-    assert search_mod.index_path(cache).exists() is not noticed  # the search deleted it
-    assert search_mod.refresh_index(cache) == {"changed": 10, "files": 10}
-    assert search_mod.refresh_index(cache) == {"changed": 0, "files": 10}
-    conn = sqlite3.connect(search_mod.index_path(cache))
+    assert search_index.index_path(cache).exists() is not noticed  # the search deleted it
+    assert search_index.refresh_index(cache) == {"changed": 10, "files": 10}
+    assert search_index.refresh_index(cache) == {"changed": 0, "files": 10}
+    conn = sqlite3.connect(search_index.index_path(cache))
     assert conn.execute("SELECT count(*) FROM files").fetchone() == (10,)
     conn.close()
     got = tools.search(cache, ["alpha"], max_results=200)["results"]
@@ -307,18 +309,18 @@ def test_a_link_in_place_of_the_index_is_removed_not_written_through(tmp_path: P
     conn.commit()
     conn.close()
     before = other.read_bytes()
-    path = search_mod.index_path(cache)
+    path = search_index.index_path(cache)
     path.parent.mkdir(parents=True)
     path.symlink_to(other)
     assert len(tools.search(cache, ["alpha"])["results"]) == 10
-    assert search_mod.refresh_index(cache) == {"changed": 10, "files": 10}
+    assert search_index.refresh_index(cache) == {"changed": 10, "files": 10}
     assert other.read_bytes() == before and not path.is_symlink()
     (tmp_path / "elsewhere").mkdir()
     for name in list(path.parent.iterdir()):
         name.unlink()
     path.parent.rmdir()
     path.parent.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
-    assert search_mod.refresh_index(cache) == {"changed": 10, "files": 10}
+    assert search_index.refresh_index(cache) == {"changed": 10, "files": 10}
     assert list((tmp_path / "elsewhere").iterdir()) == [] and not path.parent.is_symlink()
 
 
@@ -326,7 +328,7 @@ def test_the_index_command_rebuilds_a_damaged_index(tmp_path: Path) -> None:
     cache = make_cache(tmp_path / "cache", FILES)
     for damage in (None, flip_schema_byte, garbage):
         if damage is not None:
-            damage(search_mod.index_path(cache))
+            damage(search_index.index_path(cache))
         for _ in range(2):
             done = run_cli("index", "--cache", str(cache.root), "--json")
             assert done.returncode == 0, done.stderr
@@ -342,7 +344,7 @@ def test_links_are_neither_searched_nor_indexed(tmp_path: Path) -> None:
     target.unlink()
     target.symlink_to(outside)
     assert tools.search(cache, ["beta"])["results"] == []
-    assert search_mod.refresh_index(cache) == {"changed": 1, "files": 1}
+    assert search_index.refresh_index(cache) == {"changed": 1, "files": 1}
     assert tools.search(cache, ["beta"])["results"] == []
 
 
@@ -410,7 +412,7 @@ def generated_queries(rng: random.Random, texts: list[str], count: int) -> list[
         queries = [one() for _ in range(rng.choice([1, 1, 2, 3]))]
         fold = rng.choice([{}, {"case_sensitive": False}, {"normalized": True}])
         if not all(queries) or fold.get("normalized") and not all(
-                search_mod.normalize(q).strip() for q in queries):
+                normalize(q).strip() for q in queries):
             continue
         folder = rng.choice([None, None, f"{NS}/x", f"{NS}/x/y"])
         cases.append({"queries": queries, "match_mode": rng.choice(["any", "all"]),
@@ -440,27 +442,27 @@ def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None
     search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
     search_mod._CHUNK, chunk = 2, search_mod._CHUNK  # the index is asked a chunk at a time
     try:
-        search_mod.refresh_index(cache)
+        search_index.refresh_index(cache)
         check_cases(cache, cases, "covering")
         assert search_mod.searcher(cache)._view.manifest is None  # the manifest was not parsed
-        mark = search_mod.index_mark(cache)
+        mark = search_index.index_mark(cache)
         info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
         cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in {**changed, **added}.items()],
                     [f"{NS}/{p}" for p in gone], {NS: info})
         check_cases(cache, cases, "stale")
-        done = search_mod.update_index(cache, [f"{NS}/{p}" for p in {**changed, **added}],
+        done = search_index.update_index(cache, [f"{NS}/{p}" for p in {**changed, **added}],
                                        [f"{NS}/{p}" for p in gone], mark)
         assert done == {"changed": 12, "files": 72}
         check_cases(cache, cases, "updated")
         assert search_mod.searcher(cache)._view.manifest is None
-        search_mod.delete_index(search_mod.index_path(cache))
+        search_index.delete_index(search_index.index_path(cache))
         check_cases(cache, cases, "missing")
     finally:
         search_mod.BACKGROUND_REFRESH, search_mod._CHUNK = saved, chunk
 
 
 def index_bytes(cache: Cache) -> int:
-    return sum(p.stat().st_size for p in search_mod.index_path(cache).parent.iterdir())
+    return sum(p.stat().st_size for p in search_index.index_path(cache).parent.iterdir())
 
 
 def text_bytes(cache: Cache) -> int:
@@ -468,13 +470,13 @@ def text_bytes(cache: Cache) -> int:
 
 
 def test_the_index_is_smaller_than_the_text_it_indexes(corpus_cache: Cache) -> None:
-    search_mod.refresh_index(corpus_cache)
+    search_index.refresh_index(corpus_cache)
     assert index_bytes(corpus_cache) <= text_bytes(corpus_cache)
 
 
 def test_an_index_of_an_older_version_is_rebuilt_in_place_and_shrinks(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" * 2000 for i in range(20)})
-    path = search_mod.index_path(cache)
+    path = search_index.index_path(cache)
     path.parent.mkdir(parents=True)
     conn = sqlite3.connect(path)  # what version 1 wrote: FTS5 kept its own copy of each text
     conn.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
@@ -487,10 +489,10 @@ def test_an_index_of_an_older_version_is_rebuilt_in_place_and_shrinks(tmp_path: 
                      [(i, "old text " * 5000) for i in range(1, 40)])
     conn.commit()
     conn.close()
-    assert search_mod.refresh_index(cache) == {"changed": 20, "files": 20}
+    assert search_index.refresh_index(cache) == {"changed": 20, "files": 20}
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()[0] == \
-        f"{search_mod.INDEX_VERSION}/{unicodedata.unidata_version}"
+        f"{search_index.INDEX_VERSION}/{unicodedata.unidata_version}"
     conn.close()
     assert index_bytes(cache) <= text_bytes(cache)
     assert [r["path"] for r in tools.search(cache, ["alpha 7"])["results"][:1]] == [
@@ -499,25 +501,25 @@ def test_an_index_of_an_older_version_is_rebuilt_in_place_and_shrinks(tmp_path: 
 
 def test_update_index_reads_only_the_files_it_is_given(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(30)})
-    search_mod.refresh_index(cache)
-    mark = search_mod.index_mark(cache)
+    search_index.refresh_index(cache)
+    mark = search_index.index_mark(cache)
     assert mark == cache.files_mark() and mark
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/f00.md", sha256_text("beta\n"), "beta\n"),
                  (f"{NS}/new.md", sha256_text("beta new\n"), "beta new\n")],
                 [f"{NS}/f01.md"], {NS: info})
-    assert search_mod.index_mark(cache) is None  # the index no longer covers the manifest
-    assert search_mod.update_index(cache, [f"{NS}/f00.md", f"{NS}/new.md"], [f"{NS}/f01.md"],
+    assert search_index.index_mark(cache) is None  # the index no longer covers the manifest
+    assert search_index.update_index(cache, [f"{NS}/f00.md", f"{NS}/new.md"], [f"{NS}/f01.md"],
                                    mark) == {"changed": 3, "files": 30}
-    assert search_mod.index_mark(cache) is not None  # it covers the new manifest whole
+    assert search_index.index_mark(cache) is not None  # it covers the new manifest whole
     assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [
         f"{NS}/f00.md", f"{NS}/new.md"]
     assert search_mod.searcher(cache)._view.manifest is None
     cache.apply([(f"{NS}/f05.md", sha256_text("gamma\n"), "gamma\n")], [], {NS: info})
     # A mark the index no longer matches (a run that changed the cache without updating the
     # index came between): every file is compared, so the file nobody named is re-read too.
-    assert search_mod.update_index(cache, [], [], mark) == {"changed": 1, "files": 30}
-    assert search_mod.index_mark(cache) is not None
+    assert search_index.update_index(cache, [], [], mark) == {"changed": 1, "files": 30}
+    assert search_index.index_mark(cache) is not None
     assert [r["path"] for r in tools.search(cache, ["gamma"])["results"]] == [f"{NS}/f05.md"]
 
 
@@ -528,13 +530,13 @@ def test_any_over_ids_out_of_path_order_equals_a_full_scan(tmp_path: Path, added
     # the whole index once when they are many.
     texts = ["alpha\n", "beta\n", "alpha beta\n", "gamma\n"]
     cache = make_cache(tmp_path, {f"f{i:02d}.md": texts[i % 4] for i in range(40)})
-    search_mod.refresh_index(cache)
-    mark = search_mod.index_mark(cache)
+    search_index.refresh_index(cache)
+    mark = search_index.index_mark(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     new = {f"{NS}/f{i * 40 // added:02d}x.md": texts[(i + 1) % 4] for i in range(added)}
     cache.apply([(p, sha256_text(t), t) for p, t in new.items()], [], {NS: info})
-    search_mod.update_index(cache, list(new), [], mark)
-    assert search_mod.index_mark(cache) is not None
+    search_index.update_index(cache, list(new), [], mark)
+    assert search_index.index_mark(cache) is not None
     search_mod._CHUNK, chunk = 8, search_mod._CHUNK
     try:
         for queries in (["alpha", "beta"], ["beta", "gamma", "alpha"]):
@@ -546,7 +548,7 @@ def test_any_over_ids_out_of_path_order_equals_a_full_scan(tmp_path: Path, added
 
 def test_a_stale_index_starts_no_rebuild_a_missing_one_does(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {"a.md": "alpha\n"})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/n{i:03d}.md", sha256_text(f"alpha {i}\n"), f"alpha {i}\n")
                  for i in range(100)], [], {NS: info})
@@ -555,7 +557,7 @@ def test_a_stale_index_starts_no_rebuild_a_missing_one_does(tmp_path: Path) -> N
     try:
         assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
         assert search_mod.searcher(cache)._refreshed_for is None
-        search_mod.delete_index(search_mod.index_path(cache))
+        search_index.delete_index(search_index.index_path(cache))
         assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
         assert search_mod.searcher(cache)._refreshed_for is not None
     finally:
@@ -569,7 +571,7 @@ def test_all_of_common_words_reads_only_the_files_holding_every_one(tmp_path: Pa
              for i in range(60)}
     files["z1.md"] = files["z2.md"] = "rotate\nsigning key\n"
     cache = make_cache(tmp_path, files)
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     query = dict(queries=["rotate", "signing"], match_mode="all")
     got = [(r["path"], r["line_number"]) for r in all_pages(cache, **query)]
     assert got == reference(cache, ["rotate", "signing"], "all")
@@ -594,12 +596,12 @@ def test_a_search_loads_the_path_order_the_index_stored(tmp_path: Path) -> None:
     # Paths written in an order unlike their ids: the view's order is what the index stored,
     # read in one row, never sorted again by a search; and it is rewritten with each change.
     cache = make_cache(tmp_path, {f"m{i:02d}.md": f"alpha {i}\n" for i in range(20)})
-    search_mod.refresh_index(cache)
-    mark = search_mod.index_mark(cache)
+    search_index.refresh_index(cache)
+    mark = search_index.index_mark(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/a{i}.md", sha256_text(f"alpha a{i}\n"), f"alpha a{i}\n")
                  for i in range(3)], [f"{NS}/m05.md"], {NS: info})
-    search_mod.update_index(cache, [f"{NS}/a{i}.md" for i in range(3)], [f"{NS}/m05.md"], mark)
+    search_index.update_index(cache, [f"{NS}/a{i}.md" for i in range(3)], [f"{NS}/m05.md"], mark)
     got, statements = sql_of_next_search(cache, queries=["alpha"], max_results=4)
     assert got == reference(cache, ["alpha"])
     assert not [s for s in statements if "ORDER BY path" in s]
@@ -608,7 +610,7 @@ def test_a_search_loads_the_path_order_the_index_stored(tmp_path: Path) -> None:
 
 def test_each_result_s_provenance_comes_with_its_path_not_a_query_each(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {f"m{i:02d}.md": f"alpha {i}\n" for i in range(30)})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     got, statements = sql_of_next_search(cache, queries=["alpha"], max_results=25)
     assert got == reference(cache, ["alpha"])
     assert not [s for s in statements if "SELECT sha256, namespace FROM files WHERE id=" in s]
@@ -622,8 +624,8 @@ def test_an_order_the_index_no_longer_vouches_for_is_not_used(tmp_path: Path) ->
     # A writer that does not know the stored order (an older version of this code) adds a file
     # and bumps the generation: the order of the generation before is ignored, paths sorted.
     cache = make_cache(tmp_path, {f"m{i:02d}.md": f"alpha {i}\n" for i in range(20)})
-    search_mod.refresh_index(cache)
-    path = search_mod.index_path(cache)
+    search_index.refresh_index(cache)
+    path = search_index.index_path(cache)
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         before = conn.execute("SELECT key, ids, positions FROM orders").fetchone()
@@ -631,7 +633,7 @@ def test_an_order_the_index_no_longer_vouches_for_is_not_used(tmp_path: Path) ->
         conn.close()
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/a0.md", sha256_text("alpha a0\n"), "alpha a0\n")], [], {NS: info})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     conn = sqlite3.connect(path, isolation_level=None)
     try:  # as the older writer leaves it: the order of the generation before, still named
         conn.execute("DELETE FROM orders")
@@ -650,7 +652,7 @@ def test_paths_are_asked_of_the_index_in_batches(tmp_path: Path) -> None:
     # in a few queries, not one for each file.
     cache = make_cache(tmp_path, {f"f{i:03d}.md": f"alpha {i}\n" if i % 3 else f"beta {i}\n"
                                   for i in range(150)})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     got, statements = sql_of_next_search(cache, queries=["alpha", "beta"], max_results=200)
     assert got == reference(cache, ["alpha", "beta"])
     assert len(got) == 150
@@ -663,7 +665,7 @@ def test_a_page_that_fills_in_the_first_chunk_asks_the_index_about_no_other(
     # takes, so the paths asked in batches must not make the walk look past that chunk.
     cache = make_cache(tmp_path, {f"f{i:04d}.md": "alpha\n" if i % 10 == 0 else f"beta {i}\n"
                                   for i in range(3000)})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     search_mod._SEARCHERS.clear()
     searcher = search_mod.searcher(cache)
     tools.search(cache, ["nothing-like-it"])  # the view is loaded
@@ -679,7 +681,7 @@ def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_pat
     # The word is in every file: the page fills within the first files, so the index is asked
     # about the first chunk of positions only, not about all 10,000 files.
     cache = make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\n" for i in range(10000)})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     search_mod._SEARCHERS.clear()
     searcher = search_mod.searcher(cache)
     tools.search(cache, ["nothing-like-it"])  # the view is loaded
@@ -722,7 +724,7 @@ def test_short_queries_find_what_a_full_scan_finds(tmp_path: Path, query: str,
     # One or two characters begin a trigram of the index (each text ends in two more line
     # breaks there), at the end of a file without a line break too, and in a file that short.
     cache = make_cache(tmp_path, SHORT_FILES)
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     got = [(r["path"], r["line_number"])
            for r in all_pages(cache, queries=[query], case_sensitive=case_sensitive)]
     assert got == reference(cache, [query], case_sensitive=case_sensitive)
@@ -730,7 +732,7 @@ def test_short_queries_find_what_a_full_scan_finds(tmp_path: Path, query: str,
 
 def test_a_short_rare_query_reads_only_the_files_the_index_names(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, SHORT_FILES)
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     search_mod._SEARCHERS.clear()
     searcher = search_mod.searcher(cache)
     got = tools.search(cache, ["猫"])["results"]
@@ -747,7 +749,7 @@ def test_a_short_query_that_begins_too_many_trigrams_is_scanned(tmp_path: Path) 
     # saves, so every file is read, and the results are still a full scan's.
     words = " ".join(f"x{chr(0x4e00 + i)}{chr(0x4e00 + i)}" for i in range(600))
     cache = make_cache(tmp_path, {"big.md": words + "\n", "small.md": "x\n", "none.md": "y\n"})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     search_mod._SEARCHERS.clear()
     searcher = search_mod.searcher(cache)
     got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["x"])]

@@ -1,49 +1,45 @@
-"""Substring search over the cache, with a derived trigram index that only ever narrows the scan.
+"""Substring search over the cache: answering a query, with the index only ever narrowing the scan.
 
-The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
-holds an SQLite FTS5 trigram table of each file's normalized text, contentless (no copy of the
-text: a zlib copy of it beside, which only a later update reads to take the file's old trigrams
-out), each file's path, sha256 and namespace, the sha256 of the manifest it covers whole, and
-the files' ids in path order (so a new searcher loads its view in one read, not by sorting every
-path). `update_index` (a sync, for the files it wrote or removed) and `refresh_index` (the `index`
-command, a fresh cache) keep it current.
-
-A search asks the index which files can possibly match and verifies every candidate against the
-real file. When the index covers the manifest exactly (the same `Cache.files_mark`), the
-manifest's file rows are never read: paths, sha256s and namespaces come from the index. Otherwise the files
-whose indexed sha256 differs from the manifest's (or that the index lacks) are always scanned,
-and a missing or broken index means a full scan, so results never depend on the index. An index
-that cannot be read (damaged, or a link or folder in its place) is deleted by whichever finds
-it, a search or a refresh; only a missing, old or broken index makes a search start a refresh
-in the background.
+A search asks the index (search_index.py) which files can possibly match and verifies every
+candidate against the real file. When the index covers the manifest exactly (the same
+`Cache.files_mark`), the manifest's file rows are never read: paths, sha256s and namespaces come
+from the index. Otherwise the files whose indexed sha256 differs from the manifest's (or that the
+index lacks) are always scanned, and a missing or broken index means a full scan, so results
+never depend on the index. Only a missing, old or broken index makes a search start a refresh in
+the background.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import sqlite3
 import stat
-import unicodedata
-import zlib
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache, CachedFile, Manifest, NamespaceInfo
+from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
+from sharedmem.cache.folding import normalize
 from sharedmem.cache.layout import CacheFiles
+from sharedmem.cache.search_index import (
+    READ_ERRORS,
+    TEXT_END,
+    delete_index,
+    index_path,
+    index_version,
+    inverse,
+    is_busy,
+    is_planted,
+    read_cached,
+    refresh_in_background,
+)
 from sharedmem.core import CacheError, SharedMemoryError
-from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "3"
-INDEX_FILE = "search.sqlite3"
 LINE_CHARS = 1000
 BACKGROUND_REFRESH = True  # a missing or broken index makes a search start `index --background`
-_DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 _MAX_GRAMS = 8
 _DENSE = 0.3  # an index naming more than this share of files does not narrow a page in order
 _CHUNK = 1024  # positions a walk first asks the index about; each next chunk doubles
@@ -52,388 +48,7 @@ _FEW = 128  # candidates under 1/128 of a chunk are verified by reading, other k
 _WHOLE = 4096  # a key that names at most about this many files is asked of the whole index
 _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`_View.run`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
-# Each indexed text ends with two line breaks more, so every string of one or two characters it
-# holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
-_END = "\n\n"
 _SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looked up (scanned)
-_SPACES = re.compile(r" [^\S\n]+|[^\S\n ][^\S\n]*")
-_UNCOLLAPSED = re.compile(r"[^\S\n ]|  ")  # what _SPACES would change: a cheap test first
-_MARKED = re.compile(r"[^\x00-\u02ff]")
-
-
-def normalize(text: str) -> str:
-    """NFKC, casefold, drop accents, collapse blanks: so `decision` finds `Décision`.
-
-    Line breaks survive, so line numbers in the normalized text are those of the original.
-    ASCII text skips the Unicode steps, which leave it as it is (casefold is lower there).
-    """
-    if text.isascii():
-        text = text.lower()
-    else:
-        text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text).casefold())
-        if not text.isascii():
-            for mark in {c for c in _MARKED.findall(text) if unicodedata.combining(c)}:
-                text = text.replace(mark, "")
-    return _SPACES.sub(" ", text) if _UNCOLLAPSED.search(text) else text
-
-
-def index_path(cache: Cache) -> Path:
-    """Where the derived index of `cache` lives (private metadata, never published)."""
-    return cache.root / META_DIR / INDEX_DIR / INDEX_FILE
-
-
-_COMPANIONS = ("", "-journal", "-wal", "-shm")
-_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: another process holds the index, which is fine
-# What reading an index can raise when the file is not what a refresh wrote: SQLite's errors,
-# UnicodeDecodeError (a ValueError) for text or even an error message that is not UTF-8,
-# ValueError or TypeError for values of the wrong kind, zlib.error for a damaged stored text.
-_READ_ERRORS = (sqlite3.Error, ValueError, TypeError, zlib.error)
-
-
-def _busy(exc: Exception) -> bool:
-    """True when `exc` says the index is locked by another process, not that it is damaged."""
-    code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.Error) else None
-    return code is not None and code & 0xFF in _BUSY
-
-
-def _planted(path: Path) -> bool:
-    """True when a link or a non-file stands where the index or its folder should be.
-
-    SQLite would follow a link there, and a refresh would then write into whatever it names.
-    """
-    try:
-        if not stat.S_ISDIR(os.lstat(path.parent).st_mode):
-            return True
-    except FileNotFoundError:
-        return False
-    for suffix in _COMPANIONS:
-        try:
-            mode = os.lstat(str(path) + suffix).st_mode
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISREG(mode):
-            return True
-    return False
-
-
-def delete_index(path: Path) -> None:
-    """Remove the index and its companion files: derived data, which a refresh builds again.
-
-    A link goes itself, never what it names; a folder planted in the index's place goes too.
-    """
-    if os.path.lexists(path.parent) and not _real_folder(path.parent):
-        os.unlink(path.parent)
-        return
-    for suffix in _COMPANIONS:
-        name = str(path) + suffix
-        if _real_folder(name):
-            import shutil  # only here: with it come bz2 and lzma, which a search never needs
-            shutil.rmtree(name)
-        else:
-            Path(name).unlink(missing_ok=True)
-
-
-def _real_folder(path: os.PathLike[str] | str) -> bool:
-    """A folder, not a link to one."""
-    return os.path.isdir(path) and not os.path.islink(path)
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, timeout=10, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout=10000")
-    # Derived data: WAL with NORMAL sync cannot corrupt on power loss (it may only lose the last
-    # refresh, which the sha256 check then redoes) and spares a sync its fsyncs.
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    return conn
-
-
-def _version() -> str:
-    """The index's format and the Unicode tables `normalize` used: either changing rebuilds it."""
-    return f"{INDEX_VERSION}/{unicodedata.unidata_version}"
-
-
-_SCHEMA = (
-    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
-    " sha256 TEXT NOT NULL, namespace TEXT NOT NULL)",
-    "CREATE TABLE texts(id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
-    "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
-    " detail=none, content='', columnsize=0)",
-)
-# The files' ids in path order and where each id stands in it, as two arrays of int64: a search
-# loads its view with one read instead of sorting every path. Valid only while meta's `order`
-# names it and starts with meta's generation (code that does not know the table bumps that).
-_ORDER_TABLE = "CREATE TABLE IF NOT EXISTS orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL," \
-    " positions BLOB NOT NULL)"
-
-
-def _files_of(cache: Cache) -> Mapping[str, CachedFile] | None:
-    """The manifest's file list (a view of its store, in path order); None when damaged."""
-    files = cache.load().files
-    return None if cache.damage is not None else files
-
-
-def refresh_index(cache: Cache) -> dict[str, int]:
-    """Bring the index in line with the whole cache manifest; only changed files are re-read.
-
-    Run by `index` (which a search starts in the background when the index is missing, old or
-    broken); safe to run concurrently (one writer waits). Returns files re-indexed or dropped
-    (`changed`) and files indexed in all (`files`).
-    """
-    return _write(cache, lambda writer: writer.reconcile(cache))
-
-
-def index_mark(cache: Cache) -> str | None:
-    """What `update_index` needs from before a sync changes the cache: call it first.
-
-    The manifest's files mark (`Cache.files_mark`) when the index covers it exactly, else
-    None; reading it costs one query of each.
-    """
-    path = index_path(cache)
-    if _planted(path) or not path.is_file():  # no index: the manifest is not read at all
-        return None
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10,
-                               isolation_level=None)
-        try:
-            meta = dict(conn.execute("SELECT key, value FROM meta"))
-        finally:
-            conn.close()
-    except _READ_ERRORS:
-        return None
-    mark = cache.files_mark()
-    return mark if mark and meta.get("version") == _version() and meta.get("manifest") == mark \
-        else None
-
-
-def update_index(cache: Cache, written: Iterable[str], removed: Iterable[str],
-                 mark: str | None) -> dict[str, int]:
-    """Re-index just the files a run wrote or removed, when the index covered the cache before.
-
-    `mark` is what `index_mark` returned before the run changed the cache. With it, only the
-    named paths are read, and the index then covers the new manifest (searches verify that by
-    its files mark). Without it, or if the index changed since, this is `refresh_index`. Call it
-    in the process that changed the cache, right after `Cache.apply`, while no other process
-    can write the cache (the sync lock): the paths' sha256s come from that manifest. The paths
-    are streamed (a first pull's are its records in SQLite, `Cache.written`), not held; one
-    named twice is re-read once.
-    """
-    if mark is None:
-        return refresh_index(cache)
-    return _write(cache, lambda writer: writer.delta(cache, written, removed, mark))
-
-
-def _write(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int]:
-    """Run `work` in a write transaction; a damaged or old index is deleted and built again."""
-    path = index_path(cache)
-    if _planted(path):
-        delete_index(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    damaged = False
-    while True:
-        try:
-            done = _Writer.run(path, cache, work)
-        except _READ_ERRORS as exc:
-            if _busy(exc):
-                raise CacheError(f"the search index {path} is busy: another `index` holds it; "
-                                 "try again when it is done") from None
-            if damaged:
-                raise CacheError(f"the search index {path} cannot be built ({exc}): delete "
-                                 f"the folder {path.parent} (derived data only) and run "
-                                 "`shared_memory.py index` again") from None
-            damaged = True
-            delete_index(path)  # damaged: derived data, so built again from the cache
-            continue
-        if done is not None:
-            return done
-        work = lambda writer: writer.reconcile(cache)  # noqa: E731 - the mark did not hold
-
-
-class _Writer:
-    """One write transaction on the index: files read, normalized and (un)indexed."""
-
-    def __init__(self, conn: sqlite3.Connection, disk: CacheFiles) -> None:
-        self.conn, self.disk = conn, disk
-        self.changed = 0
-        self.emptied = False  # an index of another version was emptied: VACUUM after
-
-    @classmethod
-    def run(cls, path: Path, cache: Cache,
-            work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int] | None:
-        conn = _connect(path)
-        try:
-            with CacheFiles(cache.root) as disk:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    writer = cls(conn, disk)
-                    writer.prepare()
-                    done = work(writer)
-                    conn.execute("ROLLBACK" if done is None else "COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            if writer.emptied:
-                conn.execute("VACUUM")  # the old version's pages, which nothing else frees
-            # A big write leaves a WAL as large as itself; searches read the file, not the WAL.
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            return done
-        finally:
-            conn.close()
-
-    def prepare(self) -> None:
-        """Create the tables, or empty an index of another version in place."""
-        names = {n for (n,) in self.conn.execute("SELECT name FROM sqlite_master")}
-        version = None
-        if "meta" in names:
-            row = self.conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()
-            version = row[0] if row else None
-        if version == _version() and {"files", "texts", "grams"} <= names:
-            self.conn.execute(_ORDER_TABLE)  # an index written before the table existed
-            return
-        self.emptied = bool(names)
-        for name in ("grams", "texts", "files", "meta", "orders"):
-            self.conn.execute(f"DROP TABLE IF EXISTS {name}")
-        for statement in (*_SCHEMA, _ORDER_TABLE):
-            self.conn.execute(statement)
-        self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)",
-                              [("version", _version()), ("generation", "0"),
-                               ("manifest", "")])
-
-    def meta(self, key: str) -> str:
-        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return str(row[0]) if row else ""
-
-    def finish(self, mark: str | None, complete: bool) -> dict[str, int]:
-        """Record the generation and which manifest the index now covers whole, if any."""
-        generation = int(self.meta("generation") or 0) + (1 if self.changed else 0)
-        self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-                              [("generation", str(generation)),
-                               ("manifest", mark if complete and mark else "")])
-        self.store_order(generation)
-        files = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
-        return {"changed": self.changed, "files": files}
-
-    def store_order(self, generation: int) -> None:
-        """Write the ids in path order (see `_ORDER_TABLE`) when the files changed since."""
-        key = self.meta("order")
-        if not self.changed and key.split("/")[0] == str(generation) and self.conn.execute(
-                "SELECT 1 FROM orders WHERE key=?", (key,)).fetchone():
-            return
-        ids = array("q", (i for (i,) in self.conn.execute("SELECT id FROM files ORDER BY path")))
-        where = _inverse(ids)
-        key = f"{generation}/{os.urandom(8).hex()}"
-        self.conn.execute("DELETE FROM orders")
-        self.conn.execute("INSERT INTO orders(key, ids, positions) VALUES (?, ?, ?)",
-                          (key, ids.tobytes(), where.tobytes()))
-        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('order', ?)", (key,))
-
-    def reconcile(self, cache: Cache) -> dict[str, int]:
-        """Compare every indexed file with the manifest; re-read only those that differ."""
-        mark = cache.files_mark()
-        files = _files_of(cache)
-        manifest = files or {}
-        indexed = {p: (i, s) for i, p, s in self.conn.execute(
-            "SELECT id, path, sha256 FROM files")}
-        for relpath, (row_id, sha) in indexed.items():
-            meta = manifest.get(relpath)
-            if meta is None:
-                self.drop(row_id)
-            elif meta.sha256 != sha:
-                self.drop(row_id, keep=True)
-        complete = files is not None
-        for relpath, meta in manifest.items():  # streamed in path order, not held
-            old = indexed.get(relpath)
-            if old is not None and old[1] == meta.sha256:
-                continue
-            complete &= self.put(relpath, meta, old[0] if old else None)
-        return self.finish(mark, complete and mark == cache.files_mark())
-
-    def delta(self, cache: Cache, written: Iterable[str], removed: Iterable[str],
-              mark: str) -> dict[str, int] | None:
-        """Re-index the named paths; None when the index no longer covers the `mark` manifest.
-
-        Each path is made as the manifest says, so one named again changes nothing more.
-        """
-        if self.meta("manifest") != mark:
-            return None
-        now = cache.files_mark()
-        files = _files_of(cache)
-        if now is None or files is None:
-            return None
-        complete = True
-        for relpath in (p for paths in (written, removed) for p in paths):
-            row = self.conn.execute("SELECT id, sha256 FROM files WHERE path=?",
-                                    (relpath,)).fetchone()
-            meta = files.get(relpath)
-            if meta is None:
-                if row is not None:
-                    self.drop(row[0])
-            elif row is None or row[1] != meta.sha256:
-                if row is not None:
-                    self.drop(row[0], keep=True)
-                complete &= self.put(relpath, meta, row[0] if row else None)
-        count = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
-        return self.finish(now, complete and count == len(files) and now == cache.files_mark())
-
-    def drop(self, row_id: int, keep: bool = False) -> None:
-        """Take a file's trigrams out (its old text is stored for that); `keep` its row id."""
-        row = self.conn.execute("SELECT body FROM texts WHERE id=?", (row_id,)).fetchone()
-        if row is not None:
-            self.conn.execute("INSERT INTO grams(grams, rowid, body) VALUES ('delete', ?, ?)",
-                              (row_id, zlib.decompress(row[0]).decode("utf-8")))
-        self.conn.execute("DELETE FROM texts WHERE id=?", (row_id,))
-        if not keep:
-            self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
-            self.changed += 1
-
-    def put(self, relpath: str, meta: CachedFile, row_id: int | None) -> bool:
-        """Index the file as the manifest describes it; False when its bytes do not match.
-
-        Such a file (a sync is rewriting it, or a link stands there) is left unindexed, so
-        searches scan it. `row_id` is the row it had, already dropped from the trigrams.
-        """
-        data = _read(self.disk, relpath)
-        if data is None or hashlib.sha256(data).hexdigest() != meta.sha256:
-            if row_id is not None:
-                self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
-                self.changed += 1
-            return False
-        text = normalize(data.decode("utf-8", "replace")) + _END
-        if row_id is None:
-            row_id = self.conn.execute(
-                "INSERT INTO files(path, sha256, namespace) VALUES (?, ?, ?)",
-                (relpath, meta.sha256, meta.namespace)).lastrowid
-        else:
-            self.conn.execute("UPDATE files SET sha256=?, namespace=? WHERE id=?",
-                              (meta.sha256, meta.namespace, row_id))
-        body = text.encode("utf-8", "surrogatepass")
-        self.conn.execute("INSERT INTO texts(id, body) VALUES (?, ?)",
-                          (row_id, zlib.compress(body, 1)))
-        self.conn.execute("INSERT INTO grams(rowid, body) VALUES (?, ?)", (row_id, text))
-        self.changed += 1
-        return True
-
-
-def refresh_in_background(cache: Cache) -> bool:
-    """Start `index --cache DIR --background` detached; False when it could not be started.
-
-    A search that finds no usable index calls this instead of building it in its own time, so
-    no request waits for the index; the refresh runs on idle CPU time.
-    """
-    import subprocess
-    import sys
-    command = [sys.executable, str(LAUNCHER), "index", "--cache", str(cache.root),
-               "--background"]
-    try:
-        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, close_fds=True,
-                         creationflags=_DETACHED if os.name == "nt" else 0,
-                         start_new_session=os.name != "nt")
-    except OSError:
-        return False
-    return True
 
 
 class Query(NamedTuple):
@@ -479,7 +94,7 @@ class _Index:
                                           != self._identity):
                 self.close()
             if self.conn is None:
-                if _planted(self.path):
+                if is_planted(self.path):
                     delete_index(self.path)
                     return None
                 if info is None or not stat.S_ISREG(info.st_mode):
@@ -489,7 +104,7 @@ class _Index:
                 self._identity = (info.st_dev, info.st_ino)
             self.conn.execute("BEGIN")
             return {str(k): str(v) for k, v in self.conn.execute("SELECT key, value FROM meta")}
-        except (*_READ_ERRORS, OSError) as exc:
+        except (*READ_ERRORS, OSError) as exc:
             self._unreadable(exc)
             return None
 
@@ -498,7 +113,7 @@ class _Index:
         if self.conn is not None and self.conn.in_transaction:
             try:
                 self.conn.execute("COMMIT")
-            except _READ_ERRORS:
+            except READ_ERRORS:
                 self.close()
 
     def close(self) -> None:
@@ -515,7 +130,7 @@ class _Index:
         """
         identity = self._identity
         self.close()
-        if isinstance(exc, OSError) or _busy(exc) or identity is None or _is_new(self.path):
+        if isinstance(exc, OSError) or is_busy(exc) or identity is None or _is_new(self.path):
             return
         try:
             info = os.stat(self.path)
@@ -535,7 +150,7 @@ class _Index:
             raise _IndexLost
         try:
             return self.conn.execute(sql, args).fetchall()
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             self._unreadable(exc)
             raise _IndexLost from None
 
@@ -590,7 +205,7 @@ class _Index:
         terms = [t for (t,) in rows if t.startswith(key)]
         if len(terms) > _SHORT_TERMS:
             return None
-        return "(" + " OR ".join(_quoted(t) for t in terms or [key + _END[:3 - len(key)]]) + ")"
+        return "(" + " OR ".join(_quoted(t) for t in terms or [key + TEXT_END[:3 - len(key)]]) + ")"
 
     def between(self, expr: str, lo: int, hi: int) -> array[int]:
         """Ids from `lo` to `hi` of the files the MATCH `expr` names: one seek into each list."""
@@ -630,14 +245,6 @@ def _quoted(term: str) -> str:
     return '"' + term.replace('"', '""') + '"'
 
 
-def _inverse(ids: array[int]) -> array[int]:
-    """Position of each id in `ids` (-1 for ids not in it), indexed by id."""
-    where = array("q", [-1]) * (max(ids, default=0) + 1)
-    for pos, row_id in enumerate(ids):
-        if row_id >= 0:
-            where[row_id] = pos
-    return where
-
 
 def _is_new(path: Path) -> bool:
     """True for an index a refresh has created but not yet committed to: no tables at all."""
@@ -647,7 +254,7 @@ def _is_new(path: Path) -> bool:
             return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
         finally:
             conn.close()
-    except _READ_ERRORS:
+    except READ_ERRORS:
         return False
 
 
@@ -666,7 +273,7 @@ class _View:
         self.manifest, self.namespaces = manifest, namespaces
         # Only a view from the manifest has positions the index does not vouch for.
         self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
-        self.where = where if where is not None else _inverse(ids)
+        self.where = where if where is not None else inverse(ids)
         self.runs: dict[tuple[int, int], tuple[int, int, list[int]] | None] = {}  # `run`
         # id -> (sha256, namespace) of the batch `named` asked last, for `provenance`.
         self.origins: dict[Any, tuple[Any, Any]] = {}
@@ -906,7 +513,7 @@ class Searcher:
         """The view for the cache and index as they are now, rebuilt only when either changed."""
         marks = self._marks()
         meta = self.index.begin() if use_index else None
-        if use_index and (meta is None or meta.get("version") != _version()):
+        if use_index and (meta is None or meta.get("version") != index_version()):
             self._start_refresh(marks[1])
             meta = None
         key = (marks, self.index._identity, meta.get("generation") if meta else None)
@@ -972,7 +579,7 @@ class Searcher:
         every = set(range(len(matcher.needles)))
         everything = page.query.match_mode == "all"
         for pos, relpath in view.named(_walk_named(view, spans, named, 1, last_path), page.room):
-            data = _read(disk, relpath)
+            data = read_cached(disk, relpath)
             self.scanned += 1
             found = matcher.which(data, every) if data is not None else set()
             if not found or everything and found != every:
@@ -1009,7 +616,7 @@ class Searcher:
             walk = _walk_named(view, spans, named, group, start if group == first else "")
             kept = (p for p in walk if held.get(p, group) == group)
             for pos, relpath in view.named(kept, page.room):
-                data = _read(disk, relpath)
+                data = read_cached(disk, relpath)
                 self.scanned += 1
                 found = matcher.which(data, every) if data is not None else set()
                 held[pos] = len(found)
@@ -1176,13 +783,6 @@ def _lines(data: bytes, matcher: _Matcher) -> tuple[list[str], list[set[int]]]:
         rows.pop()
     return rows, hits
 
-
-def _read(disk: CacheFiles, relpath: str) -> bytes | None:
-    """A cached file's bytes; None when it is missing, a link (never followed) or unreadable."""
-    try:
-        return disk.read(relpath)
-    except SharedMemoryError:
-        return None
 
 
 def _folder(query: Query) -> Callable[[str], str]:

@@ -142,7 +142,7 @@ def build_index(sub: Any) -> None:
 
 
 def run_index(args: Any) -> int:
-    from sharedmem.cache import search
+    from sharedmem.cache import search_index
     from sharedmem.cache.cache import Cache
     from sharedmem.core import ConfigError
     root = load_config(args.config).cache if args.config else user_path(args.cache)
@@ -151,7 +151,7 @@ def run_index(args: Any) -> int:
                           "`shared_memory.py sync --config PATH` first")
     if args.background:
         _lowest_priority()
-    result = search.refresh_index(Cache(root))
+    result = search_index.refresh_index(Cache(root))
     if not args.background:
         emit(result, args.json, f"index: {result['changed']} files refreshed, "
                                  f"{result['files']} indexed")

@@ -336,8 +336,8 @@ class Exchange:
         """
         indexed = self.build_index or (self.cache.meta / INDEX_DIR).exists()
         if indexed:  # no index, none to build: the search module is not even loaded
-            from sharedmem.cache import search
-        mark = search.index_mark(self.cache) if indexed else None
+            from sharedmem.cache import search_index
+        mark = search_index.index_mark(self.cache) if indexed else None
         damaged, rebuilt = self.cache.damaged, self.cache.rebuilt
         outcome = self.cache.commit(pulled.intake, pulled.removed, pulled.namespaces,
                                     server=pulled.server)
@@ -350,7 +350,7 @@ class Exchange:
         if written or removed or mark is None:
             self.progress(f"search index: updating for {len(written) + len(removed)} files")
             try:
-                search.update_index(self.cache, written, removed, mark)
+                search_index.update_index(self.cache, written, removed, mark)
             except SharedMemoryError as exc:
                 outcome["index_error"] = str(exc)
         return outcome

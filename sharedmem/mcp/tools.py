@@ -277,7 +277,8 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
            case_sensitive: bool | None = None, normalized: bool | None = None,
            max_results: int | None = None) -> dict[str, Any]:
     """Lines containing the queries as substrings, most relevant files first, one page."""
-    from sharedmem.cache.search import Query, normalize, searcher
+    from sharedmem.cache.folding import normalize
+    from sharedmem.cache.search import Query, searcher
     if not isinstance(queries, list) or not 1 <= len(queries) <= MAX_QUERIES:
         raise LimitError(f"queries must be a list of 1 to {MAX_QUERIES} strings, e.g. "
                          "[\"release\"]")

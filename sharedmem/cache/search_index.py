@@ -1,0 +1,417 @@
+"""The search index's upkeep: its format, and the writers that keep it in line with the cache.
+
+The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
+holds an SQLite FTS5 trigram table of each file's normalized text (`folding.normalize`),
+contentless (no copy of the text: a zlib copy of it beside, which only a later update reads to
+take the file's old trigrams out), each file's path, sha256 and namespace, the `files` mark of
+the manifest it covers whole, and the files' ids in path order (so a new searcher loads its view
+in one read, not by sorting every path). `update_index` (a sync, for the files it wrote or
+removed) and `refresh_index` (the `index` command, a fresh cache) keep it current; search.py
+reads it. An index that cannot be read (damaged, or a link or folder in its place) is deleted
+and built again: it is derived data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import stat
+import unicodedata
+import zlib
+from array import array
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache, CachedFile
+from sharedmem.cache.folding import normalize
+from sharedmem.cache.layout import CacheFiles
+from sharedmem.core import CacheError, SharedMemoryError
+from sharedmem.program import LAUNCHER
+
+INDEX_VERSION = "3"
+INDEX_FILE = "search.sqlite3"
+_DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
+# Each indexed text ends with two line breaks more, so every string of one or two characters it
+# holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
+TEXT_END = "\n\n"
+
+
+def index_path(cache: Cache) -> Path:
+    """Where the derived index of `cache` lives (private metadata, never published)."""
+    return cache.root / META_DIR / INDEX_DIR / INDEX_FILE
+
+
+_COMPANIONS = ("", "-journal", "-wal", "-shm")
+_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: another process holds the index, which is fine
+# What reading an index can raise when the file is not what a refresh wrote: SQLite's errors,
+# UnicodeDecodeError (a ValueError) for text or even an error message that is not UTF-8,
+# ValueError or TypeError for values of the wrong kind, zlib.error for a damaged stored text.
+READ_ERRORS = (sqlite3.Error, ValueError, TypeError, zlib.error)
+
+
+def is_busy(exc: Exception) -> bool:
+    """True when `exc` says the index is locked by another process, not that it is damaged."""
+    code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.Error) else None
+    return code is not None and code & 0xFF in _BUSY
+
+
+def is_planted(path: Path) -> bool:
+    """True when a link or a non-file stands where the index or its folder should be.
+
+    SQLite would follow a link there, and a refresh would then write into whatever it names.
+    """
+    try:
+        if not stat.S_ISDIR(os.lstat(path.parent).st_mode):
+            return True
+    except FileNotFoundError:
+        return False
+    for suffix in _COMPANIONS:
+        try:
+            mode = os.lstat(str(path) + suffix).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(mode):
+            return True
+    return False
+
+
+def delete_index(path: Path) -> None:
+    """Remove the index and its companion files: derived data, which a refresh builds again.
+
+    A link goes itself, never what it names; a folder planted in the index's place goes too.
+    """
+    if os.path.lexists(path.parent) and not _real_folder(path.parent):
+        os.unlink(path.parent)
+        return
+    for suffix in _COMPANIONS:
+        name = str(path) + suffix
+        if _real_folder(name):
+            import shutil  # only here: with it come bz2 and lzma, which a search never needs
+            shutil.rmtree(name)
+        else:
+            Path(name).unlink(missing_ok=True)
+
+
+def _real_folder(path: os.PathLike[str] | str) -> bool:
+    """A folder, not a link to one."""
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=10, isolation_level=None)
+    conn.execute("PRAGMA busy_timeout=10000")
+    # Derived data: WAL with NORMAL sync cannot corrupt on power loss (it may only lose the last
+    # refresh, which the sha256 check then redoes) and spares a sync its fsyncs.
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return conn
+
+
+def index_version() -> str:
+    """The index's format and the Unicode tables `normalize` used: either changing rebuilds it."""
+    return f"{INDEX_VERSION}/{unicodedata.unidata_version}"
+
+
+_SCHEMA = (
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
+    " sha256 TEXT NOT NULL, namespace TEXT NOT NULL)",
+    "CREATE TABLE texts(id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
+    "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
+    " detail=none, content='', columnsize=0)",
+)
+# The files' ids in path order and where each id stands in it, as two arrays of int64: a search
+# loads its view with one read instead of sorting every path. Valid only while meta's `order`
+# names it and starts with meta's generation (code that does not know the table bumps that).
+_ORDER_TABLE = "CREATE TABLE IF NOT EXISTS orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL," \
+    " positions BLOB NOT NULL)"
+
+
+def _files_of(cache: Cache) -> Mapping[str, CachedFile] | None:
+    """The manifest's file list (a view of its store, in path order); None when damaged."""
+    files = cache.load().files
+    return None if cache.damage is not None else files
+
+
+def refresh_index(cache: Cache) -> dict[str, int]:
+    """Bring the index in line with the whole cache manifest; only changed files are re-read.
+
+    Run by `index` (which a search starts in the background when the index is missing, old or
+    broken); safe to run concurrently (one writer waits). Returns files re-indexed or dropped
+    (`changed`) and files indexed in all (`files`).
+    """
+    return _write(cache, lambda writer: writer.reconcile(cache))
+
+
+def index_mark(cache: Cache) -> str | None:
+    """What `update_index` needs from before a sync changes the cache: call it first.
+
+    The manifest's files mark (`Cache.files_mark`) when the index covers it exactly, else
+    None; reading it costs one query of each.
+    """
+    path = index_path(cache)
+    if is_planted(path) or not path.is_file():  # no index: the manifest is not read at all
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10,
+                               isolation_level=None)
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta"))
+        finally:
+            conn.close()
+    except READ_ERRORS:
+        return None
+    mark = cache.files_mark()
+    return mark if mark and meta.get("version") == index_version() \
+        and meta.get("manifest") == mark else None
+
+
+def update_index(cache: Cache, written: Iterable[str], removed: Iterable[str],
+                 mark: str | None) -> dict[str, int]:
+    """Re-index just the files a run wrote or removed, when the index covered the cache before.
+
+    `mark` is what `index_mark` returned before the run changed the cache. With it, only the
+    named paths are read, and the index then covers the new manifest (searches verify that by
+    its files mark). Without it, or if the index changed since, this is `refresh_index`. Call it
+    in the process that changed the cache, right after `Cache.apply`, while no other process
+    can write the cache (the sync lock): the paths' sha256s come from that manifest. The paths
+    are streamed (a first pull's are its records in SQLite, `Cache.written`), not held; one
+    named twice is re-read once.
+    """
+    if mark is None:
+        return refresh_index(cache)
+    return _write(cache, lambda writer: writer.delta(cache, written, removed, mark))
+
+
+def _write(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int]:
+    """Run `work` in a write transaction; a damaged or old index is deleted and built again."""
+    path = index_path(cache)
+    if is_planted(path):
+        delete_index(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    damaged = False
+    while True:
+        try:
+            done = _Writer.run(path, cache, work)
+        except READ_ERRORS as exc:
+            if is_busy(exc):
+                raise CacheError(f"the search index {path} is busy: another `index` holds it; "
+                                 "try again when it is done") from None
+            if damaged:
+                raise CacheError(f"the search index {path} cannot be built ({exc}): delete "
+                                 f"the folder {path.parent} (derived data only) and run "
+                                 "`shared_memory.py index` again") from None
+            damaged = True
+            delete_index(path)  # damaged: derived data, so built again from the cache
+            continue
+        if done is not None:
+            return done
+        work = lambda writer: writer.reconcile(cache)  # noqa: E731 - the mark did not hold
+
+
+class _Writer:
+    """One write transaction on the index: files read, normalized and (un)indexed."""
+
+    def __init__(self, conn: sqlite3.Connection, disk: CacheFiles) -> None:
+        self.conn, self.disk = conn, disk
+        self.changed = 0
+        self.emptied = False  # an index of another version was emptied: VACUUM after
+
+    @classmethod
+    def run(cls, path: Path, cache: Cache,
+            work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int] | None:
+        conn = _connect(path)
+        try:
+            with CacheFiles(cache.root) as disk:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    writer = cls(conn, disk)
+                    writer.prepare()
+                    done = work(writer)
+                    conn.execute("ROLLBACK" if done is None else "COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            if writer.emptied:
+                conn.execute("VACUUM")  # the old version's pages, which nothing else frees
+            # A big write leaves a WAL as large as itself; searches read the file, not the WAL.
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return done
+        finally:
+            conn.close()
+
+    def prepare(self) -> None:
+        """Create the tables, or empty an index of another version in place."""
+        names = {n for (n,) in self.conn.execute("SELECT name FROM sqlite_master")}
+        version = None
+        if "meta" in names:
+            row = self.conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()
+            version = row[0] if row else None
+        if version == index_version() and {"files", "texts", "grams"} <= names:
+            self.conn.execute(_ORDER_TABLE)  # an index written before the table existed
+            return
+        self.emptied = bool(names)
+        for name in ("grams", "texts", "files", "meta", "orders"):
+            self.conn.execute(f"DROP TABLE IF EXISTS {name}")
+        for statement in (*_SCHEMA, _ORDER_TABLE):
+            self.conn.execute(statement)
+        self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)",
+                              [("version", index_version()), ("generation", "0"),
+                               ("manifest", "")])
+
+    def meta(self, key: str) -> str:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return str(row[0]) if row else ""
+
+    def finish(self, mark: str | None, complete: bool) -> dict[str, int]:
+        """Record the generation and which manifest the index now covers whole, if any."""
+        generation = int(self.meta("generation") or 0) + (1 if self.changed else 0)
+        self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                              [("generation", str(generation)),
+                               ("manifest", mark if complete and mark else "")])
+        self.store_order(generation)
+        files = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
+        return {"changed": self.changed, "files": files}
+
+    def store_order(self, generation: int) -> None:
+        """Write the ids in path order (see `_ORDER_TABLE`) when the files changed since."""
+        key = self.meta("order")
+        if not self.changed and key.split("/")[0] == str(generation) and self.conn.execute(
+                "SELECT 1 FROM orders WHERE key=?", (key,)).fetchone():
+            return
+        ids = array("q", (i for (i,) in self.conn.execute("SELECT id FROM files ORDER BY path")))
+        where = inverse(ids)
+        key = f"{generation}/{os.urandom(8).hex()}"
+        self.conn.execute("DELETE FROM orders")
+        self.conn.execute("INSERT INTO orders(key, ids, positions) VALUES (?, ?, ?)",
+                          (key, ids.tobytes(), where.tobytes()))
+        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('order', ?)", (key,))
+
+    def reconcile(self, cache: Cache) -> dict[str, int]:
+        """Compare every indexed file with the manifest; re-read only those that differ."""
+        mark = cache.files_mark()
+        files = _files_of(cache)
+        manifest = files or {}
+        indexed = {p: (i, s) for i, p, s in self.conn.execute(
+            "SELECT id, path, sha256 FROM files")}
+        for relpath, (row_id, sha) in indexed.items():
+            meta = manifest.get(relpath)
+            if meta is None:
+                self.drop(row_id)
+            elif meta.sha256 != sha:
+                self.drop(row_id, keep=True)
+        complete = files is not None
+        for relpath, meta in manifest.items():  # streamed in path order, not held
+            old = indexed.get(relpath)
+            if old is not None and old[1] == meta.sha256:
+                continue
+            complete &= self.put(relpath, meta, old[0] if old else None)
+        return self.finish(mark, complete and mark == cache.files_mark())
+
+    def delta(self, cache: Cache, written: Iterable[str], removed: Iterable[str],
+              mark: str) -> dict[str, int] | None:
+        """Re-index the named paths; None when the index no longer covers the `mark` manifest.
+
+        Each path is made as the manifest says, so one named again changes nothing more.
+        """
+        if self.meta("manifest") != mark:
+            return None
+        now = cache.files_mark()
+        files = _files_of(cache)
+        if now is None or files is None:
+            return None
+        complete = True
+        for relpath in (p for paths in (written, removed) for p in paths):
+            row = self.conn.execute("SELECT id, sha256 FROM files WHERE path=?",
+                                    (relpath,)).fetchone()
+            meta = files.get(relpath)
+            if meta is None:
+                if row is not None:
+                    self.drop(row[0])
+            elif row is None or row[1] != meta.sha256:
+                if row is not None:
+                    self.drop(row[0], keep=True)
+                complete &= self.put(relpath, meta, row[0] if row else None)
+        count = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
+        return self.finish(now, complete and count == len(files) and now == cache.files_mark())
+
+    def drop(self, row_id: int, keep: bool = False) -> None:
+        """Take a file's trigrams out (its old text is stored for that); `keep` its row id."""
+        row = self.conn.execute("SELECT body FROM texts WHERE id=?", (row_id,)).fetchone()
+        if row is not None:
+            self.conn.execute("INSERT INTO grams(grams, rowid, body) VALUES ('delete', ?, ?)",
+                              (row_id, zlib.decompress(row[0]).decode("utf-8")))
+        self.conn.execute("DELETE FROM texts WHERE id=?", (row_id,))
+        if not keep:
+            self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
+            self.changed += 1
+
+    def put(self, relpath: str, meta: CachedFile, row_id: int | None) -> bool:
+        """Index the file as the manifest describes it; False when its bytes do not match.
+
+        Such a file (a sync is rewriting it, or a link stands there) is left unindexed, so
+        searches scan it. `row_id` is the row it had, already dropped from the trigrams.
+        """
+        data = read_cached(self.disk, relpath)
+        if data is None or hashlib.sha256(data).hexdigest() != meta.sha256:
+            if row_id is not None:
+                self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
+                self.changed += 1
+            return False
+        text = normalize(data.decode("utf-8", "replace")) + TEXT_END
+        if row_id is None:
+            row_id = self.conn.execute(
+                "INSERT INTO files(path, sha256, namespace) VALUES (?, ?, ?)",
+                (relpath, meta.sha256, meta.namespace)).lastrowid
+        else:
+            self.conn.execute("UPDATE files SET sha256=?, namespace=? WHERE id=?",
+                              (meta.sha256, meta.namespace, row_id))
+        body = text.encode("utf-8", "surrogatepass")
+        self.conn.execute("INSERT INTO texts(id, body) VALUES (?, ?)",
+                          (row_id, zlib.compress(body, 1)))
+        self.conn.execute("INSERT INTO grams(rowid, body) VALUES (?, ?)", (row_id, text))
+        self.changed += 1
+        return True
+
+
+
+def refresh_in_background(cache: Cache) -> bool:
+    """Start `index --cache DIR --background` detached; False when it could not be started.
+
+    A search that finds no usable index calls this instead of building it in its own time, so
+    no request waits for the index; the refresh runs on idle CPU time.
+    """
+    import subprocess
+    import sys
+    command = [sys.executable, str(LAUNCHER), "index", "--cache", str(cache.root),
+               "--background"]
+    try:
+        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, close_fds=True,
+                         creationflags=_DETACHED if os.name == "nt" else 0,
+                         start_new_session=os.name != "nt")
+    except OSError:
+        return False
+    return True
+
+
+
+def inverse(ids: array[int]) -> array[int]:
+    """Position of each id in `ids` (-1 for ids not in it), indexed by id."""
+    where = array("q", [-1]) * (max(ids, default=0) + 1)
+    for pos, row_id in enumerate(ids):
+        if row_id >= 0:
+            where[row_id] = pos
+    return where
+
+
+
+def read_cached(disk: CacheFiles, relpath: str) -> bytes | None:
+    """A cached file's bytes; None when it is missing, a link (never followed) or unreadable."""
+    try:
+        return disk.read(relpath)
+    except SharedMemoryError:
+        return None
+
