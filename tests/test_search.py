@@ -7,13 +7,15 @@ import random
 import re
 import shutil
 import sqlite3
+import subprocess
 import sys
+import time
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import cache_of, run_cli
+from conftest import LAUNCHER, cache_of, run_cli
 
 from sharedmem.cache import search as search_mod
 from sharedmem.cache import search_index
@@ -31,6 +33,16 @@ NS = "machines/lab/notes"
 
 def make_cache(root: Path, files: dict[str, str]) -> Cache:
     return cache_of(root, NS, files)
+
+
+@pytest.fixture(autouse=True)
+def no_background_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Searches here start no `index --background` unless a test asks for one.
+
+    One would write the index beside the test's own refreshes (one at a time, but either may go
+    first), so a count a test expects from its refresh could be the other's.
+    """
+    monkeypatch.setattr(search_mod, "BACKGROUND_REFRESH", False)
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +124,7 @@ def test_search_equals_reference_scan(corpus_cache: Cache, case: dict, index: st
     else:
         search_index.index_path(corpus_cache).unlink(missing_ok=True)
         search_mod._SEARCHERS.clear()
-        search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    try:
-        got = all_pages(corpus_cache, max_results=7, **case)
-    finally:
-        if index == "missing":
-            search_mod.BACKGROUND_REFRESH = saved
+    got = all_pages(corpus_cache, max_results=7, **case)
     expected = reference(corpus_cache, case["queries"], case.get("match_mode", "any"),
                          case.get("case_sensitive", True), case.get("normalized", False))
     assert [(r["path"], r["line_number"]) for r in got] == expected
@@ -150,15 +157,11 @@ def test_a_first_any_reads_the_files_of_its_page_not_every_candidate(
     # full within the first few files, with or without the index.
     cache = make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\nbeta {i}\n" if i % 2 == 0
                                   else f"alpha {i}\n" for i in range(2000)})
-    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    try:
-        if index == "fresh":
-            search_index.refresh_index(cache)
-        got = tools.search(cache, ["alpha", "beta"], max_results=4)
-        scanned = search_mod.searcher(cache).scanned
-        rest = all_pages(cache, queries=["alpha", "beta"], max_results=150)
-    finally:
-        search_mod.BACKGROUND_REFRESH = saved
+    if index == "fresh":
+        search_index.refresh_index(cache)
+    got = tools.search(cache, ["alpha", "beta"], max_results=4)
+    scanned = search_mod.searcher(cache).scanned
+    rest = all_pages(cache, queries=["alpha", "beta"], max_results=150)
     assert [(r["path"][-8:], r["line_number"]) for r in got["results"]] == [
         ("f0000.md", 1), ("f0000.md", 2), ("f0002.md", 1), ("f0002.md", 2)]
     assert scanned <= 5
@@ -283,13 +286,9 @@ def test_a_damaged_index_is_scanned_past_deleted_and_rebuilt(
     expected = reference(cache, ["alpha"])
     search_mod._SEARCHERS.clear()
     damage(search_index.index_path(cache))
-    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    try:
-        for _ in range(2):
-            got = all_pages(cache, queries=["alpha"], max_results=3)
-            assert [(r["path"], r["line_number"]) for r in got] == expected
-    finally:
-        search_mod.BACKGROUND_REFRESH = saved
+    for _ in range(2):
+        got = all_pages(cache, queries=["alpha"], max_results=3)
+        assert [(r["path"], r["line_number"]) for r in got] == expected
     assert search_index.index_path(cache).exists() is not noticed  # the search deleted it
     assert search_index.refresh_index(cache) == {"changed": 10, "files": 10}
     assert search_index.refresh_index(cache) == {"changed": 0, "files": 10}
@@ -322,6 +321,65 @@ def test_a_link_in_place_of_the_index_is_removed_not_written_through(tmp_path: P
     path.parent.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     assert search_index.refresh_index(cache) == {"changed": 10, "files": 10}
     assert list((tmp_path / "elsewhere").iterdir()) == [] and not path.parent.is_symlink()
+    lock = cache.meta / search_index.LOCK_FILE  # nor is the writers' lock followed
+    lock.unlink()
+    lock.symlink_to(other)
+    assert search_index.refresh_index(cache) == {"changed": 0, "files": 10}
+    assert other.read_bytes() == before and not lock.is_symlink()
+
+
+def index_files(cache: Cache) -> int | None:
+    """How many files the index holds; None when there is none to read."""
+    try:
+        conn = sqlite3.connect(f"file:{search_index.index_path(cache)}?mode=ro", uri=True)
+        try:
+            return conn.execute("SELECT count(*) FROM files").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+
+
+def test_one_writer_at_a_time_a_refresh_waits_for_the_writer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A background `index` that a search started (or a sync's update) while another writer
+    # holds the index waits for it: none writes into the folder while another deletes it.
+    cache = make_cache(tmp_path / "cache", FILES)
+    path = search_index.index_path(cache)
+    monkeypatch.setattr(search_mod, "BACKGROUND_REFRESH", True)
+    with search_index.writer_lock(cache, 0) as held:
+        assert held
+        child = subprocess.Popen([sys.executable, str(LAUNCHER), "index", "--cache",
+                                  str(cache.root)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            assert len(tools.search(cache, ["alpha"])["results"]) == 10  # starts one more
+            started = time.monotonic()
+            while time.monotonic() - started < 1.5:  # time enough to start and write, alone
+                assert child.poll() is None and not path.parent.exists()
+                time.sleep(0.1)
+        except BaseException:
+            child.kill()
+            raise
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    assert index_files(cache) == 10 and search_index.index_mark(cache) is not None
+
+
+def test_a_search_leaves_a_damaged_index_to_the_writer_that_holds_it(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path / "cache", FILES)
+    search_index.refresh_index(cache)
+    path = search_index.index_path(cache)
+    garbage(path)
+    with search_index.writer_lock(cache, 0) as held:
+        assert held  # as a refresh about to rebuild it holds it
+        got = all_pages(cache, queries=["alpha"], max_results=3)
+        assert [(r["path"], r["line_number"]) for r in got] == reference(cache, ["alpha"])
+        assert path.exists()
+    search_mod._SEARCHERS.clear()
+    got = all_pages(cache, queries=["alpha"], max_results=3)
+    assert [(r["path"], r["line_number"]) for r in got] == reference(cache, ["alpha"])
+    assert not path.exists()  # no writer holds it now: the search deleted it
 
 
 def test_the_index_command_rebuilds_a_damaged_index(tmp_path: Path) -> None:
@@ -429,7 +487,8 @@ def check_cases(cache: Cache, cases: list[dict], state: str) -> None:
         assert [(r["path"], r["line_number"]) for r in got] == expected, (state, repr(case))
 
 
-def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None:
+def test_generated_corpus_every_shape_equals_a_full_scan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Covering, stale, updated and missing index: always the results of a plain scan."""
     rng = random.Random(15)
     files = generated_files(rng, 70)
@@ -439,26 +498,22 @@ def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None
     added = {p.replace("/f", "/new"): t for p, t in added.items()}
     gone = list(files)[10:12]
     cases = generated_queries(rng, [*files.values(), *changed.values(), *added.values()], 45)
-    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    search_mod._CHUNK, chunk = 2, search_mod._CHUNK  # the index is asked a chunk at a time
-    try:
-        search_index.refresh_index(cache)
-        check_cases(cache, cases, "covering")
-        assert search_mod.searcher(cache)._view.manifest is None  # the manifest was not parsed
-        mark = search_index.index_mark(cache)
-        info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
-        cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in {**changed, **added}.items()],
-                    [f"{NS}/{p}" for p in gone], {NS: info})
-        check_cases(cache, cases, "stale")
-        done = search_index.update_index(cache, [f"{NS}/{p}" for p in {**changed, **added}],
-                                       [f"{NS}/{p}" for p in gone], mark)
-        assert done == {"changed": 12, "files": 72}
-        check_cases(cache, cases, "updated")
-        assert search_mod.searcher(cache)._view.manifest is None
-        search_index.delete_index(search_index.index_path(cache))
-        check_cases(cache, cases, "missing")
-    finally:
-        search_mod.BACKGROUND_REFRESH, search_mod._CHUNK = saved, chunk
+    monkeypatch.setattr(search_mod, "_CHUNK", 2)  # the index is asked a chunk at a time
+    search_index.refresh_index(cache)
+    check_cases(cache, cases, "covering")
+    assert search_mod.searcher(cache)._view.manifest is None  # the manifest was not parsed
+    mark = search_index.index_mark(cache)
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in {**changed, **added}.items()],
+                [f"{NS}/{p}" for p in gone], {NS: info})
+    check_cases(cache, cases, "stale")
+    done = search_index.update_index(cache, [f"{NS}/{p}" for p in {**changed, **added}],
+                                     [f"{NS}/{p}" for p in gone], mark)
+    assert done == {"changed": 12, "files": 72}
+    check_cases(cache, cases, "updated")
+    assert search_mod.searcher(cache)._view.manifest is None
+    search_index.delete_index(search_index.index_path(cache))
+    check_cases(cache, cases, "missing")
 
 
 def index_bytes(cache: Cache) -> int:
@@ -524,7 +579,8 @@ def test_update_index_reads_only_the_files_it_is_given(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("added", [3, 40], ids=["a few strays", "scattered"])
-def test_any_over_ids_out_of_path_order_equals_a_full_scan(tmp_path: Path, added: int) -> None:
+def test_any_over_ids_out_of_path_order_equals_a_full_scan(
+        tmp_path: Path, added: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # Files added after the index was built whole get the next ids, so their ids stand far
     # from their neighbours' in path order: a chunk names a few such files unasked, and asks
     # the whole index once when they are many.
@@ -537,13 +593,10 @@ def test_any_over_ids_out_of_path_order_equals_a_full_scan(tmp_path: Path, added
     cache.apply([(p, sha256_text(t), t) for p, t in new.items()], [], {NS: info})
     search_index.update_index(cache, list(new), [], mark)
     assert search_index.index_mark(cache) is not None
-    search_mod._CHUNK, chunk = 8, search_mod._CHUNK
-    try:
-        for queries in (["alpha", "beta"], ["beta", "gamma", "alpha"]):
-            got = all_pages(cache, queries=queries, max_results=3)
-            assert [(r["path"], r["line_number"]) for r in got] == reference(cache, queries)
-    finally:
-        search_mod._CHUNK = chunk
+    monkeypatch.setattr(search_mod, "_CHUNK", 8)
+    for queries in (["alpha", "beta"], ["beta", "gamma", "alpha"]):
+        got = all_pages(cache, queries=queries, max_results=3)
+        assert [(r["path"], r["line_number"]) for r in got] == reference(cache, queries)
 
 
 def test_a_stale_index_starts_no_rebuild_a_missing_one_does(tmp_path: Path) -> None:
@@ -553,15 +606,11 @@ def test_a_stale_index_starts_no_rebuild_a_missing_one_does(tmp_path: Path) -> N
     cache.apply([(f"{NS}/n{i:03d}.md", sha256_text(f"alpha {i}\n"), f"alpha {i}\n")
                  for i in range(100)], [], {NS: info})
     search_mod._SEARCHERS.clear()
-    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    try:
-        assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
-        assert search_mod.searcher(cache)._refreshed_for is None
-        search_index.delete_index(search_index.index_path(cache))
-        assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
-        assert search_mod.searcher(cache)._refreshed_for is not None
-    finally:
-        search_mod.BACKGROUND_REFRESH = saved
+    assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
+    assert search_mod.searcher(cache)._refreshed_for is None
+    search_index.delete_index(search_index.index_path(cache))
+    assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
+    assert search_mod.searcher(cache)._refreshed_for is not None
 
 
 def test_all_of_common_words_reads_only_the_files_holding_every_one(tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
@@ -27,7 +26,7 @@ from sharedmem.cache.layout import CacheFiles
 from sharedmem.cache.search_index import (
     READ_ERRORS,
     TEXT_END,
-    delete_index,
+    delete_damaged,
     index_path,
     index_version,
     inverse,
@@ -72,8 +71,8 @@ class _IndexLost(CacheError):
 class _Index:
     """A read-only view of the index file, read in one transaction per search."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, cache: Cache) -> None:
+        self.cache, self.path = cache, index_path(cache)
         self.conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None  # the file this connection reads
         self._vocab = False  # the connection's view of the index's terms is made (`_short`)
@@ -95,7 +94,7 @@ class _Index:
                 self.close()
             if self.conn is None:
                 if is_planted(self.path):
-                    delete_index(self.path)
+                    delete_damaged(self.cache)
                     return None
                 if info is None or not stat.S_ISREG(info.st_mode):
                     return None
@@ -123,21 +122,15 @@ class _Index:
         self.conn, self._identity, self._vocab = None, None, False
 
     def _unreadable(self, exc: Exception) -> None:
-        """Close, and delete the file unless it is only locked, or new and not yet written.
+        """Close, and delete the file unless it is only locked by SQLite.
 
         Only the very file this connection read is deleted, not one a refresh has put in its
-        place since.
+        place since, and none while a writer holds the index (see `delete_damaged`).
         """
         identity = self._identity
         self.close()
-        if isinstance(exc, OSError) or is_busy(exc) or identity is None or _is_new(self.path):
-            return
-        try:
-            info = os.stat(self.path)
-        except OSError:
-            return
-        if (info.st_dev, info.st_ino) == identity:
-            delete_index(self.path)
+        if not isinstance(exc, OSError) and not is_busy(exc) and identity is not None:
+            delete_damaged(self.cache, identity)
 
     def damaged(self) -> _IndexLost:
         """Values of the wrong kind where the index vouches: damage, deleted like any other."""
@@ -244,18 +237,6 @@ def _quoted(term: str) -> str:
     """A term as an FTS5 string."""
     return '"' + term.replace('"', '""') + '"'
 
-
-
-def _is_new(path: Path) -> bool:
-    """True for an index a refresh has created but not yet committed to: no tables at all."""
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
-        try:
-            return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
-        finally:
-            conn.close()
-    except READ_ERRORS:
-        return False
 
 
 class _View:
@@ -475,7 +456,7 @@ class Searcher:
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
-        self.index = _Index(index_path(cache))
+        self.index = _Index(cache)
         self._view: _View | None = None
         self._view_key: tuple[Any, ...] | None = None
         self._refreshed_for: str | None = None

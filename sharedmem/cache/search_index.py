@@ -13,24 +13,31 @@ and built again: it is derived data.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import sqlite3
 import stat
+import time
 import unicodedata
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache, CachedFile
 from sharedmem.cache.folding import normalize
 from sharedmem.cache.layout import CacheFiles
 from sharedmem.core import CacheError, SharedMemoryError
+from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
 INDEX_VERSION = "3"
 INDEX_FILE = "search.sqlite3"
+LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
+WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
+BACKGROUND_WAIT = 600.0  # and `index --background`, which no one waits for
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 # Each indexed text ends with two line breaks more, so every string of one or two characters it
 # holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
@@ -74,6 +81,59 @@ def is_planted(path: Path) -> bool:
         if not stat.S_ISREG(mode):
             return True
     return False
+
+
+@contextlib.contextmanager
+def writer_lock(cache: Cache, wait: float) -> Iterator[bool]:
+    """Hold the index's one-writer lock, waiting up to `wait` seconds: yields whether it is held.
+
+    Whoever writes the index or deletes it (a sync's update, `index`, a search that finds it
+    damaged) holds this lock, so none writes into the folder while another deletes or rebuilds
+    it. An OS lock on `<cache>/.sharedmem/index.lock`, dropped when its holder dies. Raises
+    CacheError when the lock file cannot be opened (a read-only cache, which no one writes).
+    """
+    path = cache.root / META_DIR / LOCK_FILE
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            os.unlink(path)  # a link planted in its place goes, never what it names
+            fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise CacheError(f"the search index's lock {path} cannot be opened "
+                         f"({exc.strerror or exc}): is the cache read-only?") from None
+    try:
+        deadline = time.monotonic() + wait
+        held = try_lock(fd)
+        while not held and time.monotonic() < deadline:
+            time.sleep(0.05)
+            held = try_lock(fd)
+        yield held
+    finally:
+        os.close(fd)
+
+
+def delete_damaged(cache: Cache, identity: tuple[int, int] | None = None) -> None:
+    """Delete an index a search found unreadable, unless a writer holds it (and handles it).
+
+    With `identity` (st_dev, st_ino), only when the file there is still that one, not one a
+    refresh has put in its place since.
+    """
+    path = index_path(cache)
+    try:
+        with writer_lock(cache, 0) as held:
+            if not held:
+                return
+            if identity is not None:
+                info = os.stat(path)
+                if (info.st_dev, info.st_ino) != identity:
+                    return
+            delete_index(path)
+    except (OSError, CacheError):
+        return  # nothing to delete, or a cache that cannot be written: the search scans
 
 
 def delete_index(path: Path) -> None:
@@ -134,14 +194,14 @@ def _files_of(cache: Cache) -> Mapping[str, CachedFile] | None:
     return None if cache.damage is not None else files
 
 
-def refresh_index(cache: Cache) -> dict[str, int]:
+def refresh_index(cache: Cache, wait: float = WRITER_WAIT) -> dict[str, int]:
     """Bring the index in line with the whole cache manifest; only changed files are re-read.
 
     Run by `index` (which a search starts in the background when the index is missing, old or
-    broken); safe to run concurrently (one writer waits). Returns files re-indexed or dropped
-    (`changed`) and files indexed in all (`files`).
+    broken); one writer at a time: this waits up to `wait` s for another. Returns files
+    re-indexed or dropped (`changed`) and files indexed in all (`files`).
     """
-    return _write(cache, lambda writer: writer.reconcile(cache))
+    return _write(cache, lambda writer: writer.reconcile(cache), wait)
 
 
 def index_mark(cache: Cache) -> str | None:
@@ -184,8 +244,21 @@ def update_index(cache: Cache, written: Iterable[str], removed: Iterable[str],
     return _write(cache, lambda writer: writer.delta(cache, written, removed, mark))
 
 
-def _write(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int]:
-    """Run `work` in a write transaction; a damaged or old index is deleted and built again."""
+def _write(cache: Cache, work: Callable[[_Writer], dict[str, int] | None],
+           wait: float = WRITER_WAIT) -> dict[str, int]:
+    """Run `work` in a write transaction, as the one writer (waiting up to `wait` s).
+
+    A damaged or old index is deleted and built again.
+    """
+    with writer_lock(cache, wait) as held:
+        if not held:
+            raise CacheError(f"the search index of {cache.root} is busy: another `index` has "
+                             f"been writing it for over {wait:.0f} s; try again when it is done")
+        return _written(cache, work)
+
+
+def _written(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int]:
+    """`_write` once the writer's lock is held."""
     path = index_path(cache)
     if is_planted(path):
         delete_index(path)
@@ -195,7 +268,7 @@ def _write(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> di
         try:
             done = _Writer.run(path, cache, work)
         except READ_ERRORS as exc:
-            if is_busy(exc):
+            if is_busy(exc):  # SQLite's own lock, held by a writer older than the one above
                 raise CacheError(f"the search index {path} is busy: another `index` holds it; "
                                  "try again when it is done") from None
             if damaged:

@@ -151,7 +151,8 @@ def run_index(args: Any) -> int:
                           "`shared_memory.py sync --config PATH` first")
     if args.background:
         _lowest_priority()
-    result = search_index.refresh_index(Cache(root))
+    result = search_index.refresh_index(Cache(root), search_index.BACKGROUND_WAIT
+                                        if args.background else search_index.WRITER_WAIT)
     if not args.background:
         emit(result, args.json, f"index: {result['changed']} files refreshed, "
                                  f"{result['files']} indexed")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sharedmem.clock import utc_now
 from sharedmem.core import LockError
+from sharedmem.files import try_lock
 
 # How long `sync` waits for the lock by default: runs are scheduled every two minutes, and a
 # note's delivery holds the lock for seconds; below the interval, so waiting runs never pile up.
@@ -40,7 +41,7 @@ def sync_lock(state: Path, wait: float = 0.0, waiting: Waiting | None = None,
     started = time.monotonic()
     told: tuple[str, float] | None = None  # the holder last described, and when
     try:
-        while not _try_lock(fd):
+        while not try_lock(fd):
             what, who = _holder(fd)
             now = time.monotonic()
             if now - started >= wait:
@@ -96,22 +97,7 @@ def delivery_lock_file(state: Path) -> Iterator[int | None]:
     state.mkdir(parents=True, exist_ok=True)
     fd = os.open(state / "delivery.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        yield fd if _try_lock(fd) else None
+        yield fd if try_lock(fd) else None
     finally:
         os.close(fd)
 
-
-def _try_lock(fd: int) -> bool:
-    if os.name == "nt":  # pragma: no cover - exercised on Windows only
-        import msvcrt
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-            return True
-        except OSError:
-            return False
-    import fcntl
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
