@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import re
 import shutil
@@ -11,7 +13,7 @@ import subprocess
 import sys
 import time
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -392,6 +394,64 @@ def test_the_index_command_rebuilds_a_damaged_index(tmp_path: Path) -> None:
             assert done.returncode == 0, done.stderr
             assert json.loads(done.stdout)["files"] == 10 and done.stderr == ""
     assert [r["line"] for r in tools.search(cache, ["alpha 3"])["results"]] == ["alpha 3"]
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """`folder` read-only: a read-only bind mount as root (on Linux), else no write permission."""
+    if os.geteuid() != 0:
+        folders = [folder, *(p for p in folder.rglob("*") if p.is_dir())]
+        for each in folders:
+            each.chmod(0o555)
+        try:
+            yield
+        finally:
+            for each in folders:
+                each.chmod(0o755)
+        return
+    if sys.platform != "linux" or shutil.which("mount") is None:
+        pytest.skip("a read-only cache as root needs a read-only bind mount (Linux, mount)")
+    done = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        done = subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)],
+                              capture_output=True)
+        if done.returncode != 0:
+            pytest.skip("cannot make a bind mount read-only here")
+        yield
+    finally:
+        if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+@pytest.mark.parametrize("wal", [False, True], ids=["index as it stands", "a WAL left: scan"])
+def test_a_read_only_cache_is_searched_and_says_how(tmp_path: Path, wal: bool) -> None:
+    cache = make_cache(tmp_path / "cache", FILES)
+    search_index.refresh_index(cache)
+    path = search_index.index_path(cache)
+    if wal:  # a writer's WAL left beside the index: it may hold what the file lacks
+        Path(f"{path}-wal").write_bytes(b"")
+    expected = reference(cache, ["alpha"])
+    config = tmp_path / "client.json"
+    config.write_text(json.dumps({"machine": "lab", "transport": {
+        "kind": "local", "store": str(tmp_path / "store.sqlite3")}, "sources": [],
+        "cache": str(cache.root), "state": str(tmp_path / "state")}))
+    with read_only(cache.root):
+        for _ in range(2):  # the connection kept for the next search says so as well
+            got = tools.search(cache, ["alpha"], max_results=200)
+            assert [(r["path"], r["line_number"]) for r in got["results"]] == expected
+            scanned = search_mod.searcher(cache).scanned
+            readable = os.geteuid() == 0 and not wal  # a read-only file system, no WAL
+            assert got["note"].startswith("the cache is read-only")
+            assert ("read as it stands" in got["note"]) is readable
+            assert scanned == 10  # every file holds the word: each is read to show its line
+        assert search_mod.searcher(cache)._refreshed_for is None  # no refresh started
+        done = run_cli("search", "--config", str(config), "alpha 3")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"{NS}/f03.md:1:alpha 3\n(the cache is read-only")
+    assert path.is_file() and search_index.index_mark(cache) is not None  # nothing deleted
+    assert tools.search(cache, ["alpha 3"]).get("note") is None  # writable again
 
 
 def test_links_are_neither_searched_nor_indexed(tmp_path: Path) -> None:

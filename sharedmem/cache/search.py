@@ -76,13 +76,15 @@ class _Index:
         self.conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None  # the file this connection reads
         self._vocab = False  # the connection's view of the index's terms is made (`_short`)
+        self.read_only: str | None = None  # what the last `begin` met on a read-only cache
 
     def begin(self) -> dict[str, str] | None:
         """Start a read transaction; the index's meta rows, or None when there is no index.
 
         A file put in place of the one this connection reads (a rebuild) is reopened. An index
         that cannot be read is deleted (see `_unreadable`), so the searches scan and the next
-        refresh builds it again.
+        refresh builds it again. On a cache this process cannot write, SQLite cannot open the
+        index as usual (WAL needs its shared-memory file): see `_frozen`.
         """
         try:
             try:
@@ -90,22 +92,60 @@ class _Index:
             except OSError:
                 info = None
             if self.conn is not None and (info is None or (info.st_dev, info.st_ino)
-                                          != self._identity):
-                self.close()
+                                          != self._identity or self.read_only is not None
+                                          and os.access(self.path.parent, os.W_OK)):
+                self.close()  # replaced, or a read-only cache that can be written again
             if self.conn is None:
+                self.read_only = None
                 if is_planted(self.path):
                     delete_damaged(self.cache)
                     return None
                 if info is None or not stat.S_ISREG(info.st_mode):
                     return None
-                self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10,
-                                            isolation_level=None, check_same_thread=False)
-                self._identity = (info.st_dev, info.st_ino)
-            self.conn.execute("BEGIN")
-            return {str(k): str(v) for k, v in self.conn.execute("SELECT key, value FROM meta")}
+                self._open(info, "")
+            return self._meta()
         except (*READ_ERRORS, OSError) as exc:
-            self._unreadable(exc)
+            meta = self._frozen(exc)
+            if meta is None and self.read_only is None:
+                self._unreadable(exc)
+            return meta
+
+    def _open(self, info: os.stat_result, options: str) -> None:
+        assert self.conn is None
+        self.conn = sqlite3.connect(f"{self.path.as_uri()}?mode=ro{options}", uri=True,
+                                    timeout=10, isolation_level=None, check_same_thread=False)
+        self._identity = (info.st_dev, info.st_ino)
+
+    def _meta(self) -> dict[str, str]:
+        assert self.conn is not None
+        self.conn.execute("BEGIN")
+        return {str(k): str(v) for k, v in self.conn.execute("SELECT key, value FROM meta")}
+
+    def _frozen(self, exc: Exception) -> dict[str, str] | None:
+        """The meta rows of an index read as it stands on a read-only file system, or None.
+
+        Only when SQLite could not open it (SQLITE_CANTOPEN or SQLITE_READONLY) and its folder
+        cannot be written; then nothing is deleted, and `read_only` says what the search did.
+        On a read-only file system with no WAL left beside the index, no writer can change it,
+        so it is read as an immutable file; otherwise the search reads every file.
+        """
+        code = getattr(exc, "sqlite_errorcode", 0) if isinstance(exc, sqlite3.Error) else 0
+        if code & 0xFF not in (8, 14) or os.access(self.path.parent, os.W_OK):
             return None
+        self.close()
+        self.read_only = ("the cache is read-only and its search index cannot be opened "
+                          "there: every file was read (the same results, slower)")
+        try:
+            info = os.stat(self.path)
+            frozen = os.statvfs(self.path).f_flag & os.ST_RDONLY  # type: ignore[attr-defined]
+            if frozen and not os.path.lexists(f"{self.path}-wal"):
+                self._open(info, "&immutable=1")
+                meta = self._meta()
+                self.read_only = "the cache is read-only: its search index was read as it stands"
+                return meta
+        except (*READ_ERRORS, OSError, AttributeError):
+            self.close()
+        return None
 
     def end(self) -> None:
         """End the read transaction (a later search sees what a refresh committed since)."""
@@ -119,7 +159,7 @@ class _Index:
         """Forget the connection so the next search reopens (or scans)."""
         if self.conn is not None:
             self.conn.close()
-        self.conn, self._identity, self._vocab = None, None, False
+        self.conn, self._identity, self._vocab, self.read_only = None, None, False, None
 
     def _unreadable(self, exc: Exception) -> None:
         """Close, and delete the file unless it is only locked by SQLite.
@@ -541,8 +581,11 @@ class Searcher:
         return None if self.cache.damage is not None else manifest.namespaces
 
     def _start_refresh(self, mark: str | None) -> None:
-        """No usable index: build it in the background, once for each manifest."""
-        if mark is not None and self._refreshed_for != mark:
+        """No usable index: build it in the background, once for each manifest.
+
+        Not on a read-only cache, where no refresh could write it.
+        """
+        if mark is not None and self._refreshed_for != mark and self.index.read_only is None:
             self._refreshed_for = mark
             if BACKGROUND_REFRESH:
                 refresh_in_background(self.cache)  # meanwhile every file is scanned

@@ -214,7 +214,7 @@ def index_mark(cache: Cache) -> str | None:
     if is_planted(path) or not path.is_file():  # no index: the manifest is not read at all
         return None
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10,
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=10,
                                isolation_level=None)
         try:
             meta = dict(conn.execute("SELECT key, value FROM meta"))

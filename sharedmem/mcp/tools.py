@@ -312,10 +312,12 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
     damage = cache.check(verify=False)  # the search reads its texts from its index
     if damage is not None:
         raise CacheError(f"{REPAIRING}; {damage}")
-    results, last = searcher(cache).search(query, after, limit, budget)
+    found = searcher(cache)
+    results, last = found.search(query, after, limit, budget)
+    note = found.index.read_only  # a read-only cache: how its index was (not) used
     return {"queries": query.queries, "match_mode": mode, "path": folder, "results": results,
             "next_cursor": _encode_cursor({"f": fingerprint, "k": last}) if last else None,
-            "capped": last is not None and len(results) < limit}
+            "capped": last is not None and len(results) < limit, **({"note": note} if note else {})}
 
 
 def add_ad_hoc_note(filename: str, note: str, submit: Submit) -> dict[str, Any]:
@@ -418,7 +420,7 @@ def format_text(tool: str, result: dict[str, Any]) -> str:
             rows.append(f"{hit['path']}:{number}:{hit['line']}")
             rows.extend(f"{hit['path']}-{number + 1 + i}-{line}"
                         for i, line in enumerate(hit["context_after"]))
-        rows = rows or ["no matches"]
+        rows = (rows or ["no matches"]) + ([f"({result['note']})"] if result.get("note") else [])
     else:
         rows = [f"note {result.get('filename')}: {result.get('status', 'done')}"
                 + (f" at {result['path']}" if result.get("path") else "")]
@@ -520,7 +522,9 @@ TOOLS: list[dict[str, Any]] = [
                               maximum=SEARCH_MAX)}, ("queries",), closed=True),
      "outputSchema": _obj({"queries": {"type": "array", "items": {"type": "string"}},
                            "match_mode": {"type": "string"}, "path": {"type": "string"},
-                           "results": {"type": "array", "items": _ANY}, **_NEXT, **_CAPPED},
+                           "results": {"type": "array", "items": _ANY}, **_NEXT, **_CAPPED,
+                           "note": {"type": "string", "description": "set on a read-only cache: "
+                                    "how its search index was used"}},
                           ("queries", "results"))},
     {"name": "add_ad_hoc_note", "title": "Add a shared memory note",
      "description": "Store a new note in the shared memory for every machine, ONLY when the user "
