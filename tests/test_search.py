@@ -74,6 +74,9 @@ def reference(cache: Cache, queries: list[str], mode: str = "any", case_sensitiv
         if folder and not (path.startswith(folder + "/") or path == folder):
             continue
         lines = (cache.root / path).read_bytes().decode("utf-8").split("\n")  # "\r" kept
+        if normalized:  # but for `normalized`, the carriage return of a CRLF line goes first
+            lines = [line[:-1] if line.endswith("\r") else line for line in lines[:-1]] + \
+                lines[-1:]
         hits = {}
         for number, line in enumerate(lines, 1):
             which = {i for i, q in enumerate(folded) if q in ref_fold(line, case_sensitive,
@@ -198,6 +201,34 @@ def test_normalization_matches_accents_and_nfd(tmp_path: Path) -> None:
     assert tools.search(cache, ["decision"])["results"] == []
     assert [r["path"] for r in tools.search(cache, ["café"], normalized=True)["results"]] == [
         f"{NS}/b.md"]
+
+
+@pytest.mark.parametrize("index", ["fresh", "missing"])
+def test_normalized_a_crlf_line_matches_as_its_lf_line(tmp_path: Path, index: str) -> None:
+    # The carriage return goes before folding, so it is no blank a query could end in.
+    cache = make_cache(tmp_path, {"crlf.md": "Deploy Done\r\nnext\r\n",
+                                  "lf.md": "Deploy Done\nnext\n"})
+    if index == "fresh":
+        search_index.refresh_index(cache)
+    assert tools.search(cache, ["done "], normalized=True)["results"] == []
+    got = tools.search(cache, ["deploy done"], normalized=True)["results"]
+    assert [(r["path"], r["line"]) for r in got] == [(f"{NS}/crlf.md", "Deploy Done"),
+                                                      (f"{NS}/lf.md", "Deploy Done")]
+
+
+def test_match_mode_all_is_files_holding_every_query_as_described(tmp_path: Path) -> None:
+    # `all` keeps the files that hold every query, each anywhere in the file, and shows each
+    # line holding any of them; the tool's description and its schema say so alike.
+    cache = make_cache(tmp_path, {"both.md": "alpha\nbeta\nnone\n", "one.md": "alpha\n",
+                                  "line.md": "alpha beta\n"})
+    got = [(r["path"][-7:], r["line_number"], r["matched_queries"]) for r in tools.search(
+        cache, ["alpha", "beta"], match_mode="all")["results"]]
+    assert got == [("both.md", 1, ["alpha"]), ("both.md", 2, ["beta"]),
+                   ("line.md", 1, ["alpha", "beta"])]
+    tool = next(t for t in tools.TOOLS if t["name"] == "search")
+    said = tool["description"] + tool["inputSchema"]["properties"]["match_mode"]["description"]
+    assert "files that contain every query" in tool["description"]
+    assert "files containing every query" in said and "lines containing every" not in said
 
 
 def test_stale_index_still_correct(tmp_path: Path) -> None:

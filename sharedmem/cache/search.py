@@ -26,6 +26,7 @@ from sharedmem.cache.layout import CacheFiles
 from sharedmem.cache.search_index import (
     READ_ERRORS,
     TEXT_END,
+    being_written,
     delete_damaged,
     index_path,
     index_version,
@@ -583,9 +584,11 @@ class Searcher:
     def _start_refresh(self, mark: str | None) -> None:
         """No usable index: build it in the background, once for each manifest.
 
-        Not on a read-only cache, where no refresh could write it.
+        Not on a read-only cache, where no refresh could write it, nor while a writer holds the
+        index (a sync's background refresh, which makes it usable when it is done).
         """
-        if mark is not None and self._refreshed_for != mark and self.index.read_only is None:
+        if mark is not None and self._refreshed_for != mark and self.index.read_only is None \
+                and not being_written(self.cache):
             self._refreshed_for = mark
             if BACKGROUND_REFRESH:
                 refresh_in_background(self.cache)  # meanwhile every file is scanned

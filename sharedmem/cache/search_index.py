@@ -23,7 +23,7 @@ import time
 import unicodedata
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache, CachedFile
@@ -33,11 +33,12 @@ from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "3"
+INDEX_VERSION = "4"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
 BACKGROUND_WAIT = 600.0  # and `index --background`, which no one waits for
+INLINE_FILES = 1000  # a sync re-indexes at most this many files itself (see `update_index`)
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 # Each indexed text ends with two line breaks more, so every string of one or two characters it
 # holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
@@ -114,6 +115,15 @@ def writer_lock(cache: Cache, wait: float) -> Iterator[bool]:
         yield held
     finally:
         os.close(fd)
+
+
+def being_written(cache: Cache) -> bool:
+    """Whether another process writes the index now (a refresh under way holds its lock)."""
+    try:
+        with writer_lock(cache, 0) as held:
+            return not held
+    except CacheError:
+        return False
 
 
 def delete_damaged(cache: Cache, identity: tuple[int, int] | None = None) -> None:
@@ -227,21 +237,40 @@ def index_mark(cache: Cache) -> str | None:
         and meta.get("manifest") == mark else None
 
 
-def update_index(cache: Cache, written: Iterable[str], removed: Iterable[str],
+def update_index(cache: Cache, written: Collection[str], removed: Collection[str],
                  mark: str | None) -> dict[str, int]:
-    """Re-index just the files a run wrote or removed, when the index covered the cache before.
+    """Re-index the files a run wrote or removed: at once when they are few, else in the background.
 
-    `mark` is what `index_mark` returned before the run changed the cache. With it, only the
-    named paths are read, and the index then covers the new manifest (searches verify that by
-    its files mark). Without it, or if the index changed since, this is `refresh_index`. Call it
-    in the process that changed the cache, right after `Cache.apply`, while no other process
-    can write the cache (the sync lock): the paths' sha256s come from that manifest. The paths
-    are streamed (a first pull's are its records in SQLite, `Cache.written`), not held; one
-    named twice is re-read once.
+    `mark` is what `index_mark` returned before the run changed the cache. With it, and at most
+    `INLINE_FILES` paths, only the named paths are read, here, and the index then covers the new
+    manifest (searches verify that by its files mark). Without it (or if the index changed since)
+    this is `refresh_index`, here on a cache of at most `INLINE_FILES` files. Anything larger (a
+    first pull), or an index another writer holds, is left to `index --background`, started
+    detached: the run reports without waiting for it, and until it is done searches read the
+    files the index does not vouch for, so their results are the same. Call this in the process
+    that changed the cache, right after `Cache.apply`, while no other process can write the cache
+    (the sync lock): the paths' sha256s come from that manifest. The paths are streamed (a first
+    pull's are its records in SQLite, `Cache.written`), not held; one named twice is re-read
+    once. Returns what was done here (`changed`, `files`), or `{"background": 1}`.
     """
-    if mark is None:
-        return refresh_index(cache)
-    return _write(cache, lambda writer: writer.delta(cache, written, removed, mark))
+    if (len(written) + len(removed) if mark is not None else _files_at_least(cache)) \
+            <= INLINE_FILES:
+        work: Callable[[_Writer], dict[str, int] | None] = (
+            (lambda writer: writer.reconcile(cache)) if mark is None
+            else (lambda writer: writer.delta(cache, written, removed, mark)))
+        with writer_lock(cache, 0) as held:
+            if held:
+                return _written(cache, work)
+    refresh_in_background(cache)
+    return {"background": 1}
+
+
+def _files_at_least(cache: Cache) -> int:
+    """The manifest's file count, or `INLINE_FILES` + 1 when it holds more (not counted)."""
+    try:
+        return INLINE_FILES + 1 if cache.store.holds(INLINE_FILES + 1) else cache.store.count()
+    except SharedMemoryError:
+        return 0  # no manifest to read: the refresh finds it so at once
 
 
 def _write(cache: Cache, work: Callable[[_Writer], dict[str, int] | None],

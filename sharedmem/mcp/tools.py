@@ -497,8 +497,9 @@ TOOLS: list[dict[str, Any]] = [
                            **_CAPPED, **_PROVENANCE},
                           ("path", "lines", "total_lines", "truncated"))},
     {"name": "search", "title": "Search shared memory",
-     "description": "Find lines containing any (or, with match_mode 'all', every) of up to 16 "
-     "substrings across the shared memory cache. Matching is by substring and case-sensitive by "
+     "description": "Find lines containing any of up to 16 substrings across the shared memory "
+     "cache (with match_mode 'all', only in files that contain every query). Matching is by "
+     "substring and case-sensitive by "
      "default; set case_sensitive false to ignore case, or normalized true to also ignore accents "
      "and Unicode forms. Files matching more of the queries come first, then by path, lines in "
      "order. Page with "
@@ -517,7 +518,7 @@ TOOLS: list[dict[str, Any]] = [
                                 minimum=0, maximum=10),
          "case_sensitive": _prop("boolean", "match case exactly (default true)"),
          "normalized": _prop("boolean", "ignore case, accents, Unicode form and repeated spaces "
-                             "(default false)"),
+                             "(a CRLF line's carriage return is no space; default false)"),
          "max_results": _prop("integer", "matching lines per page, 1-200 (default 50)", minimum=1,
                               maximum=SEARCH_MAX)}, ("queries",), closed=True),
      "outputSchema": _obj({"queries": {"type": "array", "items": {"type": "string"}},
