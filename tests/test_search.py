@@ -836,7 +836,7 @@ def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_pat
     assert [r["path"] for r in got] == [f"{NS}/f{i:04d}.md" for i in range(5)]
     asked, steps[0] = steps[0], 0
     searcher.index.begin()
-    expr = searcher.index.expression(["alpha"])
+    expr = searcher.index.expression(["alpha"], 10000)
     assert expr is not None
     assert len(searcher.index.matching(expr)) == 10000  # what asking all costs
     searcher.index.end()
@@ -895,3 +895,38 @@ def test_a_short_query_that_begins_too_many_trigrams_is_scanned(tmp_path: Path) 
     got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["x"])]
     assert got == reference(cache, ["x"])
     assert searcher.scanned == 3
+
+
+def test_a_short_key_in_most_files_is_not_looked_up_and_its_terms_not_all_read(
+        tmp_path: Path) -> None:
+    # Forty trigrams begin with "q", each in every file: the first few already name more than
+    # the dense share of the files, so the key is read in path order, as a common word is; a
+    # rare key's terms are all read and name just its files.
+    words = " ".join(f"q{chr(0x41 + i)}x" for i in range(40))
+    files = {f"f{i:03d}.md": f"{words} {i}\n" for i in range(200)}
+    files["rare.md"] = "zj\n"
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    searcher = search_mod.searcher(cache)
+    got = tools.search(cache, ["q"], max_results=3)["results"]
+    assert [(r["path"][-7:], r["line_number"]) for r in got] == [
+        ("f000.md", 1), ("f001.md", 1), ("f002.md", 1)] and searcher.scanned <= 4
+    searcher.index.begin()
+    assert searcher.index.expression(["q"], 201) is None
+    assert searcher.index.expression(["zj"], 201) == '("zj\n")'
+    searcher.index.end()
+
+
+def test_a_cache_named_by_a_relative_path_uses_its_index(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_cache(tmp_path / "cache", {f"f{i:03d}.md": f"alpha {i}\n" for i in range(300)})
+    monkeypatch.chdir(tmp_path)
+    cache = Cache(Path("cache"))
+    search_index.refresh_index(cache)
+    assert search_index.index_mark(cache) is not None
+    got = tools.search(cache, ["alpha 7"], max_results=200)["results"]
+    assert [r["path"][-7:] for r in got] == ["f007.md", "f070.md", "f071.md", "f072.md",
+                                             "f073.md", "f074.md", "f075.md", "f076.md",
+                                             "f077.md", "f078.md", "f079.md"]
+    assert search_mod.searcher(cache).scanned == len(got)  # the index named just those

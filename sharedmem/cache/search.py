@@ -34,6 +34,7 @@ from sharedmem.cache.search_index import (
     is_busy,
     is_planted,
     read_cached,
+    read_only_uri,
     refresh_in_background,
 )
 from sharedmem.core import CacheError, SharedMemoryError
@@ -113,7 +114,7 @@ class _Index:
 
     def _open(self, info: os.stat_result, options: str) -> None:
         assert self.conn is None
-        self.conn = sqlite3.connect(f"{self.path.as_uri()}?mode=ro{options}", uri=True,
+        self.conn = sqlite3.connect(read_only_uri(self.path, options), uri=True,
                                     timeout=10, isolation_level=None, check_same_thread=False)
         self._identity = (info.st_dev, info.st_ino)
 
@@ -205,26 +206,30 @@ class _Index:
         """Ids of the files the MATCH `expr` names."""
         return self._ids("", (expr,))
 
-    def expression(self, keys: Iterable[str]) -> str | None:
+    def expression(self, keys: Iterable[str], files: int) -> str | None:
         """The MATCH of files that may hold every key; None when no key narrows them.
 
         A key of three characters or more is its trigrams (`_match`); a shorter one is any of
-        the trigrams it begins (`_short`). All of them go in one MATCH, so SQLite intersects
-        them: a few files can hold all of several common words.
+        the trigrams it begins (`_short`; `files`, how many the index holds, tells it when the
+        key is in too many of them to narrow). All of them go in one MATCH, so SQLite
+        intersects them: a few files can hold all of several common words.
         """
         keys = list(keys)
         parts = [expr] if (expr := _match(keys)) is not None else []
         for key in keys:
-            if 0 < len(key) < 3 and (expr := self._short(key)) is not None:
+            if 0 < len(key) < 3 and (expr := self._short(key, files)) is not None:
                 parts.append(expr)
         return " AND ".join(parts) or None
 
-    def _short(self, key: str) -> str | None:
+    def _short(self, key: str, files: int) -> str | None:
         """Any trigram of the index that `key` (one or two characters) begins; None if too many.
 
-        The index's terms are read in order from `key` on (`fts5vocab`), those it begins being
-        the first. None of them: no file holds the key, and the MATCH of the key padded with
-        line breaks, a trigram it would begin, names none.
+        The index's terms from `key` on are read in order up to the first the key cannot begin
+        (`fts5vocab`, which counts the files of each term it reads), and no further once they
+        are more than `_SHORT_TERMS` or name more than `_DENSE` of the `files` between them: a
+        key that common fills a page from the first files read in path order. None of them: no
+        file holds the key, and the MATCH of the key padded with line breaks, a trigram it
+        would begin, names none.
         """
         if self.conn is None or _utf8(key) is None:
             return None
@@ -232,13 +237,26 @@ class _Index:
             self.rows("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING "
                       "fts5vocab(main, grams, 'row')")
             self._vocab = True
-        rows = self.rows(f"SELECT term FROM temp.vocab WHERE term >= ? LIMIT {_SHORT_TERMS + 1}",
-                         (key,))
-        if not all(isinstance(t, str) for (t,) in rows):
-            raise self.damaged()
-        terms = [t for (t,) in rows if t.startswith(key)]
-        if len(terms) > _SHORT_TERMS:
-            return None
+        after = ord(key[-1]) + 1  # the first character past those the key's terms can have
+        query, args = "SELECT term, doc FROM temp.vocab WHERE term >= ?", (key,)
+        if after <= 0x10FFFF:
+            query += " AND term < ?"
+            args += (key[:-1] + chr(0xE000 if 0xD800 <= after < 0xE000 else after),)
+        terms: list[str] = []
+        named = 0
+        try:
+            for term, docs in self.conn.execute(query, args):
+                if not isinstance(term, str) or not isinstance(docs, int):
+                    raise self.damaged()
+                if not term.startswith(key):
+                    break
+                terms.append(term)
+                named += docs
+                if len(terms) > _SHORT_TERMS or named > _DENSE * files:
+                    return None
+        except READ_ERRORS as exc:
+            self._unreadable(exc)
+            raise _IndexLost from None
         return "(" + " OR ".join(_quoted(t) for t in terms or [key + TEXT_END[:3 - len(key)]]) + ")"
 
     def between(self, expr: str, lo: int, hi: int) -> array[int]:
@@ -679,7 +697,7 @@ class _Named:
     def __init__(self, view: _View, keys: list[str]) -> None:
         self.view = view
         usable = view.index.conn is not None and len(view.stale) < len(view)
-        self.expr = view.index.expression(keys) if usable else None
+        self.expr = view.index.expression(keys, len(view)) if usable else None
         self.keys = keys
         self.asked: dict[int, set[int]] = {}  # chunk start -> the positions named in it
         self.whole: list[int] | None = None  # every position named, when the ids are scattered

@@ -58,6 +58,11 @@ _BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: another process holds the index, w
 READ_ERRORS = (sqlite3.Error, ValueError, TypeError, zlib.error)
 
 
+def read_only_uri(path: Path, options: str = "") -> str:
+    """The URI SQLite opens `path` by read-only (a relative cache too; `?` and `#` quoted)."""
+    return f"{Path(os.path.abspath(path)).as_uri()}?mode=ro{options}"
+
+
 def is_busy(exc: Exception) -> bool:
     """True when `exc` says the index is locked by another process, not that it is damaged."""
     code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.Error) else None
@@ -224,7 +229,7 @@ def index_mark(cache: Cache) -> str | None:
     if is_planted(path) or not path.is_file():  # no index: the manifest is not read at all
         return None
     try:
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=10,
+        conn = sqlite3.connect(read_only_uri(path), uri=True, timeout=10,
                                isolation_level=None)
         try:
             meta = dict(conn.execute("SELECT key, value FROM meta"))
