@@ -121,10 +121,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("index", ["fresh", "missing"])
+@pytest.mark.parametrize("index", ["fresh", "in parts", "missing"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c["queries"]))
-def test_search_equals_reference_scan(corpus_cache: Cache, case: dict, index: str) -> None:
-    if index == "fresh":
+def test_search_equals_reference_scan(corpus_cache: Cache, case: dict, index: str,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    if index == "in parts":  # each file indexed in parts of a few lines
+        monkeypatch.setattr(search_index, "SEGMENT_BYTES", 300)
+    if index != "missing":
         search_index.refresh_index(corpus_cache)
     else:
         search_index.index_path(corpus_cache).unlink(missing_ok=True)
@@ -578,9 +581,11 @@ def check_cases(cache: Cache, cases: list[dict], state: str) -> None:
         assert [(r["path"], r["line_number"]) for r in got] == expected, (state, repr(case))
 
 
+@pytest.mark.parametrize("segment", [8192, 40], ids=["whole files", "in parts"])
 def test_generated_corpus_every_shape_equals_a_full_scan(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, segment: int) -> None:
     """Covering, stale, updated and missing index: always the results of a plain scan."""
+    monkeypatch.setattr(search_index, "SEGMENT_BYTES", segment)
     rng = random.Random(15)
     files = generated_files(rng, 70)
     cache = make_cache(tmp_path, files)
@@ -638,7 +643,7 @@ def test_an_index_of_an_older_version_is_rebuilt_in_place_and_shrinks(tmp_path: 
     assert search_index.refresh_index(cache) == {"changed": 20, "files": 20}
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()[0] == \
-        f"{search_index.INDEX_VERSION}/{unicodedata.unidata_version}"
+        f"{search_index.INDEX_VERSION}/{unicodedata.unidata_version}/{search_index.SEGMENT_BYTES}"
     conn.close()
     assert index_bytes(cache) <= text_bytes(cache)
     assert [r["path"] for r in tools.search(cache, ["alpha 7"])["results"][:1]] == [
@@ -768,7 +773,7 @@ def test_an_order_the_index_no_longer_vouches_for_is_not_used(tmp_path: Path) ->
     path = search_index.index_path(cache)
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        before = conn.execute("SELECT key, ids, positions FROM orders").fetchone()
+        before = conn.execute("SELECT * FROM orders").fetchone()
     finally:
         conn.close()
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
@@ -777,7 +782,7 @@ def test_an_order_the_index_no_longer_vouches_for_is_not_used(tmp_path: Path) ->
     conn = sqlite3.connect(path, isolation_level=None)
     try:  # as the older writer leaves it: the order of the generation before, still named
         conn.execute("DELETE FROM orders")
-        conn.execute("INSERT INTO orders VALUES (?, ?, ?)", before)
+        conn.execute("INSERT INTO orders VALUES (?, ?, ?, ?)", before)
         conn.execute("UPDATE meta SET value=? WHERE key='order'", (before[0],))
     finally:
         conn.close()
@@ -930,3 +935,41 @@ def test_a_cache_named_by_a_relative_path_uses_its_index(
                                              "f073.md", "f074.md", "f075.md", "f076.md",
                                              "f077.md", "f078.md", "f079.md"]
     assert search_mod.searcher(cache).scanned == len(got)  # the index named just those
+
+
+@pytest.mark.parametrize("index", ["fresh", "missing"])
+def test_ignoring_case_a_file_with_a_character_that_casefolds_to_ascii(
+        tmp_path: Path, index: str) -> None:
+    # The Kelvin sign and the ﬁ ligature casefold to ASCII: their lines are folded on their own,
+    # the others read as bytes with ASCII lowered; the results are a full scan's.
+    cache = make_cache(tmp_path, {"kelvin.md": "300 \u212aelvin\n", "fi.md": "the \ufb01le\n",
+                                  "plain.md": "300 kelvin, a File\n", "accent.md": "Café file\n"})
+    if index == "fresh":
+        search_index.refresh_index(cache)
+    for query in ("kelvin", "KELVIN", "file", "caf"):
+        got = all_pages(cache, queries=[query], case_sensitive=False)
+        assert [(r["path"], r["line_number"]) for r in got] == reference(
+            cache, [query], case_sensitive=False), query
+    found = tools.search(cache, ["kelvin"], case_sensitive=False)["results"]
+    assert {r["path"].rsplit("/", 1)[1] for r in found} == {"kelvin.md", "plain.md"}
+
+
+@pytest.mark.parametrize("ending", ["\n", ""])
+def test_a_file_in_parts_shows_its_lines_and_context_across_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) -> None:
+    # Parts of a few lines: a result's context reaches into the parts around its own, which
+    # the index did not name, and the line numbers count from the file's start.
+    monkeypatch.setattr(search_index, "SEGMENT_BYTES", 40)
+    lines = [f"line {i}" + (" needle" if i % 7 == 0 else "") for i in range(1, 60)]
+    text = "\n".join(lines) + ending
+    cache = make_cache(tmp_path, {"big.md": text, "small.md": "needle\n"})
+    search_index.refresh_index(cache)
+    assert len(search_index.segments(text.encode())) > 10
+    got = tools.search(cache, ["needle"], context_lines=3, max_results=200)["results"]
+    assert [(r["path"].rsplit("/", 1)[1], r["line_number"]) for r in got] == [
+        ("big.md", n) for n in range(7, 60, 7)] + [("small.md", 1)]
+    for hit in got[:-1]:
+        n = hit["line_number"]
+        assert hit["line"] == lines[n - 1]
+        assert hit["context_before"] == lines[max(0, n - 4):n - 1]
+        assert hit["context_after"] == lines[n:n + 3]

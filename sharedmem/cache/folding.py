@@ -32,7 +32,7 @@ def normalize(text: str) -> str:
     if text.isascii():
         text = text.lower()
     elif (len(text.encode("utf-8", "surrogatepass")) - len(text)) * 8 > len(text):
-        text = _unicode(text)  # much of it is not ASCII: at once
+        text = unicode_fold(text)  # much of it is not ASCII: at once
     else:
         parts, pos = [], 0
         while found := _NON_ASCII.search(text, pos):
@@ -40,7 +40,7 @@ def normalize(text: str) -> str:
             end = text.find("\n", found.end())
             end = len(text) if end < 0 else end
             parts.append(text[pos:start].lower())
-            parts.append(_unicode(text[start:end]))
+            parts.append(unicode_fold(text[start:end]))
             pos = end
         parts.append(text[pos:].lower())
         text = "".join(parts)
@@ -49,8 +49,11 @@ def normalize(text: str) -> str:
     return _SPACE_RUN.sub(" ", text) if "  " in text else text
 
 
-def _unicode(text: str) -> str:
-    """The Unicode steps: NFKC, casefold, then NFD with the combining marks taken out."""
+def unicode_fold(text: str) -> str:
+    """The Unicode steps alone: NFKC, casefold, then NFD with the combining marks taken out.
+
+    `normalize` but for its blanks, and for the carriage return of a CRLF line.
+    """
     text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text).casefold())
     if not text.isascii():
         for mark in {c for c in _MARKED.findall(text) if unicodedata.combining(c)}:

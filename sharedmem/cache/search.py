@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
 from sharedmem.cache.folding import normalize
 from sharedmem.cache.layout import CacheFiles
+from sharedmem.cache.matching import Matcher, utf8
 from sharedmem.cache.search_index import (
     READ_ERRORS,
     TEXT_END,
@@ -36,12 +37,13 @@ from sharedmem.cache.search_index import (
     read_cached,
     read_only_uri,
     refresh_in_background,
+    segments,
 )
 from sharedmem.core import CacheError, SharedMemoryError
 
 LINE_CHARS = 1000
 BACKGROUND_REFRESH = True  # a missing or broken index makes a search start `index --background`
-_MAX_GRAMS = 8
+_MAX_GRAMS = 16  # trigrams of one key asked of the index, at most
 _DENSE = 0.3  # an index naming more than this share of files does not narrow a page in order
 _CHUNK = 1024  # positions a walk first asks the index about; each next chunk doubles
 _SCATTERED = 8  # more than 1/8 of a chunk's ids far from path order: the index asked whole
@@ -49,6 +51,7 @@ _FEW = 128  # candidates under 1/128 of a chunk are verified by reading, other k
 _WHOLE = 4096  # a key that names at most about this many files is asked of the whole index
 _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`_View.run`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
+_CLOSE = 10  # lines a result's context reaches back before the first line of a part read
 _SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looked up (scanned)
 
 
@@ -189,18 +192,27 @@ class _Index:
             self._unreadable(exc)
             raise _IndexLost from None
 
-    def order(self, meta: dict[str, str]) -> tuple[array[int], array[int] | None]:
-        """The ids in path order, and where each stands when the index has it stored."""
+    def order(self, meta: dict[str, str]) -> tuple[array[int], array[int], array[int] | None]:
+        """The parts' rows in path order, whose file each is, and where each row stands.
+
+        From `orders` when the index has it stored for this generation, else from `files`.
+        """
         key = meta.get("order", "")
         if key.split("/")[0] == meta.get("generation"):
-            rows = self.rows("SELECT ids, positions FROM orders WHERE key=?", (key,))
+            rows = self.rows("SELECT ids, owners, positions FROM orders WHERE key=?", (key,))
             if rows and all(isinstance(v, bytes) and len(v) % 8 == 0 for v in rows[0]):
-                ids, where = array("q"), array("q")
-                ids.frombytes(rows[0][0])
-                where.frombytes(rows[0][1])
-                if len(where) >= len(ids):  # every id has its slot: checked as it is stored
-                    return ids, where
-        return array("q", (i for (i,) in self.rows("SELECT id FROM files ORDER BY path"))), None
+                ids, owners, where = array("q"), array("q"), array("q")
+                for values, blob in zip((ids, owners, where), rows[0], strict=True):
+                    values.frombytes(blob)
+                if len(owners) == len(ids) and len(where) >= len(ids):  # as it is stored
+                    return ids, owners, where
+        ids, owners = array("q"), array("q")
+        for file_id, first, parts in self.rows("SELECT id, first, parts FROM files ORDER BY path"):
+            if not all(type(v) is int for v in (file_id, first, parts)):
+                raise self.damaged()
+            ids.extend(range(first, first + parts))
+            owners.extend([file_id] * parts)
+        return ids, owners, None
 
     def matching(self, expr: str) -> array[int]:
         """Ids of the files the MATCH `expr` names."""
@@ -231,7 +243,7 @@ class _Index:
         file holds the key, and the MATCH of the key padded with line breaks, a trigram it
         would begin, names none.
         """
-        if self.conn is None or _utf8(key) is None:
+        if self.conn is None or utf8(key) is None:
             return None
         if not self._vocab:
             self.rows("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING "
@@ -274,22 +286,21 @@ class _Index:
 def _match(keys: Iterable[str]) -> str | None:
     """The FTS5 MATCH of every key's trigrams ANDed; None when no key has three characters.
 
-    Also None for a lone surrogate, which SQLite cannot take.
+    Every trigram of a key, so those across the words of a phrase narrow it too (each is in
+    fewer files than the words alone), and at most `_MAX_GRAMS` of them, spread along a long
+    key. Also None for a lone surrogate, which SQLite cannot take.
     """
     grams: set[str] = set()
     for key in keys:
-        if len(key) < 3:
-            continue
-        # Trigrams every third character cover the key; more only cost time in SQLite.
-        own = sorted({key[i:i + 3] for i in range(0, len(key) - 2, 3)} | {key[-3:]})
+        own = list(dict.fromkeys(key[i:i + 3] for i in range(len(key) - 2)))
         if len(own) > _MAX_GRAMS:
-            step = len(own) / _MAX_GRAMS
-            own = [own[int(i * step)] for i in range(_MAX_GRAMS)]
+            step = (len(own) - 1) / (_MAX_GRAMS - 1)
+            own = [own[round(i * step)] for i in range(_MAX_GRAMS)]
         grams.update(own)
     if not grams:
         return None
     expr = " AND ".join(_quoted(g) for g in sorted(grams))
-    return expr if _utf8(expr) is not None else None
+    return expr if utf8(expr) is not None else None
 
 
 def _quoted(term: str) -> str:
@@ -299,23 +310,25 @@ def _quoted(term: str) -> str:
 
 
 class _View:
-    """Every searchable file in path order, by position: the index's id where it vouches.
+    """Every searchable file in path order, each in its parts, by position.
 
-    Built once per manifest and index generation. When the index covers the manifest whole,
-    only the ids are held (paths are asked of the index); otherwise the manifest is loaded,
-    and positions the index does not vouch for (id -1) are always scanned.
+    A position is one part of a file the index vouches for (its `grams` row in `ids`, its file
+    in `owners`; a file's parts stand side by side), or a whole file it does not (id -1, an owner
+    of its own below 0), which is always read. Built once per manifest and index generation.
+    When the index covers the manifest whole only these arrays are held (paths are asked of the
+    index); otherwise the manifest is loaded and each position's path is held.
     """
 
-    def __init__(self, index: _Index, ids: array[int], paths: list[str] | None,
-                 manifest: Manifest | None, namespaces: dict[str, NamespaceInfo],
-                 where: array[int] | None = None) -> None:
-        self.index, self.ids, self.paths = index, ids, paths
+    def __init__(self, index: _Index, ids: array[int], owners: array[int],
+                 paths: list[str] | None, manifest: Manifest | None,
+                 namespaces: dict[str, NamespaceInfo], where: array[int] | None = None) -> None:
+        self.index, self.ids, self.owners, self.paths = index, ids, owners, paths
         self.manifest, self.namespaces = manifest, namespaces
         # Only a view from the manifest has positions the index does not vouch for.
         self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
         self.where = where if where is not None else inverse(ids)
         self.runs: dict[tuple[int, int], tuple[int, int, list[int]] | None] = {}  # `run`
-        # id -> (sha256, namespace) of the batch `named` asked last, for `provenance`.
+        # file id -> (sha256, namespace) of the batch `named` asked last, for `provenance`.
         self.origins: dict[Any, tuple[Any, Any]] = {}
 
     def __len__(self) -> int:
@@ -324,26 +337,52 @@ class _View:
     def path(self, pos: int) -> str:
         if self.paths is not None:
             return self.paths[pos]
-        rows = self.index.rows("SELECT path FROM files WHERE id=?", (self.ids[pos],))
+        rows = self.index.rows("SELECT path FROM files WHERE id=?", (self.owners[pos],))
         if not rows or not isinstance(rows[0][0], str):
             raise self.index.damaged()
         return rows[0][0]
 
-    def named(self, positions: Iterable[int],
-              room: Callable[[], int] = lambda: _BATCH) -> Iterator[tuple[int, str]]:
-        """Each position with its path, the paths asked of the index a batch at a time.
+    def regions(self, data: bytes, pos: int, spots: set[int] | None) -> list[tuple[int, int]]:
+        """The byte ranges of `data` that the positions `spots` of its file stand for.
 
-        Batches start small and double, never past `room()` (what the page could still take if
-        each file held one result): each position taken into a batch is one the walk had to
-        find, and finding positions past those the page reads asks the index about chunks it
-        never needed.
+        All of it for None, for a file the index does not vouch for, or for bytes that are not
+        those the index cut in parts (the file changed on disk).
+        """
+        if spots is None or self.ids[pos] < 0:
+            return [(0, len(data))]
+        owner, head = self.owners[pos], pos  # the file's first part
+        while head and self.owners[head - 1] == owner:
+            head -= 1
+        if head + 1 == len(self.owners) or self.owners[head + 1] != owner:
+            return [(0, len(data))]  # a file of one part
+        parts = sorted(p - head for p in spots)
+        bounds = segments(data)
+        if parts[-1] >= len(bounds) - 1:
+            return [(0, len(data))]
+        out: list[tuple[int, int]] = []
+        for k in parts:
+            if out and out[-1][1] == bounds[k]:
+                out[-1] = (out[-1][0], bounds[k + 1])
+            else:
+                out.append((bounds[k], bounds[k + 1]))
+        return out
+
+    def named(self, items: Iterable[tuple[int, set[int] | None]],
+              room: Callable[[], int] = lambda: _BATCH) -> Iterator[tuple[int, str,
+                                                                          set[int] | None]]:
+        """Each item (a position and its file's positions named) with the file's path.
+
+        The paths are asked of the index a batch at a time. Batches start small and double,
+        never past `room()` (what the page could still take if each file held one result): each
+        item taken into a batch is one the walk had to find, and finding items past those the
+        page reads asks the index about chunks it never needed.
         """
         if self.paths is not None:
-            yield from ((pos, self.paths[pos]) for pos in positions)
+            yield from ((pos, self.paths[pos], spots) for pos, spots in items)
             return
-        walk, size = iter(positions), 16
+        walk, size = iter(items), 16
         while batch := list(islice(walk, max(1, min(size, room())))):
-            wanted = [self.ids[pos] for pos in batch]
+            wanted = [self.owners[pos] for pos, _ in batch]
             found: dict[Any, Any] = {}
             origins = self.origins = {}
             for row_id, relpath, sha, namespace in self.index.rows(
@@ -351,11 +390,11 @@ class _View:
                     f"({','.join('?' * len(wanted))})", tuple(wanted)):
                 found[row_id] = relpath
                 origins[row_id] = (sha, namespace)
-            for pos, row_id in zip(batch, wanted, strict=True):
+            for (pos, spots), row_id in zip(batch, wanted, strict=True):
                 relpath = found.get(row_id)
                 if not isinstance(relpath, str):
                     raise self.index.damaged()
-                yield pos, relpath
+                yield pos, relpath, spots
             size = min(size * 2, _BATCH)
 
     def provenance(self, pos: int, relpath: str) -> dict[str, Any]:
@@ -365,10 +404,10 @@ class _View:
         """
         if self.manifest is not None:
             return provenance(self.manifest, relpath)
-        row = self.origins.get(self.ids[pos])
+        row = self.origins.get(self.owners[pos])
         if row is None:
             rows = self.index.rows("SELECT sha256, namespace FROM files WHERE id=?",
-                                   (self.ids[pos],))
+                                   (self.owners[pos],))
             row = rows[0] if rows else (None, None)
         if not all(isinstance(v, str) for v in row):
             raise self.index.damaged()
@@ -394,8 +433,8 @@ class _View:
             return [range(len(self.ids))]
         prefix = folder.rstrip("/") + "/"
         own = self.find(folder)
-        spans = [range(own, own + 1)] if own < len(self.ids) and self.path(own) == folder \
-            else []
+        spans = [range(own, self.find(folder + "\x00", own))] \
+            if own < len(self.ids) and self.path(own) == folder else []
         lo = self.find(prefix)
         return spans + [range(lo, self.find(prefix[:-1] + "0", lo))]
 
@@ -435,53 +474,6 @@ class _View:
         return found
 
 
-class _Matcher:
-    """Whether a file's bytes contain each needle under the query's folding, cheaply.
-
-    A case-sensitive needle is looked for in the bytes themselves: UTF-8 is self-synchronizing,
-    so that is the same as in the decoded text, unless the needle holds U+FFFD, which stands for
-    bytes that are not UTF-8 (then the text is decoded).
-    """
-
-    def __init__(self, query: Query) -> None:
-        self.kind = "normalized" if query.normalized else \
-            "exact" if query.case_sensitive else "casefold"
-        self.fold = _folder(query)
-        self.queries = query.queries
-        self.needles = [self.fold(q) for q in query.queries]
-        self.raw = [None if "\ufffd" in n else _utf8(n) for n in self.needles]
-        self._last: tuple[bytes, str] | None = None  # the bytes last folded, and their fold
-
-    def folded(self, data: bytes) -> str:
-        """The file's text under the query's folding; once per file, however often asked."""
-        if self._last is None or self._last[0] is not data:
-            self._last = (data, self.fold(data.decode("utf-8", "replace")))
-        return self._last[1]
-
-    def which(self, data: bytes, wanted: Iterable[int]) -> set[int]:
-        """Indexes (among `wanted`) of the needles found in `data`."""
-        found = set()
-        lowered = data.lower() if self.kind == "casefold" and data.isascii() else None
-        for i in wanted:
-            raw = self.raw[i]
-            if self.kind == "exact" and raw is not None:
-                hit = raw in data
-            elif lowered is not None and raw is not None:
-                hit = raw in lowered
-            else:
-                hit = self.needles[i] in self.folded(data)
-            if hit:
-                found.add(i)
-        return found
-
-
-def _utf8(text: str) -> bytes | None:
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
-
-
 class _Page:
     """The results of one page, which ends at `limit` results or `max_bytes` of their text."""
 
@@ -494,7 +486,7 @@ class _Page:
         """How many more results the page takes, at most."""
         return self.limit - len(self.results)
 
-    def add(self, relpath: str, lines: list[str], number: int, which: Iterable[int],
+    def add(self, relpath: str, lines: _Lines, number: int, which: Iterable[int],
             origin: dict[str, Any]) -> bool:
         """Add the result for this line; False when the page has no room for it (it is full)."""
         if len(self.results) == self.limit:
@@ -541,7 +533,8 @@ class Searcher:
     def _search(self, query: Query, after: list[Any] | None, limit: int, max_bytes: int,
                 use_index: bool) -> tuple[list[dict[str, Any]], list[Any] | None]:
         view = self._current(use_index)
-        matcher = _Matcher(query)
+        matcher = Matcher(query.queries, "normalized" if query.normalized else
+                          "exact" if query.case_sensitive else "casefold")
         spans = view.scope(query.path)
         page = _Page(query, limit, max_bytes)
         with CacheFiles(self.cache.root) as disk:
@@ -556,15 +549,16 @@ class Searcher:
         if use_index and (meta is None or meta.get("version") != index_version()):
             self._start_refresh(marks[1])
             meta = None
-        key = (marks, self.index._identity, meta.get("generation") if meta else None)
+        key = (marks, self.index._identity, meta.get("generation") if meta else None,
+               meta.get("version") if meta else None)
         if self._view is not None and self._view_key == key:
             return self._view
         view = None
         if meta and meta.get("manifest") and meta["manifest"] == marks[1]:
             namespaces = self._read_namespaces()
             if namespaces is not None:
-                ids, where = self.index.order(meta)
-                view = _View(self.index, ids, None, None, namespaces, where)
+                ids, owners, where = self.index.order(meta)
+                view = _View(self.index, ids, owners, None, None, namespaces, where)
         if view is None:
             view = self._from_manifest(meta is not None)
         self._view, self._view_key = view, key
@@ -573,18 +567,23 @@ class Searcher:
     def _from_manifest(self, indexed: bool) -> _View:
         """The slow way: the whole manifest, each file vouched for only at its sha256."""
         manifest = self.cache.load()
-        known = {p: (i, s) for i, p, s in self.index.rows(
-            "SELECT id, path, sha256 FROM files")} if indexed else {}
-        paths, shas = [], []
+        known = {row[1]: row for row in self.index.rows(
+            "SELECT id, path, sha256, first, parts FROM files")} if indexed else {}
+        ids, owners, paths = array("q"), array("q"), []
         for relpath, meta in sorted(manifest.files.items()):
-            paths.append(relpath)
-            shas.append(meta.sha256)
-        ids = array("q", [-1]) * len(paths)
-        for pos, relpath in enumerate(paths):
             row = known.get(relpath)
-            if row is not None and row[1] == shas[pos]:
-                ids[pos] = row[0]
-        return _View(self.index, ids, paths, manifest, manifest.namespaces)
+            if row is not None and row[2] == meta.sha256:
+                file_id, _, _, first, parts = row
+                if not all(type(v) is int for v in (file_id, first, parts)):
+                    raise self.index.damaged()
+                ids.extend(range(first, first + parts))
+                owners.extend([file_id] * parts)
+                paths.extend([relpath] * parts)
+            else:
+                ids.append(-1)
+                owners.append(-1 - len(paths))
+                paths.append(relpath)
+        return _View(self.index, ids, owners, paths, manifest, manifest.namespaces)
 
     def _marks(self) -> tuple[str | None, str | None]:
         """The manifest's commit and files marks: what tells a view or an index out of date."""
@@ -611,26 +610,23 @@ class Searcher:
             if BACKGROUND_REFRESH:
                 refresh_in_background(self.cache)  # meanwhile every file is scanned
 
-    def _ordered(self, view: _View, disk: CacheFiles, page: _Page, matcher: _Matcher,
+    def _ordered(self, view: _View, disk: CacheFiles, page: _Page, matcher: Matcher,
                  spans: list[range], after: list[Any] | None) -> tuple[list[dict[str, Any]],
                                                                        list[Any] | None]:
         """One query, or all of several: results in path and line order, read until full.
 
-        The index is asked a chunk of positions at a time (all the queries' trigrams in one
-        MATCH), so a page that fills within the first files asks about those alone.
+        The index is asked a chunk of positions at a time, so a page that fills within the
+        first files asks about those alone. With several queries (`all`), a file is read when
+        the index names each query in some part of it, however common each query alone is.
         """
-        named = [_Named(view, [normalize(q) for q in matcher.queries])]
+        everything = page.query.match_mode == "all"
+        named = [_Named(view, [normalize(q)], dense=everything) for q in matcher.queries]
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         every = set(range(len(matcher.needles)))
-        everything = page.query.match_mode == "all"
-        for pos, relpath in view.named(_walk_named(view, spans, named, 1, last_path), page.room):
-            data = read_cached(disk, relpath)
-            self.scanned += 1
-            found = matcher.which(data, every) if data is not None else set()
-            if not found or everything and found != every:
-                continue
-            rows, hits = _lines(data or b"", matcher)
-            if everything and not all(hits) or not any(hits):
+        walk = _walk_named(view, spans, named, len(named) if everything else 1, last_path)
+        for pos, relpath, spots in view.named(walk, page.room):
+            rows, hits = self._read(view, disk, matcher, pos, relpath, spots, every)
+            if not any(hits) or everything and not all(hits):
                 continue
             origin = view.provenance(pos, relpath)
             for number, which in _merge(hits).items():
@@ -641,35 +637,29 @@ class Searcher:
                     return page.results, [last["path"], last["line_number"]]
         return page.results, None
 
-    def _ranked(self, view: _View, disk: CacheFiles, page: _Page, matcher: _Matcher,
+    def _ranked(self, view: _View, disk: CacheFiles, page: _Page, matcher: Matcher,
                 spans: list[range], after: list[Any] | None) -> tuple[list[dict[str, Any]],
                                                                       list[Any] | None]:
         """Several queries, any of them: files matching more of them first, then path order.
 
         Group m is the files holding exactly m of the k queries. It is walked in path order
-        among the positions the index names for at least m queries, each file read once to
-        verify it, so a page stops reading as soon as it is full; no count over all files is
-        needed first. A file read in an earlier group is read again only if it is in this one.
+        among the files the index names for at least m queries, each file read once to verify
+        it, so a page stops reading as soon as it is full; no count over all files is needed
+        first. A file read in an earlier group is read again only if it is in this one.
         """
         count = len(matcher.needles)
-        every = list(range(count))
+        every = set(range(count))
         named = [_Named(view, [normalize(q)]) for q in matcher.queries]
         first, start, skip = (-after[0], after[1], after[2]) if after else (count, "", 0)
-        held: dict[int, int] = {}  # position -> how many queries its file holds, once read
+        held: dict[int, int] = {}  # file (owner) -> how many queries it holds, once read
         last: list[Any] | None = None  # the key of the last result on the page
         for group in range(first, 0, -1):
             walk = _walk_named(view, spans, named, group, start if group == first else "")
-            kept = (p for p in walk if held.get(p, group) == group)
-            for pos, relpath in view.named(kept, page.room):
-                data = read_cached(disk, relpath)
-                self.scanned += 1
-                found = matcher.which(data, every) if data is not None else set()
-                held[pos] = len(found)
-                if len(found) != group:
-                    continue
-                rows, hits = _lines(data or b"", matcher)
-                held[pos] = sum(1 for lines in hits if lines)
-                if held[pos] != group:
+            kept = ((p, s) for p, s in walk if held.get(view.owners[p], group) == group)
+            for pos, relpath, spots in view.named(kept, page.room):
+                rows, hits = self._read(view, disk, matcher, pos, relpath, spots, every)
+                held[view.owners[pos]] = sum(1 for lines in hits if lines)
+                if held[view.owners[pos]] != group:
                     continue
                 origin = view.provenance(pos, relpath)
                 for number, which in _merge(hits).items():
@@ -679,6 +669,74 @@ class Searcher:
                         return page.results, last
                     last = [-group, relpath, number]
         return page.results, None
+
+    def _read(self, view: _View, disk: CacheFiles, matcher: Matcher, pos: int, relpath: str,
+              spots: set[int] | None, wanted: set[int]) -> tuple[_Lines, list[set[int]]]:
+        """The file's lines, and per query the numbers of the lines holding it.
+
+        Only the parts of the file the index named (`spots`) are looked in: no other can hold a
+        query. A line is decoded only when a result shows it.
+        """
+        data = read_cached(disk, relpath)
+        self.scanned += 1
+        if data is None:
+            return {}, [set() for _ in wanted]
+        pieces, line, counted = [], 0, 0  # (line breaks before it, start, its bytes)
+        for lo, hi in view.regions(data, pos, spots):
+            line += data.count(b"\n", counted, lo) if lo else 0
+            counted = lo
+            pieces.append((line, lo, data if (lo, hi) == (0, len(data)) else data[lo:hi]))
+        found: set[int] = set()
+        for *_, piece in pieces:
+            found |= matcher.which(piece, wanted - found)
+            if found == wanted:
+                break
+        hits: list[set[int]] = [set() for _ in wanted]
+        if not found:
+            return _Lines(data, []), hits
+        for base, _, piece in pieces:
+            for i, lines in enumerate(matcher.numbers(piece)):
+                hits[i].update(n + base for n in lines)
+        return _Lines(data, [(base + 1, lo) for base, lo, _ in pieces]), hits
+
+
+class _Lines:
+    """A file's lines by number, each decoded when a result shows it (a few, of many)."""
+
+    def __init__(self, data: bytes, starts: list[tuple[int, int]]) -> None:
+        self.data = data
+        self.starts = starts  # (line number, where it starts), in order: the parts read
+        self.known: dict[int, int] = dict(starts)  # line number -> where it starts
+
+    def start(self, number: int) -> int | None:
+        """Where line `number` starts; None past the last line."""
+        if number in self.known:
+            return self.known[number]
+        data = self.data
+        after = [s for s in self.starts if s[0] > number]
+        if after and after[0][0] - number <= _CLOSE:  # a few lines before a part read
+            line, at = after[0]
+            while line > number:
+                at = data.rfind(b"\n", 0, at - 1) + 1
+                line -= 1
+        else:  # forward from the nearest start known before it
+            before = [s for s in self.starts if s[0] <= number]
+            line, at = before[-1] if before else (1, 0)
+            while line < number:
+                end = data.find(b"\n", at)
+                if end < 0 or end + 1 >= len(data):
+                    return None
+                line, at = line + 1, end + 1
+        self.known[number] = at
+        return at
+
+    def get(self, number: int) -> str | None:
+        """The text of line `number`, None past the last line."""
+        at = self.start(number) if number >= 1 else None
+        if at is None:
+            return None
+        end = self.data.find(b"\n", at)
+        return self.data[at:end if end >= 0 else len(self.data)].decode("utf-8", "replace")
 
 
 class _Named:
@@ -690,15 +748,16 @@ class _Named:
     as much as reading ten files, so a key that named few positions in its first chunk is asked
     once for the whole index instead. Ids that stand far from path order (files added since the
     index was built whole) are simply named: verifying a few files costs less than asking for
-    them. A key the index cannot narrow, or that names more than `_DENSE` of the positions
-    asked about, names every position from then on.
+    them. A key the index cannot narrow names every position; so does one that names more than
+    `_DENSE` of the positions asked about, from then on, unless it is `dense`: one of several
+    keys every file must hold (`all`), where even common keys can meet in few files.
     """
 
-    def __init__(self, view: _View, keys: list[str]) -> None:
+    def __init__(self, view: _View, keys: list[str], dense: bool = False) -> None:
         self.view = view
         usable = view.index.conn is not None and len(view.stale) < len(view)
         self.expr = view.index.expression(keys, len(view)) if usable else None
-        self.keys = keys
+        self.keys, self.dense = keys, dense
         self.asked: dict[int, set[int]] = {}  # chunk start -> the positions named in it
         self.whole: list[int] | None = None  # every position named, when the ids are scattered
         self.seen = [0, 0]  # positions named, positions asked about: how dense the key is
@@ -707,17 +766,21 @@ class _Named:
         """The share of positions named so far (a half until asked): sparse keys go first."""
         return self.seen[0] / self.seen[1] if self.seen[1] else 0.5
 
+    def everywhere(self) -> bool:
+        """Whether the key names every position, unasked."""
+        return self.expr is None or not self.dense and bool(self.seen[1]) and \
+            self.rate() > _DENSE
+
     def order(self, lo: int) -> tuple[bool, float]:
         """Keys known without a question first, then the sparsest."""
-        known = lo in self.asked or self.whole is not None or self.expr is None or \
-            bool(self.seen[1]) and self.rate() > _DENSE
+        known = lo in self.asked or self.whole is not None or self.everywhere()
         return not known, self.rate()
 
     def within(self, lo: int, hi: int) -> set[int] | None:
-        """Positions in [lo, hi) whose file may hold the keys; None when it may be any of them."""
+        """Positions in [lo, hi) whose part may hold the keys; None when it may be any of them."""
         if lo in self.asked:
             return self.asked[lo]
-        if self.expr is None or self.seen[1] and self.rate() > _DENSE:
+        if self.everywhere():
             return None
         view = self.view
         stale = view.stale[bisect_left(view.stale, lo):bisect_left(view.stale, hi)]
@@ -754,39 +817,56 @@ class _Named:
         return set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
 
 
-def _chunks(span: range) -> Iterator[tuple[int, int]]:
-    """The span cut into chunks of _CHUNK positions, then each twice the one before."""
-    lo, size = span.start, _CHUNK
+def _chunks(view: _View, span: range) -> Iterator[tuple[int, int]]:
+    """The span cut into chunks of _CHUNK positions, then each twice the one before.
+
+    A chunk never ends inside a file: all of a file's parts are asked about together.
+    """
+    lo, size, owners = span.start, _CHUNK, view.owners
     while lo < span.stop:
-        yield lo, min(lo + size, span.stop)
-        lo, size = lo + size, size * 2
+        hi = min(lo + size, span.stop)
+        while hi < span.stop and owners[hi] == owners[hi - 1]:
+            hi += 1
+        yield lo, hi
+        lo, size = hi, size * 2
 
 
 def _walk_named(view: _View, spans: list[range], named: list[_Named], group: int,
-                start: str) -> Iterator[int]:
-    """Positions in the spans, in order from the path `start` on, named for >= `group` keys."""
+                start: str) -> Iterator[tuple[int, set[int] | None]]:
+    """Files in the spans, in order from the path `start` on, named for >= `group` keys.
+
+    Each as its first position named, and its positions named (None: all of them).
+    """
+    owners = view.owners
     for span in spans:
         lo = min(max(view.find(start, span.start) if start else span.start, span.start),
                  span.stop)
-        for first, end in _chunks(span):
+        for first, end in _chunks(view, span):
             if end <= lo:
                 continue
             allowed = _at_least(named, group, first, end)
             if allowed is None:
-                yield from range(max(lo, first), end)
+                begin = max(lo, first)
+                yield from ((p, None) for p in range(begin, end)
+                            if p == begin or owners[p] != owners[p - 1])
             else:
-                yield from sorted(p for p in allowed if p >= lo)
+                yield from (item for item in allowed if item[0] >= lo)
 
 
-def _at_least(named: list[_Named], group: int, lo: int, hi: int) -> set[int] | None:
-    """Positions in [lo, hi) named for at least `group` of the keys; None for all of them.
+def _at_least(named: list[_Named], group: int, lo: int,
+              hi: int) -> list[tuple[int, set[int] | None]] | None:
+    """Files with positions in [lo, hi) named for at least `group` of the keys; None for all.
 
-    Keys known without a question come first, then the sparsest. Once few positions can still
-    reach `group`, the others are not asked: reading those few files verifies them for less.
-    Every key is asked at least once, though: its first answer tells a sparse key, which is
-    then asked of the whole index at once (see `_Named`).
+    Each as its first position named and the positions the keys named in it, or None where
+    a key that may be anywhere counts (then each of its parts is read). Keys known without a
+    question come first, then the sparsest. Once few files can still reach `group`, the others
+    are not asked: reading those few verifies them for less. Every key is asked at least once,
+    though: its first answer tells a sparse key, which is then asked of the whole index at
+    once (see `_Named`).
     """
-    counts: dict[int, int] = {}
+    owners = named[0].view.owners
+    counts: dict[int, int] = {}  # file -> keys naming it
+    spots: dict[int, set[int]] = {}  # file -> its positions named by any key
     keys = sorted(named, key=lambda key: key.order(lo))
     left, anywhere = len(keys), 0
     for done, each in enumerate(keys, 1):
@@ -795,47 +875,26 @@ def _at_least(named: list[_Named], group: int, lo: int, hi: int) -> set[int] | N
         if found is None:
             anywhere += 1
         else:
+            mine: set[int] = set()
             for pos in found:
-                counts[pos] = counts.get(pos, 0) + 1
-        need = group - anywhere - left  # what a position must have been named for so far
+                owner = owners[pos]
+                spots.setdefault(owner, set()).add(pos)
+                if owner not in mine:
+                    mine.add(owner)
+                    counts[owner] = counts.get(owner, 0) + 1
+        need = group - anywhere - left  # what a file must have been named for so far
         if left + anywhere < group and len(counts) * _FEW <= hi - lo and all(
                 key.seen[1] for key in keys[done:]):
-            return {pos for pos, n in counts.items() if n >= need}
+            return _files(counts, spots, need, left + anywhere > 0)
     need = group - anywhere
-    return None if need <= 0 else {pos for pos, n in counts.items() if n >= need}
+    return None if need <= 0 else _files(counts, spots, need, anywhere > 0)
 
 
-def _lines(data: bytes, matcher: _Matcher) -> tuple[list[str], list[set[int]]]:
-    """The file's lines and, per needle, the 1-based numbers of the lines containing it."""
-    hay = matcher.folded(data)
-    hits = []
-    for needle in matcher.needles:
-        lines: set[int] = set()
-        pos, line, counted = hay.find(needle), 1, 0
-        while pos >= 0:
-            line += hay.count("\n", counted, pos)
-            lines.add(line)
-            counted = hay.find("\n", pos)
-            if counted < 0:
-                break
-            pos = hay.find(needle, counted)
-        hits.append(lines)
-    if not any(hits):
-        return [], hits
-    text = data.decode("utf-8", "replace")
-    rows = text.split("\n")
-    if text.endswith("\n"):
-        rows.pop()
-    return rows, hits
-
-
-
-def _folder(query: Query) -> Callable[[str], str]:
-    if query.normalized:
-        return normalize
-    if not query.case_sensitive:
-        return str.casefold
-    return lambda text: text
+def _files(counts: dict[int, int], spots: dict[int, set[int]], need: int,
+           whole: bool) -> list[tuple[int, set[int] | None]]:
+    """The files named at least `need` times, in path order: see `_at_least`."""
+    return sorted(((min(spots[owner]), None if whole else spots[owner])
+                   for owner, n in counts.items() if n >= need), key=lambda item: item[0])
 
 
 def _merge(hits: list[set[int]]) -> dict[int, list[int]]:
@@ -852,16 +911,17 @@ def _clip(line: str) -> str:
     return line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + "…"
 
 
-def _result(query: Query, relpath: str, lines: list[str], number: int, which: Iterable[int],
-            origin: dict[str, Any]) -> dict[str, Any]:
+def _result(query: Query, relpath: str, lines: _Lines, number: int,
+            which: Iterable[int], origin: dict[str, Any]) -> dict[str, Any]:
     width = query.context_lines
-    start = max(0, number - 1 - width)
     return {
         "path": relpath,
         "line_number": number,
-        "line": _clip(lines[number - 1]),
-        "context_before": [_clip(x) for x in lines[start:number - 1]],
-        "context_after": [_clip(x) for x in lines[number:number + width]],
+        "line": _clip(lines.get(number) or ""),
+        "context_before": [_clip(lines.get(n) or "")
+                           for n in range(max(1, number - width), number)],
+        "context_after": [_clip(text) for n in range(number + 1, number + width + 1)
+                          if (text := lines.get(n)) is not None],
         "matched_queries": [query.queries[i] for i in which],
         **origin,
     }

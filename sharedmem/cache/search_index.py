@@ -24,6 +24,7 @@ import unicodedata
 import zlib
 from array import array
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from itertools import pairwise
 from pathlib import Path
 
 from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache, CachedFile
@@ -33,12 +34,13 @@ from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "4"
+INDEX_VERSION = "5"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
 BACKGROUND_WAIT = 600.0  # and `index --background`, which no one waits for
 INLINE_FILES = 1000  # a sync re-indexes at most this many files itself (see `update_index`)
+SEGMENT_BYTES = 8192  # a file is indexed in parts of about this much (`segments`)
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 # Each indexed text ends with two line breaks more, so every string of one or two characters it
 # holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
@@ -184,23 +186,29 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def index_version() -> str:
-    """The index's format and the Unicode tables `normalize` used: either changing rebuilds it."""
-    return f"{INDEX_VERSION}/{unicodedata.unidata_version}"
+    """The index's format, the Unicode tables `normalize` used and the size of a file's parts.
+
+    Any of them changing rebuilds it; a search uses only an index of its own version.
+    """
+    return f"{INDEX_VERSION}/{unicodedata.unidata_version}/{SEGMENT_BYTES}"
 
 
+# A file's parts, each indexed on its own: `grams` rows `first` to `first + parts - 1` (texts
+# holds each one's text, for taking its trigrams out). The segments, in path order then part
+# order, and where each segment row stands in that order and whose file it is, as three arrays
+# of int64 in `orders`: a search loads its view with one read instead of sorting every path.
+# Valid only while meta's `order` names it and starts with meta's generation.
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
-    " sha256 TEXT NOT NULL, namespace TEXT NOT NULL)",
+    " sha256 TEXT NOT NULL, namespace TEXT NOT NULL, first INTEGER NOT NULL,"
+    " parts INTEGER NOT NULL)",
     "CREATE TABLE texts(id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
     "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
     " detail=none, content='', columnsize=0)",
+    "CREATE TABLE orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL, positions BLOB NOT NULL,"
+    " owners BLOB NOT NULL)",
 )
-# The files' ids in path order and where each id stands in it, as two arrays of int64: a search
-# loads its view with one read instead of sorting every path. Valid only while meta's `order`
-# names it and starts with meta's generation (code that does not know the table bumps that).
-_ORDER_TABLE = "CREATE TABLE IF NOT EXISTS orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL," \
-    " positions BLOB NOT NULL)"
 
 
 def _files_of(cache: Cache) -> Mapping[str, CachedFile] | None:
@@ -324,6 +332,7 @@ class _Writer:
         self.conn, self.disk = conn, disk
         self.changed = 0
         self.emptied = False  # an index of another version was emptied: VACUUM after
+        self.next = 0  # the first `grams` row no file has (`rows_for`), once asked
 
     @classmethod
     def run(cls, path: Path, cache: Cache,
@@ -356,13 +365,12 @@ class _Writer:
         if "meta" in names:
             row = self.conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()
             version = row[0] if row else None
-        if version == index_version() and {"files", "texts", "grams"} <= names:
-            self.conn.execute(_ORDER_TABLE)  # an index written before the table existed
+        if version == index_version() and {"files", "texts", "grams", "orders"} <= names:
             return
         self.emptied = bool(names)
         for name in ("grams", "texts", "files", "meta", "orders"):
             self.conn.execute(f"DROP TABLE IF EXISTS {name}")
-        for statement in (*_SCHEMA, _ORDER_TABLE):
+        for statement in _SCHEMA:
             self.conn.execute(statement)
         self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)",
                               [("version", index_version()), ("generation", "0"),
@@ -383,17 +391,20 @@ class _Writer:
         return {"changed": self.changed, "files": files}
 
     def store_order(self, generation: int) -> None:
-        """Write the ids in path order (see `_ORDER_TABLE`) when the files changed since."""
+        """Write the segments in path order (see `_SCHEMA`) when the files changed since."""
         key = self.meta("order")
         if not self.changed and key.split("/")[0] == str(generation) and self.conn.execute(
                 "SELECT 1 FROM orders WHERE key=?", (key,)).fetchone():
             return
-        ids = array("q", (i for (i,) in self.conn.execute("SELECT id FROM files ORDER BY path")))
-        where = inverse(ids)
+        ids, owners = array("q"), array("q")
+        for file_id, first, parts in self.conn.execute(
+                "SELECT id, first, parts FROM files ORDER BY path"):
+            ids.extend(range(first, first + parts))
+            owners.extend([file_id] * parts)
         key = f"{generation}/{os.urandom(8).hex()}"
         self.conn.execute("DELETE FROM orders")
-        self.conn.execute("INSERT INTO orders(key, ids, positions) VALUES (?, ?, ?)",
-                          (key, ids.tobytes(), where.tobytes()))
+        self.conn.execute("INSERT INTO orders(key, ids, positions, owners) VALUES (?, ?, ?, ?)",
+                          (key, ids.tobytes(), inverse(ids).tobytes(), owners.tobytes()))
         self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('order', ?)", (key,))
 
     def reconcile(self, cache: Cache) -> dict[str, int]:
@@ -445,12 +456,15 @@ class _Writer:
         return self.finish(now, complete and count == len(files) and now == cache.files_mark())
 
     def drop(self, row_id: int, keep: bool = False) -> None:
-        """Take a file's trigrams out (its old text is stored for that); `keep` its row id."""
-        row = self.conn.execute("SELECT body FROM texts WHERE id=?", (row_id,)).fetchone()
-        if row is not None:
-            self.conn.execute("INSERT INTO grams(grams, rowid, body) VALUES ('delete', ?, ?)",
-                              (row_id, zlib.decompress(row[0]).decode("utf-8")))
-        self.conn.execute("DELETE FROM texts WHERE id=?", (row_id,))
+        """Take a file's trigrams out (each part's text is stored for that); `keep` its row."""
+        first, parts = self.conn.execute("SELECT first, parts FROM files WHERE id=?",
+                                         (row_id,)).fetchone()
+        for part in range(first, first + parts):
+            row = self.conn.execute("SELECT body FROM texts WHERE id=?", (part,)).fetchone()
+            if row is not None:
+                self.conn.execute("INSERT INTO grams(grams, rowid, body) VALUES "
+                                  "('delete', ?, ?)", (part, zlib.decompress(row[0]).decode()))
+        self.conn.execute("DELETE FROM texts WHERE id BETWEEN ? AND ?", (first, first + parts - 1))
         if not keep:
             self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
             self.changed += 1
@@ -467,21 +481,53 @@ class _Writer:
                 self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
                 self.changed += 1
             return False
-        text = normalize(data.decode("utf-8", "replace")) + TEXT_END
+        bounds = segments(data)
+        texts = [normalize(data[lo:hi].decode("utf-8", "replace")) + TEXT_END
+                 for lo, hi in pairwise(bounds)]
+        old = self.conn.execute("SELECT first, parts FROM files WHERE id=?",
+                                (row_id,)).fetchone() if row_id is not None else None
+        # The rows it had while they are enough (the file keeps its place in path order), else
+        # rows past all others.
+        first = old[0] if old is not None and old[1] >= len(texts) else self.rows_for(len(texts))
         if row_id is None:
             row_id = self.conn.execute(
-                "INSERT INTO files(path, sha256, namespace) VALUES (?, ?, ?)",
-                (relpath, meta.sha256, meta.namespace)).lastrowid
+                "INSERT INTO files(path, sha256, namespace, first, parts) VALUES (?, ?, ?, ?, ?)",
+                (relpath, meta.sha256, meta.namespace, first, len(texts))).lastrowid
         else:
-            self.conn.execute("UPDATE files SET sha256=?, namespace=? WHERE id=?",
-                              (meta.sha256, meta.namespace, row_id))
-        body = text.encode("utf-8", "surrogatepass")
-        self.conn.execute("INSERT INTO texts(id, body) VALUES (?, ?)",
-                          (row_id, zlib.compress(body, 1)))
-        self.conn.execute("INSERT INTO grams(rowid, body) VALUES (?, ?)", (row_id, text))
+            self.conn.execute("UPDATE files SET sha256=?, namespace=?, first=?, parts=? "
+                              "WHERE id=?", (meta.sha256, meta.namespace, first, len(texts),
+                                             row_id))
+        for part, text in enumerate(texts, first):
+            body = text.encode("utf-8", "surrogatepass")
+            self.conn.execute("INSERT INTO texts(id, body) VALUES (?, ?)",
+                              (part, zlib.compress(body, 1)))
+            self.conn.execute("INSERT INTO grams(rowid, body) VALUES (?, ?)", (part, text))
         self.changed += 1
         return True
 
+    def rows_for(self, parts: int) -> int:
+        """The first of `parts` new `grams` rows, past every file's (none freed is reused)."""
+        if self.next == 0:
+            self.next = self.conn.execute(
+                "SELECT coalesce(max(first + parts), 1) FROM files").fetchone()[0]
+        self.next += parts
+        return self.next - parts
+
+
+def segments(data: bytes) -> list[int]:
+    """Where a file's parts begin, and its end: each part is about `SEGMENT_BYTES`, whole lines.
+
+    Part k ends after the first line break from byte k * SEGMENT_BYTES - 1 on, so both the index
+    (which indexes each part apart) and a search (which reads just the parts the index names)
+    cut a file alike, from its bytes alone. A line break never joins two characters, so each
+    part folds as it does within the whole text.
+    """
+    bounds, size = [0], len(data)
+    while bounds[-1] < size:
+        k = bounds[-1] // SEGMENT_BYTES + 1
+        end = data.find(b"\n", k * SEGMENT_BYTES - 1) + 1
+        bounds.append(end if 0 < end < size else size)
+    return bounds
 
 
 def refresh_in_background(cache: Cache) -> bool:
