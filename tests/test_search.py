@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import LAUNCHER, cache_of, run_cli
 
+from sharedmem.cache import index_reader, search_index
 from sharedmem.cache import search as search_mod
-from sharedmem.cache import search_index
 from sharedmem.cache.cache import Cache, NamespaceInfo
 from sharedmem.cache.folding import normalize
 from sharedmem.hashing import sha256_text
@@ -594,7 +594,7 @@ def test_generated_corpus_every_shape_equals_a_full_scan(
     added = {p.replace("/f", "/new"): t for p, t in added.items()}
     gone = list(files)[10:12]
     cases = generated_queries(rng, [*files.values(), *changed.values(), *added.values()], 45)
-    monkeypatch.setattr(search_mod, "_CHUNK", 2)  # the index is asked a chunk at a time
+    monkeypatch.setattr(index_reader, "_CHUNK", 2)  # the index is asked a chunk at a time
     search_index.refresh_index(cache)
     check_cases(cache, cases, "covering")
     assert search_mod.searcher(cache)._view.manifest is None  # the manifest was not parsed
@@ -689,7 +689,7 @@ def test_any_over_ids_out_of_path_order_equals_a_full_scan(
     cache.apply([(p, sha256_text(t), t) for p, t in new.items()], [], {NS: info})
     search_index.update_index(cache, list(new), [], mark)
     assert search_index.index_mark(cache) is not None
-    monkeypatch.setattr(search_mod, "_CHUNK", 8)
+    monkeypatch.setattr(index_reader, "_CHUNK", 8)
     for queries in (["alpha", "beta"], ["beta", "gamma", "alpha"]):
         got = all_pages(cache, queries=queries, max_results=3)
         assert [(r["path"], r["line_number"]) for r in got] == reference(cache, queries)
