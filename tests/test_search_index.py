@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import time
 from pathlib import Path
 
 import pytest
-from conftest import cache_of
+from conftest import cache_of, run_cli, write_config
 
 from sharedmem.cache import search as search_mod
 from sharedmem.cache import search_index
@@ -60,3 +62,32 @@ def test_a_small_update_is_done_at_once_unless_a_writer_holds_the_index(tmp_path
             "background": 1}
     assert covered(cache)
     assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [f"{NS}/new.md"]
+
+
+def test_a_large_first_sync_reports_before_its_index_and_a_later_sync_catches_it_up(
+        tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    for i in range(search_index.INLINE_FILES + 20):
+        (notes / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (notes / f"d{i % 3}" / f"n{i:04d}.md").write_text(f"# note {i}\nword{i} café\n")
+    cfg = write_config(tmp_path / "client.json", "laptop",
+                       {"kind": "local", "store": str(tmp_path / "store.sqlite3")},
+                       [{"name": "notes", "kind": "markdown", "path": str(notes)}],
+                       tmp_path / "cache")
+    done = run_cli("sync", "--config", str(cfg), "--index", "--json")
+    assert done.returncode == 0, done.stderr
+    found = run_cli("search", "--config", str(cfg), "--json", "word17 ")  # exact meanwhile
+    assert [r["path"] for r in json.loads(found.stdout)["results"]] == [
+        "machines/laptop/notes/d2/n0017.md"]
+    cache = Cache(tmp_path / "cache")
+    assert covered(cache)  # the background `index` built it
+    # An index behind the cache (as a background build that a later sync overtook leaves
+    # it): the next sync, with nothing to pull, has it refreshed.
+    conn = sqlite3.connect(search_index.index_path(cache))
+    conn.execute("UPDATE meta SET value='' WHERE key='manifest'")
+    conn.commit()
+    conn.close()
+    assert search_index.index_mark(cache) is None
+    done = run_cli("sync", "--config", str(cfg), "--json")
+    assert done.returncode == 0, done.stderr
+    assert covered(cache)

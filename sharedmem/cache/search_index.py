@@ -39,7 +39,7 @@ INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
 BACKGROUND_WAIT = 600.0  # and `index --background`, which no one waits for
-INLINE_FILES = 1000  # a sync re-indexes at most this many files itself (see `update_index`)
+INLINE_FILES = 250  # a sync re-indexes at most this many files itself (see `update_index`)
 SEGMENT_BYTES = 8192  # a file is indexed in parts of about this much (`segments`)
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 # Each indexed text ends with two line breaks more, so every string of one or two characters it

@@ -325,14 +325,15 @@ class Exchange:
                       {"server": conn.server.get("server"), "protocol": conn.version})
 
     def apply(self, pulled: Pulled) -> dict[str, Any]:
-        """Write what was pulled into the cache, then index the files written, in this run.
+        """Write what was pulled into the cache, then bring the search index up to date.
 
-        The staged texts move in, then the manifest. So no search after a sync scans files
-        the index lacks. Without an index to update, it is built whole only when
-        `build_index` says so (the installer's first sync): a sync on the schedule leaves
-        that to the first search, which builds it in the background and scans meanwhile. The
-        index is derived data: if it cannot be written, the sync still succeeds and searches
-        scan what it lacks.
+        The staged texts move in, then the manifest. Then `update_index` indexes the files
+        written (a few in this run, many in a background `index` this run does not wait for),
+        and an index behind the cache (a background build that a later sync overtook) is
+        refreshed. Without an index to update, it is built only when `build_index` says so (the
+        installer's first sync): a sync on the schedule leaves that to the first search, which
+        builds it in the background and scans meanwhile. The index is derived data: if it
+        cannot be written, the sync still succeeds and searches scan what it lacks.
         """
         indexed = self.build_index or (self.cache.meta / INDEX_DIR).exists()
         if indexed:  # no index, none to build: the search module is not even loaded
@@ -343,7 +344,7 @@ class Exchange:
                                     server=pulled.server)
         if damaged or rebuilt:
             outcome["repaired"] = {"files": len(damaged), "records": rebuilt}
-        if mark is None and not self.build_index:
+        if not indexed:
             return outcome
         # A time re-recorded is no change of text; a file rewritten at its sha256 is re-read.
         written, removed = self.cache.written, self.cache.removed
