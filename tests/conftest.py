@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, start_sshd  # noqa: E402
 
-__all__ = ["LAUNCHER", "REPO", "Sshd", "cache_of", "exported", "files", "pinned_line", "raw_rows",
-           "run_cli", "run_with_timeout", "write_config"]
+__all__ = ["LAUNCHER", "REPO", "Sshd", "cache_of", "exported", "files", "flip_schema_byte",
+           "garbage", "pinned_line", "raw_rows", "run_cli", "run_with_timeout", "write_config"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
@@ -147,3 +147,19 @@ def raw_rows(st: Store, machine: str, source: str) -> tuple:
     tombs = st.conn.execute("SELECT * FROM tombstones WHERE namespace_id=? ORDER BY path",
                             (ns[0],)).fetchall()
     return ns, rows, tombs
+
+
+def flip_schema_byte(path: Path) -> None:
+    """One bit of a search index's schema text flipped: SQLite's error about it is not UTF-8."""
+    import sqlite3
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    data = bytearray(path.read_bytes())
+    data[data.index(b"CREATE TABLE 'grams_config'") + 2] ^= 0x80  # E: 'CR\xc5ATE'
+    path.write_bytes(bytes(data))
+
+
+def garbage(path: Path) -> None:
+    """A file that is not a database at all."""
+    path.write_bytes(b"this is not a database" * 100)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import flip_schema_byte
 from test_mcp import NS, Server, client_with_cache
-from test_search import flip_schema_byte
 
 from sharedmem.cache.cache import Cache
 from sharedmem.cache.search_index import index_path, refresh_index

@@ -11,13 +11,12 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import time
 import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER, cache_of, run_cli
+from conftest import cache_of, flip_schema_byte, garbage, run_cli
 
 from sharedmem.cache import index_reader, search_index
 from sharedmem.cache import search as search_mod
@@ -250,30 +249,6 @@ def test_stale_index_still_correct(tmp_path: Path) -> None:
     assert [r["path"] for r in tools.search(cache, ["alpha"])["results"]] == [f"{NS}/c.md"]
 
 
-def test_refresh_skips_a_file_being_rewritten(tmp_path: Path) -> None:
-    cache = make_cache(tmp_path, {"a.md": "alpha\n", "b.md": "beta\n"})
-    (cache.root / NS / "b.md").write_text("beta rewritten\n", encoding="utf-8")
-    assert search_index.refresh_index(cache) == {"changed": 1, "files": 1}
-    assert [r["path"] for r in tools.search(cache, ["rewritten"])["results"]] == [f"{NS}/b.md"]
-    (cache.root / NS / "b.md").write_text("beta\n", encoding="utf-8")
-    assert search_index.refresh_index(cache) == {"changed": 1, "files": 2}
-    assert search_index.refresh_index(cache) == {"changed": 0, "files": 2}
-
-
-def flip_schema_byte(path: Path) -> None:
-    """One bit of the index's schema text flipped: SQLite's error about it is not even UTF-8."""
-    conn = sqlite3.connect(path)
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
-    data = bytearray(path.read_bytes())
-    data[data.index(b"CREATE TABLE 'grams_config'") + 2] ^= 0x80  # E: 'CR\xc5ATE'
-    path.write_bytes(bytes(data))
-
-
-def garbage(path: Path) -> None:
-    path.write_bytes(b"this is not a database" * 100)
-
-
 def garbage_after_header(path: Path) -> None:
     size = path.stat().st_size
     path.write_bytes(path.read_bytes()[:100] + bytes(range(256)) * (size // 256))
@@ -335,73 +310,6 @@ def test_a_damaged_index_is_scanned_past_deleted_and_rebuilt(
     assert [(r["path"], r["line_number"]) for r in got] == expected
 
 
-def test_a_link_in_place_of_the_index_is_removed_not_written_through(tmp_path: Path) -> None:
-    cache = make_cache(tmp_path / "cache", FILES)
-    other = tmp_path / "someone-elses.sqlite3"
-    conn = sqlite3.connect(other)
-    conn.execute("CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT, sha256 TEXT)")
-    conn.execute("INSERT INTO files VALUES (1, 'keep', 'me')")
-    conn.commit()
-    conn.close()
-    before = other.read_bytes()
-    path = search_index.index_path(cache)
-    path.parent.mkdir(parents=True)
-    path.symlink_to(other)
-    assert len(tools.search(cache, ["alpha"])["results"]) == 10
-    assert search_index.refresh_index(cache) == {"changed": 10, "files": 10}
-    assert other.read_bytes() == before and not path.is_symlink()
-    (tmp_path / "elsewhere").mkdir()
-    for name in list(path.parent.iterdir()):
-        name.unlink()
-    path.parent.rmdir()
-    path.parent.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
-    assert search_index.refresh_index(cache) == {"changed": 10, "files": 10}
-    assert list((tmp_path / "elsewhere").iterdir()) == [] and not path.parent.is_symlink()
-    lock = cache.meta / search_index.LOCK_FILE  # nor is the writers' lock followed
-    lock.unlink()
-    lock.symlink_to(other)
-    assert search_index.refresh_index(cache) == {"changed": 0, "files": 10}
-    assert other.read_bytes() == before and not lock.is_symlink()
-
-
-def index_files(cache: Cache) -> int | None:
-    """How many files the index holds; None when there is none to read."""
-    try:
-        conn = sqlite3.connect(f"file:{search_index.index_path(cache)}?mode=ro", uri=True)
-        try:
-            return conn.execute("SELECT count(*) FROM files").fetchone()[0]
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return None
-
-
-def test_one_writer_at_a_time_a_refresh_waits_for_the_writer(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A background `index` that a search started (or a sync's update) while another writer
-    # holds the index waits for it: none writes into the folder while another deletes it.
-    cache = make_cache(tmp_path / "cache", FILES)
-    path = search_index.index_path(cache)
-    monkeypatch.setattr(search_mod, "BACKGROUND_REFRESH", True)
-    with search_index.writer_lock(cache, 0) as held:
-        assert held
-        child = subprocess.Popen([sys.executable, str(LAUNCHER), "index", "--cache",
-                                  str(cache.root)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
-        try:
-            assert len(tools.search(cache, ["alpha"])["results"]) == 10  # starts one more
-            started = time.monotonic()
-            while time.monotonic() - started < 1.5:  # time enough to start and write, alone
-                assert child.poll() is None and not path.parent.exists()
-                time.sleep(0.1)
-        except BaseException:
-            child.kill()
-            raise
-    out, err = child.communicate(timeout=120)
-    assert child.returncode == 0, err
-    assert index_files(cache) == 10 and search_index.index_mark(cache) is not None
-
-
 def test_a_search_leaves_a_damaged_index_to_the_writer_that_holds_it(tmp_path: Path) -> None:
     cache = make_cache(tmp_path / "cache", FILES)
     search_index.refresh_index(cache)
@@ -416,18 +324,6 @@ def test_a_search_leaves_a_damaged_index_to_the_writer_that_holds_it(tmp_path: P
     got = all_pages(cache, queries=["alpha"], max_results=3)
     assert [(r["path"], r["line_number"]) for r in got] == reference(cache, ["alpha"])
     assert not path.exists()  # no writer holds it now: the search deleted it
-
-
-def test_the_index_command_rebuilds_a_damaged_index(tmp_path: Path) -> None:
-    cache = make_cache(tmp_path / "cache", FILES)
-    for damage in (None, flip_schema_byte, garbage):
-        if damage is not None:
-            damage(search_index.index_path(cache))
-        for _ in range(2):
-            done = run_cli("index", "--cache", str(cache.root), "--json")
-            assert done.returncode == 0, done.stderr
-            assert json.loads(done.stdout)["files"] == 10 and done.stderr == ""
-    assert [r["line"] for r in tools.search(cache, ["alpha 3"])["results"]] == ["alpha 3"]
 
 
 @contextlib.contextmanager
@@ -610,68 +506,6 @@ def test_generated_corpus_every_shape_equals_a_full_scan(
     assert search_mod.searcher(cache)._view.manifest is None
     search_index.delete_index(search_index.index_path(cache))
     check_cases(cache, cases, "missing")
-
-
-def index_bytes(cache: Cache) -> int:
-    return sum(p.stat().st_size for p in search_index.index_path(cache).parent.iterdir())
-
-
-def text_bytes(cache: Cache) -> int:
-    return sum(m.size for m in cache.load().files.values())
-
-
-def test_the_index_is_smaller_than_the_text_it_indexes(corpus_cache: Cache) -> None:
-    search_index.refresh_index(corpus_cache)
-    assert index_bytes(corpus_cache) <= text_bytes(corpus_cache)
-
-
-def test_an_index_of_an_older_version_is_rebuilt_in_place_and_shrinks(tmp_path: Path) -> None:
-    cache = make_cache(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" * 2000 for i in range(20)})
-    path = search_index.index_path(cache)
-    path.parent.mkdir(parents=True)
-    conn = sqlite3.connect(path)  # what version 1 wrote: FTS5 kept its own copy of each text
-    conn.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    conn.execute("CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
-                 " sha256 TEXT NOT NULL)")
-    conn.execute("CREATE VIRTUAL TABLE grams USING fts5(body,"
-                 " tokenize='trigram case_sensitive 1', detail=none)")
-    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("version", "1"), ("generation", "1")])
-    conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)",
-                     [(i, "old text " * 5000) for i in range(1, 40)])
-    conn.commit()
-    conn.close()
-    assert search_index.refresh_index(cache) == {"changed": 20, "files": 20}
-    conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()[0] == \
-        f"{search_index.INDEX_VERSION}/{unicodedata.unidata_version}/{search_index.SEGMENT_BYTES}"
-    conn.close()
-    assert index_bytes(cache) <= text_bytes(cache)
-    assert [r["path"] for r in tools.search(cache, ["alpha 7"])["results"][:1]] == [
-        f"{NS}/f07.md"]
-
-
-def test_update_index_reads_only_the_files_it_is_given(tmp_path: Path) -> None:
-    cache = make_cache(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(30)})
-    search_index.refresh_index(cache)
-    mark = search_index.index_mark(cache)
-    assert mark == cache.files_mark() and mark
-    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
-    cache.apply([(f"{NS}/f00.md", sha256_text("beta\n"), "beta\n"),
-                 (f"{NS}/new.md", sha256_text("beta new\n"), "beta new\n")],
-                [f"{NS}/f01.md"], {NS: info})
-    assert search_index.index_mark(cache) is None  # the index no longer covers the manifest
-    assert search_index.update_index(cache, [f"{NS}/f00.md", f"{NS}/new.md"], [f"{NS}/f01.md"],
-                                   mark) == {"changed": 3, "files": 30}
-    assert search_index.index_mark(cache) is not None  # it covers the new manifest whole
-    assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [
-        f"{NS}/f00.md", f"{NS}/new.md"]
-    assert search_mod.searcher(cache)._view.manifest is None
-    cache.apply([(f"{NS}/f05.md", sha256_text("gamma\n"), "gamma\n")], [], {NS: info})
-    # A mark the index no longer matches (a run that changed the cache without updating the
-    # index came between): every file is compared, so the file nobody named is re-read too.
-    assert search_index.update_index(cache, [], [], mark) == {"changed": 1, "files": 30}
-    assert search_index.index_mark(cache) is not None
-    assert [r["path"] for r in tools.search(cache, ["gamma"])["results"]] == [f"{NS}/f05.md"]
 
 
 @pytest.mark.parametrize("added", [3, 40], ids=["a few strays", "scattered"])
