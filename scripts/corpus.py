@@ -134,14 +134,13 @@ def docs(root: Path, files: int) -> dict[str, int]:
     In the order of a sorted walk of each folder, so the same machine gives the same corpus;
     files that are not UTF-8, empty, hidden, links or over 1 MiB are left out.
     """
-    count = total_bytes = total_lines = 0
-    folders: set[str] = set()
+    tally = _Tally()
     for top in dict.fromkeys(DOCS):
         for folder, subfolders, names in os.walk(top):
             subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
             for name in sorted(names):
                 path = Path(folder, name)
-                if count >= files or not name.endswith(DOC_SUFFIXES) or name.startswith(".") \
+                if tally.files >= files or not name.endswith(DOC_SUFFIXES) or name.startswith(".") \
                         or path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
                     continue
                 data = path.read_bytes()
@@ -152,17 +151,33 @@ def docs(root: Path, files: int) -> dict[str, int]:
                 if not data:
                     continue
                 relative = Path(top.strip("/").replace("/", "-").lstrip(".")) / path.relative_to(top)
-                target = root / relative.parent / f"{relative.stem.lstrip('.')}-{relative.suffix[1:]}.md"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
-                count += 1
-                total_bytes += len(data)
-                total_lines += data.count(b"\n")
-                folders.add(relative.parent.as_posix())
-    if not count:
+                tally.write(root / relative.parent / f"{relative.stem.lstrip('.')}-"
+                            f"{relative.suffix[1:]}.md", relative.parent, data)
+    if not tally.files:
         raise SystemExit(f"--style docs: no documentation found under {', '.join(DOCS)}")
-    return {"files": count, "bytes": total_bytes, "lines": total_lines, "folders": len(folders),
-            "style": "docs"}
+    return {**tally.counts(), "style": "docs"}
+
+
+class _Tally:
+    """The files a corpus was made of, written as they are taken, and their counts."""
+
+    def __init__(self) -> None:
+        self.files = self.bytes = self.lines = 0
+        self.folders: set[str] = set()
+
+    def write(self, target: Path, folder: Path, data: bytes) -> None:
+        """Write one file of the corpus (`folder` its folder within it) and count it."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        self.files += 1
+        self.bytes += len(data)
+        self.lines += data.count(b"\n")
+        self.folders.add(folder.as_posix())
+
+    def counts(self) -> dict[str, int]:
+        """What `generate` returns of a corpus: files, bytes, lines, folders."""
+        return {"files": self.files, "bytes": self.bytes, "lines": self.lines,
+                "folders": len(self.folders)}
 
 
 STYLE_HELP = ("prose (default: 60 words, no ':', '=' or '_'), notes (front matter, links, "
@@ -184,8 +199,7 @@ def copy(source: Path, root: Path) -> dict[str, int | str]:
     if root == source or source in root.parents:
         raise SystemExit(f"--corpus {source}: the benchmark's folder {root} is inside it; "
                          "give --dir a folder outside the corpus")
-    files = total_bytes = total_lines = 0
-    folders: set[str] = set()
+    tally = _Tally()
     for folder, subfolders, names in os.walk(source):
         subfolders[:] = sorted(d for d in subfolders if not d.startswith(".")
                                and not os.path.islink(os.path.join(folder, d)))
@@ -195,19 +209,11 @@ def copy(source: Path, root: Path) -> dict[str, int | str]:
                     or not path.is_file():
                 continue
             relative = path.relative_to(source)
-            target = root / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            data = path.read_bytes()  # read once: written, and counted
-            target.write_bytes(data)
-            files += 1
-            total_bytes += len(data)
-            total_lines += data.count(b"\n")
-            folders.add(relative.parent.as_posix())
-    if not files:
+            tally.write(root / relative, relative.parent, path.read_bytes())
+    if not tally.files:
         raise SystemExit(f"--corpus {source}: holds no .md file (hidden names and links are "
                          "left out); name a folder of Markdown files")
-    return {"files": files, "bytes": total_bytes, "lines": total_lines,
-            "folders": len(folders), "source": str(source)}
+    return {**tally.counts(), "source": str(source)}
 
 
 def make(root: Path, files: int = 10000, copy_of: str | None = None,
