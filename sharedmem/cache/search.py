@@ -266,8 +266,7 @@ def _hits(data: bytes, pieces: list[tuple[int, bytes]], matcher: Matcher,
     for lo, piece in pieces:
         line += data.count(b"\n", counted, lo)
         counted = lo
-        lines.starts.append((line + 1, lo))
-        lines.known[line + 1] = lo
+        lines.parts.append((line + 1, lo, piece))
         yield from ((n + line, which) for n, which in _merge(matcher.numbers(piece)).items())
 
 
@@ -276,42 +275,43 @@ class _Lines:
 
     def __init__(self, data: bytes) -> None:
         self.data = data
-        self.starts: list[tuple[int, int]] = []  # (line, where it starts) of the parts read
-        self.known: dict[int, int] = {}  # line number -> where it starts
-        self.last = (0, 0)  # the line found last, and where it starts
-
-    def start(self, number: int) -> int | None:
-        """Where line `number` starts; None past the last line."""
-        if number in self.known:
-            return self.known[number]
-        data = self.data
-        after = [s for s in self.starts if s[0] > number]
-        if after and after[0][0] - number <= _CLOSE:  # a few lines before a part read
-            line, at = after[0]
-            while line > number:
-                at = data.rfind(b"\n", 0, at - 1) + 1
-                line -= 1
-        else:  # forward from the nearest start known before it: a part's, or the line last found
-            before = [s for s in self.starts if s[0] <= number]
-            line, at = before[-1] if before else (1, 0)
-            if line < self.last[0] <= number:
-                line, at = self.last
-            while line < number:
-                end = data.find(b"\n", at)
-                if end < 0 or end + 1 >= len(data):
-                    return None
-                line, at = line + 1, end + 1
-        self.known[number] = at
-        self.last = (number, at)
-        return at
+        self.parts: list[tuple[int, int, bytes]] = []  # (first line, start, bytes) of parts read
+        self.rows: dict[int, list[bytes]] = {}  # part (its first line) -> its lines
 
     def get(self, number: int) -> str | None:
-        """The text of line `number`, None past the last line."""
-        at = self.start(number) if number >= 1 else None
-        if at is None:
+        """The text of line `number`, None past the last line.
+
+        A line of a part read comes from that part's lines, split once; one around it (a
+        result's context) is walked to from the nearest part, a few lines.
+        """
+        if number < 1:
             return None
-        end = self.data.find(b"\n", at)
-        return self.data[at:end if end >= 0 else len(self.data)].decode("utf-8", "replace")
+        data, line, at = self.data, 1, 0
+        for first, lo, piece in self.parts:
+            if first > number:
+                if first - number <= _CLOSE:  # a few lines before this part
+                    line, at = first, lo
+                    while line > number:
+                        at = data.rfind(b"\n", 0, at - 1) + 1
+                        line -= 1
+                break
+            rows = self.rows.get(first)
+            if rows is None:
+                rows = self.rows[first] = piece.split(b"\n")
+                if piece.endswith(b"\n"):
+                    rows.pop()
+            if number < first + len(rows):
+                return rows[number - first].decode("utf-8", "replace")
+            line, at = first + len(rows), lo + len(piece)  # the line after the part
+        while line < number:
+            end = data.find(b"\n", at)
+            if end < 0 or end + 1 >= len(data):
+                return None
+            line, at = line + 1, end + 1
+        if at >= len(data):
+            return None
+        end = data.find(b"\n", at)
+        return data[at:end if end >= 0 else len(data)].decode("utf-8", "replace")
 
 
 def _merge(hits: list[set[int]]) -> dict[int, list[int]]:
