@@ -306,7 +306,7 @@ class View:
         self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
         self.where = where if where is not None else inverse(ids)
         self.runs: dict[tuple[int, int], tuple[int, int, list[int]] | None] = {}  # `run`
-        # file id -> (sha256, namespace) of the batch `named` asked last, for `provenance`.
+        # file id -> (sha256, namespace) of the batch `named` asked last, for `origin`.
         self.origins: dict[Any, tuple[Any, Any]] = {}
 
     @classmethod
@@ -475,7 +475,7 @@ class Named:
     A walk in path order that fills its page within its first files asks only about those; one
     through every file asks in a few chunks that double in size, on a grid fixed from the span's
     start, so a later group's walk reuses what an earlier one asked. Each question costs about
-    as much as reading ten files, so a key that named few positions in its first chunk is asked
+    as much as reading several files, so a key that named few positions in its first chunk is asked
     once for the whole index instead. Ids that stand far from path order (files added since the
     index was built whole) are simply named: verifying a few files costs less than asking for
     them. A key the index cannot narrow names every position; so does one that names more than

@@ -34,7 +34,7 @@ _CLOSE = 10  # lines a result's context reaches back before the first line of a 
 
 
 class Query(NamedTuple):
-    """One search, validated by the caller (tools.py); not a dataclass, whose import costs 15 ms."""
+    """One search, validated by the caller (tools.py); a named tuple, as dataclasses loads slowly."""
 
     queries: list[str]
     match_mode: str = "any"
