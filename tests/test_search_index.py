@@ -49,16 +49,31 @@ def covered(cache: Cache, seconds: float = 60) -> bool:
         return held
 
 
+def update_in_a_process(cache: Cache, written: list[str], mark: str | None,
+                        inline: int = search_index.INLINE_FILES) -> dict:
+    """`update_index` as a sync calls it: in a process of its own, which then ends (the
+    background refresh it starts waits for that)."""
+    code = ("import json, sys; from pathlib import Path; "
+            "from sharedmem.cache import search_index; from sharedmem.cache.cache import Cache; "
+            f"search_index.INLINE_FILES = {inline}; "
+            "print(json.dumps(search_index.update_index(Cache(Path(sys.argv[1])), "
+            "json.loads(sys.argv[2]), [], json.loads(sys.argv[3]))))")
+    done = subprocess.run([sys.executable, "-c", code, str(cache.root), json.dumps(written),
+                           json.dumps(mark)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 def test_a_large_update_goes_to_the_background_and_searches_meanwhile_scan(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(search_index, "INLINE_FILES", 5)
+        tmp_path: Path) -> None:
     cache = cache_of(tmp_path, NS, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(20)})
-    assert search_index.update_index(cache, [], [], None) == {"background": 1}  # 20 files
+    assert update_in_a_process(cache, [], None, inline=5) == {"background": 1}  # 20 files
     assert covered(cache)
     mark = search_index.index_mark(cache)
     new = {f"{NS}/n{i}.md": f"beta {i}\n" for i in range(6)}
     cache.apply([(p, sha256_text(t), t) for p, t in new.items()], [], {NS: INFO})
-    assert search_index.update_index(cache, list(new), [], mark) == {"background": 1}
+    assert update_in_a_process(cache, list(new), mark, inline=5) == {"background": 1}
     got = tools.search(cache, ["beta"], max_results=200)["results"]  # exact, never waiting
     assert sorted(r["path"] for r in got) == sorted(new)
     assert covered(cache)
@@ -76,10 +91,24 @@ def test_a_small_update_is_done_at_once_unless_a_writer_holds_the_index(tmp_path
     cache.apply([(f"{NS}/new.md", sha256_text("beta\n"), "beta\n")], [], {NS: INFO})
     with search_index.writer_lock(cache, 0) as held:
         assert held  # as a background refresh holds it: the sync does not wait for it
-        assert search_index.update_index(cache, [f"{NS}/new.md"], [], mark) == {
-            "background": 1}
+        assert update_in_a_process(cache, [f"{NS}/new.md"], mark) == {"background": 1}
     assert covered(cache)
     assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [f"{NS}/new.md"]
+
+
+def test_a_background_refresh_a_sync_started_waits_for_the_sync_to_end(tmp_path: Path) -> None:
+    cache = cache_of(tmp_path, NS, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(20)})
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child = subprocess.Popen([sys.executable, str(LAUNCHER), "index", "--cache",
+                                  str(cache.root), "--after", str(sleeper.pid)])
+        time.sleep(1.5)  # time enough to start and build, were it not waiting
+        assert child.poll() is None and not search_index.index_path(cache).exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert child.wait(timeout=120) == 0
+    assert search_index.index_mark(cache) is not None
 
 
 def test_a_large_first_sync_reports_before_its_index_and_a_later_sync_catches_it_up(

@@ -124,6 +124,19 @@ def writer_lock(cache: Cache, wait: float) -> Iterator[bool]:
         os.close(fd)
 
 
+def wait_for_exit(pid: int, seconds: float) -> None:
+    """Wait, at most `seconds`, until process `pid` has ended (POSIX: signal 0 asks only)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except OSError:  # alive, but not ours to signal
+            pass
+        time.sleep(0.05)
+
+
 def being_written(cache: Cache) -> bool:
     """Whether another process writes the index now (a refresh under way holds its lock)."""
     try:
@@ -259,7 +272,9 @@ def update_index(cache: Cache, written: Collection[str], removed: Collection[str
     manifest (searches verify that by its files mark). Without it (or if the index changed since)
     this is `refresh_index`, here on a cache of at most `INLINE_FILES` files. Anything larger (a
     first pull), or an index another writer holds, is left to `index --background`, started
-    detached: the run reports without waiting for it, and until it is done searches read the
+    detached, which waits until this process has ended (so it does not slow the end of the
+    sync: call this only in a process that ends soon after, as a sync's does): the run reports
+    without waiting for it, and until it is done searches read the
     files the index does not vouch for, so their results are the same. Call this in the process
     that changed the cache, right after `Cache.apply`, while no other process can write the cache
     (the sync lock): the paths' sha256s come from that manifest. The paths are streamed (a first
@@ -274,7 +289,7 @@ def update_index(cache: Cache, written: Collection[str], removed: Collection[str
         with writer_lock(cache, 0) as held:
             if held:
                 return _written(cache, work)
-    refresh_in_background(cache)
+    refresh_in_background(cache, os.getpid())
     return {"background": 1}
 
 
@@ -530,16 +545,20 @@ def segments(data: bytes) -> list[int]:
     return bounds
 
 
-def refresh_in_background(cache: Cache) -> bool:
+def refresh_in_background(cache: Cache, after: int | None = None) -> bool:
     """Start `index --cache DIR --background` detached; False when it could not be started.
 
     A search that finds no usable index calls this instead of building it in its own time, so
-    no request waits for the index; the refresh runs on idle CPU time.
+    no request waits for the index; the refresh runs on idle CPU time. A sync passes its own pid
+    (`after`, POSIX only): the refresh waits until the sync has ended, so that its reads and
+    writes do not slow the end of the sync.
     """
     import subprocess
     import sys
     command = [sys.executable, str(LAUNCHER), "index", "--cache", str(cache.root),
                "--background"]
+    if after is not None and os.name != "nt":
+        command += ["--after", str(after)]
     try:
         subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, close_fds=True,
