@@ -30,9 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument("--baseline", metavar="CHECKOUT",
                       help="another checkout of this project (say, one without a speed trick) "
                            "timed in the same runs, interleaved, with the same key and corpus")
-    sync.add_argument("--index", action="store_true",
-                      help="build the search index after the first sync (untimed), as the "
-                           "installer does, so the later phases pay for keeping it current")
+    sync.add_argument("--no-index", action="store_true",
+                      help="a plain client with no search index (by default the client runs as "
+                           "installed: its first sync builds the index, later ones keep it)")
+    sync.add_argument("--plain", action="store_true",
+                      help="also time a plain client (no index) in the same runs, to show the "
+                           "index's share of each sync")
     import bench_wan
     bench_wan.add_arguments(sub.add_parser(
         "wan", help="our sync against rsync -a and rsync -az over a simulated slow link "

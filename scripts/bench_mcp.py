@@ -31,14 +31,18 @@ QUERIES = [  # (label, arguments, rg flags)
     ("rare identifier", {"queries": ["RareIdent0007"]}, []),
     ("non-ASCII word", {"queries": ["Привет"]}, []),
     ("three-word phrase", {"queries": ["rotate the signing"]}, []),
+    ("phrase of common words", {"queries": ["stale lock file"]}, []),
     ("accented, normalized", {"queries": ["décision"], "normalized": True}, ["-i"]),
+    ("one character, ignoring case, 20", {"queries": ["a"], "case_sensitive": False,
+                                          "max_results": 20}, ["-i"]),
+    ("two characters", {"queries": ["zq"]}, []),
 ]
 
 
-def build(work: Path, files: int, seed: int) -> tuple[Path, dict[str, Any]]:
+def build(work: Path, files: int, seed: int, style: str = "prose") -> tuple[Path, dict[str, Any]]:
     """Corpus -> cache (via Cache.apply) -> client.json; returns the config path and stats."""
     src, root = work / "src", work / "cache"
-    stats = corpus.generate(src, files, seed)
+    stats = corpus.generate(src, files, seed, style)
     upserts = []
     for path in sorted(src.rglob("*.md")):
         text = path.read_text(encoding="utf-8")
@@ -121,11 +125,11 @@ def pct(values: list[float], q: float) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Build, measure, print the table; exit 1 if any target is missed."""
-    from sharedmem.cache.search import refresh_index
+    from sharedmem.cache.search_index import refresh_index
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-mcp-"))
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    config, stats = build(work, args.files, args.seed)
+    config, stats = build(work, args.files, args.seed, args.style)
     built = time.perf_counter() - start
     compileall.compile_dir(str(REPO / "sharedmem"), quiet=1)
     start = time.perf_counter()
@@ -185,6 +189,7 @@ def _rg(flags: list[str], query: str, root: Path) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--files", type=int, default=10000, help="corpus size (default 10000)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--style", choices=corpus.STYLES, default="prose", help=corpus.STYLE_HELP)
     parser.add_argument("--runs", type=int, default=11, help="repetitions per figure")
     parser.add_argument("--work", help="folder to build in (kept); default a temporary one")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")

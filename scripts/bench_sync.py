@@ -2,7 +2,9 @@
 
 For each tool it measures the first sync, a no-change re-sync and a re-sync after changing 1% of
 the files: the median wall time of several runs and the bytes each tool's protocol sent and
-received (our channel's counters; rsync's --stats totals).
+received (our channel's counters; rsync's --stats totals). Our client runs as installed, with
+its search index (bench_index.py), unless `--no-index`; `--plain` times a client with no index
+in the same runs too, so the index's share of each sync shows.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bench_index  # noqa: E402
 import corpus  # noqa: E402
 from loopback_sshd import LAUNCHER, Sshd, start_sshd  # noqa: E402
 
@@ -107,14 +110,18 @@ def _change(root: Path, percent: float, round_no: int) -> int:
 
 
 def _ours(work: Path, server: Sshd, source: Path, run: int,
-          launcher: Path | None = None, index: bool = False,
+          launcher: Path | None = None, index: bool = True,
           limits: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
     """One run of our three phases; with `launcher`, that checkout's client and server.
 
     A comparison of two checkouts runs both with the unpinned key and an explicit remote
-    command, each with a store of its own, so the only difference is the code.
+    command, each with a store of its own, so the only difference is the code. With `index`,
+    as installed: the first sync builds the search index and the later ones keep it, and after
+    each sync the run waits (untimed) until it covers the cache: `ready` is that time from the
+    sync's start.
     """
     tag = "" if launcher is None else ("-b" if launcher != LAUNCHER else "-a")
+    tag += "" if index else "-plain"
     cfg = work / f"client-{run}{tag}" / "client.json"
     cfg.parent.mkdir(parents=True)
     if launcher is None:
@@ -134,18 +141,20 @@ def _ours(work: Path, server: Sshd, source: Path, run: int,
         if phase == "changed1pct":
             _change(source, 1.0, run)
         _settle()
-        started = time.perf_counter()
+        wall, started = time.time(), time.perf_counter()
         proc = subprocess.run([sys.executable, "-S", str(launcher or LAUNCHER), "sync",
-                               "--config", str(cfg), "--json"], capture_output=True, text=True)
+                               "--config", str(cfg), "--json",
+                               *bench_index.sync_args(phase, index)],
+                              capture_output=True, text=True)
         seconds = time.perf_counter() - started
         report = json.loads(proc.stdout)
         if proc.returncode != 0:
             raise SystemExit(f"sync failed in phase {phase}: {_why(report)}")
         out[phase] = {"seconds": seconds, "sent": report["bytes"]["sent"],
                       "received": report["bytes"]["received"]}
-        if phase == "first" and index:  # as an installed client has: the later syncs keep it
-            subprocess.run([sys.executable, str(launcher or LAUNCHER), "index", "--config",
-                            str(cfg)], capture_output=True, check=True)
+        if index:
+            out[phase]["ready"] = bench_index.ready(launcher or LAUNCHER, cfg.parent / "cache",
+                                                    wall)
     return out
 
 
@@ -193,7 +202,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     files = getattr(args, "files", None) or 10_000
     runs = getattr(args, "runs", None) or 3
     as_json = bool(getattr(args, "json", False))
-    index = bool(getattr(args, "index", False))
+    index = not getattr(args, "no_index", False)
+    plain = bool(getattr(args, "plain", False)) and index
     baseline = getattr(args, "baseline", None)
     baseline = Path(baseline).resolve() / "shared_memory.py" if baseline else None
     if baseline is not None and not baseline.is_file():
@@ -215,12 +225,16 @@ def main(args: argparse.Namespace | None = None) -> int:
         ours: list[dict[str, dict[str, float]]] = []
         theirs: list[dict[str, dict[str, float]]] = []
         base: list[dict[str, dict[str, float]]] = []
-        tools = ("sharedmem", "rsync") if baseline is None else ("sharedmem", "baseline", "rsync")
+        bare: list[dict[str, dict[str, float]]] = []  # --plain: the same client, no index
+        tools = ("sharedmem", "rsync") + (("baseline",) if baseline is not None else ()) + (
+            ("plain",) if plain else ())
+        # Two clients of ours compared run each with a store of its own (see `_ours`).
+        explicit = baseline if baseline is not None else (LAUNCHER if plain else None)
         try:
             for run in range(runs):
                 # Moved aside, not deleted: freeing 60 MB just before a timed first sync would
                 # slow it (this disk discards freed blocks), and rsync's copies stay too.
-                for folder in ("server", "server-a", "server-b"):
+                for folder in ("server", "server-a", "server-b", "server-a-plain"):
                     _set_aside(work / folder, work / "old-stores" / f"{run}{folder}")
                 # The tools take turns going first, so none always runs after another.
                 order = tools[run % len(tools):] + tools[:run % len(tools)]
@@ -228,9 +242,11 @@ def main(args: argparse.Namespace | None = None) -> int:
                     print(f"run {run + 1}/{runs}: {name}", file=sys.stderr)
                     if name == "sharedmem":
                         ours.append(_ours(work, server, source, run,
-                                          None if baseline is None else LAUNCHER, index, limits))
+                                          None if explicit is None else LAUNCHER, index, limits))
                     elif name == "baseline":
                         base.append(_ours(work, server, source, run, baseline, index, limits))
+                    elif name == "plain":
+                        bare.append(_ours(work, server, source, run, LAUNCHER, False, limits))
                     else:
                         theirs.append(_rsync(work, server, source, run))
         finally:
@@ -238,12 +254,15 @@ def main(args: argparse.Namespace | None = None) -> int:
         rows = []
         for phase in PHASES:
             row: dict[str, Any] = {"phase": phase}
-            for name, data in (("sharedmem", ours), ("rsync", theirs), ("baseline", base)):
+            for name, data in (("sharedmem", ours), ("rsync", theirs), ("baseline", base),
+                               ("plain", bare)):
                 if not data:
                     continue
                 row[name] = {"seconds": round(_median(data, phase, "seconds"), 3),
                              "bytes": int(_median(data, phase, "sent")
                                           + _median(data, phase, "received"))}
+                if "ready" in data[0][phase]:
+                    row[name]["index_ready"] = round(_median(data, phase, "ready"), 3)
             limit = 1.5 if phase == "first" else 1.0
             row["time_ratio"] = round(row["sharedmem"]["seconds"] / row["rsync"]["seconds"], 2)
             row["bytes_ratio"] = round(row["sharedmem"]["bytes"] / max(1, row["rsync"]["bytes"]), 3)
@@ -254,7 +273,11 @@ def main(args: argparse.Namespace | None = None) -> int:
             if base:
                 row["vs_baseline"] = round(row["sharedmem"]["seconds"]
                                            / row["baseline"]["seconds"], 3)
+            if bare:  # the index's share of the sync: what it adds to a plain client's time
+                row["index_share"] = round(1 - row["plain"]["seconds"]
+                                           / row["sharedmem"]["seconds"], 3)
             rows.append(row)
+        print(bench_index.NOTE if index else bench_index.PLAIN)
         print(f"{'phase':<12} {'sharedmem s':>12} {'rsync s':>9} {'ratio':>6} "
               f"{'sharedmem B':>13} {'rsync B':>11} {'ratio':>6}  target")
         for r in rows:
@@ -262,6 +285,13 @@ def main(args: argparse.Namespace | None = None) -> int:
                   f"{r['rsync']['seconds']:>9.3f} {r['time_ratio']:>6.2f} "
                   f"{r['sharedmem']['bytes']:>13,} {r['rsync']['bytes']:>11,} "
                   f"{r['bytes_ratio']:>6.3f}  {r['target']}: {'PASS' if r['pass'] else 'FAIL'}")
+        if index:
+            print("\nsearch index covering the cache, from the sync's start (untimed above):")
+            for r in rows:
+                print(f"{r['phase']:<12} {r['sharedmem']['index_ready']:>12.3f}"
+                      + (f"   plain client {r['plain']['seconds']:.3f} s: the index's share "
+                         f"of the sync {100 * r['index_share']:.0f}% (target <= 33%)"
+                         if bare else ""))
         if baseline is not None:
             print(f"\nagainst the baseline {baseline.parent} (same runs, interleaved):")
             for r in rows:
@@ -283,6 +313,8 @@ if __name__ == "__main__":
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--dir", help="where to put the corpus, the store and the copies")
     parser.add_argument("--baseline", help="another checkout to time beside this one")
-    parser.add_argument("--index", action="store_true", help="build the search index after the "
-                        "first sync (untimed), as an installed client has it")
+    parser.add_argument("--no-index", action="store_true", help="a plain client with no search "
+                        "index (by default as installed: the first sync builds it)")
+    parser.add_argument("--plain", action="store_true", help="also time a plain client (no "
+                        "index) in the same runs, for the index's share of each sync")
     sys.exit(main(parser.parse_args()))

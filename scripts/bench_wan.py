@@ -3,7 +3,8 @@
 The same real sshd on loopback as `bench.py sync`, reached through `wan_relay.py` as ssh's
 `ProxyCommand` by every tool, so each pays the same one-way delay and bandwidth cap in each
 direction. Ours runs as the installer sets it up (pinned key, forced command, ssh connection
-reuse; `--no-ssh-reuse` to time it without); rsync opens a connection per run, as it is used.
+reuse, `--no-ssh-reuse` to time it without; its search index, `--no-index` to time it without:
+see bench_index.py); rsync opens a connection per run, as it is used.
 For each link and tool: the first sync, a no-change re-sync and a re-sync after appending to 1%
 of the files, the tools taking turns going first; medians of the wall time, the bytes on the
 link each way (ssh included) and the round trips the relay counted.
@@ -26,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+import bench_index  # noqa: E402
 import bench_sync  # noqa: E402
 import corpus  # noqa: E402
 import wan_relay  # noqa: E402
@@ -66,8 +68,12 @@ def proxy_command(rtt_ms: float, mbit: float, log: Path) -> str:
 
 
 def _ours(work: Path, server: Sshd, source: Path, run: int, proxy: str, sockets: Path | None,
-          log: Path, limits: dict[str, int]) -> dict[str, dict[str, float]]:
-    """One run of our three phases; the connection the first opens is closed at the end."""
+          log: Path, limits: dict[str, int], index: bool) -> dict[str, dict[str, float]]:
+    """One run of our three phases; the connection the first opens is closed at the end.
+
+    With `index`, as installed; after each sync the run waits (untimed) until the search index
+    covers the cache: `ready` is that time from the sync's start.
+    """
     cfg = work / f"client-{run}" / "client.json"
     cfg.parent.mkdir(parents=True)
     transport = server.transport()
@@ -87,9 +93,10 @@ def _ours(work: Path, server: Sshd, source: Path, run: int, proxy: str, sockets:
             if phase == "changed1pct":
                 bench_sync._change(source, 1.0, run)
             bench_sync._settle()
-            started = time.monotonic()
+            wall, started = time.time(), time.monotonic()
             proc = subprocess.run([sys.executable, "-S", str(LAUNCHER), "sync", "--config",
-                                   str(cfg), "--json"], capture_output=True, text=True)
+                                   str(cfg), "--json", *bench_index.sync_args(phase, index)],
+                                  capture_output=True, text=True)
             ended = time.monotonic()
             report = json.loads(proc.stdout or "{}")
             if proc.returncode != 0:
@@ -98,6 +105,8 @@ def _ours(work: Path, server: Sshd, source: Path, run: int, proxy: str, sockets:
             out[phase] = {"seconds": ended - started, "sent": report["bytes"]["sent"],
                           "received": report["bytes"]["received"],
                           **_wire(log, started, ended)}
+            if index:
+                out[phase]["ready"] = bench_index.ready(LAUNCHER, cfg.parent / "cache", wall)
     finally:
         if sockets is not None:
             ssh_reuse.stop(config_mod.load(cfg).transport)
@@ -146,6 +155,9 @@ def _rows(results: dict[str, list[dict[str, dict[str, float]]]]) -> list[dict[st
         row["ratio"] = round(ratio, 2)
         row["target"] = TARGETS[phase]
         row["pass"] = ratio <= TARGETS[phase]
+        if "ready" in results["sharedmem"][0][phase]:
+            row["index_ready"] = round(statistics.median(
+                r[phase]["ready"] for r in results["sharedmem"]), 3)
         rows.append(row)
     return rows
 
@@ -160,10 +172,12 @@ def _print(name: str, rtt: float, mbit: float, rows: list[dict[str, Any]], stats
     print(f"\nlink {name}: {rtt:g} ms RTT, {cap} each way ({stats['files']} files, "
           f"{stats['bytes'] / 1e6:.1f} MB; median of {runs}; ours with"
           f"{'' if reuse else 'out'} ssh connection reuse)")
+    print(bench_index.NOTE if "index_ready" in rows[0] else bench_index.PLAIN)
     print(f"{'phase':<12}" + "".join(f"{t:>12}" for t in TOOLS) + f"{'ours/-az':>10}  target")
     for r in rows:
         print(f"{r['phase']:<12}" + "".join(f"{r[t]['seconds']:>10.2f} s" for t in TOOLS)
-              + f"{r['ratio']:>9.2f}x  <= {r['target']}x -az: {'PASS' if r['pass'] else 'FAIL'}")
+              + f"{r['ratio']:>9.2f}x  <= {r['target']}x -az: {'PASS' if r['pass'] else 'FAIL'}"
+              + (f"  (index ready {r['index_ready']:.2f} s)" if "index_ready" in r else ""))
     print("bytes up / down on the link, ssh included (round trips)")
     print(f"{'phase':<12}" + "".join(f"{t:>30}" for t in TOOLS))
     for r in rows:
@@ -207,7 +221,7 @@ def main(args: argparse.Namespace) -> int:
                         if tool == "sharedmem":
                             data = _ours(work / slug, server, source, run, proxy,
                                          None if sockets is None else sockets / slug, log,
-                                         limits)
+                                         limits, not args.no_index)
                         else:
                             data = _rsync(work / slug, server, source, run, tool == "rsync -az",
                                           proxy, log)
@@ -239,6 +253,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ssh-reuse", action="store_true",
                         help="time our sync without ssh connection reuse (each sync "
                              "connects anew, as rsync does)")
+    parser.add_argument("--no-index", action="store_true",
+                        help="our client with no search index (by default as installed: its "
+                             "first sync builds it, later ones keep it)")
     parser.add_argument("--dir", help="where to put the corpus, the store, the cache and "
                                       "rsync's copies (default: the system's temporary folder)")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")

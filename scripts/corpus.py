@@ -5,8 +5,10 @@ Files are 200 B to 20 KB in folders up to four deep, mostly English-like prose w
 accented words (NFC, and a few NFD), some non-Latin text, and rare identifiers
 (`RareIdent0000`...) that each appear in only a few files. Its text has no `:`, `=` or `_`,
 which real notes hold and the redactor's screens stop at. The `notes` style adds what real
-notes hold besides prose (front matter, links, `key: value` lines, code); `copy` takes a
-folder of real Markdown as the corpus instead.
+notes hold besides prose (front matter, links, `key: value` lines, code); the `docs` style
+gathers the documentation this machine has (Markdown, reStructuredText and text files under
+/usr/share/doc, global npm packages, Python's library), real text the project has not seen,
+each written as a `.md` file; `copy` takes a folder of real Markdown as the corpus instead.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import os
 import random
 import sys
+import sysconfig
 import unicodedata
 from pathlib import Path
 
@@ -31,7 +34,10 @@ ACCENTED = ("décision", "café", "résumé", "naïve", "façade", "Zürich", "j
 FOREIGN = ("日本語のメモ", "Привет мир", "Ελληνικά", "مرحبا", "한국어 메모", "ไทย")
 PHRASE = "rotate the signing key"
 COMMON = "session"
-STYLES = ("prose", "notes")
+STYLES = ("prose", "notes", "docs")
+DOCS = ("/usr/share/doc", "/usr/local/lib/node_modules", "/usr/lib/node_modules",
+        sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"])
+DOC_SUFFIXES = (".md", ".rst", ".txt")
 
 
 def _line(rng: random.Random, rare: list[str]) -> str:
@@ -83,6 +89,8 @@ def generate(root: Path, files: int = 10000, seed: int = 1,
     """
     if style not in STYLES:
         raise SystemExit(f"--style {style!r}: use one of {', '.join(STYLES)}")
+    if style == "docs":
+        return docs(Path(root), files)
     rng = random.Random(seed)
     extra = random.Random(seed + 1_000_003) if style == "notes" else None
     root = Path(root)
@@ -120,8 +128,61 @@ def generate(root: Path, files: int = 10000, seed: int = 1,
             "folders": len(folders), "seed": seed, **({"style": style} if extra is not None else {})}
 
 
-STYLE_HELP = ("prose (default: 60 words, no ':', '=' or '_') or notes (front matter, links, "
-              "key: value lines and code as well, which the redactor's screens stop at)")
+def docs(root: Path, files: int) -> dict[str, int]:
+    """Up to `files` documentation files of this machine (`DOCS`) written under `root` as `.md`.
+
+    In the order of a sorted walk of each folder, so the same machine gives the same corpus;
+    files that are not UTF-8, empty, hidden, links or over 1 MiB are left out.
+    """
+    tally = _Tally()
+    for top in dict.fromkeys(DOCS):
+        for folder, subfolders, names in os.walk(top):
+            subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+            for name in sorted(names):
+                path = Path(folder, name)
+                if tally.files >= files or not name.endswith(DOC_SUFFIXES) or name.startswith(".") \
+                        or path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
+                    continue
+                data = path.read_bytes()
+                try:
+                    data.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                if not data:
+                    continue
+                relative = Path(top.strip("/").replace("/", "-").lstrip(".")) / path.relative_to(top)
+                tally.write(root / relative.parent / f"{relative.stem.lstrip('.')}-"
+                            f"{relative.suffix[1:]}.md", relative.parent, data)
+    if not tally.files:
+        raise SystemExit(f"--style docs: no documentation found under {', '.join(DOCS)}")
+    return {**tally.counts(), "style": "docs"}
+
+
+class _Tally:
+    """The files a corpus was made of, written as they are taken, and their counts."""
+
+    def __init__(self) -> None:
+        self.files = self.bytes = self.lines = 0
+        self.folders: set[str] = set()
+
+    def write(self, target: Path, folder: Path, data: bytes) -> None:
+        """Write one file of the corpus (`folder` its folder within it) and count it."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        self.files += 1
+        self.bytes += len(data)
+        self.lines += data.count(b"\n")
+        self.folders.add(folder.as_posix())
+
+    def counts(self) -> dict[str, int]:
+        """What `generate` returns of a corpus: files, bytes, lines, folders."""
+        return {"files": self.files, "bytes": self.bytes, "lines": self.lines,
+                "folders": len(self.folders)}
+
+
+STYLE_HELP = ("prose (default: 60 words, no ':', '=' or '_'), notes (front matter, links, "
+              "key: value lines and code as well, which the redactor's screens stop at) or docs "
+              "(this machine's documentation, up to --files files: real text never seen here)")
 COPY_HELP = ("a folder of Markdown to copy as the corpus, paths kept, instead of generating "
              "one (--files is then ignored); the 1%% phase appends to the copy")
 
@@ -138,8 +199,7 @@ def copy(source: Path, root: Path) -> dict[str, int | str]:
     if root == source or source in root.parents:
         raise SystemExit(f"--corpus {source}: the benchmark's folder {root} is inside it; "
                          "give --dir a folder outside the corpus")
-    files = total_bytes = total_lines = 0
-    folders: set[str] = set()
+    tally = _Tally()
     for folder, subfolders, names in os.walk(source):
         subfolders[:] = sorted(d for d in subfolders if not d.startswith(".")
                                and not os.path.islink(os.path.join(folder, d)))
@@ -149,19 +209,11 @@ def copy(source: Path, root: Path) -> dict[str, int | str]:
                     or not path.is_file():
                 continue
             relative = path.relative_to(source)
-            target = root / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            data = path.read_bytes()  # read once: written, and counted
-            target.write_bytes(data)
-            files += 1
-            total_bytes += len(data)
-            total_lines += data.count(b"\n")
-            folders.add(relative.parent.as_posix())
-    if not files:
+            tally.write(root / relative, relative.parent, path.read_bytes())
+    if not tally.files:
         raise SystemExit(f"--corpus {source}: holds no .md file (hidden names and links are "
                          "left out); name a folder of Markdown files")
-    return {"files": files, "bytes": total_bytes, "lines": total_lines,
-            "folders": len(folders), "source": str(source)}
+    return {**tally.counts(), "source": str(source)}
 
 
 def make(root: Path, files: int = 10000, copy_of: str | None = None,

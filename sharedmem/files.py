@@ -1,4 +1,4 @@
-"""Safe file writing: writes never seen half-done."""
+"""Safe file writing: writes never seen half-done, and the OS lock of one writer at a time."""
 
 from __future__ import annotations
 
@@ -40,3 +40,23 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None, *, durable: b
         except FileNotFoundError:
             pass
         raise
+
+
+def try_lock(fd: int) -> bool:
+    """Take the OS lock of the open file `fd` without waiting: True when this process holds it.
+
+    The OS drops it when its holder dies, so a lock never goes stale.
+    """
+    if os.name == "nt":  # pragma: no cover - exercised on Windows only
+        import msvcrt
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            return True
+        except OSError:
+            return False
+    import fcntl
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False

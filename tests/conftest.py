@@ -32,8 +32,9 @@ from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, st
 
 __all__ = ["LAB_NS", "LAUNCHER", "REPO", "SYSTEM", "McpServer", "Sshd", "cache_of",
            "client_with_cache", "compressed_pair", "delivery_done", "exported", "files",
-           "files_under", "hung_ssh", "inflating", "kill_logged", "pinned_line", "raw_rows",
-           "run_cli", "run_with_timeout", "ssh_client", "write_config"]
+           "files_under", "flip_schema_byte", "garbage", "hung_ssh", "inflating", "kill_logged",
+           "pinned_line", "raw_rows", "run_cli", "run_with_timeout", "ssh_client",
+           "write_config"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
@@ -365,3 +366,18 @@ def delivery_done(state: Path, seconds: float = 30) -> bool:
                 return True
         time.sleep(0.05)
     return False
+
+def flip_schema_byte(path: Path) -> None:
+    """One bit of a search index's schema text flipped: SQLite's error about it is not UTF-8."""
+    import sqlite3
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    data = bytearray(path.read_bytes())
+    data[data.index(b"CREATE TABLE 'grams_config'") + 2] ^= 0x80  # E: 'CR\xc5ATE'
+    path.write_bytes(bytes(data))
+
+
+def garbage(path: Path) -> None:
+    """A file that is not a database at all."""
+    path.write_bytes(b"this is not a database" * 100)

@@ -15,7 +15,7 @@ import pytest
 from conftest import SYSTEM
 
 from sharedmem.cache.cache import Cache
-from sharedmem.cache.search import index_mark
+from sharedmem.cache.search_index import index_mark
 from sharedmem.client import config as config_mod
 from sharedmem.core import ConfigError, InstallError
 from sharedmem.install import client_install as ci

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LAB_NS, McpServer, client_with_cache
-from test_search import flip_schema_byte
+from conftest import LAB_NS, McpServer, client_with_cache, flip_schema_byte
 
 from sharedmem.cache.cache import Cache
-from sharedmem.cache.search import index_path, refresh_index
+from sharedmem.cache.search_index import index_path, refresh_index
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX links and FIFOs")
 NS = LAB_NS

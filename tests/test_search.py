@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import re
 import shutil
 import sqlite3
+import subprocess
 import sys
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import cache_of, run_cli
+from conftest import cache_of, flip_schema_byte, garbage, run_cli
 
+from sharedmem.cache import index_reader, search_index
 from sharedmem.cache import search as search_mod
 from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.cache.folding import normalize
 from sharedmem.hashing import sha256_text
 from sharedmem.mcp import tools
 
@@ -29,6 +34,16 @@ NS = "machines/lab/notes"
 
 def make_cache(root: Path, files: dict[str, str]) -> Cache:
     return cache_of(root, NS, files)
+
+
+@pytest.fixture(autouse=True)
+def no_background_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Searches here start no `index --background` unless a test asks for one.
+
+    One would write the index beside the test's own refreshes (one at a time, but either may go
+    first), so a count a test expects from its refresh could be the other's.
+    """
+    monkeypatch.setattr(search_mod, "BACKGROUND_REFRESH", False)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +73,9 @@ def reference(cache: Cache, queries: list[str], mode: str = "any", case_sensitiv
         if folder and not (path.startswith(folder + "/") or path == folder):
             continue
         lines = (cache.root / path).read_bytes().decode("utf-8").split("\n")  # "\r" kept
+        if normalized:  # but for `normalized`, the carriage return of a CRLF line goes first
+            lines = [line[:-1] if line.endswith("\r") else line for line in lines[:-1]] + \
+                lines[-1:]
         hits = {}
         for number, line in enumerate(lines, 1):
             which = {i for i, q in enumerate(folded) if q in ref_fold(line, case_sensitive,
@@ -102,20 +120,18 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("index", ["fresh", "missing"])
+@pytest.mark.parametrize("index", ["fresh", "in parts", "missing"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c["queries"]))
-def test_search_equals_reference_scan(corpus_cache: Cache, case: dict, index: str) -> None:
-    if index == "fresh":
-        search_mod.refresh_index(corpus_cache)
+def test_search_equals_reference_scan(corpus_cache: Cache, case: dict, index: str,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    if index == "in parts":  # each file indexed in parts of a few lines
+        monkeypatch.setattr(search_index, "SEGMENT_BYTES", 300)
+    if index != "missing":
+        search_index.refresh_index(corpus_cache)
     else:
-        search_mod.index_path(corpus_cache).unlink(missing_ok=True)
+        search_index.index_path(corpus_cache).unlink(missing_ok=True)
         search_mod._SEARCHERS.clear()
-        search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    try:
-        got = all_pages(corpus_cache, max_results=7, **case)
-    finally:
-        if index == "missing":
-            search_mod.BACKGROUND_REFRESH = saved
+    got = all_pages(corpus_cache, max_results=7, **case)
     expected = reference(corpus_cache, case["queries"], case.get("match_mode", "any"),
                          case.get("case_sensitive", True), case.get("normalized", False))
     assert [(r["path"], r["line_number"]) for r in got] == expected
@@ -148,15 +164,11 @@ def test_a_first_any_reads_the_files_of_its_page_not_every_candidate(
     # full within the first few files, with or without the index.
     cache = make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\nbeta {i}\n" if i % 2 == 0
                                   else f"alpha {i}\n" for i in range(2000)})
-    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    try:
-        if index == "fresh":
-            search_mod.refresh_index(cache)
-        got = tools.search(cache, ["alpha", "beta"], max_results=4)
-        scanned = search_mod.searcher(cache).scanned
-        rest = all_pages(cache, queries=["alpha", "beta"], max_results=150)
-    finally:
-        search_mod.BACKGROUND_REFRESH = saved
+    if index == "fresh":
+        search_index.refresh_index(cache)
+    got = tools.search(cache, ["alpha", "beta"], max_results=4)
+    scanned = search_mod.searcher(cache).scanned
+    rest = all_pages(cache, queries=["alpha", "beta"], max_results=150)
     assert [(r["path"][-8:], r["line_number"]) for r in got["results"]] == [
         ("f0000.md", 1), ("f0000.md", 2), ("f0002.md", 1), ("f0002.md", 2)]
     assert scanned <= 5
@@ -185,7 +197,7 @@ def test_substring_and_case_rules(tmp_path: Path) -> None:
 def test_normalization_matches_accents_and_nfd(tmp_path: Path) -> None:
     nfd = unicodedata.normalize("NFD", "café au lait")
     cache = make_cache(tmp_path, {"a.md": "Décision  prise\n", "b.md": nfd + "\n"})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     assert [r["line"] for r in tools.search(cache, ["decision prise"], normalized=True)[
         "results"]] == ["Décision  prise"]
     assert tools.search(cache, ["decision"])["results"] == []
@@ -193,44 +205,48 @@ def test_normalization_matches_accents_and_nfd(tmp_path: Path) -> None:
         f"{NS}/b.md"]
 
 
+@pytest.mark.parametrize("index", ["fresh", "missing"])
+def test_normalized_a_crlf_line_matches_as_its_lf_line(tmp_path: Path, index: str) -> None:
+    # The carriage return goes before folding, so it is no blank a query could end in.
+    cache = make_cache(tmp_path, {"crlf.md": "Deploy Done\r\nnext\r\n",
+                                  "lf.md": "Deploy Done\nnext\n"})
+    if index == "fresh":
+        search_index.refresh_index(cache)
+    assert tools.search(cache, ["done "], normalized=True)["results"] == []
+    got = tools.search(cache, ["deploy done"], normalized=True)["results"]
+    assert [(r["path"], r["line"]) for r in got] == [(f"{NS}/crlf.md", "Deploy Done"),
+                                                      (f"{NS}/lf.md", "Deploy Done")]
+
+
+def test_match_mode_all_is_files_holding_every_query_as_described(tmp_path: Path) -> None:
+    # `all` keeps the files that hold every query, each anywhere in the file, and shows each
+    # line holding any of them; the tool's description and its schema say so alike.
+    cache = make_cache(tmp_path, {"both.md": "alpha\nbeta\nnone\n", "one.md": "alpha\n",
+                                  "line.md": "alpha beta\n"})
+    got = [(r["path"][-7:], r["line_number"], r["matched_queries"]) for r in tools.search(
+        cache, ["alpha", "beta"], match_mode="all")["results"]]
+    assert got == [("both.md", 1, ["alpha"]), ("both.md", 2, ["beta"]),
+                   ("line.md", 1, ["alpha", "beta"])]
+    tool = next(t for t in tools.TOOLS if t["name"] == "search")
+    said = tool["description"] + tool["inputSchema"]["properties"]["match_mode"]["description"]
+    assert "files that contain every query" in tool["description"]
+    assert "files containing every query" in said and "lines containing every" not in said
+
+
 def test_stale_index_still_correct(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {"a.md": "alpha\n", "b.md": "beta\n"})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/c.md", sha256_text("gamma alpha\n"), "gamma alpha\n"),
                  (f"{NS}/a.md", sha256_text("changed\n"), "changed\n")], [], {NS: info})
     got = [r["path"] for r in tools.search(cache, ["alpha"])["results"]]
     assert got == [f"{NS}/c.md"]
-    search_mod.refresh_index(cache)
-    conn = sqlite3.connect(search_mod.index_path(cache))
+    search_index.refresh_index(cache)
+    conn = sqlite3.connect(search_index.index_path(cache))
     assert sorted(p for (p,) in conn.execute("SELECT path FROM files")) == [
         f"{NS}/{n}.md" for n in "abc"]
     conn.close()
     assert [r["path"] for r in tools.search(cache, ["alpha"])["results"]] == [f"{NS}/c.md"]
-
-
-def test_refresh_skips_a_file_being_rewritten(tmp_path: Path) -> None:
-    cache = make_cache(tmp_path, {"a.md": "alpha\n", "b.md": "beta\n"})
-    (cache.root / NS / "b.md").write_text("beta rewritten\n", encoding="utf-8")
-    assert search_mod.refresh_index(cache) == {"changed": 1, "files": 1}
-    assert [r["path"] for r in tools.search(cache, ["rewritten"])["results"]] == [f"{NS}/b.md"]
-    (cache.root / NS / "b.md").write_text("beta\n", encoding="utf-8")
-    assert search_mod.refresh_index(cache) == {"changed": 1, "files": 2}
-    assert search_mod.refresh_index(cache) == {"changed": 0, "files": 2}
-
-
-def flip_schema_byte(path: Path) -> None:
-    """One bit of the index's schema text flipped: SQLite's error about it is not even UTF-8."""
-    conn = sqlite3.connect(path)
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
-    data = bytearray(path.read_bytes())
-    data[data.index(b"CREATE TABLE 'grams_config'") + 2] ^= 0x80  # E: 'CR\xc5ATE'
-    path.write_bytes(bytes(data))
-
-
-def garbage(path: Path) -> None:
-    path.write_bytes(b"this is not a database" * 100)
 
 
 def garbage_after_header(path: Path) -> None:
@@ -277,61 +293,95 @@ FILES = {f"f{i:02d}.md": f"alpha {i}\nbeta\n" for i in range(10)}
 def test_a_damaged_index_is_scanned_past_deleted_and_rebuilt(
         tmp_path: Path, damage: Callable[[Path], None], noticed: bool) -> None:
     cache = make_cache(tmp_path / "cache", FILES)
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     expected = reference(cache, ["alpha"])
     search_mod._SEARCHERS.clear()
-    damage(search_mod.index_path(cache))
-    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    try:
-        for _ in range(2):
-            got = all_pages(cache, queries=["alpha"], max_results=3)
-            assert [(r["path"], r["line_number"]) for r in got] == expected
-    finally:
-        search_mod.BACKGROUND_REFRESH = saved
-    assert search_mod.index_path(cache).exists() is not noticed  # the search deleted it
-    assert search_mod.refresh_index(cache) == {"changed": 10, "files": 10}
-    assert search_mod.refresh_index(cache) == {"changed": 0, "files": 10}
-    conn = sqlite3.connect(search_mod.index_path(cache))
+    damage(search_index.index_path(cache))
+    for _ in range(2):
+        got = all_pages(cache, queries=["alpha"], max_results=3)
+        assert [(r["path"], r["line_number"]) for r in got] == expected
+    assert search_index.index_path(cache).exists() is not noticed  # the search deleted it
+    assert search_index.refresh_index(cache) == {"changed": 10, "files": 10}
+    assert search_index.refresh_index(cache) == {"changed": 0, "files": 10}
+    conn = sqlite3.connect(search_index.index_path(cache))
     assert conn.execute("SELECT count(*) FROM files").fetchone() == (10,)
     conn.close()
     got = tools.search(cache, ["alpha"], max_results=200)["results"]
     assert [(r["path"], r["line_number"]) for r in got] == expected
 
 
-def test_a_link_in_place_of_the_index_is_removed_not_written_through(tmp_path: Path) -> None:
+def test_a_search_leaves_a_damaged_index_to_the_writer_that_holds_it(tmp_path: Path) -> None:
     cache = make_cache(tmp_path / "cache", FILES)
-    other = tmp_path / "someone-elses.sqlite3"
-    conn = sqlite3.connect(other)
-    conn.execute("CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT, sha256 TEXT)")
-    conn.execute("INSERT INTO files VALUES (1, 'keep', 'me')")
-    conn.commit()
-    conn.close()
-    before = other.read_bytes()
-    path = search_mod.index_path(cache)
-    path.parent.mkdir(parents=True)
-    path.symlink_to(other)
-    assert len(tools.search(cache, ["alpha"])["results"]) == 10
-    assert search_mod.refresh_index(cache) == {"changed": 10, "files": 10}
-    assert other.read_bytes() == before and not path.is_symlink()
-    (tmp_path / "elsewhere").mkdir()
-    for name in list(path.parent.iterdir()):
-        name.unlink()
-    path.parent.rmdir()
-    path.parent.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
-    assert search_mod.refresh_index(cache) == {"changed": 10, "files": 10}
-    assert list((tmp_path / "elsewhere").iterdir()) == [] and not path.parent.is_symlink()
+    search_index.refresh_index(cache)
+    path = search_index.index_path(cache)
+    garbage(path)
+    with search_index.writer_lock(cache, 0) as held:
+        assert held  # as a refresh about to rebuild it holds it
+        got = all_pages(cache, queries=["alpha"], max_results=3)
+        assert [(r["path"], r["line_number"]) for r in got] == reference(cache, ["alpha"])
+        assert path.exists()
+    search_mod._SEARCHERS.clear()
+    got = all_pages(cache, queries=["alpha"], max_results=3)
+    assert [(r["path"], r["line_number"]) for r in got] == reference(cache, ["alpha"])
+    assert not path.exists()  # no writer holds it now: the search deleted it
 
 
-def test_the_index_command_rebuilds_a_damaged_index(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """`folder` read-only: a read-only bind mount as root (on Linux), else no write permission."""
+    if os.geteuid() != 0:
+        folders = [folder, *(p for p in folder.rglob("*") if p.is_dir())]
+        for each in folders:
+            each.chmod(0o555)
+        try:
+            yield
+        finally:
+            for each in folders:
+                each.chmod(0o755)
+        return
+    if sys.platform != "linux" or shutil.which("mount") is None:
+        pytest.skip("a read-only cache as root needs a read-only bind mount (Linux, mount)")
+    done = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        done = subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)],
+                              capture_output=True)
+        if done.returncode != 0:
+            pytest.skip("cannot make a bind mount read-only here")
+        yield
+    finally:
+        if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+@pytest.mark.parametrize("wal", [False, True], ids=["index as it stands", "a WAL left: scan"])
+def test_a_read_only_cache_is_searched_and_says_how(tmp_path: Path, wal: bool) -> None:
     cache = make_cache(tmp_path / "cache", FILES)
-    for damage in (None, flip_schema_byte, garbage):
-        if damage is not None:
-            damage(search_mod.index_path(cache))
-        for _ in range(2):
-            done = run_cli("index", "--cache", str(cache.root), "--json")
-            assert done.returncode == 0, done.stderr
-            assert json.loads(done.stdout)["files"] == 10 and done.stderr == ""
-    assert [r["line"] for r in tools.search(cache, ["alpha 3"])["results"]] == ["alpha 3"]
+    search_index.refresh_index(cache)
+    path = search_index.index_path(cache)
+    if wal:  # a writer's WAL left beside the index: it may hold what the file lacks
+        Path(f"{path}-wal").write_bytes(b"")
+    expected = reference(cache, ["alpha"])
+    config = tmp_path / "client.json"
+    config.write_text(json.dumps({"machine": "lab", "transport": {
+        "kind": "local", "store": str(tmp_path / "store.sqlite3")}, "sources": [],
+        "cache": str(cache.root), "state": str(tmp_path / "state")}))
+    with read_only(cache.root):
+        for _ in range(2):  # the connection kept for the next search says so as well
+            got = tools.search(cache, ["alpha"], max_results=200)
+            assert [(r["path"], r["line_number"]) for r in got["results"]] == expected
+            scanned = search_mod.searcher(cache).scanned
+            readable = os.geteuid() == 0 and not wal  # a read-only file system, no WAL
+            assert got["note"].startswith("the cache is read-only")
+            assert ("read as it stands" in got["note"]) is readable
+            assert scanned == 10  # every file holds the word: each is read to show its line
+        assert search_mod.searcher(cache)._refreshed_for is None  # no refresh started
+        done = run_cli("search", "--config", str(config), "alpha 3")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"{NS}/f03.md:1:alpha 3\n(the cache is read-only")
+    assert path.is_file() and search_index.index_mark(cache) is not None  # nothing deleted
+    assert tools.search(cache, ["alpha 3"]).get("note") is None  # writable again
 
 
 def test_links_are_neither_searched_nor_indexed(tmp_path: Path) -> None:
@@ -342,7 +392,7 @@ def test_links_are_neither_searched_nor_indexed(tmp_path: Path) -> None:
     target.unlink()
     target.symlink_to(outside)
     assert tools.search(cache, ["beta"])["results"] == []
-    assert search_mod.refresh_index(cache) == {"changed": 1, "files": 1}
+    assert search_index.refresh_index(cache) == {"changed": 1, "files": 1}
     assert tools.search(cache, ["beta"])["results"] == []
 
 
@@ -410,7 +460,7 @@ def generated_queries(rng: random.Random, texts: list[str], count: int) -> list[
         queries = [one() for _ in range(rng.choice([1, 1, 2, 3]))]
         fold = rng.choice([{}, {"case_sensitive": False}, {"normalized": True}])
         if not all(queries) or fold.get("normalized") and not all(
-                search_mod.normalize(q).strip() for q in queries):
+                normalize(q).strip() for q in queries):
             continue
         folder = rng.choice([None, None, f"{NS}/x", f"{NS}/x/y"])
         cases.append({"queries": queries, "match_mode": rng.choice(["any", "all"]),
@@ -427,8 +477,11 @@ def check_cases(cache: Cache, cases: list[dict], state: str) -> None:
         assert [(r["path"], r["line_number"]) for r in got] == expected, (state, repr(case))
 
 
-def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None:
+@pytest.mark.parametrize("segment", [8192, 40], ids=["whole files", "in parts"])
+def test_generated_corpus_every_shape_equals_a_full_scan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, segment: int) -> None:
     """Covering, stale, updated and missing index: always the results of a plain scan."""
+    monkeypatch.setattr(search_index, "SEGMENT_BYTES", segment)
     rng = random.Random(15)
     files = generated_files(rng, 70)
     cache = make_cache(tmp_path, files)
@@ -437,129 +490,57 @@ def test_generated_corpus_every_shape_equals_a_full_scan(tmp_path: Path) -> None
     added = {p.replace("/f", "/new"): t for p, t in added.items()}
     gone = list(files)[10:12]
     cases = generated_queries(rng, [*files.values(), *changed.values(), *added.values()], 45)
-    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    search_mod._CHUNK, chunk = 2, search_mod._CHUNK  # the index is asked a chunk at a time
-    try:
-        search_mod.refresh_index(cache)
-        check_cases(cache, cases, "covering")
-        assert search_mod.searcher(cache)._view.manifest is None  # the manifest was not parsed
-        mark = search_mod.index_mark(cache)
-        info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
-        cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in {**changed, **added}.items()],
-                    [f"{NS}/{p}" for p in gone], {NS: info})
-        check_cases(cache, cases, "stale")
-        done = search_mod.update_index(cache, [f"{NS}/{p}" for p in {**changed, **added}],
-                                       [f"{NS}/{p}" for p in gone], mark)
-        assert done == {"changed": 12, "files": 72}
-        check_cases(cache, cases, "updated")
-        assert search_mod.searcher(cache)._view.manifest is None
-        search_mod.delete_index(search_mod.index_path(cache))
-        check_cases(cache, cases, "missing")
-    finally:
-        search_mod.BACKGROUND_REFRESH, search_mod._CHUNK = saved, chunk
-
-
-def index_bytes(cache: Cache) -> int:
-    return sum(p.stat().st_size for p in search_mod.index_path(cache).parent.iterdir())
-
-
-def text_bytes(cache: Cache) -> int:
-    return sum(m.size for m in cache.load().files.values())
-
-
-def test_the_index_is_smaller_than_the_text_it_indexes(corpus_cache: Cache) -> None:
-    search_mod.refresh_index(corpus_cache)
-    assert index_bytes(corpus_cache) <= text_bytes(corpus_cache)
-
-
-def test_an_index_of_an_older_version_is_rebuilt_in_place_and_shrinks(tmp_path: Path) -> None:
-    cache = make_cache(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" * 2000 for i in range(20)})
-    path = search_mod.index_path(cache)
-    path.parent.mkdir(parents=True)
-    conn = sqlite3.connect(path)  # what version 1 wrote: FTS5 kept its own copy of each text
-    conn.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    conn.execute("CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
-                 " sha256 TEXT NOT NULL)")
-    conn.execute("CREATE VIRTUAL TABLE grams USING fts5(body,"
-                 " tokenize='trigram case_sensitive 1', detail=none)")
-    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("version", "1"), ("generation", "1")])
-    conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)",
-                     [(i, "old text " * 5000) for i in range(1, 40)])
-    conn.commit()
-    conn.close()
-    assert search_mod.refresh_index(cache) == {"changed": 20, "files": 20}
-    conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()[0] == \
-        f"{search_mod.INDEX_VERSION}/{unicodedata.unidata_version}"
-    conn.close()
-    assert index_bytes(cache) <= text_bytes(cache)
-    assert [r["path"] for r in tools.search(cache, ["alpha 7"])["results"][:1]] == [
-        f"{NS}/f07.md"]
-
-
-def test_update_index_reads_only_the_files_it_is_given(tmp_path: Path) -> None:
-    cache = make_cache(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(30)})
-    search_mod.refresh_index(cache)
-    mark = search_mod.index_mark(cache)
-    assert mark == cache.files_mark() and mark
+    monkeypatch.setattr(index_reader, "_CHUNK", 2)  # the index is asked a chunk at a time
+    search_index.refresh_index(cache)
+    check_cases(cache, cases, "covering")
+    assert search_mod.searcher(cache)._view.manifest is None  # the manifest was not parsed
+    mark = search_index.index_mark(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
-    cache.apply([(f"{NS}/f00.md", sha256_text("beta\n"), "beta\n"),
-                 (f"{NS}/new.md", sha256_text("beta new\n"), "beta new\n")],
-                [f"{NS}/f01.md"], {NS: info})
-    assert search_mod.index_mark(cache) is None  # the index no longer covers the manifest
-    assert search_mod.update_index(cache, [f"{NS}/f00.md", f"{NS}/new.md"], [f"{NS}/f01.md"],
-                                   mark) == {"changed": 3, "files": 30}
-    assert search_mod.index_mark(cache) is not None  # it covers the new manifest whole
-    assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [
-        f"{NS}/f00.md", f"{NS}/new.md"]
+    cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in {**changed, **added}.items()],
+                [f"{NS}/{p}" for p in gone], {NS: info})
+    check_cases(cache, cases, "stale")
+    done = search_index.update_index(cache, [f"{NS}/{p}" for p in {**changed, **added}],
+                                     [f"{NS}/{p}" for p in gone], mark)
+    assert done == {"changed": 12, "files": 72}
+    check_cases(cache, cases, "updated")
     assert search_mod.searcher(cache)._view.manifest is None
-    cache.apply([(f"{NS}/f05.md", sha256_text("gamma\n"), "gamma\n")], [], {NS: info})
-    # A mark the index no longer matches (a run that changed the cache without updating the
-    # index came between): every file is compared, so the file nobody named is re-read too.
-    assert search_mod.update_index(cache, [], [], mark) == {"changed": 1, "files": 30}
-    assert search_mod.index_mark(cache) is not None
-    assert [r["path"] for r in tools.search(cache, ["gamma"])["results"]] == [f"{NS}/f05.md"]
+    search_index.delete_index(search_index.index_path(cache))
+    check_cases(cache, cases, "missing")
 
 
 @pytest.mark.parametrize("added", [3, 40], ids=["a few strays", "scattered"])
-def test_any_over_ids_out_of_path_order_equals_a_full_scan(tmp_path: Path, added: int) -> None:
+def test_any_over_ids_out_of_path_order_equals_a_full_scan(
+        tmp_path: Path, added: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # Files added after the index was built whole get the next ids, so their ids stand far
     # from their neighbours' in path order: a chunk names a few such files unasked, and asks
     # the whole index once when they are many.
     texts = ["alpha\n", "beta\n", "alpha beta\n", "gamma\n"]
     cache = make_cache(tmp_path, {f"f{i:02d}.md": texts[i % 4] for i in range(40)})
-    search_mod.refresh_index(cache)
-    mark = search_mod.index_mark(cache)
+    search_index.refresh_index(cache)
+    mark = search_index.index_mark(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     new = {f"{NS}/f{i * 40 // added:02d}x.md": texts[(i + 1) % 4] for i in range(added)}
     cache.apply([(p, sha256_text(t), t) for p, t in new.items()], [], {NS: info})
-    search_mod.update_index(cache, list(new), [], mark)
-    assert search_mod.index_mark(cache) is not None
-    search_mod._CHUNK, chunk = 8, search_mod._CHUNK
-    try:
-        for queries in (["alpha", "beta"], ["beta", "gamma", "alpha"]):
-            got = all_pages(cache, queries=queries, max_results=3)
-            assert [(r["path"], r["line_number"]) for r in got] == reference(cache, queries)
-    finally:
-        search_mod._CHUNK = chunk
+    search_index.update_index(cache, list(new), [], mark)
+    assert search_index.index_mark(cache) is not None
+    monkeypatch.setattr(index_reader, "_CHUNK", 8)
+    for queries in (["alpha", "beta"], ["beta", "gamma", "alpha"]):
+        got = all_pages(cache, queries=queries, max_results=3)
+        assert [(r["path"], r["line_number"]) for r in got] == reference(cache, queries)
 
 
 def test_a_stale_index_starts_no_rebuild_a_missing_one_does(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {"a.md": "alpha\n"})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/n{i:03d}.md", sha256_text(f"alpha {i}\n"), f"alpha {i}\n")
                  for i in range(100)], [], {NS: info})
     search_mod._SEARCHERS.clear()
-    search_mod.BACKGROUND_REFRESH, saved = False, search_mod.BACKGROUND_REFRESH
-    try:
-        assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
-        assert search_mod.searcher(cache)._refreshed_for is None
-        search_mod.delete_index(search_mod.index_path(cache))
-        assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
-        assert search_mod.searcher(cache)._refreshed_for is not None
-    finally:
-        search_mod.BACKGROUND_REFRESH = saved
+    assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
+    assert search_mod.searcher(cache)._refreshed_for is None
+    search_index.delete_index(search_index.index_path(cache))
+    assert len(tools.search(cache, ["alpha"], max_results=200)["results"]) == 101
+    assert search_mod.searcher(cache)._refreshed_for is not None
 
 
 def test_all_of_common_words_reads_only_the_files_holding_every_one(tmp_path: Path) -> None:
@@ -569,7 +550,7 @@ def test_all_of_common_words_reads_only_the_files_holding_every_one(tmp_path: Pa
              for i in range(60)}
     files["z1.md"] = files["z2.md"] = "rotate\nsigning key\n"
     cache = make_cache(tmp_path, files)
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     query = dict(queries=["rotate", "signing"], match_mode="all")
     got = [(r["path"], r["line_number"]) for r in all_pages(cache, **query)]
     assert got == reference(cache, ["rotate", "signing"], "all")
@@ -594,12 +575,12 @@ def test_a_search_loads_the_path_order_the_index_stored(tmp_path: Path) -> None:
     # Paths written in an order unlike their ids: the view's order is what the index stored,
     # read in one row, never sorted again by a search; and it is rewritten with each change.
     cache = make_cache(tmp_path, {f"m{i:02d}.md": f"alpha {i}\n" for i in range(20)})
-    search_mod.refresh_index(cache)
-    mark = search_mod.index_mark(cache)
+    search_index.refresh_index(cache)
+    mark = search_index.index_mark(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/a{i}.md", sha256_text(f"alpha a{i}\n"), f"alpha a{i}\n")
                  for i in range(3)], [f"{NS}/m05.md"], {NS: info})
-    search_mod.update_index(cache, [f"{NS}/a{i}.md" for i in range(3)], [f"{NS}/m05.md"], mark)
+    search_index.update_index(cache, [f"{NS}/a{i}.md" for i in range(3)], [f"{NS}/m05.md"], mark)
     got, statements = sql_of_next_search(cache, queries=["alpha"], max_results=4)
     assert got == reference(cache, ["alpha"])
     assert not [s for s in statements if "ORDER BY path" in s]
@@ -608,7 +589,7 @@ def test_a_search_loads_the_path_order_the_index_stored(tmp_path: Path) -> None:
 
 def test_each_result_s_provenance_comes_with_its_path_not_a_query_each(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {f"m{i:02d}.md": f"alpha {i}\n" for i in range(30)})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     got, statements = sql_of_next_search(cache, queries=["alpha"], max_results=25)
     assert got == reference(cache, ["alpha"])
     assert not [s for s in statements if "SELECT sha256, namespace FROM files WHERE id=" in s]
@@ -622,20 +603,20 @@ def test_an_order_the_index_no_longer_vouches_for_is_not_used(tmp_path: Path) ->
     # A writer that does not know the stored order (an older version of this code) adds a file
     # and bumps the generation: the order of the generation before is ignored, paths sorted.
     cache = make_cache(tmp_path, {f"m{i:02d}.md": f"alpha {i}\n" for i in range(20)})
-    search_mod.refresh_index(cache)
-    path = search_mod.index_path(cache)
+    search_index.refresh_index(cache)
+    path = search_index.index_path(cache)
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        before = conn.execute("SELECT key, ids, positions FROM orders").fetchone()
+        before = conn.execute("SELECT * FROM orders").fetchone()
     finally:
         conn.close()
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/a0.md", sha256_text("alpha a0\n"), "alpha a0\n")], [], {NS: info})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     conn = sqlite3.connect(path, isolation_level=None)
     try:  # as the older writer leaves it: the order of the generation before, still named
         conn.execute("DELETE FROM orders")
-        conn.execute("INSERT INTO orders VALUES (?, ?, ?)", before)
+        conn.execute("INSERT INTO orders VALUES (?, ?, ?, ?)", before)
         conn.execute("UPDATE meta SET value=? WHERE key='order'", (before[0],))
     finally:
         conn.close()
@@ -650,7 +631,7 @@ def test_paths_are_asked_of_the_index_in_batches(tmp_path: Path) -> None:
     # in a few queries, not one for each file.
     cache = make_cache(tmp_path, {f"f{i:03d}.md": f"alpha {i}\n" if i % 3 else f"beta {i}\n"
                                   for i in range(150)})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     got, statements = sql_of_next_search(cache, queries=["alpha", "beta"], max_results=200)
     assert got == reference(cache, ["alpha", "beta"])
     assert len(got) == 150
@@ -663,7 +644,7 @@ def test_a_page_that_fills_in_the_first_chunk_asks_the_index_about_no_other(
     # takes, so the paths asked in batches must not make the walk look past that chunk.
     cache = make_cache(tmp_path, {f"f{i:04d}.md": "alpha\n" if i % 10 == 0 else f"beta {i}\n"
                                   for i in range(3000)})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     search_mod._SEARCHERS.clear()
     searcher = search_mod.searcher(cache)
     tools.search(cache, ["nothing-like-it"])  # the view is loaded
@@ -679,7 +660,7 @@ def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_pat
     # The word is in every file: the page fills within the first files, so the index is asked
     # about the first chunk of positions only, not about all 10,000 files.
     cache = make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\n" for i in range(10000)})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     search_mod._SEARCHERS.clear()
     searcher = search_mod.searcher(cache)
     tools.search(cache, ["nothing-like-it"])  # the view is loaded
@@ -694,7 +675,7 @@ def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_pat
     assert [r["path"] for r in got] == [f"{NS}/f{i:04d}.md" for i in range(5)]
     asked, steps[0] = steps[0], 0
     searcher.index.begin()
-    expr = searcher.index.expression(["alpha"])
+    expr = searcher.index.expression(["alpha"], 10000)
     assert expr is not None
     assert len(searcher.index.matching(expr)) == 10000  # what asking all costs
     searcher.index.end()
@@ -722,7 +703,7 @@ def test_short_queries_find_what_a_full_scan_finds(tmp_path: Path, query: str,
     # One or two characters begin a trigram of the index (each text ends in two more line
     # breaks there), at the end of a file without a line break too, and in a file that short.
     cache = make_cache(tmp_path, SHORT_FILES)
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     got = [(r["path"], r["line_number"])
            for r in all_pages(cache, queries=[query], case_sensitive=case_sensitive)]
     assert got == reference(cache, [query], case_sensitive=case_sensitive)
@@ -730,7 +711,7 @@ def test_short_queries_find_what_a_full_scan_finds(tmp_path: Path, query: str,
 
 def test_a_short_rare_query_reads_only_the_files_the_index_names(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, SHORT_FILES)
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     search_mod._SEARCHERS.clear()
     searcher = search_mod.searcher(cache)
     got = tools.search(cache, ["猫"])["results"]
@@ -747,9 +728,82 @@ def test_a_short_query_that_begins_too_many_trigrams_is_scanned(tmp_path: Path) 
     # saves, so every file is read, and the results are still a full scan's.
     words = " ".join(f"x{chr(0x4e00 + i)}{chr(0x4e00 + i)}" for i in range(600))
     cache = make_cache(tmp_path, {"big.md": words + "\n", "small.md": "x\n", "none.md": "y\n"})
-    search_mod.refresh_index(cache)
+    search_index.refresh_index(cache)
     search_mod._SEARCHERS.clear()
     searcher = search_mod.searcher(cache)
     got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["x"])]
     assert got == reference(cache, ["x"])
     assert searcher.scanned == 3
+
+
+def test_a_short_key_in_most_files_is_not_looked_up_and_its_terms_not_all_read(
+        tmp_path: Path) -> None:
+    # Forty trigrams begin with "q", each in every file: the first few already name more than
+    # the dense share of the files, so the key is read in path order, as a common word is; a
+    # rare key's terms are all read and name just its files.
+    words = " ".join(f"q{chr(0x41 + i)}x" for i in range(40))
+    files = {f"f{i:03d}.md": f"{words} {i}\n" for i in range(200)}
+    files["rare.md"] = "zj\n"
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    searcher = search_mod.searcher(cache)
+    got = tools.search(cache, ["q"], max_results=3)["results"]
+    assert [(r["path"][-7:], r["line_number"]) for r in got] == [
+        ("f000.md", 1), ("f001.md", 1), ("f002.md", 1)] and searcher.scanned <= 4
+    searcher.index.begin()
+    assert searcher.index.expression(["q"], 201) is None
+    assert searcher.index.expression(["zj"], 201) == '("zj\n")'
+    searcher.index.end()
+
+
+def test_a_cache_named_by_a_relative_path_uses_its_index(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_cache(tmp_path / "cache", {f"f{i:03d}.md": f"alpha {i}\n" for i in range(300)})
+    monkeypatch.chdir(tmp_path)
+    cache = Cache(Path("cache"))
+    search_index.refresh_index(cache)
+    assert search_index.index_mark(cache) is not None
+    got = tools.search(cache, ["alpha 7"], max_results=200)["results"]
+    assert [r["path"][-7:] for r in got] == ["f007.md", "f070.md", "f071.md", "f072.md",
+                                             "f073.md", "f074.md", "f075.md", "f076.md",
+                                             "f077.md", "f078.md", "f079.md"]
+    assert search_mod.searcher(cache).scanned == len(got)  # the index named just those
+
+
+@pytest.mark.parametrize("index", ["fresh", "missing"])
+def test_ignoring_case_a_file_with_a_character_that_casefolds_to_ascii(
+        tmp_path: Path, index: str) -> None:
+    # The Kelvin sign and the ﬁ ligature casefold to ASCII: their lines are folded on their own,
+    # the others read as bytes with ASCII lowered; the results are a full scan's.
+    cache = make_cache(tmp_path, {"kelvin.md": "300 \u212aelvin\n", "fi.md": "the \ufb01le\n",
+                                  "plain.md": "300 kelvin, a File\n", "accent.md": "Café file\n"})
+    if index == "fresh":
+        search_index.refresh_index(cache)
+    for query in ("kelvin", "KELVIN", "file", "caf"):
+        got = all_pages(cache, queries=[query], case_sensitive=False)
+        assert [(r["path"], r["line_number"]) for r in got] == reference(
+            cache, [query], case_sensitive=False), query
+    found = tools.search(cache, ["kelvin"], case_sensitive=False)["results"]
+    assert {r["path"].rsplit("/", 1)[1] for r in found} == {"kelvin.md", "plain.md"}
+
+
+@pytest.mark.parametrize("ending", ["\n", ""])
+def test_a_file_in_parts_shows_its_lines_and_context_across_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) -> None:
+    # Parts of a few lines: a result's context reaches into the parts around its own, which
+    # the index did not name, and the line numbers count from the file's start.
+    monkeypatch.setattr(search_index, "SEGMENT_BYTES", 40)
+    lines = [f"line {i}" + (" needle" if i % 7 == 0 else "") for i in range(1, 60)]
+    text = "\n".join(lines) + ending
+    cache = make_cache(tmp_path, {"big.md": text, "small.md": "needle\n"})
+    search_index.refresh_index(cache)
+    assert len(search_index.segments(text.encode())) > 10
+    got = tools.search(cache, ["needle"], context_lines=3, max_results=200)["results"]
+    assert [(r["path"].rsplit("/", 1)[1], r["line_number"]) for r in got] == [
+        ("big.md", n) for n in range(7, 60, 7)] + [("small.md", 1)]
+    for hit in got[:-1]:
+        n = hit["line_number"]
+        assert hit["line"] == lines[n - 1]
+        assert hit["context_before"] == lines[max(0, n - 4):n - 1]
+        assert hit["context_after"] == lines[n:n + 3]

@@ -15,7 +15,7 @@ import pytest
 from conftest import LAUNCHER, collections_in, run_cli, write_config
 
 from sharedmem.cache.cache import Cache
-from sharedmem.cache.search import index_mark
+from sharedmem.cache.search_index import index_mark
 from sharedmem.server.store import Store
 
 

@@ -1,444 +1,40 @@
-"""Substring search over the cache, with a derived trigram index that only ever narrows the scan.
+"""Substring search over the cache: answering a query, with the index only ever narrowing the scan.
 
-The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
-holds an SQLite FTS5 trigram table of each file's normalized text, contentless (no copy of the
-text: a zlib copy of it beside, which only a later update reads to take the file's old trigrams
-out), each file's path, sha256 and namespace, the sha256 of the manifest it covers whole, and
-the files' ids in path order (so a new searcher loads its view in one read, not by sorting every
-path). `update_index` (a sync, for the files it wrote or removed) and `refresh_index` (the `index`
-command, a fresh cache) keep it current.
-
-A search asks the index which files can possibly match and verifies every candidate against the
-real file. When the index covers the manifest exactly (the same `Cache.files_mark`), the
-manifest's file rows are never read: paths, sha256s and namespaces come from the index. Otherwise the files
-whose indexed sha256 differs from the manifest's (or that the index lacks) are always scanned,
-and a missing or broken index means a full scan, so results never depend on the index. An index
-that cannot be read (damaged, or a link or folder in its place) is deleted by whichever finds
-it, a search or a refresh; only a missing, old or broken index makes a search start a refresh
-in the background.
+A search asks the index (search_index.py) which files can possibly match and verifies every
+candidate against the real file. When the index covers the manifest exactly (the same
+`Cache.files_mark`), the manifest's file rows are never read: paths, sha256s and namespaces come
+from the index. Otherwise the files whose indexed sha256 differs from the manifest's (or that the
+index lacks) are always scanned, and a missing or broken index means a full scan, so results
+never depend on the index. Only a missing, old or broken index makes a search start a refresh in
+the background.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
-import sqlite3
-import stat
-import unicodedata
-import zlib
-from array import array
-from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from itertools import islice
-from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache, Manifest, NamespaceInfo
+from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
+from sharedmem.cache.folding import normalize
+from sharedmem.cache.index_reader import IndexLost, IndexReader, Named, View, walk_named
 from sharedmem.cache.layout import CacheFiles
-from sharedmem.cache.manifest_store import CachedFile
-from sharedmem.core import CacheError, SharedMemoryError
-from sharedmem.program import LAUNCHER
+from sharedmem.cache.matching import Matcher
+from sharedmem.cache.search_index import (
+    being_written,
+    index_version,
+    read_cached,
+    refresh_in_background,
+)
+from sharedmem.core import SharedMemoryError
 
-INDEX_VERSION = "3"
-INDEX_FILE = "search.sqlite3"
 LINE_CHARS = 1000
 BACKGROUND_REFRESH = True  # a missing or broken index makes a search start `index --background`
-_DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
-_MAX_GRAMS = 8
-_DENSE = 0.3  # an index naming more than this share of files does not narrow a page in order
-_CHUNK = 1024  # positions a walk first asks the index about; each next chunk doubles
-_SCATTERED = 8  # more than 1/8 of a chunk's ids far from path order: the index asked whole
-_FEW = 128  # candidates under 1/128 of a chunk are verified by reading, other keys unasked
-_WHOLE = 4096  # a key that names at most about this many files is asked of the whole index
-_RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`_View.run`)
-_BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
-# Each indexed text ends with two line breaks more, so every string of one or two characters it
-# holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
-_END = "\n\n"
-_SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looked up (scanned)
-_SPACES = re.compile(r" [^\S\n]+|[^\S\n ][^\S\n]*")
-_UNCOLLAPSED = re.compile(r"[^\S\n ]|  ")  # what _SPACES would change: a cheap test first
-_MARKED = re.compile(r"[^\x00-\u02ff]")
-
-
-def normalize(text: str) -> str:
-    """NFKC, casefold, drop accents, collapse blanks: so `decision` finds `Décision`.
-
-    Line breaks survive, so line numbers in the normalized text are those of the original.
-    ASCII text skips the Unicode steps, which leave it as it is (casefold is lower there).
-    """
-    if text.isascii():
-        text = text.lower()
-    else:
-        text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text).casefold())
-        if not text.isascii():
-            for mark in {c for c in _MARKED.findall(text) if unicodedata.combining(c)}:
-                text = text.replace(mark, "")
-    return _SPACES.sub(" ", text) if _UNCOLLAPSED.search(text) else text
-
-
-def index_path(cache: Cache) -> Path:
-    """Where the derived index of `cache` lives (private metadata, never published)."""
-    return cache.root / META_DIR / INDEX_DIR / INDEX_FILE
-
-
-_COMPANIONS = ("", "-journal", "-wal", "-shm")
-_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: another process holds the index, which is fine
-# What reading an index can raise when the file is not what a refresh wrote: SQLite's errors,
-# UnicodeDecodeError (a ValueError) for text or even an error message that is not UTF-8,
-# ValueError or TypeError for values of the wrong kind, zlib.error for a damaged stored text.
-_READ_ERRORS = (sqlite3.Error, ValueError, TypeError, zlib.error)
-
-
-def _busy(exc: Exception) -> bool:
-    """True when `exc` says the index is locked by another process, not that it is damaged."""
-    code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.Error) else None
-    return code is not None and code & 0xFF in _BUSY
-
-
-def _planted(path: Path) -> bool:
-    """True when a link or a non-file stands where the index or its folder should be.
-
-    SQLite would follow a link there, and a refresh would then write into whatever it names.
-    """
-    try:
-        if not stat.S_ISDIR(os.lstat(path.parent).st_mode):
-            return True
-    except FileNotFoundError:
-        return False
-    for suffix in _COMPANIONS:
-        try:
-            mode = os.lstat(str(path) + suffix).st_mode
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISREG(mode):
-            return True
-    return False
-
-
-def delete_index(path: Path) -> None:
-    """Remove the index and its companion files: derived data, which a refresh builds again.
-
-    A link goes itself, never what it names; a folder planted in the index's place goes too.
-    """
-    if os.path.lexists(path.parent) and not _real_folder(path.parent):
-        os.unlink(path.parent)
-        return
-    for suffix in _COMPANIONS:
-        name = str(path) + suffix
-        if _real_folder(name):
-            import shutil  # only here: with it come bz2 and lzma, which a search never needs
-            shutil.rmtree(name)
-        else:
-            Path(name).unlink(missing_ok=True)
-
-
-def _real_folder(path: os.PathLike[str] | str) -> bool:
-    """A folder, not a link to one."""
-    return os.path.isdir(path) and not os.path.islink(path)
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, timeout=10, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout=10000")
-    # Derived data: WAL with NORMAL sync cannot corrupt on power loss (it may only lose the last
-    # refresh, which the sha256 check then redoes) and spares a sync its fsyncs.
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    return conn
-
-
-def _version() -> str:
-    """The index's format and the Unicode tables `normalize` used: either changing rebuilds it."""
-    return f"{INDEX_VERSION}/{unicodedata.unidata_version}"
-
-
-_SCHEMA = (
-    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
-    " sha256 TEXT NOT NULL, namespace TEXT NOT NULL)",
-    "CREATE TABLE texts(id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
-    "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
-    " detail=none, content='', columnsize=0)",
-)
-# The files' ids in path order and where each id stands in it, as two arrays of int64: a search
-# loads its view with one read instead of sorting every path. Valid only while meta's `order`
-# names it and starts with meta's generation (code that does not know the table bumps that).
-_ORDER_TABLE = "CREATE TABLE IF NOT EXISTS orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL," \
-    " positions BLOB NOT NULL)"
-
-
-def _files_of(cache: Cache) -> Mapping[str, CachedFile] | None:
-    """The manifest's file list (a view of its store, in path order); None when damaged."""
-    files = cache.load().files
-    return None if cache.damage is not None else files
-
-
-def refresh_index(cache: Cache) -> dict[str, int]:
-    """Bring the index in line with the whole cache manifest; only changed files are re-read.
-
-    Run by `index` (which a search starts in the background when the index is missing, old or
-    broken); safe to run concurrently (one writer waits). Returns files re-indexed or dropped
-    (`changed`) and files indexed in all (`files`).
-    """
-    return _write(cache, lambda writer: writer.reconcile(cache))
-
-
-def index_mark(cache: Cache) -> str | None:
-    """What `update_index` needs from before a sync changes the cache: call it first.
-
-    The manifest's files mark (`Cache.files_mark`) when the index covers it exactly, else
-    None; reading it costs one query of each.
-    """
-    path = index_path(cache)
-    if _planted(path) or not path.is_file():  # no index: the manifest is not read at all
-        return None
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10,
-                               isolation_level=None)
-        try:
-            meta = dict(conn.execute("SELECT key, value FROM meta"))
-        finally:
-            conn.close()
-    except _READ_ERRORS:
-        return None
-    mark = cache.files_mark()
-    return mark if mark and meta.get("version") == _version() and meta.get("manifest") == mark \
-        else None
-
-
-def update_index(cache: Cache, written: Iterable[str], removed: Iterable[str],
-                 mark: str | None) -> dict[str, int]:
-    """Re-index just the files a run wrote or removed, when the index covered the cache before.
-
-    `mark` is what `index_mark` returned before the run changed the cache. With it, only the
-    named paths are read, and the index then covers the new manifest (searches verify that by
-    its files mark). Without it, or if the index changed since, this is `refresh_index`. Call it
-    in the process that changed the cache, right after `Cache.apply`, while no other process
-    can write the cache (the sync lock): the paths' sha256s come from that manifest. The paths
-    are streamed (a first pull's are its records in SQLite, `Cache.written`), not held; one
-    named twice is re-read once.
-    """
-    if mark is None:
-        return refresh_index(cache)
-    return _write(cache, lambda writer: writer.delta(cache, written, removed, mark))
-
-
-def _write(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int]:
-    """Run `work` in a write transaction; a damaged or old index is deleted and built again."""
-    path = index_path(cache)
-    if _planted(path):
-        delete_index(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    damaged = False
-    while True:
-        try:
-            done = _Writer.run(path, cache, work)
-        except _READ_ERRORS as exc:
-            if _busy(exc):
-                raise CacheError(f"the search index {path} is busy: another `index` holds it; "
-                                 "try again when it is done") from None
-            if damaged:
-                raise CacheError(f"the search index {path} cannot be built ({exc}): delete "
-                                 f"the folder {path.parent} (derived data only) and run "
-                                 "`shared_memory.py index` again") from None
-            damaged = True
-            delete_index(path)  # damaged: derived data, so built again from the cache
-            continue
-        if done is not None:
-            return done
-        work = lambda writer: writer.reconcile(cache)  # noqa: E731 - the mark did not hold
-
-
-class _Writer:
-    """One write transaction on the index: files read, normalized and (un)indexed."""
-
-    def __init__(self, conn: sqlite3.Connection, disk: CacheFiles) -> None:
-        self.conn, self.disk = conn, disk
-        self.changed = 0
-        self.emptied = False  # an index of another version was emptied: VACUUM after
-
-    @classmethod
-    def run(cls, path: Path, cache: Cache,
-            work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int] | None:
-        conn = _connect(path)
-        try:
-            with CacheFiles(cache.root) as disk:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    writer = cls(conn, disk)
-                    writer.prepare()
-                    done = work(writer)
-                    conn.execute("ROLLBACK" if done is None else "COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            if writer.emptied:
-                conn.execute("VACUUM")  # the old version's pages, which nothing else frees
-            # A big write leaves a WAL as large as itself; searches read the file, not the WAL.
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            return done
-        finally:
-            conn.close()
-
-    def prepare(self) -> None:
-        """Create the tables, or empty an index of another version in place."""
-        names = {n for (n,) in self.conn.execute("SELECT name FROM sqlite_master")}
-        version = None
-        if "meta" in names:
-            row = self.conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()
-            version = row[0] if row else None
-        if version == _version() and {"files", "texts", "grams"} <= names:
-            self.conn.execute(_ORDER_TABLE)  # an index written before the table existed
-            return
-        self.emptied = bool(names)
-        for name in ("grams", "texts", "files", "meta", "orders"):
-            self.conn.execute(f"DROP TABLE IF EXISTS {name}")
-        for statement in (*_SCHEMA, _ORDER_TABLE):
-            self.conn.execute(statement)
-        self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)",
-                              [("version", _version()), ("generation", "0"),
-                               ("manifest", "")])
-
-    def meta(self, key: str) -> str:
-        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return str(row[0]) if row else ""
-
-    def finish(self, mark: str | None, complete: bool) -> dict[str, int]:
-        """Record the generation and which manifest the index now covers whole, if any."""
-        generation = int(self.meta("generation") or 0) + (1 if self.changed else 0)
-        self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-                              [("generation", str(generation)),
-                               ("manifest", mark if complete and mark else "")])
-        self.store_order(generation)
-        files = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
-        return {"changed": self.changed, "files": files}
-
-    def store_order(self, generation: int) -> None:
-        """Write the ids in path order (see `_ORDER_TABLE`) when the files changed since."""
-        key = self.meta("order")
-        if not self.changed and key.split("/")[0] == str(generation) and self.conn.execute(
-                "SELECT 1 FROM orders WHERE key=?", (key,)).fetchone():
-            return
-        ids = array("q", (i for (i,) in self.conn.execute("SELECT id FROM files ORDER BY path")))
-        where = _inverse(ids)
-        key = f"{generation}/{os.urandom(8).hex()}"
-        self.conn.execute("DELETE FROM orders")
-        self.conn.execute("INSERT INTO orders(key, ids, positions) VALUES (?, ?, ?)",
-                          (key, ids.tobytes(), where.tobytes()))
-        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('order', ?)", (key,))
-
-    def reconcile(self, cache: Cache) -> dict[str, int]:
-        """Compare every indexed file with the manifest; re-read only those that differ."""
-        mark = cache.files_mark()
-        files = _files_of(cache)
-        manifest = files or {}
-        indexed = {p: (i, s) for i, p, s in self.conn.execute(
-            "SELECT id, path, sha256 FROM files")}
-        for relpath, (row_id, sha) in indexed.items():
-            meta = manifest.get(relpath)
-            if meta is None:
-                self.drop(row_id)
-            elif meta.sha256 != sha:
-                self.drop(row_id, keep=True)
-        complete = files is not None
-        for relpath, meta in manifest.items():  # streamed in path order, not held
-            old = indexed.get(relpath)
-            if old is not None and old[1] == meta.sha256:
-                continue
-            complete &= self.put(relpath, meta, old[0] if old else None)
-        return self.finish(mark, complete and mark == cache.files_mark())
-
-    def delta(self, cache: Cache, written: Iterable[str], removed: Iterable[str],
-              mark: str) -> dict[str, int] | None:
-        """Re-index the named paths; None when the index no longer covers the `mark` manifest.
-
-        Each path is made as the manifest says, so one named again changes nothing more.
-        """
-        if self.meta("manifest") != mark:
-            return None
-        now = cache.files_mark()
-        files = _files_of(cache)
-        if now is None or files is None:
-            return None
-        complete = True
-        for relpath in (p for paths in (written, removed) for p in paths):
-            row = self.conn.execute("SELECT id, sha256 FROM files WHERE path=?",
-                                    (relpath,)).fetchone()
-            meta = files.get(relpath)
-            if meta is None:
-                if row is not None:
-                    self.drop(row[0])
-            elif row is None or row[1] != meta.sha256:
-                if row is not None:
-                    self.drop(row[0], keep=True)
-                complete &= self.put(relpath, meta, row[0] if row else None)
-        count = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
-        return self.finish(now, complete and count == len(files) and now == cache.files_mark())
-
-    def drop(self, row_id: int, keep: bool = False) -> None:
-        """Take a file's trigrams out (its old text is stored for that); `keep` its row id."""
-        row = self.conn.execute("SELECT body FROM texts WHERE id=?", (row_id,)).fetchone()
-        if row is not None:
-            self.conn.execute("INSERT INTO grams(grams, rowid, body) VALUES ('delete', ?, ?)",
-                              (row_id, zlib.decompress(row[0]).decode("utf-8")))
-        self.conn.execute("DELETE FROM texts WHERE id=?", (row_id,))
-        if not keep:
-            self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
-            self.changed += 1
-
-    def put(self, relpath: str, meta: CachedFile, row_id: int | None) -> bool:
-        """Index the file as the manifest describes it; False when its bytes do not match.
-
-        Such a file (a sync is rewriting it, or a link stands there) is left unindexed, so
-        searches scan it. `row_id` is the row it had, already dropped from the trigrams.
-        """
-        data = _read(self.disk, relpath)
-        if data is None or hashlib.sha256(data).hexdigest() != meta.sha256:
-            if row_id is not None:
-                self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
-                self.changed += 1
-            return False
-        text = normalize(data.decode("utf-8", "replace")) + _END
-        if row_id is None:
-            row_id = self.conn.execute(
-                "INSERT INTO files(path, sha256, namespace) VALUES (?, ?, ?)",
-                (relpath, meta.sha256, meta.namespace)).lastrowid
-        else:
-            self.conn.execute("UPDATE files SET sha256=?, namespace=? WHERE id=?",
-                              (meta.sha256, meta.namespace, row_id))
-        body = text.encode("utf-8", "surrogatepass")
-        self.conn.execute("INSERT INTO texts(id, body) VALUES (?, ?)",
-                          (row_id, zlib.compress(body, 1)))
-        self.conn.execute("INSERT INTO grams(rowid, body) VALUES (?, ?)", (row_id, text))
-        self.changed += 1
-        return True
-
-
-def refresh_in_background(cache: Cache) -> bool:
-    """Start `index --cache DIR --background` detached; False when it could not be started.
-
-    A search that finds no usable index calls this instead of building it in its own time, so
-    no request waits for the index; the refresh runs on idle CPU time.
-    """
-    import subprocess
-    import sys
-    command = [sys.executable, str(LAUNCHER), "index", "--cache", str(cache.root),
-               "--background"]
-    try:
-        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, close_fds=True,
-                         creationflags=_DETACHED if os.name == "nt" else 0,
-                         start_new_session=os.name != "nt")
-    except OSError:
-        return False
-    return True
+_CLOSE = 10  # lines a result's context reaches back before the first line of a part read
 
 
 class Query(NamedTuple):
-    """One search, validated by the caller (tools.py); not a dataclass, whose import costs 15 ms."""
+    """One search, validated by the caller (tools.py); a named tuple, as dataclasses loads slowly."""
 
     queries: list[str]
     match_mode: str = "any"
@@ -446,394 +42,6 @@ class Query(NamedTuple):
     case_sensitive: bool = True
     normalized: bool = False
     context_lines: int = 0
-
-
-class _IndexLost(CacheError):
-    """The index failed in the middle of a search: that search starts again without it.
-
-    Never seen outside `Searcher.search`.
-    """
-
-
-class _Index:
-    """A read-only view of the index file, read in one transaction per search."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.conn: sqlite3.Connection | None = None
-        self._identity: tuple[int, int] | None = None  # the file this connection reads
-        self._vocab = False  # the connection's view of the index's terms is made (`_short`)
-
-    def begin(self) -> dict[str, str] | None:
-        """Start a read transaction; the index's meta rows, or None when there is no index.
-
-        A file put in place of the one this connection reads (a rebuild) is reopened. An index
-        that cannot be read is deleted (see `_unreadable`), so the searches scan and the next
-        refresh builds it again.
-        """
-        try:
-            try:
-                info = os.stat(self.path)
-            except OSError:
-                info = None
-            if self.conn is not None and (info is None or (info.st_dev, info.st_ino)
-                                          != self._identity):
-                self.close()
-            if self.conn is None:
-                if _planted(self.path):
-                    delete_index(self.path)
-                    return None
-                if info is None or not stat.S_ISREG(info.st_mode):
-                    return None
-                self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10,
-                                            isolation_level=None, check_same_thread=False)
-                self._identity = (info.st_dev, info.st_ino)
-            self.conn.execute("BEGIN")
-            return {str(k): str(v) for k, v in self.conn.execute("SELECT key, value FROM meta")}
-        except (*_READ_ERRORS, OSError) as exc:
-            self._unreadable(exc)
-            return None
-
-    def end(self) -> None:
-        """End the read transaction (a later search sees what a refresh committed since)."""
-        if self.conn is not None and self.conn.in_transaction:
-            try:
-                self.conn.execute("COMMIT")
-            except _READ_ERRORS:
-                self.close()
-
-    def close(self) -> None:
-        """Forget the connection so the next search reopens (or scans)."""
-        if self.conn is not None:
-            self.conn.close()
-        self.conn, self._identity, self._vocab = None, None, False
-
-    def _unreadable(self, exc: Exception) -> None:
-        """Close, and delete the file unless it is only locked, or new and not yet written.
-
-        Only the very file this connection read is deleted, not one a refresh has put in its
-        place since.
-        """
-        identity = self._identity
-        self.close()
-        if isinstance(exc, OSError) or _busy(exc) or identity is None or _is_new(self.path):
-            return
-        try:
-            info = os.stat(self.path)
-        except OSError:
-            return
-        if (info.st_dev, info.st_ino) == identity:
-            delete_index(self.path)
-
-    def damaged(self) -> _IndexLost:
-        """Values of the wrong kind where the index vouches: damage, deleted like any other."""
-        self._unreadable(TypeError("a value of the wrong kind"))
-        return _IndexLost()
-
-    def rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        """Run a query in the current transaction; a failure is `_IndexLost`."""
-        if self.conn is None:
-            raise _IndexLost
-        try:
-            return self.conn.execute(sql, args).fetchall()
-        except _READ_ERRORS as exc:
-            self._unreadable(exc)
-            raise _IndexLost from None
-
-    def order(self, meta: dict[str, str]) -> tuple[array[int], array[int] | None]:
-        """The ids in path order, and where each stands when the index has it stored."""
-        key = meta.get("order", "")
-        if key.split("/")[0] == meta.get("generation"):
-            rows = self.rows("SELECT ids, positions FROM orders WHERE key=?", (key,))
-            if rows and all(isinstance(v, bytes) and len(v) % 8 == 0 for v in rows[0]):
-                ids, where = array("q"), array("q")
-                ids.frombytes(rows[0][0])
-                where.frombytes(rows[0][1])
-                if len(where) >= len(ids):  # every id has its slot: checked as it is stored
-                    return ids, where
-        return array("q", (i for (i,) in self.rows("SELECT id FROM files ORDER BY path"))), None
-
-    def matching(self, expr: str) -> array[int]:
-        """Ids of the files the MATCH `expr` names."""
-        return self._ids("", (expr,))
-
-    def expression(self, keys: Iterable[str]) -> str | None:
-        """The MATCH of files that may hold every key; None when no key narrows them.
-
-        A key of three characters or more is its trigrams (`_match`); a shorter one is any of
-        the trigrams it begins (`_short`). All of them go in one MATCH, so SQLite intersects
-        them: a few files can hold all of several common words.
-        """
-        keys = list(keys)
-        parts = [expr] if (expr := _match(keys)) is not None else []
-        for key in keys:
-            if 0 < len(key) < 3 and (expr := self._short(key)) is not None:
-                parts.append(expr)
-        return " AND ".join(parts) or None
-
-    def _short(self, key: str) -> str | None:
-        """Any trigram of the index that `key` (one or two characters) begins; None if too many.
-
-        The index's terms are read in order from `key` on (`fts5vocab`), those it begins being
-        the first. None of them: no file holds the key, and the MATCH of the key padded with
-        line breaks, a trigram it would begin, names none.
-        """
-        if self.conn is None or _utf8(key) is None:
-            return None
-        if not self._vocab:
-            self.rows("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING "
-                      "fts5vocab(main, grams, 'row')")
-            self._vocab = True
-        rows = self.rows(f"SELECT term FROM temp.vocab WHERE term >= ? LIMIT {_SHORT_TERMS + 1}",
-                         (key,))
-        if not all(isinstance(t, str) for (t,) in rows):
-            raise self.damaged()
-        terms = [t for (t,) in rows if t.startswith(key)]
-        if len(terms) > _SHORT_TERMS:
-            return None
-        return "(" + " OR ".join(_quoted(t) for t in terms or [key + _END[:3 - len(key)]]) + ")"
-
-    def between(self, expr: str, lo: int, hi: int) -> array[int]:
-        """Ids from `lo` to `hi` of the files the MATCH `expr` names: one seek into each list."""
-        return self._ids(" AND rowid BETWEEN ? AND ?", (expr, lo, hi))
-
-    def _ids(self, bounds: str, args: tuple[Any, ...]) -> array[int]:
-        found = self.rows(f"SELECT group_concat(rowid) FROM grams WHERE grams MATCH ?{bounds}",
-                          args)[0][0]
-        if found is not None and not isinstance(found, str):
-            raise self.damaged()
-        return array("q", map(int, found.split(","))) if found else array("q")
-
-
-def _match(keys: Iterable[str]) -> str | None:
-    """The FTS5 MATCH of every key's trigrams ANDed; None when no key has three characters.
-
-    Also None for a lone surrogate, which SQLite cannot take.
-    """
-    grams: set[str] = set()
-    for key in keys:
-        if len(key) < 3:
-            continue
-        # Trigrams every third character cover the key; more only cost time in SQLite.
-        own = sorted({key[i:i + 3] for i in range(0, len(key) - 2, 3)} | {key[-3:]})
-        if len(own) > _MAX_GRAMS:
-            step = len(own) / _MAX_GRAMS
-            own = [own[int(i * step)] for i in range(_MAX_GRAMS)]
-        grams.update(own)
-    if not grams:
-        return None
-    expr = " AND ".join(_quoted(g) for g in sorted(grams))
-    return expr if _utf8(expr) is not None else None
-
-
-def _quoted(term: str) -> str:
-    """A term as an FTS5 string."""
-    return '"' + term.replace('"', '""') + '"'
-
-
-def _inverse(ids: array[int]) -> array[int]:
-    """Position of each id in `ids` (-1 for ids not in it), indexed by id."""
-    where = array("q", [-1]) * (max(ids, default=0) + 1)
-    for pos, row_id in enumerate(ids):
-        if row_id >= 0:
-            where[row_id] = pos
-    return where
-
-
-def _is_new(path: Path) -> bool:
-    """True for an index a refresh has created but not yet committed to: no tables at all."""
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
-        try:
-            return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
-        finally:
-            conn.close()
-    except _READ_ERRORS:
-        return False
-
-
-class _View:
-    """Every searchable file in path order, by position: the index's id where it vouches.
-
-    Built once per manifest and index generation. When the index covers the manifest whole,
-    only the ids are held (paths are asked of the index); otherwise the manifest is loaded,
-    and positions the index does not vouch for (id -1) are always scanned.
-    """
-
-    def __init__(self, index: _Index, ids: array[int], paths: list[str] | None,
-                 manifest: Manifest | None, namespaces: dict[str, NamespaceInfo],
-                 where: array[int] | None = None) -> None:
-        self.index, self.ids, self.paths = index, ids, paths
-        self.manifest, self.namespaces = manifest, namespaces
-        # Only a view from the manifest has positions the index does not vouch for.
-        self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
-        self.where = where if where is not None else _inverse(ids)
-        self.runs: dict[tuple[int, int], tuple[int, int, list[int]] | None] = {}  # `run`
-        # id -> (sha256, namespace) of the batch `named` asked last, for `provenance`.
-        self.origins: dict[Any, tuple[Any, Any]] = {}
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def path(self, pos: int) -> str:
-        if self.paths is not None:
-            return self.paths[pos]
-        rows = self.index.rows("SELECT path FROM files WHERE id=?", (self.ids[pos],))
-        if not rows or not isinstance(rows[0][0], str):
-            raise self.index.damaged()
-        return rows[0][0]
-
-    def named(self, positions: Iterable[int],
-              room: Callable[[], int] = lambda: _BATCH) -> Iterator[tuple[int, str]]:
-        """Each position with its path, the paths asked of the index a batch at a time.
-
-        Batches start small and double, never past `room()` (what the page could still take if
-        each file held one result): each position taken into a batch is one the walk had to
-        find, and finding positions past those the page reads asks the index about chunks it
-        never needed.
-        """
-        if self.paths is not None:
-            yield from ((pos, self.paths[pos]) for pos in positions)
-            return
-        walk, size = iter(positions), 16
-        while batch := list(islice(walk, max(1, min(size, room())))):
-            wanted = [self.ids[pos] for pos in batch]
-            found: dict[Any, Any] = {}
-            origins = self.origins = {}
-            for row_id, relpath, sha, namespace in self.index.rows(
-                    "SELECT id, path, sha256, namespace FROM files WHERE id IN "
-                    f"({','.join('?' * len(wanted))})", tuple(wanted)):
-                found[row_id] = relpath
-                origins[row_id] = (sha, namespace)
-            for pos, row_id in zip(batch, wanted, strict=True):
-                relpath = found.get(row_id)
-                if not isinstance(relpath, str):
-                    raise self.index.damaged()
-                yield pos, relpath
-            size = min(size * 2, _BATCH)
-
-    def provenance(self, pos: int, relpath: str) -> dict[str, Any]:
-        """Where the file came from, as `provenance` says it from the manifest.
-
-        A file `named` just gave has it from the same query as its path.
-        """
-        if self.manifest is not None:
-            return provenance(self.manifest, relpath)
-        row = self.origins.get(self.ids[pos])
-        if row is None:
-            rows = self.index.rows("SELECT sha256, namespace FROM files WHERE id=?",
-                                   (self.ids[pos],))
-            row = rows[0] if rows else (None, None)
-        if not all(isinstance(v, str) for v in row):
-            raise self.index.damaged()
-        info = self.namespaces.get(row[1])
-        return {"machine": info.machine if info else None,
-                "source": info.source if info else None, "sha256": row[0],
-                "synced_at": info.synced_at if info else None}
-
-    def find(self, relpath: str, lo: int = 0) -> int:
-        """The first position whose path is not below `relpath`."""
-        hi = len(self.ids)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.path(mid) < relpath:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
-    def scope(self, folder: str | None) -> list[range]:
-        """The positions under `folder` (a contiguous run in path order), and the file itself."""
-        if not folder:
-            return [range(len(self.ids))]
-        prefix = folder.rstrip("/") + "/"
-        own = self.find(folder)
-        spans = [range(own, own + 1)] if own < len(self.ids) and self.path(own) == folder \
-            else []
-        lo = self.find(prefix)
-        return spans + [range(lo, self.find(prefix[:-1] + "0", lo))]
-
-    def run(self, lo: int, hi: int) -> tuple[int, int, list[int]] | None:
-        """The first and last id of the main run of the ids at [lo, hi), and those beside it.
-
-        A run is ids no further apart than the chunk's length: all of them in an index built
-        whole in path order. None when the index vouches for none of the positions.
-        """
-        if (lo, hi) in self.runs:
-            return self.runs[lo, hi]
-        ids = sorted(self.ids[lo:hi])
-        ids = ids[bisect_left(ids, 0):]
-        found: tuple[int, int, list[int]] | None = (ids[0], ids[-1], []) if ids else None
-        size = hi - lo
-        if ids and ids[-1] - ids[0] > 2 * size:
-            runs, begin = [], 0
-            for n in range(1, len(ids) + 1):
-                if n == len(ids) or ids[n] - ids[n - 1] > size:
-                    runs.append((n - begin, begin, n))
-                    begin = n
-            _, begin, stop = max(runs)
-            found = (ids[begin], ids[stop - 1], ids[:begin] + ids[stop:])
-        if len(self.runs) >= _RUNS_KEPT:
-            self.runs.clear()
-        self.runs[lo, hi] = found
-        return found
-
-    def positions(self, ids: array[int] | None) -> set[int] | None:
-        """Positions of these ids that the index vouches for, and every stale position."""
-        if ids is None:
-            return None
-        where, top = self.where, len(self.where)
-        found = {where[i] for i in ids if i < top}
-        found.discard(-1)
-        found.update(self.stale)
-        return found
-
-
-class _Matcher:
-    """Whether a file's bytes contain each needle under the query's folding, cheaply.
-
-    A case-sensitive needle is looked for in the bytes themselves: UTF-8 is self-synchronizing,
-    so that is the same as in the decoded text, unless the needle holds U+FFFD, which stands for
-    bytes that are not UTF-8 (then the text is decoded).
-    """
-
-    def __init__(self, query: Query) -> None:
-        self.kind = "normalized" if query.normalized else \
-            "exact" if query.case_sensitive else "casefold"
-        self.fold = _folder(query)
-        self.queries = query.queries
-        self.needles = [self.fold(q) for q in query.queries]
-        self.raw = [None if "\ufffd" in n else _utf8(n) for n in self.needles]
-        self._last: tuple[bytes, str] | None = None  # the bytes last folded, and their fold
-
-    def folded(self, data: bytes) -> str:
-        """The file's text under the query's folding; once per file, however often asked."""
-        if self._last is None or self._last[0] is not data:
-            self._last = (data, self.fold(data.decode("utf-8", "replace")))
-        return self._last[1]
-
-    def which(self, data: bytes, wanted: Iterable[int]) -> set[int]:
-        """Indexes (among `wanted`) of the needles found in `data`."""
-        found = set()
-        lowered = data.lower() if self.kind == "casefold" and data.isascii() else None
-        for i in wanted:
-            raw = self.raw[i]
-            if self.kind == "exact" and raw is not None:
-                hit = raw in data
-            elif lowered is not None and raw is not None:
-                hit = raw in lowered
-            else:
-                hit = self.needles[i] in self.folded(data)
-            if hit:
-                found.add(i)
-        return found
-
-
-def _utf8(text: str) -> bytes | None:
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
 
 
 class _Page:
@@ -848,7 +56,7 @@ class _Page:
         """How many more results the page takes, at most."""
         return self.limit - len(self.results)
 
-    def add(self, relpath: str, lines: list[str], number: int, which: Iterable[int],
+    def add(self, relpath: str, lines: _Lines, number: int, which: Iterable[int],
             origin: dict[str, Any]) -> bool:
         """Add the result for this line; False when the page has no room for it (it is full)."""
         if len(self.results) == self.limit:
@@ -869,8 +77,8 @@ class Searcher:
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
-        self.index = _Index(index_path(cache))
-        self._view: _View | None = None
+        self.index = IndexReader(cache)
+        self._view: View | None = None
         self._view_key: tuple[Any, ...] | None = None
         self._refreshed_for: str | None = None
         self.scanned = 0  # files the last search read: what the index spared shows here
@@ -886,7 +94,7 @@ class Searcher:
         for _ in range(3):
             try:
                 return self._search(query, after, limit, max_bytes, use_index)
-            except _IndexLost:  # scan without it; a damaged one is gone and rebuilt later
+            except IndexLost:  # scan without it; a damaged one is gone and rebuilt later
                 self._view, self._view_key, use_index = None, None, False
             finally:
                 self.index.end()
@@ -895,7 +103,8 @@ class Searcher:
     def _search(self, query: Query, after: list[Any] | None, limit: int, max_bytes: int,
                 use_index: bool) -> tuple[list[dict[str, Any]], list[Any] | None]:
         view = self._current(use_index)
-        matcher = _Matcher(query)
+        matcher = Matcher(query.queries, "normalized" if query.normalized else
+                          "exact" if query.case_sensitive else "casefold")
         spans = view.scope(query.path)
         page = _Page(query, limit, max_bytes)
         with CacheFiles(self.cache.root) as disk:
@@ -903,42 +112,31 @@ class Searcher:
                 return self._ordered(view, disk, page, matcher, spans, after)
             return self._ranked(view, disk, page, matcher, spans, after)
 
-    def _current(self, use_index: bool) -> _View:
+    def _current(self, use_index: bool) -> View:
         """The view for the cache and index as they are now, rebuilt only when either changed."""
         marks = self._marks()
         meta = self.index.begin() if use_index else None
-        if use_index and (meta is None or meta.get("version") != _version()):
+        if use_index and (meta is None or meta.get("version") != index_version()):
             self._start_refresh(marks[1])
             meta = None
-        key = (marks, self.index._identity, meta.get("generation") if meta else None)
+        key = (marks, self.index._identity, meta.get("generation") if meta else None,
+               meta.get("version") if meta else None)
         if self._view is not None and self._view_key == key:
             return self._view
         view = None
         if meta and meta.get("manifest") and meta["manifest"] == marks[1]:
             namespaces = self._read_namespaces()
             if namespaces is not None:
-                ids, where = self.index.order(meta)
-                view = _View(self.index, ids, None, None, namespaces, where)
+                ids, owners, where = self.index.order(meta)
+                view = View(self.index, ids, owners, None, None, namespaces, where)
         if view is None:
             view = self._from_manifest(meta is not None)
         self._view, self._view_key = view, key
         return view
 
-    def _from_manifest(self, indexed: bool) -> _View:
+    def _from_manifest(self, indexed: bool) -> View:
         """The slow way: the whole manifest, each file vouched for only at its sha256."""
-        manifest = self.cache.load()
-        known = {p: (i, s) for i, p, s in self.index.rows(
-            "SELECT id, path, sha256 FROM files")} if indexed else {}
-        paths, shas = [], []
-        for relpath, meta in sorted(manifest.files.items()):
-            paths.append(relpath)
-            shas.append(meta.sha256)
-        ids = array("q", [-1]) * len(paths)
-        for pos, relpath in enumerate(paths):
-            row = known.get(relpath)
-            if row is not None and row[1] == shas[pos]:
-                ids[pos] = row[0]
-        return _View(self.index, ids, paths, manifest, manifest.namespaces)
+        return View.of_manifest(self.index, self.cache.load(), indexed)
 
     def _marks(self) -> tuple[str | None, str | None]:
         """The manifest's commit and files marks: what tells a view or an index out of date."""
@@ -954,35 +152,37 @@ class Searcher:
         return None if self.cache.damage is not None else manifest.namespaces
 
     def _start_refresh(self, mark: str | None) -> None:
-        """No usable index: build it in the background, once for each manifest."""
-        if mark is not None and self._refreshed_for != mark:
+        """No usable index: build it in the background, once for each manifest.
+
+        Not on a read-only cache, where no refresh could write it, nor while a writer holds the
+        index (a sync's background refresh, which makes it usable when it is done).
+        """
+        if mark is not None and self._refreshed_for != mark and self.index.read_only is None \
+                and not being_written(self.cache):
             self._refreshed_for = mark
             if BACKGROUND_REFRESH:
                 refresh_in_background(self.cache)  # meanwhile every file is scanned
 
-    def _ordered(self, view: _View, disk: CacheFiles, page: _Page, matcher: _Matcher,
+    def _ordered(self, view: View, disk: CacheFiles, page: _Page, matcher: Matcher,
                  spans: list[range], after: list[Any] | None) -> tuple[list[dict[str, Any]],
                                                                        list[Any] | None]:
         """One query, or all of several: results in path and line order, read until full.
 
-        The index is asked a chunk of positions at a time (all the queries' trigrams in one
-        MATCH), so a page that fills within the first files asks about those alone.
+        The index is asked a chunk of positions at a time, so a page that fills within the
+        first files asks about those alone. With several queries (`all`), a file is read when
+        the index names each query in some part of it, however common each query alone is.
         """
-        named = [_Named(view, [normalize(q) for q in matcher.queries])]
+        everything = page.query.match_mode == "all"
+        named = [Named(view, [normalize(q)], dense=everything) for q in matcher.queries]
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         every = set(range(len(matcher.needles)))
-        everything = page.query.match_mode == "all"
-        for pos, relpath in view.named(_walk_named(view, spans, named, 1, last_path), page.room):
-            data = _read(disk, relpath)
-            self.scanned += 1
-            found = matcher.which(data, every) if data is not None else set()
+        walk = walk_named(view, spans, named, len(named) if everything else 1, last_path)
+        for pos, relpath, spots in view.named(walk, page.room):
+            found, rows, hits = self._read(view, disk, matcher, pos, relpath, spots, every)
             if not found or everything and found != every:
                 continue
-            rows, hits = _lines(data or b"", matcher)
-            if everything and not all(hits) or not any(hits):
-                continue
-            origin = view.provenance(pos, relpath)
-            for number, which in _merge(hits).items():
+            origin = _provenance(view.namespaces, *view.origin(pos, relpath))
+            for number, which in hits:
                 if relpath == last_path and number <= last_line:
                     continue
                 if not page.add(relpath, rows, number, which, origin):
@@ -990,38 +190,32 @@ class Searcher:
                     return page.results, [last["path"], last["line_number"]]
         return page.results, None
 
-    def _ranked(self, view: _View, disk: CacheFiles, page: _Page, matcher: _Matcher,
+    def _ranked(self, view: View, disk: CacheFiles, page: _Page, matcher: Matcher,
                 spans: list[range], after: list[Any] | None) -> tuple[list[dict[str, Any]],
                                                                       list[Any] | None]:
         """Several queries, any of them: files matching more of them first, then path order.
 
         Group m is the files holding exactly m of the k queries. It is walked in path order
-        among the positions the index names for at least m queries, each file read once to
-        verify it, so a page stops reading as soon as it is full; no count over all files is
-        needed first. A file read in an earlier group is read again only if it is in this one.
+        among the files the index names for at least m queries, each file read once to verify
+        it, so a page stops reading as soon as it is full; no count over all files is needed
+        first. A file read in an earlier group is read again only if it is in this one.
         """
         count = len(matcher.needles)
-        every = list(range(count))
-        named = [_Named(view, [normalize(q)]) for q in matcher.queries]
+        every = set(range(count))
+        named = [Named(view, [normalize(q)]) for q in matcher.queries]
         first, start, skip = (-after[0], after[1], after[2]) if after else (count, "", 0)
-        held: dict[int, int] = {}  # position -> how many queries its file holds, once read
+        held: dict[int, int] = {}  # file (owner) -> how many queries it holds, once read
         last: list[Any] | None = None  # the key of the last result on the page
         for group in range(first, 0, -1):
-            walk = _walk_named(view, spans, named, group, start if group == first else "")
-            kept = (p for p in walk if held.get(p, group) == group)
-            for pos, relpath in view.named(kept, page.room):
-                data = _read(disk, relpath)
-                self.scanned += 1
-                found = matcher.which(data, every) if data is not None else set()
-                held[pos] = len(found)
+            walk = walk_named(view, spans, named, group, start if group == first else "")
+            kept = ((p, s) for p, s in walk if held.get(view.owners[p], group) == group)
+            for pos, relpath, spots in view.named(kept, page.room):
+                found, rows, hits = self._read(view, disk, matcher, pos, relpath, spots, every)
+                held[view.owners[pos]] = len(found)
                 if len(found) != group:
                     continue
-                rows, hits = _lines(data or b"", matcher)
-                held[pos] = sum(1 for lines in hits if lines)
-                if held[pos] != group:
-                    continue
-                origin = view.provenance(pos, relpath)
-                for number, which in _merge(hits).items():
+                origin = _provenance(view.namespaces, *view.origin(pos, relpath))
+                for number, which in hits:
                     if group == first and relpath == start and number <= skip:
                         continue
                     if not page.add(relpath, rows, number, which, origin):
@@ -1029,169 +223,95 @@ class Searcher:
                     last = [-group, relpath, number]
         return page.results, None
 
+    def _read(self, view: View, disk: CacheFiles, matcher: Matcher, pos: int, relpath: str,
+              spots: set[int] | None, wanted: set[int]) -> tuple[set[int], _Lines,
+                                                                  Iterator[tuple[int, list[int]]]]:
+        """The queries a file holds, its lines, and each line holding one of them, in order.
 
-class _Named:
-    """The positions the index names for some keys (ANDed), asked a chunk of positions at a time.
-
-    A walk in path order that fills its page within its first files asks only about those; one
-    through every file asks in a few chunks that double in size, on a grid fixed from the span's
-    start, so a later group's walk reuses what an earlier one asked. Each question costs about
-    as much as reading ten files, so a key that named few positions in its first chunk is asked
-    once for the whole index instead. Ids that stand far from path order (files added since the
-    index was built whole) are simply named: verifying a few files costs less than asking for
-    them. A key the index cannot narrow, or that names more than `_DENSE` of the positions
-    asked about, names every position from then on.
-    """
-
-    def __init__(self, view: _View, keys: list[str]) -> None:
-        self.view = view
-        usable = view.index.conn is not None and len(view.stale) < len(view)
-        self.expr = view.index.expression(keys) if usable else None
-        self.keys = keys
-        self.asked: dict[int, set[int]] = {}  # chunk start -> the positions named in it
-        self.whole: list[int] | None = None  # every position named, when the ids are scattered
-        self.seen = [0, 0]  # positions named, positions asked about: how dense the key is
-
-    def rate(self) -> float:
-        """The share of positions named so far (a half until asked): sparse keys go first."""
-        return self.seen[0] / self.seen[1] if self.seen[1] else 0.5
-
-    def order(self, lo: int) -> tuple[bool, float]:
-        """Keys known without a question first, then the sparsest."""
-        known = lo in self.asked or self.whole is not None or self.expr is None or \
-            bool(self.seen[1]) and self.rate() > _DENSE
-        return not known, self.rate()
-
-    def within(self, lo: int, hi: int) -> set[int] | None:
-        """Positions in [lo, hi) whose file may hold the keys; None when it may be any of them."""
-        if lo in self.asked:
-            return self.asked[lo]
-        if self.expr is None or self.seen[1] and self.rate() > _DENSE:
-            return None
-        view = self.view
-        stale = view.stale[bisect_left(view.stale, lo):bisect_left(view.stale, hi)]
-        if self.whole is not None or self.seen[1] and self.rate() * len(view) <= _WHOLE:
-            # A sparse key: one question for the whole index costs less than one a chunk.
-            found = self._from_whole(lo, hi)
-        else:
-            found = self._asked(lo, hi)
-        found.update(stale)
-        self.asked[lo] = found
-        self.seen[0] += len(found)
-        self.seen[1] += hi - lo
-        return found
-
-    def _asked(self, lo: int, hi: int) -> set[int]:
-        """Ask the index for the chunk's ids in one range; stray ids are named unasked."""
-        view = self.view
-        run = view.run(lo, hi)
-        if run is None:
-            return set()
-        first, end, stray = run
-        if len(stray) * _SCATTERED > hi - lo:  # scattered ids: ask once for the whole index
-            return self._from_whole(lo, hi)
-        where, top = view.where, len(view.where)
-        found = {where[i] for i in view.index.between(self.expr or "", first, end) if i < top}
-        found.update(where[i] for i in stray if i < top)
-        return {pos for pos in found if lo <= pos < hi}
-
-    def _from_whole(self, lo: int, hi: int) -> set[int]:
-        """The chunk's positions among all the index names, asked of it once for every chunk."""
-        if self.whole is None:
-            named = self.view.index.matching(self.expr or "")
-            self.whole = sorted(self.view.positions(named) or ())
-        return set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
-
-
-def _chunks(span: range) -> Iterator[tuple[int, int]]:
-    """The span cut into chunks of _CHUNK positions, then each twice the one before."""
-    lo, size = span.start, _CHUNK
-    while lo < span.stop:
-        yield lo, min(lo + size, span.stop)
-        lo, size = lo + size, size * 2
-
-
-def _walk_named(view: _View, spans: list[range], named: list[_Named], group: int,
-                start: str) -> Iterator[int]:
-    """Positions in the spans, in order from the path `start` on, named for >= `group` keys."""
-    for span in spans:
-        lo = min(max(view.find(start, span.start) if start else span.start, span.start),
-                 span.stop)
-        for first, end in _chunks(span):
-            if end <= lo:
-                continue
-            allowed = _at_least(named, group, first, end)
-            if allowed is None:
-                yield from range(max(lo, first), end)
-            else:
-                yield from sorted(p for p in allowed if p >= lo)
-
-
-def _at_least(named: list[_Named], group: int, lo: int, hi: int) -> set[int] | None:
-    """Positions in [lo, hi) named for at least `group` of the keys; None for all of them.
-
-    Keys known without a question come first, then the sparsest. Once few positions can still
-    reach `group`, the others are not asked: reading those few files verifies them for less.
-    Every key is asked at least once, though: its first answer tells a sparse key, which is
-    then asked of the whole index at once (see `_Named`).
-    """
-    counts: dict[int, int] = {}
-    keys = sorted(named, key=lambda key: key.order(lo))
-    left, anywhere = len(keys), 0
-    for done, each in enumerate(keys, 1):
-        found = each.within(lo, hi)
-        left -= 1
-        if found is None:
-            anywhere += 1
-        else:
-            for pos in found:
-                counts[pos] = counts.get(pos, 0) + 1
-        need = group - anywhere - left  # what a position must have been named for so far
-        if left + anywhere < group and len(counts) * _FEW <= hi - lo and all(
-                key.seen[1] for key in keys[done:]):
-            return {pos for pos, n in counts.items() if n >= need}
-    need = group - anywhere
-    return None if need <= 0 else {pos for pos, n in counts.items() if n >= need}
-
-
-def _lines(data: bytes, matcher: _Matcher) -> tuple[list[str], list[set[int]]]:
-    """The file's lines and, per needle, the 1-based numbers of the lines containing it."""
-    hay = matcher.folded(data)
-    hits = []
-    for needle in matcher.needles:
-        lines: set[int] = set()
-        pos, line, counted = hay.find(needle), 1, 0
-        while pos >= 0:
-            line += hay.count("\n", counted, pos)
-            lines.add(line)
-            counted = hay.find("\n", pos)
-            if counted < 0:
+        Only the parts of the file the index named (`spots`) are looked in: no other can hold a
+        query. The lines holding a query are found part by part as the page takes them, and a
+        line is decoded only when a result shows it.
+        """
+        data = read_cached(disk, relpath)
+        self.scanned += 1
+        if data is None:
+            return set(), _Lines(b""), iter(())
+        ranges = view.regions(data, pos, spots)
+        found: set[int] = set()
+        for lo, hi in _joined(ranges):  # parts side by side, looked in at once
+            found |= matcher.which(data if (lo, hi) == (0, len(data)) else data[lo:hi],
+                                   wanted - found)
+            if found == wanted:
                 break
-            pos = hay.find(needle, counted)
-        hits.append(lines)
-    if not any(hits):
-        return [], hits
-    text = data.decode("utf-8", "replace")
-    rows = text.split("\n")
-    if text.endswith("\n"):
-        rows.pop()
-    return rows, hits
+        pieces = [(lo, data if (lo, hi) == (0, len(data)) else data[lo:hi]) for lo, hi in ranges]
+        lines = _Lines(data)
+        return found, lines, _hits(data, pieces, matcher, lines) if found else iter(())
 
 
-def _read(disk: CacheFiles, relpath: str) -> bytes | None:
-    """A cached file's bytes; None when it is missing, a link (never followed) or unreadable."""
-    try:
-        return disk.read(relpath)
-    except SharedMemoryError:
-        return None
+def _joined(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The byte ranges with those side by side made one."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
 
 
-def _folder(query: Query) -> Callable[[str], str]:
-    if query.normalized:
-        return normalize
-    if not query.case_sensitive:
-        return str.casefold
-    return lambda text: text
+def _hits(data: bytes, pieces: list[tuple[int, bytes]], matcher: Matcher,
+          lines: _Lines) -> Iterator[tuple[int, list[int]]]:
+    """Each line of the pieces holding a query, and the queries it holds, in line order."""
+    line, counted = 0, 0  # line breaks before the piece
+    for lo, piece in pieces:
+        line += data.count(b"\n", counted, lo)
+        counted = lo
+        lines.parts.append((line + 1, lo, piece))
+        yield from ((n + line, which) for n, which in _merge(matcher.numbers(piece)).items())
+
+
+class _Lines:
+    """A file's lines by number, each decoded when a result shows it (a few, of many)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.parts: list[tuple[int, int, bytes]] = []  # (first line, start, bytes) of parts read
+        self.rows: dict[int, list[bytes]] = {}  # part (its first line) -> its lines
+
+    def get(self, number: int) -> str | None:
+        """The text of line `number`, None past the last line.
+
+        A line of a part read comes from that part's lines, split once; one around it (a
+        result's context) is walked to from the nearest part, a few lines.
+        """
+        if number < 1:
+            return None
+        data, line, at = self.data, 1, 0
+        for first, lo, piece in self.parts:
+            if first > number:
+                if first - number <= _CLOSE:  # a few lines before this part
+                    line, at = first, lo
+                    while line > number:
+                        at = data.rfind(b"\n", 0, at - 1) + 1
+                        line -= 1
+                break
+            rows = self.rows.get(first)
+            if rows is None:
+                rows = self.rows[first] = piece.split(b"\n")
+                if piece.endswith(b"\n"):
+                    rows.pop()
+            if number < first + len(rows):
+                return rows[number - first].decode("utf-8", "replace")
+            line, at = first + len(rows), lo + len(piece)  # the line after the part
+        while line < number:
+            end = data.find(b"\n", at)
+            if end < 0 or end + 1 >= len(data):
+                return None
+            line, at = line + 1, end + 1
+        if at >= len(data):
+            return None
+        end = data.find(b"\n", at)
+        return data[at:end if end >= 0 else len(data)].decode("utf-8", "replace")
 
 
 def _merge(hits: list[set[int]]) -> dict[int, list[int]]:
@@ -1208,16 +328,17 @@ def _clip(line: str) -> str:
     return line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + "…"
 
 
-def _result(query: Query, relpath: str, lines: list[str], number: int, which: Iterable[int],
-            origin: dict[str, Any]) -> dict[str, Any]:
+def _result(query: Query, relpath: str, lines: _Lines, number: int,
+            which: Iterable[int], origin: dict[str, Any]) -> dict[str, Any]:
     width = query.context_lines
-    start = max(0, number - 1 - width)
     return {
         "path": relpath,
         "line_number": number,
-        "line": _clip(lines[number - 1]),
-        "context_before": [_clip(x) for x in lines[start:number - 1]],
-        "context_after": [_clip(x) for x in lines[number:number + width]],
+        "line": _clip(lines.get(number) or ""),
+        "context_before": [_clip(lines.get(n) or "")
+                           for n in range(max(1, number - width), number)],
+        "context_after": [_clip(text) for n in range(number + 1, number + width + 1)
+                          if (text := lines.get(n)) is not None],
         "matched_queries": [query.queries[i] for i in which],
         **origin,
     }
@@ -1226,11 +347,17 @@ def _result(query: Query, relpath: str, lines: list[str], number: int, which: It
 def provenance(manifest: Manifest, relpath: str) -> dict[str, Any]:
     """Where a cached file came from: machine, source, content address, when it was synced."""
     meta = manifest.files.get(relpath)
-    info = manifest.namespaces.get(meta.namespace) if meta else None
+    return _provenance(manifest.namespaces, *((meta.sha256, meta.namespace) if meta else
+                                              (None, None)))
+
+
+def _provenance(namespaces: dict[str, NamespaceInfo], sha256: str | None,
+                namespace: str | None) -> dict[str, Any]:
+    info = namespaces.get(namespace) if namespace is not None else None
     return {
         "machine": info.machine if info else None,
         "source": info.source if info else None,
-        "sha256": meta.sha256 if meta else None,
+        "sha256": sha256,
         "synced_at": info.synced_at if info else None,
     }
 

@@ -223,20 +223,21 @@ class CacheUpdate:
         return intake
 
     def commit(self, pulled: Pulled) -> dict[str, Any]:
-        """Write what was pulled into the cache, then index the files written, in this run.
+        """Write what was pulled into the cache, then bring the search index up to date.
 
-        The staged texts move in, then the manifest. So no search after a sync scans files
-        the index lacks. Without an index to update, it is built whole only when
-        `build_index` says so (the installer's first sync): a sync on the schedule leaves
-        that to the first search, which builds it in the background and scans meanwhile. The
-        index is derived data: if it cannot be written, the sync still succeeds and searches
-        scan what it lacks.
+        The staged texts move in, then the manifest. Then `update_index` indexes the files
+        written (a few in this run, many in a background `index` this run does not wait for),
+        and an index behind the cache (a background build that a later sync overtook) is
+        refreshed. Without an index to update, it is built only when `build_index` says so
+        (the installer's first sync): a sync on the schedule leaves that to the first search,
+        which builds it in the background and scans meanwhile. The index is derived data: if
+        it cannot be written, the sync still succeeds and searches scan what it lacks.
         """
         self.staging.wait()
         indexed = self.build_index or (self.cache.meta / INDEX_DIR).exists()
-        if indexed:  # no index, none to build: the search module is not even loaded
-            from sharedmem.cache import search
-        mark = search.index_mark(self.cache) if indexed else None
+        if indexed:  # no index, none to build: the search index's module is not even loaded
+            from sharedmem.cache import search_index
+        mark = search_index.index_mark(self.cache) if indexed else None
         checked = self.checked or NOTHING_CHECKED
         rebuilt, self.rebuilt = self.rebuilt, None
         committed = self.cache.commit(pulled.intake, pulled.removed, pulled.namespaces,
@@ -245,14 +246,14 @@ class CacheUpdate:
         outcome = committed.report
         if checked.damaged or rebuilt is not None:
             outcome["repaired"] = {"files": len(checked.damaged), "records": rebuilt is not None}
-        if mark is None and not self.build_index:
+        if not indexed:
             return outcome
         # A time re-recorded is no change of text; a file rewritten at its sha256 is re-read.
         written, removed = committed.written, committed.removed
         if written or removed or mark is None:
             self.progress(f"search index: updating for {len(written) + len(removed)} files")
             try:
-                search.update_index(self.cache, written, removed, mark)
+                search_index.update_index(self.cache, written, removed, mark)
             except SharedMemoryError as exc:
                 outcome["index_error"] = str(exc)
         return outcome

@@ -137,21 +137,26 @@ def build_index(sub: Any) -> None:
     where.add_argument("--cache", help="the cache folder itself")
     p.add_argument("--background", action="store_true",
                    help="run only on idle CPU time and print nothing (how search starts it)")
+    p.add_argument("--after", type=int, metavar="PID",
+                   help="first wait until process PID has ended (how a sync starts it)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run_index)
 
 
 def run_index(args: Any) -> int:
-    from sharedmem.cache import search
+    from sharedmem.cache import search_index
     from sharedmem.cache.cache import Cache
     from sharedmem.core import ConfigError
     root = load_config(args.config).cache if args.config else user_path(args.cache)
     if not Cache(root).exists():
         raise ConfigError(f"{root} is not a synced cache (no .sharedmem/manifest.sqlite3): run "
                           "`shared_memory.py sync --config PATH` first")
+    if args.after is not None and os.name != "nt":
+        search_index.wait_for_exit(args.after, search_index.BACKGROUND_WAIT)
     if args.background:
         _lowest_priority()
-    result = search.refresh_index(Cache(root))
+    result = search_index.refresh_index(Cache(root), search_index.BACKGROUND_WAIT
+                                        if args.background else search_index.WRITER_WAIT)
     if not args.background:
         emit(result, args.json, f"index: {result['changed']} files refreshed, "
                                  f"{result['files']} indexed")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sharedmem.clock import utc_now
 from sharedmem.core import LockError
+from sharedmem.files import try_lock
 
 # How long `sync` waits for the lock by default: runs are scheduled every two minutes, and a
 # note's delivery holds the lock for seconds; below the interval, so waiting runs never pile up.
@@ -41,7 +42,7 @@ def sync_lock(state: Path, wait: float = 0.0, waiting: Waiting | None = None,
     started = time.monotonic()
     told: tuple[str, float] | None = None  # the holder last described, and when
     try:
-        while not _try_lock(fd):
+        while not try_lock(fd):
             what, who = _holder(fd)
             now = time.monotonic()
             if now - started >= wait:
@@ -98,7 +99,7 @@ def delivery_lock_file(state: Path, name: str = DELIVERY_LOCK) -> Iterator[int |
     state.mkdir(parents=True, exist_ok=True)
     fd = os.open(state / name, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        yield fd if _try_lock(fd) else None
+        yield fd if try_lock(fd) else None
     finally:
         os.close(fd)
 
@@ -116,7 +117,7 @@ def adopt_lock(state: Path, fd: int) -> contextlib.AbstractContextManager[bool] 
         return None
     if (handed.st_dev, handed.st_ino) != (lock.st_dev, lock.st_ino):
         return None
-    if not _try_lock(fd):
+    if not try_lock(fd):
         os.close(fd)
         return None
     os.set_inheritable(fd, False)  # handed over once: nothing this process starts holds it
@@ -129,19 +130,3 @@ def _closed_after(fd: int) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
-
-
-def _try_lock(fd: int) -> bool:
-    if os.name == "nt":  # pragma: no cover - exercised on Windows only
-        import msvcrt
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-            return True
-        except OSError:
-            return False
-    import fcntl
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False

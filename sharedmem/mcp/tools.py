@@ -444,7 +444,8 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
            case_sensitive: bool | None = None, normalized: bool | None = None,
            max_results: int | None = None) -> dict[str, Any]:
     """Lines containing the queries as substrings, most relevant files first, one page."""
-    from sharedmem.cache.search import Query, normalize, searcher
+    from sharedmem.cache.folding import normalize
+    from sharedmem.cache.search import Query, searcher
     if not isinstance(queries, list) or not 1 <= len(queries) <= MAX_QUERIES:
         raise ToolArgumentError(f"queries must be a list of 1 to {MAX_QUERIES} strings, e.g. "
                                 "[\"release\"]")
@@ -473,10 +474,12 @@ def search(cache: Cache, queries: list[str], match_mode: str | None = None,
     damage = cache.check(verify=False)  # the search reads its texts from its index
     if damage is not None:
         raise CacheError(f"{REPAIRING}; {damage}")
-    results, last = searcher(cache).search(query, after, limit, budget)
+    found = searcher(cache)
+    results, last = found.search(query, after, limit, budget)
+    note = found.index.read_only  # a read-only cache: how its index was (not) used
     return {"queries": query.queries, "match_mode": mode, "path": folder, "results": results,
             "next_cursor": _encode_cursor({"f": fingerprint, "k": last}) if last else None,
-            "capped": last is not None and len(results) < limit}
+            "capped": last is not None and len(results) < limit, **({"note": note} if note else {})}
 
 
 def _query_problem(number: int, query: object,
@@ -608,7 +611,7 @@ def format_text(tool: str, result: dict[str, Any]) -> str:
             rows.append(f"{hit['path']}:{number}:{hit['line']}")
             rows.extend(f"{hit['path']}-{number + 1 + i}-{line}"
                         for i, line in enumerate(hit["context_after"]))
-        rows = rows or ["no matches"]
+        rows = (rows or ["no matches"]) + ([f"({result['note']})"] if result.get("note") else [])
     else:
         rows = [f"note {result.get('filename')}: {result.get('status', 'done')}"
                 + (f" at {result['path']}" if result.get("path") else "")]
@@ -702,8 +705,9 @@ TOOLS: list[dict[str, Any]] = [
                            **_CAPPED, **_PROVENANCE},
                           ("path", "lines", "total_lines", "truncated"))},
     {"name": "search", "title": "Search shared memory",
-     "description": "Find lines containing any (or, with match_mode 'all', every) of up to 16 "
-     "substrings across the shared memory cache. Matching is by substring and case-sensitive by "
+     "description": "Find lines containing any of up to 16 substrings across the shared memory "
+     "cache (with match_mode 'all', only in files that contain every query). Matching is by "
+     "substring and case-sensitive by "
      "default; set case_sensitive false to ignore case, or normalized true to also ignore accents "
      "and Unicode forms. Files matching more of the queries come first, then by path, lines in "
      "order. Page with "
@@ -722,12 +726,14 @@ TOOLS: list[dict[str, Any]] = [
                                 minimum=0, maximum=10),
          "case_sensitive": _prop("boolean", "match case exactly (default true)"),
          "normalized": _prop("boolean", "ignore case, accents, Unicode form and repeated spaces "
-                             "(default false)"),
+                             "(a CRLF line's carriage return is no space; default false)"),
          "max_results": _prop("integer", "matching lines per page, 1-200 (default 50)", minimum=1,
                               maximum=SEARCH_MAX)}, ("queries",), closed=True),
      "outputSchema": _obj({"queries": {"type": "array", "items": {"type": "string"}},
                            "match_mode": {"type": "string"}, "path": {"type": "string"},
-                           "results": {"type": "array", "items": _ANY}, **_NEXT, **_CAPPED},
+                           "results": {"type": "array", "items": _ANY}, **_NEXT, **_CAPPED,
+                           "note": {"type": "string", "description": "set on a read-only cache: "
+                                    "how its search index was used"}},
                           ("queries", "results"))},
     {"name": "add_ad_hoc_note", "title": "Add a shared memory note",
      "description": "Store a new note in the shared memory for every machine, ONLY when the user "

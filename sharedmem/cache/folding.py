@@ -1,0 +1,61 @@
+"""The folding of a `normalized` search: case, accents, Unicode forms and runs of blanks.
+
+The search index holds each file's text folded this way, and a `normalized` query is folded the
+same before it is compared with a file's folded lines.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+_MARKED = re.compile(r"[^\x00-\u02ff]")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+# The blanks (str.isspace, but the line break) that NFKC leaves as they are: it makes the others
+# a space. tests/test_folding.py checks this against Python's own Unicode tables.
+FOLDED_BLANKS = "\t\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\u1680\u2028\u2029"
+_TO_SPACE = str.maketrans(dict.fromkeys(FOLDED_BLANKS, " "))
+_SPACE_RUN = re.compile("  +")
+
+
+def normalize(text: str) -> str:
+    """NFKC, casefold, drop accents, collapse blanks: so `decision` finds `Décision`.
+
+    The carriage return of a CRLF line goes first, so a line folds alike with either ending.
+    Line breaks survive, so line numbers in the normalized text are those of the original.
+    ASCII is only lowered (the Unicode steps leave it as it is). In a text mostly ASCII, only
+    the lines holding other characters take the Unicode steps, each line on its own: a line
+    break never combines with a neighbour, so that is the same as folding the whole text.
+    """
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+    if text.isascii():
+        text = text.lower()
+    elif (len(text.encode("utf-8", "surrogatepass")) - len(text)) * 8 > len(text):
+        text = unicode_fold(text)  # much of it is not ASCII: at once
+    else:
+        parts, pos = [], 0
+        while found := _NON_ASCII.search(text, pos):
+            start = text.rfind("\n", pos, found.start()) + 1
+            end = text.find("\n", found.end())
+            end = len(text) if end < 0 else end
+            parts.append(text[pos:start].lower())
+            parts.append(unicode_fold(text[start:end]))
+            pos = end
+        parts.append(text[pos:].lower())
+        text = "".join(parts)
+    if any(c in text for c in FOLDED_BLANKS):
+        text = text.translate(_TO_SPACE)
+    return _SPACE_RUN.sub(" ", text) if "  " in text else text
+
+
+def unicode_fold(text: str) -> str:
+    """The Unicode steps alone: NFKC, casefold, then NFD with the combining marks taken out.
+
+    `normalize` but for its blanks, and for the carriage return of a CRLF line.
+    """
+    text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text).casefold())
+    if not text.isascii():
+        for mark in {c for c in _MARKED.findall(text) if unicodedata.combining(c)}:
+            text = text.replace(mark, "")
+    return text

@@ -1,0 +1,627 @@
+"""The search index as a search reads it: what it names for a query, a chunk of files at a time.
+
+A search (search.py) reads the index in one read transaction (`IndexReader`), through a view of
+every searchable file's parts in path order (`View`), and asks which positions can hold its
+queries (`Named`), a chunk of positions at a time in path order (`walk_named`), so that a page
+that fills within its first files asks about those alone. The index only ever narrows: each
+position it names is verified against the real file.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from array import array
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
+from sharedmem.cache.matching import utf8
+from sharedmem.cache.search_index import (
+    READ_ERRORS,
+    TEXT_END,
+    delete_damaged,
+    index_path,
+    inverse,
+    is_busy,
+    is_planted,
+    read_only_uri,
+    segments,
+)
+from sharedmem.core import CacheError
+
+_MAX_GRAMS = 16  # trigrams of one key asked of the index, at most
+_DENSE = 0.3  # an index naming more than this share of files does not narrow a page in order
+_CHUNK = 1024  # positions a walk first asks the index about; each next chunk doubles
+_SCATTERED = 8  # more than 1/8 of a chunk's ids far from path order: the index asked whole
+_FEW = 128  # candidates under 1/128 of a chunk are verified by reading, other keys unasked
+_WHOLE = 4096  # a key that names at most about this many files is asked of the whole index
+_RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`View.run`)
+_BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
+_SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looked up (scanned)
+
+
+class IndexLost(CacheError):
+    """The index failed in the middle of a search: that search starts again without it.
+
+    Never seen outside `Searcher.search`.
+    """
+
+
+class IndexReader:
+    """A read-only view of the index file, read in one transaction per search."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache, self.path = cache, index_path(cache)
+        self.conn: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None  # the file this connection reads
+        self._vocab = False  # the connection's view of the index's terms is made (`_short`)
+        self.read_only: str | None = None  # what the last `begin` met on a read-only cache
+
+    def begin(self) -> dict[str, str] | None:
+        """Start a read transaction; the index's meta rows, or None when there is no index.
+
+        A file put in place of the one this connection reads (a rebuild) is reopened. An index
+        that cannot be read is deleted (see `_unreadable`), so the searches scan and the next
+        refresh builds it again. On a cache this process cannot write, SQLite cannot open the
+        index as usual (WAL needs its shared-memory file): see `_frozen`.
+        """
+        try:
+            try:
+                info = os.stat(self.path)
+            except OSError:
+                info = None
+            if self.conn is not None and (info is None or (info.st_dev, info.st_ino)
+                                          != self._identity or self.read_only is not None
+                                          and os.access(self.path.parent, os.W_OK)):
+                self.close()  # replaced, or a read-only cache that can be written again
+            if self.conn is None:
+                self.read_only = None
+                if is_planted(self.path):
+                    delete_damaged(self.cache)
+                    return None
+                if info is None or not stat.S_ISREG(info.st_mode):
+                    return None
+                self._open(info, "")
+            return self._meta()
+        except (*READ_ERRORS, OSError) as exc:
+            meta = self._frozen(exc)
+            if meta is None and self.read_only is None:
+                self._unreadable(exc)
+            return meta
+
+    def _open(self, info: os.stat_result, options: str) -> None:
+        assert self.conn is None
+        self.conn = sqlite3.connect(read_only_uri(self.path, options), uri=True,
+                                    timeout=10, isolation_level=None, check_same_thread=False)
+        self._identity = (info.st_dev, info.st_ino)
+
+    def _meta(self) -> dict[str, str]:
+        assert self.conn is not None
+        self.conn.execute("BEGIN")
+        return {str(k): str(v) for k, v in self.conn.execute("SELECT key, value FROM meta")}
+
+    def _frozen(self, exc: Exception) -> dict[str, str] | None:
+        """The meta rows of an index read as it stands on a read-only file system, or None.
+
+        Only when SQLite could not open it (SQLITE_CANTOPEN or SQLITE_READONLY) and its folder
+        cannot be written; then nothing is deleted, and `read_only` says what the search did.
+        On a read-only file system with no WAL left beside the index, no writer can change it,
+        so it is read as an immutable file; otherwise the search reads every file.
+        """
+        code = getattr(exc, "sqlite_errorcode", 0) if isinstance(exc, sqlite3.Error) else 0
+        if code & 0xFF not in (8, 14) or os.access(self.path.parent, os.W_OK):
+            return None
+        self.close()
+        self.read_only = ("the cache is read-only and its search index cannot be opened "
+                          "there: every file was read (the same results, slower)")
+        try:
+            info = os.stat(self.path)
+            frozen = os.statvfs(self.path).f_flag & os.ST_RDONLY  # type: ignore[attr-defined]
+            if frozen and not os.path.lexists(f"{self.path}-wal"):
+                self._open(info, "&immutable=1")
+                meta = self._meta()
+                self.read_only = "the cache is read-only: its search index was read as it stands"
+                return meta
+        except (*READ_ERRORS, OSError, AttributeError):
+            self.close()
+        return None
+
+    def end(self) -> None:
+        """End the read transaction (a later search sees what a refresh committed since)."""
+        if self.conn is not None and self.conn.in_transaction:
+            try:
+                self.conn.execute("COMMIT")
+            except READ_ERRORS:
+                self.close()
+
+    def close(self) -> None:
+        """Forget the connection so the next search reopens (or scans)."""
+        if self.conn is not None:
+            self.conn.close()
+        self.conn, self._identity, self._vocab, self.read_only = None, None, False, None
+
+    def _unreadable(self, exc: Exception) -> None:
+        """Close, and delete the file unless it is only locked by SQLite.
+
+        Only the very file this connection read is deleted, not one a refresh has put in its
+        place since, and none while a writer holds the index (see `delete_damaged`).
+        """
+        identity = self._identity
+        self.close()
+        if not isinstance(exc, OSError) and not is_busy(exc) and identity is not None:
+            delete_damaged(self.cache, identity)
+
+    def damaged(self) -> IndexLost:
+        """Values of the wrong kind where the index vouches: damage, deleted like any other."""
+        self._unreadable(TypeError("a value of the wrong kind"))
+        return IndexLost()
+
+    def rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        """Run a query in the current transaction; a failure is `IndexLost`."""
+        if self.conn is None:
+            raise IndexLost
+        try:
+            return self.conn.execute(sql, args).fetchall()
+        except READ_ERRORS as exc:
+            self._unreadable(exc)
+            raise IndexLost from None
+
+    def order(self, meta: dict[str, str]) -> tuple[array[int], array[int], array[int] | None]:
+        """The parts' rows in path order, whose file each is, and where each row stands.
+
+        From `orders` when the index has it stored for this generation, else from `files`.
+        """
+        key = meta.get("order", "")
+        if key.split("/")[0] == meta.get("generation"):
+            rows = self.rows("SELECT ids, owners, positions FROM orders WHERE key=?", (key,))
+            if rows and all(isinstance(v, bytes) and len(v) % 8 == 0 for v in rows[0]):
+                ids, owners, where = array("q"), array("q"), array("q")
+                for values, blob in zip((ids, owners, where), rows[0], strict=True):
+                    values.frombytes(blob)
+                if len(owners) == len(ids) and len(where) >= len(ids):  # as it is stored
+                    return ids, owners, where
+        ids, owners = array("q"), array("q")
+        for file_id, first, parts in self.rows("SELECT id, first, parts FROM files ORDER BY path"):
+            if not all(type(v) is int for v in (file_id, first, parts)):
+                raise self.damaged()
+            ids.extend(range(first, first + parts))
+            owners.extend([file_id] * parts)
+        return ids, owners, None
+
+    def matching(self, expr: str) -> array[int]:
+        """Ids of the files the MATCH `expr` names."""
+        return self._ids("", (expr,))
+
+    def expression(self, keys: Iterable[str], files: int) -> str | None:
+        """The MATCH of files that may hold every key; None when no key narrows them.
+
+        A key of three characters or more is its trigrams (`_match`); a shorter one is any of
+        the trigrams it begins (`_short`; `files`, how many the index holds, tells it when the
+        key is in too many of them to narrow). All of them go in one MATCH, so SQLite
+        intersects them: a few files can hold all of several common words.
+        """
+        keys = list(keys)
+        parts = [expr] if (expr := _match(keys)) is not None else []
+        for key in keys:
+            if 0 < len(key) < 3 and (expr := self._short(key, files)) is not None:
+                parts.append(expr)
+        return " AND ".join(parts) or None
+
+    def _short(self, key: str, files: int) -> str | None:
+        """Any trigram of the index that `key` (one or two characters) begins; None if too many.
+
+        The index's terms from `key` on are read in order up to the first the key cannot begin
+        (`fts5vocab`, which counts the files of each term it reads), and no further once they
+        are more than `_SHORT_TERMS` or name more than `_DENSE` of the `files` between them: a
+        key that common fills a page from the first files read in path order. None of them: no
+        file holds the key, and the MATCH of the key padded with line breaks, a trigram it
+        would begin, names none.
+        """
+        if self.conn is None or utf8(key) is None:
+            return None
+        if not self._vocab:
+            self.rows("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING "
+                      "fts5vocab(main, grams, 'row')")
+            self._vocab = True
+        after = ord(key[-1]) + 1  # the first character past those the key's terms can have
+        query, args = "SELECT term, doc FROM temp.vocab WHERE term >= ?", (key,)
+        if after <= 0x10FFFF:
+            query += " AND term < ?"
+            args += (key[:-1] + chr(0xE000 if 0xD800 <= after < 0xE000 else after),)
+        terms: list[str] = []
+        named = 0
+        try:
+            for term, docs in self.conn.execute(query, args):
+                if not isinstance(term, str) or not isinstance(docs, int):
+                    raise self.damaged()
+                if not term.startswith(key):
+                    break
+                terms.append(term)
+                named += docs
+                if len(terms) > _SHORT_TERMS or named > _DENSE * files:
+                    return None
+        except READ_ERRORS as exc:
+            self._unreadable(exc)
+            raise IndexLost from None
+        return "(" + " OR ".join(_quoted(t) for t in terms or [key + TEXT_END[:3 - len(key)]]) + ")"
+
+    def between(self, expr: str, lo: int, hi: int) -> array[int]:
+        """Ids from `lo` to `hi` of the files the MATCH `expr` names: one seek into each list."""
+        return self._ids(" AND rowid BETWEEN ? AND ?", (expr, lo, hi))
+
+    def _ids(self, bounds: str, args: tuple[Any, ...]) -> array[int]:
+        found = self.rows(f"SELECT group_concat(rowid) FROM grams WHERE grams MATCH ?{bounds}",
+                          args)[0][0]
+        if found is not None and not isinstance(found, str):
+            raise self.damaged()
+        return array("q", map(int, found.split(","))) if found else array("q")
+
+
+def _match(keys: Iterable[str]) -> str | None:
+    """The FTS5 MATCH of every key's trigrams ANDed; None when no key has three characters.
+
+    Every trigram of a key, so those across the words of a phrase narrow it too (each is in
+    fewer files than the words alone), and at most `_MAX_GRAMS` of them, spread along a long
+    key. Also None for a lone surrogate, which SQLite cannot take.
+    """
+    grams: set[str] = set()
+    for key in keys:
+        own = list(dict.fromkeys(key[i:i + 3] for i in range(len(key) - 2)))
+        if len(own) > _MAX_GRAMS:
+            step = (len(own) - 1) / (_MAX_GRAMS - 1)
+            own = [own[round(i * step)] for i in range(_MAX_GRAMS)]
+        grams.update(own)
+    if not grams:
+        return None
+    expr = " AND ".join(_quoted(g) for g in sorted(grams))
+    return expr if utf8(expr) is not None else None
+
+
+def _quoted(term: str) -> str:
+    """A term as an FTS5 string."""
+    return '"' + term.replace('"', '""') + '"'
+
+
+
+class View:
+    """Every searchable file in path order, each in its parts, by position.
+
+    A position is one part of a file the index vouches for (its `grams` row in `ids`, its file
+    in `owners`; a file's parts stand side by side), or a whole file it does not (id -1, an owner
+    of its own below 0), which is always read. Built once per manifest and index generation.
+    When the index covers the manifest whole only these arrays are held (paths are asked of the
+    index); otherwise the manifest is loaded and each position's path is held.
+    """
+
+    def __init__(self, index: IndexReader, ids: array[int], owners: array[int],
+                 paths: list[str] | None, manifest: Manifest | None,
+                 namespaces: dict[str, NamespaceInfo], where: array[int] | None = None) -> None:
+        self.index, self.ids, self.owners, self.paths = index, ids, owners, paths
+        self.manifest, self.namespaces = manifest, namespaces
+        # Only a view from the manifest has positions the index does not vouch for.
+        self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
+        self.where = where if where is not None else inverse(ids)
+        self.runs: dict[tuple[int, int], tuple[int, int, list[int]] | None] = {}  # `run`
+        # file id -> (sha256, namespace) of the batch `named` asked last, for `origin`.
+        self.origins: dict[Any, tuple[Any, Any]] = {}
+
+    @classmethod
+    def of_manifest(cls, index: IndexReader, manifest: Manifest, indexed: bool) -> View:
+        """The view of the whole manifest, each file vouched for only at its sha256."""
+        known = {row[1]: row for row in index.rows(
+            "SELECT id, path, sha256, first, parts FROM files")} if indexed else {}
+        ids, owners, paths = array("q"), array("q"), []
+        for relpath, meta in sorted(manifest.files.items()):
+            row = known.get(relpath)
+            if row is not None and row[2] == meta.sha256:
+                file_id, _, _, first, parts = row
+                if not all(type(v) is int for v in (file_id, first, parts)):
+                    raise index.damaged()
+                ids.extend(range(first, first + parts))
+                owners.extend([file_id] * parts)
+                paths.extend([relpath] * parts)
+            else:
+                ids.append(-1)
+                owners.append(-1 - len(paths))
+                paths.append(relpath)
+        return cls(index, ids, owners, paths, manifest, manifest.namespaces)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def path(self, pos: int) -> str:
+        """The path of the file at a position."""
+        if self.paths is not None:
+            return self.paths[pos]
+        rows = self.index.rows("SELECT path FROM files WHERE id=?", (self.owners[pos],))
+        if not rows or not isinstance(rows[0][0], str):
+            raise self.index.damaged()
+        return rows[0][0]
+
+    def regions(self, data: bytes, pos: int, spots: set[int] | None) -> list[tuple[int, int]]:
+        """The byte ranges of `data`, in order, of the parts of its file at the positions `spots`.
+
+        Each of its parts for None; all of it at once for a file the index does not vouch for,
+        or for bytes that are not those the index cut in parts (the file changed on disk).
+        """
+        if self.ids[pos] < 0:
+            return [(0, len(data))]
+        owner, head = self.owners[pos], pos  # the file's first part
+        while head and self.owners[head - 1] == owner:
+            head -= 1
+        end = head + 1
+        while end < len(self.owners) and self.owners[end] == owner:
+            end += 1
+        if end == head + 1:
+            return [(0, len(data))]  # a file of one part
+        parts = range(end - head) if spots is None else sorted(p - head for p in spots)
+        bounds = segments(data)
+        if len(bounds) - 1 != end - head:
+            return [(0, len(data))]
+        return [(bounds[k], bounds[k + 1]) for k in parts]
+
+    def named(self, items: Iterable[tuple[int, set[int] | None]],
+              room: Callable[[], int] = lambda: _BATCH) -> Iterator[tuple[int, str,
+                                                                          set[int] | None]]:
+        """Each item (a position and its file's positions named) with the file's path.
+
+        The paths are asked of the index a batch at a time. Batches start small and double,
+        never past `room()` (what the page could still take if each file held one result): each
+        item taken into a batch is one the walk had to find, and finding items past those the
+        page reads asks the index about chunks it never needed.
+        """
+        if self.paths is not None:
+            yield from ((pos, self.paths[pos], spots) for pos, spots in items)
+            return
+        walk, size = iter(items), 16
+        while batch := list(islice(walk, max(1, min(size, room())))):
+            wanted = [self.owners[pos] for pos, _ in batch]
+            found: dict[Any, Any] = {}
+            origins = self.origins = {}
+            for row_id, relpath, sha, namespace in self.index.rows(
+                    "SELECT id, path, sha256, namespace FROM files WHERE id IN "
+                    f"({','.join('?' * len(wanted))})", tuple(wanted)):
+                found[row_id] = relpath
+                origins[row_id] = (sha, namespace)
+            for (pos, spots), row_id in zip(batch, wanted, strict=True):
+                relpath = found.get(row_id)
+                if not isinstance(relpath, str):
+                    raise self.index.damaged()
+                yield pos, relpath, spots
+            size = min(size * 2, _BATCH)
+
+    def origin(self, pos: int, relpath: str) -> tuple[str | None, str | None]:
+        """The file's sha256 and namespace, as the manifest has them.
+
+        A file `named` just gave has them from the same query as its path.
+        """
+        if self.manifest is not None:
+            meta = self.manifest.files.get(relpath)
+            return (meta.sha256, meta.namespace) if meta else (None, None)
+        row = self.origins.get(self.owners[pos])
+        if row is None:
+            rows = self.index.rows("SELECT sha256, namespace FROM files WHERE id=?",
+                                   (self.owners[pos],))
+            row = rows[0] if rows else (None, None)
+        if not all(isinstance(v, str) for v in row):
+            raise self.index.damaged()
+        return row[0], row[1]
+
+    def find(self, relpath: str, lo: int = 0) -> int:
+        """The first position whose path is not below `relpath`."""
+        hi = len(self.ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.path(mid) < relpath:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def scope(self, folder: str | None) -> list[range]:
+        """The positions under `folder` (a contiguous run in path order), and the file itself."""
+        if not folder:
+            return [range(len(self.ids))]
+        prefix = folder.rstrip("/") + "/"
+        own = self.find(folder)
+        spans = [range(own, self.find(folder + "\x00", own))] \
+            if own < len(self.ids) and self.path(own) == folder else []
+        lo = self.find(prefix)
+        return spans + [range(lo, self.find(prefix[:-1] + "0", lo))]
+
+    def run(self, lo: int, hi: int) -> tuple[int, int, list[int]] | None:
+        """The first and last id of the main run of the ids at [lo, hi), and those beside it.
+
+        A run is ids no further apart than the chunk's length: all of them in an index built
+        whole in path order. None when the index vouches for none of the positions.
+        """
+        if (lo, hi) in self.runs:
+            return self.runs[lo, hi]
+        ids = sorted(self.ids[lo:hi])
+        ids = ids[bisect_left(ids, 0):]
+        found: tuple[int, int, list[int]] | None = (ids[0], ids[-1], []) if ids else None
+        size = hi - lo
+        if ids and ids[-1] - ids[0] > 2 * size:
+            runs, begin = [], 0
+            for n in range(1, len(ids) + 1):
+                if n == len(ids) or ids[n] - ids[n - 1] > size:
+                    runs.append((n - begin, begin, n))
+                    begin = n
+            _, begin, stop = max(runs)
+            found = (ids[begin], ids[stop - 1], ids[:begin] + ids[stop:])
+        if len(self.runs) >= _RUNS_KEPT:
+            self.runs.clear()
+        self.runs[lo, hi] = found
+        return found
+
+    def positions(self, ids: array[int] | None) -> set[int] | None:
+        """Positions of these ids that the index vouches for, and every stale position."""
+        if ids is None:
+            return None
+        where, top = self.where, len(self.where)
+        found = {where[i] for i in ids if i < top}
+        found.discard(-1)
+        found.update(self.stale)
+        return found
+
+
+class Named:
+    """The positions the index names for some keys (ANDed), asked a chunk of positions at a time.
+
+    A walk in path order that fills its page within its first files asks only about those; one
+    through every file asks in a few chunks that double in size, on a grid fixed from the span's
+    start, so a later group's walk reuses what an earlier one asked. Each question costs about
+    as much as reading several files, so a key that named few positions in its first chunk is asked
+    once for the whole index instead. Ids that stand far from path order (files added since the
+    index was built whole) are simply named: verifying a few files costs less than asking for
+    them. A key the index cannot narrow names every position; so does one that names more than
+    `_DENSE` of the positions asked about, from then on, unless it is `dense`: one of several
+    keys every file must hold (`all`), where even common keys can meet in few files.
+    """
+
+    def __init__(self, view: View, keys: list[str], dense: bool = False) -> None:
+        self.view = view
+        usable = view.index.conn is not None and len(view.stale) < len(view)
+        self.expr = view.index.expression(keys, len(view)) if usable else None
+        self.keys, self.dense = keys, dense
+        self.asked: dict[int, set[int]] = {}  # chunk start -> the positions named in it
+        self.whole: list[int] | None = None  # every position named, when the ids are scattered
+        self.seen = [0, 0]  # positions named, positions asked about: how dense the key is
+
+    def rate(self) -> float:
+        """The share of positions named so far (a half until asked): sparse keys go first."""
+        return self.seen[0] / self.seen[1] if self.seen[1] else 0.5
+
+    def everywhere(self) -> bool:
+        """Whether the key names every position, unasked."""
+        return self.expr is None or not self.dense and bool(self.seen[1]) and \
+            self.rate() > _DENSE
+
+    def order(self, lo: int) -> tuple[bool, float]:
+        """Keys known without a question first, then the sparsest."""
+        known = lo in self.asked or self.whole is not None or self.everywhere()
+        return not known, self.rate()
+
+    def within(self, lo: int, hi: int) -> set[int] | None:
+        """Positions in [lo, hi) whose part may hold the keys; None when it may be any of them."""
+        if lo in self.asked:
+            return self.asked[lo]
+        if self.everywhere():
+            return None
+        view = self.view
+        stale = view.stale[bisect_left(view.stale, lo):bisect_left(view.stale, hi)]
+        if self.whole is not None or self.seen[1] and self.rate() * len(view) <= _WHOLE:
+            # A sparse key: one question for the whole index costs less than one a chunk.
+            found = self._from_whole(lo, hi)
+        else:
+            found = self._asked(lo, hi)
+        found.update(stale)
+        self.asked[lo] = found
+        self.seen[0] += len(found)
+        self.seen[1] += hi - lo
+        return found
+
+    def _asked(self, lo: int, hi: int) -> set[int]:
+        """Ask the index for the chunk's ids in one range; stray ids are named unasked."""
+        view = self.view
+        run = view.run(lo, hi)
+        if run is None:
+            return set()
+        first, end, stray = run
+        if len(stray) * _SCATTERED > hi - lo:  # scattered ids: ask once for the whole index
+            return self._from_whole(lo, hi)
+        where, top = view.where, len(view.where)
+        found = {where[i] for i in view.index.between(self.expr or "", first, end) if i < top}
+        found.update(where[i] for i in stray if i < top)
+        return {pos for pos in found if lo <= pos < hi}
+
+    def _from_whole(self, lo: int, hi: int) -> set[int]:
+        """The chunk's positions among all the index names, asked of it once for every chunk."""
+        if self.whole is None:
+            named = self.view.index.matching(self.expr or "")
+            self.whole = sorted(self.view.positions(named) or ())
+        return set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
+
+
+def _chunks(view: View, span: range) -> Iterator[tuple[int, int]]:
+    """The span cut into chunks of _CHUNK positions, then each twice the one before.
+
+    A chunk never ends inside a file: all of a file's parts are asked about together.
+    """
+    lo, size, owners = span.start, _CHUNK, view.owners
+    while lo < span.stop:
+        hi = min(lo + size, span.stop)
+        while hi < span.stop and owners[hi] == owners[hi - 1]:
+            hi += 1
+        yield lo, hi
+        lo, size = hi, size * 2
+
+
+def walk_named(view: View, spans: list[range], named: list[Named], group: int,
+                start: str) -> Iterator[tuple[int, set[int] | None]]:
+    """Files in the spans, in order from the path `start` on, named for >= `group` keys.
+
+    Each as its first position named, and its positions named (None: all of them).
+    """
+    owners = view.owners
+    for span in spans:
+        lo = min(max(view.find(start, span.start) if start else span.start, span.start),
+                 span.stop)
+        for first, end in _chunks(view, span):
+            if end <= lo:
+                continue
+            allowed = _at_least(named, group, first, end)
+            if allowed is None:
+                begin = max(lo, first)
+                yield from ((p, None) for p in range(begin, end)
+                            if p == begin or owners[p] != owners[p - 1])
+            else:
+                yield from (item for item in allowed if item[0] >= lo)
+
+
+def _at_least(named: list[Named], group: int, lo: int,
+              hi: int) -> list[tuple[int, set[int] | None]] | None:
+    """Files with positions in [lo, hi) named for at least `group` of the keys; None for all.
+
+    Each as its first position named and the positions the keys named in it, or None where
+    a key that may be anywhere counts (then each of its parts is read). Keys known without a
+    question come first, then the sparsest. Once few files can still reach `group`, the others
+    are not asked: reading those few verifies them for less. Every key is asked at least once,
+    though: its first answer tells a sparse key, which is then asked of the whole index at
+    once (see `Named`).
+    """
+    owners = named[0].view.owners
+    counts: dict[int, int] = {}  # file -> keys naming it
+    spots: dict[int, set[int]] = {}  # file -> its positions named by any key
+    keys = sorted(named, key=lambda key: key.order(lo))
+    left, anywhere = len(keys), 0
+    for done, each in enumerate(keys, 1):
+        found = each.within(lo, hi)
+        left -= 1
+        if found is None:
+            anywhere += 1
+        else:
+            mine: set[int] = set()
+            for pos in found:
+                owner = owners[pos]
+                spots.setdefault(owner, set()).add(pos)
+                if owner not in mine:
+                    mine.add(owner)
+                    counts[owner] = counts.get(owner, 0) + 1
+        need = group - anywhere - left  # what a file must have been named for so far
+        if left + anywhere < group and len(counts) * _FEW <= hi - lo and all(
+                key.seen[1] for key in keys[done:]):
+            return _files(counts, spots, need, left + anywhere > 0)
+    need = group - anywhere
+    return None if need <= 0 else _files(counts, spots, need, anywhere > 0)
+
+
+def _files(counts: dict[int, int], spots: dict[int, set[int]], need: int,
+           whole: bool) -> list[tuple[int, set[int] | None]]:
+    """The files named at least `need` times, in path order: see `_at_least`."""
+    return sorted(((min(spots[owner]), None if whole else spots[owner])
+                   for owner, n in counts.items() if n >= need), key=lambda item: item[0])

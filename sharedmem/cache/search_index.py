@@ -1,0 +1,590 @@
+"""The search index's upkeep: its format, and the writers that keep it in line with the cache.
+
+The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
+holds an SQLite FTS5 trigram table of each file's normalized text (`folding.normalize`),
+contentless (no copy of the text: a zlib copy of it beside, which only a later update reads to
+take the file's old trigrams out), each file's path, sha256 and namespace, the `files` mark of
+the manifest it covers whole, and the files' ids in path order (so a new searcher loads its view
+in one read, not by sorting every path). `update_index` (a sync, for the files it wrote or
+removed) and `refresh_index` (the `index` command, a fresh cache) keep it current; search.py
+reads it. An index that cannot be read (damaged, or a link or folder in its place) is deleted
+and built again: it is derived data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import sqlite3
+import stat
+import time
+import unicodedata
+import zlib
+from array import array
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from itertools import pairwise
+from pathlib import Path
+
+from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache
+from sharedmem.cache.folding import normalize
+from sharedmem.cache.layout import CacheFiles
+from sharedmem.cache.manifest_store import CachedFile
+from sharedmem.core import CacheError, SharedMemoryError
+from sharedmem.files import try_lock
+from sharedmem.program import LAUNCHER
+
+INDEX_VERSION = "5"
+INDEX_FILE = "search.sqlite3"
+LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
+WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
+BACKGROUND_WAIT = 600.0  # and `index --background`, which no one waits for
+INLINE_FILES = 250  # a sync re-indexes at most this many files itself (see `update_index`)
+SEGMENT_BYTES = 8192  # a file is indexed in parts of about this much (`segments`)
+_DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
+# Each indexed text ends with two line breaks more, so every string of one or two characters it
+# holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
+TEXT_END = "\n\n"
+
+
+def index_path(cache: Cache) -> Path:
+    """Where the derived index of `cache` lives (private metadata, never published)."""
+    return cache.root / META_DIR / INDEX_DIR / INDEX_FILE
+
+
+_COMPANIONS = ("", "-journal", "-wal", "-shm")
+_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: another process holds the index, which is fine
+# What reading an index can raise when the file is not what a refresh wrote: SQLite's errors,
+# UnicodeDecodeError (a ValueError) for text or even an error message that is not UTF-8,
+# ValueError or TypeError for values of the wrong kind, zlib.error for a damaged stored text.
+READ_ERRORS = (sqlite3.Error, ValueError, TypeError, zlib.error)
+
+
+def read_only_uri(path: Path, options: str = "") -> str:
+    """The URI SQLite opens `path` by read-only (a relative cache too; `?` and `#` quoted)."""
+    return f"{Path(os.path.abspath(path)).as_uri()}?mode=ro{options}"
+
+
+def is_busy(exc: Exception) -> bool:
+    """True when `exc` says the index is locked by another process, not that it is damaged."""
+    code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.Error) else None
+    return code is not None and code & 0xFF in _BUSY
+
+
+def is_planted(path: Path) -> bool:
+    """True when a link or a non-file stands where the index or its folder should be.
+
+    SQLite would follow a link there, and a refresh would then write into whatever it names.
+    """
+    try:
+        if not stat.S_ISDIR(os.lstat(path.parent).st_mode):
+            return True
+    except FileNotFoundError:
+        return False
+    for suffix in _COMPANIONS:
+        try:
+            mode = os.lstat(str(path) + suffix).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(mode):
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def writer_lock(cache: Cache, wait: float) -> Iterator[bool]:
+    """Hold the index's one-writer lock, waiting up to `wait` seconds: yields whether it is held.
+
+    Whoever writes the index or deletes it (a sync's update, `index`, a search that finds it
+    damaged) holds this lock, so none writes into the folder while another deletes or rebuilds
+    it. An OS lock on `<cache>/.sharedmem/index.lock`, dropped when its holder dies. Raises
+    CacheError when the lock file cannot be opened (a read-only cache, which no one writes).
+    """
+    path = cache.root / META_DIR / LOCK_FILE
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            os.unlink(path)  # a link planted in its place goes, never what it names
+            fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise CacheError(f"the search index's lock {path} cannot be opened "
+                         f"({exc.strerror or exc}): is the cache read-only?") from None
+    try:
+        deadline = time.monotonic() + wait
+        held = try_lock(fd)
+        while not held and time.monotonic() < deadline:
+            time.sleep(0.05)
+            held = try_lock(fd)
+        yield held
+    finally:
+        os.close(fd)
+
+
+def wait_for_exit(pid: int, seconds: float) -> None:
+    """Wait, at most `seconds`, until process `pid` has ended (POSIX: signal 0 asks only)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except OSError:  # alive, but not ours to signal
+            pass
+        time.sleep(0.05)
+
+
+def being_written(cache: Cache) -> bool:
+    """Whether another process writes the index now (a refresh under way holds its lock)."""
+    try:
+        with writer_lock(cache, 0) as held:
+            return not held
+    except CacheError:
+        return False
+
+
+def delete_damaged(cache: Cache, identity: tuple[int, int] | None = None) -> None:
+    """Delete an index a search found unreadable, unless a writer holds it (and handles it).
+
+    With `identity` (st_dev, st_ino), only when the file there is still that one, not one a
+    refresh has put in its place since.
+    """
+    path = index_path(cache)
+    try:
+        with writer_lock(cache, 0) as held:
+            if not held:
+                return
+            if identity is not None:
+                info = os.stat(path)
+                if (info.st_dev, info.st_ino) != identity:
+                    return
+            delete_index(path)
+    except (OSError, CacheError):
+        return  # nothing to delete, or a cache that cannot be written: the search scans
+
+
+def delete_index(path: Path) -> None:
+    """Remove the index and its companion files: derived data, which a refresh builds again.
+
+    A link goes itself, never what it names; a folder planted in the index's place goes too.
+    """
+    if os.path.lexists(path.parent) and not _real_folder(path.parent):
+        os.unlink(path.parent)
+        return
+    for suffix in _COMPANIONS:
+        name = str(path) + suffix
+        if _real_folder(name):
+            import shutil  # only here: with it come bz2 and lzma, which a search never needs
+            shutil.rmtree(name)
+        else:
+            Path(name).unlink(missing_ok=True)
+
+
+def _real_folder(path: os.PathLike[str] | str) -> bool:
+    """A folder, not a link to one."""
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=10, isolation_level=None)
+    conn.execute("PRAGMA busy_timeout=10000")
+    # Derived data: WAL with NORMAL sync cannot corrupt on power loss (it may only lose the last
+    # refresh, which the sha256 check then redoes) and spares a sync its fsyncs.
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return conn
+
+
+def index_version() -> str:
+    """The index's format, the Unicode tables `normalize` used and the size of a file's parts.
+
+    Any of them changing rebuilds it; a search uses only an index of its own version.
+    """
+    return f"{INDEX_VERSION}/{unicodedata.unidata_version}/{SEGMENT_BYTES}"
+
+
+# A file's parts, each indexed on its own: `grams` rows `first` to `first + parts - 1` (texts
+# holds each one's text, for taking its trigrams out). The segments, in path order then part
+# order, and where each segment row stands in that order and whose file it is, as three arrays
+# of int64 in `orders`: a search loads its view with one read instead of sorting every path.
+# Valid only while meta's `order` names it and starts with meta's generation.
+_SCHEMA = (
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
+    " sha256 TEXT NOT NULL, namespace TEXT NOT NULL, first INTEGER NOT NULL,"
+    " parts INTEGER NOT NULL)",
+    "CREATE TABLE texts(id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
+    "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
+    " detail=none, content='', columnsize=0)",
+    "CREATE TABLE orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL, positions BLOB NOT NULL,"
+    " owners BLOB NOT NULL)",
+)
+
+
+def _files_of(cache: Cache) -> Mapping[str, CachedFile] | None:
+    """The manifest's file list (a view of its store, in path order); None when damaged."""
+    files = cache.load().files
+    return None if cache.damage is not None else files
+
+
+def refresh_index(cache: Cache, wait: float = WRITER_WAIT) -> dict[str, int]:
+    """Bring the index in line with the whole cache manifest; only changed files are re-read.
+
+    Run by `index` (which a search starts in the background when the index is missing, old or
+    broken); one writer at a time: this waits up to `wait` s for another. Returns files
+    re-indexed or dropped (`changed`) and files indexed in all (`files`).
+    """
+    return _write(cache, lambda writer: writer.reconcile(cache), wait)
+
+
+def index_mark(cache: Cache) -> str | None:
+    """What `update_index` needs from before a sync changes the cache: call it first.
+
+    The manifest's files mark (`Cache.files_mark`) when the index covers it exactly, else
+    None; reading it costs one query of each.
+    """
+    path = index_path(cache)
+    if is_planted(path) or not path.is_file():  # no index: the manifest is not read at all
+        return None
+    try:
+        conn = sqlite3.connect(read_only_uri(path), uri=True, timeout=10,
+                               isolation_level=None)
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta"))
+        finally:
+            conn.close()
+    except READ_ERRORS:
+        return None
+    mark = cache.files_mark()
+    return mark if mark and meta.get("version") == index_version() \
+        and meta.get("manifest") == mark else None
+
+
+def update_index(cache: Cache, written: Collection[str], removed: Collection[str],
+                 mark: str | None) -> dict[str, int]:
+    """Re-index the files a run wrote or removed: at once when they are few, else in the background.
+
+    `mark` is what `index_mark` returned before the run changed the cache. With it, and at most
+    `INLINE_FILES` paths, only the named paths are read, here, and the index then covers the new
+    manifest (searches verify that by its files mark). Without it (or if the index changed since)
+    this is `refresh_index`, here on a cache of at most `INLINE_FILES` files. Anything larger (a
+    first pull), or an index another writer holds, is left to `index --background`, started
+    detached, which waits until this process has ended (so it does not slow the end of the
+    sync: call this only in a process that ends soon after, as a sync's does): the run reports
+    without waiting for it, and until it is done searches read the
+    files the index does not vouch for, so their results are the same. Call this in the process
+    that changed the cache, right after `Cache.apply`, while no other process can write the cache
+    (the sync lock): the paths' sha256s come from that manifest. The paths are streamed (a first
+    pull's are its records in SQLite, `Cache.written`), not held; one named twice is re-read
+    once. Returns what was done here (`changed`, `files`), or `{"background": 1}`.
+    """
+    if (len(written) + len(removed) if mark is not None else _files_at_least(cache)) \
+            <= INLINE_FILES:
+        work: Callable[[_Writer], dict[str, int] | None] = (
+            (lambda writer: writer.reconcile(cache)) if mark is None
+            else (lambda writer: writer.delta(cache, written, removed, mark)))
+        with writer_lock(cache, 0) as held:
+            if held:
+                return _written(cache, work)
+    refresh_in_background(cache, os.getpid())
+    return {"background": 1}
+
+
+def _files_at_least(cache: Cache) -> int:
+    """The manifest's file count, or `INLINE_FILES` + 1 when it holds more (not counted)."""
+    try:
+        return INLINE_FILES + 1 if cache.store.holds(INLINE_FILES + 1) else cache.store.count()
+    except SharedMemoryError:
+        return 0  # no manifest to read: the refresh finds it so at once
+
+
+def _write(cache: Cache, work: Callable[[_Writer], dict[str, int] | None],
+           wait: float = WRITER_WAIT) -> dict[str, int]:
+    """Run `work` in a write transaction, as the one writer (waiting up to `wait` s).
+
+    A damaged or old index is deleted and built again.
+    """
+    with writer_lock(cache, wait) as held:
+        if not held:
+            raise CacheError(f"the search index of {cache.root} is busy: another `index` has "
+                             f"been writing it for over {wait:.0f} s; try again when it is done")
+        return _written(cache, work)
+
+
+def _written(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int]:
+    """`_write` once the writer's lock is held."""
+    path = index_path(cache)
+    if is_planted(path):
+        delete_index(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    damaged = False
+    while True:
+        try:
+            done = _Writer.run(path, cache, work)
+        except READ_ERRORS as exc:
+            if is_busy(exc):  # SQLite's own lock, held by a writer older than the one above
+                raise CacheError(f"the search index {path} is busy: another `index` holds it; "
+                                 "try again when it is done") from None
+            if damaged:
+                raise CacheError(f"the search index {path} cannot be built ({exc}): delete "
+                                 f"the folder {path.parent} (derived data only) and run "
+                                 "`shared_memory.py index` again") from None
+            damaged = True
+            delete_index(path)  # damaged: derived data, so built again from the cache
+            continue
+        if done is not None:
+            return done
+        work = lambda writer: writer.reconcile(cache)  # noqa: E731 - the mark did not hold
+
+
+class _Writer:
+    """One write transaction on the index: files read, normalized and (un)indexed."""
+
+    def __init__(self, conn: sqlite3.Connection, disk: CacheFiles) -> None:
+        self.conn, self.disk = conn, disk
+        self.changed = 0
+        self.emptied = False  # an index of another version was emptied: VACUUM after
+        self.next = 0  # the first `grams` row no file has (`rows_for`), once asked
+
+    @classmethod
+    def run(cls, path: Path, cache: Cache,
+            work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int] | None:
+        conn = _connect(path)
+        try:
+            with CacheFiles(cache.root) as disk:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    writer = cls(conn, disk)
+                    writer.prepare()
+                    done = work(writer)
+                    conn.execute("ROLLBACK" if done is None else "COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            if writer.emptied:
+                conn.execute("VACUUM")  # the old version's pages, which nothing else frees
+            # A big write leaves a WAL as large as itself; searches read the file, not the WAL.
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return done
+        finally:
+            conn.close()
+
+    def prepare(self) -> None:
+        """Create the tables, or empty an index of another version in place."""
+        names = {n for (n,) in self.conn.execute("SELECT name FROM sqlite_master")}
+        version = None
+        if "meta" in names:
+            row = self.conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()
+            version = row[0] if row else None
+        if version == index_version() and {"files", "texts", "grams", "orders"} <= names:
+            return
+        self.emptied = bool(names)
+        for name in ("grams", "texts", "files", "meta", "orders"):
+            self.conn.execute(f"DROP TABLE IF EXISTS {name}")
+        for statement in _SCHEMA:
+            self.conn.execute(statement)
+        self.conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)",
+                              [("version", index_version()), ("generation", "0"),
+                               ("manifest", "")])
+
+    def meta(self, key: str) -> str:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return str(row[0]) if row else ""
+
+    def finish(self, mark: str | None, complete: bool) -> dict[str, int]:
+        """Record the generation and which manifest the index now covers whole, if any."""
+        generation = int(self.meta("generation") or 0) + (1 if self.changed else 0)
+        self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                              [("generation", str(generation)),
+                               ("manifest", mark if complete and mark else "")])
+        self.store_order(generation)
+        files = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
+        return {"changed": self.changed, "files": files}
+
+    def store_order(self, generation: int) -> None:
+        """Write the segments in path order (see `_SCHEMA`) when the files changed since."""
+        key = self.meta("order")
+        if not self.changed and key.split("/")[0] == str(generation) and self.conn.execute(
+                "SELECT 1 FROM orders WHERE key=?", (key,)).fetchone():
+            return
+        ids, owners = array("q"), array("q")
+        for file_id, first, parts in self.conn.execute(
+                "SELECT id, first, parts FROM files ORDER BY path"):
+            ids.extend(range(first, first + parts))
+            owners.extend([file_id] * parts)
+        key = f"{generation}/{os.urandom(8).hex()}"
+        self.conn.execute("DELETE FROM orders")
+        self.conn.execute("INSERT INTO orders(key, ids, positions, owners) VALUES (?, ?, ?, ?)",
+                          (key, ids.tobytes(), inverse(ids).tobytes(), owners.tobytes()))
+        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('order', ?)", (key,))
+
+    def reconcile(self, cache: Cache) -> dict[str, int]:
+        """Compare every indexed file with the manifest; re-read only those that differ."""
+        mark = cache.files_mark()
+        files = _files_of(cache)
+        manifest = files or {}
+        indexed = {p: (i, s) for i, p, s in self.conn.execute(
+            "SELECT id, path, sha256 FROM files")}
+        for relpath, (row_id, sha) in indexed.items():
+            meta = manifest.get(relpath)
+            if meta is None:
+                self.drop(row_id)
+            elif meta.sha256 != sha:
+                self.drop(row_id, keep=True)
+        complete = files is not None
+        for relpath, meta in manifest.items():  # streamed in path order, not held
+            old = indexed.get(relpath)
+            if old is not None and old[1] == meta.sha256:
+                continue
+            complete &= self.put(relpath, meta, old[0] if old else None)
+        return self.finish(mark, complete and mark == cache.files_mark())
+
+    def delta(self, cache: Cache, written: Iterable[str], removed: Iterable[str],
+              mark: str) -> dict[str, int] | None:
+        """Re-index the named paths; None when the index no longer covers the `mark` manifest.
+
+        Each path is made as the manifest says, so one named again changes nothing more.
+        """
+        if self.meta("manifest") != mark:
+            return None
+        now = cache.files_mark()
+        files = _files_of(cache)
+        if now is None or files is None:
+            return None
+        complete = True
+        for relpath in (p for paths in (written, removed) for p in paths):
+            row = self.conn.execute("SELECT id, sha256 FROM files WHERE path=?",
+                                    (relpath,)).fetchone()
+            meta = files.get(relpath)
+            if meta is None:
+                if row is not None:
+                    self.drop(row[0])
+            elif row is None or row[1] != meta.sha256:
+                if row is not None:
+                    self.drop(row[0], keep=True)
+                complete &= self.put(relpath, meta, row[0] if row else None)
+        count = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
+        return self.finish(now, complete and count == len(files) and now == cache.files_mark())
+
+    def drop(self, row_id: int, keep: bool = False) -> None:
+        """Take a file's trigrams out (each part's text is stored for that); `keep` its row."""
+        first, parts = self.conn.execute("SELECT first, parts FROM files WHERE id=?",
+                                         (row_id,)).fetchone()
+        for part in range(first, first + parts):
+            row = self.conn.execute("SELECT body FROM texts WHERE id=?", (part,)).fetchone()
+            if row is not None:
+                self.conn.execute("INSERT INTO grams(grams, rowid, body) VALUES "
+                                  "('delete', ?, ?)", (part, zlib.decompress(row[0]).decode()))
+        self.conn.execute("DELETE FROM texts WHERE id BETWEEN ? AND ?", (first, first + parts - 1))
+        if not keep:
+            self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
+            self.changed += 1
+
+    def put(self, relpath: str, meta: CachedFile, row_id: int | None) -> bool:
+        """Index the file as the manifest describes it; False when its bytes do not match.
+
+        Such a file (a sync is rewriting it, or a link stands there) is left unindexed, so
+        searches scan it. `row_id` is the row it had, already dropped from the trigrams.
+        """
+        data = read_cached(self.disk, relpath)
+        if data is None or hashlib.sha256(data).hexdigest() != meta.sha256:
+            if row_id is not None:
+                self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
+                self.changed += 1
+            return False
+        bounds = segments(data)
+        texts = [normalize(data[lo:hi].decode("utf-8", "replace")) + TEXT_END
+                 for lo, hi in pairwise(bounds)]
+        old = self.conn.execute("SELECT first, parts FROM files WHERE id=?",
+                                (row_id,)).fetchone() if row_id is not None else None
+        # The rows it had while they are enough (the file keeps its place in path order), else
+        # rows past all others.
+        first = old[0] if old is not None and old[1] >= len(texts) else self.rows_for(len(texts))
+        if row_id is None:
+            row_id = self.conn.execute(
+                "INSERT INTO files(path, sha256, namespace, first, parts) VALUES (?, ?, ?, ?, ?)",
+                (relpath, meta.sha256, meta.namespace, first, len(texts))).lastrowid
+        else:
+            self.conn.execute("UPDATE files SET sha256=?, namespace=?, first=?, parts=? "
+                              "WHERE id=?", (meta.sha256, meta.namespace, first, len(texts),
+                                             row_id))
+        for part, text in enumerate(texts, first):
+            body = text.encode("utf-8", "surrogatepass")
+            self.conn.execute("INSERT INTO texts(id, body) VALUES (?, ?)",
+                              (part, zlib.compress(body, 1)))
+            self.conn.execute("INSERT INTO grams(rowid, body) VALUES (?, ?)", (part, text))
+        self.changed += 1
+        return True
+
+    def rows_for(self, parts: int) -> int:
+        """The first of `parts` new `grams` rows, past every file's (none freed is reused)."""
+        if self.next == 0:
+            self.next = self.conn.execute(
+                "SELECT coalesce(max(first + parts), 1) FROM files").fetchone()[0]
+        self.next += parts
+        return self.next - parts
+
+
+def segments(data: bytes) -> list[int]:
+    """Where a file's parts begin, and its end: each part is about `SEGMENT_BYTES`, whole lines.
+
+    Part k ends after the first line break from byte k * SEGMENT_BYTES - 1 on, so both the index
+    (which indexes each part apart) and a search (which reads just the parts the index names)
+    cut a file alike, from its bytes alone. A line break never joins two characters, so each
+    part folds as it does within the whole text.
+    """
+    bounds, size = [0], len(data)
+    while bounds[-1] < size:
+        k = bounds[-1] // SEGMENT_BYTES + 1
+        end = data.find(b"\n", k * SEGMENT_BYTES - 1) + 1
+        bounds.append(end if 0 < end < size else size)
+    return bounds
+
+
+def refresh_in_background(cache: Cache, after: int | None = None) -> bool:
+    """Start `index --cache DIR --background` detached; False when it could not be started.
+
+    A search that finds no usable index calls this instead of building it in its own time, so
+    no request waits for the index; the refresh runs on idle CPU time. A sync passes its own pid
+    (`after`, POSIX only): the refresh waits until the sync has ended, so that its reads and
+    writes do not slow the end of the sync.
+    """
+    import subprocess
+    import sys
+    command = [sys.executable, str(LAUNCHER), "index", "--cache", str(cache.root),
+               "--background"]
+    if after is not None and os.name != "nt":
+        command += ["--after", str(after)]
+    try:
+        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, close_fds=True,
+                         creationflags=_DETACHED if os.name == "nt" else 0,
+                         start_new_session=os.name != "nt")
+    except OSError:
+        return False
+    return True
+
+
+
+def inverse(ids: array[int]) -> array[int]:
+    """Position of each id in `ids` (-1 for ids not in it), indexed by id."""
+    where = array("q", [-1]) * (max(ids, default=0) + 1)
+    for pos, row_id in enumerate(ids):
+        if row_id >= 0:
+            where[row_id] = pos
+    return where
+
+
+
+def read_cached(disk: CacheFiles, relpath: str) -> bytes | None:
+    """A cached file's bytes; None when it is missing, a link (never followed) or unreadable."""
+    try:
+        return disk.read(relpath)
+    except SharedMemoryError:
+        return None
+

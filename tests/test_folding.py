@@ -1,0 +1,47 @@
+"""The folding of `normalized` searches against its definition, written out slowly."""
+
+from __future__ import annotations
+
+import random
+import re
+import unicodedata
+
+from sharedmem.cache.folding import FOLDED_BLANKS, normalize
+
+
+def definition(text: str) -> str:
+    """NFKC, casefold, NFD without combining marks, each run of blanks one space; CRLF as LF."""
+    text = text.replace("\r\n", "\n")
+    text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text).casefold())
+    text = "".join(c for c in text if not unicodedata.combining(c))
+    return re.sub(r"[^\S\n]+", " ", text)
+
+
+PIECES = ["e\u0301", "E\u0301", "I\u0307", "\u0345", "\u1fb3", "\u13a0", "\uab70", "\ufb01",
+          "\u212a", "ß", "İ", "한", "\u1100\u1161\u11a8", "\U0001d400", "\u216b", "½", "\u0300\u0301",
+          "Décision", "café", "ΣΊΣΥΦΟΣ", "Привет", "日本語", "Ｆｕｌｌ", "a", "A", "Z", "abc ",
+          " ", "  ", "\t", "\r", "\r\n", "\n", "\x0b", "\x0c", "\x1c", "\x85", "\xa0", "\u1680",
+          "\u2003", "\u2028", "\u2029", "\u3000", "plain ascii words here"]
+
+
+def test_normalize_is_its_definition_on_awkward_text() -> None:
+    # Mostly ASCII (folded line by line) and mostly not (folded at once) alike.
+    rng = random.Random(5)
+    pool = PIECES + [chr(rng.randrange(0xa0, 0x30000)) for _ in range(2000)]
+    pool = [p for p in pool if not 0xd800 <= ord(p[0]) < 0xe000]
+    for _ in range(20000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 30)))
+        if rng.random() < 0.5:
+            text = "An ASCII line,  with blanks\n" * rng.randint(1, 12) + text + "\nEnd\t.\n"
+        assert normalize(text) == definition(text), repr(text)
+
+
+def test_a_crlf_line_folds_as_its_lf_line() -> None:
+    assert normalize("Fin \r\nnext\r\n") == normalize("Fin \nnext\n") == "fin \nnext\n"
+    assert normalize("Fin\r\n") == "fin\n"  # no blank where the carriage return was
+    assert normalize("a\rb") == "a b"  # a carriage return inside a line is a blank
+
+
+def test_folded_blanks_are_those_nfkc_leaves() -> None:
+    blanks = [chr(c) for c in range(0x110000) if chr(c).isspace() and c != 0x0a]
+    assert "".join(c for c in blanks if unicodedata.normalize("NFKC", c) != " ") == FOLDED_BLANKS

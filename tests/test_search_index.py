@@ -1,0 +1,295 @@
+"""The search index's upkeep: a sync's update at once when small, in the background when large."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+import unicodedata
+from pathlib import Path
+
+import pytest
+from conftest import LAUNCHER, cache_of, flip_schema_byte, garbage, run_cli, write_config
+
+from sharedmem.cache import search as search_mod
+from sharedmem.cache import search_index
+from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.hashing import sha256_text
+from sharedmem.mcp import tools
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import corpus  # noqa: E402
+
+NS = "machines/lab/notes"
+INFO = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+FILES = {f"f{i:02d}.md": f"alpha {i}\nbeta\n" for i in range(10)}
+
+
+def cache_of_ns(root: Path, files: dict[str, str]) -> Cache:
+    return cache_of(root, NS, files)
+
+
+@pytest.fixture(autouse=True)
+def no_background_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Searches here start no `index --background` unless a test asks for one (see
+    test_search.py)."""
+    monkeypatch.setattr(search_mod, "BACKGROUND_REFRESH", False)
+
+
+def covered(cache: Cache, seconds: float = 60) -> bool:
+    """Wait until the index covers the cache's manifest whole (a background refresh is done)."""
+    deadline = time.monotonic() + seconds
+    while search_index.index_mark(cache) is None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    with search_index.writer_lock(cache, seconds) as held:  # and its writer has let go
+        return held
+
+
+def update_in_a_process(cache: Cache, written: list[str], mark: str | None,
+                        inline: int = search_index.INLINE_FILES) -> dict:
+    """`update_index` as a sync calls it: in a process of its own, which then ends (the
+    background refresh it starts waits for that)."""
+    code = ("import json, sys; from pathlib import Path; "
+            "from sharedmem.cache import search_index; from sharedmem.cache.cache import Cache; "
+            f"search_index.INLINE_FILES = {inline}; "
+            "print(json.dumps(search_index.update_index(Cache(Path(sys.argv[1])), "
+            "json.loads(sys.argv[2]), [], json.loads(sys.argv[3]))))")
+    done = subprocess.run([sys.executable, "-c", code, str(cache.root), json.dumps(written),
+                           json.dumps(mark)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_large_update_goes_to_the_background_and_searches_meanwhile_scan(
+        tmp_path: Path) -> None:
+    cache = cache_of(tmp_path, NS, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(20)})
+    assert update_in_a_process(cache, [], None, inline=5) == {"background": 1}  # 20 files
+    assert covered(cache)
+    mark = search_index.index_mark(cache)
+    new = {f"{NS}/n{i}.md": f"beta {i}\n" for i in range(6)}
+    cache.apply([(p, sha256_text(t), t) for p, t in new.items()], [], {NS: INFO})
+    assert update_in_a_process(cache, list(new), mark, inline=5) == {"background": 1}
+    got = tools.search(cache, ["beta"], max_results=200)["results"]  # exact, never waiting
+    assert sorted(r["path"] for r in got) == sorted(new)
+    assert covered(cache)
+    assert search_index.refresh_index(cache)["changed"] == 0  # the background did it all
+    search_mod._SEARCHERS.clear()
+    got = tools.search(cache, ["beta"], max_results=200)["results"]
+    assert sorted(r["path"] for r in got) == sorted(new)
+    assert search_mod.searcher(cache)._view.manifest is None  # the index vouched for all
+
+
+def test_a_small_update_is_done_at_once_unless_a_writer_holds_the_index(tmp_path: Path) -> None:
+    cache = cache_of(tmp_path, NS, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(20)})
+    assert search_index.update_index(cache, [], [], None) == {"changed": 20, "files": 20}
+    mark = search_index.index_mark(cache)
+    cache.apply([(f"{NS}/new.md", sha256_text("beta\n"), "beta\n")], [], {NS: INFO})
+    with search_index.writer_lock(cache, 0) as held:
+        assert held  # as a background refresh holds it: the sync does not wait for it
+        assert update_in_a_process(cache, [f"{NS}/new.md"], mark) == {"background": 1}
+    assert covered(cache)
+    assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [f"{NS}/new.md"]
+
+
+def test_a_background_refresh_a_sync_started_waits_for_the_sync_to_end(tmp_path: Path) -> None:
+    cache = cache_of(tmp_path, NS, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(20)})
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child = subprocess.Popen([sys.executable, str(LAUNCHER), "index", "--cache",
+                                  str(cache.root), "--after", str(sleeper.pid)])
+        time.sleep(1.5)  # time enough to start and build, were it not waiting
+        assert child.poll() is None and not search_index.index_path(cache).exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert child.wait(timeout=120) == 0
+    assert search_index.index_mark(cache) is not None
+
+
+def test_a_large_first_sync_reports_before_its_index_and_a_later_sync_catches_it_up(
+        tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    for i in range(search_index.INLINE_FILES + 20):
+        (notes / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (notes / f"d{i % 3}" / f"n{i:04d}.md").write_text(f"# note {i}\nword{i} café\n")
+    cfg = write_config(tmp_path / "client.json", "laptop",
+                       {"kind": "local", "store": str(tmp_path / "store.sqlite3")},
+                       [{"name": "notes", "kind": "markdown", "path": str(notes)}],
+                       tmp_path / "cache")
+    done = run_cli("sync", "--config", str(cfg), "--index", "--json")
+    assert done.returncode == 0, done.stderr
+    found = run_cli("search", "--config", str(cfg), "--json", "word17 ")  # exact meanwhile
+    assert [r["path"] for r in json.loads(found.stdout)["results"]] == [
+        "machines/laptop/notes/d2/n0017.md"]
+    cache = Cache(tmp_path / "cache")
+    assert covered(cache)  # the background `index` built it
+    # An index behind the cache (as a background build that a later sync overtook leaves
+    # it): the next sync, with nothing to pull, has it refreshed.
+    conn = sqlite3.connect(search_index.index_path(cache))
+    conn.execute("UPDATE meta SET value='' WHERE key='manifest'")
+    conn.commit()
+    conn.close()
+    assert search_index.index_mark(cache) is None
+    done = run_cli("sync", "--config", str(cfg), "--json")
+    assert done.returncode == 0, done.stderr
+    assert covered(cache)
+
+
+def test_refresh_skips_a_file_being_rewritten(tmp_path: Path) -> None:
+    cache = cache_of_ns(tmp_path, {"a.md": "alpha\n", "b.md": "beta\n"})
+    (cache.root / NS / "b.md").write_text("beta rewritten\n", encoding="utf-8")
+    assert search_index.refresh_index(cache) == {"changed": 1, "files": 1}
+    assert [r["path"] for r in tools.search(cache, ["rewritten"])["results"]] == [f"{NS}/b.md"]
+    (cache.root / NS / "b.md").write_text("beta\n", encoding="utf-8")
+    assert search_index.refresh_index(cache) == {"changed": 1, "files": 2}
+    assert search_index.refresh_index(cache) == {"changed": 0, "files": 2}
+
+
+def test_a_link_in_place_of_the_index_is_removed_not_written_through(tmp_path: Path) -> None:
+    cache = cache_of_ns(tmp_path / "cache", FILES)
+    other = tmp_path / "someone-elses.sqlite3"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT, sha256 TEXT)")
+    conn.execute("INSERT INTO files VALUES (1, 'keep', 'me')")
+    conn.commit()
+    conn.close()
+    before = other.read_bytes()
+    path = search_index.index_path(cache)
+    path.parent.mkdir(parents=True)
+    path.symlink_to(other)
+    assert len(tools.search(cache, ["alpha"])["results"]) == 10
+    assert search_index.refresh_index(cache) == {"changed": 10, "files": 10}
+    assert other.read_bytes() == before and not path.is_symlink()
+    (tmp_path / "elsewhere").mkdir()
+    for name in list(path.parent.iterdir()):
+        name.unlink()
+    path.parent.rmdir()
+    path.parent.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert search_index.refresh_index(cache) == {"changed": 10, "files": 10}
+    assert list((tmp_path / "elsewhere").iterdir()) == [] and not path.parent.is_symlink()
+    lock = cache.meta / search_index.LOCK_FILE  # nor is the writers' lock followed
+    lock.unlink()
+    lock.symlink_to(other)
+    assert search_index.refresh_index(cache) == {"changed": 0, "files": 10}
+    assert other.read_bytes() == before and not lock.is_symlink()
+
+
+def index_files(cache: Cache) -> int | None:
+    """How many files the index holds; None when there is none to read."""
+    try:
+        conn = sqlite3.connect(f"file:{search_index.index_path(cache)}?mode=ro", uri=True)
+        try:
+            return conn.execute("SELECT count(*) FROM files").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+
+
+def test_one_writer_at_a_time_a_refresh_waits_for_the_writer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A background `index` that a search started (or a sync's update) while another writer
+    # holds the index waits for it: none writes into the folder while another deletes it.
+    cache = cache_of_ns(tmp_path / "cache", FILES)
+    path = search_index.index_path(cache)
+    monkeypatch.setattr(search_mod, "BACKGROUND_REFRESH", True)
+    with search_index.writer_lock(cache, 0) as held:
+        assert held
+        child = subprocess.Popen([sys.executable, str(LAUNCHER), "index", "--cache",
+                                  str(cache.root)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            assert len(tools.search(cache, ["alpha"])["results"]) == 10  # starts one more
+            started = time.monotonic()
+            while time.monotonic() - started < 1.5:  # time enough to start and write, alone
+                assert child.poll() is None and not path.parent.exists()
+                time.sleep(0.1)
+        except BaseException:
+            child.kill()
+            raise
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    assert index_files(cache) == 10 and search_index.index_mark(cache) is not None
+
+
+def test_the_index_command_rebuilds_a_damaged_index(tmp_path: Path) -> None:
+    cache = cache_of_ns(tmp_path / "cache", FILES)
+    for damage in (None, flip_schema_byte, garbage):
+        if damage is not None:
+            damage(search_index.index_path(cache))
+        for _ in range(2):
+            done = run_cli("index", "--cache", str(cache.root), "--json")
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["files"] == 10 and done.stderr == ""
+    assert [r["line"] for r in tools.search(cache, ["alpha 3"])["results"]] == ["alpha 3"]
+
+
+def index_bytes(cache: Cache) -> int:
+    return sum(p.stat().st_size for p in search_index.index_path(cache).parent.iterdir())
+
+
+def text_bytes(cache: Cache) -> int:
+    return sum(m.size for m in cache.load().files.values())
+
+
+def test_an_index_of_an_older_version_is_rebuilt_in_place_and_shrinks(tmp_path: Path) -> None:
+    cache = cache_of_ns(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" * 2000 for i in range(20)})
+    path = search_index.index_path(cache)
+    path.parent.mkdir(parents=True)
+    conn = sqlite3.connect(path)  # what version 1 wrote: FTS5 kept its own copy of each text
+    conn.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute("CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
+                 " sha256 TEXT NOT NULL)")
+    conn.execute("CREATE VIRTUAL TABLE grams USING fts5(body,"
+                 " tokenize='trigram case_sensitive 1', detail=none)")
+    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("version", "1"), ("generation", "1")])
+    conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)",
+                     [(i, "old text " * 5000) for i in range(1, 40)])
+    conn.commit()
+    conn.close()
+    assert search_index.refresh_index(cache) == {"changed": 20, "files": 20}
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()[0] == \
+        f"{search_index.INDEX_VERSION}/{unicodedata.unidata_version}/{search_index.SEGMENT_BYTES}"
+    conn.close()
+    assert index_bytes(cache) <= text_bytes(cache)
+    assert [r["path"] for r in tools.search(cache, ["alpha 7"])["results"][:1]] == [
+        f"{NS}/f07.md"]
+
+
+def test_update_index_reads_only_the_files_it_is_given(tmp_path: Path) -> None:
+    cache = cache_of_ns(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(30)})
+    search_index.refresh_index(cache)
+    mark = search_index.index_mark(cache)
+    assert mark == cache.files_mark() and mark
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    cache.apply([(f"{NS}/f00.md", sha256_text("beta\n"), "beta\n"),
+                 (f"{NS}/new.md", sha256_text("beta new\n"), "beta new\n")],
+                [f"{NS}/f01.md"], {NS: info})
+    assert search_index.index_mark(cache) is None  # the index no longer covers the manifest
+    assert search_index.update_index(cache, [f"{NS}/f00.md", f"{NS}/new.md"], [f"{NS}/f01.md"],
+                                   mark) == {"changed": 3, "files": 30}
+    assert search_index.index_mark(cache) is not None  # it covers the new manifest whole
+    assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [
+        f"{NS}/f00.md", f"{NS}/new.md"]
+    assert search_mod.searcher(cache)._view.manifest is None
+    cache.apply([(f"{NS}/f05.md", sha256_text("gamma\n"), "gamma\n")], [], {NS: info})
+    # A mark the index no longer matches (a run that changed the cache without updating the
+    # index came between): every file is compared, so the file nobody named is re-read too.
+    assert search_index.update_index(cache, [], [], mark) == {"changed": 1, "files": 30}
+    assert search_index.index_mark(cache) is not None
+    assert [r["path"] for r in tools.search(cache, ["gamma"])["results"]] == [f"{NS}/f05.md"]
+
+
+def test_the_index_is_smaller_than_the_text_it_indexes(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    corpus.generate(src, files=150, seed=7)
+    cache = cache_of_ns(tmp_path / "cache", {p.relative_to(src).as_posix(): p.read_text(
+        encoding="utf-8") for p in src.rglob("*.md")})
+    search_index.refresh_index(cache)
+    assert index_bytes(cache) <= text_bytes(cache)
