@@ -14,7 +14,7 @@ import zlib
 
 from sharedmem.core import ProtocolError
 
-TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections import deque
     from typing import IO, Any

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sharedmem.core import JSONError
 
-TYPE_CHECKING = False  # typing imports re: the start-up this module exists for does not pay it
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any

@@ -12,7 +12,7 @@ from collections import namedtuple
 from sharedmem.core import ProtocolError
 from sharedmem.rules import NOTES_DIR
 
-TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

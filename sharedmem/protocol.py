@@ -16,7 +16,7 @@ from sharedmem.core import JSONError, ProtocolError
 from sharedmem.fastjson import loads
 from sharedmem.rules import MIB
 
-TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any
 

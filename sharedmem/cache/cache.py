@@ -40,7 +40,7 @@ from sharedmem.hashing import sha256_file
 from sharedmem.namespaces import Namespace
 from sharedmem.rules import MACHINES_DIR, NOTES_DIR, name_problem
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -20,7 +20,7 @@ from sharedmem.core import ProtocolError
 from sharedmem.hashing import sha256_bytes
 from sharedmem.rules import NOTES_DIR
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sharedmem.cache.writers import FileWriter
 

@@ -30,7 +30,7 @@ from sharedmem.sources.safe_open import (
     refusal,
 )
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import BinaryIO, TypeVar
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sharedmem.core import CacheError
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -42,7 +42,7 @@ from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
 from sharedmem.core import SharedMemoryError
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

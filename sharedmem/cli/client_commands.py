@@ -7,7 +7,7 @@ import sys
 
 from sharedmem.cli.output import emit, load_config, progress, shown, user_path
 
-TYPE_CHECKING = False  # typing costs milliseconds that `mcp` start-up does not pay
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-TYPE_CHECKING = False  # typing and pathlib cost milliseconds that `mcp` start-up does not pay
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any

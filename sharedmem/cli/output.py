@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-TYPE_CHECKING = False  # typing and pathlib cost milliseconds that `mcp` start-up does not pay
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path

@@ -11,7 +11,7 @@ from pathlib import Path
 from sharedmem.core import ConfigError
 from sharedmem.rules import KIND_MARKDOWN, SOURCE_KINDS, Limits, check_markdown_source_name, name_problem
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -77,10 +77,9 @@ class Timeouts(namedtuple("Timeouts", "reply_seconds session_seconds session_rat
 
 class ClientConfig(namedtuple("ClientConfig", "path machine transport sources cache state limits "
                               "compress timeouts", defaults=(Limits(), "auto", Timeouts()))):
-    """A validated `client.json`; plain named tuples (a dataclass would cost each sync 15 ms).
+    """A validated `client.json`, as plain named tuples (`collections.namedtuple`).
 
-    Made by `collections.namedtuple`, as the others here: `typing.NamedTuple`, with typing
-    itself, cost each sync's start about 10 ms. path (a Path), machine (str), transport
+    Neither dataclasses nor `typing.NamedTuple` is loaded by a sync. path (a Path), machine (str), transport
     (`Transport`), sources (a tuple of `SourceConfig`), cache and state (Paths), limits
     (`Limits`), compress (str), timeouts (`Timeouts`).
     """
@@ -92,8 +91,7 @@ class ClientConfig(namedtuple("ClientConfig", "path machine transport sources ca
         """Whether a session asks the server to compress (protocol version 3).
 
         `auto` compresses over ssh to another machine only: to a local store, or over ssh to
-        this one, nothing crosses a network and zlib is CPU spent for nothing (a first sync of
-        10,000 files over loopback ssh: 2.69 s compressed, 1.99 s not; docs/BENCHMARKS.md).
+        this one, nothing crosses a network and zlib is CPU spent for nothing.
         """
         if self.compress != "auto":
             return self.compress == "on"

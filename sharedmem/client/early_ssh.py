@@ -6,8 +6,8 @@ starts ssh first, from the raw `client.json`, when its transport plainly names a
 same command; otherwise (or when the sync ends before connecting) the early process is stopped.
 Only the standard library and the base are imported here, and only what starting a process
 needs: this module reads the file with the C JSON of fastjson.py and, where it can, starts ssh
-with `os.posix_spawnp`, because `json`, `shlex` and `subprocess` would cost the sync 13 ms (they
-bring in `re`, `enum`, `signal`, `threading`...) before the handshake could begin.
+with `os.posix_spawnp`, because `json`, `shlex` and `subprocess` (and the `re`, `enum`,
+`signal` and `threading` they bring in) would delay the handshake.
 """
 
 from __future__ import annotations

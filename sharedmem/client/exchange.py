@@ -25,7 +25,7 @@ from sharedmem.files import atomic_write
 from sharedmem.namespaces import NamespaceList
 from sharedmem.rules import plain_paths
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

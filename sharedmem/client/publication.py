@@ -25,7 +25,7 @@ from sharedmem.rules import MACHINES_DIR
 from sharedmem.sources import kinds as sources
 from sharedmem.sources.walk import Entry
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

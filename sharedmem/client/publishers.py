@@ -17,7 +17,7 @@ from sharedmem.client.publication import Publication
 from sharedmem.core import ProtocolError
 from sharedmem.protocol import PeerError, chunks, encode, encode_raw_texts
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 BATCH_BYTES = 1 << 20  # small enough that the server redacts one batch while the next comes
 # Tails go once this many wait and the hello has come: the server joins, checks and redacts them
-# while the walk goes on, not after the manifest (docs/BENCHMARKS.md "Eighth round").
+# while the walk goes on, not after the manifest.
 TAIL_BATCH = 16
 
 

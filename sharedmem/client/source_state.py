@@ -16,7 +16,7 @@ from pathlib import Path
 from sharedmem import linejson
 from sharedmem.sources.walk import Entry, record_entry, valid_record
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

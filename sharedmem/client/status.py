@@ -16,7 +16,7 @@ from sharedmem.clock import SYNC_INTERVAL_SECONDS, age_text, parse_utc
 from sharedmem.core import JSONError
 from sharedmem.fastjson import loads
 
-TYPE_CHECKING = False  # typing imports re: the MCP server's start does not pay for it
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

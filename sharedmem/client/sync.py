@@ -36,7 +36,7 @@ from sharedmem.core import SharedMemoryError
 from sharedmem.files import atomic_write
 from sharedmem.protocol import PeerError
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

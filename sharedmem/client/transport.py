@@ -30,7 +30,7 @@ from sharedmem.files import atomic_write
 from sharedmem.program import LAUNCHER, PYTHON_FLAGS
 from sharedmem.protocol import COMPRESSIONS, VERSIONS, Channel, PeerError, printable
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -59,7 +59,7 @@ class HelloChanged(ProtocolError):
 def _timeout() -> type[Exception]:
     """`subprocess.TimeoutExpired`, loaded only once a wait has run out.
 
-    An ssh sync whose process started early never loads `subprocess` (9 ms) otherwise.
+    An ssh sync whose process started early never loads `subprocess` otherwise.
     """
     import subprocess
     return subprocess.TimeoutExpired

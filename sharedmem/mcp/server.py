@@ -23,7 +23,7 @@ from sharedmem.clock import utc_now
 from sharedmem.core import JSONError
 from sharedmem.fastjson import dumps, loads
 
-TYPE_CHECKING = False  # typing imports re: start-up does not pay for it
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import Any

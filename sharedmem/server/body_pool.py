@@ -16,7 +16,7 @@ from sharedmem.hashing import sha256_bytes
 from sharedmem.protocol import AHEAD_REFS, PeerError
 from sharedmem.rules import MIB
 
-TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 # Bodies are stored in batches of about this much as they come. What is left under it waits
 # for the namespace's commit, after the client's last byte: smaller batches cost a first sync
-# more commits, larger ones leave more to write while the client waits (docs/BENCHMARKS.md).
+# more commits, larger ones leave more to write while the client waits.
 STORE_AHEAD_BYTES = 1 * MIB
 REF_BYTES = 32
 NO_REF = bytes(REF_BYTES)  # a text sent ahead that was not UTF-8: nothing to refer to

@@ -112,8 +112,7 @@ def ingest(store: Store, machine: str, source: str, kind: str,
     their rows are read and written, so a delta costs the server little more than the files
     it changes. The namespace's new digest is `digest`, the one the manifest names, when
     every file it lists is stored as listed; else it is computed, for a delta by SQLite
-    listing the namespace (docs/BENCHMARKS.md). The
-    digest is a token between a machine and its own namespace (docs/PROTOCOL.md
+    listing the namespace. The digest is a token between a machine and its own namespace (docs/PROTOCOL.md
     "Namespaces"): the server takes it on the client's word for a manifest that says nothing
     changed already, and checks every body's sha256.
     """

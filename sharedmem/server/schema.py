@@ -108,7 +108,7 @@ MIGRATIONS: list[str] = [
     # commit of new bodies takes consecutive rowids (it holds the write lock, and SQLite gives
     # each new row the largest rowid plus one), so one row here claims a commit's worth. A
     # `claims` row each (two random inserts in 64-character keys) cost a large first sync
-    # much of its storing time (docs/BENCHMARKS.md). `claims` still holds
+    # much of its storing time. `claims` still holds
     # the bodies a session was told the store holds. A run goes with its session; while it
     # stands its bodies are kept, so the largest rowid stays at or past its end and a later
     # run starts after it: runs never overlap.

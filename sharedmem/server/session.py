@@ -34,7 +34,7 @@ from sharedmem.rules import KIND_MARKDOWN, MIB, SOURCE_KINDS, Limits, name_probl
 from sharedmem.server.body_pool import NO_REF, REF_BYTES, BodyPool
 from sharedmem.server.store import DiskFull, Store, disk_full, full_error
 
-TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from pathlib import Path

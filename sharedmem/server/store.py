@@ -28,7 +28,7 @@ from sharedmem.rules import (
 from sharedmem.server import note_log
 from sharedmem.server.schema import MIGRATIONS, statements
 
-TYPE_CHECKING = False  # typing costs `serve` milliseconds before it can answer
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any
@@ -39,12 +39,12 @@ BUSY_TIMEOUT_MS = 60_000
 # A new store's page size (an existing one keeps its own: SQLite changes it only in a VACUUM,
 # never in WAL mode). Memory files of a few kB fill small pages one body to a page, and a
 # first sync's bodies (random sha256 keys) rewrite index pages at each commit: larger pages
-# store them faster in a smaller file (docs/BENCHMARKS.md).
+# store them faster in a smaller file.
 PAGE_SIZE = 16384
 # SQLite's page cache for a connection, in KiB (it grows only as pages are read). The default
 # held the indexes of a small store, not those of a large first sync, whose rows then read and
-# spilled index pages again and again; this took most of what four times as much did
-# (docs/BENCHMARKS.md). A session holds at most this much of it: memory per session is
+# spilled index pages again and again; this takes most of what four times as much does. A
+# session holds at most this much of it: memory per session is
 # bounded, and so is the sessions' number (`session_slots.py`).
 CACHE_KIB = 16384
 # A session copies the write-ahead log into the store itself, at its end (`checkpoint_at_close`),

@@ -28,7 +28,7 @@ from sharedmem.sources.safe_open import (
     too_large,
 )
 
-TYPE_CHECKING = False  # typing costs each sync's start milliseconds
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -238,8 +238,8 @@ class Walker:
         """Publish a file reused unread, after the files read before it that wait in the queue.
 
         They are redacted now, however few: queued behind them, nearly every reused file of a
-        sync that read 1% of 10,000 waited in the queue too, where redacting a file by itself
-        costs about what it does in a batch (docs/BENCHMARKS.md "Seventh round").
+        sync that read a few would wait in the queue too, and redacting a file by itself costs
+        about what it does in a batch.
         """
         if self.queue:  # as if each were taken at once, in walk order
             self.flush()
