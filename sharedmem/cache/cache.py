@@ -380,113 +380,83 @@ class Cache:
         a removal of a path the rules refuse are skipped and named too; the rest is written.
         Only the rows that change are written, in one transaction, into the manifest, or into
         `rebuilt` (the list `rebuild` made), which then replaces it whole. `verified` are the
-        rows whose time alone moved (`check_files`).
+        rows whose time alone moved (`check_files`). A commit that fails is undone as far as
+        the cache can be (`_abandon`).
         """
-        writer = intake.writer
-        listed: dict[str, NamespaceInfo] = {}
-        for key, info in namespaces.items():
-            problem = None
-            if key != NOTES_DIR:
-                parts = key.split("/")
-                if len(parts) != 3 or parts[0] != MACHINES_DIR:
-                    problem = f"namespace {key!r} is not machines/<machine>/<source>"
-                else:
-                    problem = name_problem(parts[1], "machine") or name_problem(parts[2], "source")
-            if problem:
-                intake.skip(key, "bad-namespace", problem)
-            else:
-                listed[key] = info
-        gone: set[str] = set()
-        for path in removals:
-            problems = published_path_problems(path)
-            if problems:
-                intake.skip(path, "bad-path", problems[0])
-            else:
-                gone.add(path)
+        listed = _listed(namespaces, intake)
+        gone = _removable(removals, intake)
         if rebuilt is None:
-            manifest = self.load()
+            self.load()
             if self.damage is not None:  # written afresh, as a rebuilt one is
                 rebuilt = ManifestStore("")
         store = rebuilt or self.store
         manifest = self.manifest_of(store) if store.exists() else Manifest()
-        files = manifest.files
-        pulled = intake.rows
-        taken, held = PullRows.TAKEN, PullRows.HELD
-        for namespace in (store.file_namespaces() if store.exists() else []):
-            if namespace not in listed or namespace in intake.whole:
-                gone.update(_missing(store.paths(namespace),
-                                     pulled.paths(held, namespace + "/")))
-        gone.update(p for p in pulled.paths((PullRows.DROPPED,)) if p in files)
+        gone |= _gone(store, listed, intake, manifest.files)
         folders = Folders(self.root)
-        # Refuse links before any write. Below a namespace's folder that is not there yet no
-        # file is, so each path of one is checked by checking the folder.
-        absent = {key for key in listed if folders.target(f"{key}/-", create=False,
-                                                          strict=True) is None}
-        for path in pulled.paths(taken, outside=absent):
-            folders.target(path, create=False, strict=True)
-        base = folders.root + os.sep
-        where = str(self.root)  # what is being written, for the message should it fail
-        done = _Done(pulled)  # the files put in place
-        removed: list[str] = []
-        unlinked = 0
+        _refuse_links(folders, listed, intake.rows)
+        done = _Done(intake.rows, str(self.root))
         try:
-            writer.move_namespaces(pulled, folders, done.moved)
-            own, whole = intake.own, done.moved.folders  # every taken file of `whole` is moved
-            for path, sha, state in pulled.rows(taken, outside=whole):
-                if done.moved.has(path, state):
-                    continue
-                target = folders.target(path, create=True)
-                assert target is not None
-                where = target
-                writer.write(path, sha, own[sha] if state == PullRows.OWN else None, target)
-                done.wrote(path)
-            for path in sorted(gone):
-                if pulled.state(path) in held:
-                    continue
-                target = folders.target(path, create=False)
-                removed.append(path)
-                if target is None:
-                    continue
-                try:
-                    os.unlink(target)
-                    unlinked += 1
-                except FileNotFoundError:
-                    pass
-                self._prune_dirs(Path(target).parent)
-            where = str(self.manifest_path)
-            rows = [(key, *info[1:]) for key, info in sorted(listed.items())]
+            _put(intake, folders, done)
+            removed, unlinked = self._remove(gone, intake.rows, folders)
+            done.at(str(self.manifest_path))
             with store.transaction() as writing:
+                taken, files = PullRows.TAKEN, manifest.files
                 writing.upsert((p, *m) for p, m in (verified or {}).items()
-                               if p in files and pulled.state(p) not in taken)
-                writing.upsert(_rows(pulled.rows(taken, outside=whole), base))
-                writing.upsert(_moved_rows(done.moved.paths, base))
+                               if p in files and intake.rows.state(p) not in taken)
+                writing.upsert(_rows(intake.rows.rows(taken, outside=done.moved.folders),
+                                     folders.root + os.sep))
+                writing.upsert(_moved_rows(done.moved.paths, folders.root + os.sep))
                 writing.delete(removed)
-                writing.set_namespaces(rows)
+                writing.set_namespaces((key, *info[1:]) for key, info in sorted(listed.items()))
                 writing.set_meta(utc_now(), server or manifest.server)
             if rebuilt is not None:
-                rebuilt.save_as(self.manifest_path)
-                rebuilt.close()
-                for name in LEGACY:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self.meta / name)
+                self._replace_manifest(rebuilt)
         except OSError as exc:
-            self._abandon(done, writer, rebuilt is not None)
-            raise CacheError(f"{write_failure(where, exc)}; {_KEPT}") from None
+            self._abandon(done, intake.writer, rebuilt is not None)
+            raise CacheError(f"{write_failure(done.where, exc)}; {_KEPT}") from None
         except SharedMemoryError:
-            self._abandon(done, writer, rebuilt is not None)
+            self._abandon(done, intake.writer, rebuilt is not None)
             raise
         except Exception as exc:  # sqlite3.Error, not imported here
-            self._abandon(done, writer, rebuilt is not None)
+            self._abandon(done, intake.writer, rebuilt is not None)
             if type(exc).__module__ != "sqlite3":
                 raise
-            raise CacheError(f"{_store_failure(where, exc)}; {_KEPT}") from None
+            raise CacheError(f"{_store_failure(done.where, exc)}; {_KEPT}") from None
         self._loaded = None
         self.damage = None
-        written = pulled.view(taken)
+        written = intake.rows.view(PullRows.TAKEN)
         self._write_synced()
         report = {"written": len(written), "removed": unlinked, "files": self.store.count(),
                   "skipped": intake.skipped, "skipped_total": intake.skipped_total}
         return Committed(report, written, removed)
+
+    def _remove(self, gone: set[str], pulled: PullRows,
+                folders: Folders) -> tuple[list[str], int]:
+        """Remove each file of `gone` the pull does not hold: the paths, and how many were there."""
+        removed: list[str] = []
+        unlinked = 0
+        for path in sorted(gone):
+            if pulled.state(path) in PullRows.HELD:
+                continue
+            target = folders.target(path, create=False)
+            removed.append(path)
+            if target is None:
+                continue
+            try:
+                os.unlink(target)
+                unlinked += 1
+            except FileNotFoundError:
+                pass
+            self._prune_dirs(Path(target).parent)
+        return removed, unlinked
+
+    def _replace_manifest(self, rebuilt: ManifestStore) -> None:
+        """Move a rebuilt file list in whole, in place of the manifest and an older version's pair."""
+        rebuilt.save_as(self.manifest_path)
+        rebuilt.close()
+        for name in LEGACY:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.meta / name)
 
     def _write_synced(self) -> None:
         """The last sync's time, read by the MCP server's start without opening SQLite."""
@@ -544,6 +514,79 @@ class Cache:
             folder = folder.parent
 
 
+def _listed(namespaces: Mapping[str, NamespaceInfo], intake: Intake) -> dict[str, NamespaceInfo]:
+    """The server's namespaces whose key the layout takes; each other one is skipped, named."""
+    listed: dict[str, NamespaceInfo] = {}
+    for key, info in namespaces.items():
+        problem = None
+        if key != NOTES_DIR:
+            parts = key.split("/")
+            if len(parts) != 3 or parts[0] != MACHINES_DIR:
+                problem = f"namespace {key!r} is not machines/<machine>/<source>"
+            else:
+                problem = name_problem(parts[1], "machine") or name_problem(parts[2], "source")
+        if problem:
+            intake.skip(key, "bad-namespace", problem)
+        else:
+            listed[key] = info
+    return listed
+
+
+def _removable(removals: Iterable[str], intake: Intake) -> set[str]:
+    """The removals the path rule and layout take; each other one is skipped, named."""
+    gone: set[str] = set()
+    for path in removals:
+        problems = published_path_problems(path)
+        if problems:
+            intake.skip(path, "bad-path", problems[0])
+        else:
+            gone.add(path)
+    return gone
+
+
+def _gone(store: ManifestStore, listed: Mapping[str, NamespaceInfo], intake: Intake,
+          files: FileTable) -> set[str]:
+    """What else the commit removes, besides the removals the server named.
+
+    The files of a namespace gone, or pulled whole, that the pull does not hold, and the older
+    copy of each file the pull dropped.
+    """
+    gone: set[str] = set()
+    pulled = intake.rows
+    for namespace in (store.file_namespaces() if store.exists() else []):
+        if namespace not in listed or namespace in intake.whole:
+            gone.update(_missing(store.paths(namespace),
+                                 pulled.paths(PullRows.HELD, namespace + "/")))
+    gone.update(p for p in pulled.paths((PullRows.DROPPED,)) if p in files)
+    return gone
+
+
+def _refuse_links(folders: Folders, listed: Iterable[str], pulled: PullRows) -> None:
+    """Refuse a link where a file or folder of the pull goes, before anything is written.
+
+    Below a namespace's folder that is not there yet no file is, so each path of one is checked
+    by checking the folder.
+    """
+    absent = {key for key in listed if folders.target(f"{key}/-", create=False,
+                                                      strict=True) is None}
+    for path in pulled.paths(PullRows.TAKEN, outside=absent):
+        folders.target(path, create=False, strict=True)
+
+
+def _put(intake: Intake, folders: Folders, done: _Done) -> None:
+    """Put each file the pull takes in place: namespaces moved in whole, then each other file."""
+    writer, pulled, own = intake.writer, intake.rows, intake.own
+    writer.move_namespaces(pulled, folders, done.moved)
+    for path, sha, state in pulled.rows(PullRows.TAKEN, outside=done.moved.folders):
+        if done.moved.has(path, state):
+            continue
+        target = folders.target(path, create=True)
+        assert target is not None
+        done.at(target)
+        writer.write(path, sha, own[sha] if state == PullRows.OWN else None, target)
+        done.wrote(path)
+
+
 def _moved_rows(moved: Mapping[str, tuple[int, int, str, str]],
                 base: str) -> Iterator[tuple[str, str, int, str, int]]:
     """The row of each file moved in with its namespace's folder (`Moved.paths`), unstat'ed.
@@ -577,16 +620,22 @@ def _missing(paths: Iterator[str], held: Iterator[str]) -> Iterator[str]:
 
 
 class _Done:
-    """The files a commit has put in place so far: streamed from the pull's records.
+    """The files a commit has put in place so far, and where it writes now.
 
-    The commit writes them in path order, after the namespaces moved in whole (`moved`), so
-    what was written is each of those and every other one up to the `last`, not a list.
+    `where` is for the message should the commit fail. The commit writes the files in path
+    order, after the namespaces moved in whole (`moved`), so what was written is each of those
+    and every other one up to the `last`, not a list.
     """
 
-    def __init__(self, rows: PullRows) -> None:
+    def __init__(self, rows: PullRows, where: str) -> None:
         self.rows = rows
         self.moved = Moved()
         self.last: str | None = None
+        self.where = where
+
+    def at(self, where: str) -> None:
+        """The commit writes `where` next."""
+        self.where = where
 
     def wrote(self, path: str) -> None:
         """The commit put `path` in place; every path before it is in place too."""
