@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from sharedmem.cache.cache import NamespaceInfo
+from sharedmem.cache.intake import Intake
 from sharedmem.cache.update import CacheUpdate, Pulled
 from sharedmem.client.config import ClientConfig
 from sharedmem.client.outbox import Outbox, QueuedNote
@@ -130,54 +131,68 @@ class Exchange:
         """Read the server's answer to the pull, taking in each `files` message as it comes.
 
         Each reply is checked for shape before it is used; a malformed one ends the sync with
-        nothing changed. A body left out must be one this client has.
+        nothing changed. What the server left out of this run's own namespaces is taken from
+        what it published; a body left out must be one this client has.
         """
-        head = conn.channel.expect("namespaces")
-        rows, full, removed = head.get("namespaces"), head.get("full", []), head.get("removed", [])
-        skipped = head.get("skipped", [])
-        for name, value in (("full", full), ("removed", removed), ("skipped", skipped)):
-            if type(value) is not list or not all(type(v) is str for v in value):
-                raise conn.malformed("namespaces", f"{name} must be a list of strings")
-        try:
-            listed = NamespaceList.from_rows(rows)
-        except ProtocolError as exc:
-            raise conn.malformed("namespaces", str(exc)) from None
-        namespaces = {ns.key: NamespaceInfo.listed(ns) for ns in listed.every()}
+        namespaces, full, removed, skipped = _head(conn, conn.channel.expect("namespaces"))
         own = self.own
         skipped_own = {key for key in skipped if key in own.offered}  # only those asked for
         intake = update.intake(namespaces, full, skipped_own, own.whole(skipped_own),
                                lambda: own.files(skipped_own))
-        removed = removed + own.removed(skipped_own)
-        texts = own.texts
         count = 0
         while (part := conn.channel.expect("files", "end"))["type"] == "files":
-            items = part.get("files")
-            if type(items) is not list:
-                raise conn.malformed("files", "files must be a list")
-            # One check of every path of the message stands for one a file (rules.plain_paths).
-            plain = all(type(i) is list and len(i) == 3 and type(i[0]) is str
-                        for i in items) and plain_paths([i[0] for i in items])
-            for item in items:
-                if type(item) is not list or len(item) != 3:
-                    raise conn.malformed("files", "each file must be [path, sha256, text or null]")
-                path, sha, text = item
-                if type(path) is not str or type(sha) is not str or (
-                        text is not None and type(text) is not str):
-                    raise conn.malformed("files", "each file must be [path, sha256, text or null]"
-                                         " of strings")
-                mine = texts.get(sha)
-                if mine is not None:  # this client's own text at that sha256, whatever was sent
-                    intake.add(path, sha, mine, vouched=True, plain=plain)
-                elif text is None:
-                    raise conn.malformed("files", f"it sent no text for {path!r}, and this "
-                                         "client has none for its sha256")
-                else:
-                    intake.add(path, sha, text, plain=plain)
-            count += len(items)
-            del part, items  # so the next message is read with this one gone
+            count += _take_files(conn, part, intake, own.texts)
+            del part  # so the next message is read with this one gone
         self.progress(f"cache: {count} files pulled")
-        return Pulled(intake, removed, namespaces,
+        return Pulled(intake, removed + own.removed(skipped_own), namespaces,
                       {"server": conn.server.get("server"), "protocol": conn.version})
+
+
+def _head(conn: Connection, head: dict[str, Any]
+          ) -> tuple[dict[str, NamespaceInfo], list[str], list[str], list[str]]:
+    """A pull's `namespaces` message, checked: the list, and the full, removed, skipped keys."""
+    rows, full, removed = head.get("namespaces"), head.get("full", []), head.get("removed", [])
+    skipped = head.get("skipped", [])
+    for name, value in (("full", full), ("removed", removed), ("skipped", skipped)):
+        if type(value) is not list or not all(type(v) is str for v in value):
+            raise conn.malformed("namespaces", f"{name} must be a list of strings")
+    try:
+        listed = NamespaceList.from_rows(rows)
+    except ProtocolError as exc:
+        raise conn.malformed("namespaces", str(exc)) from None
+    return ({ns.key: NamespaceInfo.listed(ns) for ns in listed.every()}, full, removed,
+            skipped)
+
+
+def _take_files(conn: Connection, part: dict[str, Any], intake: Intake,
+                texts: Mapping[str, str]) -> int:
+    """Take in one `files` message, each entry checked; how many files it held.
+
+    A text this client holds for the sha256 (its own) stands for whatever the server sent.
+    """
+    items = part.get("files")
+    if type(items) is not list:
+        raise conn.malformed("files", "files must be a list")
+    # One check of every path of the message stands for one a file (rules.plain_paths).
+    plain = all(type(i) is list and len(i) == 3 and type(i[0]) is str
+                for i in items) and plain_paths([i[0] for i in items])
+    for item in items:
+        if type(item) is not list or len(item) != 3:
+            raise conn.malformed("files", "each file must be [path, sha256, text or null]")
+        path, sha, text = item
+        if type(path) is not str or type(sha) is not str or (
+                text is not None and type(text) is not str):
+            raise conn.malformed("files", "each file must be [path, sha256, text or null]"
+                                 " of strings")
+        mine = texts.get(sha)
+        if mine is not None:
+            intake.add(path, sha, mine, vouched=True, plain=plain)
+        elif text is None:
+            raise conn.malformed("files", f"it sent no text for {path!r}, and this client has "
+                                 "none for its sha256")
+        else:
+            intake.add(path, sha, text, plain=plain)
+    return len(items)
 
 
 def _quarantine(path: Path, refused: Mapping[str, str]) -> None:
