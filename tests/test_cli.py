@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, write_config
+from conftest import config_for, make_memories, run_cli, write_config
 
 from sharedmem.cache.cache import Cache, NamespaceInfo
 from sharedmem.cli import main as cli
@@ -299,7 +299,6 @@ def test_status_says_a_damaged_cache_and_the_refused_notes(tmp_path: Path, home:
 
 
 def test_the_sync_text_counts_the_cache_files_it_repaired(tmp_path: Path) -> None:
-    from test_sync import config_for, make_memories
     home = tmp_path / "h"
     make_memories(home, files=3)
     cfg = config_for(tmp_path, home, "laptop",

@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_sync import cache_files, config_for, make_memories, sync_json
-from test_transport import local_config
+from conftest import cache_files, config_for, local_config, make_memories, sync_json
 
 from sharedmem.client.exchange import Exchange
 from sharedmem.client.outbox import Outbox

@@ -6,7 +6,6 @@ import base64
 import io
 import json
 import os
-import stat
 import subprocess
 import sys
 import tarfile
@@ -15,7 +14,23 @@ from importlib.util import cache_from_source
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SYSTEM
+from conftest import (
+    AGENTS,
+    CLAUDE,
+    CURSOR,
+    OPENCODE,
+    PREFIX,
+    REPO,
+    SYSTEM,
+    TOML,
+    env_for,
+    keygen,
+    make_client_home,
+    mode,
+    run_installer,
+    ssh_args,
+    tree,
+)
 
 from sharedmem.core import InstallError
 from sharedmem.install import authorized_keys as authkeys
@@ -24,67 +39,7 @@ from sharedmem.install.client_install import client_main
 from sharedmem.install.server_install import server_main
 from sharedmem.server.store import Store
 
-PREFIX = Path(".local/share/codex-shared-memory")
-TOML = '# my settings\nmodel = "o3"\n\n[mcp_servers.other]\ncommand = "npx"\nargs = ["x"]\n'
-CLAUDE = {"numStartups": 3, "projects": {"/src": {"allowedTools": []}}}
-OPENCODE = {"$schema": "https://opencode.ai/config.json", "theme": "dark"}
-CURSOR = {"mcpServers": {"other": {"command": "npx", "args": ["y"]}}}
 ED25519_BLOB = base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + bytes(32)).decode()
-AGENTS = "# My rules\n\nAlways run the tests.\n"
-
-
-def keygen(path: Path) -> str:
-    """A fresh ed25519 key pair; returns the public line."""
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f",
-                    str(path)], check=True, capture_output=True)
-    return path.with_suffix(".pub").read_text().strip()
-
-
-def env_for(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CODEX_HOME", "CLAUDE_CONFIG_DIR", "XDG_CONFIG_HOME")}
-    env.update(HOME=str(home), SHAREDMEM_SCHEDULER_DRYRUN="1", **extra)
-    return env
-
-
-def run(script: str, *args: str, home: Path, cwd: Path,
-        root: Path = REPO) -> subprocess.CompletedProcess:
-    """Run an installer (of this checkout, or of the release in `root`) as a user would."""
-    return subprocess.run([sys.executable, str(root / script), *args], capture_output=True,
-                          text=True, env=env_for(home), cwd=cwd, timeout=180)
-
-
-def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes | None]:
-    """Every path under `root` with its bytes (None for folders)."""
-    out: dict[str, bytes | None] = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if any(rel == s or rel.startswith(s + "/") for s in skip):
-            continue
-        out[rel] = None if path.is_dir() else path.read_bytes()
-    return out
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
-def make_client_home(root: Path) -> Path:
-    """A home with all four harnesses configured already, and some Codex memory."""
-    home = root / "client-home"
-    mem = home / ".codex" / "memories"
-    (mem / "rollout_summaries").mkdir(parents=True)
-    (mem / "MEMORY.md").write_text("# Memory\n- deploy with make\n", encoding="utf-8")
-    (mem / "rollout_summaries" / "r1.md").write_text("rollout one\n", encoding="utf-8")
-    (home / ".codex" / "config.toml").write_text(TOML, encoding="utf-8")
-    (home / ".codex" / "AGENTS.md").write_text(AGENTS, encoding="utf-8")
-    (home / ".claude").mkdir()
-    (home / ".claude.json").write_text(json.dumps(CLAUDE), encoding="utf-8")
-    (home / ".config" / "opencode").mkdir(parents=True)
-    (home / ".config" / "opencode" / "opencode.json").write_text(json.dumps(OPENCODE))
-    (home / ".cursor").mkdir()
-    (home / ".cursor" / "mcp.json").write_text(json.dumps(CURSOR), encoding="utf-8")
-    return home
 
 
 def without_ours(data: dict, *keys: str) -> dict:
@@ -106,7 +61,7 @@ def test_server_install_pins_key_once_and_refuses_another_machine(tmp_path):
     keys.chmod(0o644)
     pub = keygen(tmp_path / "laptop_key")
     prefix = home / PREFIX
-    proc = run("install_server.py", "--authorize", "laptop", "--key",
+    proc = run_installer("install_server.py", "--authorize", "laptop", "--key",
                str(tmp_path / "laptop_key.pub"), home=home, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     store = prefix / "store.sqlite3"
@@ -126,21 +81,21 @@ def test_server_install_pins_key_once_and_refuses_another_machine(tmp_path):
         assert opened.verify() == []
 
     before = tree(home)
-    again = run("install_server.py", "--authorize", "laptop", "--key", pub, home=home,
+    again = run_installer("install_server.py", "--authorize", "laptop", "--key", pub, home=home,
                 cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert tree(home, skip=(str(PREFIX / "store.sqlite3"),)) == {
         k: v for k, v in before.items() if k != str(PREFIX / "store.sqlite3")}
     assert keys.read_text().count(pub.split()[1]) == 1
 
-    refused = run("install_server.py", "--authorize", "desktop", "--key", pub, home=home,
+    refused = run_installer("install_server.py", "--authorize", "desktop", "--key", pub, home=home,
                   cwd=tmp_path)
     assert refused.returncode == 2
     assert "pinned to machine 'laptop'" in refused.stderr
     assert "--authorize desktop --key ... --repin" in refused.stderr
     assert keys.read_text().count(pub.split()[1]) == 1 and "--machine laptop" in keys.read_text()
 
-    moved = run("install_server.py", "--authorize", "desktop", "--key", pub, "--repin",
+    moved = run_installer("install_server.py", "--authorize", "desktop", "--key", pub, "--repin",
                 home=home, cwd=tmp_path)
     assert moved.returncode == 0, moved.stderr
     text = keys.read_text()
@@ -196,12 +151,13 @@ def test_server_upgrade_removes_stale_files_and_custom_prefix_hint(tmp_path):
     home = tmp_path / "h"
     home.mkdir()
     prefix = tmp_path / "srv"
-    assert run("install_server.py", "--prefix", str(prefix), home=home, cwd=tmp_path).returncode == 0
+    first = run_installer("install_server.py", "--prefix", str(prefix), home=home, cwd=tmp_path)
+    assert first.returncode == 0
     stale = prefix / "sharedmem" / "retired.py"
     stale.write_text("x = 1\n")
     (prefix / "sharedmem" / "__pycache__" / "retired.cpython-311.pyc").write_bytes(b"old")
     (prefix / "sharedmem" / "core.py").write_text("# damaged\n")
-    proc = run("install_server.py", "--prefix", str(prefix), home=home, cwd=tmp_path)
+    proc = run_installer("install_server.py", "--prefix", str(prefix), home=home, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert not stale.exists()
     assert not list((prefix / "sharedmem" / "__pycache__").glob("retired.*"))
@@ -215,16 +171,16 @@ def test_server_argument_and_key_problems(tmp_path):
     home.mkdir()
     private = tmp_path / "k"
     keygen(private)
-    proc = run("install_server.py", "--authorize", "Bad Name", "--key", str(private),
+    proc = run_installer("install_server.py", "--authorize", "Bad Name", "--key", str(private),
                "--repin", home=home, cwd=tmp_path)
     assert proc.returncode == 2
     assert "2 problem(s)" in proc.stderr
     assert "--authorize 'Bad Name' is invalid" in proc.stderr
     assert "PRIVATE key" in proc.stderr
     assert not (home / PREFIX).exists()
-    lone = run("install_server.py", "--key", str(private) + ".pub", home=home, cwd=tmp_path)
+    lone = run_installer("install_server.py", "--key", str(private) + ".pub", home=home, cwd=tmp_path)
     assert lone.returncode == 2 and "go together" in lone.stderr
-    assert run("install_server.py", "--help", home=home, cwd=tmp_path).stdout.count("--authorize")
+    assert run_installer("install_server.py", "--help", home=home, cwd=tmp_path).stdout.count("--authorize")
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -252,17 +208,10 @@ def test_split_line_reads_options_with_quoted_spaces():
 
 # --- the client over SSH ---------------------------------------------------------------------
 
-def ssh_args(sshd, key: Path | None = None, known: Path | None = None) -> list[str]:
-    return ["--ssh-host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port),
-            "--ssh-identity", str(key or sshd.pinned_key),
-            "--ssh-option", f"UserKnownHostsFile={known or sshd.known_hosts}",
-            "--ssh-option", "GlobalKnownHostsFile=/dev/null", "--ssh-option", "LogLevel=ERROR"]
-
-
 def test_client_over_ssh_end_to_end(tmp_path, sshd):
     server_home = tmp_path / "server-home"
     server_home.mkdir()
-    proc = run("install_server.py", "--authorize", "laptop", "--key",
+    proc = run_installer("install_server.py", "--authorize", "laptop", "--key",
                str(sshd.pinned_key) + ".pub", home=server_home, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     (sshd.root / "authorized_keys").write_bytes((server_home / ".ssh" / "authorized_keys")
@@ -271,12 +220,12 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
     args = ["--machine", "laptop", *ssh_args(sshd), "--remote-prefix", "/ignored/by/pin"]
     originals = tree(home)
 
-    dry = run("install_client.py", *args, "--dry-run", home=home, cwd=tmp_path)
+    dry = run_installer("install_client.py", *args, "--dry-run", home=home, cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     assert tree(home) == originals
     assert "+[mcp_servers.shared_memories]" in dry.stdout and "client.json (after)" in dry.stdout
 
-    first = run("install_client.py", *args, home=home, cwd=tmp_path)
+    first = run_installer("install_client.py", *args, home=home, cwd=tmp_path)
     assert first.returncode == 0, first.stderr + first.stdout
     prefix = home / PREFIX
     cache = prefix / "cache" / "machines" / "laptop" / "codex"
@@ -321,7 +270,7 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
 
     skip = (str(PREFIX / "cache"), str(PREFIX / "state"))
     installed = tree(home, skip)
-    second = run("install_client.py", *args, home=home, cwd=tmp_path)
+    second = run_installer("install_client.py", *args, home=home, cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert tree(home, skip) == installed
     assert "first sync" not in second.stdout + second.stderr
@@ -331,12 +280,12 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
     assert "Cursor has no global instructions file" not in second.stdout
     assert "--cursor-rules prints it again" in second.stdout
     (home / ".codex" / "memories" / "MEMORY.md").write_text("# Memory\n- deploy with tox\n")
-    third = run("install_client.py", *args, "--cursor-rules", home=home, cwd=tmp_path)
+    third = run_installer("install_client.py", *args, "--cursor-rules", home=home, cwd=tmp_path)
     assert third.returncode == 0, third.stderr
     assert "  sync: ok (1 file published, 0 pulled; 2 files in the cache)" in third.stdout
     assert "Cursor has no global instructions file" in third.stdout
 
-    gone = run("install_client.py", "--uninstall", home=home, cwd=tmp_path)
+    gone = run_installer("install_client.py", "--uninstall", home=home, cwd=tmp_path)
     assert gone.returncode == 0, gone.stderr
     assert (home / ".codex" / "config.toml").read_text() == TOML
     assert (home / ".codex" / "AGENTS.md").read_text() == AGENTS
@@ -346,7 +295,7 @@ def test_client_over_ssh_end_to_end(tmp_path, sshd):
     assert not (home / ".claude" / "CLAUDE.md").exists()
     assert (cache / "MEMORY.md").is_file()
 
-    purged = run("install_client.py", "--uninstall", "--purge", home=home, cwd=tmp_path)
+    purged = run_installer("install_client.py", "--uninstall", "--purge", home=home, cwd=tmp_path)
     assert purged.returncode == 0, purged.stderr
     assert not (prefix / "client.json").exists() and not (prefix / "cache").exists()
     assert not (prefix / "sharedmem").exists()
@@ -415,12 +364,12 @@ def test_flat_layout_install_upgrades_in_place(tmp_path, sshd):
     server_args = ["--authorize", "laptop", "--key", str(sshd.pinned_key) + ".pub"]
     client_args = ["--machine", "laptop", *ssh_args(sshd)]
     new_client_args = [*client_args, "--no-ssh-reuse"]  # no master left behind, whatever tmp is
-    proc = run("install_server.py", *server_args, home=server_home, cwd=tmp_path, root=old)
+    proc = run_installer("install_server.py", *server_args, home=server_home, cwd=tmp_path, root=old)
     assert proc.returncode == 0, proc.stderr
     keys = (server_home / ".ssh" / "authorized_keys").read_bytes()
     assert f"{server_home / PREFIX}/shared_memory.py serve --store" in keys.decode()
     (sshd.root / "authorized_keys").write_bytes(keys)  # sshd keeps the old line throughout
-    proc = run("install_client.py", *client_args, home=home, cwd=tmp_path, root=old)
+    proc = run_installer("install_client.py", *client_args, home=home, cwd=tmp_path, root=old)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "first sync: ok" in proc.stdout
     env = {"HOME": str(home)}
@@ -437,16 +386,16 @@ def test_flat_layout_install_upgrades_in_place(tmp_path, sshd):
         assert Path(cache_from_source(str(prefix / "sharedmem" / "store.py"))).is_file()
 
     before = tree(server_home)
-    dry = run("install_server.py", *server_args, "--dry-run", "--json", home=server_home,
+    dry = run_installer("install_server.py", *server_args, "--dry-run", "--json", home=server_home,
               cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     assert {f"{rel} (removed)" for rel in stale} <= set(json.loads(dry.stdout)["files"])
     assert tree(server_home) == before
 
-    proc = run("install_server.py", *server_args, home=server_home, cwd=tmp_path)
+    proc = run_installer("install_server.py", *server_args, home=server_home, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (server_home / ".ssh" / "authorized_keys").read_bytes() == keys
-    proc = run("install_client.py", *new_client_args, home=home, cwd=tmp_path)
+    proc = run_installer("install_client.py", *new_client_args, home=home, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "  sync: ok (nothing changed; 2 files in the cache)" in proc.stdout
     for prefix in prefixes:
@@ -473,9 +422,9 @@ def test_flat_layout_install_upgrades_in_place(tmp_path, sshd):
 
     installed = {"server": tree(server_home, (str(PREFIX / "store.sqlite3"),)),
                  "client": tree(home, (str(PREFIX / "cache"), str(PREFIX / "state")))}
-    again = run("install_server.py", *server_args, home=server_home, cwd=tmp_path)
+    again = run_installer("install_server.py", *server_args, home=server_home, cwd=tmp_path)
     assert again.returncode == 0 and "(0 file(s) changed)" in again.stdout, again.stdout
-    again = run("install_client.py", *new_client_args, home=home, cwd=tmp_path)
+    again = run_installer("install_client.py", *new_client_args, home=home, cwd=tmp_path)
     assert again.returncode == 0 and "code: 0 file(s) changed" in again.stdout, again.stdout
     assert "(unchanged)" in again.stdout and "updated" not in again.stdout
     assert {"server": tree(server_home, (str(PREFIX / "store.sqlite3"),)),
@@ -487,7 +436,7 @@ def test_client_ssh_failures_name_the_fix(tmp_path, sshd):
     originals = tree(home)
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
-    unknown = run("install_client.py", "--machine", "laptop", *ssh_args(sshd, known=empty),
+    unknown = run_installer("install_client.py", "--machine", "laptop", *ssh_args(sshd, known=empty),
                   home=home, cwd=tmp_path)
     assert unknown.returncode == 2
     assert "host key" in unknown.stderr and "ssh-keyscan" in unknown.stderr
@@ -495,13 +444,13 @@ def test_client_ssh_failures_name_the_fix(tmp_path, sshd):
 
     stranger = tmp_path / "stranger"
     keygen(stranger)
-    refused = run("install_client.py", "--machine", "laptop", *ssh_args(sshd, key=stranger),
+    refused = run_installer("install_client.py", "--machine", "laptop", *ssh_args(sshd, key=stranger),
                   home=home, cwd=tmp_path)
     assert refused.returncode == 2
     assert "refused this client's key" in refused.stderr
     assert "install_server.py --authorize" in refused.stderr
 
-    other = run("install_client.py", "--machine", "desktop", *ssh_args(sshd), home=home,
+    other = run_installer("install_client.py", "--machine", "desktop", *ssh_args(sshd), home=home,
                 cwd=tmp_path)
     assert other.returncode == 2 and "pinned to machine 'laptop'" in other.stderr
     assert tree(home) == originals
@@ -510,7 +459,7 @@ def test_client_ssh_failures_name_the_fix(tmp_path, sshd):
 def test_client_argument_problems_are_listed_together(tmp_path):
     home = tmp_path / "h"
     home.mkdir()
-    proc = run("install_client.py", "--machine", "Laptop", "--local", "--ssh-port", "99999",
+    proc = run_installer("install_client.py", "--machine", "Laptop", "--local", "--ssh-port", "99999",
                "--harness", "vim", "--source", "notes", "--markdown", "x=/no/such/dir",
                "--schedule", "daily", "--purge", home=home, cwd=tmp_path)
     assert proc.returncode == 2
@@ -518,7 +467,7 @@ def test_client_argument_problems_are_listed_together(tmp_path):
                    "--machine 'Laptop'", "--ssh-port", "--source 'notes'", "is not a folder"):
         assert needle in proc.stderr, needle
     assert not any(home.iterdir())
-    helped = run("install_client.py", "--help", home=home, cwd=tmp_path)
+    helped = run_installer("install_client.py", "--help", home=home, cwd=tmp_path)
     assert helped.returncode == 0 and "--ssh-host HOST" in helped.stdout
     assert "SHAREDMEM_SCHEDULER_DRYRUN" in helped.stdout
 
@@ -584,7 +533,7 @@ def test_server_warns_when_home_is_writable_by_others(tmp_path):
     home.mkdir()
     home.chmod(0o777)
     keygen(tmp_path / "k")
-    proc = run("install_server.py", "--authorize", "pc", "--key", str(tmp_path / "k.pub"),
+    proc = run_installer("install_server.py", "--authorize", "pc", "--key", str(tmp_path / "k.pub"),
                home=home, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert f"chmod go-w {home}" in proc.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from test_install import tree
+from conftest import tree
 
 from sharedmem.install.console import Console
 from sharedmem.install.prefix import LAUNCHER_NAME, install_code, release_files

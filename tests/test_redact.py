@@ -12,7 +12,7 @@ import string
 import time
 
 import pytest
-from test_credentials import ALNUM, B64, JWT, NEGATIVES, PEM_LABELS, POSITIVES, UPPER_DIGITS, m, pem, tok
+from credential_samples import ALNUM, B64, JWT, NEGATIVES, PEM_LABELS, POSITIVES, UPPER_DIGITS, m, pem, tok
 
 from sharedmem.core import NoteError
 from sharedmem.redact.redactor import Finding, find, redact, redact_many, redact_note

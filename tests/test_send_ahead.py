@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER, run_cli, write_config
-from test_transport import local_config
+from conftest import LAUNCHER, local_config, run_cli, write_config
 
 from sharedmem.client import config as config_mod
 from sharedmem.client import send_ahead as ahead_mod

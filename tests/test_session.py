@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER, collections_in, exported
+from conftest import LAUNCHER, collections_in, enc, exported, talk
 
 from sharedmem.hashing import digest_of, sha256_bytes, sha256_text
 from sharedmem.protocol import MAX_LINE_BYTES, Channel, encode_raw_texts
@@ -25,17 +25,6 @@ from sharedmem.server.session import Session
 from sharedmem.server.store import Store
 
 HELLO = {"type": "hello", "versions": [1, 2], "machine": "laptop"}
-
-
-def talk(store: Path, lines: list[bytes], *args: str) -> list[dict]:
-    """Send raw lines to a real `serve` and return every message it wrote."""
-    proc = subprocess.run([sys.executable, str(LAUNCHER), "serve", "--store", str(store), *args],
-                          input=b"".join(lines), capture_output=True, timeout=60)
-    return [json.loads(line) for line in proc.stdout.splitlines()]
-
-
-def enc(message: object) -> bytes:
-    return json.dumps(message).encode() + b"\n"
 
 
 def stored(store: Path) -> dict:

@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import exported, write_config
-from test_session import enc, talk
-from test_sync import cache_files, config_for, make_memories, sync_json
+from conftest import cache_files, config_for, enc, exported, make_memories, sync_json, talk, write_config
 
 from sharedmem.client import config as config_mod
 from sharedmem.client.send_ahead import TAIL_BATCH, Ahead
