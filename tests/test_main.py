@@ -1,4 +1,4 @@
-"""The command line in process: every --help, errors on stderr, JSON output, argv only."""
+"""Tests for sharedmem.cli.main: every --help, usage and errors on stderr, argv only, the quick parse."""
 
 from __future__ import annotations
 
@@ -10,13 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import config_for, make_memories, run_cli, write_config
+from conftest import client_with_cache
 
-from sharedmem.cache.cache import Cache, NamespaceInfo
 from sharedmem.cli import main as cli
-from sharedmem.client.outbox import Outbox
-from sharedmem.hashing import sha256_text
-from sharedmem.server.ingest import ingest
 
 
 def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -104,137 +100,18 @@ def test_errors_name_the_command_on_stderr(tmp_path: Path, home: Path,
     assert not (tmp_path / "out").exists()
 
 
-def status_config(tmp_path: Path) -> Path:
-    cfg = write_config(tmp_path / "client" / "client.json", "laptop",
-                       {"kind": "local", "store": str(tmp_path / "store.sqlite3")}, [],
-                       tmp_path / "cache")
-    key = "machines/desk/notes"
-    Cache(tmp_path / "cache").apply(
-        [(f"{key}/a.md", sha256_text("a\n"), "a\n"), (f"{key}/b.md", sha256_text("b\n"), "b\n")],
-        [], {key: NamespaceInfo(key, "desk", "notes", "markdown", 3, "2026-01-01T00:00:00Z")})
-    Outbox(tmp_path / "client" / "state" / "outbox").put("2026-01-31T09-30-00-idea.md", "idea")
-    return cfg
-
-
-def test_a_note_that_is_not_utf8_is_refused_by_the_note_rule(tmp_path: Path) -> None:
-    cfg = status_config(tmp_path)
-    result = run_cli("note", "--config", str(cfg), "2026-01-31T09-30-00-x.md", "bad \udcff byte")
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("shared_memory.py note: error: argument 'note' of "
-                                    "add_ad_hoc_note is not valid UTF-8 text")
-    assert len(Outbox(tmp_path / "client" / "state" / "outbox").pending()) == 1  # only "idea"
-
-
-def test_status_json_is_valid_json(tmp_path: Path, home: Path,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = status_config(tmp_path)
-    assert cli.main(["status", "--config", str(cfg), "--json"]) == 0
-    out, err = capsys.readouterr()
-    info = json.loads(out)
-    assert err == ""
-    assert info["machine"] == "laptop" and info["cache"] == str(tmp_path / "cache")
-    assert info["pending_notes"] == ["2026-01-31T09-30-00-idea.md"]
-    assert info["namespaces"] == [{"key": "machines/desk/notes", "machine": "desk",
-                                   "source": "notes", "kind": "markdown", "files": 2,
-                                   "synced_at": "2026-01-01T00:00:00Z"}]
-    assert info["last_sync"] and info["age_seconds"] >= 0
-
-    assert cli.main(["status", "--config", str(cfg)]) == 0
-    text = capsys.readouterr().out
-    assert "machine laptop" in text and "machines/desk/notes: 2 files" in text
-    assert "pending notes: 1" in text
-
-
-def test_index_refreshes_and_reports(tmp_path: Path, home: Path,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = status_config(tmp_path)
-    assert cli.main(["index", "--config", str(cfg), "--json"]) == 0
-    out, err = capsys.readouterr()
-    assert json.loads(out) == {"changed": 2, "files": 2} and err == ""
-    assert cli.main(["index", "--config", str(cfg)]) == 0
-    assert capsys.readouterr().out == "index: 0 files refreshed, 2 indexed\n"
-    quiet = run_cli("index", "--cache", str(tmp_path / "cache"), "--background")  # a child:
-    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")  # it lowers its priority
-    assert cli.main(["index", "--cache", str(tmp_path)]) == 2
-    assert "is not a synced cache" in capsys.readouterr().err
-
-
 def test_main_reads_only_its_argv(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch,
                                   capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = status_config(tmp_path)
+    cfg = client_with_cache(tmp_path, {"MEMORY.md": "# Memory\n"})
     monkeypatch.setattr(sys, "argv", ["garbage-prog", "--no-such-flag", "serve", "--bogus"])
     assert cli.main(["status", "--config", str(cfg), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["machine"] == "laptop"
+    assert json.loads(capsys.readouterr().out)["machine"] == "lab"
     assert cli.main(("list", "--config", str(cfg), "machines", "--json")) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert "machines/desk" in json.dumps(listed)
+    assert "machines/lab" in json.dumps(listed)
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     assert capsys.readouterr().out.startswith("usage: shared_memory.py ")
-
-
-# forget and export, through the real launcher, on a real store ------------------------------------
-
-def _store_with_two_machines(tmp_path):
-    from sharedmem.server.ingest import IncomingFile
-    from sharedmem.server.store import Store
-    path = tmp_path / "store.sqlite3"
-    with Store.open(path) as st:
-        ingest(st, "laptop", "codex", "codex", [IncomingFile("MEMORY.md", text="laptop memory")])
-        ingest(st, "laptop", "notes", "markdown", [IncomingFile("a/b.md", text="laptop note")])
-        ingest(st, "desktop", "notes", "markdown", [IncomingFile("x.md", text="desktop note")])
-        st.append_note("laptop", "2026-11-30T10-00-00-kept.md", "a note survives forget", "note-0001")
-    return path
-
-
-def test_forget_one_source_then_machine_keeps_notes(tmp_path):
-    import json
-
-    from conftest import run_cli
-
-    from sharedmem.server.store import Store
-    store = _store_with_two_machines(tmp_path)
-    proc = run_cli("forget", "--store", str(store), "--machine", "laptop", "--source", "notes",
-                   "--json")
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["files_removed"] == 1
-    with Store.open(store) as st:
-        paths = set(st.manifest())
-    assert "machines/laptop/notes/a/b.md" not in paths
-    assert "machines/laptop/codex/MEMORY.md" in paths
-    assert "machines/desktop/notes/x.md" in paths
-    proc = run_cli("forget", "--store", str(store), "--machine", "laptop", "--reason", "sold")
-    assert proc.returncode == 0 and "notes are append-only" in proc.stdout
-    with Store.open(store) as st:
-        paths = set(st.manifest())
-        forgotten = st.conn.execute("SELECT machine, source, reason FROM forgotten").fetchall()
-        assert st.verify() == []
-    assert not any(p.startswith("machines/laptop/") for p in paths)
-    assert "extensions/ad_hoc/notes/2026-11-30T10-00-00-kept.md" in paths
-    assert forgotten == [("laptop", "notes", ""), ("laptop", None, "sold")]
-    proc = run_cli("forget", "--store", str(store), "--machine", "laptop")
-    assert proc.returncode == 2 and "holds nothing for machine 'laptop'" in proc.stderr
-    assert proc.stdout == ""
-
-
-def test_export_writes_the_published_tree(tmp_path):
-    from conftest import run_cli
-    store = _store_with_two_machines(tmp_path)
-    out = tmp_path / "export"
-    proc = run_cli("export", "--store", str(store), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    files = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*.md")
-             if ".sharedmem" not in p.parts}
-    assert files["machines/laptop/codex/MEMORY.md"] == "laptop memory"
-    assert files["machines/desktop/notes/x.md"] == "desktop note"
-    assert "a note survives forget" in files["extensions/ad_hoc/notes/2026-11-30T10-00-00-kept.md"]
-    assert len(files) == 4
-    busy = tmp_path / "busy"
-    busy.mkdir()
-    (busy / "mine.txt").write_text("keep")
-    proc = run_cli("export", "--store", str(store), "--out", str(busy))
-    assert proc.returncode == 2 and "not empty" in proc.stderr
-    assert [p.name for p in busy.iterdir()] == ["mine.txt"]
 
 
 @pytest.mark.parametrize("argv,quick", [
@@ -277,68 +154,6 @@ def test_the_scheduled_sync_is_parsed_without_argparse_as_argparse_would(
     assert vars(args) == vars(full)
 
 
-def test_status_says_a_damaged_cache_and_the_refused_notes(tmp_path: Path, home: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from sharedmem.client.exchange import _quarantine
-    cfg = status_config(tmp_path)
-    outbox = Outbox(tmp_path / "client" / "state" / "outbox")
-    [(path, queued)] = outbox.pending()
-    _quarantine(path, {"filename": queued.filename, "note_id": queued.note_id,
-                       "message": "a note must not be empty\x1b[2J"})
-    outbox.done(path)
-    (tmp_path / "cache" / ".sharedmem" / "manifest.sqlite3").write_text("{", encoding="utf-8")
-    assert cli.main(["status", "--config", str(cfg)]) == 0
-    text = capsys.readouterr().out
-    assert (f"the cache is damaged and will be repaired by the next sync (run "
-            f"`shared_memory.py sync --config {cfg}` now to repair it): ") in text
-    assert "refused notes: 1 (kept in " in text
-    assert "  2026-01-31T09-30-00-idea.md: a note must not be empty\\x1b[2J" in text
-    assert cli.main(["status", "--config", str(cfg), "--json"]) == 0
-    info = json.loads(capsys.readouterr().out)
-    assert "manifest.sqlite3" in info["damage"] and info["refused_notes_total"] == 1
-
-
-def test_the_sync_text_counts_the_cache_files_it_repaired(tmp_path: Path) -> None:
-    home = tmp_path / "h"
-    make_memories(home, files=3)
-    cfg = config_for(tmp_path, home, "laptop",
-                     {"kind": "local", "store": str(tmp_path / "store.sqlite3")})
-    assert run_cli("sync", "--config", str(cfg)).returncode == 0
-    cache = tmp_path / "laptop" / "cache"
-    (cache / "machines/laptop/notes/d1/note-001.md").write_text("edited by hand\n")
-    (cache / "machines/laptop/codex/MEMORY.md").write_text("edited too\n")
-    proc = run_cli("sync", "--config", str(cfg))
-    assert proc.returncode == 0, proc.stderr
-    assert "    2 cache files repaired (changed by hand or damaged" in proc.stdout, proc.stdout
-    again = run_cli("sync", "--config", str(cfg))
-    assert again.returncode == 0 and "repaired" not in again.stdout, again.stdout
-
-
-def test_export_streams_the_store_instead_of_listing_it(tmp_path: Path, home: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    """The texts pass through once (the plain writer keeps each until its commit), not twice."""
-    import tracemalloc
-
-    from sharedmem.server.ingest import IncomingFile
-    from sharedmem.server.store import Store
-    store = tmp_path / "store.sqlite3"
-    texts = {f"f{i:03}.md": f"# file {i}\n" + f"line {i} " * 12_000 + "\n" for i in range(40)}
-    with Store.open(store) as st:
-        ingest(st, "laptop", "notes", "markdown",
-               [IncomingFile(p, text=t) for p, t in texts.items()])
-    total = sum(len(t) for t in texts.values())
-    tracemalloc.start()
-    try:
-        assert cli.main(["export", "--store", str(store), "--out", str(tmp_path / "out")]) == 0
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    capsys.readouterr()
-    root = tmp_path / "out" / "machines" / "laptop" / "notes"
-    assert {p.name: p.read_text() for p in root.iterdir()} == texts
-    assert peak < 1.5 * total, (peak, total)
-
-
 PROBE = r'''
 import gc, os, sys
 sys.path.insert(0, sys.argv[1])
@@ -365,8 +180,8 @@ with open(os.environ["PROBE_OUT"], "w") as out:  # serve's stdout is its channel
 ])
 def test_sync_and_serve_load_their_modules_with_the_collector_paused(
         tmp_path: Path, argv: list[str], module: str) -> None:
-    # Their runs make no cycles to collect, and neither do their imports: young collections
-    # meanwhile freed nothing and cost a sync 12-15 ms (docs/BENCHMARKS.md "Eighth round").
+    # Their runs make no cycles to collect, and neither do their imports: collections meanwhile
+    # free nothing and only cost a sync time (docs/BENCHMARKS.md).
     (tmp_path / "client.json").write_text(json.dumps({
         "machine": "laptop", "transport": {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
         "sources": [], "cache": str(tmp_path / "cache"), "state": str(tmp_path / "state")}))

@@ -1,7 +1,7 @@
 """Tests for sharedmem.redact.redactor: idempotency, merging, markers, the batch scan, speed bounds.
 
-The credential shapes, near misses and private-key blocks are tested in test_credentials.py,
-whose tables the documents here are built from.
+The credential shapes, near misses and private-key blocks are tested in test_credentials.py;
+the documents here are built from the same invented credentials (credential_samples.py).
 """
 
 from __future__ import annotations
