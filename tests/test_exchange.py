@@ -507,7 +507,7 @@ def test_what_the_client_cannot_write_is_skipped_and_the_rest_written(
 def test_pulled_texts_are_staged_as_each_message_arrives(
         client: Client, capsys: pytest.CaptureFixture[str]) -> None:
     # The server waits, after its first files message, until that text is on the client's disk:
-    # the pull does not hold every text until its end (20 files of 30 MiB took 706 MiB).
+    # the pull does not hold every text until its end.
     staged = str(client.cache / ".sharedmem" / "staging" / "*.pull")
     client.serve({**GOOD, "pull": [head(), files(item("machines/desk/notes/b.md")),
                                    {"wait": staged, "seconds": 20},
@@ -586,7 +586,7 @@ HELLO_3 = j({"type": "hello", "versions": [1, 2, 3], "version": 3, "server": "fa
 @pytest.mark.parametrize("index", [[0] * 300_000, [0, 0]], ids=["300,000 times", "twice"])
 def test_a_version_3_need_past_the_manifest_is_refused(
         client: Client, capsys: pytest.CaptureFixture[str], index: list[int]) -> None:
-    # Each mention once cost a copy of the text: 300,000 of one file took past 600 MiB.
+    # A need past the manifest would cost a copy of the text for each mention.
     client.serve({**GOOD, "hello": [HELLO_3],
                   "manifest": [j({"type": "need", "source": "notes", "index": index})]})
     assert_failed_cleanly(client, capsys, "the server (ssh server.invalid) sent a malformed need "

@@ -478,9 +478,9 @@ def test_the_cache_is_checked_after_the_manifests_are_sent(tmp_path, files):
 
 
 def test_a_sync_loads_no_typing_and_one_without_change_no_hashlib(tmp_path):
-    # Every sync starts a fresh interpreter: typing, and the NamedTuple classes it makes, cost
-    # that start about 10 ms, and hashlib (OpenSSL) 5 ms (docs/BENCHMARKS.md "A sync without
-    # typing"). A sync that changed nothing hashes nothing.
+    # Every sync starts a fresh interpreter: typing, the NamedTuple classes it makes, and
+    # hashlib (OpenSSL) each cost that start time (docs/BENCHMARKS.md). A sync that changed
+    # nothing hashes nothing.
     _, _, cfg = local_laptop(tmp_path)
     probe = (
         "import sys\n"
