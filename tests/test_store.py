@@ -625,12 +625,18 @@ def test_a_body_a_file_stopped_using_is_kept_for_the_grace_then_collected(st: St
     assert sorted(exported(st).values()) == ["moved", "new"]
 
 
-def test_migration_marks_the_orphans_a_v1_store_holds(tmp_path: Path) -> None:
-    path = tmp_path / "store.sqlite3"
+def old_store(path: Path, version: int) -> Path:
+    """A store of schema `version` at `path`, from its fixture (tests/fixtures/store-vN.sql)."""
     conn = sqlite3.connect(path)
-    conn.executescript((REPO / "tests" / "fixtures" / "store-v1.sql").read_text(encoding="utf-8"))
-    conn.execute("PRAGMA user_version=1")
+    conn.executescript((REPO / "tests" / "fixtures" / f"store-v{version}.sql")
+                       .read_text(encoding="utf-8"))
+    conn.execute(f"PRAGMA user_version={version}")
     conn.close()
+    return path
+
+
+def test_migration_marks_the_orphans_a_v1_store_holds(tmp_path: Path) -> None:
+    path = old_store(tmp_path / "store.sqlite3", 1)
     with Store.open(path) as st:
         assert st.schema_version() == SCHEMA_VERSION
         assert unused_bodies(st) == {"# Beta\n"}  # version 1 left it when a file changed
@@ -641,10 +647,8 @@ def test_migration_marks_the_orphans_a_v1_store_holds(tmp_path: Path) -> None:
 
 def test_counts_list_previous_versions_from_schema_3_on(tmp_path: Path) -> None:
     """A backup manifest's counts: an archive of schema 2 is counted as it was listed."""
-    old = tmp_path / "v2.sqlite3"
+    old = old_store(tmp_path / "v2.sqlite3", 2)
     conn = sqlite3.connect(old)
-    conn.executescript((REPO / "tests" / "fixtures" / "store-v2.sql").read_text(encoding="utf-8"))
-    conn.execute("PRAGMA user_version=2")
     assert Store(old, conn).counts() == {"namespaces": 4, "files": 6, "blobs": 9, "notes": 3}
     conn.close()
     with Store.open(tmp_path / "store.sqlite3") as st:
@@ -940,11 +944,7 @@ def test_the_end_of_a_session_on_a_full_disk_leaves_its_bodies_to_the_next(disk:
 
 
 def test_the_backup_before_a_migration_that_finds_no_room_migrates_nothing(disk: Path) -> None:
-    store = disk / "store.sqlite3"
-    conn = sqlite3.connect(store)
-    conn.executescript((REPO / "tests" / "fixtures" / "store-v2.sql").read_text(encoding="utf-8"))
-    conn.execute("PRAGMA user_version=2")
-    conn.close()
+    store = old_store(disk / "store.sqlite3", 2)
     old = sqlite3.connect(store)
     rows = old.execute("SELECT * FROM files ORDER BY 1, 2").fetchall()
     old.close()
