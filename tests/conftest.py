@@ -457,7 +457,7 @@ def talk(store: Path, lines: list[bytes], *args: str) -> list[dict]:
     return [json.loads(line) for line in proc.stdout.splitlines()]
 
 
-# A log that grows: a file big enough to be sent as a tail once a line is appended.
+# A log that grows: a file (about 1.8 KB) big enough to be sent as a tail once a line is appended.
 LOG_BASE = "# log\n\n" + "".join(f"- line {i}: what happened then\n" for i in range(60))
 LOG_TAIL = "- line 60: and then this\n"
 
