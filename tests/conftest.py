@@ -1,4 +1,9 @@
-"""Shared fixtures: a temporary HOME, client configurations, and a real OpenSSH server on loopback."""
+"""Shared fixtures and helpers: a temporary HOME, client configurations, a real sshd on loopback.
+
+Tests share helpers only through this file (`from conftest import ...`), never by importing
+another test file; a large table of shared test data may live in a plainly named data module
+instead (credential_samples.py).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import os
 import queue
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -20,21 +26,29 @@ from typing import Any
 
 import pytest
 
+from sharedmem.client import config as config_mod
+from sharedmem.client.config import ClientConfig, Transport
 from sharedmem.hashing import sha256_text
 from sharedmem.protocol import Channel
-from sharedmem.server.ingest import IncomingFile
+from sharedmem.rules import KIND_MARKDOWN
+from sharedmem.server.ingest import IncomingFile, ingest
 from sharedmem.server.store import Store
 from sharedmem.sources.harness_memory import SYSTEM_ROOT_ENV
+from sharedmem.sources.kinds import SourceSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, start_sshd  # noqa: E402
 
-__all__ = ["LAB_NS", "LAUNCHER", "REPO", "SYSTEM", "McpServer", "Sshd", "cache_of",
-           "client_with_cache", "compressed_pair", "delivery_done", "exported", "files",
-           "files_under", "flip_schema_byte", "garbage", "hung_ssh", "inflating", "kill_logged",
-           "pinned_line", "raw_rows", "run_cli", "run_with_timeout", "ssh_client",
-           "write_config"]
+__all__ = ["AGENTS", "CLAUDE", "CURSOR", "LAB_NS", "LAUNCHER", "LOG_BASE", "LOG_TAIL", "OPENCODE",
+           "PREFIX", "REPO", "SYSTEM", "TOML", "McpServer", "Sshd", "backup_manifest",
+           "cache_files", "cache_of", "client_with_cache", "compressed_pair", "config_for",
+           "delivery_done", "enc", "env_for", "exported", "files", "files_under", "flip",
+           "flip_schema_byte", "garbage", "hung_ssh", "inflating", "keygen", "kill_logged",
+           "local_config", "make_client_home", "make_memories", "make_store", "mode",
+           "pinned_line", "published", "raw_rows", "reasons", "run_cli", "run_installer",
+           "run_with_timeout", "spec", "ssh_args", "ssh_client", "sync_json", "talk", "tree",
+           "write", "write_config"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, input: str | None = None,
@@ -105,7 +119,6 @@ def cache_of(root: Path, namespace: str, files: dict[str, str], *, kind: str = "
              generation: int = 1, synced_at: str = "2026-01-02T03:04:05Z"):
     """A real cache holding one namespace `machines/<machine>/<source>` with these files."""
     from sharedmem.cache.cache import Cache, NamespaceInfo
-    from sharedmem.hashing import sha256_text
     _, machine, source = namespace.split("/")
     cache = Cache(root)
     info = NamespaceInfo(namespace, machine, source, kind, generation, synced_at)
@@ -381,3 +394,197 @@ def flip_schema_byte(path: Path) -> None:
 def garbage(path: Path) -> None:
     """A file that is not a database at all."""
     path.write_bytes(b"this is not a database" * 100)
+
+
+# --- syncs end to end ---------------------------------------------------------------------------
+
+def make_memories(home: Path, files: int = 20) -> Path:
+    """A codex memory folder and a markdown notes folder for one machine; the notes folder."""
+    mem = home / ".codex" / "memories"
+    (mem / "rollout_summaries").mkdir(parents=True)
+    (mem / "MEMORY.md").write_text("# Memory\n- build with uv\n", encoding="utf-8")
+    (mem / "memory_summary.md").write_text("summary of memory\n", encoding="utf-8")
+    (mem / "raw_memories.md").write_text("never published\n", encoding="utf-8")
+    notes = home / "notes"
+    for i in range(files):
+        target = notes / f"d{i % 4}" / f"note-{i:03}.md"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(f"# note {i}\nbody {i} café\n", encoding="utf-8")
+    return notes
+
+
+def config_for(tmp: Path, home: Path, machine: str, transport: dict) -> Path:
+    """A client.json of `machine` publishing the two sources `make_memories` fills."""
+    return write_config(tmp / machine / "client.json", machine, transport, [
+        {"name": "codex", "kind": "codex", "path": str(home / ".codex" / "memories")},
+        {"name": "notes", "kind": "markdown", "path": str(home / "notes")},
+    ], tmp / machine / "cache")
+
+
+def cache_files(cache: Path) -> dict[str, str]:
+    """The Markdown files of a cache (its metadata left out) as path -> text."""
+    return {str(p.relative_to(cache)): p.read_text(encoding="utf-8")
+            for p in sorted(cache.rglob("*.md")) if ".sharedmem" not in p.parts}
+
+
+def sync_json(cfg: Path, *extra: str) -> tuple[int, dict]:
+    """A real `sync --json` in a child process: its exit status and its report."""
+    proc = run_cli("sync", "--config", str(cfg), "--json", *extra)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def local_config(tmp_path: Path, store: Path, machine: str = "laptop") -> ClientConfig:
+    """A loaded client configuration whose server is a local `serve` of `store`."""
+    path = tmp_path / "client" / "client.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config_mod.dumps(ClientConfig(
+        path, machine, Transport("local", store=store), (), tmp_path / "cache",
+        tmp_path / "state")))
+    return config_mod.load(path, {"HOME": str(tmp_path)})
+
+
+# --- a real `serve` fed raw lines ---------------------------------------------------------------
+
+def enc(message: object) -> bytes:
+    """One protocol line."""
+    return json.dumps(message).encode() + b"\n"
+
+
+def talk(store: Path, lines: list[bytes], *args: str) -> list[dict]:
+    """Send raw lines to a real `serve` and return every message it wrote."""
+    proc = subprocess.run([sys.executable, str(LAUNCHER), "serve", "--store", str(store), *args],
+                          input=b"".join(lines), capture_output=True, timeout=60)
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+# A log that grows: a file (about 1.8 KB) big enough to be sent as a tail once a line is appended.
+LOG_BASE = "# log\n\n" + "".join(f"- line {i}: what happened then\n" for i in range(60))
+LOG_TAIL = "- line 60: and then this\n"
+
+
+# --- stores to back up --------------------------------------------------------------------------
+
+def make_store(path: Path) -> Path:
+    """A store at `path` holding two machines' files and a note of each."""
+    with Store.open(path) as s:
+        ingest(s, "alpha", "codex", "codex", [
+            IncomingFile("MEMORY.md", text="# Alpha\n\n- likes ruff\n"),
+            IncomingFile("rollout_summaries/one.md", text="rollout one\n")])
+        ingest(s, "beta", "team", "markdown", [IncomingFile("a/b.md", text="team file\n")])
+        s.append_note("alpha", "2026-01-31T09-30-00-release.md", "tag after CI")
+        s.append_note("beta", "2026-01-31T09-30-00-release.md", "bump the version")
+    return path
+
+
+def flip(path: Path, offset: int) -> None:
+    """Every bit of the byte at `offset` of the file flipped."""
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def backup_manifest(folder: Path) -> dict:
+    """The backups a backups folder's manifest.json lists, by file name."""
+    return json.loads((folder / "manifest.json").read_text())["backups"]
+
+
+# --- sources on real trees ----------------------------------------------------------------------
+
+def write(path: Path, data: str | bytes) -> Path:
+    """`data` written at `path` (UTF-8 if text), its folders made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.write_bytes(data)
+    return path
+
+
+def spec(kind: str, root: Path, name: str | None = None) -> SourceSpec:
+    """A source of `kind` at `root`, named as a client names it by default."""
+    return SourceSpec(name or ("notes" if kind == KIND_MARKDOWN else kind), kind, root)
+
+
+def published(snap: Any) -> list[str]:
+    """The paths a snapshot publishes."""
+    return [e.path for e in snap.files]
+
+
+def reasons(snap: Any) -> dict[str, str]:
+    """Each path a snapshot skipped, with the reason."""
+    return {s.path: s.reason for s in snap.skipped}
+
+
+# --- the installers -----------------------------------------------------------------------------
+
+PREFIX = Path(".local/share/codex-shared-memory")  # the default prefix, under HOME
+TOML = '# my settings\nmodel = "o3"\n\n[mcp_servers.other]\ncommand = "npx"\nargs = ["x"]\n'
+CLAUDE = {"numStartups": 3, "projects": {"/src": {"allowedTools": []}}}
+OPENCODE = {"$schema": "https://opencode.ai/config.json", "theme": "dark"}
+CURSOR = {"mcpServers": {"other": {"command": "npx", "args": ["y"]}}}
+AGENTS = "# My rules\n\nAlways run the tests.\n"
+
+
+def keygen(path: Path) -> str:
+    """A fresh ed25519 key pair; returns the public line."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f",
+                    str(path)], check=True, capture_output=True)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def env_for(home: Path, **extra: str) -> dict[str, str]:
+    """This environment with HOME at `home`, no harness folder variables, no real scheduler."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CODEX_HOME", "CLAUDE_CONFIG_DIR", "XDG_CONFIG_HOME")}
+    env.update(HOME=str(home), SHAREDMEM_SCHEDULER_DRYRUN="1", **extra)
+    return env
+
+
+def run_installer(script: str, *args: str, home: Path, cwd: Path,
+                  root: Path = REPO) -> subprocess.CompletedProcess:
+    """Run an installer (of this checkout, or of the release in `root`) as a user would."""
+    return subprocess.run([sys.executable, str(root / script), *args], capture_output=True,
+                          text=True, env=env_for(home), cwd=cwd, timeout=180)
+
+
+def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes | None]:
+    """Every path under `root` with its bytes (None for folders), but those under `skip`."""
+    out: dict[str, bytes | None] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if any(rel == s or rel.startswith(s + "/") for s in skip):
+            continue
+        out[rel] = None if path.is_dir() else path.read_bytes()
+    return out
+
+
+def mode(path: Path) -> int:
+    """A file's permission bits."""
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def make_client_home(root: Path) -> Path:
+    """A home with all four harnesses configured already, and some Codex memory."""
+    home = root / "client-home"
+    mem = home / ".codex" / "memories"
+    (mem / "rollout_summaries").mkdir(parents=True)
+    (mem / "MEMORY.md").write_text("# Memory\n- deploy with make\n", encoding="utf-8")
+    (mem / "rollout_summaries" / "r1.md").write_text("rollout one\n", encoding="utf-8")
+    (home / ".codex" / "config.toml").write_text(TOML, encoding="utf-8")
+    (home / ".codex" / "AGENTS.md").write_text(AGENTS, encoding="utf-8")
+    (home / ".claude").mkdir()
+    (home / ".claude.json").write_text(json.dumps(CLAUDE), encoding="utf-8")
+    (home / ".config" / "opencode").mkdir(parents=True)
+    (home / ".config" / "opencode" / "opencode.json").write_text(json.dumps(OPENCODE))
+    (home / ".cursor").mkdir()
+    (home / ".cursor" / "mcp.json").write_text(json.dumps(CURSOR), encoding="utf-8")
+    return home
+
+
+def ssh_args(sshd: Sshd, key: Path | None = None, known: Path | None = None) -> list[str]:
+    """install_client.py's options to reach `sshd` with `key` (its pinned key by default)."""
+    return ["--ssh-host", f"{sshd.user}@127.0.0.1", "--ssh-port", str(sshd.port),
+            "--ssh-identity", str(key or sshd.pinned_key),
+            "--ssh-option", f"UserKnownHostsFile={known or sshd.known_hosts}",
+            "--ssh-option", "GlobalKnownHostsFile=/dev/null", "--ssh-option", "LogLevel=ERROR"]

@@ -178,3 +178,72 @@ def test_the_check_finds_each_kind_of_break(tmp_path: Path) -> None:
         "pkg.server.a imports pkg.client.b (line 1): server and client never import each other",
         "pkg.base imports yaml (line 2): the base uses only the standard library",
     ]
+
+
+# --- the tests' shape: one file a module, helpers shared through conftest.py ---------------------
+
+REPOSITORY_TESTS = {"architecture", "docs"}  # these test the repository itself, not one module
+
+
+def mirror_problems(tests: Path, package: Path, scripts: Path) -> list[str]:
+    """Every test file named after no module, or that imports another test file, one line each.
+
+    tests/test_<module>.py mirrors one module of the package or of scripts/; where the module's
+    name is also another module's or another subpackage's, the file is
+    test_<subpackage>_<module>.py.
+    """
+    paths: dict[str, list[Path]] = {}
+    for path in package.rglob("*.py"):
+        if path.name != "__init__.py":
+            paths.setdefault(path.stem, []).append(path.relative_to(package))
+    subpackages = {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    shared = {name for name, found in paths.items()
+              if len(found) > 1 or name in subpackages - {found[0].parts[0]}}
+    allowed = REPOSITORY_TESTS | {p.stem for p in scripts.glob("*.py")}
+    allowed |= {name for name in paths if name not in shared}
+    allowed |= {"_".join(p.parts[-2:])[:-3] for name in shared for p in paths[name]
+                if len(p.parts) >= 2}
+    test_files = {p.stem for p in tests.glob("test_*.py")}
+    out = []
+    for path in sorted(tests.glob("*.py")):
+        if path.name.startswith("test_") and path.stem[5:] not in allowed:
+            out.append(f"{path.name} is named after no module (tests/test_<module>.py, or "
+                       f"test_<subpackage>_<module>.py where two share a name)")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            out += [f"{path.name} imports {name} (line {node.lineno}): shared helpers go in "
+                    f"conftest.py" for name in names if name.split(".")[0] in test_files]
+    return out
+
+
+def test_test_files_mirror_modules_and_share_through_conftest() -> None:
+    found = mirror_problems(REPO / "tests", REPO / "sharedmem", REPO / "scripts")
+    assert not found, "\n".join(found)
+
+
+def test_the_test_file_check_finds_each_kind_of_break(tmp_path: Path) -> None:
+    package, scripts, tests = tmp_path / "pkg", tmp_path / "scripts", tmp_path / "tests"
+    for folder in ("client", "server", "mcp"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    for name in ("core.py", "client/tails.py", "server/tails.py", "mcp/server.py",
+                 "client/sync.py", "client/client.py"):
+        (package / name).write_text("")
+    scripts.mkdir()
+    (scripts / "bench.py").write_text("")
+    tests.mkdir()
+    for name, text in {"conftest.py": "", "test_core.py": "", "test_bench.py": "",
+                       "test_client.py": "",
+                       "test_client_tails.py": "", "test_mcp_server.py": "",
+                       "test_tails.py": "", "test_server.py": "", "test_faults.py": "",
+                       "test_sync.py": "from test_core import helper\n",
+                       "test_architecture.py": "def f():\n    import test_sync.x\n"}.items():
+        (tests / name).write_text(text)
+    assert [line.split(" (")[0] for line in mirror_problems(tests, package, scripts)] == [
+        "test_architecture.py imports test_sync.x",
+        "test_faults.py is named after no module",
+        "test_server.py is named after no module",
+        "test_sync.py imports test_core",
+        "test_tails.py is named after no module",
+    ]

@@ -1,7 +1,7 @@
 """authorized_keys, directly: fingerprints, forced commands, and `authorize` on real files.
 
-tests/test_install.py covers the installer around it (pinning, --repin, bad keys); these are the
-module's own rules that the installer tests do not reach.
+tests/test_server_install.py covers the installer around it (pinning, --repin); these are the
+module's own rules: keys it refuses, the lines it reads and writes.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import base64
 import shlex
 import shutil
-import stat
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import mode
 
 from sharedmem.core import InstallError
 from sharedmem.install import authorized_keys as authkeys
@@ -22,10 +22,6 @@ BLOB = base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + bytes(range(32))).d
 OTHER = base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + bytes(32)).decode()
 KEY = authkeys.PublicKey("ssh-ed25519", BLOB, "me@laptop")
 COMMAND = "/usr/bin/python3 /srv/shared_memory.py serve --store /srv/store.sqlite3 --machine laptop"
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="ssh-keygen not installed")
@@ -130,3 +126,26 @@ def test_pinned_python_names_the_interpreter_of_this_very_command(tmp_path: Path
     unflagged = mine.replace(" -S ", " ")
     keys.write_text(authkeys.pinned_line(unflagged, KEY) + "\n")
     assert authkeys.pinned_python(keys, KEY, "laptop", launcher, store) is None
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("ssh-ed25519 not*base64", "damaged"),
+    ("ssh-rsa " + OTHER, "does not match its type"),
+    ("ssh-ed25519 " + OTHER[:-8], "damaged"),
+    ("hello world", "no such file"),
+    ("ssh-ed25519 AAAA\nssh-ed25519 AAAA", "exactly one"),
+])
+def test_parse_key_refuses_bad_keys(text, needle, tmp_path):
+    good = authkeys.parse_key(f"ssh-ed25519 {OTHER} me@pc", {"HOME": str(tmp_path)})
+    assert good.text == f"ssh-ed25519 {OTHER} me@pc"
+    with pytest.raises(InstallError, match=needle):
+        authkeys.parse_key(text if "world" not in text else "/no/such.pub",
+                           {"HOME": str(tmp_path)})
+
+
+def test_split_line_reads_options_with_quoted_spaces():
+    line = 'restrict,command="py /a b/shared_memory.py serve --machine pc" ssh-ed25519 AAAB c'
+    options, blob = authkeys.split_line(line)
+    assert blob == "AAAB" and authkeys.pinned_machine(options) == "pc"
+    assert authkeys.split_line("# comment") is None
+    assert authkeys.pinned_machine(authkeys.split_line("ssh-rsa AAAA x")[0]) is None

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import backup_manifest, flip, make_store
 
 from sharedmem.core import BackupError
 from sharedmem.server import backup, catalog, schema, store
@@ -22,25 +23,6 @@ from sharedmem.server.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "store-v1.sql"
-
-
-def make_store(path: Path) -> Path:
-    with Store.open(path) as s:
-        ingest(s, "alpha", "codex", "codex", [
-            IncomingFile("MEMORY.md", text="# Alpha\n\n- likes ruff\n"),
-            IncomingFile("rollout_summaries/one.md", text="rollout one\n")])
-        ingest(s, "beta", "team", "markdown", [IncomingFile("a/b.md", text="team file\n")])
-        s.append_note("alpha", "2026-01-31T09-30-00-release.md", "tag after CI")
-        s.append_note("beta", "2026-01-31T09-30-00-release.md", "bump the version")
-    return path
-
-
-def flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)
-        handle.seek(offset)
-        handle.write(bytes([byte[0] ^ 0xFF]))
 
 
 def child(code: str, store_path: Path, *args: str) -> subprocess.Popen:
@@ -92,10 +74,6 @@ def stop(proc: subprocess.Popen) -> str:
     return out
 
 
-def manifest(folder: Path) -> dict:
-    return json.loads((folder / "manifest.json").read_text())["backups"]
-
-
 def test_create_makes_a_checked_self_contained_archive(tmp_path: Path) -> None:
     path = make_store(tmp_path / "store.sqlite3")
     info = backup.create(path)
@@ -105,7 +83,7 @@ def test_create_makes_a_checked_self_contained_archive(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == sorted([info.path.name, "manifest.json"])
     data = info.path.read_bytes()
     assert data[18:20] == b"\x01\x01"  # rollback-journal mode: no -wal/-shm when opened
-    entry = manifest(folder)[info.path.name]
+    entry = backup_manifest(folder)[info.path.name]
     assert entry["sha256"] == hashlib.sha256(data).hexdigest() == info.sha256
     assert entry["size"] == len(data)
     with Store.open(path) as s:
@@ -121,7 +99,7 @@ def test_create_names_are_unique_and_labels_checked(tmp_path: Path) -> None:
     infos = [backup.create(path, label="nightly", dest=tmp_path / "elsewhere") for _ in range(3)]
     assert len({i.path for i in infos}) == 3
     assert all(i.path.name.endswith("-nightly.sqlite3") for i in infos)
-    assert len(manifest(tmp_path / "elsewhere")) == 3
+    assert len(backup_manifest(tmp_path / "elsewhere")) == 3
     assert all(backup.verify(i.path) == [] for i in infos)
     with pytest.raises(BackupError, match="backup label"):
         backup.create(path, label="Bad Label")
@@ -149,7 +127,7 @@ def test_verify_rechecks_the_note_chain_even_when_the_checksum_was_updated(tmp_p
     conn.execute("UPDATE notes SET body='rewritten' WHERE seq=1")
     conn.commit()
     conn.close()
-    entries = manifest(info.path.parent)
+    entries = backup_manifest(info.path.parent)
     entries[info.path.name]["sha256"] = hashlib.sha256(info.path.read_bytes()).hexdigest()
     entries[info.path.name]["size"] = info.path.stat().st_size
     (info.path.parent / "manifest.json").write_text(json.dumps({"format": 1, "backups": entries}))
@@ -171,7 +149,7 @@ def test_backup_while_a_sync_holds_a_write_transaction(tmp_path: Path) -> None:
     try:
         started = time.monotonic()
         info = backup.create(path)
-        assert time.monotonic() - started < 20
+        assert time.monotonic() - started < 20  # a hang guard: it never waits for the writer
     finally:
         stop(proc)
     assert backup.verify(info.path) == []

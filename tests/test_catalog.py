@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from test_backup import flip, make_store, manifest
+from conftest import backup_manifest, flip, make_store
 
 from sharedmem.core import BackupError
 from sharedmem.server import backup, catalog
@@ -20,7 +20,7 @@ def test_concurrent_creates_all_reach_the_manifest(tmp_path: Path) -> None:
     with ThreadPoolExecutor(4) as pool:
         infos = list(pool.map(lambda _: backup.create(path), range(8)))
     assert len({i.path for i in infos}) == 8
-    assert sorted(manifest(tmp_path / "backups")) == sorted(i.path.name for i in infos)
+    assert sorted(backup_manifest(tmp_path / "backups")) == sorted(i.path.name for i in infos)
     assert not (tmp_path / "backups" / ".manifest.lock").exists()
     assert all(i.state == "ok" for i in catalog.list_backups(tmp_path / "backups"))
 
@@ -47,7 +47,7 @@ def test_list_states(tmp_path: Path) -> None:
 def series(folder: Path, source: Path, stamps: dict[str, str], protected: set[str]) -> None:
     """Real archives whose creation times the test controls, listed in the manifest."""
     template = backup.create(source, dest=folder / "tmpl")
-    entry = manifest(folder / "tmpl")[template.path.name]
+    entry = backup_manifest(folder / "tmpl")[template.path.name]
     entries = {}
     for key, stamp in stamps.items():
         name = f"store-{stamp.replace('-', '').replace(':', '')}-{key}.sqlite3"

@@ -1,27 +1,48 @@
-"""install_client.py's steps, directly: the configuration it builds and the connection check.
+"""install_client.py (sharedmem.install.client_install): its steps, then the whole installer.
 
-tests/test_install.py runs the whole installer (over SSH and locally); these check the pieces
-it is made of, in process, on real files in a temporary home.
+The first tests check the pieces it is made of (the configuration it builds, the connection
+check) in process, on real files in a temporary home; the last run the whole installer, over a
+real sshd on loopback and locally.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import SYSTEM
+from conftest import (
+    AGENTS,
+    CLAUDE,
+    CURSOR,
+    OPENCODE,
+    PREFIX,
+    SYSTEM,
+    TOML,
+    env_for,
+    keygen,
+    make_client_home,
+    mode,
+    run_installer,
+    ssh_args,
+    tree,
+)
 
 from sharedmem.cache.cache import Cache
 from sharedmem.cache.search_index import index_mark
 from sharedmem.client import config as config_mod
 from sharedmem.core import ConfigError, InstallError
 from sharedmem.install import client_install as ci
-from sharedmem.install import harnesses
+from sharedmem.install import harnesses, interpreter
+from sharedmem.install.client_install import client_main
 from sharedmem.install.console import Console
 from sharedmem.rules import Limits
+from sharedmem.server.store import Store
 
 
 def build(argv: list[str], home: Path, prefix: Path) -> tuple[config_mod.ClientConfig, str]:
@@ -260,3 +281,204 @@ def test_python_names_the_interpreter_to_register(tmp_path: Path) -> None:
     assert code == 0, err
     assert f"  python: {python} (what the harnesses and the schedule run)" in out
     assert harnesses.registered_command("codex", {"HOME": str(home)})[0] == str(python)
+
+
+# --- the client over SSH ---------------------------------------------------------------------
+
+def without_ours(data: dict, *keys: str) -> dict:
+    """`data` without our server's entry in the table at `keys`."""
+    node = data
+    for key in keys:
+        node = node[key]
+    del node[harnesses.SERVER_NAME]
+    return data
+
+
+def test_client_over_ssh_end_to_end(tmp_path, sshd):
+    server_home = tmp_path / "server-home"
+    server_home.mkdir()
+    proc = run_installer("install_server.py", "--authorize", "laptop", "--key",
+                         str(sshd.pinned_key) + ".pub", home=server_home, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (sshd.root / "authorized_keys").write_bytes((server_home / ".ssh" / "authorized_keys")
+                                                 .read_bytes())
+    home = make_client_home(tmp_path)
+    args = ["--machine", "laptop", *ssh_args(sshd), "--remote-prefix", "/ignored/by/pin"]
+    originals = tree(home)
+
+    dry = run_installer("install_client.py", *args, "--dry-run", home=home, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert tree(home) == originals
+    assert "+[mcp_servers.shared_memories]" in dry.stdout and "client.json (after)" in dry.stdout
+
+    first = run_installer("install_client.py", *args, home=home, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr + first.stdout
+    prefix = home / PREFIX
+    cache = prefix / "cache" / "machines" / "laptop" / "codex"
+    assert (cache / "MEMORY.md").read_text() == "# Memory\n- deploy with make\n"
+    assert (cache / "rollout_summaries" / "r1.md").is_file()
+    assert "first sync: ok (2 files published, 0 pulled; 2 files in the cache)" in first.stdout
+    assert "running the first sync with ssh" in first.stderr
+    assert "sending 0 changed files" not in first.stderr
+    with Store.open(server_home / PREFIX / "store.sqlite3", create=False) as store:
+        assert "machines/laptop/codex/MEMORY.md" in store.manifest()
+    cfg = json.loads((prefix / "client.json").read_text())
+    assert cfg["transport"]["remote_command"][1:3] == ["-S", "/ignored/by/pin/shared_memory.py"]
+    assert mode(prefix / "client.json") == 0o600
+    assert list((prefix / "sharedmem" / "client" / "__pycache__").glob("sync.cpython-*.pyc"))
+
+    mcp = [interpreter.choose().path, "-S", str(prefix / "shared_memory.py"), "mcp", "--config",
+           str(prefix / "client.json")]
+    env = {"HOME": str(home)}
+    for name in harnesses.HARNESSES:
+        assert harnesses.registered_command(name, env) == mcp, name
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"}}}
+    served = subprocess.run(mcp, input=json.dumps(hello) + "\n", capture_output=True,
+                            text=True, env=env_for(home), cwd=tmp_path, timeout=60)
+    assert json.loads(served.stdout.splitlines()[0])["result"]["protocolVersion"] == "2025-06-18"
+    toml = tomllib.loads((home / ".codex" / "config.toml").read_text())
+    assert without_ours(toml, "mcp_servers") == tomllib.loads(TOML)
+    claude = json.loads((home / ".claude.json").read_text())
+    assert without_ours(claude, "mcpServers") == {**CLAUDE, "mcpServers": {}}
+    opencode = json.loads((home / ".config" / "opencode" / "opencode.json").read_text())
+    guide = home / ".config" / "opencode" / "shared-memories.md"
+    assert without_ours(opencode, "mcp") == {**OPENCODE, "mcp": {}, "instructions": [str(guide)]}
+    assert str(prefix / "cache") in guide.read_text()
+    assert not (home / ".config" / "opencode" / "AGENTS.md").exists()
+    cursor = json.loads((home / ".cursor" / "mcp.json").read_text())
+    assert without_ours(cursor, "mcpServers") == CURSOR
+    agents = (home / ".codex" / "AGENTS.md").read_text()
+    assert agents.startswith(AGENTS) and agents.count("BEGIN codex-shared-memory") == 1
+    assert str(prefix / "cache") in (home / ".claude" / "CLAUDE.md").read_text()
+    assert "Cursor Settings > Rules > User Rules" in first.stdout
+
+    skip = (str(PREFIX / "cache"), str(PREFIX / "state"))
+    installed = tree(home, skip)
+    second = run_installer("install_client.py", *args, home=home, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert tree(home, skip) == installed
+    assert "first sync" not in second.stdout + second.stderr
+    assert "  sync: ok (nothing changed; 2 files in the cache)" in second.stdout
+    for name in harnesses.HARNESSES:
+        assert f"  {name}: already registered, unchanged (" in second.stdout, name
+    assert "Cursor has no global instructions file" not in second.stdout
+    assert "--cursor-rules prints it again" in second.stdout
+    (home / ".codex" / "memories" / "MEMORY.md").write_text("# Memory\n- deploy with tox\n")
+    third = run_installer("install_client.py", *args, "--cursor-rules", home=home, cwd=tmp_path)
+    assert third.returncode == 0, third.stderr
+    assert "  sync: ok (1 file published, 0 pulled; 2 files in the cache)" in third.stdout
+    assert "Cursor has no global instructions file" in third.stdout
+
+    gone = run_installer("install_client.py", "--uninstall", home=home, cwd=tmp_path)
+    assert gone.returncode == 0, gone.stderr
+    assert (home / ".codex" / "config.toml").read_text() == TOML
+    assert (home / ".codex" / "AGENTS.md").read_text() == AGENTS
+    for rel, data in ((".claude.json", CLAUDE), (".cursor/mcp.json", CURSOR),
+                      (".config/opencode/opencode.json", OPENCODE)):
+        assert (home / rel).read_bytes() == json.dumps(data).encode(), rel  # every byte back
+    assert not (home / ".claude" / "CLAUDE.md").exists()
+    assert (cache / "MEMORY.md").is_file()
+
+    purged = run_installer("install_client.py", "--uninstall", "--purge", home=home, cwd=tmp_path)
+    assert purged.returncode == 0, purged.stderr
+    assert not (prefix / "client.json").exists() and not (prefix / "cache").exists()
+    assert not (prefix / "sharedmem").exists()
+
+
+def test_client_ssh_failures_name_the_fix(tmp_path, sshd):
+    home = make_client_home(tmp_path)
+    originals = tree(home)
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    unknown = run_installer("install_client.py", "--machine", "laptop", *ssh_args(sshd, known=empty),
+                            home=home, cwd=tmp_path)
+    assert unknown.returncode == 2
+    assert "host key" in unknown.stderr and "ssh-keyscan" in unknown.stderr
+    assert "Nothing was installed" in unknown.stderr
+
+    stranger = tmp_path / "stranger"
+    keygen(stranger)
+    refused = run_installer("install_client.py", "--machine", "laptop", *ssh_args(sshd, key=stranger),
+                            home=home, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "refused this client's key" in refused.stderr
+    assert "install_server.py --authorize" in refused.stderr
+
+    other = run_installer("install_client.py", "--machine", "desktop", *ssh_args(sshd), home=home,
+                          cwd=tmp_path)
+    assert other.returncode == 2 and "pinned to machine 'laptop'" in other.stderr
+    assert tree(home) == originals
+
+
+def test_client_argument_problems_are_listed_together(tmp_path):
+    home = tmp_path / "h"
+    home.mkdir()
+    proc = run_installer("install_client.py", "--machine", "Laptop", "--local", "--ssh-port", "99999",
+                         "--harness", "vim", "--source", "notes", "--markdown", "x=/no/such/dir",
+                         "--schedule", "daily", "--purge", home=home, cwd=tmp_path)
+    assert proc.returncode == 2
+    for needle in ("8 problem(s)", "--harness vim", "--schedule 'daily'", "--purge only",
+                   "--machine 'Laptop'", "--ssh-port", "--source 'notes'", "is not a folder"):
+        assert needle in proc.stderr, needle
+    assert not any(home.iterdir())
+    helped = run_installer("install_client.py", "--help", home=home, cwd=tmp_path)
+    assert helped.returncode == 0 and "--ssh-host HOST" in helped.stdout
+    assert "SHAREDMEM_SCHEDULER_DRYRUN" in helped.stdout
+
+
+# --- the client, local, in process: guidance choices and the schedule ---------------------------
+
+class Recorder:
+    """Stands in for systemctl and crontab: records each command and reports success."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+        self.calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+def test_local_install_override_policy_and_schedule(home):
+    (home / ".codex").mkdir()
+    override = home / ".codex" / "AGENTS.override.md"
+    override.write_text("# override\n")
+    (home / ".claude").mkdir()
+    policy = "# Rules\nUse the shared memory MCP server with care.\n"
+    (home / ".claude" / "CLAUDE.md").write_text(policy)
+    notes = home / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("alpha\n")
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", ""), **SYSTEM}
+    recorder, out, err = Recorder(), io.StringIO(), io.StringIO()
+    code = client_main(["--machine", "pc", "--local", "--markdown", f"notes={notes}",
+                        "--harness", "codex", "--harness", "claude-code"], env,
+                       run=recorder, platform="linux", out=out, err=err)
+    assert code == 0, err.getvalue() + out.getvalue()
+    prefix = home / PREFIX
+    assert (prefix / "cache" / "machines" / "pc" / "notes" / "a.md").read_text() == "alpha\n"
+    assert (prefix / "store.sqlite3").is_file()
+    assert "BEGIN codex-shared-memory" in override.read_text()
+    assert not (home / ".codex" / "AGENTS.md").exists()
+    assert (home / ".claude" / "CLAUDE.md").read_text() == policy
+    assert not (home / ".cursor").exists()
+    units = home / ".config" / "systemd" / "user"
+    service = (units / "codex-shared-memory-sync.service").read_text()
+    assert f'"-S" "{prefix}/shared_memory.py" "sync" "--config" "{prefix}/client.json"' in service
+    assert f"append:{prefix}/sync.log" in service
+    assert ["systemctl", "--user", "enable", "--now", "codex-shared-memory-sync.timer"] \
+        in recorder.calls
+    cfg = json.loads((prefix / "client.json").read_text())
+    assert [s["name"] for s in cfg["sources"]] == ["notes"]
+    assert cfg["transport"] == {"kind": "local", "store": str(prefix / "store.sqlite3")}
+
+    recorder.calls.clear()
+    assert client_main(["--uninstall"], env, run=recorder, platform="linux", out=out,
+                       err=err) == 0
+    assert not (units / "codex-shared-memory-sync.timer").exists()
+    assert override.read_text() == "# override\n"
+    assert harnesses.registered_command("codex", env) is None
+    assert ["systemctl", "--user", "disable", "--now", "codex-shared-memory-sync.timer"] \
+        in recorder.calls

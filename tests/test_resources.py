@@ -1,10 +1,15 @@
-"""MCP resources over a real cache: URIs both ways, the offered list and its cursor, long files."""
+"""MCP resources over a real cache: URIs both ways, the offered list and its cursor, long files.
+
+The last tests ask a real MCP server (a child process) for them.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from conftest import LAB_NS, McpServer, client_with_cache
 
 from sharedmem.cache.cache import Cache, NamespaceInfo
 from sharedmem.core import SharedMemoryError
@@ -12,7 +17,7 @@ from sharedmem.hashing import sha256_text
 from sharedmem.mcp import resources, tools
 from sharedmem.rules import NOTES_DIR
 
-NS = "machines/lab/codex"
+NS = LAB_NS
 
 
 def fill(root: Path, layout: dict[str, tuple[str, dict[str, str]]]) -> Cache:
@@ -144,3 +149,78 @@ def test_a_damaged_cache_is_refused_as_the_tools_refuse_it(tmp_path: Path, name:
         with pytest.raises(CacheError) as caught:
             call(Cache(tmp_path))
         assert str(caught.value).startswith(tools.REPAIRING + "; ")
+
+
+# --- through the real MCP server ------------------------------------------------------------------
+
+def _stamp(i: int) -> str:
+    """The time in a note's filename, a second apart for each i."""
+    return f"2026-01-31T09-{i // 60:02d}-{i % 60:02d}"
+
+
+def test_resources_list_the_entry_files_then_the_notes_page_by_page(tmp_path: Path) -> None:
+    fill(tmp_path / "cache", {
+        "machines/lab/codex": ("codex", {"MEMORY.md": "m\n", "memory_summary.md": "s\n",
+                                         "rollout_summaries/r.md": "r\n"}),
+        "machines/lab/claude-code": ("claude-code", {"web/MEMORY.md": "w\n", "web/x.md": "x\n",
+                                                     "api/MEMORY.md": "a\n"}),
+        "machines/lab/notes": ("markdown", {"MEMORY.md": "not an agent's\n"}),
+        NOTES_DIR: ("notes", {f"{_stamp(i)}-n{i}.md": f"note {i}\n" for i in range(150)}),
+    })
+    cfg = tmp_path / "client.json"
+    cfg.write_text(json.dumps({
+        "machine": "lab", "transport": {"kind": "local", "store": str(tmp_path / "s.sqlite3")},
+        "sources": [], "cache": str(tmp_path / "cache"), "state": str(tmp_path / "state")}))
+    srv = McpServer(cfg)
+    srv.init("2025-11-25")
+    uris, cursor, pages = [], None, 0
+    while True:
+        page = srv.ask("resources/list", {"cursor": cursor} if cursor else {})["result"]
+        uris += [r["uri"] for r in page["resources"]]
+        pages += 1
+        if not (cursor := page.get("nextCursor")):
+            break
+    assert pages == 2
+    entries = ["machines/lab/claude-code/api/MEMORY.md", "machines/lab/claude-code/web/MEMORY.md",
+               "machines/lab/codex/MEMORY.md", "machines/lab/codex/memory_summary.md"]
+    notes = [f"{NOTES_DIR}/{_stamp(i)}-n{i}.md" for i in range(150)]
+    assert uris == [f"sharedmem://cache/{p}" for p in entries + notes]
+    first = srv.ask("resources/list")["result"]["resources"][0]
+    assert first["title"] == "MEMORY.md of lab (claude-code/api)"
+    assert "Claude Code memory index of machine lab, synced 2026-01-31T09:30:00Z" in \
+        first["description"]
+    last = srv.ask("resources/read", {"uri": uris[-1]})["result"]["contents"]
+    assert last == [{"uri": uris[-1], "mimeType": "text/markdown", "text": "note 149\n"}]
+    escaped = "sharedmem://cache/machines%2Flab%2Fcodex%2Fmemory_summary.md"  # {path} expanded
+    assert srv.ask("resources/read", {"uri": escaped})["result"]["contents"][0]["text"] == "s\n"
+    assert srv.close() == 0
+
+
+def test_resources_without_a_configuration_say_why(tmp_path: Path) -> None:
+    srv = McpServer(tmp_path / "missing.json")
+    result = srv.init()
+    assert result["instructions"].endswith("when the user asks you to remember something.")
+    assert srv.ask("resources/templates/list")["result"]["resourceTemplates"]
+    for method, params in [("resources/list", {}),
+                           ("resources/read", {"uri": f"sharedmem://cache/{NS}/MEMORY.md"})]:
+        error = srv.ask(method, params)["error"]
+        assert error["code"] == -32603 and "missing.json does not exist: run install_client.py" \
+            in error["message"], error
+    assert srv.close() == 0
+
+
+@pytest.mark.parametrize("name", ["manifest.sqlite3"])
+def test_resources_of_a_damaged_cache_say_it_is_being_repaired(tmp_path: Path, name: str) -> None:
+    from sharedmem.mcp.tools import REPAIRING
+    uri = f"sharedmem://cache/{NS}/MEMORY.md"
+    config = client_with_cache(tmp_path, {"MEMORY.md": "# Memory\nuse SessionManager for sessions\n"})
+    srv = McpServer(config)
+    srv.init("2025-11-25")
+    assert srv.ask("resources/list")["result"]["resources"]
+    (config.parent / "cache" / ".sharedmem" / name).write_text("{", encoding="utf-8")
+    for method, params in [("resources/list", {}), ("resources/read", {"uri": uri})]:
+        error = srv.ask(method, params)["error"]
+        assert error["code"] == -32603 and error["message"].startswith(REPAIRING + "; "), error
+    assert srv.call("list", path="")["isError"] is True  # as the tools answer
+    srv.alive()
+    assert srv.close() == 0

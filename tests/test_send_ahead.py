@@ -1,4 +1,4 @@
-"""Bodies sent ahead of their manifest: to a real `serve`, and to a server that limits them."""
+"""Bodies sent ahead of their manifest: to a real `serve`, to a server that limits them, and tails."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER, run_cli, write_config
-from test_transport import local_config
+from conftest import LAUNCHER, LOG_BASE, LOG_TAIL, local_config, run_cli, write_config
 
 from sharedmem.client import config as config_mod
 from sharedmem.client import send_ahead as ahead_mod
-from sharedmem.client.send_ahead import Ahead
+from sharedmem.client.send_ahead import TAIL_BATCH, Ahead
 from sharedmem.client.transport import Connection
 from sharedmem.hashing import digest_of, sha256_text
 
@@ -285,3 +284,97 @@ def test_a_server_end_that_dies_as_bodies_go_ahead_fails_the_sync_with_one_line(
         assert run.returncode == 2, run.stdout + run.stderr
         assert run.stderr == ("sync failed: the server end at ssh me@memory.example.net stopped: "
                               "serve: killed\n"), run.stderr
+
+
+# --- tails: a file that only grew goes as its new tail (`Ahead.offer_tail`) ---------------------
+
+TAILS_RECORDER = r'''
+import json, sys, time
+version, log, delay = int(sys.argv[1]), open(sys.argv[2], "w"), float(sys.argv[3])
+hello = {"type": "hello", "version": version, "versions": [version], "server": "recorder",
+         "ahead_bytes": 1 << 20}
+for line in sys.stdin:
+    m = json.loads(line)
+    log.write(json.dumps([m["type"], m.get("bodies", m.get("tails", []))]) + "\n"); log.flush()
+    if m["type"] == "hello":
+        time.sleep(delay)
+        sys.stdout.write(json.dumps(hello) + "\n"); sys.stdout.flush()
+'''
+
+
+@pytest.mark.parametrize("version", [3, 2])
+@pytest.mark.parametrize("before_hello", [False, True])
+def test_a_tail_goes_as_tails_to_version_3_and_whole_to_version_2(
+        tmp_path: Path, sshd, version: int, before_hello: bool) -> None:
+    script, log = tmp_path / "recorder.py", tmp_path / "log.jsonl"
+    script.write_text(TAILS_RECORDER)
+    path = write_config(tmp_path / "client.json", "laptop", sshd.transport(
+        pinned=False, remote_command=[sys.executable, str(script), str(version), str(log),
+                                      "1" if before_hello else "0"]), [], tmp_path / "cache")
+    data = (LOG_BASE + LOG_TAIL).encode()
+    with Connection(config_mod.load(path, {"HOME": str(tmp_path)})) as conn:
+        ahead = Ahead(conn)
+
+        def walk() -> None:
+            if not before_hello:
+                deadline = time.monotonic() + 30
+                while conn.early is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            ahead.offer_tail(sha256_text(LOG_BASE + LOG_TAIL), sha256_text(LOG_BASE), data, len(LOG_BASE))
+            ahead.finish()
+            ahead.wait()
+
+        with conn.handshake():
+            walk()
+        ahead.send_waiting()
+        assert ahead.sent_bytes == len(data)  # the whole size, as the server counts it
+        conn.channel.send({"type": "status"})
+        deadline = time.monotonic() + 30
+        while '"status"' not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    received = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [kind for kind, _ in received][:3] == [
+        "hello", "tails" if version == 3 else "bodies", "status"]
+    assert received[1][1] == ([[sha256_text(LOG_BASE), LOG_TAIL]] if version == 3
+                              else [[sha256_text(LOG_BASE + LOG_TAIL), LOG_BASE + LOG_TAIL]])
+
+
+def test_tails_go_in_batches_while_the_walk_goes_on(tmp_path: Path, sshd) -> None:
+    """Once the hello has come, every TAIL_BATCH tails go at once: the server joins them then."""
+    script, log = tmp_path / "recorder.py", tmp_path / "log.jsonl"
+    script.write_text(TAILS_RECORDER)
+    path = write_config(tmp_path / "client.json", "laptop", sshd.transport(
+        pinned=False, remote_command=[sys.executable, str(script), "3", str(log), "0"]),
+        [], tmp_path / "cache")
+    grown = [(LOG_BASE + f"- {i}: appended\n") for i in range(TAIL_BATCH + 3)]
+
+    def logged() -> list:
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    with Connection(config_mod.load(path, {"HOME": str(tmp_path)})) as conn:
+        ahead = Ahead(conn)
+
+        def walk() -> None:
+            deadline = time.monotonic() + 30
+            while conn.early is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for text in grown:
+                ahead.offer_tail(sha256_text(text), sha256_text(LOG_BASE), text.encode(), len(LOG_BASE))
+            deadline = time.monotonic() + 30  # before `finish`: the walk is not over
+            while len(logged()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert [kind for kind, _ in logged()] == ["hello", "tails"]
+            ahead.finish()
+            ahead.wait()
+
+        with conn.handshake():
+            walk()
+        conn.channel.send({"type": "status"})
+        deadline = time.monotonic() + 30
+        while '"status"' not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    received = logged()
+    assert [kind for kind, _ in received][:4] == ["hello", "tails", "tails", "status"]
+    assert [len(tails) for _, tails in received[1:3]] == [TAIL_BATCH, 3]
+    assert [tail for _, batch in received[1:3] for _, tail in batch] == [
+        text[len(LOG_BASE):] for text in grown]

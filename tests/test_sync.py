@@ -12,43 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER, collections_in, run_cli, write_config
+from conftest import (
+    LAUNCHER,
+    cache_files,
+    collections_in,
+    config_for,
+    make_memories,
+    run_cli,
+    sync_json,
+)
 
 from sharedmem.cache.cache import Cache
 from sharedmem.cache.search_index import index_mark
 from sharedmem.server.store import Store
-
-
-def make_memories(home: Path, files: int = 20) -> Path:
-    """A codex memory folder and a markdown notes folder for one machine."""
-    mem = home / ".codex" / "memories"
-    (mem / "rollout_summaries").mkdir(parents=True)
-    (mem / "MEMORY.md").write_text("# Memory\n- build with uv\n", encoding="utf-8")
-    (mem / "memory_summary.md").write_text("summary of memory\n", encoding="utf-8")
-    (mem / "raw_memories.md").write_text("never published\n", encoding="utf-8")
-    notes = home / "notes"
-    for i in range(files):
-        target = notes / f"d{i % 4}" / f"note-{i:03}.md"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(f"# note {i}\nbody {i} café\n", encoding="utf-8")
-    return notes
-
-
-def config_for(tmp: Path, home: Path, machine: str, transport: dict) -> Path:
-    return write_config(tmp / machine / "client.json", machine, transport, [
-        {"name": "codex", "kind": "codex", "path": str(home / ".codex" / "memories")},
-        {"name": "notes", "kind": "markdown", "path": str(home / "notes")},
-    ], tmp / machine / "cache")
-
-
-def cache_files(cache: Path) -> dict[str, str]:
-    return {str(p.relative_to(cache)): p.read_text(encoding="utf-8")
-            for p in sorted(cache.rglob("*.md")) if ".sharedmem" not in p.parts}
-
-
-def sync_json(cfg: Path, *extra: str) -> tuple[int, dict]:
-    proc = run_cli("sync", "--config", str(cfg), "--json", *extra)
-    return proc.returncode, json.loads(proc.stdout)
 
 
 def test_ssh_first_nochange_changed_and_deleted(tmp_path, sshd):
@@ -502,9 +478,9 @@ def test_the_cache_is_checked_after_the_manifests_are_sent(tmp_path, files):
 
 
 def test_a_sync_loads_no_typing_and_one_without_change_no_hashlib(tmp_path):
-    # Every sync starts a fresh interpreter: typing, and the NamedTuple classes it makes, cost
-    # that start about 10 ms, and hashlib (OpenSSL) 5 ms (docs/BENCHMARKS.md "A sync without
-    # typing"). A sync that changed nothing hashes nothing.
+    # Every sync starts a fresh interpreter: typing, the NamedTuple classes it makes, and
+    # hashlib (OpenSSL) each cost that start time (docs/BENCHMARKS.md). A sync that changed
+    # nothing hashes nothing.
     _, _, cfg = local_laptop(tmp_path)
     probe = (
         "import sys\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LAUNCHER, run_cli, write_config
+from conftest import LAUNCHER, local_config, run_cli, write_config
 from loopback_sshd import SERVE
 
 from sharedmem.client import config as config_mod
@@ -96,15 +96,6 @@ def test_explain_ssh(stderr: str, needles: list[str]) -> None:
     text = explain_ssh(stderr, SSH)
     for needle in needles:
         assert needle in text, (needle, text)
-
-
-def local_config(tmp_path: Path, store: Path, machine: str = "laptop") -> ClientConfig:
-    path = tmp_path / "client" / "client.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(config_mod.dumps(ClientConfig(
-        path, machine, Transport("local", store=store), (), tmp_path / "cache",
-        tmp_path / "state")))
-    return config_mod.load(path, {"HOME": str(tmp_path)})
 
 
 @pytest.mark.parametrize("max_version", [2, 1])

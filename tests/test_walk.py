@@ -7,8 +7,7 @@ import os
 import sys
 
 import pytest
-from conftest import run_with_timeout
-from test_sources import published, reasons, spec, write
+from conftest import published, reasons, run_with_timeout, spec, write
 
 from sharedmem.core import SourceError
 from sharedmem.hashing import sha256_text

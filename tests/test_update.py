@@ -1,4 +1,4 @@
-"""Faults at the client cache: syncs killed at each point, files edited or damaged, a full disk.
+"""The cache side of a sync (cache/update.py) under faults: syncs killed, files damaged, a full disk.
 
 Everything is real: the launcher in a child process, `serve` over a real store, the cache on
 disk. A kill is a real SIGKILL, sent by the syncing process to itself at a chosen moment (an

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import SYSTEM, run_with_timeout
+from conftest import SYSTEM, published, reasons, run_with_timeout, spec, write
 
 from sharedmem.core import ConfigError, SourceError
 from sharedmem.hashing import sha256_text
@@ -22,27 +22,6 @@ from sharedmem.sources.kinds import (
     snapshot,
 )
 from sharedmem.sources.walk import Entry
-
-
-def write(path: Path, data: str | bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    path.write_bytes(data)
-    return path
-
-
-def spec(kind: str, root: Path, name: str | None = None) -> SourceSpec:
-    return SourceSpec(name or ("notes" if kind == KIND_MARKDOWN else kind), kind, root)
-
-
-def published(snap) -> list[str]:
-    return [e.path for e in snap.files]
-
-
-def reasons(snap) -> dict[str, str]:
-    return {s.path: s.reason for s in snap.skipped}
-
 
 # --- allowlists, on real trees ------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
-"""Tests for sharedmem.redact.redactor: idempotency, merging, markers, the batch scan, speed bounds.
+"""Tests for sharedmem.redact.redactor: idempotency, merging, markers, the batch scan, hostile input.
 
-The credential shapes, near misses and private-key blocks are tested in test_credentials.py,
-whose tables the documents here are built from.
+The credential shapes, near misses and private-key blocks are tested in test_credentials.py;
+the documents here are built from the same invented credentials (credential_samples.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import string
 import time
 
 import pytest
-from test_credentials import ALNUM, B64, JWT, NEGATIVES, PEM_LABELS, POSITIVES, UPPER_DIGITS, m, pem, tok
+from credential_samples import ALNUM, B64, JWT, NEGATIVES, PEM_LABELS, POSITIVES, UPPER_DIGITS, m, pem, tok
 
 from sharedmem.core import NoteError
 from sharedmem.redact.redactor import Finding, find, redact, redact_many, redact_note
@@ -114,11 +114,10 @@ def _prose_megabyte() -> str:
     return para * (1_000_000 // len(para) + 1)
 
 
-def test_large_prose_document_is_fast_and_untouched() -> None:
+def test_a_large_prose_document_is_untouched() -> None:
+    # How fast it goes is measured by scripts/bench.py sync (serve redacts every body), not here.
     doc = _prose_megabyte()
-    started = time.perf_counter()
     out, counts = redact(doc)
-    assert time.perf_counter() - started < 2.0
     assert counts == {}
     assert out == doc
 
@@ -143,6 +142,9 @@ def test_large_prose_document_is_fast_and_untouched() -> None:
          "aws-run", "long-value", "sk-run", "rejected-values", "unclosed-quotes"],
 )
 def test_pathological_inputs_stay_bounded(text: str) -> None:
+    # A guard against a hang, not a speed target: a file or note anyone publishes is redacted on
+    # the server, and a rule that backtracks on such input would never finish (seconds here
+    # against hours or more).
     started = time.perf_counter()
     out, _ = redact(text)
     assert time.perf_counter() - started < 2.0
