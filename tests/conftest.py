@@ -17,6 +17,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -43,7 +44,7 @@ from loopback_sshd import LAUNCHER, REPO, Sshd, SshdUnavailable, pinned_line, st
 __all__ = ["AGENTS", "CLAUDE", "CURSOR", "LAB_NS", "LAUNCHER", "LOG_BASE", "LOG_TAIL", "OPENCODE",
            "PREFIX", "REPO", "SYSTEM", "TOML", "McpServer", "Sshd", "backup_manifest",
            "cache_files", "cache_of", "client_with_cache", "compressed_pair", "config_for",
-           "delivery_done", "enc", "env_for", "exported", "files", "files_under", "flip",
+           "delivery_done", "enc", "env_for", "exported", "files", "files_under", "flat_release", "flip",
            "flip_schema_byte", "garbage", "hung_ssh", "inflating", "keygen", "kill_logged",
            "local_config", "make_client_home", "make_memories", "make_store", "mode",
            "pinned_line", "published", "raw_rows", "reasons", "run_cli", "run_installer",
@@ -588,3 +589,27 @@ def ssh_args(sshd: Sshd, key: Path | None = None, known: Path | None = None) -> 
             "--ssh-identity", str(key or sshd.pinned_key),
             "--ssh-option", f"UserKnownHostsFile={known or sshd.known_hosts}",
             "--ssh-option", "GlobalKnownHostsFile=/dev/null", "--ssh-option", "LogLevel=ERROR"]
+
+
+# --- an earlier release, from this checkout's history ---------------------------------------
+
+FLAT_RELEASE = "a634ca8e0a758313191098f480dcac4e16fd2934"  # the last one of 44 flat modules
+
+
+def flat_release(dest: Path) -> Path:
+    """The flat-layout release, from this checkout's history: its installers and its code."""
+    try:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", FLAT_RELEASE,
+                                  "install_server.py", "install_client.py", "shared_memory.py",
+                                  "sharedmem", "docs/AGENT-GUIDANCE.md"],
+                                 capture_output=True, timeout=60)
+    except FileNotFoundError:
+        pytest.fail(f"git is not installed: it is needed to extract release {FLAT_RELEASE}")
+    if archive.returncode != 0:
+        pytest.fail(f"commit {FLAT_RELEASE[:7]} (the last release of the flat layout) is not "
+                    f"in {REPO}: {archive.stderr.decode().strip()}. This test needs a git clone "
+                    "with that history: fetch it with `git fetch --unshallow` (or `git fetch "
+                    f"origin {FLAT_RELEASE}`) and re-run")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest

@@ -9,12 +9,19 @@ import io
 import json
 import subprocess
 import sys
-import tarfile
 from importlib.util import cache_from_source
 from pathlib import Path
 
-import pytest
-from conftest import PREFIX, REPO, env_for, make_client_home, run_installer, ssh_args, tree
+from conftest import (
+    PREFIX,
+    REPO,
+    env_for,
+    flat_release,
+    make_client_home,
+    run_installer,
+    ssh_args,
+    tree,
+)
 
 from sharedmem.install import harnesses
 from sharedmem.install.console import Console
@@ -78,28 +85,6 @@ def test_new_modules_come_before_their_package_and_the_launcher_last(tmp_path):
 
 
 # --- an install of the flat layout (before the subpackages), upgraded in place ------------------
-
-FLAT_RELEASE = "a634ca8e0a758313191098f480dcac4e16fd2934"  # the last one of 44 flat modules
-
-
-def flat_release(dest: Path) -> Path:
-    """The flat-layout release, from this checkout's history: its installers and its code."""
-    try:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", FLAT_RELEASE,
-                                  "install_server.py", "install_client.py", "shared_memory.py",
-                                  "sharedmem", "docs/AGENT-GUIDANCE.md"],
-                                 capture_output=True, timeout=60)
-    except FileNotFoundError:
-        pytest.fail(f"git is not installed: it is needed to extract release {FLAT_RELEASE}")
-    if archive.returncode != 0:
-        pytest.fail(f"commit {FLAT_RELEASE[:7]} (the last release of the flat layout) is not "
-                    f"in {REPO}: {archive.stderr.decode().strip()}. This test needs a git clone "
-                    "with that history: fetch it with `git fetch --unshallow` (or `git fetch "
-                    f"origin {FLAT_RELEASE}`) and re-run")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(dest, filter="data")
-    return dest
-
 
 def package_tree(root: Path) -> tuple[set[str], set[str], set[str]]:
     """The package under `root`: its .py files, its compiled files and its folders."""
@@ -205,3 +190,4 @@ def test_flat_layout_install_upgrades_in_place(tmp_path, sshd):
     assert "(unchanged)" in again.stdout and "updated" not in again.stdout
     assert {"server": tree(server_home, (str(PREFIX / "store.sqlite3"),)),
             "client": tree(home, (str(PREFIX / "cache"), str(PREFIX / "state")))} == installed
+

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from conftest import LAUNCHER, collections_in, enc, exported, talk
+from conftest import LAUNCHER, Sshd, collections_in, enc, exported, flat_release, run_cli, talk, write_config
 
 from sharedmem.hashing import digest_of, sha256_bytes, sha256_text
 from sharedmem.protocol import MAX_LINE_BYTES, Channel, encode_raw_texts
@@ -1493,3 +1493,47 @@ def test_hostile_session(tmp_path: Path, name: str) -> None:
     if store.exists():
         with Store.open(store) as s:
             assert s.verify() == []
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_a_client_of_the_flat_release_syncs_with_this_server(tmp_path: Path, sshd: Sshd,
+                                                           version: int) -> None:
+    """The server keeps speaking versions 1 and 2: a client of an earlier release keeps working.
+
+    The flat-layout release's own client (it speaks versions 1 and 2) publishes, adds a note
+    and pulls, over ssh, from this release's `serve`; a client of this release reads it all.
+    """
+    old = flat_release(tmp_path / "flat")
+    home = tmp_path / "home"
+    notes = home / "notes"
+    notes.mkdir(parents=True)
+    (notes / "a.md").write_text("# from the old client\n", encoding="utf-8")
+    store = tmp_path / "store.sqlite3"
+    serve = [sys.executable, str(LAUNCHER), "serve", "--store", str(store)]
+    transport = sshd.transport(pinned=False, remote_command=serve)
+    source = [{"name": "notes", "kind": "markdown", "path": str(notes)}]
+    old_cfg = write_config(tmp_path / "old" / "client.json", "oldbox", transport, source,
+                           tmp_path / "old" / "cache")
+    run_old = [sys.executable, str(old / "shared_memory.py")]
+    env = {**os.environ, "HOME": str(home)}
+    noted = subprocess.run([*run_old, "note", "--config", str(old_cfg),
+                            "2026-12-01T00-00-00-from-old.md", "an old client's note"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert noted.returncode == 0, noted.stderr
+    synced = subprocess.run([*run_old, "sync", "--config", str(old_cfg), "--json",
+                             "--max-protocol", str(version)], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert synced.returncode == 0, synced.stderr + synced.stdout
+    assert json.loads(synced.stdout)["protocol"] == version
+    old_cache = tmp_path / "old" / "cache"
+    assert (old_cache / "machines/oldbox/notes/a.md").read_text() == "# from the old client\n"
+    assert "an old client's note" in (
+        old_cache / "extensions/ad_hoc/notes/2026-12-01T00-00-00-from-old.md").read_text()
+    new_cfg = write_config(tmp_path / "new" / "client.json", "newbox", transport, [],
+                           tmp_path / "new" / "cache")
+    done = run_cli("sync", "--config", str(new_cfg), "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    new_cache = tmp_path / "new" / "cache"
+    assert (new_cache / "machines/oldbox/notes/a.md").read_text() == "# from the old client\n"
+    assert "an old client's note" in (
+        new_cache / "extensions/ad_hoc/notes/2026-12-01T00-00-00-from-old.md").read_text()
