@@ -1,10 +1,10 @@
 """The search index as the benchmarks measure it: a client as installed keeps one current.
 
 An installed client's first sync is the installer's `sync --index`, and every later sync keeps
-the index current (at once for a small change, in a detached `index --background` for a large
-one, which the sync does not wait for). The benchmarks time each sync as the user waits for it,
-then wait, untimed, until the index covers the cache (`ready`), so that no phase pays for the
-one before, and report that time too. `--no-index` benchmarks a plain client with no index.
+the index current (in a detached `index --background`, which the sync does not wait for). The
+benchmarks time each sync as the user waits for it, then wait, untimed, until the index covers
+the cache (`ready`), so that no phase pays for the one before, and report that time too.
+`--no-index` benchmarks a plain client with no index.
 """
 
 from __future__ import annotations

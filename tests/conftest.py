@@ -45,7 +45,7 @@ __all__ = ["AGENTS", "CLAUDE", "CURSOR", "LAB_NS", "LAUNCHER", "LOG_BASE", "LOG_
            "PREFIX", "REPO", "SYSTEM", "TOML", "McpServer", "Sshd", "backup_manifest",
            "cache_files", "cache_of", "client_with_cache", "compressed_pair", "config_for",
            "delivery_done", "enc", "env_for", "exported", "files", "files_under", "flat_release", "flip",
-           "flip_schema_byte", "garbage", "hung_ssh", "inflating", "keygen", "kill_logged",
+           "flip_schema_byte", "garbage", "hung_ssh", "index_covers", "inflating", "keygen", "kill_logged",
            "local_config", "make_client_home", "make_memories", "make_store", "mode",
            "pinned_line", "published", "raw_rows", "reasons", "run_cli", "run_installer",
            "run_with_timeout", "spec", "ssh_args", "ssh_client", "sync_json", "talk", "tree",
@@ -380,6 +380,19 @@ def delivery_done(state: Path, seconds: float = 30) -> bool:
                 return True
         time.sleep(0.05)
     return False
+
+def index_covers(cache: Any, seconds: float = 60) -> bool:
+    """Wait until the search index covers the cache's manifest whole (the background refresh a
+    sync started is done), and its writer has let go."""
+    from sharedmem.cache import search_index
+    deadline = time.monotonic() + seconds
+    while search_index.index_mark(cache) is None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    with search_index.writer_lock(cache, seconds) as held:
+        return held
+
 
 def flip_schema_byte(path: Path) -> None:
     """One bit of a search index's schema text flipped: SQLite's error about it is not UTF-8."""

@@ -494,13 +494,11 @@ def test_generated_corpus_every_shape_equals_a_full_scan(
     search_index.refresh_index(cache)
     check_cases(cache, cases, "covering")
     assert search_mod.searcher(cache)._view.manifest is None  # the manifest was not parsed
-    mark = search_index.index_mark(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in {**changed, **added}.items()],
                 [f"{NS}/{p}" for p in gone], {NS: info})
     check_cases(cache, cases, "stale")
-    done = search_index.update_index(cache, [f"{NS}/{p}" for p in {**changed, **added}],
-                                     [f"{NS}/{p}" for p in gone], mark)
+    done = search_index.refresh_index(cache)
     assert done == {"changed": 12, "files": 72}
     check_cases(cache, cases, "updated")
     assert search_mod.searcher(cache)._view.manifest is None
@@ -517,11 +515,10 @@ def test_any_over_ids_out_of_path_order_equals_a_full_scan(
     texts = ["alpha\n", "beta\n", "alpha beta\n", "gamma\n"]
     cache = make_cache(tmp_path, {f"f{i:02d}.md": texts[i % 4] for i in range(40)})
     search_index.refresh_index(cache)
-    mark = search_index.index_mark(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     new = {f"{NS}/f{i * 40 // added:02d}x.md": texts[(i + 1) % 4] for i in range(added)}
     cache.apply([(p, sha256_text(t), t) for p, t in new.items()], [], {NS: info})
-    search_index.update_index(cache, list(new), [], mark)
+    search_index.refresh_index(cache)
     assert search_index.index_mark(cache) is not None
     monkeypatch.setattr(index_reader, "_CHUNK", 8)
     for queries in (["alpha", "beta"], ["beta", "gamma", "alpha"]):
@@ -576,11 +573,10 @@ def test_a_search_loads_the_path_order_the_index_stored(tmp_path: Path) -> None:
     # read in one row, never sorted again by a search; and it is rewritten with each change.
     cache = make_cache(tmp_path, {f"m{i:02d}.md": f"alpha {i}\n" for i in range(20)})
     search_index.refresh_index(cache)
-    mark = search_index.index_mark(cache)
     info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
     cache.apply([(f"{NS}/a{i}.md", sha256_text(f"alpha a{i}\n"), f"alpha a{i}\n")
                  for i in range(3)], [f"{NS}/m05.md"], {NS: info})
-    search_index.update_index(cache, [f"{NS}/a{i}.md" for i in range(3)], [f"{NS}/m05.md"], mark)
+    search_index.refresh_index(cache)
     got, statements = sql_of_next_search(cache, queries=["alpha"], max_results=4)
     assert got == reference(cache, ["alpha"])
     assert not [s for s in statements if "ORDER BY path" in s]

@@ -1,4 +1,4 @@
-"""The search index's upkeep: a sync's update at once when small, in the background when large."""
+"""The search index's upkeep: brought up to date in the background, searches exact meanwhile."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-from conftest import LAUNCHER, cache_of, flip_schema_byte, garbage, run_cli, write_config
+from conftest import LAUNCHER, cache_of, flip_schema_byte, garbage, index_covers, run_cli, write_config
 
 from sharedmem.cache import search as search_mod
 from sharedmem.cache import search_index
@@ -38,45 +38,25 @@ def no_background_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(search_mod, "BACKGROUND_REFRESH", False)
 
 
-def covered(cache: Cache, seconds: float = 60) -> bool:
-    """Wait until the index covers the cache's manifest whole (a background refresh is done)."""
-    deadline = time.monotonic() + seconds
-    while search_index.index_mark(cache) is None:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    with search_index.writer_lock(cache, seconds) as held:  # and its writer has let go
-        return held
-
-
-def update_in_a_process(cache: Cache, written: list[str], mark: str | None,
-                        inline: int = search_index.INLINE_FILES) -> dict:
-    """`update_index` as a sync calls it: in a process of its own, which then ends (the
-    background refresh it starts waits for that)."""
-    code = ("import json, sys; from pathlib import Path; "
+def refreshed_after_a_process(cache: Cache) -> None:
+    """The background refresh started as a sync starts it: by a process that then ends."""
+    code = ("import os, sys; from pathlib import Path; "
             "from sharedmem.cache import search_index; from sharedmem.cache.cache import Cache; "
-            f"search_index.INLINE_FILES = {inline}; "
-            "print(json.dumps(search_index.update_index(Cache(Path(sys.argv[1])), "
-            "json.loads(sys.argv[2]), [], json.loads(sys.argv[3]))))")
-    done = subprocess.run([sys.executable, "-c", code, str(cache.root), json.dumps(written),
-                           json.dumps(mark)], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parent.parent)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+            "assert search_index.refresh_in_background(Cache(Path(sys.argv[1])), os.getpid())")
+    subprocess.run([sys.executable, "-c", code, str(cache.root)], check=True, timeout=120,
+                   cwd=Path(__file__).resolve().parent.parent)
 
 
-def test_a_large_update_goes_to_the_background_and_searches_meanwhile_scan(
-        tmp_path: Path) -> None:
+def test_an_update_goes_to_the_background_and_searches_meanwhile_scan(tmp_path: Path) -> None:
     cache = cache_of(tmp_path, NS, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(20)})
-    assert update_in_a_process(cache, [], None, inline=5) == {"background": 1}  # 20 files
-    assert covered(cache)
-    mark = search_index.index_mark(cache)
+    refreshed_after_a_process(cache)
+    assert index_covers(cache)
     new = {f"{NS}/n{i}.md": f"beta {i}\n" for i in range(6)}
     cache.apply([(p, sha256_text(t), t) for p, t in new.items()], [], {NS: INFO})
-    assert update_in_a_process(cache, list(new), mark, inline=5) == {"background": 1}
+    refreshed_after_a_process(cache)
     got = tools.search(cache, ["beta"], max_results=200)["results"]  # exact, never waiting
     assert sorted(r["path"] for r in got) == sorted(new)
-    assert covered(cache)
+    assert index_covers(cache)
     assert search_index.refresh_index(cache)["changed"] == 0  # the background did it all
     search_mod._SEARCHERS.clear()
     got = tools.search(cache, ["beta"], max_results=200)["results"]
@@ -84,15 +64,16 @@ def test_a_large_update_goes_to_the_background_and_searches_meanwhile_scan(
     assert search_mod.searcher(cache)._view.manifest is None  # the index vouched for all
 
 
-def test_a_small_update_is_done_at_once_unless_a_writer_holds_the_index(tmp_path: Path) -> None:
+def test_a_background_refresh_waits_while_another_writer_holds_the_index(tmp_path: Path) -> None:
     cache = cache_of(tmp_path, NS, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(20)})
-    assert search_index.update_index(cache, [], [], None) == {"changed": 20, "files": 20}
-    mark = search_index.index_mark(cache)
+    search_index.refresh_index(cache)
     cache.apply([(f"{NS}/new.md", sha256_text("beta\n"), "beta\n")], [], {NS: INFO})
     with search_index.writer_lock(cache, 0) as held:
-        assert held  # as a background refresh holds it: the sync does not wait for it
-        assert update_in_a_process(cache, [f"{NS}/new.md"], mark) == {"background": 1}
-    assert covered(cache)
+        assert held  # as another background refresh holds it: the sync does not wait for it
+        refreshed_after_a_process(cache)
+        time.sleep(1.0)  # time enough to have written, were it not waiting
+        assert search_index.index_mark(cache) is None
+    assert index_covers(cache)
     assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [f"{NS}/new.md"]
 
 
@@ -114,7 +95,7 @@ def test_a_background_refresh_a_sync_started_waits_for_the_sync_to_end(tmp_path:
 def test_a_large_first_sync_reports_before_its_index_and_a_later_sync_catches_it_up(
         tmp_path: Path) -> None:
     notes = tmp_path / "notes"
-    for i in range(search_index.INLINE_FILES + 20):
+    for i in range(60):
         (notes / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
         (notes / f"d{i % 3}" / f"n{i:04d}.md").write_text(f"# note {i}\nword{i} café\n")
     cfg = write_config(tmp_path / "client.json", "laptop",
@@ -127,7 +108,7 @@ def test_a_large_first_sync_reports_before_its_index_and_a_later_sync_catches_it
     assert [r["path"] for r in json.loads(found.stdout)["results"]] == [
         "machines/laptop/notes/d2/n0017.md"]
     cache = Cache(tmp_path / "cache")
-    assert covered(cache)  # the background `index` built it
+    assert index_covers(cache)  # the background `index` built it
     # An index behind the cache (as a background build that a later sync overtook leaves
     # it): the next sync, with nothing to pull, has it refreshed.
     conn = sqlite3.connect(search_index.index_path(cache))
@@ -137,7 +118,7 @@ def test_a_large_first_sync_reports_before_its_index_and_a_later_sync_catches_it
     assert search_index.index_mark(cache) is None
     done = run_cli("sync", "--config", str(cfg), "--json")
     assert done.returncode == 0, done.stderr
-    assert covered(cache)
+    assert index_covers(cache)
 
 
 def test_refresh_skips_a_file_being_rewritten(tmp_path: Path) -> None:
@@ -262,7 +243,7 @@ def test_an_index_of_an_older_version_is_rebuilt_in_place_and_shrinks(tmp_path: 
         f"{NS}/f07.md"]
 
 
-def test_update_index_reads_only_the_files_it_is_given(tmp_path: Path) -> None:
+def test_refresh_re_reads_only_the_files_that_changed(tmp_path: Path) -> None:
     cache = cache_of_ns(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(30)})
     search_index.refresh_index(cache)
     mark = search_index.index_mark(cache)
@@ -272,18 +253,11 @@ def test_update_index_reads_only_the_files_it_is_given(tmp_path: Path) -> None:
                  (f"{NS}/new.md", sha256_text("beta new\n"), "beta new\n")],
                 [f"{NS}/f01.md"], {NS: info})
     assert search_index.index_mark(cache) is None  # the index no longer covers the manifest
-    assert search_index.update_index(cache, [f"{NS}/f00.md", f"{NS}/new.md"], [f"{NS}/f01.md"],
-                                   mark) == {"changed": 3, "files": 30}
+    assert search_index.refresh_index(cache) == {"changed": 3, "files": 30}
     assert search_index.index_mark(cache) is not None  # it covers the new manifest whole
     assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [
         f"{NS}/f00.md", f"{NS}/new.md"]
     assert search_mod.searcher(cache)._view.manifest is None
-    cache.apply([(f"{NS}/f05.md", sha256_text("gamma\n"), "gamma\n")], [], {NS: info})
-    # A mark the index no longer matches (a run that changed the cache without updating the
-    # index came between): every file is compared, so the file nobody named is re-read too.
-    assert search_index.update_index(cache, [], [], mark) == {"changed": 1, "files": 30}
-    assert search_index.index_mark(cache) is not None
-    assert [r["path"] for r in tools.search(cache, ["gamma"])["results"]] == [f"{NS}/f05.md"]
 
 
 def test_the_index_is_smaller_than_the_text_it_indexes(tmp_path: Path) -> None:

@@ -17,13 +17,13 @@ from conftest import (
     cache_files,
     collections_in,
     config_for,
+    index_covers,
     make_memories,
     run_cli,
     sync_json,
 )
 
 from sharedmem.cache.cache import Cache
-from sharedmem.cache.search_index import index_mark
 from sharedmem.server.store import Store
 
 
@@ -70,11 +70,6 @@ def indexed_paths(cache: Path) -> set[str]:
         conn.close()
 
 
-def index_covers(cache: Path) -> bool:
-    """Whether the search index covers the cache's manifest exactly (searches scan nothing)."""
-    return index_mark(Cache(cache)) is not None
-
-
 def test_sync_keeps_the_index_current(tmp_path):
     home = tmp_path / "laptop-home"
     notes = make_memories(home, files=70)
@@ -84,20 +79,20 @@ def test_sync_keeps_the_index_current(tmp_path):
     assert sync_json(cfg)[0] == 0  # a plain sync builds no index the cache lacks: a search does
     assert not (cache / ".sharedmem" / "index").exists()
     assert not (cache / ".sharedmem" / "staging").exists()
-    # With --index (the installer's first sync) it is built whole, in the sync's own run.
+    # With --index (the installer's first sync) it is built whole, once the sync has ended.
     assert sync_json(cfg, "--index")[0] == 0
-    assert index_covers(cache)
+    assert index_covers(Cache(cache))
     assert indexed_paths(cache) == set(cache_files(cache))
     found = run_cli("search", "--config", str(cfg), "--json", "body 3 café")
     assert found.returncode == 0, found.stderr
     assert {r["path"] for r in json.loads(found.stdout)["results"]} == {
         "machines/laptop/notes/d3/note-003.md"}
 
-    for i in range(65):  # 65 files changed and one removed: the sync indexes just those
+    for i in range(65):  # 65 files changed and one removed: the index follows
         (notes / f"d{i % 4}" / f"note-{i:03}.md").write_text(f"# note {i}\nnew {i}\n")
     (notes / "d0" / "note-068.md").unlink()
     assert sync_json(cfg)[0] == 0
-    assert index_covers(cache)
+    assert index_covers(Cache(cache))
     assert indexed_paths(cache) == set(cache_files(cache))
     found = run_cli("search", "--config", str(cfg), "--json", "new 64")
     assert [r["path"] for r in json.loads(found.stdout)["results"]] == [

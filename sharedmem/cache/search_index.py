@@ -5,10 +5,10 @@ holds an SQLite FTS5 trigram table of each file's normalized text (`folding.norm
 contentless (no copy of the text: a zlib copy of it beside, which only a later update reads to
 take the file's old trigrams out), each file's path, sha256 and namespace, the `files` mark of
 the manifest it covers whole, and the files' ids in path order (so a new searcher loads its view
-in one read, not by sorting every path). `update_index` (a sync, for the files it wrote or
-removed) and `refresh_index` (the `index` command, a fresh cache) keep it current; search.py
-reads it. An index that cannot be read (damaged, or a link or folder in its place) is deleted
-and built again: it is derived data.
+in one read, not by sorting every path). `refresh_index` keeps it current: run by the `index`
+command, which a sync that changed the cache starts detached (`refresh_in_background`) and
+which waits for that sync to end; search.py reads it. An index that cannot be read (damaged,
+or a link or folder in its place) is deleted and built again: it is derived data.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 import unicodedata
 import zlib
 from array import array
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from itertools import pairwise
 from pathlib import Path
 
@@ -40,7 +40,6 @@ INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
 BACKGROUND_WAIT = 600.0  # and `index --background`, which no one waits for
-INLINE_FILES = 250  # a sync re-indexes at most this many files itself (see `update_index`)
 SEGMENT_BYTES = 8192  # a file is indexed in parts of about this much (`segments`)
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 # Each indexed text ends with two line breaks more, so every string of one or two characters it
@@ -238,14 +237,17 @@ def refresh_index(cache: Cache, wait: float = WRITER_WAIT) -> dict[str, int]:
     broken); one writer at a time: this waits up to `wait` s for another. Returns files
     re-indexed or dropped (`changed`) and files indexed in all (`files`).
     """
-    return _write(cache, lambda writer: writer.reconcile(cache), wait)
+    with writer_lock(cache, wait) as held:
+        if not held:
+            raise CacheError(f"the search index of {cache.root} is busy: another `index` has "
+                             f"been writing it for over {wait:.0f} s; try again when it is done")
+        return _reconciled(cache)
 
 
 def index_mark(cache: Cache) -> str | None:
-    """What `update_index` needs from before a sync changes the cache: call it first.
+    """The manifest's files mark (`Cache.files_mark`) when the index covers it exactly, else None.
 
-    The manifest's files mark (`Cache.files_mark`) when the index covers it exactly, else
-    None; reading it costs one query of each.
+    Reading it costs one query of each.
     """
     path = index_path(cache)
     if is_planted(path) or not path.is_file():  # no index: the manifest is not read at all
@@ -264,59 +266,8 @@ def index_mark(cache: Cache) -> str | None:
         and meta.get("manifest") == mark else None
 
 
-def update_index(cache: Cache, written: Collection[str], removed: Collection[str],
-                 mark: str | None) -> dict[str, int]:
-    """Re-index the files a run wrote or removed: at once when they are few, else in the background.
-
-    `mark` is what `index_mark` returned before the run changed the cache. With it, and at most
-    `INLINE_FILES` paths, only the named paths are read, here, and the index then covers the new
-    manifest (searches verify that by its files mark). Without it (or if the index changed since)
-    this is `refresh_index`, here on a cache of at most `INLINE_FILES` files. Anything larger (a
-    first pull), or an index another writer holds, is left to `index --background`, started
-    detached, which waits until this process has ended (so it does not slow the end of the
-    sync: call this only in a process that ends soon after, as a sync's does): the run reports
-    without waiting for it, and until it is done searches read the
-    files the index does not vouch for, so their results are the same. Call this in the process
-    that changed the cache, right after `Cache.apply`, while no other process can write the cache
-    (the sync lock): the paths' sha256s come from that manifest. The paths are streamed (a first
-    pull's are its records in SQLite, `Cache.written`), not held; one named twice is re-read
-    once. Returns what was done here (`changed`, `files`), or `{"background": 1}`.
-    """
-    if (len(written) + len(removed) if mark is not None else _files_at_least(cache)) \
-            <= INLINE_FILES:
-        work: Callable[[_Writer], dict[str, int] | None] = (
-            (lambda writer: writer.reconcile(cache)) if mark is None
-            else (lambda writer: writer.delta(cache, written, removed, mark)))
-        with writer_lock(cache, 0) as held:
-            if held:
-                return _written(cache, work)
-    refresh_in_background(cache, os.getpid())
-    return {"background": 1}
-
-
-def _files_at_least(cache: Cache) -> int:
-    """The manifest's file count, or `INLINE_FILES` + 1 when it holds more (not counted)."""
-    try:
-        return INLINE_FILES + 1 if cache.store.holds(INLINE_FILES + 1) else cache.store.count()
-    except SharedMemoryError:
-        return 0  # no manifest to read: the refresh finds it so at once
-
-
-def _write(cache: Cache, work: Callable[[_Writer], dict[str, int] | None],
-           wait: float = WRITER_WAIT) -> dict[str, int]:
-    """Run `work` in a write transaction, as the one writer (waiting up to `wait` s).
-
-    A damaged or old index is deleted and built again.
-    """
-    with writer_lock(cache, wait) as held:
-        if not held:
-            raise CacheError(f"the search index of {cache.root} is busy: another `index` has "
-                             f"been writing it for over {wait:.0f} s; try again when it is done")
-        return _written(cache, work)
-
-
-def _written(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int]:
-    """`_write` once the writer's lock is held."""
+def _reconciled(cache: Cache) -> dict[str, int]:
+    """`refresh_index` once the writer's lock is held: a damaged or old index is built again."""
     path = index_path(cache)
     if is_planted(path):
         delete_index(path)
@@ -324,7 +275,7 @@ def _written(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> 
     damaged = False
     while True:
         try:
-            done = _Writer.run(path, cache, work)
+            return _Writer.run(path, cache)
         except READ_ERRORS as exc:
             if is_busy(exc):  # SQLite's own lock, held by a writer older than the one above
                 raise CacheError(f"the search index {path} is busy: another `index` holds it; "
@@ -335,10 +286,6 @@ def _written(cache: Cache, work: Callable[[_Writer], dict[str, int] | None]) -> 
                                  "`shared_memory.py index` again") from None
             damaged = True
             delete_index(path)  # damaged: derived data, so built again from the cache
-            continue
-        if done is not None:
-            return done
-        work = lambda writer: writer.reconcile(cache)  # noqa: E731 - the mark did not hold
 
 
 class _Writer:
@@ -351,8 +298,7 @@ class _Writer:
         self.next = 0  # the first `grams` row no file has (`rows_for`), once asked
 
     @classmethod
-    def run(cls, path: Path, cache: Cache,
-            work: Callable[[_Writer], dict[str, int] | None]) -> dict[str, int] | None:
+    def run(cls, path: Path, cache: Cache) -> dict[str, int]:
         conn = _connect(path)
         try:
             with CacheFiles(cache.root) as disk:
@@ -360,8 +306,8 @@ class _Writer:
                 try:
                     writer = cls(conn, disk)
                     writer.prepare()
-                    done = work(writer)
-                    conn.execute("ROLLBACK" if done is None else "COMMIT")
+                    done = writer.reconcile(cache)
+                    conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
@@ -443,33 +389,6 @@ class _Writer:
                 continue
             complete &= self.put(relpath, meta, old[0] if old else None)
         return self.finish(mark, complete and mark == cache.files_mark())
-
-    def delta(self, cache: Cache, written: Iterable[str], removed: Iterable[str],
-              mark: str) -> dict[str, int] | None:
-        """Re-index the named paths; None when the index no longer covers the `mark` manifest.
-
-        Each path is made as the manifest says, so one named again changes nothing more.
-        """
-        if self.meta("manifest") != mark:
-            return None
-        now = cache.files_mark()
-        files = _files_of(cache)
-        if now is None or files is None:
-            return None
-        complete = True
-        for relpath in (p for paths in (written, removed) for p in paths):
-            row = self.conn.execute("SELECT id, sha256 FROM files WHERE path=?",
-                                    (relpath,)).fetchone()
-            meta = files.get(relpath)
-            if meta is None:
-                if row is not None:
-                    self.drop(row[0])
-            elif row is None or row[1] != meta.sha256:
-                if row is not None:
-                    self.drop(row[0], keep=True)
-                complete &= self.put(relpath, meta, row[0] if row else None)
-        count = self.conn.execute("SELECT count(*) FROM files").fetchone()[0]
-        return self.finish(now, complete and count == len(files) and now == cache.files_mark())
 
     def drop(self, row_id: int, keep: bool = False) -> None:
         """Take a file's trigrams out (each part's text is stored for that); `keep` its row."""

@@ -5,8 +5,7 @@ that touches the cache during a run, in this order:
 
 1. `open`: the metadata folder checked (once, before anything is written there), older
    versions' leftovers removed, the manifest read once (the namespaces' generations the
-   pull starts from), and a helper started to stat the files while the sync walks its
-   sources (file_check.py);
+   pull starts from);
 2. `stage`: the files the walk read that the cache lacks, written ahead (staged_files.py);
 3. `check`: the manifest checked for damage (SQLite's integrity check, each row's sha256) and
    every cached file compared with it, before the pull is asked for; a namespace with a file
@@ -15,18 +14,18 @@ that touches the cache during a run, in this order:
 4. `take_own` (optional, while the server's answer is on its way) and `intake`: the pull's
    intake, holding this run's own files of the namespaces the server leaves out;
 5. `commit`: the files moved or written in, the manifest, then the search index;
-6. `discard`: the staged files and the helper gone, whatever happened.
+6. `discard`: the staged files gone, whatever happened.
 
 Nothing a reader of the cache can see changes before `commit`.
 """
 
 from __future__ import annotations
 
+import os
 from collections import namedtuple
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
-from sharedmem.cache import file_check
 from sharedmem.cache.cache import (
     INDEX_DIR,
     NOTES_NAMESPACE,
@@ -37,10 +36,9 @@ from sharedmem.cache.cache import (
     NamespaceInfo,
 )
 from sharedmem.cache.intake import Intake
-from sharedmem.cache.manifest_store import INTEGRITY_CHECK, STATS_QUERY, Damaged, ManifestStore
+from sharedmem.cache.manifest_store import Damaged, ManifestStore
 from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
-from sharedmem.core import SharedMemoryError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -77,16 +75,14 @@ class CacheUpdate:
         self.checked: FilesChecked | None = None
         self.staging = Staging(self.cache.meta)
         self.writer = PreStagedWriter(self.staging)
-        self._helper: file_check.Check | None = None
         self._unstaged: list[tuple[str, str, bytes]] = []
         self._ahead: tuple[frozenset[str], frozenset[str], Intake] | None = None  # take_own
 
-    def open(self, own_namespaces: Collection[str] = (), *, check_ahead: bool = False) -> None:
+    def open(self, own_namespaces: Collection[str] = ()) -> None:
         """Look at the cache once, before anything is written there.
 
         `own_namespaces` are this machine's, which the sync publishes: those the cache lacks
-        are staged as folders that move in whole. With `check_ahead`, a helper stats the files
-        while the sync walks (a cache of `file_check.MIN_FILES` or more).
+        are staged as folders that move in whole.
         """
         cache = self.cache
         cache.check_meta()
@@ -95,14 +91,6 @@ class CacheUpdate:
         self.damage = cache.damage
         self.staging = Staging(cache.meta, frozenset(own_namespaces) - self.known.keys())
         self.writer = PreStagedWriter(self.staging)
-        if check_ahead and self.damage is None:
-            try:
-                big = cache.store.exists() and cache.store.holds(file_check.MIN_FILES)
-            except Damaged:
-                big = False
-            if big:
-                self._helper = file_check.start(str(cache.root), str(cache.manifest_path),
-                                                STATS_QUERY, INTEGRITY_CHECK)
 
     def _take(self, manifest: Manifest) -> None:
         """The manifest's files, and each namespace's generation and digest as recorded."""
@@ -150,20 +138,14 @@ class CacheUpdate:
         """
         if self.checked is not None:
             return
-        helper, self._helper = self._helper, None
         checked = NOTHING_CHECKED
         if self.damage is None:
-            try:  # the helper checked the manifest's pages and rows; else it is done here
-                flagged = helper.answer() if helper is not None else None
-                if helper is not None and helper.damage is not None:
-                    raise Damaged(helper.damage)
-                if flagged is None and self.cache.store.exists():
+            try:
+                if self.cache.store.exists():
                     self.cache.store.verify()
-                checked = self.cache.check_files(self.manifest, flagged)
+                checked = self.cache.check_files(self.manifest)
             except Damaged as exc:  # damaged pages, a row that cannot be read or is malformed
                 self.damage = str(exc)
-        elif helper is not None:
-            helper.discard()
         if self.damage is not None:
             self.progress(f"cache: {self.damage}; rebuilding its records from the files and "
                           "pulling everything")
@@ -225,19 +207,18 @@ class CacheUpdate:
     def commit(self, pulled: Pulled) -> dict[str, Any]:
         """Write what was pulled into the cache, then bring the search index up to date.
 
-        The staged texts move in, then the manifest. Then `update_index` indexes the files
-        written (a few in this run, many in a background `index` this run does not wait for),
-        and an index behind the cache (a background build that a later sync overtook) is
-        refreshed. Without an index to update, it is built only when `build_index` says so
+        The staged texts move in, then the manifest. When the run changed the cache, or the
+        index is behind it (a background build that a later sync overtook), a detached `index`
+        brings the index up to date once this run has ended: the sync never waits for it, and
+        until it is done searches read the files the index does not vouch for, so their results
+        are the same. Without an index to update, it is built only when `build_index` says so
         (the installer's first sync): a sync on the schedule leaves that to the first search,
-        which builds it in the background and scans meanwhile. The index is derived data: if
-        it cannot be written, the sync still succeeds and searches scan what it lacks.
+        which builds it in the background and scans meanwhile.
         """
         self.staging.wait()
         indexed = self.build_index or (self.cache.meta / INDEX_DIR).exists()
         if indexed:  # no index, none to build: the search index's module is not even loaded
             from sharedmem.cache import search_index
-        mark = search_index.index_mark(self.cache) if indexed else None
         checked = self.checked or NOTHING_CHECKED
         rebuilt, self.rebuilt = self.rebuilt, None
         committed = self.cache.commit(pulled.intake, pulled.removed, pulled.namespaces,
@@ -249,21 +230,17 @@ class CacheUpdate:
         if not indexed:
             return outcome
         # A time re-recorded is no change of text; a file rewritten at its sha256 is re-read.
-        written, removed = committed.written, committed.removed
-        if written or removed or mark is None:
-            self.progress(f"search index: updating for {len(written) + len(removed)} files")
-            try:
-                search_index.update_index(self.cache, written, removed, mark)
-            except SharedMemoryError as exc:
-                outcome["index_error"] = str(exc)
+        changed = len(committed.written) + len(committed.removed)
+        if changed or search_index.index_mark(self.cache) is None:
+            self.progress(f"search index: updating for {changed} files, in the background")
+            if not search_index.refresh_in_background(self.cache, os.getpid()):
+                outcome["index_error"] = ("the background `index` could not be started: the "
+                                          "first search starts it again")
         return outcome
 
     def discard(self) -> None:
-        """Remove every staged file and stop the helpers: the run is over, however it went."""
+        """Remove every staged file and stop the staging helper: the run is over, however it went."""
         self.staging.discard()
-        helper, self._helper = self._helper, None
-        if helper is not None:
-            helper.discard()
         if self.rebuilt is not None:
             self.rebuilt.close()
             self.rebuilt = None
