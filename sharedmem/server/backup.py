@@ -21,14 +21,8 @@ from sharedmem.clock import utc_now
 from sharedmem.core import BackupError
 from sharedmem.rules import name_problem
 from sharedmem.server import catalog
-from sharedmem.server.store import (
-    BUSY_TIMEOUT_MS,
-    DiskFull,
-    Store,
-    disk_full,
-    full_error,
-    restart_generations,
-)
+from sharedmem.server.disk_full import DiskFull, disk_full, full_error
+from sharedmem.server.store import BUSY_TIMEOUT_MS, Store, restart_generations
 
 IN_USE_TIMEOUT = 0.2
 _MARKS = ("schema_version", "generation", "note_seq")

@@ -32,7 +32,8 @@ from sharedmem.protocol import (
 )
 from sharedmem.rules import KIND_MARKDOWN, MIB, SOURCE_KINDS, Limits, name_problem
 from sharedmem.server.body_pool import NO_REF, REF_BYTES, BodyPool
-from sharedmem.server.store import DiskFull, Store, disk_full, full_error
+from sharedmem.server.disk_full import DiskFull, disk_full, full_error
+from sharedmem.server.store import Store
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -194,7 +195,7 @@ class Session:
     def _open(self) -> None:
         """Open the store (`serve` holds one of its session slots by now) and the body pool."""
         self.store = Store.open(self.store_path, before_migrate=_backup_first)
-        self.store.checkpoint_at_close()
+        self.store.wal.checkpoint_at_close()
         self.bodies = BodyPool(self.store, self.limits)
 
     def _report(self, *, last: bool) -> None:
