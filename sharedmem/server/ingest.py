@@ -164,11 +164,14 @@ def _row(conn: sqlite3.Connection, machine: str, source: str,
 def _stored(conn: sqlite3.Connection, row: tuple | None, delta: bool,
             removed: Sequence[str] | None, files: Sequence[IncomingFile]
             ) -> tuple[dict[str, tuple[str, int, int]], _Kept]:
-    """The rows the ingest replaces (all, or a delta's), and what a delta keeps as it is."""
+    """The rows the ingest replaces, path -> (sha256, size, 0), and what a delta keeps as it is."""
+    query = "SELECT path, sha256, size FROM files WHERE namespace_id=?"
     if not delta:
-        return (_rows(conn, row[0], None) if row else {}), _Kept(conn, None, set(), 0, 0)
+        current = {p: (s, z, 0) for p, s, z in conn.execute(query, (row[0],))} if row else {}
+        return current, _Kept(conn, None, set(), 0, 0)
     drop = set(removed or ()) | {f.path for f in files}
-    current = _rows(conn, row[0], drop)
+    current = {p: (s, z, 0) for p, s, z in rows_in(conn, query + " AND path IN ({})",
+                                                   sorted(drop), row[0])}
     # Every ingest writes the namespace's count and size with its rows.
     return current, _Kept(conn, row[0], drop, row[3] - len(current),
                           row[4] - sum(v[1] for v in current.values()))
@@ -212,17 +215,6 @@ def _write(conn: sqlite3.Connection, row: tuple | None, names: tuple[str, str, s
     return generation
 
 
-def _rows(conn: sqlite3.Connection, ns_id: int,
-          paths: set[str] | None) -> dict[str, tuple[str, int, int]]:
-    """The namespace's rows, path -> (sha256, size, 0): all, or those of `paths` only."""
-    if paths is None:
-        return {p: (s, z, 0) for p, s, z in conn.execute(
-            "SELECT path, sha256, size FROM files WHERE namespace_id=?", (ns_id,))}
-    return {p: (s, z, 0) for p, s, z in rows_in(
-        conn, "SELECT path, sha256, size FROM files WHERE namespace_id=? AND path IN ({})",
-        sorted(paths), ns_id)}
-
-
 def _stored_digest(conn: sqlite3.Connection, ns_id: int) -> str:
     """`digest_of` the namespace's rows, joined in path order by SQLite itself.
 
@@ -263,11 +255,8 @@ class _Kept:
 class _Check:
     """Every rule again, on the server, file by file in path order (each path once).
 
-    `kept`: files a delta leaves as they are (they count towards the quota); `existing`: the
-    rows of `files` stored now, whose sizes stand for a body's when a file names the sha256 it
-    has; `absent`: bodies stored as they arrived that another session dropped since;
-    `machine`: the machine's other namespaces, against its totals. The file limit holds for
-    every body, however it came.
+    `existing`: the stored rows of `files`' paths (a row's size stands for its body's);
+    `absent`: bodies stored as they arrived that another session dropped since.
     """
 
     def __init__(self, conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
@@ -290,7 +279,7 @@ class _Check:
                                   sorted({f.sha256 for f in files if self._looked_up(f)})))
 
     def _looked_up(self, f: IncomingFile) -> bool:
-        """Whether `f` names a stored body its own row does not give the size of."""
+        """Whether `f` names a stored body whose size its own row does not give."""
         return (f.text is None and f.refused is None
                 and (f.redactions is None or (f.stored or f.sha256) in self.absent)
                 and not (type(f.path) is str and self.existing.get(f.path, ("",))[0] == f.sha256))

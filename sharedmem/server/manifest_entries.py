@@ -1,8 +1,4 @@
-"""A manifest's entries and content addresses as the server takes them, each checked once.
-
-An entry is [path, sha256, size, mtime_ns]; in version 3 its sha256 may be the place of a text
-sent ahead (`BodyPool.refs`). Paths are checked by ingest, with every other rule.
-"""
+"""A manifest's entries and content addresses as the session takes them, each checked once."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ def mtime_ns(value: object) -> int:
 def parse_entries(raw: list[Any], refs: bytearray | None) -> list[tuple[str, str, int, int]]:
     """Manifest entries as (path, sha256, size, mtime_ns); `refs`: version 3's texts sent ahead.
 
-    One pass over the entries, each checked with no call for the usual values: a first sync
-    lists thousands of them, and this is on the way from its manifest to its result.
+    One pass, with no call for the usual values: a first sync lists thousands of entries.
     """
     out: list[tuple[str, str, int, int]] = []
     append = out.append

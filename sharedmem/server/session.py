@@ -105,29 +105,28 @@ class Session:
                 if self.reported is not None:
                     self._report(last=message["type"] not in AHEAD)
                 self._dispatch(message)
-        except PeerError as exc:
-            self._fail(exc.code, str(exc))
-            return 1
-        except DiskFull as exc:
-            self._fail("disk-full", str(exc))
-            return 1
-        except (StoreError, BackupError) as exc:
-            self._fail("store", str(exc))
-            return 1
-        except (sqlite3.Error, OSError) as exc:  # a read that found no room, an I/O error
-            if disk_full(exc, self.store_path):
-                self._fail("disk-full", str(full_error(self.store_path, exc)))
-            elif isinstance(exc, sqlite3.Error):
-                self._fail("store", f"the store {self.store_path} failed: {exc}")
-            else:
-                self._fail("store", f"serve failed: {exc}")
-            return 1
-        except SharedMemoryError as exc:
-            self._fail("bad-field", str(exc))
+        except (SharedMemoryError, sqlite3.Error, OSError) as exc:
+            self._fail(*self._failure(exc))
             return 1
         finally:
             if self.store is not None:
                 self._end()
+
+    def _failure(self, exc: Exception) -> tuple[str, str]:
+        """The error code and message that end a session on `exc`."""
+        if isinstance(exc, PeerError):
+            return exc.code, str(exc)
+        if isinstance(exc, DiskFull):
+            return "disk-full", str(exc)
+        if isinstance(exc, StoreError | BackupError):
+            return "store", str(exc)
+        if isinstance(exc, SharedMemoryError):
+            return "bad-field", str(exc)
+        if disk_full(exc, self.store_path):  # a read that found no room, an I/O error
+            return "disk-full", str(full_error(self.store_path, exc))
+        if isinstance(exc, sqlite3.Error):
+            return "store", f"the store {self.store_path} failed: {exc}"
+        return "store", f"serve failed: {exc}"
 
     def _end(self) -> None:
         """Release this session's claims, collect what has come due (usually none), close.
@@ -541,30 +540,28 @@ class Session:
         A path or name that breaks the rules is a `bad-field` (the session ends); a file the
         store holds no version of is `not-found`, and the session goes on.
         """
-        from sharedmem.server.store import NotFound
         assert self.store is not None
-        try:
-            found = self.store.history(field(message, "path", str))
-        except NotFound as exc:
-            self.channel.send(error("not-found", str(exc)))
-            return
-        self.channel.send({"type": "history", **found})
+        self._found("history", self.store.history, field(message, "path", str))
 
     def _on_show(self, message: dict[str, Any]) -> None:
         """Version 2: one version of a published file, with its text (`show --config`)."""
-        from sharedmem.server.store import NotFound
         assert self.store is not None
         path = field(message, "path", str)
         number = field(message, "version", int)
         if not 0 <= number < 2**63:
             raise PeerError("bad-field", f"show.version must be a version number from "
                             f"`history`, not {number}")
+        self._found("version", self.store.version, path, number)
+
+    def _found(self, kind: str, look: Callable[..., dict[str, Any]], *args: object) -> None:
+        """Send what `look` finds as a `kind` message; `not-found` lets the session go on."""
+        from sharedmem.server.store import NotFound
         try:
-            found = self.store.version(path, number)
+            found = look(*args)
         except NotFound as exc:
             self.channel.send(error("not-found", str(exc)))
             return
-        self.channel.send({"type": "version", **found})
+        self.channel.send({"type": kind, **found})
 
 
 class Version1:
@@ -644,10 +641,6 @@ class Version3(Version2):
     raw_bodies = True
     pipelined = True
     handlers = {**Version2.handlers, "tails": Session._on_tails}
-
-    def hello(self, limits: Limits) -> dict[str, Any]:
-        """Bodies ahead (their texts raw after their line, as every version 3 body)."""
-        return {"ahead_bytes": limits.namespace_bytes}
 
     def compression(self, hello: dict[str, Any]) -> str | None:
         """The first compression the client offers that this server speaks, or None.

@@ -124,12 +124,9 @@ class Store:
     def close(self) -> str | None:
         """Checkpoint the WAL, then close the connection; says why the checkpoint failed, if it did.
 
-        A passive checkpoint first: a last connection closing checkpoints by itself, but holding
-        the database exclusively while it does, and a session that stored a large first sync
-        would keep the next session's server waiting on its disk that long. Passive, the next
-        one reads and writes meanwhile; the close then has nothing left to copy. A log grown
-        past this session's bound is copied whole and emptied instead (`Wal.bound`). On a full
-        disk the log is left as it is: it holds every commit, and the next connection reads it.
+        Passive (`Wal.bound` past the log's bound): SQLite's own checkpoint at the last close
+        holds the database exclusively, and the next session would wait on it. On a full disk
+        the log is left as it is: it holds every commit, and the next connection reads it.
         """
         problem = None
         try:
@@ -154,12 +151,9 @@ class Store:
     def transaction(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
         """The only write path: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK on any error.
 
-        Without `durable` the commit is not fsynced (synchronous=NORMAL), only written: for
-        what a client redoes by itself if a power cut loses it, that is bodies sent ahead, a
-        namespace, the copy of a client's files (its next delta then finds a stale base and it
-        sends the whole manifest), and the time of an unchanged sync. The next fsynced commit,
-        or the checkpoint when the session closes, makes it durable, since the WAL is synced as
-        a whole. Notes, which a client deletes from its outbox once stored, are always fsynced.
+        Without `durable` the commit is not fsynced, only written: for what a client redoes by
+        itself if a power cut loses it (docs/ARCHITECTURE.md "The store"); the next fsynced
+        commit, or the checkpoint at the session's end, makes it durable. Notes always are.
         """
         self.wal.bound()
         if not durable:
@@ -192,10 +186,7 @@ class Store:
     def reading(self) -> Iterator[None]:
         """One read transaction: every read inside sees the store as it was at the first.
 
-        A pull reads its namespaces, then streams their files while the client takes them in:
-        in one snapshot, a commit meanwhile (another machine's sync) cannot make the files it
-        sends differ from the generations it announced. Nothing is written in it; writers go
-        on meanwhile (WAL), and the WAL is checkpointed past it once it ends.
+        A pull's files then match the generations it announced, whatever commits meanwhile.
         """
         self.conn.execute("BEGIN")
         try:
@@ -211,12 +202,9 @@ class Store:
     def put_blobs(self, rows: Sequence[tuple[str, int, bytes]]) -> list[str]:
         """Store (sha256, size, text in UTF-8) bodies ahead of the namespace that lists them.
 
-        SQLite turns the bytes into TEXT itself, so the caller's UTF-8 is not made again from
-        the string. Every body of `rows`, stored now or there before, is claimed for this
-        session in the same commit, so no other session's clean-up deletes it; `finish`
-        releases the claims. Those stored now took consecutive rowids and are claimed as one
-        run (schema 4); should SQLite have numbered them otherwise (past the largest rowid it
-        picks at random), each is claimed as the others are. Returns the sha256s stored now.
+        Every body of `rows` is claimed for this session in the same commit (those stored now
+        as one run of rowids, schema 4), so no other session's clean-up deletes it; `finish`
+        releases the claims. Returns the sha256s stored now.
         """
         from sharedmem.server import blob_lifecycle
         with self.transaction(durable=False) as conn:
@@ -241,12 +229,9 @@ class Store:
     def need(self, shas: Iterable[str], namespace: tuple[str, str] | None = None) -> list[str]:
         """The bodies a manifest lists that the store lacks: the server's `need`.
 
-        Those it holds that no file uses (sent ahead by another session, or no longer used)
-        could be collected before this session's commit, so they are claimed for it first;
-        one collected meanwhile is named in `need` after all. With the (machine, source) of
-        the manifest, the bodies that namespace's files use are known held and used from one
-        read of its rows, when it lists so many that this costs less than a look-up each (a
-        whole manifest sent again).
+        Those it holds that no file uses are claimed for this session first (one collected
+        meanwhile is needed after all). A namespace sent again whole is read in one pass
+        (`NEED_SCAN_RATIO`) rather than a look-up a body.
         """
         wanted = sorted(set(shas))
         have: set[str] = set()
@@ -267,22 +252,13 @@ class Store:
             if not used:
                 loose.append(sha)
         if loose:
+            from sharedmem.server import blob_lifecycle
             with self.transaction(durable=False) as conn:
-                session = self._claim(conn, loose)
+                session = blob_lifecycle.claim(conn, self.session, loose, int(time.time()))
                 have.difference_update(sha for sha in loose if conn.execute(
                     "SELECT 1 FROM blobs WHERE sha256=?", (sha,)).fetchone() is None)
             self._claimed_under(session)
         return [sha for sha in wanted if sha not in have]
-
-    def _claim(self, conn: sqlite3.Connection, shas: Sequence[str], *,
-               present: bool = False) -> int:
-        """Claim these bodies (those present) for this session, registered first if need be.
-
-        `present`: the caller knows the store holds each (it has just stored them), so none is
-        looked up first.
-        """
-        from sharedmem.server import blob_lifecycle
-        return blob_lifecycle.claim(conn, self.session, shas, int(time.time()), present=present)
 
     def _claimed_under(self, session: int) -> None:
         if self.session is not None and session != self.session:

@@ -1,12 +1,6 @@
-"""The store's write-ahead log: switched on, and kept bounded while sessions overlap.
+"""The store's write-ahead log: switched on, copied at a session's end, kept bounded.
 
-A session copies the log into the store at its end (`Wal.checkpoint_at_close`), not inside
-the commits its client waits for. Sessions that overlap without end (a team's morning burst)
-would never find it copied and unread, so it could grow without bound: before each write, and
-at its end, a session that finds it larger than OWN_TIMES what it wrote itself (and
-FLOOR_BYTES) copies it whole and empties it, waiting at most WAIT_MS for the readers of older
-snapshots (`Wal.bound`). Past HARD_TIMES that bound, readers that keep it from being emptied
-(pulls sent slowly, one after another) are waited for longer, up to HARD_WAIT_MS.
+Why and how it is bounded while sessions overlap without end: docs/ARCHITECTURE.md "The store".
 """
 
 from __future__ import annotations
@@ -15,18 +9,15 @@ import os
 import sqlite3
 import time
 
-FLOOR_BYTES = 4 << 20
-OWN_TIMES = 4
+FLOOR_BYTES = 4 << 20  # a log smaller than this is never copied early, nor kept larger emptied
+OWN_TIMES = 4  # the log may hold this many times what the session wrote before it is copied
 WAIT_MS = 1000
 HARD_TIMES = 4
 HARD_WAIT_MS = 10_000
 
 
 def use_wal(conn: sqlite3.Connection, busy_ms: int) -> None:
-    """Switch to WAL, retrying while another process creates the same new store.
-
-    That switch can report 'locked' at once (the busy timeout does not cover it).
-    """
+    """Switch to WAL, retrying while another process creates the same store: 'locked' at once."""
     deadline = time.monotonic() + busy_ms / 1000
     while True:
         try:
@@ -48,11 +39,7 @@ class Wal:
         self.failed = 0  # the log's size when copying it last could not finish
 
     def checkpoint_at_close(self) -> None:
-        """Copy the log into the database when the session ends, not inside each commit.
-
-        A large ingest's commit would otherwise also rewrite every page into the main file
-        before its client hears the result. A log emptied whole is cut back to FLOOR_BYTES.
-        """
+        """Copy the log into the database when the session ends, not inside each commit."""
         self.conn.execute("PRAGMA wal_autocheckpoint=0")
         self.conn.execute(f"PRAGMA journal_size_limit={FLOOR_BYTES}")
         self.own_checkpoints = True
@@ -72,13 +59,10 @@ class Wal:
             self.written += max(0, self.size() - before)
 
     def bound(self) -> bool:
-        """Whether the log held over a few times this session's writes, and was copied and emptied.
+        """Whether the log held over OWN_TIMES this session's writes, and was copied and emptied.
 
-        Other sessions' commits grow it past that: this one copies them too, waiting at most
-        WAIT_MS for readers of older snapshots. When they do not finish, it copies what they
-        allow, and waits again only once the log has grown by FLOOR_BYTES more; until then each
-        write copies what it can, waiting for nothing. Past HARD_TIMES the bound it waits up
-        to HARD_WAIT_MS: new readers do not hold a log copied whole.
+        Readers of older snapshots are waited for WAIT_MS (HARD_WAIT_MS past HARD_TIMES the
+        bound); when they hold it, it waits again only once the log grew by FLOOR_BYTES more.
         """
         size = self.size()
         bound = max(FLOOR_BYTES, OWN_TIMES * self.written)
