@@ -124,8 +124,8 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         others = _Machine(conn, machine, source, limits)
         if row is None and others.namespaces >= limits.machine_namespaces:
             why = others.too_many()
-            report.refused += [{"path": str(f.path), "reason": "machine-quota", "message": why}
-                               for f in files]
+            report.refused.extend({"path": str(f.path), "reason": "machine-quota",
+                                   "message": why} for f in files)
             return report  # nothing written: generation 0, no namespace
         absent = store.gone(f.stored or f.sha256 for f in files
                             if f.text is None and f.redactions is not None)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from sharedmem.protocol import AHEAD_REFS, PeerError
 from sharedmem.server.body_pool import NO_REF, REF_BYTES
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def mtime_ns(value: object) -> int:
