@@ -32,7 +32,7 @@ from sharedmem.rules import KIND_MARKDOWN, MIB, SOURCE_KINDS, Limits, name_probl
 from sharedmem.server.body_pool import BodyPool
 from sharedmem.server.disk_full import DiskFull, disk_full, full_error
 from sharedmem.server.manifest_entries import address, mtime_ns, parse_entries
-from sharedmem.server.store import Store
+from sharedmem.server.store import NotFound, Store
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -555,7 +555,6 @@ class Session:
 
     def _found(self, kind: str, look: Callable[..., dict[str, Any]], *args: object) -> None:
         """Send what `look` finds as a `kind` message; `not-found` lets the session go on."""
-        from sharedmem.server.store import NotFound
         try:
             found = look(*args)
         except NotFound as exc:
