@@ -14,6 +14,7 @@ import os
 import queue
 import shutil
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -213,6 +214,21 @@ def st(tmp_path: Path) -> Iterator[Store]:
 def files(mapping: dict[str, str]) -> list[IncomingFile]:
     """Files as a client publishes them, with their text."""
     return [IncomingFile(p, sha256_text(t), len(t.encode()), 0, t) for p, t in mapping.items()]
+
+
+def body(text: str) -> tuple[str, int, bytes]:
+    """A body as `Store.put_blobs` takes it: (sha256, size, UTF-8)."""
+    return sha256_text(text), len(text.encode()), text.encode()
+
+
+def old_store(path: Path, version: int) -> Path:
+    """A store of schema `version` at `path`, from its fixture (tests/fixtures/store-vN.sql)."""
+    conn = sqlite3.connect(path)
+    conn.executescript((REPO / "tests" / "fixtures" / f"store-v{version}.sql")
+                       .read_text(encoding="utf-8"))
+    conn.execute(f"PRAGMA user_version={version}")
+    conn.close()
+    return path
 
 
 def exported(st: Store, prefix: str = "") -> dict[str, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LAUNCHER, exported
+from conftest import LAUNCHER, exported, old_store
 
 from sharedmem.hashing import digest_of, sha256_text
 from sharedmem.server import blob_lifecycle as life
@@ -328,11 +328,7 @@ def test_bodies_numbered_past_the_largest_rowid_are_claimed_one_by_one(tmp_path:
 
 
 def test_the_v2_fixture_opens_as_is_and_collects_what_its_time_made_due(tmp_path: Path) -> None:
-    path = tmp_path / "store.sqlite3"
-    conn = sqlite3.connect(path)
-    conn.executescript((Path(__file__).parent / "fixtures" / "store-v2.sql").read_text("utf-8"))
-    conn.execute("PRAGMA user_version=2")
-    conn.close()
+    path = old_store(tmp_path / "store.sqlite3", 2)
     migrated: list[int] = []  # to schema 3 (file history), which changes none of this
     with Store.open(path, before_migrate=lambda p, v: migrated.append(v)) as s:
         assert migrated == [2] and s.history_summary()["versions"] == 0

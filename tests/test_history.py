@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import sqlite3
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LAUNCHER, SYSTEM, exported, files, run_cli, write_config
+from conftest import LAUNCHER, SYSTEM, exported, files, old_store, run_cli, write_config
 
 from sharedmem.core import NameRuleError, PathRuleError, StoreError
 from sharedmem.hashing import sha256_text
@@ -225,22 +224,13 @@ def test_forget_removes_the_history_of_what_it_forgets_and_its_bodies(st: Store)
 
 # --- the schema --------------------------------------------------------------------------------------------
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures"
 T = 1_780_086_400  # when the v3 fixture's consolidation replaced its files
-
-
-def fixture_store(path: Path, version: int) -> Path:
-    conn = sqlite3.connect(path)
-    conn.executescript((FIXTURE / f"store-v{version}.sql").read_text("utf-8"))
-    conn.execute(f"PRAGMA user_version={version}")
-    conn.close()
-    return path
 
 
 def test_the_v3_fixture_migrates_and_its_history_expires_when_its_time_comes(
         tmp_path: Path) -> None:
     from sharedmem.cli.doctor import doctor_store
-    path = fixture_store(tmp_path / "store.sqlite3", 3)
+    path = old_store(tmp_path / "store.sqlite3", 3)
     assert "stored_ahead" not in life.unkept(3) and "stored_ahead" in life.UNKEPT
     checks = {c.name: c for c in doctor_store(path).checks}  # read before it is migrated
     assert checks["bodies"].details["orphans"] == 0, checks["bodies"].message
@@ -265,7 +255,7 @@ def test_the_v3_fixture_migrates_and_its_history_expires_when_its_time_comes(
 
 def test_the_v4_fixture_opens_as_is_and_its_killed_session_releases_its_run(
         tmp_path: Path) -> None:
-    path = fixture_store(tmp_path / "store.sqlite3", 4)
+    path = old_store(tmp_path / "store.sqlite3", 4)
     with Store.open(path, before_migrate=lambda p, v: pytest.fail("no migration is due")) as s:
         assert s.verify() == [] and s.counts()["blobs"] == 11
         done = s.collect(now=T)  # two bodies unused past their grace go; the session stands
@@ -278,7 +268,7 @@ def test_the_v4_fixture_opens_as_is_and_its_killed_session_releases_its_run(
 
 def test_a_v2_store_is_migrated_with_history_on_and_doctor_reads_it_before(tmp_path: Path) -> None:
     from sharedmem.cli.doctor import doctor_store
-    path = fixture_store(tmp_path / "store.sqlite3", 2)
+    path = old_store(tmp_path / "store.sqlite3", 2)
     assert "versions" not in life.unkept(2) and "versions" in life.UNKEPT
     checks = {c.name: c for c in doctor_store(path).checks}
     assert checks["bodies"].details["orphans"] == 0, checks["bodies"].message  # it was read

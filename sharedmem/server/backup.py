@@ -21,14 +21,8 @@ from sharedmem.clock import utc_now
 from sharedmem.core import BackupError
 from sharedmem.rules import name_problem
 from sharedmem.server import catalog
-from sharedmem.server.store import (
-    BUSY_TIMEOUT_MS,
-    DiskFull,
-    Store,
-    disk_full,
-    full_error,
-    restart_generations,
-)
+from sharedmem.server.disk_full import DiskFull, disk_full, full_error
+from sharedmem.server.store import BUSY_TIMEOUT_MS, Store, restart_generations
 
 IN_USE_TIMEOUT = 0.2
 _MARKS = ("schema_version", "generation", "note_seq")
@@ -258,10 +252,9 @@ def _listing_problems(archive: Path, entry: dict | None) -> list[str]:
 
 def _retire(store: Path, archived: dict[str, Any], force: bool,
             folder: Path | None) -> tuple[Path, dict[str, Any] | None]:
-    """Check the store is idle and not newer, then keep a protected raw copy of it.
+    """Check the store is idle and not newer (`_idle`), then keep a protected raw copy of it.
 
-    Returns where it was kept and its details (None when it could not be read). A generation
-    that a restore set and no commit moved since is not newer: the content is the archive's.
+    Returns where it was kept and its details (None when it could not be read).
     """
     target = Path(folder) if folder is not None else catalog.backups_folder(store)
     # SQLite drops the side files of a file it cannot read, so copy them first.
@@ -272,28 +265,7 @@ def _retire(store: Path, archived: dict[str, Any], force: bool,
     try:
         for suffix, copy in saved.items():
             shutil.copyfile(store.with_name(store.name + suffix), copy)
-        current: dict[str, Any] | None = None
-        try:
-            # Leaving WAL needs every other connection closed, so this is the in-use probe;
-            # it also checkpoints the WAL into the file that is kept below.
-            conn.execute("PRAGMA journal_mode=DELETE").fetchone()
-            conn.execute("BEGIN EXCLUSIVE")
-            current = _details(conn)
-        except sqlite3.Error as exc:
-            if getattr(exc, "sqlite_errorcode", 0) & 0xFF in (sqlite3.SQLITE_BUSY,
-                                                                sqlite3.SQLITE_LOCKED):
-                raise BackupError(f"store {store} is in use by another process (a running serve, "
-                                  "sync or doctor): stop it, then run restore again") from None
-            if not force:
-                raise BackupError(f"store {store} cannot be read ({exc}): pass --force to replace "
-                                  "it; the damaged file is kept as a protected backup") from None
-        newer = [f"{k} {current[k]} > {archived[k]}" for k in _MARKS
-                 if current is not None and int(current[k]) > int(archived[k])
-                 and not (k == "generation" and current[k] == current["restored_generation"])]
-        if newer and not force:
-            raise BackupError(f"store {store} is newer than the backup ({', '.join(newer)}): "
-                              "restoring would lose that; pass --force to restore anyway (the "
-                              "current store is kept as a protected backup)")
+        current = _idle(conn, store, archived, force)
         shutil.copyfile(store, tmp)
         catalog.fsync(tmp)
         entry = {"created": utc_now(), "protected": True, "label": "replaced",
@@ -310,6 +282,38 @@ def _retire(store: Path, archived: dict[str, Any], force: bool,
         for path in [tmp, *saved.values()]:
             _discard(path)
     return kept, current
+
+
+def _idle(conn: sqlite3.Connection, store: Path, archived: dict[str, Any],
+          force: bool) -> dict[str, Any] | None:
+    """The details of a store no other process has open, and not newer than the archive.
+
+    None when it cannot be read (only with `force`). A generation that a restore set and no
+    commit moved since is not newer: the content is the archive's.
+    """
+    current: dict[str, Any] | None = None
+    try:
+        # Leaving WAL needs every other connection closed, so this is the in-use probe;
+        # it also checkpoints the WAL into the file that is kept below.
+        conn.execute("PRAGMA journal_mode=DELETE").fetchone()
+        conn.execute("BEGIN EXCLUSIVE")
+        current = _details(conn)
+    except sqlite3.Error as exc:
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF in (sqlite3.SQLITE_BUSY,
+                                                            sqlite3.SQLITE_LOCKED):
+            raise BackupError(f"store {store} is in use by another process (a running serve, "
+                              "sync or doctor): stop it, then run restore again") from None
+        if not force:
+            raise BackupError(f"store {store} cannot be read ({exc}): pass --force to replace "
+                              "it; the damaged file is kept as a protected backup") from None
+    newer = [f"{k} {current[k]} > {archived[k]}" for k in _MARKS
+             if current is not None and int(current[k]) > int(archived[k])
+             and not (k == "generation" and current[k] == current["restored_generation"])]
+    if newer and not force:
+        raise BackupError(f"store {store} is newer than the backup ({', '.join(newer)}): "
+                          "restoring would lose that; pass --force to restore anyway (the "
+                          "current store is kept as a protected backup)")
+    return current
 
 
 def _open_ro(path: Path) -> sqlite3.Connection:

@@ -1,28 +1,10 @@
 """How long the store keeps what no file uses any more: bodies (blobs) and tombstones.
 
-A body stays while a file uses it, while a live `serve` session claims it, and for
-GRACE_SECONDS after a file stopped using it; then a collection deletes it. A session claims
-what it relies on before any file uses it: the bodies it stored ahead of their manifest
-(`Store.put_blobs`: those it stored as runs of rowids, `stored_ahead`, those the store already
-held as a claim each), and bodies the store held that no file used when the session told its
-client it need not send them (`Store.need`). The grace covers the other case, a body a file
-used when a session was told the store holds it, whose last file then went before that
-session's commit. A session releases its claims when it ends; the claims of one that was
-killed (its process is gone, or it has not been seen for SESSION_STALE_SECONDS, in case its pid
-was reused) are released by the next session to end, or by `doctor --store --repair`.
-
-Tombstones (paths a namespace removed, which a pull sends a client that still has them) are
-kept TOMBSTONE_SECONDS; older ones are compacted about once a day, and the newest generation
-compacted is kept in meta (`tombstones_compacted`): a client whose cache predates it is sent
-each namespace that changed since whole (`Store.pull`).
-
-Previous versions of files (`versions`, schema 3: file history) are kept meta's `history_days`
-days after they were replaced (DEFAULT_HISTORY_DAYS unless set); a version's body stays while
-the version does. Older ones are pruned about once a day, as tombstones are, and their bodies
-counted unused from the moment each version expired.
-
-Every function runs inside the caller's transaction (`Store.transaction`), except the reads
-`ended_sessions` and `due`, which tell a session's end whether to open one at all.
+A body stays while something keeps it (`KEEPS`: a file, a live session's claim, a previous
+version), then GRACE_SECONDS more; tombstones stay TOMBSTONE_SECONDS, previous versions meta's
+`history_days`. Why, and who collects when: docs/ARCHITECTURE.md "Bodies and tombstones" and
+"File history". Every function runs inside the caller's transaction (`Store.transaction`),
+except the reads `ended_sessions` and `due`, which tell a session's end whether to open one.
 """
 
 from __future__ import annotations

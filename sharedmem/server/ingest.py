@@ -73,10 +73,12 @@ MAX_MESSAGE_CHARS = 1000  # of one refusal's message: a hostile path is shown wh
 class _Machine:
     """What a machine's other namespaces hold, against its totals (`Limits.machine_*`)."""
 
-    def __init__(self, machine: str, source: str, limits: Limits,
-                 row: tuple[int, int, int]) -> None:
+    def __init__(self, conn: sqlite3.Connection, machine: str, source: str,
+                 limits: Limits) -> None:
         self.machine, self.source, self.limits = machine, source, limits
-        self.namespaces, self.files, self.size = row
+        self.namespaces, self.files, self.size = conn.execute(
+            "SELECT count(*), coalesce(sum(file_count), 0), coalesce(sum(byte_count), 0) "
+            "FROM namespaces WHERE machine=? AND source<>?", (machine, source)).fetchone()
 
     def full(self, files: int, size: int) -> bool:
         """Whether `files` more files of `size` bytes in all would pass the machine's totals."""
@@ -109,43 +111,26 @@ def ingest(store: Store, machine: str, source: str, kind: str,
     """Replace exactly one namespace in one transaction, re-checking every rule first.
 
     With `base_digest`, `files` and `removed` are a delta against that stored digest: only
-    their rows are read and written, so a delta costs the server little more than the files
-    it changes. The namespace's new digest is `digest`, the one the manifest names, when
-    every file it lists is stored as listed; else it is computed, for a delta by SQLite
-    listing the namespace. The digest is a token between a machine and its own namespace (docs/PROTOCOL.md
-    "Namespaces"): the server takes it on the client's word for a manifest that says nothing
-    changed already, and checks every body's sha256.
+    their rows are read and written. The new digest is `digest`, the manifest's, when every
+    file is stored as listed; else it is computed. The digest is a token between a machine
+    and its own namespace (docs/PROTOCOL.md "Namespaces"); every body's sha256 is checked.
     """
     limits = limits or Limits()
     _check_namespace(machine, source, kind)
+    report = IngestReport(machine, source, 0)
     with store.transaction(durable=False) as conn:  # a replica: see Store.transaction
-        row = conn.execute("SELECT id, digest, generation, file_count, byte_count FROM namespaces "
-                           "WHERE machine=? AND source=?", (machine, source)).fetchone()
-        if base_digest is not None and (row is None or row[1] != base_digest):
-            raise StaleBase(f"namespace {machine}/{source} changed since the client's "
-                            "last sync; send the whole manifest")
-        if base_digest is None:
-            current = _rows(conn, row[0], None) if row else {}
-            kept = _Kept(conn, None, set(), 0, 0)
-        else:
-            drop = set(removed or ()) | {f.path for f in files}
-            current = _rows(conn, row[0], drop)
-            # Every ingest writes the namespace's count and size with its rows.
-            kept = _Kept(conn, row[0], drop, row[3] - len(current),
-                         row[4] - sum(v[1] for v in current.values()))
-        report = IngestReport(machine, source, 0)
-        others = _Machine(machine, source, limits, conn.execute(
-            "SELECT count(*), coalesce(sum(file_count), 0), coalesce(sum(byte_count), 0) "
-            "FROM namespaces WHERE machine=? AND source<>?", (machine, source)).fetchone())
+        row = _row(conn, machine, source, base_digest)
+        current, kept = _stored(conn, row, base_digest is not None, removed, files)
+        others = _Machine(conn, machine, source, limits)
         if row is None and others.namespaces >= limits.machine_namespaces:
             why = others.too_many()
-            for item in files:
-                report.refused.append({"path": str(item.path), "reason": "machine-quota",
-                                       "message": why})
+            report.refused.extend({"path": str(f.path), "reason": "machine-quota",
+                                   "message": why} for f in files)
             return report  # nothing written: generation 0, no namespace
         absent = store.gone(f.stored or f.sha256 for f in files
                             if f.text is None and f.redactions is not None)
-        accepted = _check_files(conn, kind, files, limits, report, kept, current, absent, others)
+        accepted = _Check(conn, kind, files, limits, report, kept, current, absent, others).run()
+        report.accepted = kept.count + len(accepted)
         gone = [p for p in current if p not in accepted]
         # mtime_ns is not compared: a kept file's row is never rewritten, only changed ones.
         changed = [(p, s, z, m) for p, (s, z, m) in accepted.items()
@@ -153,59 +138,81 @@ def ingest(store: Store, machine: str, source: str, kind: str,
         if row is not None and row[2] and not gone and not changed:
             conn.execute("UPDATE namespaces SET synced_at=? WHERE id=?", (utc_now(), row[0]))
             report.generation, report.unchanged = row[2], True
-            report.accepted = kept.count + len(accepted)
             return report
-        generation = int(conn.execute("SELECT value FROM meta WHERE key='generation'")
-                         .fetchone()[0]) + 1
-        conn.execute("UPDATE meta SET value=? WHERE key='generation'", (str(generation),))
-        count = kept.count + len(accepted)
-        size = kept.size + sum(z for _, z, _ in accepted.values())
         # A manifest stored as listed is at the digest it names. Else a whole snapshot's is
         # taken from `accepted` (in path order), and a delta's is listed after its writes.
         if digest is None or report.refused or report.stored:
             digest = (digest_of_sorted([(p, s) for p, (s, _, _) in accepted.items()])
                       if base_digest is None else None)
-        if row is None:
-            ns_id = conn.execute(
-                "INSERT INTO namespaces(machine, source, kind, generation, created_generation,"
-                " synced_at, file_count, byte_count, digest) VALUES (?,?,?,?,?,?,?,?,?)",
-                (machine, source, kind, generation, generation, utc_now(), count, size,
-                 digest)).lastrowid
-        else:
-            ns_id = row[0]
-        conn.executemany("DELETE FROM files WHERE namespace_id=? AND path=?",
-                         [(ns_id, p) for p in gone])
-        conn.executemany("INSERT OR REPLACE INTO tombstones VALUES (?,?,?)",
-                         [(ns_id, p, generation) for p in gone])
-        # A path the namespace holds is replaced: the delete fires the triggers that keep its
-        # previous version and mark its old body unused. A new one is only inserted, which is
-        # cheaper (a first sync's every file).
-        for verb, rows in (("INSERT", [c for c in changed if c[0] not in current]
-                            if current else changed),
-                           ("INSERT OR REPLACE", [c for c in changed if c[0] in current])):
-            if rows:
-                conn.executemany(f"{verb} INTO files VALUES (?,?,?,?,?,?)",
-                                 [(ns_id, p, s, z, m, generation) for p, s, z, m in rows])
-        if row is not None:  # a new namespace has no tombstones yet
-            conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
-                             [(ns_id, c[0]) for c in changed])
-            conn.execute("UPDATE namespaces SET kind=?, generation=?, synced_at=?, "
-                         "file_count=?, byte_count=?, digest=? WHERE id=?",
-                         (kind, generation, utc_now(), count, size,
-                          digest or _stored_digest(conn, ns_id), ns_id))
-        report.generation, report.accepted = generation, count
+        size = kept.size + sum(z for _, z, _ in accepted.values())
+        report.generation = _write(conn, row, (machine, source, kind), (report.accepted, size),
+                                   digest, current, gone, changed)
     return report
 
 
-def _rows(conn: sqlite3.Connection, ns_id: int,
-          paths: set[str] | None) -> dict[str, tuple[str, int, int]]:
-    """The namespace's rows, path -> (sha256, size, 0): all, or those of `paths` only."""
-    if paths is None:
-        return {p: (s, z, 0) for p, s, z in conn.execute(
-            "SELECT path, sha256, size FROM files WHERE namespace_id=?", (ns_id,))}
-    return {p: (s, z, 0) for p, s, z in rows_in(
-        conn, "SELECT path, sha256, size FROM files WHERE namespace_id=? AND path IN ({})",
-        sorted(paths), ns_id)}
+def _row(conn: sqlite3.Connection, machine: str, source: str,
+         base_digest: str | None) -> tuple | None:
+    """The namespace's row, if it is there; a delta's base must be its digest."""
+    row = conn.execute("SELECT id, digest, generation, file_count, byte_count FROM namespaces "
+                       "WHERE machine=? AND source=?", (machine, source)).fetchone()
+    if base_digest is not None and (row is None or row[1] != base_digest):
+        raise StaleBase(f"namespace {machine}/{source} changed since the client's "
+                        "last sync; send the whole manifest")
+    return row
+
+
+def _stored(conn: sqlite3.Connection, row: tuple | None, delta: bool,
+            removed: Sequence[str] | None, files: Sequence[IncomingFile]
+            ) -> tuple[dict[str, tuple[str, int, int]], _Kept]:
+    """The rows the ingest replaces, path -> (sha256, size, 0), and what a delta keeps as it is."""
+    query = "SELECT path, sha256, size FROM files WHERE namespace_id=?"
+    if not delta:
+        current = {p: (s, z, 0) for p, s, z in conn.execute(query, (row[0],))} if row else {}
+        return current, _Kept(conn, None, set(), 0, 0)
+    drop = set(removed or ()) | {f.path for f in files}
+    current = {p: (s, z, 0) for p, s, z in rows_in(conn, query + " AND path IN ({})",
+                                                   sorted(drop), row[0])}
+    # Every ingest writes the namespace's count and size with its rows.
+    return current, _Kept(conn, row[0], drop, row[3] - len(current),
+                          row[4] - sum(v[1] for v in current.values()))
+
+
+def _write(conn: sqlite3.Connection, row: tuple | None, names: tuple[str, str, str],
+           totals: tuple[int, int], digest: str | None,
+           current: Mapping[str, tuple[str, int, int]], gone: list[str],
+           changed: list[tuple[str, str, int, int]]) -> int:
+    """Write the namespace at the next generation: its files, tombstones and row; that generation.
+
+    `totals` is its (file count, size); `digest` None lists a delta's after its writes.
+    """
+    generation = int(conn.execute("SELECT value FROM meta WHERE key='generation'")
+                     .fetchone()[0]) + 1
+    conn.execute("UPDATE meta SET value=? WHERE key='generation'", (str(generation),))
+    ns_id = row[0] if row is not None else conn.execute(
+        "INSERT INTO namespaces(machine, source, kind, generation, created_generation,"
+        " synced_at, file_count, byte_count, digest) VALUES (?,?,?,?,?,?,?,?,?)",
+        (*names, generation, generation, utc_now(), *totals, digest)).lastrowid
+    conn.executemany("DELETE FROM files WHERE namespace_id=? AND path=?",
+                     [(ns_id, p) for p in gone])
+    conn.executemany("INSERT OR REPLACE INTO tombstones VALUES (?,?,?)",
+                     [(ns_id, p, generation) for p in gone])
+    # A path the namespace holds is replaced: the delete fires the triggers that keep its
+    # previous version and mark its old body unused. A new one is only inserted, which is
+    # cheaper (a first sync's every file).
+    for verb, rows in (("INSERT", [c for c in changed if c[0] not in current]
+                        if current else changed),
+                       ("INSERT OR REPLACE", [c for c in changed if c[0] in current])):
+        if rows:
+            conn.executemany(f"{verb} INTO files VALUES (?,?,?,?,?,?)",
+                             [(ns_id, p, s, z, m, generation) for p, s, z, m in rows])
+    if row is not None:  # a new namespace has no tombstones yet
+        conn.executemany("DELETE FROM tombstones WHERE namespace_id=? AND path=?",
+                         [(ns_id, c[0]) for c in changed])
+        conn.execute("UPDATE namespaces SET kind=?, generation=?, synced_at=?, file_count=?, "
+                     "byte_count=?, digest=? WHERE id=?",
+                     (names[2], generation, utc_now(), *totals,
+                      digest or _stored_digest(conn, ns_id), ns_id))
+    return generation
 
 
 def _stored_digest(conn: sqlite3.Connection, ns_id: int) -> str:
@@ -245,117 +252,130 @@ class _Kept:
         return self._keys
 
 
-def _check_files(conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
-                 limits: Limits, report: IngestReport, kept: _Kept,
-                 existing: Mapping[str, tuple[str, int, int]] | None = None,
-                 absent: Container[str] = (),
-                 machine: _Machine | None = None) -> dict[str, tuple[str, int, int]]:
-    """Every rule again, on the server; returns path -> (sha256, size, mtime_ns) accepted.
+class _Check:
+    """Every rule again, on the server, file by file in path order (each path once).
 
-    Accepted in path order, each path once (a second is a collision): a whole snapshot's digest
-    is taken from them as they are (`digest_of_sorted`).
-
-    `kept` are files a delta leaves as they are: they passed these checks when stored, and
-    count towards the quota; `existing` holds the rows of `files` stored now, path -> (sha256,
-    size, 0), whose sizes stand for a body's when a file names the sha256 it has; `absent` are
-    bodies the server stored as they arrived that are gone again (another session dropped them);
-    `machine` what the machine's other namespaces hold, against its totals. The file limit
-    holds for every body, however it came: sent now, stored as it arrived, or already stored.
+    `existing`: the stored rows of `files`' paths (a row's size stands for its body's);
+    `absent`: bodies stored as they arrived that another session dropped since.
     """
-    accepted: dict[str, tuple[str, int, int]] = {}
-    keys: set[str] = set()  # of the files accepted from `files`
-    total = kept.size
-    blobs: list[tuple[str, int, str | bytes]] = []  # inserted together: one call, not one per file
 
-    def refuse(path: object, reason: str, message: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, kind: str, files: Sequence[IncomingFile],
+                 limits: Limits, report: IngestReport, kept: _Kept,
+                 existing: Mapping[str, tuple[str, int, int]], absent: Container[str],
+                 machine: _Machine) -> None:
+        self.conn, self.kind, self.files, self.limits, self.report = (
+            conn, kind, files, limits, report)
+        self.kept, self.existing, self.absent, self.machine = kept, existing, absent, machine
+        self.accepted: dict[str, tuple[str, int, int]] = {}
+        self.keys: set[str] = set()  # of the files accepted from `files`
+        self.kept_keys: set[str] | None = None
+        self.total = kept.size
+        self.blobs: list[tuple[str, int, str | bytes]] = []  # inserted together, in one call
+        paths = [f.path for f in files]
+        self.plain = all(type(p) is str for p in paths) and allowlist.plain(kind, paths)
+        # The sizes of the stored bodies files name: from the file's own row when it names the
+        # body it has, else in a few queries (one each cost a whole-manifest re-sync dear).
+        self.sizes = dict(rows_in(conn, "SELECT sha256, size FROM blobs WHERE sha256 IN ({})",
+                                  sorted({f.sha256 for f in files if self._looked_up(f)})))
+
+    def _looked_up(self, f: IncomingFile) -> bool:
+        """Whether `f` names a stored body whose size its own row does not give."""
+        return (f.text is None and f.refused is None
+                and (f.redactions is None or (f.stored or f.sha256) in self.absent)
+                and not (type(f.path) is str and self.existing.get(f.path, ("",))[0] == f.sha256))
+
+    def run(self) -> dict[str, tuple[str, int, int]]:
+        """Check every file; path -> (sha256, size, mtime_ns) of those accepted, in path order."""
+        for item in sorted(self.files, key=_PATH if self.plain else _shown_path):
+            key = self._name(item.path)
+            body = None if key is None else self._body(item)
+            if body is not None and self._room(item.path, body[3]):
+                self._accept(item, key, *body)
+        # CAST: a body kept as its UTF-8 (bytes) is stored as TEXT, as one kept as a str is.
+        self.conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,CAST(? AS TEXT))",
+                              self.blobs)
+        return self.accepted
+
+    def _refuse(self, path: object, reason: str, message: str) -> None:
         if len(message) > MAX_MESSAGE_CHARS:
             message = message[:MAX_MESSAGE_CHARS - 1] + "…"
-        report.refused.append({"path": str(path), "reason": reason, "message": message})
+        self.report.refused.append({"path": str(path), "reason": reason, "message": message})
 
-    paths = [f.path for f in files]
-    plain = all(type(p) is str for p in paths) and allowlist.plain(kind, paths)
-    # Read once, not for each of a first sync's 10,000 files.
-    file_bytes, namespace_files = limits.file_bytes, limits.namespace_files
-    namespace_bytes, kept_count = limits.namespace_bytes, kept.count
-    redacted, stored = report.redacted, report.stored
-    kept_keys: set[str] | None = None
-    # The sizes of the bodies the store already holds that files name: from the file's own row
-    # when it names the body it has (a row's size is its body's, and the row keeps the body),
-    # else in a few queries. One query each cost a whole-manifest re-sync most of its time.
-    existing = existing or {}
-    sizes = _sizes(conn, {f.sha256 for f in files if f.text is None and f.refused is None and (
-        f.redactions is None or (f.stored or f.sha256) in absent)
-        and not (type(f.path) is str and existing.get(f.path, ("",))[0] == f.sha256)})
-    for item in sorted(files, key=_PATH if plain else _shown_path):
-        path, sha256, size, mtime_ns, text, counts, stored_as, refused = item
-        problem = None if plain else allowlist.problem(kind, path)
+    def _name(self, path: str) -> str | None:
+        """The path's collision key, or None when the path rule or a collision refuses it."""
+        problem = None if self.plain else allowlist.problem(self.kind, path)
         if problem:
-            refuse(path, "bad-path", problem)
-            continue
-        key = path.lower() if plain else collision_key(path)  # the same, for ASCII
-        clash = key in keys
-        if not clash and path not in existing:
+            self._refuse(path, "bad-path", problem)
+            return None
+        key = path.lower() if self.plain else collision_key(path)  # the same, for ASCII
+        clash = key in self.keys
+        if not clash and path not in self.existing:
             # A stored name never clashes with those stored beside it (every ingest refuses
             # such pairs), so only a new name is checked against the kept files.
-            if kept_keys is None:
-                kept_keys = kept.keys()
-            clash = key in kept_keys
+            if self.kept_keys is None:
+                self.kept_keys = self.kept.keys()
+            clash = key in self.kept_keys
         if clash:
-            refuse(path, "collision", f"{path!r} collides with another path that "
-                   "differs only by case or Unicode form; rename one of them")
-            continue
+            self._refuse(path, "collision", f"{path!r} collides with another path that "
+                         "differs only by case or Unicode form; rename one of them")
+            return None
+        return key
+
+    def _body(self, item: IncomingFile) -> tuple[str | bytes | None, dict | None, str, int] | None:
+        """(text to store or None, redactions, sha256, size) of a file's body, or None: refused."""
+        path, sha256, size, _, text, counts, stored_as, refused = item
         if refused is not None:
-            refuse(path, refused, _REFUSED[refused].format(path=path, size=size, limits=limits))
-            continue
-        if text is None and counts is not None and (stored_as or sha256) not in absent:
-            sha = stored_as or sha256  # stored as it arrived
-        elif counts == {} and text is not None:  # verified as it arrived
-            sha = sha256
-        elif counts and type(text) is bytes:  # redacted as it arrived, in UTF-8
-            sha = stored_as
-        elif text is not None:
+            self._refuse(path, refused, _REFUSED[refused].format(
+                path=path, size=size, limits=self.limits))
+            return None
+        if text is None and counts is not None and (stored_as or sha256) not in self.absent:
+            return None, counts, stored_as or sha256, size  # stored as it arrived
+        if counts == {} and text is not None:  # verified as it arrived
+            return text, counts, sha256, size
+        if counts and type(text) is bytes:  # redacted as it arrived, in UTF-8
+            return text, counts, stored_as, size
+        if text is not None:
             if counts is None:
                 from sharedmem.redact.redactor import redact  # compiled only when bodies come
                 text, counts = redact(text)
-            sha, size = sha256_text(text), len(text.encode("utf-8"))
-        else:
-            row = existing.get(path)
-            found = row[1] if row is not None and row[0] == sha256 else sizes.get(sha256)
-            if found is None:
-                refuse(path, "missing-body", f"{path!r}: the server has no body "
-                       f"for sha256 {sha256}; send it")
-                continue
-            text, counts, sha, size = None, None, str(sha256), found
-        if size > file_bytes:  # every body: one stored before may be over it
-            refuse(path, "too-large", _REFUSED["too-large"].format(
+            return text, counts, sha256_text(text), len(text.encode("utf-8"))
+        row = self.existing.get(path)
+        found = row[1] if row is not None and row[0] == sha256 else self.sizes.get(sha256)
+        if found is None:
+            self._refuse(path, "missing-body", f"{path!r}: the server has no body "
+                         f"for sha256 {sha256}; send it")
+            return None
+        return None, None, str(sha256), found
+
+    def _room(self, path: str, size: int) -> bool:
+        """Whether the file limit, the namespace's quota and the machine's totals take it."""
+        limits = self.limits
+        count = self.kept.count + len(self.accepted)
+        if size > limits.file_bytes:  # every body: one stored before may be over it
+            self._refuse(path, "too-large", _REFUSED["too-large"].format(
                 path=path, size=size, limits=limits))
-            continue
-        count = kept_count + len(accepted)
-        if count >= namespace_files or total + size > namespace_bytes:
-            refuse(path, "quota", _REFUSED["quota"].format(path=path, limits=limits))
-            continue
-        if machine is not None and machine.full(count + 1, total + size):
-            refuse(path, "machine-quota", machine.message(path))
-            continue
+        elif count >= limits.namespace_files or self.total + size > limits.namespace_bytes:
+            self._refuse(path, "quota", _REFUSED["quota"].format(path=path, limits=limits))
+        elif self.machine.full(count + 1, self.total + size):
+            self._refuse(path, "machine-quota", self.machine.message(path))
+        else:
+            return True
+        return False
+
+    def _accept(self, item: IncomingFile, key: str, text: str | bytes | None,
+                counts: dict | None, sha: str, size: int) -> None:
+        """Take the file: its redactions counted, its body stored, its name and size kept."""
         if counts:  # a body sent this time: its redactions count
+            redacted = self.report.redacted
             for name, number in counts.items():
                 redacted[name] = redacted.get(name, 0) + number
         if text is not None:  # only now: a body refused by the quota is not stored
-            blobs.append((sha, size, text))
-        if sha != sha256:
-            stored[path] = sha
-        keys.add(key)
-        total += size
-        accepted[path] = (sha, size, int(mtime_ns or 0))
-    # CAST: a body kept as its UTF-8 (bytes) is stored as TEXT, as one kept as a str is.
-    conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?,?,CAST(? AS TEXT))", blobs)
-    return accepted
-
-
-def _sizes(conn: sqlite3.Connection, shas: set[str]) -> dict[str, int]:
-    """sha256 -> size of those of these bodies the store holds (inside the ingest's transaction)."""
-    return dict(rows_in(conn, "SELECT sha256, size FROM blobs WHERE sha256 IN ({})",
-                        sorted(shas)))
+            self.blobs.append((sha, size, text))
+        if sha != item.sha256:
+            self.report.stored[item.path] = sha
+        self.keys.add(key)
+        self.total += size
+        self.accepted[item.path] = (sha, size, int(item.mtime_ns or 0))
 
 
 _PATH = itemgetter(0)  # an IncomingFile's path, when every path is a string

@@ -8,7 +8,6 @@ in `HANDLERS`; the bodies a session holds until a commit uses them are `body_poo
 
 from __future__ import annotations
 
-import re
 import sqlite3
 import sys
 import time
@@ -19,7 +18,6 @@ from sharedmem.compression import REPORT_BYTES
 from sharedmem.core import BackupError, NoteError, ProtocolError, SharedMemoryError, StoreError
 from sharedmem.hashing import sha256_bytes
 from sharedmem.protocol import (
-    AHEAD_REFS,
     COMPRESSIONS,
     VERSIONS,
     Channel,
@@ -31,8 +29,10 @@ from sharedmem.protocol import (
     field,
 )
 from sharedmem.rules import KIND_MARKDOWN, MIB, SOURCE_KINDS, Limits, name_problem
-from sharedmem.server.body_pool import NO_REF, REF_BYTES, BodyPool
-from sharedmem.server.store import DiskFull, Store, disk_full, full_error
+from sharedmem.server.body_pool import BodyPool
+from sharedmem.server.disk_full import DiskFull, disk_full, full_error
+from sharedmem.server.manifest_entries import address, mtime_ns, parse_entries
+from sharedmem.server.store import NotFound, Store
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -105,29 +105,28 @@ class Session:
                 if self.reported is not None:
                     self._report(last=message["type"] not in AHEAD)
                 self._dispatch(message)
-        except PeerError as exc:
-            self._fail(exc.code, str(exc))
-            return 1
-        except DiskFull as exc:
-            self._fail("disk-full", str(exc))
-            return 1
-        except (StoreError, BackupError) as exc:
-            self._fail("store", str(exc))
-            return 1
-        except (sqlite3.Error, OSError) as exc:  # a read that found no room, an I/O error
-            if disk_full(exc, self.store_path):
-                self._fail("disk-full", str(full_error(self.store_path, exc)))
-            elif isinstance(exc, sqlite3.Error):
-                self._fail("store", f"the store {self.store_path} failed: {exc}")
-            else:
-                self._fail("store", f"serve failed: {exc}")
-            return 1
-        except SharedMemoryError as exc:
-            self._fail("bad-field", str(exc))
+        except (SharedMemoryError, sqlite3.Error, OSError) as exc:
+            self._fail(*self._failure(exc))
             return 1
         finally:
             if self.store is not None:
                 self._end()
+
+    def _failure(self, exc: Exception) -> tuple[str, str]:
+        """The error code and message that end a session on `exc`."""
+        if isinstance(exc, PeerError):
+            return exc.code, str(exc)
+        if isinstance(exc, DiskFull):
+            return "disk-full", str(exc)
+        if isinstance(exc, StoreError | BackupError):
+            return "store", str(exc)
+        if isinstance(exc, SharedMemoryError):
+            return "bad-field", str(exc)
+        if disk_full(exc, self.store_path):  # a read that found no room, an I/O error
+            return "disk-full", str(full_error(self.store_path, exc))
+        if isinstance(exc, sqlite3.Error):
+            return "store", f"the store {self.store_path} failed: {exc}"
+        return "store", f"serve failed: {exc}"
 
     def _end(self) -> None:
         """Release this session's claims, collect what has come due (usually none), close.
@@ -194,7 +193,7 @@ class Session:
     def _open(self) -> None:
         """Open the store (`serve` holds one of its session slots by now) and the body pool."""
         self.store = Store.open(self.store_path, before_migrate=_backup_first)
-        self.store.checkpoint_at_close()
+        self.store.wal.checkpoint_at_close()
         self.bodies = BodyPool(self.store, self.limits)
 
     def _report(self, *, last: bool) -> None:
@@ -302,7 +301,7 @@ class Session:
                 path, text = field(item, "path", str), field(item, "text", str)
                 data = text.encode("utf-8")
                 sha = sha256_bytes(data)
-                entries.append((path, sha, len(data), _mtime(item.get("mtime_ns"))))
+                entries.append((path, sha, len(data), mtime_ns(item.get("mtime_ns"))))
                 if sha not in bodies and sha not in pool and pool.admit(sha, data, ahead=False):
                     bodies[sha] = data
             pool.keep(bodies)
@@ -326,10 +325,10 @@ class Session:
         """
         assert self.store is not None and self.bodies is not None
         source, kind = self._namespace(message)
-        digest = _address(field(message, "digest", str), "manifest.digest")
+        digest = address(field(message, "digest", str), "manifest.digest")
         base = field(message, "base", str, optional=True)
         if base is not None:
-            base = _address(base, "manifest.base")
+            base = address(base, "manifest.base")
         current = self.store.namespace_digest(self.machine, source)
         if current is not None and current == digest:
             self.channel.send({"type": "result", "source": source, "unchanged": True,
@@ -339,7 +338,7 @@ class Session:
             return
         raw = field(message, "files", list, optional=True) or []
         self._count_files(len(raw), source)
-        entries = _entries(raw, self.protocol.places(self.bodies))
+        entries = parse_entries(raw, self.protocol.places(self.bodies))
         removed = field(message, "removed", list, optional=True) or []
         if not all(isinstance(p, str) for p in removed):
             raise PeerError("bad-field", "manifest.removed must be a list of paths")
@@ -424,7 +423,7 @@ class Session:
             if (not isinstance(pair, list) or len(pair) != 2
                     or not all(isinstance(x, str) for x in pair)):
                 raise PeerError("bad-field", "tails entries must be [base sha256, tail text]")
-            base, added = _address(pair[0], "tails base"), pair[1].encode("utf-8")
+            base, added = address(pair[0], "tails base"), pair[1].encode("utf-8")
             data = joined(self.store, base, added, self.limits.file_bytes)
             # A missing base counts its address too: no entry is free, however short its tail.
             pool.count_ahead(len(base) + len(added) if data is None else len(data))
@@ -541,30 +540,27 @@ class Session:
         A path or name that breaks the rules is a `bad-field` (the session ends); a file the
         store holds no version of is `not-found`, and the session goes on.
         """
-        from sharedmem.server.store import NotFound
         assert self.store is not None
-        try:
-            found = self.store.history(field(message, "path", str))
-        except NotFound as exc:
-            self.channel.send(error("not-found", str(exc)))
-            return
-        self.channel.send({"type": "history", **found})
+        self._found("history", self.store.history, field(message, "path", str))
 
     def _on_show(self, message: dict[str, Any]) -> None:
         """Version 2: one version of a published file, with its text (`show --config`)."""
-        from sharedmem.server.store import NotFound
         assert self.store is not None
         path = field(message, "path", str)
         number = field(message, "version", int)
         if not 0 <= number < 2**63:
             raise PeerError("bad-field", f"show.version must be a version number from "
                             f"`history`, not {number}")
+        self._found("version", self.store.version, path, number)
+
+    def _found(self, kind: str, look: Callable[..., dict[str, Any]], *args: object) -> None:
+        """Send what `look` finds as a `kind` message; `not-found` lets the session go on."""
         try:
-            found = self.store.version(path, number)
+            found = look(*args)
         except NotFound as exc:
             self.channel.send(error("not-found", str(exc)))
             return
-        self.channel.send({"type": "version", **found})
+        self.channel.send({"type": kind, **found})
 
 
 class Version1:
@@ -644,10 +640,6 @@ class Version3(Version2):
     raw_bodies = True
     pipelined = True
     handlers = {**Version2.handlers, "tails": Session._on_tails}
-
-    def hello(self, limits: Limits) -> dict[str, Any]:
-        """Bodies ahead (their texts raw after their line, as every version 3 body)."""
-        return {"ahead_bytes": limits.namespace_bytes}
 
     def compression(self, hello: dict[str, Any]) -> str | None:
         """The first compression the client offers that this server speaks, or None.
@@ -756,68 +748,6 @@ def _backup_first(path: Path, old_version: int) -> None:
 def _file_cost(item: tuple[str, str, bytes | None]) -> int:
     """What one file adds to a `files` message, at most (JSON may double a text's bytes)."""
     return len(item[0]) + 80 + 2 * len(item[2] or b"")
-
-
-def _mtime(value: object) -> int:
-    if type(value) is int and 0 <= value < 2**63:  # `type(x) is int` refuses True and False
-        return value
-    if value is None:
-        return 0
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
-        raise PeerError("bad-field", "mtime_ns must be a non-negative integer")
-    return value
-
-
-def _entries(raw: list[Any], refs: bytearray | None) -> list[tuple[str, str, int, int]]:
-    """Manifest entries as (path, sha256, size, mtime_ns); `refs`: version 3's texts sent ahead.
-
-    One pass over the entries, each checked with no call for the usual values: a first sync
-    lists thousands of them, and this is on the way from its manifest to its result.
-    """
-    out: list[tuple[str, str, int, int]] = []
-    append = out.append
-    hexed, count = "", 0  # `refs` in hex, made at the first entry that names a text by place
-    for item in raw:  # `type(x) is int` refuses True and False too
-        if (type(item) is not list or len(item) != 4 or type(item[0]) is not str
-                or type(item[2]) is not int):
-            raise PeerError("bad-field", "manifest entries must be [path, sha256, size, mtime_ns]")
-        path, sha, size, mtime = item
-        if type(sha) is int and refs is not None:
-            if not hexed:
-                hexed, count = refs.hex(), len(refs) // REF_BYTES
-            place = sha
-            sha = hexed[place * 64:place * 64 + 64] if 0 <= place < count else _NO_REF_HEX
-            if sha == _NO_REF_HEX:
-                raise _unnamed(place, count, path)
-        elif type(sha) is not str or len(sha) != 64:
-            raise PeerError("bad-field", "manifest entries must be [path, sha256, size, mtime_ns]"
-                            + (" (in version 3 the sha256 may be the place of a text sent ahead)"
-                               if refs is not None else ""))
-        if type(mtime) is not int or not 0 <= mtime < 2**63:
-            mtime = _mtime(mtime)
-        append((path, sha, size, mtime))
-    if not _HEX.fullmatch("".join(e[1] for e in out)):  # one match for all: each is 64 long
-        raise PeerError("bad-field", "manifest entries must be [path, sha256, size, mtime_ns] "
-                        "with sha256 in 64 lower-case hex digits")
-    return out
-
-
-_HEX = re.compile("[0-9a-f]*")
-_NO_REF_HEX = NO_REF.hex()
-
-
-def _unnamed(place: int, count: int, path: object) -> PeerError:
-    """Why a manifest entry cannot name its body as the text sent ahead at `place`."""
-    return PeerError("bad-field", f"manifest entry {path!r} names text {place} sent ahead, "
-                     f"but this session took {count} texts ahead that it can name (the first "
-                     f"{AHEAD_REFS}, in UTF-8): give that file's sha256 instead")
-
-
-def _address(value: str, what: str) -> str:
-    """A sha256 or digest field, which must be 64 lower-case hex digits."""
-    if len(value) != 64 or not _HEX.fullmatch(value):
-        raise PeerError("bad-field", f"{what} must be a sha256 in 64 lower-case hex digits")
-    return value
 
 
 def _utf8(data: bytes) -> bool:

@@ -1,14 +1,9 @@
 """How many `serve` sessions run on one store at once, and how many wait: a slot each.
 
-A session's memory (the interpreter, SQLite's page cache, the lines it reads) is what a burst of
-clients multiplies, so the server bounds the sessions rather than the clients: at most `count`
-(`serve --limit sessions=N`) run, each holding a run slot. One that finds none free takes a
-wait slot, of which there are as many, and waits for a run slot, at most WAIT_SECONDS, holding
-only the interpreter; one that finds no wait slot either is told at once to come back (`Busy`),
-as is one whose wait ran out. So at most `count` sessions run and `count` wait, however many
-clients come at once. A slot is an OS lock on a small file in the folder `STORE-sessions/`
-beside the store (`flock`, or a byte lock on Windows): the OS drops it when its process ends,
-so a killed session never keeps one.
+At most `count` (`serve --limit sessions=N`) run and as many wait, at most WAIT_SECONDS; one
+that finds no slot is told to come back (`Busy`). A slot is an OS lock on a file in
+`STORE-sessions/` (`flock`, or a byte lock on Windows), which dies with its process.
+Why: docs/ARCHITECTURE.md "Sessions on one store".
 """
 
 from __future__ import annotations

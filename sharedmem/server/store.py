@@ -26,7 +26,9 @@ from sharedmem.rules import (
     name_problem,
 )
 from sharedmem.server import note_log
+from sharedmem.server.disk_full import disk_full, full_error
 from sharedmem.server.schema import MIGRATIONS, statements
+from sharedmem.server.wal import Wal, use_wal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,19 +49,6 @@ PAGE_SIZE = 16384
 # session holds at most this much of it: memory per session is
 # bounded, and so is the sessions' number (`session_slots.py`).
 CACHE_KIB = 16384
-# A session copies the write-ahead log into the store itself, at its end (`checkpoint_at_close`),
-# not inside the commits its client waits for. Sessions that overlap without end (a team's
-# morning burst) would never find it copied and unread, so it could grow without bound: before
-# each write, and at its end, a session that finds it larger than WAL_OWN_TIMES what it wrote
-# itself (and WAL_FLOOR_BYTES) copies it whole and empties it, waiting at most WAL_WAIT_MS for
-# the readers of older snapshots (`_bound_wal`).
-# Past WAL_HARD_TIMES that bound, readers that keep it from being emptied (pulls sent slowly,
-# one after another) are waited for longer, up to WAL_HARD_WAIT_MS, holding back this write.
-WAL_FLOOR_BYTES = 4 << 20
-WAL_OWN_TIMES = 4
-WAL_WAIT_MS = 1000
-WAL_HARD_TIMES = 4
-WAL_HARD_WAIT_MS = 10_000
 # `need` reads a namespace's rows rather than look each body up when it holds at most this
 # many files for each body asked about: a row read costs a tenth of a look-up, or less.
 NEED_SCAN_RATIO = 4
@@ -83,54 +72,6 @@ class NotFound(StoreError):
     """The store holds no such file or version: the session answers `not-found` and goes on."""
 
 
-class DiskFull(StoreError):
-    """The disk holding the store (or its backups) is full: the step that needed room wrote nothing.
-
-    The store is as it was before that step; the session answers `disk-full`.
-    """
-
-
-# SQLite's primary result codes for a full disk, an I/O error and a file it cannot open: the
-# last two are a full disk too when the disk has (next to) no room left (the -shm index and
-# the -wal log are grown by writes that fail as I/O errors, not as SQLITE_FULL).
-SQLITE_FULL, SQLITE_IOERR, SQLITE_CANTOPEN = 13, 10, 14
-LOW_SPACE_BYTES = 1 << 20
-
-
-def disk_full(exc: BaseException, where: Path | str) -> bool:
-    """Whether `exc`, raised writing at `where` (a file or folder), means its disk is full."""
-    if isinstance(exc, OSError):
-        import errno
-        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    code = getattr(exc, "sqlite_errorcode", None)
-    if not isinstance(code, int):
-        return False
-    if code & 0xFF == SQLITE_FULL:
-        return True
-    return code & 0xFF in (SQLITE_IOERR, SQLITE_CANTOPEN) and free_bytes(where) < LOW_SPACE_BYTES
-
-
-def free_bytes(where: Path | str) -> int:
-    """The bytes this account may still write on the disk holding `where` (large if unknown)."""
-    import shutil
-    from pathlib import Path
-    where = Path(where)
-    folder = where if where.is_dir() else where.parent
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return 1 << 62
-
-
-def full_error(path: Path | str, exc: BaseException, what: str = "") -> DiskFull:
-    """The error for a write at `path` that found its disk full, saying what to free."""
-    said = exc.strerror if isinstance(exc, OSError) else str(exc)
-    return DiskFull(f"{what or f'store {path}'}: the disk holding {path} is full "
-                    f"({_amount(free_bytes(path))} free; {said}), so nothing of this step was "
-                    f"written and the store is as it was before it. Disk full: free space on "
-                    f"the server's disk holding {path}, then try again")
-
-
 class Store:
     """One SQLite file; every write goes through `transaction`."""
 
@@ -141,10 +82,7 @@ class Store:
         # Whether every claim this store made is under `session`: not when its row went (taken
         # for dead) and a later claim made a new one, since the old claims went with it.
         self.claims_whole = True
-        self.wal = f"{path}-wal"
-        self.own_checkpoints = False  # `checkpoint_at_close`: the log is this session's to bound
-        self.wal_written = 0  # bytes this connection's commits added to the log
-        self.wal_failed = 0  # the log's size when copying it last could not finish
+        self.wal = Wal(conn, path, BUSY_TIMEOUT_MS)
 
     @classmethod
     def open(cls, path: Path | str, *, create: bool = True,
@@ -156,58 +94,26 @@ class Store:
         same text in every message; making that folder would do nothing.
         """
         if not (create and plain_path(path) and os.path.isdir(os.path.dirname(path) or ".")):
-            path = _path(path)
-            if not create and not path.is_file():
-                raise StoreError(f"store {path} does not exist: create it with install_server.py "
-                                 "or pass the right --store")
-            try:
-                if create:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                if disk_full(exc, path.parent):
-                    raise full_error(path.parent, exc, f"store {path} cannot be created") from None
-                raise StoreError(f"store {path} cannot be created: its folder {path.parent} "
-                                 f"cannot be made ({exc.strerror}); fix the path or the folder's "
-                                 "permissions") from None
-        try:
-            conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000,
-                                   check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
-            conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-            _wal(conn)
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            # So INSERT OR REPLACE of a file fires the trigger that marks its old body unused.
-            conn.execute("PRAGMA recursive_triggers=ON")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-        except sqlite3.OperationalError as exc:
-            if disk_full(exc, path):  # the -wal and -shm beside it need room
-                raise full_error(path, exc, f"store {path} cannot be opened") from None
-            raise StoreError(f"store {path} cannot be opened ({exc}): check that the path is "
-                             "right and that this account may read and write it and its "
-                             "folder") from None
-        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # SQLite quoting bad bytes
-            raise StoreError(f"store {path} cannot be opened as SQLite ({exc}): restore it from "
-                             "a backup (see docs/OPERATIONS.md)") from None
-        store = cls(path, conn)
+            path = _folder_made(_path(path), create)
+        conn, schema = _connect(path)
         latest = len(MIGRATIONS)
-        if version > latest:
+        if schema > latest:
             conn.close()
-            raise StoreError(f"store {path} has schema version {version}, newer than this "
+            raise StoreError(f"store {path} has schema version {schema}, newer than this "
                              f"software ({latest}): upgrade codex-shared-memory")
-        if version < latest:
+        store = cls(path, conn)
+        if schema < latest:
             try:
-                if version > 0 and before_migrate is not None:
-                    before_migrate(_path(path), version)
-                store._migrate(version)
+                if schema > 0 and before_migrate is not None:
+                    before_migrate(_path(path), schema)
+                store._migrate(schema)
             except BaseException:
                 conn.close()
                 raise
         return store
 
-    def _migrate(self, version: int) -> None:
-        for number in range(version + 1, len(MIGRATIONS) + 1):
+    def _migrate(self, schema: int) -> None:
+        for number in range(schema + 1, len(MIGRATIONS) + 1):
             with self.transaction() as conn:
                 if conn.execute("PRAGMA user_version").fetchone()[0] >= number:
                     continue  # another process migrated while this one waited for the lock
@@ -218,16 +124,13 @@ class Store:
     def close(self) -> str | None:
         """Checkpoint the WAL, then close the connection; says why the checkpoint failed, if it did.
 
-        A passive checkpoint first: a last connection closing checkpoints by itself, but holding
-        the database exclusively while it does, and a session that stored a large first sync
-        would keep the next session's server waiting on its disk that long. Passive, the next
-        one reads and writes meanwhile; the close then has nothing left to copy. A log grown
-        past this session's bound is copied whole and emptied instead (`_bound_wal`). On a full
-        disk the log is left as it is: it holds every commit, and the next connection reads it.
+        Passive (`Wal.bound` past the log's bound): SQLite's own checkpoint at the last close
+        holds the database exclusively, and the next session would wait on it. On a full disk
+        the log is left as it is: it holds every commit, and the next connection reads it.
         """
         problem = None
         try:
-            if not self._bound_wal():
+            if not self.wal.bound():
                 self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.Error as exc:  # the close checkpoints what it can, as before
             if disk_full(exc, self.path):
@@ -237,55 +140,6 @@ class Store:
                            f"Disk full: free space on the server's disk holding {self.path}")
         self.conn.close()
         return problem
-
-    def checkpoint_at_close(self) -> None:
-        """Copy the WAL into the database when the session ends, not inside each commit.
-
-        A large ingest's commit would otherwise also rewrite every page into the main file
-        before its client hears the result; the session copies it at its end instead, or
-        sooner once the log passes its bound (`_bound_wal`). A log emptied whole is cut back to
-        WAL_FLOOR_BYTES, not kept at its largest.
-        """
-        self.conn.execute("PRAGMA wal_autocheckpoint=0")
-        self.conn.execute(f"PRAGMA journal_size_limit={WAL_FLOOR_BYTES}")
-        self.own_checkpoints = True
-
-    def _wal_size(self) -> int:
-        try:
-            return os.stat(self.wal).st_size
-        except OSError:
-            return 0
-
-    def _bound_wal(self) -> bool:
-        """Whether the log held over a few times this session's writes, and was copied and emptied.
-
-        Other sessions' commits are what grows it past that: this one copies them too, waiting
-        at most WAL_WAIT_MS for readers of older snapshots (a pull being sent) to finish. When
-        they do not, it copies what they allow (SQLite then starts the log over at the first
-        write after they end, cut back to WAL_FLOOR_BYTES), and waits again only once the log
-        has grown by WAL_FLOOR_BYTES more; until then each write copies what it can, waiting
-        for nothing. Past WAL_HARD_TIMES the bound it waits up to WAL_HARD_WAIT_MS: new readers
-        do not hold a log copied whole, so only the pulls already being sent are waited for.
-        """
-        if not self.own_checkpoints:
-            return False
-        size = self._wal_size()
-        bound = max(WAL_FLOOR_BYTES, WAL_OWN_TIMES * self.wal_written)
-        if size <= bound:
-            return False
-        if size <= self.wal_failed + WAL_FLOOR_BYTES:
-            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            return False
-        wait = WAL_WAIT_MS if size <= WAL_HARD_TIMES * bound else WAL_HARD_WAIT_MS
-        self.conn.execute(f"PRAGMA busy_timeout={wait}")
-        try:  # past the wait it copies what it can without waiting, as a passive one does
-            busy = self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
-        except sqlite3.OperationalError:  # locked past the wait, or no room: left as it is
-            busy = 1
-        finally:
-            self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        self.wal_failed = size if busy else 0
-        return not busy
 
     def __enter__(self) -> Store:
         return self
@@ -297,14 +151,11 @@ class Store:
     def transaction(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
         """The only write path: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK on any error.
 
-        Without `durable` the commit is not fsynced (synchronous=NORMAL), only written: for
-        what a client redoes by itself if a power cut loses it, that is bodies sent ahead, a
-        namespace, the copy of a client's files (its next delta then finds a stale base and it
-        sends the whole manifest), and the time of an unchanged sync. The next fsynced commit,
-        or the checkpoint when the session closes, makes it durable, since the WAL is synced as
-        a whole. Notes, which a client deletes from its outbox once stored, are always fsynced.
+        Without `durable` the commit is not fsynced, only written: for what a client redoes by
+        itself if a power cut loses it (docs/ARCHITECTURE.md "The store"); the next fsynced
+        commit, or the checkpoint at the session's end, makes it durable. Notes always are.
         """
-        self._bound_wal()
+        self.wal.bound()
         if not durable:
             self.conn.execute("PRAGMA synchronous=NORMAL")
         try:
@@ -315,12 +166,11 @@ class Store:
                     raise full_error(self.path, exc) from None
                 raise StoreError(f"store {self.path} is busy or unwritable ({exc}); try again") \
                     from None
-            before = self._wal_size() if self.own_checkpoints else 0
+            before = self.wal.size()
             try:
                 yield self.conn
                 self.conn.execute("COMMIT")
-                if self.own_checkpoints:  # what this commit added, as near as the file tells
-                    self.wal_written += max(0, self._wal_size() - before)
+                self.wal.added(before)
             except BaseException as exc:
                 if self.conn.in_transaction:  # SQLite may have rolled back (full disk, I/O)
                     with contextlib.suppress(sqlite3.Error):  # the first error says more
@@ -336,10 +186,7 @@ class Store:
     def reading(self) -> Iterator[None]:
         """One read transaction: every read inside sees the store as it was at the first.
 
-        A pull reads its namespaces, then streams their files while the client takes them in:
-        in one snapshot, a commit meanwhile (another machine's sync) cannot make the files it
-        sends differ from the generations it announced. Nothing is written in it; writers go
-        on meanwhile (WAL), and the WAL is checkpointed past it once it ends.
+        A pull's files then match the generations it announced, whatever commits meanwhile.
         """
         self.conn.execute("BEGIN")
         try:
@@ -355,12 +202,9 @@ class Store:
     def put_blobs(self, rows: Sequence[tuple[str, int, bytes]]) -> list[str]:
         """Store (sha256, size, text in UTF-8) bodies ahead of the namespace that lists them.
 
-        SQLite turns the bytes into TEXT itself, so the caller's UTF-8 is not made again from
-        the string. Every body of `rows`, stored now or there before, is claimed for this
-        session in the same commit, so no other session's clean-up deletes it; `finish`
-        releases the claims. Those stored now took consecutive rowids and are claimed as one
-        run (schema 4); should SQLite have numbered them otherwise (past the largest rowid it
-        picks at random), each is claimed as the others are. Returns the sha256s stored now.
+        Every body of `rows` is claimed for this session in the same commit (those stored now
+        as one run of rowids, schema 4), so no other session's clean-up deletes it; `finish`
+        releases the claims. Returns the sha256s stored now.
         """
         from sharedmem.server import blob_lifecycle
         with self.transaction(durable=False) as conn:
@@ -385,12 +229,9 @@ class Store:
     def need(self, shas: Iterable[str], namespace: tuple[str, str] | None = None) -> list[str]:
         """The bodies a manifest lists that the store lacks: the server's `need`.
 
-        Those it holds that no file uses (sent ahead by another session, or no longer used)
-        could be collected before this session's commit, so they are claimed for it first;
-        one collected meanwhile is named in `need` after all. With the (machine, source) of
-        the manifest, the bodies that namespace's files use are known held and used from one
-        read of its rows, when it lists so many that this costs less than a look-up each (a
-        whole manifest sent again).
+        Those it holds that no file uses are claimed for this session first (one collected
+        meanwhile is needed after all). A namespace sent again whole is read in one pass
+        (`NEED_SCAN_RATIO`) rather than a look-up a body.
         """
         wanted = sorted(set(shas))
         have: set[str] = set()
@@ -411,22 +252,13 @@ class Store:
             if not used:
                 loose.append(sha)
         if loose:
+            from sharedmem.server import blob_lifecycle
             with self.transaction(durable=False) as conn:
-                session = self._claim(conn, loose)
+                session = blob_lifecycle.claim(conn, self.session, loose, int(time.time()))
                 have.difference_update(sha for sha in loose if conn.execute(
                     "SELECT 1 FROM blobs WHERE sha256=?", (sha,)).fetchone() is None)
             self._claimed_under(session)
         return [sha for sha in wanted if sha not in have]
-
-    def _claim(self, conn: sqlite3.Connection, shas: Sequence[str], *,
-               present: bool = False) -> int:
-        """Claim these bodies (those present) for this session, registered first if need be.
-
-        `present`: the caller knows the store holds each (it has just stored them), so none is
-        looked up first.
-        """
-        from sharedmem.server import blob_lifecycle
-        return blob_lifecycle.claim(conn, self.session, shas, int(time.time()), present=present)
 
     def _claimed_under(self, session: int) -> None:
         if self.session is not None and session != self.session:
@@ -760,6 +592,48 @@ class Store:
         return row[0], inner
 
 
+def _folder_made(path: Path, create: bool) -> Path:
+    """`path`, its folder made when `create`; without it, the store must be there already."""
+    if not create and not path.is_file():
+        raise StoreError(f"store {path} does not exist: create it with install_server.py "
+                         "or pass the right --store")
+    try:
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if disk_full(exc, path.parent):
+            raise full_error(path.parent, exc, f"store {path} cannot be created") from None
+        raise StoreError(f"store {path} cannot be created: its folder {path.parent} cannot be "
+                         f"made ({exc.strerror}); fix the path or the folder's permissions"
+                         ) from None
+    return path
+
+
+def _connect(path: Path | str) -> tuple[sqlite3.Connection, int]:
+    """The store's connection with its settings, and the schema version the file records."""
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000,
+                               check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
+        conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        use_wal(conn, BUSY_TIMEOUT_MS)
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        # So INSERT OR REPLACE of a file fires the trigger that marks its old body unused.
+        conn.execute("PRAGMA recursive_triggers=ON")
+        return conn, conn.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.OperationalError as exc:
+        if disk_full(exc, path):  # the -wal and -shm beside it need room
+            raise full_error(path, exc, f"store {path} cannot be opened") from None
+        raise StoreError(f"store {path} cannot be opened ({exc}): check that the path is "
+                         "right and that this account may read and write it and its "
+                         "folder") from None
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # SQLite quoting bad bytes
+        raise StoreError(f"store {path} cannot be opened as SQLite ({exc}): restore it from "
+                         "a backup (see docs/OPERATIONS.md)") from None
+
+
 def restart_generations(conn: sqlite3.Connection, floor: int) -> None:
     """After a restore, in its commit: every generation at `floor`, past all a client has seen.
 
@@ -822,17 +696,6 @@ def _lenient(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _amount(size: int) -> str:
-    """A number of bytes as people read it: 0 bytes, 12 KiB, 3.5 MiB, 80.2 GiB."""
-    if size < 1 << 10:
-        return f"{size} bytes"
-    if size < 1 << 20:
-        return f"{size >> 10} KiB"
-    if size < 1 << 30:
-        return f"{size / (1 << 20):.1f} MiB"
-    return f"{size / (1 << 30):.1f} GiB"
-
-
 def plain_path(value: object) -> bool:
     """Whether `value` is a str that pathlib would keep as it is, with no `~` to expand.
 
@@ -849,22 +712,6 @@ def _path(value: Path | str) -> Path:
     """`value` as a Path, loading pathlib only here: the paths `plain_path` takes never come."""
     from pathlib import Path
     return Path(value)
-
-
-def _wal(conn: sqlite3.Connection) -> None:
-    """Switch to WAL, retrying while another process creates the same new store.
-
-    That switch can report 'locked' at once (the busy timeout does not cover it).
-    """
-    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
 
 
 def _since(ns: Namespace, known: Mapping[str, int], compacted: int = 0) -> int | None:
