@@ -183,73 +183,60 @@ def _check_ssh_reuse(report: Report, cfg: Any) -> None:
     The transport check has just connected with the same options, so with reuse on a master
     should be running now; its socket's folder must exist, or every sync fails.
     """
-    if cfg.transport.kind != "ssh":
-        return
-    details = _reuse_configured(report, cfg.transport)
-    if details is not None and _socket_usable(report, cfg.path, details):
-        _check_master(report, cfg.transport, details)
-
-
-def _reuse_configured(report: Report, transport: Any) -> dict[str, Any] | None:
-    """The reuse settings ssh makes of the transport's options; None when reuse is off."""
     from sharedmem.install import ssh_reuse
+    transport = cfg.transport
+    if transport.kind != "ssh":
+        return
     if not ssh_reuse.own_keys(transport.options):
         report.add(REUSE, OK, "off: each sync opens its own ssh connection (about ten round "
                    "trips before the first byte); install_client.py without --no-ssh-reuse "
                    "turns it on", configured=False)
-        return None
+        return
     found = ssh_reuse.settings(transport)
     if not found:
         report.add(REUSE, WARN, "configured, but `ssh -G` could not read the transport's "
                    "options, so whether it works is unknown", "run the sync by hand and read "
                    "what ssh says about transport.options", configured=True)
-        return None
+        return
     master, path = found.get("controlmaster", "no"), found.get("controlpath", "none")
     if master in ("no", "false") or path == "none":
         report.add(REUSE, OK, f"off: ssh makes ControlMaster {master}, ControlPath {path} of "
                    "transport.options", configured=False)
-        return None
-    return {"configured": True, "control_path": path, "master": master,
-            "persist": found.get("controlpersist")}
+        return
+    _check_master(report, cfg, {"configured": True, "control_path": path, "master": master,
+                                "persist": found.get("controlpersist")})
 
 
-def _socket_usable(report: Report, config: Path, details: dict[str, Any]) -> bool:
-    """Whether ssh can make its socket: a path short enough, in a folder only this user writes."""
+def _check_master(report: Report, cfg: Any, details: dict[str, Any]) -> None:
+    """Whether ssh can make its socket, and whether the master connection runs now."""
+    import shlex
     import stat
 
     from sharedmem.install import ssh_reuse
     path = details["control_path"]
     folder = Path(path).parent
     fix = (f"re-run install_client.py (it makes the folder and picks one short enough), or "
-           f"remove the Control* options from transport.options in {config}")
+           f"remove the Control* options from transport.options in {cfg.path}")
     if len(path.encode()) + ssh_reuse.MUX_SUFFIX >= ssh_reuse.SUN_PATH_MAX:
         report.add(REUSE, FAIL, f"the socket path {path} is too long for a Unix socket "
                    f"({ssh_reuse.SUN_PATH_MAX - 1 - ssh_reuse.MUX_SUFFIX} bytes at most), so "
                    "ssh fails", fix, **details)
-        return False
+        return
     try:
         info = folder.stat()
     except OSError:
         report.add(REUSE, FAIL, f"the socket's folder {folder} does not exist, so ssh cannot "
                    "start a master connection and every sync fails", fix, **details)
-        return False
+        return
     if stat.S_IMODE(info.st_mode) & 0o022:
         report.add(REUSE, WARN, f"the socket's folder {folder} is writable by others, who could "
                    "put their own socket in its place", f"chmod 700 {folder}", **details)
-        return False
-    return True
-
-
-def _check_master(report: Report, transport: Any, details: dict[str, Any]) -> None:
-    """Whether the master connection runs, right after the transport check connected."""
-    import shlex
-
-    from sharedmem.install import ssh_reuse
-    running, said = ssh_reuse.check(transport)
-    by_hand = shlex.join(ssh_reuse.command(transport, "-O", "check"))
+        return
+    running, said = ssh_reuse.check(cfg.transport)
+    by_hand = shlex.join(ssh_reuse.command(cfg.transport, "-O", "check"))
     connected = any(c.name == "transport" and c.status == OK for c in report.checks)
     if running:
-        report.add(REUSE, OK, f"on: {said.rstrip('.')}, socket {details['control_path']}, kept "
+        report.add(REUSE, OK, f"on: {said.rstrip('.')}, socket {path}, kept "
                    f"{details['persist']} s after the last sync", **details)
     elif connected:
         report.add(REUSE, WARN, f"on, but no master connection runs right after a connection "
@@ -257,8 +244,8 @@ def _check_master(report: Report, transport: Any, details: dict[str, Any]) -> No
                    "ssh -v by hand to see why, or turn reuse off (install_client.py "
                    "--no-ssh-reuse)", **details)
     else:
-        report.add(REUSE, OK, f"on (socket {details['control_path']}); no master connection "
-                   f"runs now: {said}", **details)
+        report.add(REUSE, OK, f"on (socket {path}); no master connection runs now: {said}",
+                   **details)
 
 
 def _check_cache(report: Report, cfg: Any) -> None:
@@ -470,6 +457,7 @@ def doctor_store(store: Path, repair: bool = False) -> Report:
     session uses and the tombstones past their retention are collected first (after migrating
     an older schema, with its backup), and the checks report the store as it is afterwards.
     """
+    from sharedmem.server.store import MIGRATIONS, Store
     store = Path(store)
     report = Report(str(store))
     if not store.is_file():
@@ -478,20 +466,6 @@ def doctor_store(store: Path, repair: bool = False) -> Report:
         return report
     if repair:
         _repair(report, store)
-    verified = _verify(report, store)
-    if verified is None:
-        return report
-    problems, version = verified
-    known = _check_schema(report, version)
-    if not problems and known:
-        _check_bodies(report, store, version)
-    _check_backups(report, store)
-    return report
-
-
-def _verify(report: Report, store: Path) -> tuple[list[str], int] | None:
-    """The store's own verify, read-only: its problems and schema; None when it is no SQLite."""
-    from sharedmem.server.store import MIGRATIONS, Store
     try:
         conn = sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)
         try:
@@ -510,7 +484,7 @@ def _verify(report: Report, store: Path) -> tuple[list[str], int] | None:
     except (sqlite3.Error, UnicodeDecodeError) as exc:  # SQLite quoting damaged bytes
         report.add("store", FAIL, f"store {store} cannot be read as SQLite ({exc})",
                    "restore the newest verified backup (docs/OPERATIONS.md)")
-        return None
+        return report
     if problems:
         report.add("store", FAIL, "; ".join(problems), "stop syncs, then restore the newest "
                    "verified backup (docs/OPERATIONS.md)", problems=problems)
@@ -518,13 +492,14 @@ def _verify(report: Report, store: Path) -> tuple[list[str], int] | None:
         listed = ", ".join(f"{v} {k}" for k, v in counts.items())
         report.add("store", OK, "integrity, foreign keys and note chain verified"
                    + (f" ({listed})" if listed else ""), counts=counts)
-    return problems, version
+    if _check_schema(report, version, len(MIGRATIONS)) and not problems:
+        _check_bodies(report, store, version)
+    _check_backups(report, store)
+    return report
 
 
-def _check_schema(report: Report, version: int) -> bool:
-    """The store's schema against this software's; whether this software knows it."""
-    from sharedmem.server.store import MIGRATIONS
-    latest = len(MIGRATIONS)
+def _check_schema(report: Report, version: int, latest: int) -> bool:
+    """The store's schema against this software's (`latest`); whether this software knows it."""
     if version > latest:
         report.add("schema", FAIL, f"schema {version} is newer than this software ({latest})",
                    "upgrade codex-shared-memory on this server")

@@ -1,8 +1,4 @@
-"""The deadlines of a client's session with the server: a thread that stops the server end.
-
-Every wait on the server has one (`timeouts` in client.json): past it the server end is
-stopped, and the error says which wait ran out and which setting to change.
-"""
+"""The deadlines of a client's waits on the server (`timeouts` in client.json), kept by a thread."""
 
 from __future__ import annotations
 

@@ -252,10 +252,7 @@ def _size(body: tuple[str, bytes]) -> int:
 
 
 def _terms(hello: dict[str, object] | None) -> tuple[int, bool] | None:
-    """What the server's hello takes ahead: `ahead_bytes`, and whether as texts alone (`_compact`).
-
-    None when it takes nothing ahead: no hello yet, version 1, or no `ahead_bytes`.
-    """
+    """The hello's `ahead_bytes` and whether texts go alone (`_compact`); None: nothing ahead."""
     if hello is None:
         return None
     limit, version = hello.get("ahead_bytes"), hello.get("version")

@@ -133,12 +133,6 @@ def _validate(args: Any, env: Mapping[str, str]) -> list[str]:
             interpreter.given(args.python)
         except SharedMemoryError as exc:
             problems.append(str(exc))
-    return problems + _where_problems(args, env) + _source_problems(args, env)
-
-
-def _where_problems(args: Any, env: Mapping[str, str]) -> list[str]:
-    """What is wrong with the machine's name and the way to the store."""
-    problems: list[str] = []
     if args.machine is None:
         problems.append("--machine NAME is required: name this machine, e.g. --machine laptop")
     elif problem := name_problem(args.machine, "--machine"):
@@ -165,7 +159,7 @@ def _where_problems(args: Any, env: Mapping[str, str]) -> list[str]:
                         "key, e.g. ~/.ssh/id_ed25519)")
     problems += [f"--ssh-option {o!r} must look like Name=value" for o in args.ssh_option
                  if "=" not in o or o.startswith("-")]
-    return problems
+    return problems + _source_problems(args, env)
 
 
 def _source_problems(args: Any, env: Mapping[str, str]) -> list[str]:
@@ -352,7 +346,11 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
                                "machine": cfg.machine,
                                "sources": [{"name": s.name, "kind": s.kind, "path": str(s.path)}
                                            for s in cfg.sources]}
-    python = _python(args, console)
+    python = interpreter.given(args.python) if args.python else interpreter.choose()
+    if python.volatile:
+        console.warn(python.note, counts=False)
+    elif python.note:
+        console.progress(python.note)
     summary["python"] = python.path
     if not dry or cfg.transport.kind == "ssh":
         summary["server"] = check_connection(cfg, console).get("server")
@@ -364,7 +362,13 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
            str(cfg.path)]
     names = list(dict.fromkeys(args.harness)) or harnesses.detect(env)
     diffs += _register(names, mcp, cfg, env, dry, summary, console)
-    summary["memory"] = _memory(cfg, env, names, console)
+    summary["memory"] = []
+    for found in memory_coverage.coverage(cfg.sources, env, cfg.machine, names):
+        summary["memory"].append({"harness": found.harness, "status": found.status,
+                                  "message": found.message, "fix": found.fix,
+                                  "folders": [str(f) for f in found.folders]})
+        if found.status != memory_coverage.OK:  # a choice the user may have made: exit stays 0
+            console.warn(f"{found.harness}: {found.message}. Fix: {found.fix}", counts=False)
     summary["cursor_block_shown"] = _show_cursor_block(summary, cfg.state, args.cursor_rules, dry)
     if args.schedule == "auto":
         summary["schedule"] = _schedule(True, prefix, env, console, run, platform, dry,
@@ -372,16 +376,6 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
     summary["diffs"] = [d for d in diffs if d]
     _report(summary, args.json, console)
     return 1 if console.warnings else 0
-
-
-def _python(args: Any, console: Console) -> interpreter.Choice:
-    """The Python the harnesses and the schedule run, with a word on why when it matters."""
-    python = interpreter.given(args.python) if args.python else interpreter.choose()
-    if python.volatile:
-        console.warn(python.note, counts=False)
-    elif python.note:
-        console.progress(python.note)
-    return python
 
 
 def _write_config(args: Any, env: Mapping[str, str], prefix: Path, cfg: ClientConfig,
@@ -429,17 +423,6 @@ def _register(names: list[str], mcp: list[str], cfg: ClientConfig, env: Mapping[
             elif dry and change.before != change.after:
                 diffs.append(_diff(change.path, change.before, change.after))
     return diffs
-
-
-def _memory(cfg: ClientConfig, env: Mapping[str, str], names: list[str],
-            console: Console) -> list[dict[str, Any]]:
-    """Whether each harness's memory lands in a published source; a gap is a warning."""
-    found = memory_coverage.coverage(cfg.sources, env, cfg.machine, names)
-    for item in found:
-        if item.status != memory_coverage.OK:  # a choice the user may have made: exit stays 0
-            console.warn(f"{item.harness}: {item.message}. Fix: {item.fix}", counts=False)
-    return [{"harness": f.harness, "status": f.status, "message": f.message, "fix": f.fix,
-             "folders": [str(folder) for folder in f.folders]} for f in found]
 
 
 def _cache_files(cache: Path) -> dict[str, str]:
