@@ -95,12 +95,8 @@ class Ahead:
         if hello is None or not self.tails:
             return
         tails, self.tails, self.tail_bytes = self.tails, [], 0
-        lines = self._tail_lines(tails, hello)
-        if lines and self._sender is None:
-            self._sender = threading.Thread(target=self._send, daemon=True, name="sharedmem-ahead")
-            self._sender.start()
-        for line in lines:
-            self._queue.put(line)
+        for line in self._tail_lines(tails, hello):
+            self._put(line)
 
     def _tail_lines(self, tails: list[tuple[str, str, bytes, int]],
                     hello: dict[str, object] | None) -> list[bytes]:
@@ -138,12 +134,15 @@ class Ahead:
         if room:
             if compact:
                 self._place(room)
-            if self._sender is None:
-                self._sender = threading.Thread(target=self._send, daemon=True,
-                                                name="sharedmem-ahead")
-                self._sender.start()
-            self._queue.put(room)
+            self._put(room)
         self.pending, self.pending_bytes = [], 0
+
+    def _put(self, item: list[tuple[str, bytes]] | bytes) -> None:
+        """Queue a batch or a `tails` line for the sender thread, which the first one starts."""
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send, daemon=True, name="sharedmem-ahead")
+            self._sender.start()
+        self._queue.put(item)
 
     def _take(self, items: list[Any], limit: int, size: Callable[[Any], int]) -> list[Any]:
         """The first `items` that fit in what `ahead_bytes` leaves; past it nothing more goes."""
