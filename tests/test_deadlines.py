@@ -8,12 +8,54 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import LAUNCHER, write_config
+
+from sharedmem.client.config import Timeouts
+from sharedmem.client.deadlines import Watch
+
+
+def watch(limits: Timeouts, moved: list[int]) -> tuple[Watch, threading.Event]:
+    """A watch over a stand-in session: `moved[0]` is its byte count; the event, its stop."""
+    stopped = threading.Event()
+    return Watch(limits, "the test server", Path("/c/client.json"), lambda: moved[0],
+                 stopped.set), stopped
+
+
+def test_a_wait_with_no_byte_moving_stops_the_session_and_says_which() -> None:
+    kept, stopped = watch(Timeouts(reply_seconds=0.3, session_seconds=60), [0])
+    with kept.waiting("its answer to its manifest"):
+        assert stopped.wait(5)
+    assert kept.reason is not None and kept.reason.startswith(
+        "the server (the test server) sent nothing for 0 s while this client waited for its "
+        "answer to its manifest, past `timeouts.reply_seconds` (0.3 s) in /c/client.json")
+
+
+def test_no_deadline_runs_while_the_client_does_its_own_work_or_pauses() -> None:
+    kept, stopped = watch(Timeouts(reply_seconds=0.3, session_seconds=0.3), [0])
+    time.sleep(0.8)  # not waiting on the server
+    with kept.waiting("its bodies message", sending=True), kept.paused():
+        time.sleep(0.8)
+    kept.stop()
+    assert not stopped.is_set() and kept.reason is None
+
+
+def test_waits_that_outlast_what_the_bytes_moved_allow_stop_the_session() -> None:
+    moved = [0]
+    kept, stopped = watch(Timeouts(reply_seconds=60, session_seconds=0.5, session_rate=1000),
+                          moved)
+    with kept.waiting("its answer to its hello"):
+        for _ in range(200):  # a trickle: never quiet, but 200 bytes a second buy little time
+            if stopped.wait(0.05):
+                break
+            moved[0] += 10
+    assert stopped.is_set() and kept.reason is not None and "answers too slowly" in kept.reason
+    assert "`timeouts.session_rate` (1000) bytes in /c/client.json" in kept.reason
 
 STAND_IN = r'''
 import json, os, sys, threading, time
