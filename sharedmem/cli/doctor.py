@@ -23,6 +23,7 @@ FRESH_SECONDS = 10 * 60
 STALE_SECONDS = 24 * 3600
 BACKUP_MAX_AGE = 2 * 24 * 3600
 EXPECTED_TOOLS = frozenset({"list", "read", "search", "add_ad_hoc_note"})
+REUSE = "ssh reuse"  # the name of its check
 
 
 @dataclass
@@ -182,63 +183,68 @@ def _check_ssh_reuse(report: Report, cfg: Any) -> None:
     The transport check has just connected with the same options, so with reuse on a master
     should be running now; its socket's folder must exist, or every sync fails.
     """
-    import shlex
-    import stat
-
     from sharedmem.install import ssh_reuse
     transport = cfg.transport
     if transport.kind != "ssh":
         return
-    name = "ssh reuse"
     if not ssh_reuse.own_keys(transport.options):
-        report.add(name, OK, "off: each sync opens its own ssh connection (about ten round "
+        report.add(REUSE, OK, "off: each sync opens its own ssh connection (about ten round "
                    "trips before the first byte); install_client.py without --no-ssh-reuse "
                    "turns it on", configured=False)
         return
     found = ssh_reuse.settings(transport)
     if not found:
-        report.add(name, WARN, "configured, but `ssh -G` could not read the transport's "
+        report.add(REUSE, WARN, "configured, but `ssh -G` could not read the transport's "
                    "options, so whether it works is unknown", "run the sync by hand and read "
                    "what ssh says about transport.options", configured=True)
         return
     master, path = found.get("controlmaster", "no"), found.get("controlpath", "none")
     if master in ("no", "false") or path == "none":
-        report.add(name, OK, f"off: ssh makes ControlMaster {master}, ControlPath {path} of "
+        report.add(REUSE, OK, f"off: ssh makes ControlMaster {master}, ControlPath {path} of "
                    "transport.options", configured=False)
         return
-    details = {"configured": True, "control_path": path, "master": master,
-               "persist": found.get("controlpersist")}
+    _check_master(report, cfg, {"configured": True, "control_path": path, "master": master,
+                                "persist": found.get("controlpersist")})
+
+
+def _check_master(report: Report, cfg: Any, details: dict[str, Any]) -> None:
+    """Whether ssh can make its socket, and whether the master connection runs now."""
+    import shlex
+    import stat
+
+    from sharedmem.install import ssh_reuse
+    path = details["control_path"]
     folder = Path(path).parent
     fix = (f"re-run install_client.py (it makes the folder and picks one short enough), or "
            f"remove the Control* options from transport.options in {cfg.path}")
     if len(path.encode()) + ssh_reuse.MUX_SUFFIX >= ssh_reuse.SUN_PATH_MAX:
-        report.add(name, FAIL, f"the socket path {path} is too long for a Unix socket "
+        report.add(REUSE, FAIL, f"the socket path {path} is too long for a Unix socket "
                    f"({ssh_reuse.SUN_PATH_MAX - 1 - ssh_reuse.MUX_SUFFIX} bytes at most), so "
                    "ssh fails", fix, **details)
         return
     try:
         info = folder.stat()
     except OSError:
-        report.add(name, FAIL, f"the socket's folder {folder} does not exist, so ssh cannot "
+        report.add(REUSE, FAIL, f"the socket's folder {folder} does not exist, so ssh cannot "
                    "start a master connection and every sync fails", fix, **details)
         return
     if stat.S_IMODE(info.st_mode) & 0o022:
-        report.add(name, WARN, f"the socket's folder {folder} is writable by others, who could "
+        report.add(REUSE, WARN, f"the socket's folder {folder} is writable by others, who could "
                    "put their own socket in its place", f"chmod 700 {folder}", **details)
         return
-    running, said = ssh_reuse.check(transport)
-    by_hand = shlex.join(ssh_reuse.command(transport, "-O", "check"))
+    running, said = ssh_reuse.check(cfg.transport)
+    by_hand = shlex.join(ssh_reuse.command(cfg.transport, "-O", "check"))
     connected = any(c.name == "transport" and c.status == OK for c in report.checks)
     if running:
-        report.add(name, OK, f"on: {said.rstrip('.')}, socket {path}, kept "
+        report.add(REUSE, OK, f"on: {said.rstrip('.')}, socket {path}, kept "
                    f"{details['persist']} s after the last sync", **details)
     elif connected:
-        report.add(name, WARN, f"on, but no master connection runs right after a connection "
+        report.add(REUSE, WARN, f"on, but no master connection runs right after a connection "
                    f"was made ({said}): each sync opens its own", f"run `{by_hand}` and "
                    "ssh -v by hand to see why, or turn reuse off (install_client.py "
                    "--no-ssh-reuse)", **details)
     else:
-        report.add(name, OK, f"on (socket {path}); no master connection runs now: {said}",
+        report.add(REUSE, OK, f"on (socket {path}); no master connection runs now: {said}",
                    **details)
 
 
@@ -486,7 +492,14 @@ def doctor_store(store: Path, repair: bool = False) -> Report:
         listed = ", ".join(f"{v} {k}" for k, v in counts.items())
         report.add("store", OK, "integrity, foreign keys and note chain verified"
                    + (f" ({listed})" if listed else ""), counts=counts)
-    latest = len(MIGRATIONS)
+    if _check_schema(report, version, len(MIGRATIONS)) and not problems:
+        _check_bodies(report, store, version)
+    _check_backups(report, store)
+    return report
+
+
+def _check_schema(report: Report, version: int, latest: int) -> bool:
+    """The store's schema against this software's (`latest`); whether this software knows it."""
     if version > latest:
         report.add("schema", FAIL, f"schema {version} is newer than this software ({latest})",
                    "upgrade codex-shared-memory on this server")
@@ -495,10 +508,7 @@ def doctor_store(store: Path, repair: bool = False) -> Report:
                    "the next sync migrates it after taking a verified backup")
     else:
         report.add("schema", OK, f"schema {version} (current)")
-    if not problems and version <= latest:
-        _check_bodies(report, store, version)
-    _check_backups(report, store)
-    return report
+    return version <= latest
 
 
 def _repair(report: Report, store: Path) -> None:
@@ -560,12 +570,9 @@ def _check_bodies(report: Report, store: Path, version: int) -> None:
 def _check_backups(report: Report, store: Path) -> None:
     folder = store.parent / "backups"
     fix = f"run `shared_memory.py backup create --store {store}` and schedule it daily"
+    from sharedmem.server import catalog
     try:
-        from sharedmem.server import catalog
-        infos = catalog.list_backups(folder)
-        found = [(i.path, parse_utc(i.created), i.state) for i in infos]
-    except ImportError:  # pragma: no cover - only before catalog.py existed
-        found = [(p, p.stat().st_mtime, "ok") for p in sorted(folder.glob("*.sqlite3"))]
+        found = [(i.path, parse_utc(i.created), i.state) for i in catalog.list_backups(folder)]
     except SharedMemoryError as exc:
         report.add("backups", WARN, str(exc), fix)
         return

@@ -22,6 +22,9 @@ from sharedmem.protocol import AHEAD_REFS, chunks, encode_bodies, encode_raw_tex
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
     from sharedmem.client.transport import Connection
 
 BATCH_BYTES = 1 << 20  # small enough that the server redacts one batch while the next comes
@@ -92,31 +95,22 @@ class Ahead:
         if hello is None or not self.tails:
             return
         tails, self.tails, self.tail_bytes = self.tails, [], 0
-        lines = self._tail_lines(tails, hello)
-        if lines and self._sender is None:
-            self._sender = threading.Thread(target=self._send, daemon=True, name="sharedmem-ahead")
-            self._sender.start()
-        for line in lines:
-            self._queue.put(line)
+        for line in self._tail_lines(tails, hello):
+            self._put(line)
 
     def _tail_lines(self, tails: list[tuple[str, str, bytes, int]],
-                    hello: dict[str, object]) -> list[bytes]:
+                    hello: dict[str, object] | None) -> list[bytes]:
         """The lines that send `tails` ahead, as many as `ahead_bytes` leaves room for.
 
         Each counts its whole size in `sent_bytes`: `tails` to a version 3 server, whole
         bodies to a version 2 one; nothing to a server that takes nothing ahead.
         """
-        limit, version = hello.get("ahead_bytes"), hello.get("version")
-        if type(limit) is not int or type(version) is not int or version < 2:
+        terms = _terms(hello)
+        if terms is None:
             return []
-        room = []
-        for tail in tails:
-            if self.sent_bytes + len(tail[2]) > limit:
-                self.open = False
-                break
-            room.append(tail)
-            self.sent_bytes += len(tail[2])
-        if version < 3:
+        limit, compact = terms
+        room = self._take(tails, limit, lambda tail: len(tail[2]))
+        if not compact:
             return [encode_bodies(b) for b in chunks([(t[0], t[2]) for t in room], _size)]
         return [encode_tails(b) for b in chunks([(t[1], t[2][t[3]:]) for t in room], _size)]
 
@@ -131,26 +125,35 @@ class Ahead:
         self._flush_tails()
         if hello is None or not self.pending:
             return
-        limit = hello.get("ahead_bytes")
-        if hello.get("version", 0) < 2 or not isinstance(limit, int) or isinstance(limit, bool):
+        terms = _terms(hello)
+        if terms is None:
             self.close()
             return
-        room: list[tuple[str, bytes]] = []
-        for sha, data in self.pending:
-            if self.sent_bytes + len(data) > limit:
+        limit, compact = terms
+        room = self._take(self.pending, limit, lambda body: len(body[1]))
+        if room:
+            if compact:
+                self._place(room)
+            self._put(room)
+        self.pending, self.pending_bytes = [], 0
+
+    def _put(self, item: list[tuple[str, bytes]] | bytes) -> None:
+        """Queue a batch or a `tails` line for the sender thread, which the first one starts."""
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send, daemon=True, name="sharedmem-ahead")
+            self._sender.start()
+        self._queue.put(item)
+
+    def _take(self, items: list[Any], limit: int, size: Callable[[Any], int]) -> list[Any]:
+        """The first `items` that fit in what `ahead_bytes` leaves; past it nothing more goes."""
+        room = []
+        for item in items:
+            if self.sent_bytes + size(item) > limit:
                 self.open = False
                 break
-            room.append((sha, data))
-            self.sent_bytes += len(data)
-        if room:
-            if _compact(hello):
-                self._place(room)
-            if self._sender is None:
-                self._sender = threading.Thread(target=self._send, daemon=True,
-                                                name="sharedmem-ahead")
-                self._sender.start()
-            self._queue.put(room)
-        self.pending, self.pending_bytes = [], 0
+            room.append(item)
+            self.sent_bytes += size(item)
+        return room
 
     def _place(self, room: list[tuple[str, bytes]]) -> None:
         """Number the bodies about to go, in order: the server counts the texts as they come."""
@@ -221,22 +224,21 @@ class Ahead:
         that a version 3 manifest may name by their place (`places`).
         """
         tails, self.waiting_tails = self.waiting_tails, []
-        if tails and self.conn.early is not None:
-            for line in self._tail_lines(tails, self.conn.early):
-                self.conn.channel.send_line(line)
+        for line in self._tail_lines(tails, self.conn.early) if tails else []:
+            self.conn.channel.send_line(line)
         waiting, self.waiting = self.waiting, None
-        hello = self.conn.early
-        if waiting is None or hello is None or hello.get("version", 0) < 2:
+        terms = _terms(self.conn.early)
+        if waiting is None or terms is None:
             return False
+        limit, compact = terms
         lines, size, batches, form = waiting
-        if form != _compact(hello):
-            lines = [_encode(batch, _compact(hello)) for batch in batches]
-        limit = hello.get("ahead_bytes")
-        if isinstance(limit, int) and not isinstance(limit, bool) and self.sent_bytes + size <= limit:
+        if form != compact:
+            lines = [_encode(batch, compact) for batch in batches]
+        if self.sent_bytes + size <= limit:
             for line in lines:
                 self.conn.channel.send_line(line)
             self.sent_bytes += size
-            if _compact(hello):
+            if compact:
                 for batch in batches:
                     self._place(batch)
                 return True
@@ -246,6 +248,16 @@ class Ahead:
 def _size(body: tuple[str, bytes]) -> int:
     """About what one (sha256, UTF-8 text) body takes on a `bodies` line."""
     return len(body[1]) + 80
+
+
+def _terms(hello: dict[str, object] | None) -> tuple[int, bool] | None:
+    """The hello's `ahead_bytes` and whether texts go alone (`_compact`); None: nothing ahead."""
+    if hello is None:
+        return None
+    limit, version = hello.get("ahead_bytes"), hello.get("version")
+    if type(limit) is not int or type(version) is not int or version < 2:
+        return None
+    return limit, _compact(hello)
 
 
 def _compact(hello: dict[str, object] | None) -> bool:

@@ -5,8 +5,7 @@ compressed after the hellos when both offer it (version 3). A sync that remember
 hello (`state/server.json`) goes on as soon as its own hello is sent, and checks the answer
 before it uses any other reply (docs/PROTOCOL.md "Optimistic hello").
 
-Every wait on the server has a deadline (`Watch`, set by `timeouts` in client.json): past one
-the server end is stopped and the error says which wait ran out. An ssh connection that sshd
+Every wait on the server has a deadline (deadlines.py). An ssh connection that sshd
 resets before authentication (a busy server's MaxStartups) is started again, a few times, with
 everything sent so far sent again: nothing of it reached the server.
 """
@@ -23,7 +22,8 @@ import time
 from collections.abc import Iterator
 
 from sharedmem import __version__
-from sharedmem.client.config import ClientConfig, Timeouts, Transport
+from sharedmem.client.config import ClientConfig, Transport
+from sharedmem.client.deadlines import Watch
 from sharedmem.client.early_ssh import spawn, ssh_argv, take
 from sharedmem.core import ProtocolError, SharedMemoryError, TransportError
 from sharedmem.files import atomic_write
@@ -172,7 +172,7 @@ class Connection:
         self._answer: list[dict[str, Any] | ProtocolError] = []
         self._hello_read = threading.Event()
         self._held: list[dict[str, Any] | None | ProtocolError] = []
-        self.watch = Watch(self, config.timeouts)
+        self.watch = Watch(config.timeouts, self.where, config.path, self.moved, self.stop_server)
 
     def _open(self, process: Any) -> None:
         """Take a started server end: its pipes, counted, and a thread reading its stderr."""
@@ -763,113 +763,3 @@ class _Sent:
     def close(self) -> None:
         """Write no more; the process's own stream object closes the descriptor."""
         self.fd = -1
-
-
-class Watch:
-    """The deadlines of one session, kept by a thread that stops the server end past one.
-
-    The client waits on the server while it reads an answer or writes what the server must
-    take (`waiting`); its own work in between counts for neither deadline. Per wait: no byte
-    moved either way for `reply_seconds`. Per session: the waits add up to more than
-    `session_seconds` and one second for every `session_rate` bytes moved, which a server that
-    trickles reaches however steadily it trickles.
-    """
-
-    def __init__(self, conn: Connection, timeouts: Timeouts) -> None:
-        self.conn = conn
-        self.timeouts = timeouts
-        self.reason: str | None = None  # why the session was stopped, once it was
-        self._lock = threading.Lock()
-        self._waits = 0  # waits going on (a thread each)
-        self._since = 0.0  # when the present stretch of waiting began
-        self._waited = 0.0  # seconds waited in the stretches before it
-        self._what = ""  # what the latest wait waits for
-        self._sending = False  # whether that wait is a write
-        self._paused = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="sharedmem-watch")
-        self._thread.start()
-
-    @contextlib.contextmanager
-    def waiting(self, what: str, *, sending: bool = False) -> Iterator[None]:
-        """The client waits on the server meanwhile: for `what` (as an error would say it)."""
-        with self._lock:
-            if self._waits == 0:
-                self._since = time.monotonic()
-            self._waits += 1
-            self._what, self._sending = what, sending
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._waits -= 1
-                if self._waits == 0 and not self._paused:
-                    self._waited += time.monotonic() - self._since
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """No deadline runs meanwhile: the client pauses on purpose (before it connects again)."""
-        with self._lock:
-            if self._waits and not self._paused:
-                self._waited += time.monotonic() - self._since
-            self._paused += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._paused -= 1
-                self._since = time.monotonic()
-
-    def stop(self) -> None:
-        """The session is over: no deadline runs any more."""
-        self._stop.set()
-
-    def _run(self) -> None:
-        limits = self.timeouts
-        tick = max(0.02, min(1.0, limits.reply_seconds / 8, limits.session_seconds / 8))
-        moved, moved_at = self.conn.moved(), time.monotonic()
-        while not self._stop.wait(tick):
-            now, now_moved = time.monotonic(), self.conn.moved()
-            if now_moved != moved:
-                moved, moved_at = now_moved, now
-            with self._lock:
-                if not self._waits or self._paused:
-                    continue
-                quiet = now - max(moved_at, self._since)
-                waited = self._waited + now - self._since
-                what, sending = self._what, self._sending
-            allowed = limits.session_seconds + moved / limits.session_rate
-            if quiet >= limits.reply_seconds:
-                self._expire(self._quiet(quiet, what, sending))
-                return
-            if waited > allowed:
-                self._expire(self._slow(waited, moved, what))
-                return
-
-    def _quiet(self, seconds: float, what: str, sending: bool) -> str:
-        where = self.conn.where
-        if sending:
-            said = (f"the server ({where}) took nothing of what this client sent for "
-                    f"{seconds:.0f} s (it was sending {what})")
-        else:
-            said = (f"the server ({where}) sent nothing for {seconds:.0f} s while this client "
-                    f"waited for {what}")
-        return (f"{said}, past `timeouts.reply_seconds` ({self.timeouts.reply_seconds:g} s) in "
-                f"{self.conn.config.path}: {_STOPPED}")
-
-    def _slow(self, seconds: float, moved: int, what: str) -> str:
-        limits = self.timeouts
-        return (f"the server ({self.conn.where}) answers too slowly: this client waited on it "
-                f"{seconds:.0f} s in all (the last time for {what}) while {moved} bytes moved, "
-                f"past `timeouts.session_seconds` ({limits.session_seconds:g} s) and one second "
-                f"for every `timeouts.session_rate` ({limits.session_rate}) bytes in "
-                f"{self.conn.config.path}: {_STOPPED}")
-
-    def _expire(self, reason: str) -> None:
-        self.reason = reason
-        self.conn.stop_server()
-
-
-_STOPPED = ("this client stopped the session, and what it had not finished waits for the next "
-            "sync. The server or the network hangs, or a peer that is not a sharedmem server "
-            "answers; docs/CONFIGURATION.md \"Timeouts\" says how to set these deadlines")

@@ -73,19 +73,7 @@ def parser() -> Parser:
     where.add_argument("--ssh-host", metavar="HOST", help="reach the server with ssh HOST")
     where.add_argument("--local", action="store_true", help="the store is on this machine")
     p.add_argument("--store", help=f"with --local: the store (default PREFIX/{STORE_NAME})")
-    ssh = p.add_argument_group("ssh (OpenSSH reads its own files from the account's home)")
-    ssh.add_argument("--ssh-port", metavar="N", help="the server's SSH port")
-    ssh.add_argument("--ssh-identity", metavar="FILE", help="the private key to use")
-    ssh.add_argument("--ssh-option", metavar="OPT", action="append", default=[],
-                     help="an ssh -o option, e.g. ConnectTimeout=10 (repeatable)")
-    ssh.add_argument("--no-ssh-reuse", action="store_true",
-                     help="open a new ssh connection for every sync, instead of keeping one "
-                          f"open for {ssh_reuse.PERSIST_SECONDS // 60} minutes after each "
-                          "(ControlMaster, ControlPersist)")
-    ssh.add_argument("--remote-python", metavar="CMD",
-                     help="python on the server (default python3; a pinned key ignores it)")
-    ssh.add_argument("--remote-prefix", metavar="DIR",
-                     help=f"the server's install prefix (default {DEFAULT_PREFIX})")
+    _ssh_arguments(p.add_argument_group("ssh (OpenSSH reads its own files from the account's home)"))
     p.add_argument("--prefix", help=f"where to install here (default {DEFAULT_PREFIX})")
     p.add_argument("--source", action="append", default=[], metavar="codex|claude-code",
                    help="publish this source (repeatable; default: each whose folder exists)")
@@ -110,6 +98,22 @@ def parser() -> Parser:
                    help="with --uninstall: also remove client.json, cache, state and the code")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
+
+
+def _ssh_arguments(ssh: Any) -> None:
+    """The options of an ssh transport."""
+    ssh.add_argument("--ssh-port", metavar="N", help="the server's SSH port")
+    ssh.add_argument("--ssh-identity", metavar="FILE", help="the private key to use")
+    ssh.add_argument("--ssh-option", metavar="OPT", action="append", default=[],
+                     help="an ssh -o option, e.g. ConnectTimeout=10 (repeatable)")
+    ssh.add_argument("--no-ssh-reuse", action="store_true",
+                     help="open a new ssh connection for every sync, instead of keeping one "
+                          f"open for {ssh_reuse.PERSIST_SECONDS // 60} minutes after each "
+                          "(ControlMaster, ControlPersist)")
+    ssh.add_argument("--remote-python", metavar="CMD",
+                     help="python on the server (default python3; a pinned key ignores it)")
+    ssh.add_argument("--remote-prefix", metavar="DIR",
+                     help=f"the server's install prefix (default {DEFAULT_PREFIX})")
 
 
 def _validate(args: Any, env: Mapping[str, str]) -> list[str]:
@@ -155,8 +159,13 @@ def _validate(args: Any, env: Mapping[str, str]) -> list[str]:
                         "key, e.g. ~/.ssh/id_ed25519)")
     problems += [f"--ssh-option {o!r} must look like Name=value" for o in args.ssh_option
                  if "=" not in o or o.startswith("-")]
-    problems += [f"--source {s!r}: use codex or claude-code (name other folders with "
-                 "--markdown NAME=PATH)" for s in args.source if s not in SOURCES]
+    return problems + _source_problems(args, env)
+
+
+def _source_problems(args: Any, env: Mapping[str, str]) -> list[str]:
+    """What is wrong with the sources named."""
+    problems = [f"--source {s!r}: use codex or claude-code (name other folders with "
+                "--markdown NAME=PATH)" for s in args.source if s not in SOURCES]
     for spec in args.markdown:
         name, sep, path = spec.partition("=")
         try:
@@ -337,7 +346,6 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
                                "machine": cfg.machine,
                                "sources": [{"name": s.name, "kind": s.kind, "path": str(s.path)}
                                            for s in cfg.sources]}
-    diffs: list[str] = []
     python = interpreter.given(args.python) if args.python else interpreter.choose()
     if python.volatile:
         console.warn(python.note, counts=False)
@@ -347,45 +355,13 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
     if not dry or cfg.transport.kind == "ssh":
         summary["server"] = check_connection(cfg, console).get("server")
     summary["files"] = install_code(prefix, console, dry_run=dry)
-    text = config_mod.dumps(cfg)
-    old = cfg.path.read_text(encoding="utf-8") if cfg.path.exists() else None
-    summary["config_action"] = "unchanged" if old == text else ("updated" if old else "added")
-    reuse = reuse_plan(args, env, prefix)
-    if reuse is not None:
-        summary["ssh_reuse"] = _reuse_summary(reuse, cfg)
-    if dry:
-        diffs.append(_diff(cfg.path, old, text))
-    else:
-        before = _installed(cfg.path, env) if old != text else None
-        if reuse is not None and reuse.folder is not None:  # before client.json names it
-            try:
-                ssh_reuse.prepare(reuse.folder)
-            except OSError as exc:
-                raise InstallError(f"cannot make {reuse.folder} for ssh's connection socket: "
-                                   f"{exc}; fix its permissions, or pass --no-ssh-reuse") from None
-        if old != text:
-            atomic_write(cfg.path, text.encode("utf-8"), mode=0o600)
-        for folder in (cfg.cache, cfg.state):
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if before is not None and before.transport != cfg.transport and _stop_master(before, env):
-            summary.setdefault("ssh_reuse", {"on": False, "reason": "local store"})[
-                "stopped_old"] = True  # else the master for the old options would linger
+    diffs = _write_config(args, env, prefix, cfg, summary, console)
+    if not dry:
         summary["sync"] = _sync(cfg, env, console)
     mcp = [python.path, *PYTHON_FLAGS, str(prefix / LAUNCHER_NAME), "mcp", "--config",
            str(cfg.path)]
     names = list(dict.fromkeys(args.harness)) or harnesses.detect(env)
-    summary["harnesses"], summary["guidance"], summary["cursor_block"] = [], [], None
-    for name in names:
-        console.progress(f"registering {harnesses.SERVER_NAME} with {name}")
-        changes = [(harnesses.register(name, mcp, env, dry_run=dry), "harnesses")]
-        changes += [(c, "guidance") for c in guidance.add_guidance(name, cfg.cache, env,
-                                                                    dry_run=dry)]
-        for change, key in changes:
-            summary[key].append(_change(change))
-            if change.action == "manual":
-                summary["cursor_block"] = change.after
-            elif dry and change.before != change.after:
-                diffs.append(_diff(change.path, change.before, change.after))
+    diffs += _register(names, mcp, cfg, env, dry, summary, console)
     summary["memory"] = []
     for found in memory_coverage.coverage(cfg.sources, env, cfg.machine, names):
         summary["memory"].append({"harness": found.harness, "status": found.status,
@@ -400,6 +376,53 @@ def body(argv: list[str], env: Mapping[str, str], console: Console, run: Any,
     summary["diffs"] = [d for d in diffs if d]
     _report(summary, args.json, console)
     return 1 if console.warnings else 0
+
+
+def _write_config(args: Any, env: Mapping[str, str], prefix: Path, cfg: ClientConfig,
+                  summary: dict[str, Any], console: Console) -> list[str]:
+    """Write client.json (and ready connection reuse's folder); a dry run's diff instead."""
+    text = config_mod.dumps(cfg)
+    old = cfg.path.read_text(encoding="utf-8") if cfg.path.exists() else None
+    summary["config_action"] = "unchanged" if old == text else ("updated" if old else "added")
+    reuse = reuse_plan(args, env, prefix)
+    if reuse is not None:
+        summary["ssh_reuse"] = _reuse_summary(reuse, cfg)
+    if args.dry_run:
+        return [_diff(cfg.path, old, text)]
+    before = _installed(cfg.path, env) if old != text else None
+    if reuse is not None and reuse.folder is not None:  # before client.json names it
+        try:
+            ssh_reuse.prepare(reuse.folder)
+        except OSError as exc:
+            raise InstallError(f"cannot make {reuse.folder} for ssh's connection socket: "
+                               f"{exc}; fix its permissions, or pass --no-ssh-reuse") from None
+    if old != text:
+        atomic_write(cfg.path, text.encode("utf-8"), mode=0o600)
+    for folder in (cfg.cache, cfg.state):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if before is not None and before.transport != cfg.transport and _stop_master(before, env):
+        summary.setdefault("ssh_reuse", {"on": False, "reason": "local store"})[
+            "stopped_old"] = True  # else the master for the old options would linger
+    return []
+
+
+def _register(names: list[str], mcp: list[str], cfg: ClientConfig, env: Mapping[str, str],
+              dry: bool, summary: dict[str, Any], console: Console) -> list[str]:
+    """Register the MCP server and add guidance with each harness; a dry run's diffs."""
+    diffs = []
+    summary["harnesses"], summary["guidance"], summary["cursor_block"] = [], [], None
+    for name in names:
+        console.progress(f"registering {harnesses.SERVER_NAME} with {name}")
+        changes = [(harnesses.register(name, mcp, env, dry_run=dry), "harnesses")]
+        changes += [(c, "guidance") for c in guidance.add_guidance(name, cfg.cache, env,
+                                                                    dry_run=dry)]
+        for change, key in changes:
+            summary[key].append(_change(change))
+            if change.action == "manual":
+                summary["cursor_block"] = change.after
+            elif dry and change.before != change.after:
+                diffs.append(_diff(change.path, change.before, change.after))
+    return diffs
 
 
 def _cache_files(cache: Path) -> dict[str, str]:

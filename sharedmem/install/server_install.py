@@ -104,6 +104,34 @@ def _python(args: Any, keys_file: Path | None, key: authkeys.PublicKey | None,
 def server_body(argv: list[str], env: Mapping[str, str], console: Console) -> int:
     """install_server.py: code, store, and the optional pinned key."""
     args = server_parser().parse_args(argv)
+    key = _checked(args, env)
+    prefix = prefix_path(args.prefix, env)
+    store = user_path(args.store, env) if args.store else prefix / STORE_NAME
+    keys_file = Path(env["HOME"]) / ".ssh" / "authorized_keys" if key is not None else None
+    python = _python(args, keys_file, key, prefix / LAUNCHER_NAME, store, console)
+    if key is not None and keys_file is not None:  # refuse a conflicting key before writing
+        command = authkeys.forced_command(python, prefix / LAUNCHER_NAME, store,
+                                          args.authorize)
+        authkeys.authorize(keys_file, key, args.authorize, command, repin=args.repin,
+                           dry_run=True)
+    changed = install_code(prefix, console, dry_run=args.dry_run)
+    summary: dict[str, Any] = {"dry_run": args.dry_run, "prefix": str(prefix),
+                               "launcher": str(prefix / LAUNCHER_NAME), "files": changed,
+                               "store": str(store),
+                               "store_status": _create_store(store, console, args.dry_run)}
+    summary["python"] = python
+    if key is not None and keys_file is not None:
+        summary["authorized_keys"] = _pin(keys_file, key, args, command, console)
+    summary["client_command"] = client_hint(prefix, env, args.authorize, key is not None, python)
+    if args.json:
+        console.say(json.dumps(summary, indent=2))
+    else:
+        _report(summary, console)
+    return 1 if console.warnings else 0
+
+
+def _checked(args: Any, env: Mapping[str, str]) -> authkeys.PublicKey | None:
+    """Every problem with the arguments at once; the key to pin, if one was given."""
     problems: list[str] = []
     if (args.authorize is None) != (args.key is None):
         problems.append("--authorize NAME and --key PUBKEY go together: give both or neither")
@@ -123,41 +151,29 @@ def server_body(argv: list[str], env: Mapping[str, str], console: Console) -> in
         except InstallError as exc:
             problems.append(str(exc))
     fail_if(problems, "install_server.py")
-    prefix = prefix_path(args.prefix, env)
-    store = user_path(args.store, env) if args.store else prefix / STORE_NAME
-    keys_file = Path(env["HOME"]) / ".ssh" / "authorized_keys" if key is not None else None
-    python = _python(args, keys_file, key, prefix / LAUNCHER_NAME, store, console)
-    if key is not None and keys_file is not None:  # refuse a conflicting key before writing
-        command = authkeys.forced_command(python, prefix / LAUNCHER_NAME, store,
-                                          args.authorize)
-        authkeys.authorize(keys_file, key, args.authorize, command, repin=args.repin,
-                           dry_run=True)
-    changed = install_code(prefix, console, dry_run=args.dry_run)
-    summary: dict[str, Any] = {"dry_run": args.dry_run, "prefix": str(prefix),
-                               "launcher": str(prefix / LAUNCHER_NAME), "files": changed,
-                               "store": str(store),
-                               "store_status": _create_store(store, console, args.dry_run)}
-    summary["python"] = python
-    if key is not None and keys_file is not None:
-        path = keys_file
-        console.progress(f"pinning key {key.fingerprint} to machine {args.authorize} in {path}")
-        outcome = authkeys.authorize(path, key, args.authorize, command, repin=args.repin,
-                                     dry_run=args.dry_run)
-        if outcome.message:
-            console.progress(outcome.message)
-        for warning in outcome.warnings:
-            console.warn(warning)
-        summary["authorized_keys"] = {
-            "path": str(path), "action": outcome.action, "line": outcome.line,
+    return key
+
+
+def _pin(path: Path, key: authkeys.PublicKey, args: Any, command: str,
+         console: Console) -> dict[str, Any]:
+    """Pin the key to its machine in authorized_keys; what the summary says of it."""
+    console.progress(f"pinning key {key.fingerprint} to machine {args.authorize} in {path}")
+    outcome = authkeys.authorize(path, key, args.authorize, command, repin=args.repin,
+                                 dry_run=args.dry_run)
+    if outcome.message:
+        console.progress(outcome.message)
+    for warning in outcome.warnings:
+        console.warn(warning)
+    return {"path": str(path), "action": outcome.action, "line": outcome.line,
             "machine": args.authorize, "fingerprint": key.fingerprint,
             "backup": str(outcome.backup) if outcome.backup else None}
-    summary["client_command"] = client_hint(prefix, env, args.authorize, key is not None, python)
-    if args.json:
-        console.say(json.dumps(summary, indent=2))
-        return 1 if console.warnings else 0
-    head = "dry run: nothing was written" if args.dry_run else "server installed"
-    lines = [f"{head}", f"  code:  {prefix} ({len(changed)} file(s) changed)",
-             f"  store: {store} ({summary['store_status']})"]
+
+
+def _report(summary: dict[str, Any], console: Console) -> None:
+    """The summary as lines a person reads, with the command to run on the client."""
+    head = "dry run: nothing was written" if summary["dry_run"] else "server installed"
+    lines = [f"{head}", f"  code:  {summary['prefix']} ({len(summary['files'])} file(s) changed)",
+             f"  store: {summary['store']} ({summary['store_status']})"]
     if "authorized_keys" in summary:
         auth = summary["authorized_keys"]
         lines.append(f"  authorized_keys: {auth['action']} ({auth['path']}), key "
@@ -167,7 +183,6 @@ def server_body(argv: list[str], env: Mapping[str, str], console: Console) -> in
     lines += ["", "On the client, from a checkout of this release, run (replace USER@HOST with "
               "how it reaches this server):", f"  {summary['client_command']}"]
     console.say("\n".join(lines))
-    return 1 if console.warnings else 0
 
 
 def server_main(argv: Sequence[str], env: Mapping[str, str] | None = None, *,
