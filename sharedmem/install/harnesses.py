@@ -25,7 +25,6 @@ from sharedmem.install import codex_toml, json_edit
 HARNESSES = ("codex", "claude-code", "opencode", "cursor")
 SERVER_NAME = "shared_memories"
 BACKUP_SUFFIX = ".bak-shared-memory"
-CODEX_STARTUP_TIMEOUT_SEC = codex_toml.STARTUP_TIMEOUT_SEC
 OPENCODE_SCHEMA = "https://opencode.ai/config.json"
 CONFIG_MODE = 0o600
 CLAUDE_LEGACY = ".config.json"  # Claude Code's older global configuration file
