@@ -311,10 +311,17 @@ SYNC_FINDS = [
 ]
 
 
+@pytest.mark.parametrize("large", [False, True], ids=["checked in process", "by the helper"])
 @pytest.mark.parametrize(("damage", "how"), SYNC_FINDS, ids=[d for d, _ in SYNC_FINDS])
 def test_damage_a_plain_read_misses_is_found_by_the_sync_and_repaired(
-        world: Path, damage: str, how: Callable[[Path], None]) -> None:
+        world: Path, large: bool, damage: str, how: Callable[[Path], None]) -> None:
+    from sharedmem.cache import file_check
     root, config = world / "laptop" / "cache", world / "laptop" / "client.json"
+    if large:  # past file_check.MIN_FILES: a helper checks the manifest while the sync walks
+        for i in range(file_check.MIN_FILES):
+            (world / "laptop" / "notes" / f"extra-{i:04}.md").write_text(
+                f"# extra {i}\nextra body {i:04}\n")
+        assert sync(config).returncode == 0
     manifest = root / ".sharedmem" / "manifest.sqlite3"
     how(manifest)
     assert Cache(root).check(verify=False) is None  # what a plain read sees: nothing

@@ -264,21 +264,24 @@ class Cache:
             raise ProtocolError(f"path {relpath!r} escapes the cache {self.root}: refused")
         return target
 
-    def check_files(self, manifest: Manifest) -> FilesChecked:
+    def check_files(self, manifest: Manifest,
+                    flagged: Iterable[str] | None = None) -> FilesChecked:
         """Each cached file compared with `manifest`: which are not what it records.
 
-        Each file is stat'ed, streaming the rows, each sha256 checked to be 64 lower-case hex
-        digits (file_check.py). Only a file whose size or modification time differs
+        Each file is stat'ed: `flagged` names those whose stat differs when a helper did that
+        already (file_check.py), else it is done here, streaming the rows, each sha256 checked
+        to be 64 lower-case hex digits. Only a file whose size or modification time differs
         (or is unknown) is hashed; if its sha256 differs too (a killed sync's text, an edit by
         hand) or it is gone or not a regular file, it is damaged. One whose time alone moved is
         verified. A row that cannot be read, or is malformed, raises Damaged.
         """
         files = manifest.files
         root = str(self.root)
-        try:
-            flagged = list(file_check.differing(root, files.store.stats()))
-        except ValueError as exc:
-            raise Damaged(f"{files.store.path} is damaged: {exc}") from None
+        if flagged is None:
+            try:
+                flagged = list(file_check.differing(root, files.store.stats()))
+            except ValueError as exc:
+                raise Damaged(f"{files.store.path} is damaged: {exc}") from None
         stale: set[str] = set()
         damaged: set[str] = set()
         verified: dict[str, CachedFile] = {}

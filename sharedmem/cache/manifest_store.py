@@ -36,6 +36,7 @@ _FILE_NAMESPACES = (  # see ManifestStore.file_namespaces
     " (SELECT min(path) FROM files WHERE path > max(ns.path, ns.namespace || '0')))"
     " SELECT DISTINCT namespace FROM ns")
 STATS = "path, size, mtime_ns, sha256"  # what a check of the files reads (file_check.py)
+STATS_QUERY = f"SELECT {STATS} FROM files"  # the same, all at once, for a helper process
 # What finds damaged pages and keys out of order: the quick check missed keys out of order
 # that made lookups by path fail, so a sync inserted such a file's row again at every run.
 INTEGRITY_CHECK = "PRAGMA integrity_check"

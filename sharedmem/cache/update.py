@@ -5,7 +5,8 @@ that touches the cache during a run, in this order:
 
 1. `open`: the metadata folder checked (once, before anything is written there), older
    versions' leftovers removed, the manifest read once (the namespaces' generations the
-   pull starts from);
+   pull starts from), and a helper started to stat the files while the sync walks its
+   sources (file_check.py);
 2. `stage`: the files the walk read that the cache lacks, written ahead (staged_files.py);
 3. `check`: the manifest checked for damage (SQLite's integrity check, each row's sha256) and
    every cached file compared with it, before the pull is asked for; a namespace with a file
@@ -14,7 +15,7 @@ that touches the cache during a run, in this order:
 4. `take_own` (optional, while the server's answer is on its way) and `intake`: the pull's
    intake, holding this run's own files of the namespaces the server leaves out;
 5. `commit`: the files moved or written in, the manifest, then the search index;
-6. `discard`: the staged files gone, whatever happened.
+6. `discard`: the staged files and the helper gone, whatever happened.
 
 Nothing a reader of the cache can see changes before `commit`.
 """
@@ -26,6 +27,7 @@ from collections import namedtuple
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
+from sharedmem.cache import file_check
 from sharedmem.cache.cache import (
     INDEX_DIR,
     NOTES_NAMESPACE,
@@ -36,7 +38,7 @@ from sharedmem.cache.cache import (
     NamespaceInfo,
 )
 from sharedmem.cache.intake import Intake
-from sharedmem.cache.manifest_store import Damaged, ManifestStore
+from sharedmem.cache.manifest_store import INTEGRITY_CHECK, STATS_QUERY, Damaged, ManifestStore
 from sharedmem.cache.staged_files import Staging
 from sharedmem.cache.writers import PreStagedWriter
 
@@ -75,14 +77,16 @@ class CacheUpdate:
         self.checked: FilesChecked | None = None
         self.staging = Staging(self.cache.meta)
         self.writer = PreStagedWriter(self.staging)
+        self._helper: file_check.Check | None = None
         self._unstaged: list[tuple[str, str, bytes]] = []
         self._ahead: tuple[frozenset[str], frozenset[str], Intake] | None = None  # take_own
 
-    def open(self, own_namespaces: Collection[str] = ()) -> None:
+    def open(self, own_namespaces: Collection[str] = (), *, check_ahead: bool = False) -> None:
         """Look at the cache once, before anything is written there.
 
         `own_namespaces` are this machine's, which the sync publishes: those the cache lacks
-        are staged as folders that move in whole.
+        are staged as folders that move in whole. With `check_ahead`, a helper stats the files
+        while the sync walks (a cache of `file_check.MIN_FILES` or more).
         """
         cache = self.cache
         cache.check_meta()
@@ -91,6 +95,14 @@ class CacheUpdate:
         self.damage = cache.damage
         self.staging = Staging(cache.meta, frozenset(own_namespaces) - self.known.keys())
         self.writer = PreStagedWriter(self.staging)
+        if check_ahead and self.damage is None:
+            try:
+                big = cache.store.exists() and cache.store.holds(file_check.MIN_FILES)
+            except Damaged:
+                big = False
+            if big:
+                self._helper = file_check.start(str(cache.root), str(cache.manifest_path),
+                                                STATS_QUERY, INTEGRITY_CHECK)
 
     def _take(self, manifest: Manifest) -> None:
         """The manifest's files, and each namespace's generation and digest as recorded."""
@@ -138,14 +150,20 @@ class CacheUpdate:
         """
         if self.checked is not None:
             return
+        helper, self._helper = self._helper, None
         checked = NOTHING_CHECKED
         if self.damage is None:
-            try:
-                if self.cache.store.exists():
+            try:  # the helper checked the manifest's pages and rows; else it is done here
+                flagged = helper.answer() if helper is not None else None
+                if helper is not None and helper.damage is not None:
+                    raise Damaged(helper.damage)
+                if flagged is None and self.cache.store.exists():
                     self.cache.store.verify()
-                checked = self.cache.check_files(self.manifest)
+                checked = self.cache.check_files(self.manifest, flagged)
             except Damaged as exc:  # damaged pages, a row that cannot be read or is malformed
                 self.damage = str(exc)
+        elif helper is not None:
+            helper.discard()
         if self.damage is not None:
             self.progress(f"cache: {self.damage}; rebuilding its records from the files and "
                           "pulling everything")
@@ -239,8 +257,11 @@ class CacheUpdate:
         return outcome
 
     def discard(self) -> None:
-        """Remove every staged file and stop the staging helper: the run is over, however it went."""
+        """Remove every staged file and stop the helpers: the run is over, however it went."""
         self.staging.discard()
+        helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.discard()
         if self.rebuilt is not None:
             self.rebuilt.close()
             self.rebuilt = None

@@ -126,7 +126,8 @@ class Sync:
         server lacks, and encode the manifests while the last bodies go out.
         """
         config = self.config
-        self.update.open([namespace_of(config.machine, s.name) for s in config.sources])
+        self.update.open([namespace_of(config.machine, s.name) for s in config.sources],
+                         check_ahead=bool(config.sources))
         self.publications = [Publication.walk(source, config, self.update.stage, ahead)
                              for source in config.sources]
         self.update.staged()
