@@ -248,7 +248,7 @@ class CacheUpdate:
         if not indexed:
             return outcome
         # A time re-recorded is no change of text; a file rewritten at its sha256 is re-read.
-        changed = len(committed.written) + len(committed.removed)
+        changed = outcome["written"] + len(committed.removed)  # counted once, by the commit
         if changed or search_index.index_mark(self.cache) is None:
             self.progress(f"search index: updating for {changed} files, in the background")
             if not search_index.refresh_in_background(self.cache, os.getpid()):
