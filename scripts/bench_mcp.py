@@ -32,6 +32,8 @@ QUERIES = [  # (label, arguments, rg flags)
     ("non-ASCII word", {"queries": ["Привет"]}, []),
     ("three-word phrase", {"queries": ["rotate the signing"]}, []),
     ("phrase of common words", {"queries": ["stale lock file"]}, []),
+    ("phrase of words in every file", {"queries": ["the default value"]}, []),
+    ("phrase of common words, real text", {"queries": ["see also the"]}, []),
     ("accented, normalized", {"queries": ["décision"], "normalized": True}, ["-i"]),
     ("one character, ignoring case, 20", {"queries": ["a"], "case_sensitive": False,
                                           "max_results": 20}, ["-i"]),

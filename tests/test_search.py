@@ -451,7 +451,7 @@ def generated_queries(rng: random.Random, texts: list[str], count: int) -> list[
         if roll < 0.5:
             line = rng.choice(rng.choice(texts).split("\n")).rstrip("\r")
             start = rng.randrange(len(line) + 1)
-            return line[start:start + rng.randint(1, 12)]
+            return line[start:start + rng.choice((rng.randint(1, 12), rng.randint(8, 40)))]
         token = rng.choice(TOKENS)
         return token.upper() if roll < 0.6 else token if roll < 0.9 else token + "zz"
 
@@ -553,6 +553,40 @@ def test_all_of_common_words_reads_only_the_files_holding_every_one(tmp_path: Pa
     assert got == reference(cache, ["rotate", "signing"], "all")
     assert got == [(f"{NS}/z{n}.md", line) for n in (1, 2) for line in (1, 2)]
     assert search_mod.searcher(cache).scanned == 2
+
+
+@pytest.mark.parametrize(("query", "by_trigrams"), [
+    ("gamma alpha beta", 81), ("mma alpha be", 81), ("gamma alpha beta ", 81),
+    ("a, alpha-beta!", 1)])
+def test_a_phrase_of_words_every_file_holds_reads_only_the_files_holding_it(
+        tmp_path: Path, query: str, by_trigrams: int) -> None:
+    # Every file holds each trigram of the phrase, and its words but never side by side: only
+    # the words' places (the words table) tell the one file that holds the phrase.
+    files = {f"f{i:03d}.md": f"gamma alpha. alpha gamma beta {i}\n" for i in range(80)}
+    files["m.md"] = "gamma, alpha-beta! gamma alpha beta end\n"
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=[query])]
+    assert got == reference(cache, [query]) == [(f"{NS}/m.md", 1)]
+    searcher = search_mod.searcher(cache)
+    assert searcher.scanned == 1
+    searcher.index.begin()
+    match = searcher.index.expression([normalize(query)], 81)
+    assert match is not None and match.words
+    assert len(searcher.index.matching(match._replace(words=""))) == by_trigrams
+    searcher.index.end()
+
+
+@pytest.mark.parametrize("query", ["alpha beta", "lpha", "alpha, beta", "alpha beta."])
+def test_a_key_of_fewer_than_two_whole_words_past_its_first_asks_no_phrase(
+        tmp_path: Path, query: str) -> None:
+    cache = make_cache(tmp_path, {"a.md": "alpha beta gamma\n"})
+    search_index.refresh_index(cache)
+    searcher = search_mod.searcher(cache)
+    searcher.index.begin()
+    match = searcher.index.expression([query], 1)
+    searcher.index.end()
+    assert match is not None and match.words == ""
 
 
 def sql_of_next_search(cache: Cache, **args: object) -> tuple[list[tuple[str, int]], list[str]]:
@@ -749,7 +783,7 @@ def test_a_short_key_in_most_files_is_not_looked_up_and_its_terms_not_all_read(
         ("f000.md", 1), ("f001.md", 1), ("f002.md", 1)] and searcher.scanned <= 4
     searcher.index.begin()
     assert searcher.index.expression(["q"], 201) is None
-    assert searcher.index.expression(["zj"], 201) == '("zj\n")'
+    assert searcher.index.expression(["zj"], 201) == ('("zj\n")', "")
     searcher.index.end()
 
 

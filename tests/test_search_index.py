@@ -267,3 +267,29 @@ def test_the_index_is_smaller_than_the_text_it_indexes(tmp_path: Path) -> None:
         encoding="utf-8") for p in src.rglob("*.md")})
     search_index.refresh_index(cache)
     assert index_bytes(cache) <= text_bytes(cache)
+
+
+def test_changed_files_leave_old_entries_until_over_a_quarter_then_it_is_built_anew(
+        tmp_path: Path) -> None:
+    cache = cache_of_ns(tmp_path, {f"f{i}.md": f"alpha {i}\n" for i in range(8)})
+    search_index.refresh_index(cache)
+
+    def rewrite(paths: list[str], text: str) -> dict[str, str]:
+        cache.apply([(f"{NS}/{p}", sha256_text(text), text) for p in paths], [], {NS: INFO})
+        search_index.refresh_index(cache)
+        conn = sqlite3.connect(search_index.index_path(cache))
+        try:
+            return dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        finally:
+            conn.close()
+
+    meta = rewrite(["f0.md", "f1.md"], "beta\n")  # 2 old entries of 8: kept
+    assert meta["stale"] == "2"
+    assert [r["path"] for r in tools.search(cache, ["alpha 0"])["results"]] == []
+    assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [
+        f"{NS}/f0.md", f"{NS}/f1.md"]
+    assert rewrite(["f2.md"], "gamma\n")["stale"] == "3"  # more than a quarter of 8
+    meta = rewrite(["f3.md"], "gamma\n")  # the next refresh builds it anew
+    assert "stale" not in meta
+    assert [r["path"] for r in tools.search(cache, ["gamma"])["results"]] == [
+        f"{NS}/f2.md", f"{NS}/f3.md"]

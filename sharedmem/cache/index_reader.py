@@ -10,13 +10,14 @@ position it names is verified against the real file.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import stat
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from typing import Any
+from typing import Any, NamedTuple
 
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
 from sharedmem.cache.matching import utf8
@@ -42,6 +43,7 @@ _WHOLE = 4096  # a key that names at most about this many files is asked of the 
 _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`View.run`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
 _SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looked up (scanned)
+_SEPARATORS = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # ASCII, not a letter or digit
 
 
 class IndexLost(CacheError):
@@ -192,24 +194,29 @@ class IndexReader:
             owners.extend([file_id] * parts)
         return ids, owners, None
 
-    def matching(self, expr: str) -> array[int]:
-        """Ids of the files the MATCH `expr` names."""
-        return self._ids("", (expr,))
+    def matching(self, match: Match) -> array[int]:
+        """Ids of the parts `match` names."""
+        return self._ids(match, ())
 
-    def expression(self, keys: Iterable[str], files: int) -> str | None:
-        """The MATCH of files that may hold every key; None when no key narrows them.
+    def expression(self, keys: Iterable[str], files: int) -> Match | None:
+        """What names the parts that may hold every key; None when no key narrows them.
 
-        A key of three characters or more is its trigrams (`_match`); a shorter one is any of
-        the trigrams it begins (`_short`; `files`, how many the index holds, tells it when the
-        key is in too many of them to narrow). All of them go in one MATCH, so SQLite
-        intersects them: a few files can hold all of several common words.
+        A key of three characters or more is its trigrams (`_grams`) and, when it holds two
+        words or more past its first, the phrase of those words (`_phrase`); a shorter one is
+        any of the trigrams it begins (`_short`; `files`, how many the index holds, tells it
+        when the key is in too many of them to narrow). All of them go in one MATCH per table,
+        so SQLite intersects them: a few parts can hold all of several common words.
         """
         keys = list(keys)
-        parts = [expr] if (expr := _match(keys)) is not None else []
+        grams = _grams(keys)
+        parts = [grams] if grams is not None else []
         for key in keys:
             if 0 < len(key) < 3 and (expr := self._short(key, files)) is not None:
                 parts.append(expr)
-        return " AND ".join(parts) or None
+        if not parts:
+            return None
+        phrases = [p for key in keys if (p := _phrase(key)) is not None] if grams else []
+        return Match(" AND ".join(parts), " AND ".join(phrases))
 
     def _short(self, key: str, files: int) -> str | None:
         """Any trigram of the index that `key` (one or two characters) begins; None if too many.
@@ -249,19 +256,30 @@ class IndexReader:
             raise IndexLost from None
         return "(" + " OR ".join(_quoted(t) for t in terms or [key + TEXT_END[:3 - len(key)]]) + ")"
 
-    def between(self, expr: str, lo: int, hi: int) -> array[int]:
-        """Ids from `lo` to `hi` of the files the MATCH `expr` names: one seek into each list."""
-        return self._ids(" AND rowid BETWEEN ? AND ?", (expr, lo, hi))
+    def between(self, match: Match, lo: int, hi: int) -> array[int]:
+        """Ids from `lo` to `hi` of the parts `match` names: one seek into each list."""
+        return self._ids(match, (lo, hi))
 
-    def _ids(self, bounds: str, args: tuple[Any, ...]) -> array[int]:
-        found = self.rows(f"SELECT group_concat(rowid) FROM grams WHERE grams MATCH ?{bounds}",
-                          args)[0][0]
+    def _ids(self, match: Match, bounds: tuple[int, int] | tuple[()]) -> array[int]:
+        where = " AND rowid BETWEEN ? AND ?" if bounds else ""
+        sql, args = f"SELECT rowid FROM grams WHERE grams MATCH ?{where}", (match.grams, *bounds)
+        if match.words:
+            sql += f" INTERSECT SELECT rowid FROM words WHERE words MATCH ?{where}"
+            args += (match.words, *bounds)
+        found = self.rows(f"SELECT group_concat(rowid) FROM ({sql})", args)[0][0]
         if found is not None and not isinstance(found, str):
             raise self.damaged()
         return array("q", map(int, found.split(","))) if found else array("q")
 
 
-def _match(keys: Iterable[str]) -> str | None:
+class Match(NamedTuple):
+    """An FTS5 MATCH of the trigrams (`grams`), and of the words (`words`, or "" for none)."""
+
+    grams: str
+    words: str
+
+
+def _grams(keys: Iterable[str]) -> str | None:
     """The FTS5 MATCH of every key's trigrams ANDed; None when no key has three characters.
 
     Every trigram of a key, so those across the words of a phrase narrow it too (each is in
@@ -281,10 +299,29 @@ def _match(keys: Iterable[str]) -> str | None:
     return expr if utf8(expr) is not None else None
 
 
+def _phrase(key: str) -> str | None:
+    """The FTS5 phrase of the words `key` holds from its first ASCII separator on.
+
+    Its first word may be the end of a longer word in the text, so it is left out; its last may
+    be the start of one, so it is a prefix, unless the key ends in a separator. Only ASCII
+    separators cut the key: SQLite's tokenizer and Python may class other characters apart, but
+    both take ASCII letters and digits for a word's and the rest of ASCII for separators. The
+    words table tokenizes what is left as it tokenized the text, so the phrase names every part
+    that holds the key. None when fewer than two words are left (one word narrows little), or
+    for a lone surrogate.
+    """
+    cut = _SEPARATORS.search(key)
+    if cut is None or len([w for w in _SEPARATORS.split(key[cut.end():]) if w]) < 2:
+        return None
+    rest = key[cut.end():]
+    if utf8(rest) is None:
+        return None
+    return _quoted(rest) + ("" if _SEPARATORS.fullmatch(rest[-1]) else "*")
+
+
 def _quoted(term: str) -> str:
     """A term as an FTS5 string."""
     return '"' + term.replace('"', '""') + '"'
-
 
 
 class View:
@@ -535,14 +572,14 @@ class Named:
         if len(stray) * _SCATTERED > hi - lo:  # scattered ids: ask once for the whole index
             return self._from_whole(lo, hi)
         where, top = view.where, len(view.where)
-        found = {where[i] for i in view.index.between(self.expr or "", first, end) if i < top}
+        found = {where[i] for i in view.index.between(self.expr, first, end) if i < top}
         found.update(where[i] for i in stray if i < top)
         return {pos for pos in found if lo <= pos < hi}
 
     def _from_whole(self, lo: int, hi: int) -> set[int]:
         """The chunk's positions among all the index names, asked of it once for every chunk."""
         if self.whole is None:
-            named = self.view.index.matching(self.expr or "")
+            named = self.view.index.matching(self.expr)
             self.whole = sorted(self.view.positions(named) or ())
         return set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
 

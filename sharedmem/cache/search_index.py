@@ -1,13 +1,16 @@
 """The search index's upkeep: its format, and the writers that keep it in line with the cache.
 
 The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
-holds an SQLite FTS5 trigram table of each file's normalized text (`folding.normalize`),
-contentless (no copy of the text: a zlib copy of it beside, which only a later update reads to
-take the file's old trigrams out), each file's path, sha256 and namespace, the `files` mark of
-the manifest it covers whole, and the files' ids in path order (so a new searcher loads its view
-in one read, not by sorting every path). `refresh_index` keeps it current: run by the `index`
-command, which a sync that changed the cache starts detached (`refresh_in_background`) and
-which waits for that sync to end; search.py reads it. An index that cannot be read (damaged,
+holds two SQLite FTS5 tables of each file's normalized text (`folding.normalize`): its trigrams
+(which any substring's narrow to) and its words with their places (which a phrase's narrow to,
+word by word). Both are contentless: no copy of the text, so a changed or deleted file's old
+entries stay until the index is built again, once they are more than a `_STALE` share of all
+(they only name parts a search then reads and finds wanting). Beside them: each file's path,
+sha256 and namespace, the `files` mark of the manifest it covers whole, and the files' ids in
+path order (so a new searcher loads its view in one read, not by sorting every path).
+`refresh_index` keeps it current: run by the `index` command, which a sync that changed the
+cache starts detached (`refresh_in_background`) and which waits for that sync to end;
+search.py reads it. An index that cannot be read (damaged,
 or a link or folder in its place) is deleted and built again: it is derived data.
 """
 
@@ -21,7 +24,6 @@ import sqlite3
 import stat
 import time
 import unicodedata
-import zlib
 from array import array
 from collections.abc import Iterator, Mapping
 from itertools import pairwise
@@ -35,12 +37,13 @@ from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "5"
+INDEX_VERSION = "6"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
 BACKGROUND_WAIT = 600.0  # and `index --background`, which no one waits for
 SEGMENT_BYTES = 8192  # a file is indexed in parts of about this much (`segments`)
+_STALE = 0.25  # old entries (parts changed or deleted since the build) over live ones: rebuild
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 # Each indexed text ends with two line breaks more, so every string of one or two characters it
 # holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
@@ -56,8 +59,8 @@ _COMPANIONS = ("", "-journal", "-wal", "-shm")
 _BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: another process holds the index, which is fine
 # What reading an index can raise when the file is not what a refresh wrote: SQLite's errors,
 # UnicodeDecodeError (a ValueError) for text or even an error message that is not UTF-8,
-# ValueError or TypeError for values of the wrong kind, zlib.error for a damaged stored text.
-READ_ERRORS = (sqlite3.Error, ValueError, TypeError, zlib.error)
+# ValueError or TypeError for values of the wrong kind.
+READ_ERRORS = (sqlite3.Error, ValueError, TypeError)
 
 
 def read_only_uri(path: Path, options: str = "") -> str:
@@ -206,19 +209,21 @@ def index_version() -> str:
     return f"{INDEX_VERSION}/{unicodedata.unidata_version}/{SEGMENT_BYTES}"
 
 
-# A file's parts, each indexed on its own: `grams` rows `first` to `first + parts - 1` (texts
-# holds each one's text, for taking its trigrams out). The segments, in path order then part
+# A file's parts, each indexed on its own: `grams` and `words` rows `first` to
+# `first + parts - 1`. The segments, in path order then part
 # order, and where each segment row stands in that order and whose file it is, as three arrays
 # of int64 in `orders`: a search loads its view with one read instead of sorting every path.
 # Valid only while meta's `order` names it and starts with meta's generation.
+_TABLES = {"meta", "files", "grams", "words", "orders"}  # as this version makes them
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
     " sha256 TEXT NOT NULL, namespace TEXT NOT NULL, first INTEGER NOT NULL,"
     " parts INTEGER NOT NULL)",
-    "CREATE TABLE texts(id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
     "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
     " detail=none, content='', columnsize=0)",
+    "CREATE VIRTUAL TABLE words USING fts5(body, tokenize='unicode61 remove_diacritics 0',"
+    " content='', columnsize=0)",
     "CREATE TABLE orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL, positions BLOB NOT NULL,"
     " owners BLOB NOT NULL)",
 )
@@ -327,10 +332,10 @@ class _Writer:
         if "meta" in names:
             row = self.conn.execute("SELECT value FROM meta WHERE key='version'").fetchone()
             version = row[0] if row else None
-        if version == index_version() and {"files", "texts", "grams", "orders"} <= names:
+        if version == index_version() and _TABLES <= names and not self.stale():
             return
         self.emptied = bool(names)
-        for name in ("grams", "texts", "files", "meta", "orders"):
+        for name in ("grams", "words", "files", "meta", "orders", "texts"):  # texts: version 5
             self.conn.execute(f"DROP TABLE IF EXISTS {name}")
         for statement in _SCHEMA:
             self.conn.execute(statement)
@@ -390,16 +395,16 @@ class _Writer:
             complete &= self.put(relpath, meta, old[0] if old else None)
         return self.finish(mark, complete and mark == cache.files_mark())
 
+    def stale(self) -> bool:
+        """Whether the old entries of parts changed or deleted are too many: build it anew."""
+        live = self.conn.execute("SELECT coalesce(sum(parts), 0) FROM files").fetchone()[0]
+        return int(self.meta("stale") or 0) > _STALE * live
+
     def drop(self, row_id: int, keep: bool = False) -> None:
-        """Take a file's trigrams out (each part's text is stored for that); `keep` its row."""
-        first, parts = self.conn.execute("SELECT first, parts FROM files WHERE id=?",
-                                         (row_id,)).fetchone()
-        for part in range(first, first + parts):
-            row = self.conn.execute("SELECT body FROM texts WHERE id=?", (part,)).fetchone()
-            if row is not None:
-                self.conn.execute("INSERT INTO grams(grams, rowid, body) VALUES "
-                                  "('delete', ?, ?)", (part, zlib.decompress(row[0]).decode()))
-        self.conn.execute("DELETE FROM texts WHERE id BETWEEN ? AND ?", (first, first + parts - 1))
+        """Count a file's entries as old (they stay, naming parts that no longer hold them)."""
+        parts = self.conn.execute("SELECT parts FROM files WHERE id=?", (row_id,)).fetchone()[0]
+        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('stale', ?)",
+                          (str(int(self.meta("stale") or 0) + parts),))
         if not keep:
             self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
             self.changed += 1
@@ -432,11 +437,9 @@ class _Writer:
             self.conn.execute("UPDATE files SET sha256=?, namespace=?, first=?, parts=? "
                               "WHERE id=?", (meta.sha256, meta.namespace, first, len(texts),
                                              row_id))
-        for part, text in enumerate(texts, first):
-            body = text.encode("utf-8", "surrogatepass")
-            self.conn.execute("INSERT INTO texts(id, body) VALUES (?, ?)",
-                              (part, zlib.compress(body, 1)))
-            self.conn.execute("INSERT INTO grams(rowid, body) VALUES (?, ?)", (part, text))
+        rows = list(enumerate(texts, first))
+        self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", rows)
+        self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)", rows)
         self.changed += 1
         return True
 
