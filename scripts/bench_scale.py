@@ -33,6 +33,7 @@ from loopback_sshd import LAUNCHER, Sshd, start_sshd  # noqa: E402
 SEARCHES = [  # (label, arguments, rg flags): every query shape issue 15 names
     ("rare identifier", {"queries": ["RareIdent0007"]}, []),
     ("three common words", {"queries": ["rotate the signing"]}, []),
+    ("phrase of words in every file", {"queries": ["the default value"]}, []),
     ("non-Latin word", {"queries": ["Привет"]}, []),
     ("accented, normalized", {"queries": ["décision"], "normalized": True}, ["-i"]),
     ("common word", {"queries": ["session"]}, []),
