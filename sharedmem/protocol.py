@@ -1,7 +1,8 @@
 """The sync exchange: newline-delimited JSON messages, their shapes, and bounded line reading.
 
 docs/PROTOCOL.md is the contract; this module is its one implementation, used by both ends.
-Version 3's raw texts after a `bodies` line are read here too, as part of the framing.
+Version 3's raw texts after a `bodies` or `files` line are read here too, as part of the
+framing.
 """
 
 from __future__ import annotations
@@ -174,6 +175,18 @@ def encode_files(files: list[tuple[str, str, bytes | None]]) -> bytes:
     return b"".join(parts)
 
 
+def encode_raw_files(files: list[tuple[str, str, bytes | None]]) -> bytes:
+    """A version 3 `files` message whose UTF-8 texts follow its line as they are.
+
+    `{"type":"files","files":[[path, sha256], ...],"sizes":[...]}` (null for a text the client
+    holds), then the texts one after another: nothing escaped here, nothing decoded whole on
+    the client's side (docs/PROTOCOL.md).
+    """
+    head = {"type": "files", "files": [[path, sha] for path, sha, _ in files],
+            "sizes": [None if data is None else len(data) for _, _, data in files]}
+    return b"".join([encode(head), *(data for _, _, data in files if data is not None)])
+
+
 def error(code: str, message: str) -> dict[str, Any]:
     """An error message; the sender closes the session after a fatal one."""
     return {"type": "error", "code": code, "message": message}
@@ -204,9 +217,9 @@ class Channel:
         # peer that sends too many holds no more memory for it.
         self._reports: deque[tuple[int, float]] = deque(maxlen=64)
         self._inflate: Inflating | None = None
-        # Version 3, set by its server: a `bodies` message with `sizes` is followed by its
-        # texts as raw UTF-8 (`_texts_after`).
-        self.raw_bodies = False
+        # Version 3: the types of message whose line, when it has `sizes`, is followed by its
+        # texts as raw UTF-8 (`_texts_after`): `bodies` to a server, `files` to a client.
+        self.raw_texts: frozenset[str] = frozenset()
 
     def guard(self, *, most_bytes: int, most_messages: int) -> None:
         """Bound what the peer may send from now on: what a server takes from its client.
@@ -220,9 +233,9 @@ class Channel:
         self.most_bytes = most_bytes
         self.most_messages = most_messages
 
-    def take_raw_bodies(self) -> None:
-        """From now on a `bodies` line with `sizes` is followed by its texts (version 3's bodies)."""
-        self.raw_bodies = True
+    def take_raw_texts(self, kind: str) -> None:
+        """From now on a `kind` line with `sizes` is followed by its texts (version 3)."""
+        self.raw_texts |= {kind}
 
     def compress_output(self) -> None:
         """From the next byte on, what this side sends is one zlib stream (its hello is sent)."""
@@ -339,41 +352,47 @@ class Channel:
         if message["type"] == "error":
             raise PeerError(str(message.get("code", "error")), str(message.get("message", "")),
                             remote=True)
-        if self.raw_bodies and message["type"] == "bodies" and "sizes" in message:
-            message["bodies"] = self._texts_after(message)
+        if message["type"] in self.raw_texts and "sizes" in message:
+            self._texts_after(message)
         return message
 
-    def _texts_after(self, message: dict[str, Any]) -> list[bytes]:
-        """The texts a raw `bodies` message carries after its line, read whole, as bytes.
+    def _texts_after(self, message: dict[str, Any]) -> None:
+        """The texts a raw message carries after its line, read whole, as bytes.
 
         Part of the framing: the next message starts after them, so they are read here, never
         left for a handler. JSON gives no value of type bytes, so texts put in the JSON instead
-        are told apart (and refused) by their type.
+        are told apart (and refused) by their type. A `bodies` message's go in its `bodies`; a
+        `files` message's in `texts`, one a file, None for a size of null (a text the client
+        holds).
         """
-        sizes = message["sizes"]
-        if "bodies" in message:
-            raise PeerError("bad-field", "a bodies message carries its texts in bodies or after "
-                            "its line (sizes), not both")
-        if type(sizes) is not list or not all(type(n) is int and n >= 0 for n in sizes):
-            raise PeerError("bad-field", "bodies.sizes must be a list of the sizes in bytes "
-                            "(integers from 0) of the texts that follow the line")
-        total = sum(sizes)
+        kind, sizes = message["type"], message["sizes"]
+        into = "bodies" if kind == "bodies" else "texts"
+        if into in message:
+            raise PeerError("bad-field", f"a {kind} message carries its texts after its line "
+                            f"(sizes), not in {into}")
+        if type(sizes) is not list or not all(type(n) is int and n >= 0 or n is None
+                                               and kind == "files" for n in sizes):
+            raise PeerError("bad-field", f"{kind}.sizes must be a list of the sizes in bytes "
+                            "(integers from 0) of the texts that follow the line"
+                            + (", or null for none" if kind == "files" else ""))
+        total = sum(n for n in sizes if n)
         if total > MAX_LINE_BYTES:
-            raise PeerError("bad-field", f"bodies.sizes adds up to {total} bytes, more than "
+            raise PeerError("bad-field", f"{kind}.sizes adds up to {total} bytes, more than "
                             f"{MAX_LINE_BYTES} (the limit of a line); split the texts into "
-                            "several bodies messages")
+                            f"several {kind} messages")
         if self.most_bytes is not None and self.received_plain + total > self.most_bytes:
             raise self._over()
         data = self.read_exact(total)
         if len(data) < total:
             raise ProtocolError(f"the {self.peer} closed the connection {total - len(data)} "
-                                f"bytes short of the {total} bytes of texts its bodies message "
+                                f"bytes short of the {total} bytes of texts its {kind} message "
                                 "announced (sizes)")
-        texts, at = [], 0
+        texts: list[bytes | None] = []
+        at = 0
         for size in sizes:
-            texts.append(data[at:at + size])
-            at += size
-        return texts
+            texts.append(None if size is None else data[at:at + size])
+            at += size or 0
+        message[into] = texts
 
     def read_exact(self, size: int) -> bytes:
         """The next `size` bytes of the stream, compressed or not; fewer only at its end."""

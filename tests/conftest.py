@@ -484,7 +484,32 @@ def talk(store: Path, lines: list[bytes], *args: str) -> list[dict]:
     """Send raw lines to a real `serve` and return every message it wrote."""
     proc = subprocess.run([sys.executable, str(LAUNCHER), "serve", "--store", str(store), *args],
                           input=b"".join(lines), capture_output=True, timeout=60)
-    return [json.loads(line) for line in proc.stdout.splitlines()]
+    return messages_of(proc.stdout)
+
+
+def messages_of(data: bytes) -> list[dict]:
+    """Every message of a server's output; a version 3 `files` message's raw texts in `texts`.
+
+    The texts are decoded (None where the size is null), and each entry of `files` gains its
+    text, as in versions 1 and 2, so a test reads a pull alike in every version.
+    """
+    out: list[dict] = []
+    at, raw = 0, False
+    while at < len(data):
+        end = data.index(b"\n", at) + 1
+        message = json.loads(data[at:end])
+        at = end
+        if message.get("type") == "hello":
+            raw = message.get("version", 0) >= 3
+        if raw and message.get("type") == "files" and "sizes" in message:
+            texts = []
+            for size in message["sizes"]:
+                texts.append(None if size is None else data[at:at + size].decode())
+                at += size or 0
+            message["texts"] = texts
+            message["files"] = [[*f, t] for f, t in zip(message["files"], texts, strict=True)]
+        out.append(message)
+    return out
 
 
 # A log that grows: a file (about 1.8 KB) big enough to be sent as a tail once a line is appended.

@@ -634,3 +634,36 @@ def test_a_version_2_commit_on_a_forgotten_base_is_sent_again_whole(
     assert [m["type"] for m in sent].count("commit") == 2
     assert json.loads(out)["sources"][0]["status"] == "published"
 
+
+
+def raw_files(*items: list, sizes: list | None = None) -> str:
+    """A version 3 `files` line, its texts raw after it (the fake server adds the last `\n`)."""
+    texts = "".join(text for _, _, text in items if text is not None)
+    line = j({"type": "files", "files": [[path, sha] for path, sha, _ in items],
+              "sizes": sizes if sizes is not None else [
+                  None if text is None else len(text.encode()) for _, _, text in items]})
+    return line + "\n" + texts[:-1] if texts else line
+
+
+def test_a_version_3_pull_takes_each_text_raw_after_its_files_line(
+        client: Client, capsys: pytest.CaptureFixture[str]) -> None:
+    changed = "# from the desk machine, changed\n\n\"quoted\" {json} \\ déjà\n"
+    client.serve({**GOOD, "hello": [HELLO_3], "pull": [
+        head([ns(generation=3)]), raw_files(item(text=changed), item("machines/desk/notes/b.md")),
+        END]})
+    code, _, err = client.sync(capsys)
+    assert code == 0, err
+    assert (client.cache / "machines/desk/notes/a.md").read_text(encoding="utf-8") == changed
+    assert (client.cache / "machines/desk/notes/b.md").read_text(encoding="utf-8") == TEXT
+
+
+@pytest.mark.parametrize(("pull", "needle"), [
+    ([head(), files(item()), END], "carries its texts raw after its line"),
+    ([head(), raw_files(item(), sizes=[-1]), END], "files.sizes must be a list"),
+    ([head(), raw_files(item(), sizes=[1, 2]), END], "each file must be [path, sha256]"),
+    ([head(), raw_files(item(), sizes=[None]), END], "it sent no text for"),
+], ids=["texts in the JSON", "a negative size", "a size too many", "a null size, no text"])
+def test_a_version_3_files_message_not_as_version_3_sends_it_is_refused(
+        client: Client, capsys: pytest.CaptureFixture[str], pull: list, needle: str) -> None:
+    client.serve({**GOOD, "hello": [HELLO_3], "pull": pull})
+    assert_failed_cleanly(client, capsys, needle)

@@ -21,6 +21,7 @@ from sharedmem.protocol import (
     chunks,
     encode,
     encode_bodies,
+    encode_raw_files,
     encode_raw_texts,
     error,
     field,
@@ -270,7 +271,7 @@ RAW_TEXTS = [b"# one\n\n\"quoted\" {json} \\ back\n", b"", "d\u00e9j\u00e0 vu \u
 
 def raw_reader(data: bytes, *, compressed: bool) -> Channel:
     channel = inflating(data, "client") if compressed else channel_over(data)
-    channel.take_raw_bodies()  # as a version 3 server does
+    channel.take_raw_texts("bodies")  # as a version 3 server does
     return channel
 
 
@@ -298,6 +299,21 @@ def test_raw_texts_after_a_bodies_line_are_read_exactly(compressed: bool) -> Non
     assert reader.receive() is None
     assert reader.received == len(wire)
     assert reader.received_plain == sum(map(len, lines))
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_raw_texts_after_a_files_line_are_read_exactly_none_for_a_text_held(
+        compressed: bool) -> None:
+    files = [("machines/a/n/x.md", "1" * 64, RAW_TEXTS[0]), ("machines/a/n/y.md", "2" * 64, None),
+             ("machines/a/n/z.md", "3" * 64, RAW_TEXTS[4])]
+    wire = raw_wire(encode_raw_files(files), encode({"type": "end"}), compressed=compressed)
+    reader = inflating(wire, "server") if compressed else channel_over(wire)
+    reader.take_raw_texts("files")  # as a version 3 client does
+    got = reader.receive()
+    assert got["files"] == [[path, sha] for path, sha, _ in files]
+    assert got["sizes"] == [len(RAW_TEXTS[0]), None, len(RAW_TEXTS[4])]
+    assert got["texts"] == [RAW_TEXTS[0], None, RAW_TEXTS[4]]
+    assert reader.receive() == {"type": "end"}  # the next message starts after the texts
 
 
 def test_a_channel_that_takes_no_raw_texts_reads_sizes_as_a_plain_field() -> None:

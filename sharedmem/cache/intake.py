@@ -72,7 +72,7 @@ class Intake:
                 own[sha] = text
                 record(path, sha, PullRows.OWN)
 
-    def add(self, path: str, sha: str, text: str, *, vouched: bool = False,
+    def add(self, path: str, sha: str, text: str | bytes, *, vouched: bool = False,
             plain: bool = False) -> None:
         """Take one pulled file; `vouched`: the text is this client's own for that sha256.
 
@@ -97,20 +97,28 @@ class Intake:
             self.rows.set(path, "", PullRows.DROPPED)  # its older copy goes at the commit
             self._refuse(path, problem, len(text))
         elif data is None:
+            assert isinstance(text, str)  # vouched: this client's own text
             self.own[sha] = text
             self.rows.set(path, sha, PullRows.OWN)
         else:
             self.writer.take(path, sha, data)
             self.rows.set(path, sha, PullRows.WRITE)
 
-    def _check(self, text: str, sha: str) -> tuple[bytes | None, str | None]:
-        """A text the server sent, in UTF-8, or why it is refused: its size, encoding, sha256."""
+    def _check(self, text: str | bytes, sha: str) -> tuple[bytes | None, str | None]:
+        """A text the server sent, in UTF-8, or why it is refused: its size, encoding, sha256.
+
+        As bytes (version 3) it is checked to be UTF-8; as a string (JSON), that it encodes.
+        """
         limit = self.file_bytes
         if limit is not None and len(text) > limit:  # more characters than bytes allowed
             return None, "too-large"
         try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:
+            if isinstance(text, bytes):
+                text.decode("utf-8")
+                data = text
+            else:
+                data = text.encode("utf-8")
+        except UnicodeError:
             return None, "invalid-utf8"
         if limit is not None and len(data) > limit:
             return None, "too-large"

@@ -168,22 +168,31 @@ def _take_files(conn: Connection, part: dict[str, Any], intake: Intake,
                 texts: Mapping[str, str]) -> int:
     """Take in one `files` message, each entry checked; how many files it held.
 
-    A text this client holds for the sha256 (its own) stands for whatever the server sent.
+    Version 3 sends each text raw after the line (`texts`, as bytes; None for one this client
+    holds), versions 1 and 2 in the JSON. A text this client holds for the sha256 (its own)
+    stands for whatever the server sent.
     """
-    items = part.get("files")
+    items, raw = part.get("files"), part.get("texts")
+    shape = "[path, sha256]" if "files" in conn.channel.raw_texts else "[path, sha256, text or null]"
     if type(items) is not list:
         raise conn.malformed("files", "files must be a list")
+    if "files" in conn.channel.raw_texts:
+        if raw is None:
+            raise conn.malformed("files", "a version 3 files message carries its texts raw "
+                                 "after its line (sizes), not in the JSON")
+        if len(raw) != len(items) or not all(type(i) is list and len(i) == 2 for i in items):
+            raise conn.malformed("files", f"each file must be {shape}, with one size each")
+        items = [[*item, text] for item, text in zip(items, raw, strict=True)]
     # One check of every path of the message stands for one a file (rules.plain_paths).
     plain = all(type(i) is list and len(i) == 3 and type(i[0]) is str
                 for i in items) and plain_paths([i[0] for i in items])
     for item in items:
         if type(item) is not list or len(item) != 3:
-            raise conn.malformed("files", "each file must be [path, sha256, text or null]")
+            raise conn.malformed("files", f"each file must be {shape}")
         path, sha, text = item
         if type(path) is not str or type(sha) is not str or (
-                text is not None and type(text) is not str):
-            raise conn.malformed("files", "each file must be [path, sha256, text or null]"
-                                 " of strings")
+                text is not None and type(text) not in (str, bytes)):
+            raise conn.malformed("files", f"each file must be {shape} of strings")
         mine = texts.get(sha)
         if mine is not None:
             intake.add(path, sha, mine, vouched=True, plain=plain)

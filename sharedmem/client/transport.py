@@ -427,6 +427,8 @@ class Connection:
                                  "(only version 3 compresses, and only what the client offers)")
         self.version = version
         self.server = reply
+        if version >= 3:  # a `files` message's texts follow its line, raw
+            self.channel.take_raw_texts("files")
         return reply
 
     def malformed(self, kind: str, detail: str) -> ProtocolError:

@@ -25,6 +25,7 @@ from sharedmem.protocol import (
     choose_version,
     chunks,
     encode_files,
+    encode_raw_files,
     error,
     field,
 )
@@ -185,8 +186,8 @@ class Session:
         if compress is not None:  # both streams, from the byte after each side's hello line
             self.channel.compress_output()
             self.channel.decompress_input()
-        if self.protocol.raw_bodies:
-            self.channel.take_raw_bodies()
+        if self.protocol.raw_texts:
+            self.channel.take_raw_texts("bodies")
         if self.protocol.ahead and "sharedmem.redact.redactor" not in sys.modules:
             _load_for_changes()  # while the client walks: what its changes will need
 
@@ -514,8 +515,9 @@ class Session:
         At most one message is held (its rows, then its line), never the pull: a first pull of
         a large store costs `serve` no more memory than a small one's.
         """
+        encoded = encode_raw_files if self.protocol.raw_texts else encode_files
         for batch in chunks(items, _file_cost):
-            self.channel.send_line(encode_files(batch))
+            self.channel.send_line(encoded(batch))
         self.channel.send({"type": "end"})
 
     def _on_verify(self, message: dict[str, Any]) -> None:
@@ -573,7 +575,7 @@ class Version1:
 
     number = 1
     ahead = False  # bodies may come ahead of their manifest (hello offers `ahead_bytes`)
-    raw_bodies = False  # a `bodies` line may be followed by its texts as raw UTF-8
+    raw_texts = False  # the texts of `bodies` and `files` lines follow them as raw UTF-8
     pipelined = False  # messages past a manifest waiting for its bodies are held
     handlers: dict[str, Callable[[Session, dict[str, Any]], None]] = {
         "publish": Session._on_publish, "note": Session._on_note, "export": Session._on_export,
@@ -637,7 +639,7 @@ class Version3(Version2):
     """
 
     number = 3
-    raw_bodies = True
+    raw_texts = True
     pipelined = True
     handlers = {**Version2.handlers, "tails": Session._on_tails}
 
