@@ -573,20 +573,45 @@ def test_a_phrase_of_words_every_file_holds_reads_only_the_files_holding_it(
     searcher.index.begin()
     match = searcher.index.expression([normalize(query)], 81)
     assert match is not None and match.words
-    assert len(searcher.index.matching(match._replace(words=""))) == by_trigrams
+    grams = index_reader._grams([normalize(query)])
+    assert grams is not None and match.grams == ""  # the phrase stands for the trigrams
+    assert len(searcher.index.matching(index_reader.Match(grams, ""))) == by_trigrams
     searcher.index.end()
 
 
-@pytest.mark.parametrize("query", ["alpha beta", "lpha", "alpha, beta", "alpha beta."])
-def test_a_key_of_fewer_than_two_whole_words_past_its_first_asks_no_phrase(
-        tmp_path: Path, query: str) -> None:
+@pytest.mark.parametrize(("query", "words"), [
+    ("lpha", ""), ("alpha ", ""), (", beta", ""), ("alpha beta", '("alpha beta"*)'),
+    ("pha beta.", '("pha beta." OR "alpha beta.")'),
+    ("a, beta gamma", '("a beta gamma"* OR "alpha beta gamma"* OR "gamma beta gamma"* OR '
+                      '"beta beta gamma"*)'),
+    ("-gamma beta", '"gamma beta"*')])
+def test_a_phrase_is_asked_with_each_word_its_first_may_end(tmp_path: Path, query: str,
+                                                            words: str) -> None:
+    # Its words from the first ASCII separator on, the last a prefix unless a separator ends
+    # the key, and the first as itself and as each longer word of the index that ends with it
+    # (`ends`, in its order: the words spelt backwards). One word alone asks no phrase.
     cache = make_cache(tmp_path, {"a.md": "alpha beta gamma\n"})
     search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
     searcher.index.begin()
     match = searcher.index.expression([query], 1)
     searcher.index.end()
-    assert match is not None and match.words == ""
+    assert match is not None and match.words == words
+
+
+def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(index_reader, "_ENDINGS", 2)  # alpha, gamma and beta end with `a`
+    cache = make_cache(tmp_path, {"a.md": "alpha beta gamma\n", "b.md": "data beta gamma\n"})
+    search_index.refresh_index(cache)
+    searcher = search_mod.searcher(cache)
+    searcher.index.begin()
+    assert searcher.index.expression(["a beta gamma"], 2).words == '"beta gamma"*'
+    assert searcher.index.expression(["ta beta gamma"], 2).words == (
+        '("ta beta gamma"* OR "data beta gamma"* OR "beta beta gamma"*)')
+    searcher.index.end()
+    got = [r["path"] for r in all_pages(cache, queries=["a beta gamma"])]
+    assert got == [f"{NS}/a.md", f"{NS}/b.md"]
 
 
 def sql_of_next_search(cache: Cache, **args: object) -> tuple[list[tuple[str, int]], list[str]]:
@@ -684,6 +709,19 @@ def test_a_page_that_fills_in_the_first_chunk_asks_the_index_about_no_other(
     got = tools.search(cache, ["alpha"], max_results=50)["results"]
     assert [r["path"] for r in got] == [f"{NS}/f{i:04d}.md" for i in range(0, 500, 10)]
     assert len([s for s in statements if "MATCH" in s]) == 1, statements
+
+
+def test_a_phrase_is_asked_of_the_whole_index_once_not_chunk_by_chunk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A phrase costs SQLite as much asked of a chunk of rows as of all of them: one question.
+    monkeypatch.setattr(index_reader, "_CHUNK", 16)
+    cache = make_cache(tmp_path, {f"f{i:03d}.md": "beta alpha gamma\n" if i % 50 else
+                                  "alpha beta gamma\n" for i in range(200)})
+    search_index.refresh_index(cache)
+    got, statements = sql_of_next_search(cache, queries=["alpha beta"])
+    assert got == [(f"{NS}/f{i:03d}.md", 1) for i in range(0, 200, 50)]
+    assert len([s for s in statements if "MATCH" in s]) == 1, statements
+    assert "words MATCH" in next(s for s in statements if "MATCH" in s)
 
 
 def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`View.run`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
 _SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looked up (scanned)
 _SEPARATORS = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # ASCII, not a letter or digit
+_ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
 
 
 class IndexLost(CacheError):
@@ -201,22 +202,59 @@ class IndexReader:
     def expression(self, keys: Iterable[str], files: int) -> Match | None:
         """What names the parts that may hold every key; None when no key narrows them.
 
-        A key of three characters or more is its trigrams (`_grams`) and, when it holds two
-        words or more past its first, the phrase of those words (`_phrase`); a shorter one is
-        any of the trigrams it begins (`_short`; `files`, how many the index holds, tells it
-        when the key is in too many of them to narrow). All of them go in one MATCH per table,
-        so SQLite intersects them: a few parts can hold all of several common words.
+        A key of two words or more is the phrase of its words (`_phrase`); another of three
+        characters or more is its trigrams (`_grams`); a shorter one is any of the trigrams it
+        begins (`_short`; `files`, how many the index holds, tells it when the key is in too
+        many of them to narrow). All of them go in one MATCH per table, so SQLite intersects
+        them: a few parts can hold all of several common words.
         """
         keys = list(keys)
-        grams = _grams(keys)
-        parts = [grams] if grams is not None else []
+        phrases = {key: p for key in keys if (p := self._phrase(key)) is not None}
+        parts = [grams] if (grams := _grams([k for k in keys if k not in phrases])) else []
         for key in keys:
             if 0 < len(key) < 3 and (expr := self._short(key, files)) is not None:
                 parts.append(expr)
-        if not parts:
+        if not parts and not phrases:
             return None
-        phrases = [p for key in keys if (p := _phrase(key)) is not None] if grams else []
-        return Match(" AND ".join(parts), " AND ".join(phrases))
+        return Match(" AND ".join(parts), " AND ".join(phrases.values()))
+
+    def _phrase(self, key: str) -> str | None:
+        """The FTS5 phrase of `key`'s words, or those of each word its first may end; or None.
+
+        A word is what the words table takes for one (`ascii`: cut at ASCII punctuation and
+        blanks), so the key's words are its text cut at those alike. Its first word may be the
+        end of a longer one in the text: the phrase is asked with each word of the index that
+        ends with it (`_ending`), or, when those are too many, from its second word on. Its
+        last word may be the start of a longer one: a prefix, unless the key ends in a
+        separator. None when fewer than two words are left (one word narrows little), or for a
+        lone surrogate.
+        """
+        cut = _SEPARATORS.search(key)
+        if cut is None or utf8(key) is None:
+            return None
+        first, rest = key[:cut.start()], key[cut.end():]
+        after = len([w for w in _SEPARATORS.split(rest) if w])
+        star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
+        longer = self._ending(first) if first and after else None
+        if longer is not None:
+            return "(" + " OR ".join(_quoted(f"{word} {rest}") + star
+                                     for word in (first, *longer)) + ")"
+        return _quoted(rest) + star if after >= 2 else None
+
+    def _ending(self, word: str) -> list[str] | None:
+        """The words of the index longer than `word` that end with it; None if too many."""
+        backwards = word[::-1]
+        after = ord(backwards[-1]) + 1
+        query, args = "SELECT word FROM ends WHERE word > ?", (backwards,)
+        if after <= 0x10FFFF:
+            query += " AND word < ?"
+            args += (backwards[:-1] + chr(0xE000 if 0xD800 <= after < 0xE000 else after),)
+        found = self.rows(f"{query} LIMIT {_ENDINGS + 1}", args)
+        if len(found) > _ENDINGS:
+            return None
+        if not all(type(w) is str for (w,) in found):
+            raise self.damaged()
+        return [w[::-1] for (w,) in found]
 
     def _short(self, key: str, files: int) -> str | None:
         """Any trigram of the index that `key` (one or two characters) begins; None if too many.
@@ -262,10 +300,11 @@ class IndexReader:
 
     def _ids(self, match: Match, bounds: tuple[int, int] | tuple[()]) -> array[int]:
         where = " AND rowid BETWEEN ? AND ?" if bounds else ""
-        sql, args = f"SELECT rowid FROM grams WHERE grams MATCH ?{where}", (match.grams, *bounds)
-        if match.words:
-            sql += f" INTERSECT SELECT rowid FROM words WHERE words MATCH ?{where}"
-            args += (match.words, *bounds)
+        asked = [(table, expr) for table, expr in (("grams", match.grams), ("words", match.words))
+                 if expr]
+        sql = " INTERSECT ".join(f"SELECT rowid FROM {table} WHERE {table} MATCH ?{where}"
+                                 for table, _ in asked)
+        args = tuple(value for _, expr in asked for value in (expr, *bounds))
         found = self.rows(f"SELECT group_concat(rowid) FROM ({sql})", args)[0][0]
         if found is not None and not isinstance(found, str):
             raise self.damaged()
@@ -273,7 +312,7 @@ class IndexReader:
 
 
 class Match(NamedTuple):
-    """An FTS5 MATCH of the trigrams (`grams`), and of the words (`words`, or "" for none)."""
+    """An FTS5 MATCH of the trigrams (`grams`) and one of the words (`words`), "" for none."""
 
     grams: str
     words: str
@@ -297,26 +336,6 @@ def _grams(keys: Iterable[str]) -> str | None:
         return None
     expr = " AND ".join(_quoted(g) for g in sorted(grams))
     return expr if utf8(expr) is not None else None
-
-
-def _phrase(key: str) -> str | None:
-    """The FTS5 phrase of the words `key` holds from its first ASCII separator on.
-
-    Its first word may be the end of a longer word in the text, so it is left out; its last may
-    be the start of one, so it is a prefix, unless the key ends in a separator. Only ASCII
-    separators cut the key: SQLite's tokenizer and Python may class other characters apart, but
-    both take ASCII letters and digits for a word's and the rest of ASCII for separators. The
-    words table tokenizes what is left as it tokenized the text, so the phrase names every part
-    that holds the key. None when fewer than two words are left (one word narrows little), or
-    for a lone surrogate.
-    """
-    cut = _SEPARATORS.search(key)
-    if cut is None or len([w for w in _SEPARATORS.split(key[cut.end():]) if w]) < 2:
-        return None
-    rest = key[cut.end():]
-    if utf8(rest) is None:
-        return None
-    return _quoted(rest) + ("" if _SEPARATORS.fullmatch(rest[-1]) else "*")
 
 
 def _quoted(term: str) -> str:
@@ -551,8 +570,10 @@ class Named:
             return None
         view = self.view
         stale = view.stale[bisect_left(view.stale, lo):bisect_left(view.stale, hi)]
-        if self.whole is not None or self.seen[1] and self.rate() * len(view) <= _WHOLE:
-            # A sparse key: one question for the whole index costs less than one a chunk.
+        if self.whole is not None or self.expr.words or self.seen[1] and \
+                self.rate() * len(view) <= _WHOLE:
+            # A sparse key, or a phrase (which costs as much asked of a chunk as of all):
+            # one question for the whole index costs less than one a chunk.
             found = self._from_whole(lo, hi)
         else:
             found = self._asked(lo, hi)

@@ -3,14 +3,16 @@
 The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
 holds two SQLite FTS5 tables of each file's normalized text (`folding.normalize`): its trigrams
 (which any substring's narrow to) and its words with their places (which a phrase's narrow to,
-word by word). Both are contentless: no copy of the text, so a changed or deleted file's old
-entries stay until the index is built again, once they are more than a `_STALE` share of all
-(they only name parts a search then reads and finds wanting). Beside them: each file's path,
-sha256 and namespace, the `files` mark of the manifest it covers whole, and the files' ids in
-path order (so a new searcher loads its view in one read, not by sorting every path).
-`refresh_index` keeps it current: run by the `index` command, which a sync that changed the
-cache starts detached (`refresh_in_background`) and which waits for that sync to end;
-search.py reads it. An index that cannot be read (damaged,
+word by word; a word is a run of anything but ASCII punctuation and blanks, FTS5's `ascii`
+tokenizer, so Python cuts a query alike); and every word it holds, spelt backwards (`ends`:
+the words that end with a phrase's first word). The FTS5 tables are contentless: no copy of
+the text, so a changed or deleted file's old entries stay until the index is built again,
+once they are more than a `_STALE` share of all (they only name parts a search then reads and
+finds wanting). Beside them: each file's path, sha256 and namespace, the `files` mark of the
+manifest it covers whole, and the files' ids in path order (so a new searcher loads its view
+in one read, not by sorting every path). `refresh_index` keeps it current: run by the `index`
+command, which a sync that changed the cache starts detached (`refresh_in_background`) and
+which waits for that sync to end; search.py reads it. An index that cannot be read (damaged,
 or a link or folder in its place) is deleted and built again: it is derived data.
 """
 
@@ -37,13 +39,16 @@ from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "6"
+INDEX_VERSION = "7"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
 BACKGROUND_WAIT = 600.0  # and `index --background`, which no one waits for
 SEGMENT_BYTES = 8192  # a file is indexed in parts of about this much (`segments`)
 _STALE = 0.25  # old entries (parts changed or deleted since the build) over live ones: rebuild
+_WORDS_HELD = 100_000  # words an update holds before it adds them to `ends`
+# ASCII but letters and digits to a blank: what FTS5's `ascii` tokenizer cuts words at.
+_CUT = bytes(c if c >= 128 or chr(c).isalnum() else 32 for c in range(256))
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 # Each indexed text ends with two line breaks more, so every string of one or two characters it
 # holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
@@ -214,7 +219,7 @@ def index_version() -> str:
 # order, and where each segment row stands in that order and whose file it is, as three arrays
 # of int64 in `orders`: a search loads its view with one read instead of sorting every path.
 # Valid only while meta's `order` names it and starts with meta's generation.
-_TABLES = {"meta", "files", "grams", "words", "orders"}  # as this version makes them
+_TABLES = {"meta", "files", "grams", "words", "ends", "orders"}  # as this version makes them
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
@@ -222,8 +227,8 @@ _SCHEMA = (
     " parts INTEGER NOT NULL)",
     "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
     " detail=none, content='', columnsize=0)",
-    "CREATE VIRTUAL TABLE words USING fts5(body, tokenize='unicode61 remove_diacritics 0',"
-    " content='', columnsize=0)",
+    "CREATE VIRTUAL TABLE words USING fts5(body, tokenize='ascii', content='', columnsize=0)",
+    "CREATE TABLE ends(word TEXT PRIMARY KEY) WITHOUT ROWID",
     "CREATE TABLE orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL, positions BLOB NOT NULL,"
     " owners BLOB NOT NULL)",
 )
@@ -301,6 +306,7 @@ class _Writer:
         self.changed = 0
         self.emptied = False  # an index of another version was emptied: VACUUM after
         self.next = 0  # the first `grams` row no file has (`rows_for`), once asked
+        self.words: set[bytes] = set()  # words of the texts put, for `ends` (`store_words`)
 
     @classmethod
     def run(cls, path: Path, cache: Cache) -> dict[str, int]:
@@ -335,7 +341,7 @@ class _Writer:
         if version == index_version() and _TABLES <= names and not self.stale():
             return
         self.emptied = bool(names)
-        for name in ("grams", "words", "files", "meta", "orders", "texts"):  # texts: version 5
+        for name in ("grams", "words", "ends", "files", "meta", "orders", "texts"):  # texts: 5
             self.conn.execute(f"DROP TABLE IF EXISTS {name}")
         for statement in _SCHEMA:
             self.conn.execute(statement)
@@ -349,6 +355,7 @@ class _Writer:
 
     def finish(self, mark: str | None, complete: bool) -> dict[str, int]:
         """Record the generation and which manifest the index now covers whole, if any."""
+        self.store_words()
         generation = int(self.meta("generation") or 0) + (1 if self.changed else 0)
         self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                               [("generation", str(generation)),
@@ -440,8 +447,18 @@ class _Writer:
         rows = list(enumerate(texts, first))
         self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", rows)
         self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)", rows)
+        for text in texts:  # the words as the `ascii` tokenizer cuts them: at ASCII separators
+            self.words.update(text.encode("utf-8", "surrogatepass").translate(_CUT).split())
+        if len(self.words) > _WORDS_HELD:
+            self.store_words()
         self.changed += 1
         return True
+
+    def store_words(self) -> None:
+        """Add the words seen to `ends`, each spelt backwards; words no file holds may stay."""
+        self.conn.executemany("INSERT OR IGNORE INTO ends(word) VALUES (?)",
+                              ((w.decode("utf-8", "surrogatepass")[::-1],) for w in self.words))
+        self.words.clear()
 
     def rows_for(self, parts: int) -> int:
         """The first of `parts` new `grams` rows, past every file's (none freed is reused)."""
