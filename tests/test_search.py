@@ -582,8 +582,10 @@ def test_a_phrase_of_words_every_file_holds_reads_only_the_files_holding_it(
 @pytest.mark.parametrize(("query", "words"), [
     ("lpha", ""), ("alpha ", ""), (", beta", ""), ("alpha beta", '("alpha beta"*)'),
     ("pha beta.", '("pha beta." OR "alpha beta.")'),
-    ("a, beta gamma", '("a beta gamma"* OR "alpha beta gamma"* OR "gamma beta gamma"* OR '
-                      '"beta beta gamma"*)'),
+    ("a, beta gamma", '(("a beta " OR "alpha beta " OR "gamma beta " OR "beta beta ") AND '
+                      '"beta gamma"*)'),
+    ("a, beta gamma.", '("a beta gamma." OR "alpha beta gamma." OR "gamma beta gamma." OR '
+                       '"beta beta gamma.")'),
     ("-gamma beta", '"gamma beta"*')])
 def test_a_phrase_is_asked_with_each_word_its_first_may_end(tmp_path: Path, query: str,
                                                             words: str) -> None:
@@ -608,7 +610,7 @@ def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
     searcher.index.begin()
     assert searcher.index.expression(["a beta gamma"], 2).words == '"beta gamma"*'
     assert searcher.index.expression(["ta beta gamma"], 2).words == (
-        '("ta beta gamma"* OR "data beta gamma"* OR "beta beta gamma"*)')
+        '(("ta beta " OR "data beta " OR "beta beta ") AND "beta gamma"*)')
     searcher.index.end()
     got = [r["path"] for r in all_pages(cache, queries=["a beta gamma"])]
     assert got == [f"{NS}/a.md", f"{NS}/b.md"]

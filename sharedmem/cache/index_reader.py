@@ -44,6 +44,7 @@ _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`View.run`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
 _SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looked up (scanned)
 _SEPARATORS = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # ASCII, not a letter or digit
+_LAST_WORD = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+\Z")
 _ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
 
 
@@ -226,8 +227,10 @@ class IndexReader:
         end of a longer one in the text: the phrase is asked with each word of the index that
         ends with it (`_ending`), or, when those are too many, from its second word on. Its
         last word may be the start of a longer one: a prefix, unless the key ends in a
-        separator. None when fewer than two words are left (one word narrows little), or for a
-        lone surrogate.
+        separator; with three words or more, the phrase with each first word is asked up to
+        the last word, and the rest with the prefix once (a part holding both may hold them
+        apart: it is read and found wanting). None when fewer than two words are left (one
+        word narrows little), or for a lone surrogate.
         """
         cut = _SEPARATORS.search(key)
         if cut is None or utf8(key) is None:
@@ -236,10 +239,15 @@ class IndexReader:
         after = len([w for w in _SEPARATORS.split(rest) if w])
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
         longer = self._ending(first) if first and after else None
-        if longer is not None:
+        if longer is None:
+            return _quoted(rest) + star if after >= 2 else None
+        if after == 1 or not star:
             return "(" + " OR ".join(_quoted(f"{word} {rest}") + star
                                      for word in (first, *longer)) + ")"
-        return _quoted(rest) + star if after >= 2 else None
+        # A prefix is the costly word of a phrase (every word it begins is read): asked once.
+        head = _LAST_WORD.sub("", rest)
+        return "((" + " OR ".join(_quoted(f"{word} {head}") for word in (first, *longer)) + \
+            f") AND {_quoted(rest)}*)"
 
     def _ending(self, word: str) -> list[str] | None:
         """The words of the index longer than `word` that end with it; None if too many."""
