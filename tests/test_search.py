@@ -713,19 +713,6 @@ def test_a_page_that_fills_in_the_first_chunk_asks_the_index_about_no_other(
     assert len([s for s in statements if "MATCH" in s]) == 1, statements
 
 
-def test_a_phrase_is_asked_of_the_whole_index_once_not_chunk_by_chunk(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A phrase costs SQLite as much asked of a chunk of rows as of all of them: one question.
-    monkeypatch.setattr(index_reader, "_CHUNK", 16)
-    cache = make_cache(tmp_path, {f"f{i:03d}.md": "beta alpha gamma\n" if i % 50 else
-                                  "alpha beta gamma\n" for i in range(200)})
-    search_index.refresh_index(cache)
-    got, statements = sql_of_next_search(cache, queries=["alpha beta"])
-    assert got == [(f"{NS}/f{i:03d}.md", 1) for i in range(0, 200, 50)]
-    assert len([s for s in statements if "MATCH" in s]) == 1, statements
-    assert "words MATCH" in next(s for s in statements if "MATCH" in s)
-
-
 def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_path: Path) -> None:
     # The word is in every file: the page fills within the first files, so the index is asked
     # about the first chunk of positions only, not about all 10,000 files.

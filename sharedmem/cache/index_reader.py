@@ -227,9 +227,9 @@ class IndexReader:
         end of a longer one in the text: the phrase is asked with each word of the index that
         ends with it (`_ending`), or, when those are too many, from its second word on. Its
         last word may be the start of a longer one: a prefix, unless the key ends in a
-        separator; with three words or more, the phrase with each first word is asked up to
-        the last word, and the rest with the prefix once (a part holding both may hold them
-        apart: it is read and found wanting). None when fewer than two words are left (one
+        separator; with longer first words and three words or more, the phrase with each first
+        word is asked up to the last word, and the rest with the prefix once (a part holding
+        both may hold them apart: it is read and found wanting). None when fewer than two words are left (one
         word narrows little), or for a lone surrogate.
         """
         cut = _SEPARATORS.search(key)
@@ -241,7 +241,7 @@ class IndexReader:
         longer = self._ending(first) if first and after else None
         if longer is None:
             return _quoted(rest) + star if after >= 2 else None
-        if after == 1 or not star:
+        if not longer or after == 1 or not star:
             return "(" + " OR ".join(_quoted(f"{word} {rest}") + star
                                      for word in (first, *longer)) + ")"
         # A prefix is the costly word of a phrase (every word it begins is read): asked once.
@@ -578,10 +578,8 @@ class Named:
             return None
         view = self.view
         stale = view.stale[bisect_left(view.stale, lo):bisect_left(view.stale, hi)]
-        if self.whole is not None or self.expr.words or self.seen[1] and \
-                self.rate() * len(view) <= _WHOLE:
-            # A sparse key, or a phrase (which costs as much asked of a chunk as of all):
-            # one question for the whole index costs less than one a chunk.
+        if self.whole is not None or self.seen[1] and self.rate() * len(view) <= _WHOLE:
+            # A sparse key: one question for the whole index costs less than one a chunk.
             found = self._from_whole(lo, hi)
         else:
             found = self._asked(lo, hi)
