@@ -601,6 +601,20 @@ def test_a_phrase_is_asked_with_each_word_its_first_may_end(tmp_path: Path, quer
     assert match is not None and match.words == words
 
 
+@pytest.mark.parametrize(("most", "words"), [(2, '("alpha beta gam"*)'), (1, '("alpha beta ")')])
+def test_a_last_word_that_begins_too_many_words_is_left_out_of_the_phrase(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, most: int, words: str) -> None:
+    monkeypatch.setattr(index_reader, "_PREFIX_WORDS", most)  # `gam` begins gamma and gammb
+    cache = make_cache(tmp_path, {"a.md": "alpha beta gamma gammb\n"})
+    search_index.refresh_index(cache)
+    searcher = search_mod.searcher(cache)
+    searcher.index.begin()
+    assert searcher.index.expression(["alpha beta gam"], 1).words == words
+    searcher.index.end()
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["alpha beta gam"])]
+    assert got == [(f"{NS}/a.md", 1)]
+
+
 def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(index_reader, "_ENDINGS", 2)  # alpha, gamma and beta end with `a`
