@@ -45,7 +45,7 @@ _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-pa
 _SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looked up (scanned)
 _SEPARATORS = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # ASCII, not a letter or digit
 _LAST_WORD = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+\Z")
-_PREFIX_WORDS = 64  # a last word that begins more words than this is left out of a phrase
+_PREFIX = 4  # a phrase's last word shorter than this is left out, not asked as a prefix
 _ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
 
 
@@ -63,7 +63,7 @@ class IndexReader:
         self.cache, self.path = cache, index_path(cache)
         self.conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None  # the file this connection reads
-        self._vocab = False  # the connection's views of the index's terms are made
+        self._vocab = False  # the connection's view of the index's terms is made (`_short`)
         self.read_only: str | None = None  # what the last `begin` met on a read-only cache
 
     def begin(self) -> dict[str, str] | None:
@@ -228,7 +228,8 @@ class IndexReader:
         end of a longer one in the text: the phrase is asked with each word of the index that
         ends with it (`_ending`), or, when those are too many, from its second word on. Its
         last word may be the start of a longer one: a prefix, unless the key ends in a
-        separator, or left out when it begins more than `_PREFIX_WORDS` words (each is read);
+        separator, or left out when shorter than `_PREFIX` (it begins hundreds of words,
+        each of which SQLite reads);
         with longer first words and three words or more, the phrase with each first word is
         asked up to the last word, and the rest with the prefix once (a part holding both may
         hold them apart: it is read and found wanting). None when fewer than two words are
@@ -241,7 +242,7 @@ class IndexReader:
         if len([w for w in _SEPARATORS.split(rest) if w]) < (2 if not first else 1):
             return None
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
-        if star and (last := _LAST_WORD.search(rest)) and not self._begins_few(last.group()):
+        if star and (last := _LAST_WORD.search(rest)) and len(last.group()) < _PREFIX:
             rest, star = rest[:last.start()], ""  # every word a prefix begins is read
         after = len([w for w in _SEPARATORS.split(rest) if w])
         longer = self._ending(first) if first and after else None
@@ -254,24 +255,6 @@ class IndexReader:
         head = _LAST_WORD.sub("", rest)
         return "((" + " OR ".join(_quoted(f"{word} {head}") for word in (first, *longer)) + \
             f") AND {_quoted(rest)}*)"
-
-    def _begins_few(self, word: str) -> bool:
-        """Whether at most `_PREFIX_WORDS` words of the index begin with `word`."""
-        if not self._vocab:
-            self._make_vocab()
-        after = ord(word[-1]) + 1
-        query, args = "SELECT 1 FROM temp.word_vocab WHERE term >= ?", (word,)
-        if after <= 0x10FFFF:
-            query += " AND term < ?"
-            args += (word[:-1] + chr(0xE000 if 0xD800 <= after < 0xE000 else after),)
-        return len(self.rows(f"{query} LIMIT {_PREFIX_WORDS + 1}", args)) <= _PREFIX_WORDS
-
-    def _make_vocab(self) -> None:
-        """The connection's views of the index's terms: trigrams (`_short`) and words."""
-        for name, table in (("vocab", "grams"), ("word_vocab", "words")):
-            self.rows(f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{name} USING "
-                      f"fts5vocab(main, {table}, 'row')")
-        self._vocab = True
 
     def _ending(self, word: str) -> list[str] | None:
         """The words of the index longer than `word` that end with it; None if too many."""
@@ -301,7 +284,9 @@ class IndexReader:
         if self.conn is None or utf8(key) is None:
             return None
         if not self._vocab:
-            self._make_vocab()
+            self.rows("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING "
+                      "fts5vocab(main, grams, 'row')")
+            self._vocab = True
         after = ord(key[-1]) + 1  # the first character past those the key's terms can have
         query, args = "SELECT term, doc FROM temp.vocab WHERE term >= ?", (key,)
         if after <= 0x10FFFF:
