@@ -44,7 +44,8 @@ _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`View.run`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
 _SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looked up (scanned)
 _SEPARATORS = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # ASCII, not a letter or digit
-_LAST_WORD = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+\Z")
+_WORD = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # what FTS5's `ascii` keeps
+_LAST_WORD = re.compile(_WORD.pattern + r"\Z")
 _PREFIX = 4  # a phrase's last word shorter than this is left out, not asked as a prefix
 _ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
 
@@ -228,23 +229,22 @@ class IndexReader:
         end of a longer one in the text: the phrase is asked with each word of the index that
         ends with it (`_ending`), or, when those are too many, from its second word on. Its
         last word may be the start of a longer one: a prefix, unless the key ends in a
-        separator, or left out when shorter than `_PREFIX` (it begins hundreds of words,
-        each of which SQLite reads);
-        with longer first words and three words or more, the phrase with each first word is
-        asked up to the last word, and the rest with the prefix once (a part holding both may
-        hold them apart: it is read and found wanting). None when fewer than two words are
-        left (one word narrows little), or for a lone surrogate.
+        separator, or left out when shorter than `_PREFIX` (it begins hundreds of words, each
+        of which SQLite reads); with longer first words and three words or more, the phrase
+        with each first word is asked up to the last word, and the rest with the prefix once
+        (a part holding both may hold them apart: it is read and found wanting). None when
+        fewer than two words are left (one word narrows little), or for a lone surrogate.
         """
         cut = _SEPARATORS.search(key)
         if cut is None or utf8(key) is None:
             return None
         first, rest = key[:cut.start()], key[cut.end():]
-        if len([w for w in _SEPARATORS.split(rest) if w]) < (2 if not first else 1):
+        if len(_WORD.findall(rest)) < (2 if not first else 1):
             return None
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
         if star and (last := _LAST_WORD.search(rest)) and len(last.group()) < _PREFIX:
             rest, star = rest[:last.start()], ""  # every word a prefix begins is read
-        after = len([w for w in _SEPARATORS.split(rest) if w])
+        after = len(_WORD.findall(rest))
         longer = self._ending(first) if first and after else None
         if longer is None:
             return _quoted(rest) + star if after >= 2 else None
@@ -259,11 +259,9 @@ class IndexReader:
     def _ending(self, word: str) -> list[str] | None:
         """The words of the index longer than `word` that end with it; None if too many."""
         backwards = word[::-1]
-        after = ord(backwards[-1]) + 1
         query, args = "SELECT word FROM ends WHERE word > ?", (backwards,)
-        if after <= 0x10FFFF:
-            query += " AND word < ?"
-            args += (backwards[:-1] + chr(0xE000 if 0xD800 <= after < 0xE000 else after),)
+        if (past := _past(backwards)) is not None:
+            query, args = query + " AND word < ?", (backwards, past)
         found = self.rows(f"{query} LIMIT {_ENDINGS + 1}", args)
         if len(found) > _ENDINGS:
             return None
@@ -287,11 +285,9 @@ class IndexReader:
             self.rows("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING "
                       "fts5vocab(main, grams, 'row')")
             self._vocab = True
-        after = ord(key[-1]) + 1  # the first character past those the key's terms can have
         query, args = "SELECT term, doc FROM temp.vocab WHERE term >= ?", (key,)
-        if after <= 0x10FFFF:
-            query += " AND term < ?"
-            args += (key[:-1] + chr(0xE000 if 0xD800 <= after < 0xE000 else after),)
+        if (past := _past(key)) is not None:
+            query, args = query + " AND term < ?", (key, past)
         terms: list[str] = []
         named = 0
         try:
@@ -351,6 +347,14 @@ def _grams(keys: Iterable[str]) -> str | None:
         return None
     expr = " AND ".join(_quoted(g) for g in sorted(grams))
     return expr if utf8(expr) is not None else None
+
+
+def _past(prefix: str) -> str | None:
+    """The first string past every one that begins with `prefix`; None past the last character."""
+    after = ord(prefix[-1]) + 1
+    if after > 0x10FFFF:
+        return None
+    return prefix[:-1] + chr(0xE000 if 0xD800 <= after < 0xE000 else after)  # no surrogates
 
 
 def _quoted(term: str) -> str:

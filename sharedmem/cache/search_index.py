@@ -215,9 +215,9 @@ def index_version() -> str:
 
 
 # A file's parts, each indexed on its own: `grams` and `words` rows `first` to
-# `first + parts - 1`. The segments, in path order then part
-# order, and where each segment row stands in that order and whose file it is, as three arrays
-# of int64 in `orders`: a search loads its view with one read instead of sorting every path.
+# `first + parts - 1`. The segments, in path order then part order, and where each segment row
+# stands in that order and whose file it is, as three arrays of int64 in `orders`: a search
+# loads its view with one read instead of sorting every path.
 # Valid only while meta's `order` names it and starts with meta's generation.
 _TABLES = {"meta", "files", "grams", "words", "ends", "orders"}  # as this version makes them
 _SCHEMA = (
@@ -341,7 +341,7 @@ class _Writer:
         if version == index_version() and _TABLES <= names and not self.stale():
             return
         self.emptied = bool(names)
-        for name in ("grams", "words", "ends", "files", "meta", "orders", "texts"):  # texts: 5
+        for name in sorted(_TABLES | {"texts"}):  # texts: version 5's
             self.conn.execute(f"DROP TABLE IF EXISTS {name}")
         for statement in _SCHEMA:
             self.conn.execute(statement)

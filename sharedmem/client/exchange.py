@@ -173,10 +173,11 @@ def _take_files(conn: Connection, part: dict[str, Any], intake: Intake,
     stands for whatever the server sent.
     """
     items, raw = part.get("files"), part.get("texts")
-    shape = "[path, sha256]" if "files" in conn.channel.raw_texts else "[path, sha256, text or null]"
+    version_3 = "files" in conn.channel.raw_texts
+    shape = "[path, sha256]" if version_3 else "[path, sha256, text or null]"
     if type(items) is not list:
         raise conn.malformed("files", "files must be a list")
-    if "files" in conn.channel.raw_texts:
+    if version_3:
         if raw is None:
             raise conn.malformed("files", "a version 3 files message carries its texts raw "
                                  "after its line (sizes), not in the JSON")
