@@ -34,6 +34,8 @@ QUERIES = [  # (label, arguments, rg flags)
     ("phrase of common words", {"queries": ["stale lock file"]}, []),
     ("phrase of words in every file", {"queries": ["the default value"]}, []),
     ("phrase of common words, real text", {"queries": ["see also the"]}, []),
+    ("phrase ending in a short common word", {"queries": ["see the"]}, []),
+    ("all of three", {"queries": ["rotate", "signing", "key"], "match_mode": "all"}, []),
     ("accented, normalized", {"queries": ["décision"], "normalized": True}, ["-i"]),
     ("one character, ignoring case, 20", {"queries": ["a"], "case_sensitive": False,
                                           "max_results": 20}, ["-i"]),

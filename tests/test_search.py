@@ -580,18 +580,19 @@ def test_a_phrase_of_words_every_file_holds_reads_only_the_files_holding_it(
 
 
 @pytest.mark.parametrize(("query", "words"), [
-    ("lpha", ""), ("alpha ", ""), (", beta", ""), ("alpha beta", '("alpha beta"*)'),
+    ("lpha", ""), ("alpha ", ""), (", beta", ""), ("alpha beta", '("alpha bet"*)'),
     ("pha beta.", '("pha beta." OR "alpha beta.")'),
-    ("a, beta gamma", '(("a beta " OR "alpha beta " OR "gamma beta " OR "beta beta ") AND '
-                      '"beta gamma"*)'),
+    ("a, beta gamma", '("a beta gam"* OR "alpha beta gam"* OR "gamma beta gam"* OR '
+                      '"beta beta gam"*)'),
     ("a, beta gamma.", '("a beta gamma." OR "alpha beta gamma." OR "gamma beta gamma." OR '
                        '"beta beta gamma.")'),
-    ("-gamma beta", '"gamma beta"*')])
+    ("-gamma beta", '"gamma bet"*')])
 def test_a_phrase_is_asked_with_each_word_its_first_may_end(tmp_path: Path, query: str,
                                                             words: str) -> None:
-    # Its words from the first ASCII separator on, the last a prefix unless a separator ends
-    # the key, and the first as itself and as each longer word of the index that ends with it
-    # (`ends`, in its order: the words spelt backwards). One word alone asks no phrase.
+    # Its words from the first ASCII separator on, the last a prefix of its first three
+    # characters unless a separator ends the key, and the first as itself and as each longer
+    # word of the index that ends with it (`ends`, in its order: the words spelt backwards).
+    # One word alone asks no phrase.
     cache = make_cache(tmp_path, {"a.md": "alpha beta gamma\n"})
     search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
@@ -601,19 +602,26 @@ def test_a_phrase_is_asked_with_each_word_its_first_may_end(tmp_path: Path, quer
     assert match is not None and match.words == words
 
 
-@pytest.mark.parametrize(("query", "words"), [("alpha beta gam", '("alpha beta ")'),
-                                            ("alpha beta gamm", '("alpha beta gamm"*)')])
-def test_a_last_word_of_three_characters_or_fewer_is_left_out_of_the_phrase(
+@pytest.mark.parametrize(("query", "words"), [
+    ("alpha beta g", '("alpha beta ")'), ("alpha beta ga", '("alpha beta ")'),
+    ("alpha beta gam", '("alpha beta gam"*)'), ("alpha beta gamm", '("alpha beta gam"*)'),
+    ("alpha beta gamma", '("alpha beta gam"*)'), ("alpha beta gamma ", '("alpha beta gamma ")'),
+    ("alpha beta gaïa", '("alpha beta gaï"*)')])
+def test_a_last_word_is_asked_as_its_first_three_characters_or_left_out(
         tmp_path: Path, query: str, words: str) -> None:
-    # A prefix that short begins hundreds of words in a real index, each read by SQLite.
-    cache = make_cache(tmp_path, {"a.md": "alpha beta gamma\n"})
+    # The words table keeps a list of every word's first three characters (`prefix='3'`),
+    # which SQLite reads only as far as it is asked; a shorter prefix begins too many words.
+    cache = make_cache(tmp_path, {"a.md": "alpha beta gamma\n", "b.md": "alpha beta gaïas\n",
+                                  "c.md": "alpha beta gam\n", "d.md": "alpha beta\ngamma\n",
+                                  "e.md": "alpha beta gamma delta\n"})
     search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
     searcher.index.begin()
-    assert searcher.index.expression([query], 1).words == words
+    assert searcher.index.expression([query], 4).words == words
     searcher.index.end()
     got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=[query])]
-    assert got == [(f"{NS}/a.md", 1)]
+    assert got == reference(cache, [query])
+    assert got
 
 
 def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
@@ -623,12 +631,35 @@ def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
     search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
     searcher.index.begin()
-    assert searcher.index.expression(["a beta gamma"], 2).words == '"beta gamma"*'
+    assert searcher.index.expression(["a beta gamma"], 2).words == '"beta gam"*'
     assert searcher.index.expression(["ta beta gamma"], 2).words == (
-        '(("ta beta " OR "data beta " OR "beta beta ") AND "beta gamma"*)')
+        '("ta beta gam"* OR "data beta gam"* OR "beta beta gam"*)')
     searcher.index.end()
     got = [r["path"] for r in all_pages(cache, queries=["a beta gamma"])]
     assert got == [f"{NS}/a.md", f"{NS}/b.md"]
+
+
+def test_a_phrase_in_few_files_is_asked_a_chunk_at_a_time_not_of_the_whole_index(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its words are in every file, so asking the whole index would have SQLite read their
+    # places in all 3,000 files, where the page fills within the first 500: only the chunks
+    # up to there are asked, though the phrase is in one file of a hundred.
+    monkeypatch.setattr(index_reader, "_CHUNK", 64)
+    cache = make_cache(tmp_path, {f"f{i:04d}.md": f"beta gamma alpha {i}\n" + (
+        "" if i % 100 else "alpha beta\n") for i in range(3000)})
+    search_index.refresh_index(cache)
+    sql_of_next_search(cache, queries=["nothing-like-it"])  # the view is loaded
+    searcher = search_mod.searcher(cache)
+    assert searcher.index.conn is not None
+    statements: list[str] = []
+    searcher.index.conn.set_trace_callback(statements.append)
+    page = tools.search(cache, ["alpha beta"], max_results=5)["results"]
+    got = [(r["path"], r["line_number"]) for r in page]
+    assert got == reference(cache, ["alpha beta"])[:5]
+    assert got == [(f"{NS}/f{i:04d}.md", 2) for i in range(0, 500, 100)]
+    asked = [s for s in statements if "FROM words WHERE words MATCH" in s]
+    assert len(asked) > 1 and all("rowid BETWEEN" in s for s in asked), asked
+    assert max(int(s.split("BETWEEN ")[1].split(" AND ")[1].split(")")[0]) for s in asked) < 1000
 
 
 def sql_of_next_search(cache: Cache, **args: object) -> tuple[list[tuple[str, int]], list[str]]:
@@ -879,3 +910,26 @@ def test_a_file_in_parts_shows_its_lines_and_context_across_them(
         assert hit["line"] == lines[n - 1]
         assert hit["context_before"] == lines[max(0, n - 4):n - 1]
         assert hit["context_after"] == lines[n:n + 3]
+
+
+@pytest.mark.parametrize("mode", ["all", "any"])
+def test_each_query_is_looked_for_in_the_parts_named_for_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    # Files of many parts, each query in parts of its own: each is found in the parts the index
+    # names for it, and a query named in no part of a file is not in it, however many of its
+    # parts another query is named in.
+    monkeypatch.setattr(search_index, "SEGMENT_BYTES", 40)
+    filler = "".join(f"filler line {n}\n" for n in range(12))
+    cache = make_cache(tmp_path, {
+        "big.md": "Alpha\n" + filler + "beta gamma\n" + filler * 2 + "alpha beta\n" + filler,
+        "common.md": (filler + "beta\n") * 6 + "gamma\n",
+        "small.md": "gamma\nalpha\n",
+        "tail.md": filler * 3 + "ALPHA beta\n"})
+    search_index.refresh_index(cache)
+    for queries in (["alpha", "beta"], ["alpha", "gamma"], ["beta", "delta"],
+                    ["gamma", "alpha", "beta"], ["filler line 1", "gamma"]):
+        for case in (True, False):
+            got = all_pages(cache, queries=queries, match_mode=mode, case_sensitive=case,
+                            max_results=2)
+            assert [(r["path"], r["line_number"]) for r in got] == reference(
+                cache, queries, mode, case), (queries, case)

@@ -46,7 +46,7 @@ _SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looke
 _SEPARATORS = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # ASCII, not a letter or digit
 _WORD = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # what FTS5's `ascii` keeps
 _LAST_WORD = re.compile(_WORD.pattern + r"\Z")
-_PREFIX = 4  # a phrase's last word shorter than this is left out, not asked as a prefix
+_PREFIX = 3  # the words table's prefix length (`prefix='3'`), to which a last word is cut
 _ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
 
 
@@ -228,12 +228,12 @@ class IndexReader:
         blanks), so the key's words are its text cut at those alike. Its first word may be the
         end of a longer one in the text: the phrase is asked with each word of the index that
         ends with it (`_ending`), or, when those are too many, from its second word on. Its
-        last word may be the start of a longer one: a prefix, unless the key ends in a
-        separator, or left out when shorter than `_PREFIX` (it begins hundreds of words, each
-        of which SQLite reads); with longer first words and three words or more, the phrase
-        with each first word is asked up to the last word, and the rest with the prefix once
-        (a part holding both may hold them apart: it is read and found wanting). None when
-        fewer than two words are left (one word narrows little), or for a lone surrogate.
+        last word may be the start of a longer one: unless the key ends in a separator, it is
+        asked as a prefix of its first `_PREFIX` characters, the length the words table keeps
+        a list of (SQLite reads that one list only as far as asked, where a longer prefix has it
+        read and merge the whole list of every word it begins), or left out when shorter (too
+        many words begin it to ask). None when fewer than two words are left (one word narrows
+        little), or for a lone surrogate.
         """
         cut = _SEPARATORS.search(key)
         if cut is None or utf8(key) is None:
@@ -242,19 +242,16 @@ class IndexReader:
         if len(_WORD.findall(rest)) < (2 if not first else 1):
             return None
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
-        if star and (last := _LAST_WORD.search(rest)) and len(last.group()) < _PREFIX:
-            rest, star = rest[:last.start()], ""  # every word a prefix begins is read
+        if star and (last := _LAST_WORD.search(rest)):
+            short = len(last.group()) < _PREFIX
+            rest, star = (rest[:last.start()], "") if short else (rest[:last.start() + _PREFIX],
+                                                                  star)
         after = len(_WORD.findall(rest))
         longer = self._ending(first) if first and after else None
         if longer is None:
             return _quoted(rest) + star if after >= 2 else None
-        if not longer or after == 1 or not star:
-            return "(" + " OR ".join(_quoted(f"{word} {rest}") + star
-                                     for word in (first, *longer)) + ")"
-        # A prefix is the costly word of a phrase (every word it begins is read): asked once.
-        head = _LAST_WORD.sub("", rest)
-        return "((" + " OR ".join(_quoted(f"{word} {head}") for word in (first, *longer)) + \
-            f") AND {_quoted(rest)}*)"
+        return "(" + " OR ".join(_quoted(f"{word} {rest}") + star
+                                 for word in (first, *longer)) + ")"
 
     def _ending(self, word: str) -> list[str] | None:
         """The words of the index longer than `word` that end with it; None if too many."""
@@ -320,6 +317,30 @@ class IndexReader:
         if found is not None and not isinstance(found, str):
             raise self.damaged()
         return array("q", map(int, found.split(","))) if found else array("q")
+
+
+class Cut(NamedTuple):
+    """A file's parts in its bytes: the position of its first part and each part's bounds."""
+
+    head: int
+    bounds: list[int]
+
+
+def regions(cut: Cut | None, size: int, spots: set[int] | None) -> list[tuple[int, int]]:
+    """The byte ranges, in order, of the parts of a file at the positions `spots`.
+
+    Each of its parts for None; all of its `size` bytes at once for a file read whole.
+    """
+    if cut is None:
+        return [(0, size)]
+    parts = range(len(cut.bounds) - 1) if spots is None else sorted(p - cut.head for p in spots)
+    return [(cut.bounds[k], cut.bounds[k + 1]) for k in parts]
+
+
+Spots = dict[int, set[int]]
+"""Of one file, the positions of its parts the index named for each key asked (by the key's
+place among the search's queries; none for a key named in no part of it). A key not there may
+be in any of its parts: it was not asked, or the index cannot narrow it."""
 
 
 class Match(NamedTuple):
@@ -417,14 +438,14 @@ class View:
             raise self.index.damaged()
         return rows[0][0]
 
-    def regions(self, data: bytes, pos: int, spots: set[int] | None) -> list[tuple[int, int]]:
-        """The byte ranges of `data`, in order, of the parts of its file at the positions `spots`.
+    def cut(self, data: bytes, pos: int) -> Cut | None:
+        """The first position of the file at `pos` and the byte bounds of its parts in `data`.
 
-        Each of its parts for None; all of it at once for a file the index does not vouch for,
-        or for bytes that are not those the index cut in parts (the file changed on disk).
+        None when it is read whole: a file of one part, one the index does not vouch for, or
+        bytes that are not those the index cut in parts (the file changed on disk).
         """
         if self.ids[pos] < 0:
-            return [(0, len(data))]
+            return None
         owner, head = self.owners[pos], pos  # the file's first part
         while head and self.owners[head - 1] == owner:
             head -= 1
@@ -432,12 +453,9 @@ class View:
         while end < len(self.owners) and self.owners[end] == owner:
             end += 1
         if end == head + 1:
-            return [(0, len(data))]  # a file of one part
-        parts = range(end - head) if spots is None else sorted(p - head for p in spots)
+            return None
         bounds = segments(data)
-        if len(bounds) - 1 != end - head:
-            return [(0, len(data))]
-        return [(bounds[k], bounds[k + 1]) for k in parts]
+        return Cut(head, bounds) if len(bounds) - 1 == end - head else None
 
     def named(self, items: Iterable[tuple[int, set[int] | None]],
               room: Callable[[], int] = lambda: _BATCH) -> Iterator[tuple[int, str,
@@ -551,11 +569,14 @@ class Named:
     through every file asks in a few chunks that double in size, on a grid fixed from the span's
     start, so a later group's walk reuses what an earlier one asked. Each question costs about
     as much as reading several files, so a key that named few positions in its first chunk is asked
-    once for the whole index instead. Ids that stand far from path order (files added since the
-    index was built whole) are simply named: verifying a few files costs less than asking for
-    them. A key the index cannot narrow names every position; so does one that names more than
-    `_DENSE` of the positions asked about, from then on, unless it is `dense`: one of several
-    keys every file must hold (`all`), where even common keys can meet in few files.
+    once for the whole index instead; not a phrase, though: its words may be in every file, and
+    SQLite reads their places in each file asked about, so asking about all of them costs a walk
+    of the whole index where the page may fill halfway. Ids that stand far from path order
+    (files added since the index was built whole) are simply named: verifying a few files costs
+    less than asking for them. A key the index cannot narrow names every position; so does one
+    that names more than `_DENSE` of the positions asked about, from then on, unless it is
+    `dense`: one of several keys every file must hold (`all`), where even common keys can meet
+    in few files.
     """
 
     def __init__(self, view: View, keys: list[str], dense: bool = False) -> None:
@@ -589,11 +610,10 @@ class Named:
             return None
         view = self.view
         stale = view.stale[bisect_left(view.stale, lo):bisect_left(view.stale, hi)]
-        if self.whole is not None or self.seen[1] and self.rate() * len(view) <= _WHOLE:
-            # A sparse key: one question for the whole index costs less than one a chunk.
-            found = self._from_whole(lo, hi)
-        else:
-            found = self._asked(lo, hi)
+        assert self.expr is not None
+        sparse = bool(self.seen[1]) and self.rate() * len(view) <= _WHOLE and not self.expr.words
+        found = self._from_whole(lo, hi) if self.whole is not None or sparse else \
+            self._asked(lo, hi)
         found.update(stale)
         self.asked[lo] = found
         self.seen[0] += len(found)
@@ -637,10 +657,10 @@ def _chunks(view: View, span: range) -> Iterator[tuple[int, int]]:
 
 
 def walk_named(view: View, spans: list[range], named: list[Named], group: int,
-                start: str) -> Iterator[tuple[int, set[int] | None]]:
+                start: str) -> Iterator[tuple[int, Spots | None]]:
     """Files in the spans, in order from the path `start` on, named for >= `group` keys.
 
-    Each as its first position named, and its positions named (None: all of them).
+    Each as its first position named, and the positions each key named in it (None: any).
     """
     owners = view.owners
     for span in spans:
@@ -659,44 +679,47 @@ def walk_named(view: View, spans: list[range], named: list[Named], group: int,
 
 
 def _at_least(named: list[Named], group: int, lo: int,
-              hi: int) -> list[tuple[int, set[int] | None]] | None:
+              hi: int) -> list[tuple[int, Spots]] | None:
     """Files with positions in [lo, hi) named for at least `group` of the keys; None for all.
 
-    Each as its first position named and the positions the keys named in it, or None where
-    a key that may be anywhere counts (then each of its parts is read). Keys known without a
-    question come first, then the sparsest. Once few files can still reach `group`, the others
-    are not asked: reading those few verifies them for less. Every key is asked at least once,
-    though: its first answer tells a sparse key, which is then asked of the whole index at
-    once (see `Named`).
+    Each as its first position named and the positions each key asked named in it (`Spots`).
+    Keys known without a question come first, then the sparsest. Once few files can still
+    reach `group`, the others are not asked: reading those few verifies them for less. Every
+    key is asked at least once, though: its first answer tells a sparse key, which is then
+    asked of the whole index at once (see `Named`).
     """
     owners = named[0].view.owners
     counts: dict[int, int] = {}  # file -> keys naming it
-    spots: dict[int, set[int]] = {}  # file -> its positions named by any key
-    keys = sorted(named, key=lambda key: key.order(lo))
-    left, anywhere = len(keys), 0
-    for done, each in enumerate(keys, 1):
-        found = each.within(lo, hi)
+    spots: dict[int, Spots] = {}  # file -> each key's positions named in it
+    asked: list[int] = []  # the keys whose positions are known
+    order = sorted(range(len(named)), key=lambda k: named[k].order(lo))
+    left, anywhere = len(order), 0
+    for done, key in enumerate(order, 1):
+        found = named[key].within(lo, hi)
         left -= 1
         if found is None:
             anywhere += 1
         else:
-            mine: set[int] = set()
+            asked.append(key)
             for pos in found:
                 owner = owners[pos]
-                spots.setdefault(owner, set()).add(pos)
-                if owner not in mine:
-                    mine.add(owner)
+                mine = spots.setdefault(owner, {})
+                if key not in mine:
+                    mine[key] = set()
                     counts[owner] = counts.get(owner, 0) + 1
+                mine[key].add(pos)
         need = group - anywhere - left  # what a file must have been named for so far
         if left + anywhere < group and len(counts) * _FEW <= hi - lo and all(
-                key.seen[1] for key in keys[done:]):
-            return _files(counts, spots, need, left + anywhere > 0)
+                named[k].seen[1] for k in order[done:]):
+            return _files(counts, spots, need, asked)
     need = group - anywhere
-    return None if need <= 0 else _files(counts, spots, need, anywhere > 0)
+    return None if need <= 0 else _files(counts, spots, need, asked)
 
 
-def _files(counts: dict[int, int], spots: dict[int, set[int]], need: int,
-           whole: bool) -> list[tuple[int, set[int] | None]]:
+def _files(counts: dict[int, int], spots: dict[int, Spots], need: int,
+           asked: list[int]) -> list[tuple[int, Spots]]:
     """The files named at least `need` times, in path order: see `_at_least`."""
-    return sorted(((min(spots[owner]), None if whole else spots[owner])
-                   for owner, n in counts.items() if n >= need), key=lambda item: item[0])
+    found = [(min(min(s) for s in spots[owner].values()),
+              {key: spots[owner].get(key, set()) for key in asked})
+             for owner, n in counts.items() if n >= need]
+    return sorted(found, key=lambda item: item[0])

@@ -17,7 +17,15 @@ from typing import Any, NamedTuple
 
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
 from sharedmem.cache.folding import normalize
-from sharedmem.cache.index_reader import IndexLost, IndexReader, Named, View, walk_named
+from sharedmem.cache.index_reader import (
+    IndexLost,
+    IndexReader,
+    Named,
+    Spots,
+    View,
+    regions,
+    walk_named,
+)
 from sharedmem.cache.layout import CacheFiles
 from sharedmem.cache.matching import Matcher
 from sharedmem.cache.search_index import (
@@ -224,28 +232,29 @@ class Searcher:
         return page.results, None
 
     def _read(self, view: View, disk: CacheFiles, matcher: Matcher, pos: int, relpath: str,
-              spots: set[int] | None, wanted: set[int]) -> tuple[set[int], _Lines,
-                                                                  Iterator[tuple[int, list[int]]]]:
+              spots: Spots | None, wanted: set[int]) -> tuple[set[int], _Lines,
+                                                              Iterator[tuple[int, list[int]]]]:
         """The queries a file holds, its lines, and each line holding one of them, in order.
 
-        Only the parts of the file the index named (`spots`) are looked in: no other can hold a
-        query. The lines holding a query are found part by part as the page takes them, and a
-        line is decoded only when a result shows it.
+        Each query is looked for only in the parts of the file the index named for it (`spots`):
+        no other part can hold it, so a rare query is not looked for in every part of a large
+        file where a common one is named. The lines holding a query are found part by part as
+        the page takes them, and a line is decoded only when a result shows it.
         """
         data = read_cached(disk, relpath)
         self.scanned += 1
         if data is None:
             return set(), _Lines(b""), iter(())
-        ranges = view.regions(data, pos, spots)
-        found: set[int] = set()
-        for lo, hi in _joined(ranges):  # parts side by side, looked in at once
-            found |= matcher.which(data if (lo, hi) == (0, len(data)) else data[lo:hi],
-                                   wanted - found)
-            if found == wanted:
-                break
+        spots, cut, lines = spots or {}, view.cut(data, pos), _Lines(data)
+        found = {key for key in wanted if any(
+            matcher.which(data if (lo, hi) == (0, len(data)) else data[lo:hi], (key,))
+            for lo, hi in _joined(regions(cut, len(data), spots.get(key))))}
+        if not found:
+            return found, lines, iter(())
+        ranges = regions(cut, len(data), set().union(*spots.values())
+                         if wanted <= spots.keys() else None)
         pieces = [(lo, data if (lo, hi) == (0, len(data)) else data[lo:hi]) for lo, hi in ranges]
-        lines = _Lines(data)
-        return found, lines, _hits(data, pieces, matcher, lines) if found else iter(())
+        return found, lines, _hits(data, pieces, matcher, lines)
 
 
 def _joined(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -39,7 +39,7 @@ from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "7"
+INDEX_VERSION = "8"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
@@ -227,7 +227,8 @@ _SCHEMA = (
     " parts INTEGER NOT NULL)",
     "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
     " detail=none, content='', columnsize=0)",
-    "CREATE VIRTUAL TABLE words USING fts5(body, tokenize='ascii', content='', columnsize=0)",
+    "CREATE VIRTUAL TABLE words USING fts5(body, tokenize='ascii', prefix='3', content='',"
+    " columnsize=0)",
     "CREATE TABLE ends(word TEXT PRIMARY KEY) WITHOUT ROWID",
     "CREATE TABLE orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL, positions BLOB NOT NULL,"
     " owners BLOB NOT NULL)",
