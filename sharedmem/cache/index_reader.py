@@ -326,21 +326,21 @@ class Cut(NamedTuple):
     bounds: list[int]
 
 
-def regions(cut: Cut | None, size: int, spots: set[int] | None) -> list[tuple[int, int]]:
-    """The byte ranges, in order, of the parts of a file at the positions `spots`.
+def regions(cut: Cut, named: Iterable[set[int]] | None) -> list[tuple[int, int]]:
+    """The byte ranges, in order, of the parts of a file at positions in any of `named`.
 
-    Each of its parts for None; all of its `size` bytes at once for a file read whole.
+    Each of its parts for None.
     """
-    if cut is None:
-        return [(0, size)]
-    parts = range(len(cut.bounds) - 1) if spots is None else sorted(p - cut.head for p in spots)
-    return [(cut.bounds[k], cut.bounds[k + 1]) for k in parts]
+    bounds, head = cut.bounds, cut.head
+    parts = range(len(bounds) - 1)
+    if named is not None:
+        parts = sorted({k for positions in named for k in parts if head + k in positions})
+    return [(bounds[k], bounds[k + 1]) for k in parts]
 
 
 Spots = dict[int, set[int]]
-"""Of one file, the positions of its parts the index named for each key asked (by the key's
-place among the search's queries; none for a key named in no part of it). A key not there may
-be in any of its parts: it was not asked, or the index cannot narrow it."""
+"""Of a chunk of positions, those the index named for each key asked about them, by the key's
+place among the search's queries. A key not there may be in any part."""
 
 
 class Match(NamedTuple):
@@ -682,16 +682,16 @@ def _at_least(named: list[Named], group: int, lo: int,
               hi: int) -> list[tuple[int, Spots]] | None:
     """Files with positions in [lo, hi) named for at least `group` of the keys; None for all.
 
-    Each as its first position named and the positions each key asked named in it (`Spots`).
-    Keys known without a question come first, then the sparsest. Once few files can still
-    reach `group`, the others are not asked: reading those few verifies them for less. Every
-    key is asked at least once, though: its first answer tells a sparse key, which is then
-    asked of the whole index at once (see `Named`).
+    Each as a position of it, with the positions each key asked named in the chunk (`Spots`,
+    one for all its files). Keys known without a question come first, then the sparsest. Once
+    few files can still reach `group`, the others are not asked: reading those few verifies
+    them for less. Every key is asked at least once, though: its first answer tells a sparse
+    key, which is then asked of the whole index at once (see `Named`).
     """
     owners = named[0].view.owners
     counts: dict[int, int] = {}  # file -> keys naming it
-    spots: dict[int, Spots] = {}  # file -> each key's positions named in it
-    asked: list[int] = []  # the keys whose positions are known
+    first: dict[int, int] = {}  # file -> a position of it named
+    spots: Spots = {}
     order = sorted(range(len(named)), key=lambda k: named[k].order(lo))
     left, anywhere = len(order), 0
     for done, key in enumerate(order, 1):
@@ -700,26 +700,24 @@ def _at_least(named: list[Named], group: int, lo: int,
         if found is None:
             anywhere += 1
         else:
-            asked.append(key)
+            spots[key] = found
+            mine: set[int] = set()
             for pos in found:
                 owner = owners[pos]
-                mine = spots.setdefault(owner, {})
-                if key not in mine:
-                    mine[key] = set()
+                if owner not in mine:
+                    mine.add(owner)
                     counts[owner] = counts.get(owner, 0) + 1
-                mine[key].add(pos)
+                    first.setdefault(owner, pos)
         need = group - anywhere - left  # what a file must have been named for so far
         if left + anywhere < group and len(counts) * _FEW <= hi - lo and all(
                 named[k].seen[1] for k in order[done:]):
-            return _files(counts, spots, need, asked)
+            return _files(counts, first, need, spots)
     need = group - anywhere
-    return None if need <= 0 else _files(counts, spots, need, asked)
+    return None if need <= 0 else _files(counts, first, need, spots)
 
 
-def _files(counts: dict[int, int], spots: dict[int, Spots], need: int,
-           asked: list[int]) -> list[tuple[int, Spots]]:
-    """The files named at least `need` times, in path order: see `_at_least`."""
-    found = [(min(min(s) for s in spots[owner].values()),
-              {key: spots[owner].get(key, set()) for key in asked})
-             for owner, n in counts.items() if n >= need]
-    return sorted(found, key=lambda item: item[0])
+def _files(counts: dict[int, int], first: dict[int, int], need: int,
+           spots: Spots) -> list[tuple[int, Spots]]:
+    """The files named for at least `need` keys, in path order: see `_at_least`."""
+    return sorted(((first[owner], spots) for owner, n in counts.items() if n >= need),
+                  key=lambda item: item[0])

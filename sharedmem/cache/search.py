@@ -245,15 +245,19 @@ class Searcher:
         self.scanned += 1
         if data is None:
             return set(), _Lines(b""), iter(())
-        spots, cut, lines = spots or {}, view.cut(data, pos), _Lines(data)
-        found = {key for key in wanted if any(
-            matcher.which(data if (lo, hi) == (0, len(data)) else data[lo:hi], (key,))
-            for lo, hi in _joined(regions(cut, len(data), spots.get(key))))}
+        cut, lines, size = view.cut(data, pos), _Lines(data), len(data)
+        if cut is None:  # a file read whole: every query looked for at once
+            found = matcher.which(data, wanted)
+        else:  # parts side by side looked in at once
+            found = {key for key in wanted if any(
+                matcher.which(data if (lo, hi) == (0, size) else data[lo:hi], (key,))
+                for lo, hi in _joined(regions(cut, (spots[key],) if spots and key in spots
+                                              else None)))}
         if not found:
             return found, lines, iter(())
-        ranges = regions(cut, len(data), set().union(*spots.values())
-                         if wanted <= spots.keys() else None)
-        pieces = [(lo, data if (lo, hi) == (0, len(data)) else data[lo:hi]) for lo, hi in ranges]
+        ranges = [(0, size)] if cut is None else regions(
+            cut, spots.values() if spots is not None and wanted <= spots.keys() else None)
+        pieces = [(lo, data if (lo, hi) == (0, size) else data[lo:hi]) for lo, hi in ranges]
         return found, lines, _hits(data, pieces, matcher, lines)
 
 
