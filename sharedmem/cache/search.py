@@ -186,7 +186,8 @@ class Searcher:
         every = set(range(len(matcher.needles)))
         walk = walk_named(view, spans, named, len(named) if everything else 1, last_path)
         for pos, relpath, spots in view.named(walk, page.room):
-            found, rows, hits = self._read(view, disk, matcher, pos, relpath, spots, every)
+            found, rows, hits = self._read(view, disk, matcher, pos, relpath, spots, every,
+                                            everything)
             if not found or everything and found != every:
                 continue
             origin = _provenance(view.namespaces, *view.origin(pos, relpath))
@@ -218,7 +219,8 @@ class Searcher:
             walk = walk_named(view, spans, named, group, start if group == first else "")
             kept = ((p, s) for p, s in walk if held.get(view.owners[p], group) == group)
             for pos, relpath, spots in view.named(kept, page.room):
-                found, rows, hits = self._read(view, disk, matcher, pos, relpath, spots, every)
+                found, rows, hits = self._read(view, disk, matcher, pos, relpath, spots, every,
+                                                False)
                 held[view.owners[pos]] = len(found)
                 if len(found) != group:
                     continue
@@ -232,8 +234,8 @@ class Searcher:
         return page.results, None
 
     def _read(self, view: View, disk: CacheFiles, matcher: Matcher, pos: int, relpath: str,
-              spots: Spots | None, wanted: set[int]) -> tuple[set[int], _Lines,
-                                                              Iterator[tuple[int, list[int]]]]:
+              spots: Spots | None, wanted: set[int], each: bool) -> tuple[
+                  set[int], _Lines, Iterator[tuple[int, list[int]]]]:
         """The queries a file holds, its lines, and each line holding one of them, in order.
 
         Each query is looked for only in the parts of the file the index named for it (`spots`):
@@ -248,11 +250,16 @@ class Searcher:
         cut, lines, size = view.cut(data, pos), _Lines(data), len(data)
         if cut is None:  # a file read whole: every query looked for at once
             found = matcher.which(data, wanted)
-        else:  # parts side by side looked in at once
-            found = {key for key in wanted if any(
-                matcher.which(data if (lo, hi) == (0, size) else data[lo:hi], (key,))
-                for lo, hi in _joined(regions(cut, (spots[key],) if spots and key in spots
-                                              else None)))}
+        else:  # the sparsest first: in `all`, a file lacking one is not looked at further
+            found = set()
+            for key in sorted(wanted, key=lambda k: len(spots[k]) if spots and k in spots
+                              else len(view)):
+                if any(matcher.which(data if (lo, hi) == (0, size) else data[lo:hi], (key,))
+                       for lo, hi in _joined(regions(cut, (spots[key],) if spots and key in spots
+                                                     else None))):  # parts side by side at once
+                    found.add(key)
+                elif each:
+                    return set(), lines, iter(())
         if not found:
             return found, lines, iter(())
         ranges = [(0, size)] if cut is None else regions(
