@@ -457,10 +457,10 @@ class View:
         bounds = segments(data)
         return Cut(head, bounds) if len(bounds) - 1 == end - head else None
 
-    def named(self, items: Iterable[tuple[int, set[int] | None]],
+    def named(self, items: Iterable[tuple[int, Spots | None]],
               room: Callable[[], int] = lambda: _BATCH) -> Iterator[tuple[int, str,
-                                                                          set[int] | None]]:
-        """Each item (a position and its file's positions named) with the file's path.
+                                                                          Spots | None]]:
+        """Each item (a position of a file and the positions named, `Spots`) with its path.
 
         The paths are asked of the index a batch at a time. Batches start small and double,
         never past `room()` (what the page could still take if each file held one result): each
@@ -660,7 +660,7 @@ def walk_named(view: View, spans: list[range], named: list[Named], group: int,
                 start: str) -> Iterator[tuple[int, Spots | None]]:
     """Files in the spans, in order from the path `start` on, named for >= `group` keys.
 
-    Each as its first position named, and the positions each key named in it (None: any).
+    Each as a position of it named, and the positions each key named (None: any part).
     """
     owners = view.owners
     for span in spans:

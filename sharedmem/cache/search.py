@@ -240,8 +240,10 @@ class Searcher:
 
         Each query is looked for only in the parts of the file the index named for it (`spots`):
         no other part can hold it, so a rare query is not looked for in every part of a large
-        file where a common one is named. The lines holding a query are found part by part as
-        the page takes them, and a line is decoded only when a result shows it.
+        file where a common one is named. With `each` (a file counts only if it holds every
+        query) the sparsest is looked for first, and a file lacking one is left at once. The
+        lines holding a query are found part by part as the page takes them, and a line is
+        decoded only when a result shows it.
         """
         data = read_cached(disk, relpath)
         self.scanned += 1
