@@ -260,6 +260,30 @@ def test_refresh_re_reads_only_the_files_that_changed(tmp_path: Path) -> None:
     assert search_mod.searcher(cache)._view.manifest is None
 
 
+def test_a_refresh_that_writes_a_quarter_or_more_merges_each_table_into_one_segment(
+        tmp_path: Path) -> None:
+    # Every segment is read by each question: a refresh that wrote much merges them (and
+    # frees their pages), one that wrote little leaves them to FTS5's own merging.
+    cache = cache_of_ns(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(40)})
+    search_index.refresh_index(cache)
+
+    def segments_after(count: int, text: str) -> list[int]:
+        cache.apply([(f"{NS}/f{i:02d}.md", sha256_text(text + str(i)), text + str(i))
+                     for i in range(count)], [], {NS: INFO})
+        search_index.refresh_index(cache)
+        conn = sqlite3.connect(search_index.index_path(cache))
+        try:
+            return [conn.execute(f"SELECT count(DISTINCT segid) FROM {table}_idx").fetchone()[0]
+                    for table in ("grams", "words")]
+        finally:
+            conn.close()
+
+    assert segments_after(2, "beta ") == [2, 2]  # 2 of 40: a segment more each
+    assert segments_after(10, "gamma ") == [1, 1]  # a quarter: merged
+    assert [r["path"] for r in tools.search(cache, ["gamma 7"])["results"]] == [f"{NS}/f07.md"]
+    assert [r["path"] for r in tools.search(cache, ["alpha 12"])["results"]] == [f"{NS}/f12.md"]
+
+
 def test_the_index_is_smaller_than_the_text_it_indexes(tmp_path: Path) -> None:
     src = tmp_path / "src"
     corpus.generate(src, files=150, seed=7)

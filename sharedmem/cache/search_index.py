@@ -324,7 +324,14 @@ class _Writer:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
-            if writer.emptied:
+            if 4 * done["changed"] >= max(done["files"], 1):
+                # Written mostly anew, each table is in many segments, every one of which each
+                # question reads: merged into one, questions cost less and the index is smaller
+                # (docs/BENCHMARKS.md); VACUUM frees the pages the old segments held.
+                for table in ("grams", "words"):
+                    conn.execute(f"INSERT INTO {table}({table}) VALUES('optimize')")
+                conn.execute("VACUUM")
+            elif writer.emptied:
                 conn.execute("VACUUM")  # the old version's pages, which nothing else frees
             # A big write leaves a WAL as large as itself; searches read the file, not the WAL.
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
