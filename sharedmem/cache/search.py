@@ -249,23 +249,22 @@ class Searcher:
         self.scanned += 1
         if data is None:
             return set(), _Lines(b""), iter(())
-        cut, lines, size = view.cut(data, pos), _Lines(data), len(data)
+        spots, cut, lines, size = spots or {}, view.cut(data, pos), _Lines(data), len(data)
         if cut is None:  # a file read whole: every query looked for at once
             found = matcher.which(data, wanted)
         else:  # the sparsest first: in `all`, a file lacking one is not looked at further
             found = set()
-            for key in sorted(wanted, key=lambda k: len(spots[k]) if spots and k in spots
-                              else len(view)):
+            for key in sorted(wanted, key=lambda k: len(spots.get(k, view.ids))):
+                own = spots.get(key)
                 if any(matcher.which(data if (lo, hi) == (0, size) else data[lo:hi], (key,))
-                       for lo, hi in _joined(regions(cut, (spots[key],) if spots and key in spots
-                                                     else None))):  # parts side by side at once
-                    found.add(key)
+                       for lo, hi in _joined(regions(cut, None if own is None else (own,)))):
+                    found.add(key)  # parts side by side are looked in at once
                 elif each:
                     return set(), lines, iter(())
         if not found:
             return found, lines, iter(())
         ranges = [(0, size)] if cut is None else regions(
-            cut, spots.values() if spots is not None and wanted <= spots.keys() else None)
+            cut, spots.values() if wanted <= spots.keys() else None)
         pieces = [(lo, data if (lo, hi) == (0, size) else data[lo:hi]) for lo, hi in ranges]
         return found, lines, _hits(data, pieces, matcher, lines)
 
