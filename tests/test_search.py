@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import unicodedata
+from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -910,6 +911,42 @@ def test_a_file_in_parts_shows_its_lines_and_context_across_them(
         assert hit["line"] == lines[n - 1]
         assert hit["context_before"] == lines[max(0, n - 4):n - 1]
         assert hit["context_after"] == lines[n:n + 3]
+
+
+def test_a_file_grown_since_it_was_cut_in_parts_is_read_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Bytes on disk that are not the size the index cut (written behind the manifest's back)
+    # are looked in whole, as they are now: lines past the parts the index knows are found.
+    monkeypatch.setattr(search_index, "SEGMENT_BYTES", 40)
+    text = "".join(f"line {i}{' needle' * (i == 3)}\n" for i in range(40))
+    cache = make_cache(tmp_path, {"big.md": text})
+    search_index.refresh_index(cache)
+    (cache.root / NS / "big.md").write_text(text + "grown needle\n", newline="")
+    got = all_pages(cache, queries=["needle"], max_results=7)
+    assert [(r["path"], r["line_number"]) for r in got] == reference(cache, ["needle"]) == [
+        (f"{NS}/big.md", 4), (f"{NS}/big.md", 41)]
+
+
+@pytest.mark.parametrize("bounds", ["none", "short", "decreasing"])
+def test_part_bounds_that_cannot_be_a_files_are_damage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bounds: str) -> None:
+    # A search reads a large file's parts where the index says they begin: bounds of the wrong
+    # kind are damage, scanned past and deleted like any other.
+    monkeypatch.setattr(search_index, "SEGMENT_BYTES", 40)
+    cache = make_cache(tmp_path, {"big.md": "".join(f"line {i} needle\n" for i in range(40))})
+    search_index.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    conn = sqlite3.connect(search_index.index_path(cache))
+    parts = conn.execute("SELECT parts FROM files").fetchone()[0]
+    value = {"none": None, "short": array("q", range(parts)).tobytes(),
+             "decreasing": array("q", range(parts, -1, -1)).tobytes()}[bounds]
+    conn.execute("UPDATE files SET bounds=?", (value,))
+    conn.commit()
+    conn.close()
+    got = all_pages(cache, queries=["needle"], max_results=7)
+    assert [(r["path"], r["line_number"]) for r in got] == reference(cache, ["needle"])
+    assert len(got) == 40
+    assert not search_index.index_path(cache).exists()
 
 
 @pytest.mark.parametrize("mode", ["all", "any"])

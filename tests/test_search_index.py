@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import unicodedata
+from array import array
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,33 @@ def test_an_index_of_an_older_version_is_rebuilt_in_place_and_shrinks(tmp_path: 
     assert index_bytes(cache) <= text_bytes(cache)
     assert [r["path"] for r in tools.search(cache, ["alpha 7"])["results"][:1]] == [
         f"{NS}/f07.md"]
+
+
+def test_a_file_of_several_parts_keeps_where_each_begins(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A search reads a large file's parts from the bounds the index keeps; a file of one part
+    # keeps none. A changed file's bounds change with it.
+    monkeypatch.setattr(search_index, "SEGMENT_BYTES", 40)
+    big = "".join(f"line {i}\n" for i in range(30))
+    cache = cache_of_ns(tmp_path, {"big.md": big, "small.md": "short\n"})
+    search_index.refresh_index(cache)
+
+    def kept() -> dict[str, list[int] | None]:
+        conn = sqlite3.connect(search_index.index_path(cache))
+        rows = conn.execute("SELECT path, parts, bounds FROM files").fetchall()
+        conn.close()
+        assert all(parts + 1 == len(bounds) // 8 for _, parts, bounds in rows if bounds)
+        return {path.rsplit("/", 1)[1]: bounds and array("q", bounds).tolist()
+                for path, _, bounds in rows}
+
+    assert kept() == {"big.md": search_index.segments(big.encode()), "small.md": None}
+    assert len(kept()["big.md"]) > 5
+    grown = "x" * 100 + "\n" + big
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    cache.apply([(f"{NS}/big.md", sha256_text(grown), grown)], [], {NS: info})
+    search_index.refresh_index(cache)
+    assert kept()["big.md"] == search_index.segments(grown.encode()) != search_index.segments(
+        big.encode())
 
 
 def test_refresh_re_reads_only_the_files_that_changed(tmp_path: Path) -> None:

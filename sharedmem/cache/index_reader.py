@@ -16,7 +16,7 @@ import stat
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from itertools import islice
+from itertools import islice, pairwise
 from typing import Any, NamedTuple
 
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
@@ -30,7 +30,6 @@ from sharedmem.cache.search_index import (
     is_busy,
     is_planted,
     read_only_uri,
-    segments,
 )
 from sharedmem.core import CacheError
 
@@ -402,8 +401,9 @@ class View:
         self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
         self.where = where if where is not None else inverse(ids)
         self.runs: dict[tuple[int, int], tuple[int, int, list[int]] | None] = {}  # `run`
-        # file id -> (sha256, namespace) of the batch `named` asked last, for `origin`.
-        self.origins: dict[Any, tuple[Any, Any]] = {}
+        # file id -> (sha256, namespace, first, parts, bounds) of the batch `named` asked last,
+        # for `origin` and `cut`.
+        self.origins: dict[Any, tuple[Any, ...]] = {}
 
     @classmethod
     def of_manifest(cls, index: IndexReader, manifest: Manifest, indexed: bool) -> View:
@@ -438,24 +438,28 @@ class View:
             raise self.index.damaged()
         return rows[0][0]
 
-    def cut(self, data: bytes, pos: int) -> Cut | None:
-        """The first position of the file at `pos` and the byte bounds of its parts in `data`.
+    def cut(self, pos: int) -> Cut | None:
+        """The first position of the file at `pos` and the byte bounds of its parts.
 
-        None when it is read whole: a file of one part, one the index does not vouch for, or
-        bytes that are not those the index cut in parts (the file changed on disk).
+        None when it is read whole: a file of one part, or one the index does not vouch for.
         """
-        if self.ids[pos] < 0:
+        owners, owner = self.owners, self.owners[pos]
+        if self.ids[pos] < 0 or (pos == 0 or owners[pos - 1] != owner) and (
+                pos + 1 == len(owners) or owners[pos + 1] != owner):
             return None
-        owner, head = self.owners[pos], pos  # the file's first part
-        while head and self.owners[head - 1] == owner:
-            head -= 1
-        end = head + 1
-        while end < len(self.owners) and self.owners[end] == owner:
-            end += 1
-        if end == head + 1:
-            return None
-        bounds = segments(data)
-        return Cut(head, bounds) if len(bounds) - 1 == end - head else None
+        row = self.origins.get(owner)
+        if row is None:
+            rows = self.index.rows("SELECT sha256, namespace, first, parts, bounds FROM files "
+                                   "WHERE id=?", (owner,))
+            row = rows[0] if rows else (None,) * 5
+        first, parts, blob = row[2:]
+        if type(first) is not int or type(parts) is not int or not isinstance(blob, bytes) or \
+                not 0 <= self.ids[pos] - first < parts or len(blob) != 8 * (parts + 1):
+            raise self.index.damaged()
+        bounds = array("q", blob).tolist()
+        if bounds[0] != 0 or any(lo >= hi for lo, hi in pairwise(bounds)):
+            raise self.index.damaged()
+        return Cut(pos - (self.ids[pos] - first), bounds)
 
     def named(self, items: Iterable[tuple[int, Spots | None]],
               room: Callable[[], int] = lambda: _BATCH) -> Iterator[tuple[int, str,
@@ -475,11 +479,11 @@ class View:
             wanted = [self.owners[pos] for pos, _ in batch]
             found: dict[Any, Any] = {}
             origins = self.origins = {}
-            for row_id, relpath, sha, namespace in self.index.rows(
-                    "SELECT id, path, sha256, namespace FROM files WHERE id IN "
+            for row_id, relpath, *row in self.index.rows(
+                    "SELECT id, path, sha256, namespace, first, parts, bounds FROM files WHERE id IN "
                     f"({','.join('?' * len(wanted))})", tuple(wanted)):
                 found[row_id] = relpath
-                origins[row_id] = (sha, namespace)
+                origins[row_id] = tuple(row)
             for (pos, spots), row_id in zip(batch, wanted, strict=True):
                 relpath = found.get(row_id)
                 if not isinstance(relpath, str):
@@ -500,7 +504,7 @@ class View:
             rows = self.index.rows("SELECT sha256, namespace FROM files WHERE id=?",
                                    (self.owners[pos],))
             row = rows[0] if rows else (None, None)
-        if not all(isinstance(v, str) for v in row):
+        if not all(isinstance(v, str) for v in row[:2]):
             raise self.index.damaged()
         return row[0], row[1]
 

@@ -12,12 +12,13 @@ the background.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, BinaryIO, NamedTuple
 
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
 from sharedmem.cache.folding import normalize
 from sharedmem.cache.index_reader import (
+    Cut,
     IndexLost,
     IndexReader,
     Named,
@@ -39,6 +40,7 @@ from sharedmem.core import SharedMemoryError
 LINE_CHARS = 1000
 BACKGROUND_REFRESH = True  # a missing or broken index makes a search start `index --background`
 _CLOSE = 10  # lines a result's context reaches back before the first line of a part read
+_PARTS_ALONE = 8  # a file of fewer parts is read at once: reading parts alone costs more
 
 
 class Query(NamedTuple):
@@ -238,35 +240,98 @@ class Searcher:
                   set[int], _Lines, Iterator[tuple[int, list[int]]]]:
         """The queries a file holds, its lines, and each line holding one of them, in order.
 
-        Each query is looked for only in the parts of the file the index named for it (`spots`):
-        no other part can hold it, so a rare query is not looked for in every part of a large
-        file where a common one is named. With `each` (a file counts only if it holds every
-        query) the sparsest is looked for first, and a file lacking one is left at once. The
-        lines holding a query are found part by part as the page takes them, and a line is
-        decoded only when a result shows it.
+        A file the index cut in parts is read whole only once it holds a query: first each
+        query is looked for in just the parts the index named for it (no other part can hold
+        it), so a file a query's trigrams name in a part or two is rejected at the cost of
+        those parts. With `each` (a file counts only if it holds every query) the sparsest is
+        looked for first, and a file lacking one is left at once. The lines holding a query are
+        found part by part as the page takes them, and a line is decoded only when a result
+        shows it.
         """
-        data = read_cached(disk, relpath)
         self.scanned += 1
+        spots, cut = spots or {}, view.cut(pos)
+        found: set[int] | None = None
+        if cut is not None and len(cut.bounds) > _PARTS_ALONE:
+            found, data = _read_parts(disk, relpath, cut, spots, matcher, wanted, each)
+        else:
+            data = read_cached(disk, relpath)
         if data is None:
             return set(), _Lines(b""), iter(())
-        spots, cut, lines, size = spots or {}, view.cut(data, pos), _Lines(data), len(data)
-        if cut is None:  # a file read whole: every query looked for at once
-            found = matcher.which(data, wanted)
-        else:  # the sparsest first: in `all`, a file lacking one is not looked at further
-            found = set()
-            for key in sorted(wanted, key=lambda k: len(spots.get(k, view.ids))):
-                own = spots.get(key)
-                if any(matcher.which(data if (lo, hi) == (0, size) else data[lo:hi], (key,))
-                       for lo, hi in _joined(regions(cut, None if own is None else (own,)))):
-                    found.add(key)  # parts side by side are looked in at once
-                elif each:
-                    return set(), lines, iter(())
+        lines, size = _Lines(data), len(data)
+        if cut is not None and size != cut.bounds[-1]:
+            cut = found = None  # not the bytes the index cut: all of them, as they are now
+        if found is None:
+            found = matcher.which(data, wanted) if cut is None else _held(
+                lambda lo, hi: data if (lo, hi) == (0, size) else data[lo:hi], cut, spots,
+                matcher, wanted, each)
         if not found:
-            return found, lines, iter(())
+            return set(), lines, iter(())
         ranges = [(0, size)] if cut is None else regions(
             cut, spots.values() if wanted <= spots.keys() else None)
         pieces = [(lo, data if (lo, hi) == (0, size) else data[lo:hi]) for lo, hi in ranges]
         return found, lines, _hits(data, pieces, matcher, lines)
+
+
+def _held(read: Callable[[int, int], bytes], cut: Cut, spots: Spots, matcher: Matcher,
+          wanted: set[int], each: bool) -> set[int]:
+    """The queries a file cut in parts holds, each looked for only in the parts named for it.
+
+    A query not named is looked for in every part. The sparsest is looked for first: with
+    `each`, a file lacking one is left at once.
+    """
+    found: set[int] = set()
+    for key in sorted(wanted, key=lambda k: (k not in spots, len(spots.get(k, ())))):
+        # parts side by side are read and looked in at once
+        if any(matcher.which(read(lo, hi), (key,))
+               for lo, hi in _joined(regions(cut, (spots[key],) if key in spots else None))):
+            found.add(key)
+        elif each:
+            return set()
+    return found
+
+
+def _read_parts(disk: CacheFiles, relpath: str, cut: Cut, spots: Spots, matcher: Matcher,
+                wanted: set[int], each: bool) -> tuple[set[int] | None, bytes | None]:
+    """`_held` of a large file, reading just the parts it looks in; its bytes once it holds one.
+
+    None for the queries of a file that is not the size the index cut (the caller looks in it
+    whole), and for the bytes of a missing file or one that holds none.
+    """
+    try:
+        stream = disk.open(relpath)
+    except SharedMemoryError:
+        return None, None
+    if stream is None:
+        return None, None
+    with stream:
+        size = os.fstat(stream.fileno()).st_size
+        if size != cut.bounds[-1]:
+            return None, stream.readall()
+        ranges = _Ranges(stream, size)
+        found = _held(ranges.read, cut, spots, matcher, wanted, each)
+        return found, ranges.whole() if found else None
+
+
+class _Ranges:
+    """A large cached file read a range at a time, and whole once a range is most of it."""
+
+    def __init__(self, stream: BinaryIO, size: int) -> None:
+        self.stream, self.size = stream, size
+        self.data: bytes | None = None
+
+    def read(self, lo: int, hi: int) -> bytes:
+        if self.data is None and 2 * (hi - lo) > self.size:
+            self.whole()
+        if self.data is not None:
+            return self.data if (lo, hi) == (0, self.size) else self.data[lo:hi]
+        self.stream.seek(lo)
+        return self.stream.read(hi - lo)
+
+    def whole(self) -> bytes:
+        if self.data is None:
+            self.stream.seek(0)
+            self.data = self.stream.readall()
+        return self.data
 
 
 def _joined(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

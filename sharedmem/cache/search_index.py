@@ -39,7 +39,7 @@ from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "8"
+INDEX_VERSION = "9"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
@@ -215,16 +215,18 @@ def index_version() -> str:
 
 
 # A file's parts, each indexed on its own: `grams` and `words` rows `first` to
-# `first + parts - 1`. The segments, in path order then part order, and where each segment row
-# stands in that order and whose file it is, as three arrays of int64 in `orders`: a search
-# loads its view with one read instead of sorting every path.
+# `first + parts - 1`; `bounds`, for a file of two parts or more, where each part begins and the
+# file's end (`segments`, int64 in this machine's order), so a search reads just the parts the
+# index names without reading the file to cut it. The segments, in path order then part
+# order, and where each segment row stands in that order and whose file it is, as three arrays
+# of int64 in `orders`: a search loads its view with one read instead of sorting every path.
 # Valid only while meta's `order` names it and starts with meta's generation.
 _TABLES = {"meta", "files", "grams", "words", "ends", "orders"}  # as this version makes them
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
     " sha256 TEXT NOT NULL, namespace TEXT NOT NULL, first INTEGER NOT NULL,"
-    " parts INTEGER NOT NULL)",
+    " parts INTEGER NOT NULL, bounds BLOB)",
     "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
     " detail=none, content='', columnsize=0)",
     "CREATE VIRTUAL TABLE words USING fts5(body, tokenize='ascii', prefix='3', content='',"
@@ -444,14 +446,16 @@ class _Writer:
         # The rows it had while they are enough (the file keeps its place in path order), else
         # rows past all others.
         first = old[0] if old is not None and old[1] >= len(texts) else self.rows_for(len(texts))
+        cut = array("q", bounds).tobytes() if len(texts) > 1 else None
         if row_id is None:
             row_id = self.conn.execute(
-                "INSERT INTO files(path, sha256, namespace, first, parts) VALUES (?, ?, ?, ?, ?)",
-                (relpath, meta.sha256, meta.namespace, first, len(texts))).lastrowid
+                "INSERT INTO files(path, sha256, namespace, first, parts, bounds) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (relpath, meta.sha256, meta.namespace, first, len(texts), cut)).lastrowid
         else:
-            self.conn.execute("UPDATE files SET sha256=?, namespace=?, first=?, parts=? "
-                              "WHERE id=?", (meta.sha256, meta.namespace, first, len(texts),
-                                             row_id))
+            self.conn.execute("UPDATE files SET sha256=?, namespace=?, first=?, parts=?, "
+                              "bounds=? WHERE id=?", (meta.sha256, meta.namespace, first,
+                                                      len(texts), cut, row_id))
         rows = list(enumerate(texts, first))
         self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", rows)
         self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)", rows)
@@ -480,10 +484,8 @@ class _Writer:
 def segments(data: bytes) -> list[int]:
     """Where a file's parts begin, and its end: each part is about `SEGMENT_BYTES`, whole lines.
 
-    Part k ends after the first line break from byte k * SEGMENT_BYTES - 1 on, so both the index
-    (which indexes each part apart) and a search (which reads just the parts the index names)
-    cut a file alike, from its bytes alone. A line break never joins two characters, so each
-    part folds as it does within the whole text.
+    Part k ends after the first line break from byte k * SEGMENT_BYTES - 1 on. A line break
+    never joins two characters, so each part folds as it does within the whole text.
     """
     bounds, size = [0], len(data)
     while bounds[-1] < size:
