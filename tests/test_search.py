@@ -696,7 +696,7 @@ def test_each_result_s_provenance_comes_with_its_path_not_a_query_each(tmp_path:
     search_index.refresh_index(cache)
     got, statements = sql_of_next_search(cache, queries=["alpha"], max_results=25)
     assert got == reference(cache, ["alpha"])
-    assert not [s for s in statements if "SELECT sha256, namespace FROM files WHERE id=" in s]
+    assert not [s for s in statements if "sha256" in s and "FROM files WHERE id=" in s]
     page = tools.search(cache, ["alpha"], max_results=25)["results"]
     files = cache.load().files
     assert {r["path"]: (r["machine"], r["source"], r["sha256"]) for r in page} == {

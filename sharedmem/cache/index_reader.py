@@ -409,7 +409,7 @@ class View:
     def of_manifest(cls, index: IndexReader, manifest: Manifest, indexed: bool) -> View:
         """The view of the whole manifest, each file vouched for only at its sha256."""
         known = {row[1]: row for row in index.rows(
-            "SELECT id, path, sha256, first, parts FROM files")} if indexed else {}
+            "SELECT id, path, lower(hex(sha256)), first, parts FROM files")} if indexed else {}
         ids, owners, paths = array("q"), array("q"), []
         for relpath, meta in sorted(manifest.files.items()):
             row = known.get(relpath)
@@ -449,8 +449,8 @@ class View:
             return None
         row = self.origins.get(owner)
         if row is None:
-            rows = self.index.rows("SELECT sha256, namespace, first, parts, bounds FROM files "
-                                   "WHERE id=?", (owner,))
+            rows = self.index.rows("SELECT lower(hex(sha256)), namespace, first, parts, bounds "
+                                   "FROM files WHERE id=?", (owner,))
             row = rows[0] if rows else (None,) * 5
         first, parts, blob = row[2:]
         if type(first) is not int or type(parts) is not int or not isinstance(blob, bytes) or \
@@ -480,8 +480,8 @@ class View:
             found: dict[Any, Any] = {}
             origins = self.origins = {}
             for row_id, relpath, *row in self.index.rows(
-                    "SELECT id, path, sha256, namespace, first, parts, bounds FROM files WHERE id IN "
-                    f"({','.join('?' * len(wanted))})", tuple(wanted)):
+                    "SELECT id, path, lower(hex(sha256)), namespace, first, parts, bounds "
+                    f"FROM files WHERE id IN ({','.join('?' * len(wanted))})", tuple(wanted)):
                 found[row_id] = relpath
                 origins[row_id] = tuple(row)
             for (pos, spots), row_id in zip(batch, wanted, strict=True):
@@ -501,10 +501,10 @@ class View:
             return (meta.sha256, meta.namespace) if meta else (None, None)
         row = self.origins.get(self.owners[pos])
         if row is None:
-            rows = self.index.rows("SELECT sha256, namespace FROM files WHERE id=?",
+            rows = self.index.rows("SELECT lower(hex(sha256)), namespace FROM files WHERE id=?",
                                    (self.owners[pos],))
             row = rows[0] if rows else (None, None)
-        if not all(isinstance(v, str) for v in row[:2]):
+        if not all(isinstance(v, str) for v in row[:2]) or len(row[0]) != 64:
             raise self.index.damaged()
         return row[0], row[1]
 

@@ -224,8 +224,8 @@ def index_version() -> str:
 _TABLES = {"meta", "files", "grams", "words", "ends", "orders"}  # as this version makes them
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL,"
-    " sha256 TEXT NOT NULL, namespace TEXT NOT NULL, first INTEGER NOT NULL,"
+    "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT NOT NULL,"
+    " sha256 BLOB NOT NULL, namespace TEXT NOT NULL, first INTEGER NOT NULL,"
     " parts INTEGER NOT NULL, bounds BLOB)",
     "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
     " detail=none, content='', columnsize=0)",
@@ -397,7 +397,7 @@ class _Writer:
         files = _files_of(cache)
         manifest = files or {}
         indexed = {p: (i, s) for i, p, s in self.conn.execute(
-            "SELECT id, path, sha256 FROM files")}
+            "SELECT id, path, lower(hex(sha256)) FROM files")}
         for relpath, (row_id, sha) in indexed.items():
             meta = manifest.get(relpath)
             if meta is None:
@@ -447,14 +447,15 @@ class _Writer:
         # rows past all others.
         first = old[0] if old is not None and old[1] >= len(texts) else self.rows_for(len(texts))
         cut = array("q", bounds).tobytes() if len(texts) > 1 else None
+        digest = bytes.fromhex(meta.sha256)  # the hexdigest of `data`, as checked above
         if row_id is None:
             row_id = self.conn.execute(
                 "INSERT INTO files(path, sha256, namespace, first, parts, bounds) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (relpath, meta.sha256, meta.namespace, first, len(texts), cut)).lastrowid
+                (relpath, digest, meta.namespace, first, len(texts), cut)).lastrowid
         else:
             self.conn.execute("UPDATE files SET sha256=?, namespace=?, first=?, parts=?, "
-                              "bounds=? WHERE id=?", (meta.sha256, meta.namespace, first,
+                              "bounds=? WHERE id=?", (digest, meta.namespace, first,
                                                       len(texts), cut, row_id))
         rows = list(enumerate(texts, first))
         self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", rows)
