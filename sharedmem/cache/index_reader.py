@@ -401,9 +401,9 @@ class View:
         self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
         self.where = where if where is not None else inverse(ids)
         self.runs: dict[tuple[int, int], tuple[int, int, list[int]] | None] = {}  # `run`
-        # file id -> (sha256, namespace, first, parts, bounds) of the batch `named` asked last,
-        # for `origin` and `cut`.
-        self.origins: dict[Any, tuple[Any, ...]] = {}
+        # file id -> (sha256, namespace, first, parts, bounds) of the files `named` gave last,
+        # asked with their paths, for `origin` and `cut`.
+        self.batch: dict[Any, tuple[Any, ...]] = {}
 
     @classmethod
     def of_manifest(cls, index: IndexReader, manifest: Manifest, indexed: bool) -> View:
@@ -447,7 +447,7 @@ class View:
         if self.ids[pos] < 0 or (pos == 0 or owners[pos - 1] != owner) and (
                 pos + 1 == len(owners) or owners[pos + 1] != owner):
             return None
-        row = self.origins.get(owner)
+        row = self.batch.get(owner)
         if row is None:
             rows = self.index.rows("SELECT lower(hex(sha256)), namespace, first, parts, bounds "
                                    "FROM files WHERE id=?", (owner,))
@@ -478,12 +478,12 @@ class View:
         while batch := list(islice(walk, max(1, min(size, room())))):
             wanted = [self.owners[pos] for pos, _ in batch]
             found: dict[Any, Any] = {}
-            origins = self.origins = {}
+            rows = self.batch = {}
             for row_id, relpath, *row in self.index.rows(
                     "SELECT id, path, lower(hex(sha256)), namespace, first, parts, bounds "
                     f"FROM files WHERE id IN ({','.join('?' * len(wanted))})", tuple(wanted)):
                 found[row_id] = relpath
-                origins[row_id] = tuple(row)
+                rows[row_id] = tuple(row)
             for (pos, spots), row_id in zip(batch, wanted, strict=True):
                 relpath = found.get(row_id)
                 if not isinstance(relpath, str):
@@ -499,7 +499,7 @@ class View:
         if self.manifest is not None:
             meta = self.manifest.files.get(relpath)
             return (meta.sha256, meta.namespace) if meta else (None, None)
-        row = self.origins.get(self.owners[pos])
+        row = self.batch.get(self.owners[pos])
         if row is None:
             rows = self.index.rows("SELECT lower(hex(sha256)), namespace FROM files WHERE id=?",
                                    (self.owners[pos],))

@@ -240,13 +240,13 @@ class Searcher:
                   set[int], _Lines, Iterator[tuple[int, list[int]]]]:
         """The queries a file holds, its lines, and each line holding one of them, in order.
 
-        A file the index cut in parts is read whole only once it holds a query: first each
-        query is looked for in just the parts the index named for it (no other part can hold
-        it), so a file a query's trigrams name in a part or two is rejected at the cost of
-        those parts. With `each` (a file counts only if it holds every query) the sparsest is
-        looked for first, and a file lacking one is left at once. The lines holding a query are
-        found part by part as the page takes them, and a line is decoded only when a result
-        shows it.
+        Each query is looked for only in the parts of a file the index named for it (no other
+        part can hold it), so a rare query is not looked for through a large file where a
+        common one is named everywhere; a file of `_PARTS_ALONE` parts or more is read whole
+        only once it holds a query, so one whose named parts do not hold it costs just those.
+        With `each` (a file counts only if it holds every query) the sparsest is looked for
+        first, and a file lacking one is left at once. The lines holding a query are found part
+        by part as the page takes them, and a line is decoded only when a result shows it.
         """
         self.scanned += 1
         spots, cut = spots or {}, view.cut(pos)
