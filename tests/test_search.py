@@ -861,6 +861,23 @@ def test_a_short_key_in_most_files_is_not_looked_up_and_its_terms_not_all_read(
     searcher.index.end()
 
 
+def test_a_short_key_whose_trigrams_add_up_past_the_dense_share_is_still_looked_up(
+        tmp_path: Path) -> None:
+    # A tenth of the files hold "- " before ten letters each: the ten trigrams' counts add up
+    # to half the files, but each names a tenth, so the index is asked and only those files
+    # are read (in path order they come last: a scan would read every file first).
+    files = {f"a{i:03d}.md": f"plain line {i}\n" for i in range(180)}
+    files.update({f"z{i:02d}.md": " ".join(f"- {c}x" for c in "abcdefghij") + "\n"
+                  for i in range(20)})
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    searcher = search_mod.searcher(cache)
+    got = tools.search(cache, ["- "], max_results=50)["results"]
+    assert [(r["path"], r["line_number"]) for r in got] == reference(cache, ["- "])
+    assert len(got) == 20 and searcher.scanned == 20
+
+
 def test_a_cache_named_by_a_relative_path_uses_its_index(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_cache(tmp_path / "cache", {f"f{i:03d}.md": f"alpha {i}\n" for i in range(300)})

@@ -42,6 +42,7 @@ _WHOLE = 4096  # a key that names at most about this many files is asked of the 
 _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`View.run`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
 _SHORT_TERMS = 512  # a short key beginning more trigrams than this is not looked up (scanned)
+_SHORT_ASKED = 64  # nor one of more whose trigrams' files add up past `_DENSE` (`_short`)
 _SEPARATORS = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # ASCII, not a letter or digit
 _WORD = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # what FTS5's `ascii` keeps
 _LAST_WORD = re.compile(_WORD.pattern + r"\Z")
@@ -269,11 +270,15 @@ class IndexReader:
         """Any trigram of the index that `key` (one or two characters) begins; None if too many.
 
         The index's terms from `key` on are read in order up to the first the key cannot begin
-        (`fts5vocab`, which counts the files of each term it reads), and no further once they
-        are more than `_SHORT_TERMS` or name more than `_DENSE` of the `files` between them: a
-        key that common fills a page from the first files read in path order. None of them: no
-        file holds the key, and the MATCH of the key padded with line breaks, a trigram it
-        would begin, names none.
+        (`fts5vocab`, which reads each term's list to count its files), and no further once
+        they are more than `_SHORT_TERMS` or one of them names more than `_DENSE` of the
+        `files`: a key that common fills a page from the first files read in path order. Their
+        counts added up only bound how many files hold the key (a file may hold `- a` and
+        `- b`), so past `_DENSE` they end the reading once they are more than `_SHORT_ASKED`
+        or add up to more than `files`: a question of a few terms costs less than reading
+        files that do not hold the key, and reading on through the lists of a key in every
+        file costs more. None of them: no file holds the key, and the MATCH of the key padded
+        with line breaks, a trigram it would begin, names none.
         """
         if self.conn is None or utf8(key) is None:
             return None
@@ -285,7 +290,7 @@ class IndexReader:
         if (past := _past(key)) is not None:
             query, args = query + " AND term < ?", (key, past)
         terms: list[str] = []
-        named = 0
+        named = widest = 0  # the files the terms name between them (an upper bound), and one
         try:
             for term, docs in self.conn.execute(query, args):
                 if not isinstance(term, str) or not isinstance(docs, int):
@@ -293,8 +298,9 @@ class IndexReader:
                 if not term.startswith(key):
                     break
                 terms.append(term)
-                named += docs
-                if len(terms) > _SHORT_TERMS or named > _DENSE * files:
+                named, widest = named + docs, max(widest, docs)
+                if len(terms) > _SHORT_TERMS or widest > _DENSE * files or named > files or (
+                        named > _DENSE * files and len(terms) > _SHORT_ASKED):
                     return None
         except READ_ERRORS as exc:
             self._unreadable(exc)
