@@ -13,7 +13,8 @@ from sharedmem.cache.matching import KINDS, Matcher
 WORDS = ["alpha", "Beta", "GAMMA", "café", unicodedata.normalize("NFD", "café"), "Décision",
          "decision", "straße", "STRASSE", "\ufb01le", "file", "\u212aelvin", "kelvin", "İstanbul",
          "ΣΊΣΥΦΟΣ", "日本語", "Ｆｕｌｌ", "½", "e\u0301", "\ufffd", "a", "ab", " ", "  ", "\t",
-         "\xa0", "ss", "i\u0307"]
+         "\xa0", "ss", "i\u0307", "\x0c", "\x1f", "\x85", "\u2028", "\u3000"]
+BLANKS = [" ", "  ", "\t", " \t ", "\xa0", "\x0b"]
 
 
 def brute(text: str, needles: list[str], kind: str) -> list[set[int]]:
@@ -40,6 +41,8 @@ def test_lines_and_which_are_those_of_each_line_folded(kind: str) -> None:
         needles = [rng.choice(WORDS).strip() or "x" for _ in range(rng.randint(1, 3))]
         if rng.random() < 0.3:
             needles[0] = "alpha beta"
+        elif rng.random() < 0.4:  # a needle with blanks inside: a run of them is one space
+            needles[0] = rng.choice(WORDS) + rng.choice(BLANKS) + rng.choice(WORDS)
         if kind == "normalized":
             needles = [n for n in needles if normalize(n).strip()] or ["file"]
         matcher = Matcher(needles, kind)
