@@ -10,7 +10,6 @@ import re
 import unicodedata
 
 _MARKED = re.compile(r"[^\x00-\u02ff]")
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
 # The blanks (str.isspace, but the line break) that NFKC leaves as they are: it makes the others
 # a space. tests/test_folding.py checks this against Python's own Unicode tables.
 FOLDED_BLANKS = "\t\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\u1680\u2028\u2029"
@@ -34,16 +33,10 @@ def normalize(text: str) -> str:
     elif (len(text.encode("utf-8", "surrogatepass")) - len(text)) * 8 > len(text):
         text = unicode_fold(text)  # much of it is not ASCII: at once
     else:
-        parts, pos = [], 0
-        while found := _NON_ASCII.search(text, pos):
-            start = text.rfind("\n", pos, found.start()) + 1
-            end = text.find("\n", found.end())
-            end = len(text) if end < 0 else end
-            parts.append(text[pos:start].lower())
-            parts.append(unicode_fold(text[start:end]))
-            pos = end
-        parts.append(text[pos:].lower())
-        text = "".join(parts)
+        lines = text.split("\n")
+        for i, line in enumerate(lines):
+            lines[i] = line.lower() if line.isascii() else unicode_fold(line)
+        text = "\n".join(lines)
     if any(c in text for c in FOLDED_BLANKS):
         text = text.translate(_TO_SPACE)
     return _SPACE_RUN.sub(" ", text) if "  " in text else text
