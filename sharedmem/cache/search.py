@@ -320,6 +320,7 @@ class _Ranges:
         self.data: bytes | None = None
 
     def read(self, lo: int, hi: int) -> bytes:
+        """Bytes `lo` to `hi`: from the whole once it is read, else read alone."""
         if self.data is None and 2 * (hi - lo) > self.size:
             self.whole()
         if self.data is not None:
@@ -328,6 +329,7 @@ class _Ranges:
         return self.stream.read(hi - lo)
 
     def whole(self) -> bytes:
+        """All of the file, read once: its lines are counted from its start."""
         if self.data is None:
             self.stream.seek(0)
             self.data = self.stream.readall()
