@@ -640,11 +640,11 @@ def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
     assert got == [f"{NS}/a.md", f"{NS}/b.md"]
 
 
-def test_a_phrase_in_few_files_is_asked_a_chunk_at_a_time_not_of_the_whole_index(
+def test_a_phrase_alone_is_asked_for_the_matches_its_page_needs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Its words are in every file, so asking the whole index would have SQLite read their
-    # places in all 3,000 files, where the page fills within the first 500: only the chunks
-    # up to there are asked, though the phrase is in one file of a hundred.
+    # Its words are in every file, so asking the whole index, or a chunk past where the page
+    # fills, would have SQLite read their places in files the page never needs: it is asked
+    # once, for half again as many matches as the page takes.
     monkeypatch.setattr(index_reader, "_CHUNK", 64)
     cache = make_cache(tmp_path, {f"f{i:04d}.md": f"beta gamma alpha {i}\n" + (
         "" if i % 100 else "alpha beta\n") for i in range(3000)})
@@ -659,8 +659,33 @@ def test_a_phrase_in_few_files_is_asked_a_chunk_at_a_time_not_of_the_whole_index
     assert got == reference(cache, ["alpha beta"])[:5]
     assert got == [(f"{NS}/f{i:04d}.md", 2) for i in range(0, 500, 100)]
     asked = [s for s in statements if "FROM words WHERE words MATCH" in s]
-    assert len(asked) > 1 and all("rowid BETWEEN" in s for s in asked), asked
-    assert max(int(s.split("BETWEEN ")[1].split(" AND ")[1].split(")")[0]) for s in asked) < 1000
+    assert len(asked) == 1 and asked[0].endswith("ORDER BY rowid LIMIT 8)"), asked
+
+
+@pytest.mark.parametrize("results", [1, 2, 3, 7])
+def test_a_phrase_asked_for_its_next_matches_never_cuts_a_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, results: int) -> None:
+    # Files of many parts hold the phrase in several of them: a question for the next matches
+    # ends inside a file, which is then asked to its end, so each file is read once and every
+    # line of it found, page after page; a file added since the build (out of path order)
+    # turns the walk back to chunks.
+    monkeypatch.setattr(search_index, "SEGMENT_BYTES", 40)
+    files = {f"f{i:02d}.md": "".join(f"line {n} alpha beta\n" if n % 3 == i % 3 else
+                                     f"line {n} beta\n" for n in range(30))
+             for i in range(12)}
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    got = all_pages(cache, queries=["alpha beta"], max_results=results)
+    assert [(r["path"], r["line_number"]) for r in got] == reference(cache, ["alpha beta"])
+    assert len(got) == 120
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    cache.apply([(f"{NS}/f05b.md", sha256_text("alpha beta\n"), "alpha beta\n")], [],
+                {NS: info})
+    search_index.refresh_index(cache)
+    got = all_pages(cache, queries=["alpha beta"], max_results=results)
+    assert [(r["path"], r["line_number"]) for r in got] == reference(cache, ["alpha beta"])
+    assert len(got) == 121
 
 
 def sql_of_next_search(cache: Cache, **args: object) -> tuple[list[tuple[str, int]], list[str]]:

@@ -14,7 +14,7 @@ import re
 import sqlite3
 import stat
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice, pairwise
 from typing import Any, NamedTuple
@@ -311,6 +311,18 @@ class IndexReader:
         """Ids from `lo` to `hi` of the parts `match` names: one seek into each list."""
         return self._ids(match, (lo, hi))
 
+    def first(self, words: str, lo: int, hi: int, most: int) -> array[int]:
+        """The first `most` ids from `lo` to `hi` of the parts a phrase names, in order.
+
+        SQLite walks the words' places only as far as the last of them.
+        """
+        found = self.rows("SELECT group_concat(rowid) FROM (SELECT rowid FROM words WHERE "
+                          "words MATCH ? AND rowid BETWEEN ? AND ? ORDER BY rowid LIMIT ?)",
+                          (words, lo, hi, most))[0][0]
+        if found is not None and not isinstance(found, str):
+            raise self.damaged()
+        return array("q", map(int, found.split(","))) if found else array("q")
+
     def _ids(self, match: Match, bounds: tuple[int, int] | tuple[()]) -> array[int]:
         where = " AND rowid BETWEEN ? AND ?" if bounds else ""
         asked = [(table, expr) for table, expr in (("grams", match.grams), ("words", match.words))
@@ -407,6 +419,7 @@ class View:
         self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
         self.where = where if where is not None else inverse(ids)
         self.runs: dict[tuple[int, int], tuple[int, int, list[int]] | None] = {}  # `run`
+        self._in_order: bool | None = None  # `in_order`
         # file id -> (sha256, namespace, first, parts, bounds) of the files `named` gave last,
         # asked with their paths, for `origin` and `cut`.
         self.batch: dict[Any, tuple[Any, ...]] = {}
@@ -561,6 +574,13 @@ class View:
         self.runs[lo, hi] = found
         return found
 
+    def in_order(self) -> bool:
+        """Whether every position's id is past the one before: an index built in path order."""
+        if self._in_order is None:
+            ids = self.ids.tolist()
+            self._in_order = not self.stale and ids == sorted(ids)
+        return self._in_order
+
     def positions(self, ids: array[int] | None) -> set[int] | None:
         """Positions of these ids that the index vouches for, and every stale position."""
         if ids is None:
@@ -630,6 +650,28 @@ class Named:
         self.seen[1] += hi - lo
         return found
 
+    def ahead(self, lo: int, stop: int, most: int) -> tuple[set[int], int]:
+        """The positions from `lo` named by the phrase's first `most` parts, and where they end.
+
+        The end is that of the file of the last of them, or `stop` when they are fewer: every
+        position named in between is there, and no file is cut. Only for a view `in_order`
+        (position order is id order) and a phrase alone (`words`, no `grams`).
+        """
+        assert self.expr is not None
+        view, owners = self.view, self.view.owners
+        ids = view.index.first(self.expr.words, view.ids[lo], view.ids[stop - 1], most)
+        hi = stop
+        if len(ids) == most:  # up to the last id named, then to the end of its file
+            hi = bisect_right(view.ids, ids[-1], lo, stop)
+            while hi < stop and owners[hi] == owners[hi - 1]:
+                hi += 1
+            if view.ids[hi - 1] > ids[-1]:
+                ids.extend(view.index.between(self.expr, ids[-1] + 1, view.ids[hi - 1]))
+        found = view.positions(ids) or set()
+        self.seen[0] += len(found)
+        self.seen[1] += hi - lo
+        return found, hi
+
     def _asked(self, lo: int, hi: int) -> set[int]:
         """Ask the index for the chunk's ids in one range; stray ids are named unasked."""
         view = self.view
@@ -667,15 +709,23 @@ def _chunks(view: View, span: range) -> Iterator[tuple[int, int]]:
 
 
 def walk_named(view: View, spans: list[range], named: list[Named], group: int,
-                start: str) -> Iterator[tuple[int, Spots | None]]:
+                start: str, room: Callable[[], int] | None = None
+                ) -> Iterator[tuple[int, Spots | None]]:
     """Files in the spans, in order from the path `start` on, named for >= `group` keys.
 
-    Each as a position of it named, and the positions each key named (None: any part).
+    Each as a position of it named, and the positions each key named (None: any part). A
+    phrase alone, with `room` (the results its page still takes), is asked `_ahead`.
     """
     owners = view.owners
+    key = named[0]
+    ahead = room is not None and len(named) == 1 and key.expr is not None and bool(
+        key.expr.words) and not key.expr.grams and view.in_order()
     for span in spans:
         lo = min(max(view.find(start, span.start) if start else span.start, span.start),
                  span.stop)
+        if ahead and room is not None:
+            yield from _ahead(view, key, lo, span.stop, room)
+            continue
         for first, end in _chunks(view, span):
             if end <= lo:
                 continue
@@ -686,6 +736,33 @@ def walk_named(view: View, spans: list[range], named: list[Named], group: int,
                             if p == begin or owners[p] != owners[p - 1])
             else:
                 yield from (item for item in allowed if item[0] >= lo)
+
+
+def _ahead(view: View, key: Named, lo: int, stop: int,
+           room: Callable[[], int]) -> Iterator[tuple[int, Spots | None]]:
+    """The files from `lo` a phrase names, asked for half again as many as the page takes.
+
+    Its words may be in every part, and SQLite then walks their places in every part a
+    question covers: a question for the next matches stops where the page will fill, where a
+    chunk of fixed size walks on to its end, and each question costs as much as walking
+    thousands of parts. A page that needs more (most of the files named do not hold the
+    query) asks twice as many each time. Once the phrase names more than `_DENSE` of the
+    positions asked about, every file is read from then on, unasked.
+    """
+    owners, most = view.owners, 0
+    while lo < stop:
+        if key.everywhere():
+            yield from ((p, None) for p in range(lo, stop) if p == lo or owners[p] != owners[p - 1])
+            return
+        most = max(room() * 3 // 2 + 1, 2 * most)
+        found, hi = key.ahead(lo, stop, most)
+        spots: Spots = {0: found}
+        files: set[int] = set()
+        for pos in sorted(found):
+            if owners[pos] not in files:
+                files.add(owners[pos])
+                yield pos, spots
+        lo = hi
 
 
 def _at_least(named: list[Named], group: int, lo: int,

@@ -186,7 +186,8 @@ class Searcher:
         named = [Named(view, [normalize(q)], dense=everything) for q in matcher.queries]
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         every = set(range(len(matcher.needles)))
-        walk = walk_named(view, spans, named, len(named) if everything else 1, last_path)
+        walk = walk_named(view, spans, named, len(named) if everything else 1, last_path,
+                          page.room)
         for pos, relpath, spots in view.named(walk, page.room):
             found, rows, hits = self._read(view, disk, matcher, pos, relpath, spots, every,
                                             everything)
