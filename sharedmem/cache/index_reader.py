@@ -716,24 +716,21 @@ def walk_named(view: View, spans: list[range], named: list[Named], group: int,
     Each as a position of it named, and the positions each key named (None: any part). A
     phrase alone, with `room` (the results its page still takes), is asked `_ahead`.
     """
-    owners = view.owners
     key = named[0]
-    ahead = room is not None and len(named) == 1 and key.expr is not None and bool(
-        key.expr.words) and not key.expr.grams and view.in_order()
+    paced = room if len(named) == 1 and key.expr is not None and key.expr.words and \
+        not key.expr.grams and view.in_order() else None
     for span in spans:
         lo = min(max(view.find(start, span.start) if start else span.start, span.start),
                  span.stop)
-        if ahead and room is not None:
-            yield from _ahead(view, key, lo, span.stop, room)
+        if paced is not None:
+            yield from _ahead(view, key, lo, span.stop, paced)
             continue
         for first, end in _chunks(view, span):
             if end <= lo:
                 continue
             allowed = _at_least(named, group, first, end)
             if allowed is None:
-                begin = max(lo, first)
-                yield from ((p, None) for p in range(begin, end)
-                            if p == begin or owners[p] != owners[p - 1])
+                yield from _every_file(view, max(lo, first), end)
             else:
                 yield from (item for item in allowed if item[0] >= lo)
 
@@ -752,7 +749,7 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
     owners, most = view.owners, 0
     while lo < stop:
         if key.everywhere():
-            yield from ((p, None) for p in range(lo, stop) if p == lo or owners[p] != owners[p - 1])
+            yield from _every_file(view, lo, stop)
             return
         most = max(room() * 3 // 2 + 1, 2 * most)
         found, hi = key.ahead(lo, stop, most)
@@ -763,6 +760,12 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
                 files.add(owners[pos])
                 yield pos, spots
         lo = hi
+
+
+def _every_file(view: View, lo: int, hi: int) -> Iterator[tuple[int, Spots | None]]:
+    """Each file from position `lo` (a file's first) to `hi`, any part of it possibly named."""
+    owners = view.owners
+    return ((p, None) for p in range(lo, hi) if p == lo or owners[p] != owners[p - 1])
 
 
 def _at_least(named: list[Named], group: int, lo: int,

@@ -258,19 +258,23 @@ class Searcher:
             data = read_cached(disk, relpath)
         if data is None:
             return set(), _Lines(b""), iter(())
-        lines, size = _Lines(data), len(data)
+        whole, size = data, len(data)
+
+        def piece(lo: int, hi: int) -> bytes:
+            return whole if (lo, hi) == (0, size) else whole[lo:hi]
+
+        lines = _Lines(data)
         if cut is not None and size != cut.bounds[-1]:
             cut = found = None  # not the bytes the index cut: all of them, as they are now
         if found is None:
             found = matcher.which(data, wanted) if cut is None else _held(
-                lambda lo, hi: data if (lo, hi) == (0, size) else data[lo:hi], cut, spots,
-                matcher, wanted, each)
+                piece, cut, spots, matcher, wanted, each)
         if not found:
             return set(), lines, iter(())
         ranges = [(0, size)] if cut is None else regions(
             cut, spots.values() if wanted <= spots.keys() else None)
-        pieces = [(lo, data if (lo, hi) == (0, size) else data[lo:hi]) for lo, hi in ranges]
-        return found, lines, _hits(data, pieces, matcher, lines)
+        return found, lines, _hits(data, [(lo, piece(lo, hi)) for lo, hi in ranges], matcher,
+                                   lines)
 
 
 def _held(read: Callable[[int, int], bytes], cut: Cut, spots: Spots, matcher: Matcher,
