@@ -45,3 +45,18 @@ def test_a_crlf_line_folds_as_its_lf_line() -> None:
 def test_folded_blanks_are_those_nfkc_leaves() -> None:
     blanks = [chr(c) for c in range(0x110000) if chr(c).isspace() and c != 0x0a]
     assert "".join(c for c in blanks if unicodedata.normalize("NFKC", c) != " ") == FOLDED_BLANKS
+
+
+def test_text_of_ascii_and_accents_folds_as_its_definition() -> None:
+    # Such text takes a shorter way; every character of the BMP is tried where it may take it.
+    marks = [chr(c) for c in range(0x300, 0x370)]
+    for c in map(chr, range(0x80, 0x10000)):
+        if not 0xd800 <= ord(c) < 0xe000:
+            for text in ("I" + c + "\u0301", c + "\u0345", "=" + c + "\u0338"):
+                assert normalize(text) == definition(text), repr(text)
+    rng = random.Random(9)
+    pool = [chr(c) for c in range(0xc0, 0x250)] + [chr(c) for c in range(0x1e00, 0x1f00)] + \
+        marks + ["\u212a", "\u212b", "a", "K", "i", "=", " "]
+    for _ in range(20000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(1, 8)))
+        assert normalize(text) == definition(text), repr(text)

@@ -13,7 +13,7 @@ from sharedmem.cache.matching import KINDS, Matcher
 WORDS = ["alpha", "Beta", "GAMMA", "café", unicodedata.normalize("NFD", "café"), "Décision",
          "decision", "straße", "STRASSE", "\ufb01le", "file", "\u212aelvin", "kelvin", "İstanbul",
          "ΣΊΣΥΦΟΣ", "日本語", "Ｆｕｌｌ", "½", "e\u0301", "\ufffd", "a", "ab", " ", "  ", "\t",
-         "\xa0", "ss", "i\u0307", "\x0c", "\x1f", "\x85", "\u2028", "\u3000"]
+         "\xa0", "ss", "i\u0307", "\x0c", "\x1f", "\x85", "\u2028", "\u3000", "\r", "a\r"]
 BLANKS = [" ", "  ", "\t", " \t ", "\xa0", "\x0b"]
 
 

@@ -10,6 +10,11 @@ import re
 import unicodedata
 
 _MARKED = re.compile(r"[^\x00-\u02ff]")
+# The combining diacritical marks that casefold leaves as they are (not U+0345, which it makes
+# an iota) and that are marks (not U+034F, the grapheme joiner).
+_ACCENTS = "".join(c for c in map(chr, range(0x300, 0x370))
+                   if unicodedata.combining(c) and c.casefold() == c)
+_PAST_ACCENTS = re.compile(f"[^\\x00-\\x7f{_ACCENTS}]")
 # The blanks (str.isspace, but the line break) that NFKC leaves as they are: it makes the others
 # a space. tests/test_folding.py checks this against Python's own Unicode tables.
 FOLDED_BLANKS = "\t\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\u1680\u2028\u2029"
@@ -37,6 +42,11 @@ def normalize(text: str) -> str:
         for i, line in enumerate(lines):
             lines[i] = line.lower() if line.isascii() else unicode_fold(line)
         text = "\n".join(lines)
+    return squeeze_blanks(text)
+
+
+def squeeze_blanks(text: str) -> str:
+    """Every blank a space, and a run of them one: `normalize`'s last step."""
     if any(c in text for c in FOLDED_BLANKS):
         text = text.translate(_TO_SPACE)
     return _SPACE_RUN.sub(" ", text) if "  " in text else text
@@ -45,8 +55,13 @@ def normalize(text: str) -> str:
 def unicode_fold(text: str) -> str:
     """The Unicode steps alone: NFKC, casefold, then NFD with the combining marks taken out.
 
-    `normalize` but for its blanks, and for the carriage return of a CRLF line.
+    `normalize` but for its blanks, and for the carriage return of a CRLF line. A text whose
+    canonical decomposition is ASCII and accents (`_ACCENTS`) folds to that ASCII lowered: each
+    step of the three leaves such a text as the accents on ASCII, lowered.
     """
+    decomposed = unicodedata.normalize("NFD", text)
+    if _PAST_ACCENTS.search(decomposed) is None:
+        return decomposed.encode("ascii", "ignore").decode("ascii").lower()
     text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text).casefold())
     if not text.isascii():
         for mark in {c for c in _MARKED.findall(text) if unicodedata.combining(c)}:

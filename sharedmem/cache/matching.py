@@ -4,22 +4,29 @@ A search asks this of each file it reads, so it works on the file's bytes as far
 
 - A case-sensitive needle is looked for in the bytes themselves: UTF-8 is self-synchronizing,
   so that is the same as in the decoded text, unless the needle holds U+FFFD, which stands for
-  bytes that are not UTF-8 (then the text is decoded).
-- An ASCII needle ignoring case (or `normalized`, when it holds no blank) is found in a line of
-  ASCII just where that line's bytes with ASCII lowered hold it, and wherever those bytes hold
-  it in another line it is in that line folded too (what folds to ASCII there only adds to
-  it). So the lowered bytes are searched, and the lines that are not ASCII, usually few, are
-  decoded and folded one by one for what they add.
-- Anything else is looked for in the whole text, decoded and folded.
+  bytes that are not UTF-8.
+- An ASCII needle ignoring case or `normalized` is found in a line of ASCII just where that
+  line's bytes with ASCII lowered hold it; when normalized, with each of its blanks standing
+  for a run of blanks there (`_BLANK_RUN`). Wherever those bytes hold it in another line it
+  is in that line folded too: what folds to ASCII there only adds to it, and a blank past
+  ASCII only joins a run. So the lowered bytes are searched, and the lines that are not ASCII,
+  usually few, are decoded and folded together for what they add (`others`).
+- Any other needle (past ASCII once folded, or holding U+FFFD) cannot be in a line of ASCII,
+  which folds to ASCII: it is looked for in those other lines alone.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
-from sharedmem.cache.folding import normalize, unicode_fold
+from sharedmem.cache.folding import FOLDED_BLANKS, normalize, squeeze_blanks, unicode_fold
 
 KINDS = ("exact", "casefold", "normalized")
+# A run of the ASCII blanks `normalize` makes one space; not the carriage return of a CRLF line.
+_BLANK_RUN = b"(?:[ " + re.escape(bytes(
+    ord(c) for c in FOLDED_BLANKS if c.isascii() and c != "\r")) + rb"]|\r(?!\n))+"
 
 
 def utf8(text: str) -> bytes | None:
@@ -39,62 +46,65 @@ class Matcher:
             str.casefold if kind == "casefold" else str
         self.queries = queries
         self.needles = [self.fold(q) for q in queries]
-        self.raw = [None if "\ufffd" in n else utf8(n) for n in self.needles]
-        if kind == "exact":
-            self.by_line = [False] * len(queries)
-        else:  # an ASCII needle, with no blank when normalized (a run of blanks is one there)
-            self.by_line = [r is not None and r.isascii() and (kind == "casefold" or b" " not in r)
-                            for r in self.raw]
+        # Each needle as the bytes (exact) or the lowered bytes hold it, or None when only the
+        # lines past ASCII can: see the module's docstring.
+        self.in_bytes: list[bytes | re.Pattern[bytes] | None] = []
+        for needle in self.needles:
+            raw = None if "\ufffd" in needle else utf8(needle)
+            if raw is not None and kind == "normalized" and raw.isascii() and b" " in raw:
+                self.in_bytes.append(re.compile(_BLANK_RUN.join(map(re.escape, raw.split(b" ")))))
+            else:
+                self.in_bytes.append(raw if kind == "exact" or raw and raw.isascii() else None)
         self._data = b""  # the file these are of, by identity:
-        self._folded: str | None = None  # its text folded
         self._lowered: bytes | None = None  # its bytes with ASCII lowered
-        self._others: list[tuple[int, str]] | None = None  # its lines not ASCII, folded
+        self._others: tuple[str, list[int]] | None = None  # its lines not ASCII, folded
 
     def _of(self, data: bytes) -> None:
         if data is not self._data:
-            self._data, self._folded, self._lowered, self._others = data, None, None, None
+            self._data, self._lowered, self._others = data, None, None
 
-    def folded(self, data: bytes) -> str:
-        """The file's text under the search's folding; once per file, however often asked."""
-        self._of(data)
-        if self._folded is None:
-            self._folded = self.fold(data.decode("utf-8", "replace"))
-        return self._folded
-
-    def lowered(self, data: bytes) -> bytes:
-        """The file's bytes with ASCII lowered; once per file."""
+    def _bytes(self, data: bytes) -> bytes:
+        """The file's bytes as the needles' bytes are looked for in them; once per file."""
+        if self.kind == "exact":
+            return data
         self._of(data)
         if self._lowered is None:
             self._lowered = data.lower()
         return self._lowered
 
-    def others(self, data: bytes) -> list[tuple[int, str]]:
-        """(1-based number, text folded) of each line holding a byte past ASCII; once per file.
+    def others(self, data: bytes) -> tuple[str, list[int]]:
+        """The lines holding a byte past ASCII, folded, as one text; and each one's number.
 
-        Only for the needles `by_line`: the Unicode steps alone when normalized.
+        When normalized, the Unicode steps take each line alone (most are ASCII and accents,
+        which fold the short way: see `unicode_fold`), and the blanks of all at once.
         """
         self._of(data)
         if self._others is None:
-                # For a needle with no blank, the blanks of a line do not matter.
-            fold = unicode_fold if self.kind == "normalized" else self.fold
-            self._others = [] if data.isascii() else [
-                (number, fold(line.decode("utf-8", "replace")))
-                for number, line in enumerate(data.split(b"\n"), 1) if not line.isascii()]
+            rows = [] if data.isascii() else data.split(b"\n")
+            numbers = [n for n, line in enumerate(rows, 1) if not line.isascii()]
+            if self.kind == "normalized":  # without the carriage return of a CRLF line
+                text = squeeze_blanks("\n".join(unicode_fold(
+                    (rows[n - 1][:-1] if n < len(rows) and rows[n - 1].endswith(b"\r")
+                     else rows[n - 1]).decode("utf-8", "replace")) for n in numbers))
+            else:
+                text = self.fold(b"\n".join(rows[n - 1] for n in numbers).decode(
+                    "utf-8", "replace"))
+            self._others = text, numbers
         return self._others
+
+    def _in_others(self, i: int) -> bool:
+        """Whether needle `i` may be in a line past ASCII that its bytes are not found in."""
+        return self.kind != "exact" or self.in_bytes[i] is None
 
     def which(self, data: bytes, wanted: Iterable[int]) -> set[int]:
         """Indexes (among `wanted`) of the needles found in the file `data`."""
         found = set()
         for i in wanted:
-            raw = self.raw[i]
-            if self.kind == "exact" and raw is not None:
-                hit = raw in data
-            elif self.by_line[i]:
-                hit = raw in self.lowered(data) or any(
-                    self.needles[i] in text for _, text in self.others(data))
-            else:
-                hit = self.needles[i] in self.folded(data)
-            if hit:
+            form = self.in_bytes[i]
+            if form is not None and (form.search(self._bytes(data)) is not None
+                                     if isinstance(form, re.Pattern) else form in self._bytes(data)):
+                found.add(i)
+            elif self._in_others(i) and self.needles[i] in self.others(data)[0]:
                 found.add(i)
         return found
 
@@ -102,27 +112,35 @@ class Matcher:
         """Per needle, the 1-based numbers of the lines of `data` holding it."""
         hits = []
         for i, needle in enumerate(self.needles):
-            raw = self.raw[i]
-            if self.kind == "exact" and raw is not None:
-                found = _numbers(data, raw, b"\n")
-            elif self.by_line[i]:
-                found = _numbers(self.lowered(data), raw, b"\n")  # type: ignore[arg-type]
-                found.update(n for n, text in self.others(data) if needle in text)
-            else:
-                found = _numbers(self.folded(data), needle, "\n")
+            form = self.in_bytes[i]
+            found = set() if form is None else _numbers(self._bytes(data), form, b"\n")
+            if self._in_others(i):
+                text, numbers = self.others(data)
+                found.update(numbers[k - 1] for k in _numbers(text, needle, "\n")
+                             if k <= len(numbers))
             hits.append(found)
         return hits
 
 
-def _numbers(hay: str | bytes, needle: str | bytes, newline: str | bytes) -> set[int]:
-    """The 1-based numbers of the lines of `hay` holding `needle` (which holds no line break)."""
+def _numbers(hay: Any, needle: Any, newline: Any) -> set[int]:
+    """The 1-based numbers of the lines of `hay` holding `needle`, a string or a bytes pattern.
+
+    Neither ever spans a line break.
+    """
+    if isinstance(needle, re.Pattern):
+        def find(at: int) -> int:
+            found = needle.search(hay, at)
+            return -1 if found is None else found.start()
+    else:
+        def find(at: int) -> int:
+            return hay.find(needle, at)
     lines: set[int] = set()
-    pos, line, counted = hay.find(needle), 1, 0  # type: ignore[arg-type]
+    pos, line, counted = find(0), 1, 0
     while pos >= 0:
-        line += hay.count(newline, counted, pos)  # type: ignore[arg-type]
+        line += hay.count(newline, counted, pos)
         lines.add(line)
-        counted = hay.find(newline, pos)  # type: ignore[arg-type]
+        counted = hay.find(newline, pos)
         if counted < 0:
             break
-        pos = hay.find(needle, counted)  # type: ignore[arg-type]
+        pos = find(counted)
     return lines
