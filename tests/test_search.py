@@ -903,6 +903,33 @@ def test_a_short_key_whose_trigrams_add_up_past_the_dense_share_is_still_looked_
     assert len(got) == 20 and searcher.scanned == 20
 
 
+def test_a_query_that_keeps_its_accents_reads_only_the_files_holding_them(
+        tmp_path: Path) -> None:
+    # Every file holds `a`, `resume` and `decision de`; a few hold them accented. The folded
+    # text cannot tell them apart, but the accented words kept beside it can: only those files
+    # are read, ignoring case or not, while `normalized` still finds them all.
+    files = {f"a{i:03d}.md": f"a resume and a decision deploy {i}\n" for i in range(100)}
+    files["b1.md"] = "voilà un Résumé\n"
+    files["b2.md"] = "la décision de Zoë\n"
+    files["b3.md"] = "une DÉCISION\n"
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    searcher = search_mod.searcher(cache)
+    for query, fold, paths, read in [
+            ("à", {}, ["b1.md"], 1), ("résumé", {"case_sensitive": False}, ["b1.md"], 1),
+            ("Résumé", {}, ["b1.md"], 1), ("décision de", {}, ["b2.md"], 1),
+            ("DÉCISION", {"case_sensitive": False}, ["b2.md", "b3.md"], 2),
+            ("ë", {}, ["b2.md"], 1),
+            ("écisi", {}, ["b2.md"], 2)]:  # the index is case-folded: b3 is read too
+        got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=[query], **fold)]
+        assert got == reference(cache, [query], case_sensitive=fold == {}) == [
+            (f"{NS}/{path}", 1) for path in paths], query
+        assert searcher.scanned == read, query
+    got = tools.search(cache, ["decision de"], normalized=True, max_results=200)["results"]
+    assert len(got) == 101
+
+
 def test_a_cache_named_by_a_relative_path_uses_its_index(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_cache(tmp_path / "cache", {f"f{i:03d}.md": f"alpha {i}\n" for i in range(300)})

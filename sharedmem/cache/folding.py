@@ -52,6 +52,24 @@ def squeeze_blanks(text: str) -> str:
     return _SPACE_RUN.sub(" ", text) if "  " in text else text
 
 
+def accented_words(text: str) -> set[str]:
+    """The words of `text` (runs between blanks), casefolded, that hold an accented letter.
+
+    That is, a character with a canonical decomposition (or marks out of canonical order):
+    what NFD changes. The search index keeps them beside a part's folded text, so a query that
+    is not `normalized` narrows by its accents too (`à` to the parts holding `à`, not every
+    part holding `a`). A query's own accented words are asked: each is a piece of such a word
+    of any text holding the query, and what NFD changes in a piece it changes in the whole.
+    """
+    if text.isascii():
+        return set()
+    folded = "\n".join(line for line in text.split("\n") if not line.isascii()).casefold()
+    if unicodedata.is_normalized("NFD", folded):
+        return set()
+    return {word for word in folded.split()
+            if not word.isascii() and not unicodedata.is_normalized("NFD", word)}
+
+
 def unicode_fold(text: str) -> str:
     """The Unicode steps alone: NFKC, casefold, then NFD with the combining marks taken out.
 

@@ -202,19 +202,23 @@ class IndexReader:
         """Ids of the parts `match` names."""
         return self._ids(match, ())
 
-    def expression(self, keys: Iterable[str], files: int) -> Match | None:
+    def expression(self, keys: Iterable[str], files: int,
+                   accented: Iterable[str] = ()) -> Match | None:
         """What names the parts that may hold every key; None when no key narrows them.
 
         A key of two words or more is the phrase of its words (`_phrase`); another of three
         characters or more is its trigrams (`_grams`); a shorter one is any of the trigrams it
         begins (`_short`; `files`, how many the index holds, tells it when the key is in too
         many of them to narrow). All of them go in one MATCH per table, so SQLite intersects
-        them: a few parts can hold all of several common words.
+        them: a few parts can hold all of several common words. The `accented` words of a query
+        not `normalized` (`folding.accented_words`) are asked as trigrams alone, as the index
+        keeps them beside the folded text, not among its words.
         """
-        keys = list(keys)
+        keys, accented = list(keys), list(accented)
         phrases = {key: p for key in keys if (p := self._phrase(key)) is not None}
-        parts = [grams] if (grams := _grams([k for k in keys if k not in phrases])) else []
-        for key in keys:
+        parts = [grams] if (grams := _grams([k for k in keys if k not in phrases] + accented)) \
+            else []
+        for key in keys + accented:
             if 0 < len(key) < 3 and (expr := self._short(key, files)) is not None:
                 parts.append(expr)
         if not parts and not phrases:
@@ -609,10 +613,11 @@ class Named:
     in few files.
     """
 
-    def __init__(self, view: View, keys: list[str], dense: bool = False) -> None:
+    def __init__(self, view: View, keys: list[str], dense: bool = False,
+                 accented: Iterable[str] = ()) -> None:
         self.view = view
         usable = view.index.conn is not None and len(view.stale) < len(view)
-        self.expr = view.index.expression(keys, len(view)) if usable else None
+        self.expr = view.index.expression(keys, len(view), accented) if usable else None
         self.keys, self.dense = keys, dense
         self.asked: dict[int, set[int]] = {}  # chunk start -> the positions named in it
         self.whole: list[int] | None = None  # every position named, when the ids are scattered

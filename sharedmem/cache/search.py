@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, NamedTuple
 
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
-from sharedmem.cache.folding import normalize
+from sharedmem.cache.folding import accented_words, normalize
 from sharedmem.cache.index_reader import (
     Cut,
     IndexLost,
@@ -183,7 +183,8 @@ class Searcher:
         the index names each query in some part of it, however common each query alone is.
         """
         everything = page.query.match_mode == "all"
-        named = [Named(view, [normalize(q)], dense=everything) for q in matcher.queries]
+        named = [Named(view, [normalize(q)], everything, self._accented(page.query, q))
+                 for q in matcher.queries]
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         every = set(range(len(matcher.needles)))
         walk = walk_named(view, spans, named, len(named) if everything else 1, last_path,
@@ -214,7 +215,8 @@ class Searcher:
         """
         count = len(matcher.needles)
         every = set(range(count))
-        named = [Named(view, [normalize(q)]) for q in matcher.queries]
+        named = [Named(view, [normalize(q)], False, self._accented(page.query, q))
+                 for q in matcher.queries]
         first, start, skip = (-after[0], after[1], after[2]) if after else (count, "", 0)
         held: dict[int, int] = {}  # file (owner) -> how many queries it holds, once read
         last: list[Any] | None = None  # the key of the last result on the page
@@ -235,6 +237,11 @@ class Searcher:
                         return page.results, last
                     last = [-group, relpath, number]
         return page.results, None
+
+    @staticmethod
+    def _accented(query: Query, key: str) -> set[str]:
+        """The accented words a query not `normalized` also narrows by: see `accented_words`."""
+        return set() if query.normalized else accented_words(key)
 
     def _read(self, view: View, disk: CacheFiles, matcher: Matcher, pos: int, relpath: str,
               spots: Spots | None, wanted: set[int], each: bool) -> tuple[

@@ -32,14 +32,14 @@ from itertools import pairwise
 from pathlib import Path
 
 from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache
-from sharedmem.cache.folding import normalize
+from sharedmem.cache.folding import accented_words, normalize
 from sharedmem.cache.layout import CacheFiles
 from sharedmem.cache.manifest_store import CachedFile
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "9"
+INDEX_VERSION = "10"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
@@ -439,8 +439,8 @@ class _Writer:
                 self.changed += 1
             return False
         bounds = segments(data)
-        texts = [normalize(data[lo:hi].decode("utf-8", "replace")) + TEXT_END
-                 for lo, hi in pairwise(bounds)]
+        raws = [data[lo:hi].decode("utf-8", "replace") for lo, hi in pairwise(bounds)]
+        texts = [normalize(raw) + TEXT_END for raw in raws]
         old = self.conn.execute("SELECT first, parts FROM files WHERE id=?",
                                 (row_id,)).fetchone() if row_id is not None else None
         # The rows it had while they are enough (the file keeps its place in path order), else
@@ -458,7 +458,9 @@ class _Writer:
                               "bounds=? WHERE id=?", (digest, meta.namespace, first,
                                                       len(texts), cut, row_id))
         rows = list(enumerate(texts, first))
-        self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", rows)
+        self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", (
+            (row, text + " ".join(accented) + TEXT_END if (accented := accented_words(raw))
+             else text) for (row, text), raw in zip(rows, raws, strict=True)))
         self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)", rows)
         for text in texts:  # the words as the `ascii` tokenizer cuts them: at ASCII separators
             self.words.update(text.encode("utf-8", "surrogatepass").translate(_CUT).split())
