@@ -627,17 +627,24 @@ def test_a_last_word_is_asked_as_its_first_three_characters_or_left_out(
 
 def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its trigrams, up to the second word's first character, are asked instead once the phrase
+    # alone proves to name most files: the files holding the rest of the phrase after another
+    # word are not read from then on, and one holding the whole key is still found.
     monkeypatch.setattr(index_reader, "_ENDINGS", 2)  # alpha, gamma and beta end with `a`
-    cache = make_cache(tmp_path, {"a.md": "alpha beta gamma\n", "b.md": "data beta gamma\n"})
+    files = {f"c{i:03d}.md": "gamma\nbeta gamma\n" for i in range(200)}
+    files.update({"a.md": "alpha beta gamma\n", "b.md": "data beta gamma\n",
+                  "z.md": "a beta gamma\n"})
+    cache = make_cache(tmp_path, files)
     search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
     searcher.index.begin()
-    assert searcher.index.expression(["a beta gamma"], 2).words == '"beta gam"*'
-    assert searcher.index.expression(["ta beta gamma"], 2).words == (
-        '("ta beta gam"* OR "data beta gam"* OR "beta beta gam"*)')
+    assert searcher.index.expression(["a beta gamma"], 203) == ("", '"beta gam"*', '"a b"')
+    assert searcher.index.expression(["ta beta gamma"], 203) == (
+        "", '("ta beta gam"* OR "data beta gam"* OR "beta beta gam"*)', "")
     searcher.index.end()
     got = [r["path"] for r in all_pages(cache, queries=["a beta gamma"])]
-    assert got == [f"{NS}/a.md", f"{NS}/b.md"]
+    assert got == [f"{NS}/a.md", f"{NS}/b.md", f"{NS}/z.md"]
+    assert searcher.scanned < 100  # the first files the phrase named, then z.md
 
 
 def test_a_phrase_alone_is_asked_for_the_matches_its_page_needs(
@@ -882,7 +889,7 @@ def test_a_short_key_in_most_files_is_not_looked_up_and_its_terms_not_all_read(
         ("f000.md", 1), ("f001.md", 1), ("f002.md", 1)] and searcher.scanned <= 4
     searcher.index.begin()
     assert searcher.index.expression(["q"], 201) is None
-    assert searcher.index.expression(["zj"], 201) == ('("zj\n")', "")
+    assert searcher.index.expression(["zj"], 201) == ('("zj\n")', "", "")
     searcher.index.end()
 
 

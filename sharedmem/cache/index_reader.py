@@ -15,7 +15,7 @@ import sqlite3
 import stat
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import islice, pairwise
 from typing import Any, NamedTuple
 
@@ -216,6 +216,7 @@ class IndexReader:
         """
         keys, accented = list(keys), list(accented)
         phrases = {key: p for key in keys if (p := self._phrase(key)) is not None}
+        heads = _grams([head for _, head in phrases.values() if head]) or ""
         parts = [grams] if (grams := _grams([k for k in keys if k not in phrases] + accented)) \
             else []
         for key in keys + accented:
@@ -223,9 +224,10 @@ class IndexReader:
                 parts.append(expr)
         if not parts and not phrases:
             return None
-        return Match(" AND ".join(parts), " AND ".join(phrases.values()))
+        return Match(" AND ".join(parts), " AND ".join(words for words, _ in phrases.values()),
+                     heads)
 
-    def _phrase(self, key: str) -> str | None:
+    def _phrase(self, key: str) -> tuple[str, str] | None:
         """The FTS5 phrase of `key`'s words, or those of each word its first may end; or None.
 
         A word is what the words table takes for one (`ascii`: cut at ASCII punctuation and
@@ -237,7 +239,8 @@ class IndexReader:
         a list of (SQLite reads that one list only as far as asked, where a longer prefix has it
         read and merge the whole list of every word it begins), or left out when shorter (too
         many words begin it to ask). None when fewer than two words are left (one word narrows
-        little), or for a lone surrogate.
+        little), or for a lone surrogate. Beside the phrase, the key's start up to the first
+        character of its second word when the phrase leaves its first word out (`Match.head`).
         """
         cut = _SEPARATORS.search(key)
         if cut is None or utf8(key) is None:
@@ -253,9 +256,10 @@ class IndexReader:
         after = len(_WORD.findall(rest))
         longer = self._ending(first) if first and after else None
         if longer is None:
-            return _quoted(rest) + star if after >= 2 else None
+            return (_quoted(rest) + star, key[:cut.end() + 1] if first else "") \
+                if after >= 2 else None
         return "(" + " OR ".join(_quoted(f"{word} {rest}") + star
-                                 for word in (first, *longer)) + ")"
+                                 for word in (first, *longer)) + ")", ""
 
     def _ending(self, word: str) -> list[str] | None:
         """The words of the index longer than `word` that end with it; None if too many."""
@@ -365,10 +369,17 @@ place among the search's queries. A key not there may be in any part."""
 
 
 class Match(NamedTuple):
-    """An FTS5 MATCH of the trigrams (`grams`) and one of the words (`words`), "" for none."""
+    """An FTS5 MATCH of the trigrams (`grams`) and one of the words (`words`), "" for none.
+
+    `head`: the trigrams of a first word the phrase left out, asked only once the phrase alone
+    proves to name most parts (`Named.everywhere`): `bucket https docs` read every file of the
+    AWS documentation holding `https docs`, where asking `bucket`'s trigrams from the start
+    made a phrase such as `e is not` cost twice as much.
+    """
 
     grams: str
     words: str
+    head: str = ""
 
 
 def _grams(keys: Iterable[str]) -> str | None:
@@ -628,9 +639,20 @@ class Named:
         return self.seen[0] / self.seen[1] if self.seen[1] else 0.5
 
     def everywhere(self) -> bool:
-        """Whether the key names every position, unasked."""
-        return self.expr is None or not self.dense and bool(self.seen[1]) and \
-            self.rate() > _DENSE
+        """Whether the key names every position, unasked.
+
+        A phrase that has named more than `_DENSE` of the positions asked about, and that left
+        out a first word, is asked with that word's trigrams from then on instead.
+        """
+        if self.expr is None:
+            return True
+        if self.dense or not self.seen[1] or self.rate() <= _DENSE:
+            return False
+        if not self.expr.head:
+            return True
+        grams = " AND ".join(expr for expr in (self.expr.grams, self.expr.head) if expr)
+        self.expr, self.whole, self.seen = Match(grams, self.expr.words), None, [0, 0]
+        return False
 
     def order(self, lo: int) -> tuple[bool, float]:
         """Keys known without a question first, then the sparsest."""
@@ -727,9 +749,8 @@ def walk_named(view: View, spans: list[range], named: list[Named], group: int,
     for span in spans:
         lo = min(max(view.find(start, span.start) if start else span.start, span.start),
                  span.stop)
-        if paced is not None:
-            yield from _ahead(view, key, lo, span.stop, paced)
-            continue
+        if paced is not None and not key.expr.grams:  # type: ignore[union-attr]
+            lo = yield from _ahead(view, key, lo, span.stop, paced)
         for first, end in _chunks(view, span):
             if end <= lo:
                 continue
@@ -741,7 +762,7 @@ def walk_named(view: View, spans: list[range], named: list[Named], group: int,
 
 
 def _ahead(view: View, key: Named, lo: int, stop: int,
-           room: Callable[[], int]) -> Iterator[tuple[int, Spots | None]]:
+           room: Callable[[], int]) -> Generator[tuple[int, Spots | None], None, int]:
     """The files from `lo` a phrase names, asked for half again as many as the page takes.
 
     Its words may be in every part, and SQLite then walks their places in every part a
@@ -749,13 +770,16 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
     chunk of fixed size walks on to its end, and each question costs as much as walking
     thousands of parts. A page that needs more (most of the files named do not hold the
     query) asks twice as many each time. Once the phrase names more than `_DENSE` of the
-    positions asked about, every file is read from then on, unasked.
+    positions asked about, every file is read from then on, unasked; or, when it left out a
+    first word, the rest is asked a chunk at a time with that word's trigrams: where it ends.
     """
     owners, most = view.owners, 0
     while lo < stop:
         if key.everywhere():
             yield from _every_file(view, lo, stop)
-            return
+            return stop
+        if key.expr.grams:  # type: ignore[union-attr]
+            return lo
         most = max(room() * 3 // 2 + 1, 2 * most)
         found, hi = key.ahead(lo, stop, most)
         spots: Spots = {0: found}
@@ -765,6 +789,7 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
                 files.add(owners[pos])
                 yield pos, spots
         lo = hi
+    return lo
 
 
 def _every_file(view: View, lo: int, hi: int) -> Iterator[tuple[int, Spots | None]]:
