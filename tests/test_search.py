@@ -638,13 +638,37 @@ def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
     search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
     searcher.index.begin()
-    assert searcher.index.expression(["a beta gamma"], 203) == ("", '"beta gam"*', '"a b"')
+    assert searcher.index.expression(["a beta gamma"], 203) == (
+        "", '"beta gam"*', ('"a b"', '"beta gamma"*', None))
     assert searcher.index.expression(["ta beta gamma"], 203) == (
-        "", '("ta beta gam"* OR "data beta gam"* OR "beta beta gam"*)', "")
+        "", '("ta beta gam"* OR "data beta gam"* OR "beta beta gam"*)',
+        ("", '("ta beta gamma"* OR "data beta gamma"* OR "beta beta gamma"*)', None))
     searcher.index.end()
     got = [r["path"] for r in all_pages(cache, queries=["a beta gamma"])]
     assert got == [f"{NS}/a.md", f"{NS}/b.md", f"{NS}/z.md"]
     assert searcher.scanned < 100  # the first files the phrase named, then z.md
+
+
+def test_a_phrase_whose_files_mostly_lack_it_is_asked_with_its_last_word_whole(
+        tmp_path: Path) -> None:
+    # `beta gamma` is asked as `"beta gam"*`, the prefix the words table keeps a list of, and a
+    # fifth of the files hold `beta gamut`: once the first files read give under a result in
+    # two, the rest is asked as `"beta gamma"*`, so those files are not read past them.
+    files = {f"f{i:04d}.md": "alpha beta gamut\n" if i % 5 == 0 else "alpha delta\n"
+             for i in range(1000)}
+    for i in (3, 501, 998):
+        files[f"f{i:04d}.md"] = "alpha beta gamma\n"
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    searcher = search_mod.searcher(cache)
+    searcher.index.begin()
+    assert searcher.index.expression(["beta gamma"], 1000) == (
+        "", '("beta gam"*)', ("", '("beta gamma"*)', None))
+    searcher.index.end()
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["beta gamma"])]
+    assert got == reference(cache, ["beta gamma"]) == [
+        (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
+    assert searcher.scanned < 100  # where the 201 files holding `beta gam` were read
 
 
 def test_a_phrase_alone_is_asked_for_the_matches_its_page_needs(
@@ -889,7 +913,7 @@ def test_a_short_key_in_most_files_is_not_looked_up_and_its_terms_not_all_read(
         ("f000.md", 1), ("f001.md", 1), ("f002.md", 1)] and searcher.scanned <= 4
     searcher.index.begin()
     assert searcher.index.expression(["q"], 201) is None
-    assert searcher.index.expression(["zj"], 201) == ('("zj\n")', "", "")
+    assert searcher.index.expression(["zj"], 201) == ('("zj\n")', "", None)
     searcher.index.end()
 
 

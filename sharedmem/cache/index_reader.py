@@ -48,6 +48,7 @@ _WORD = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # what FTS5's `
 _LAST_WORD = re.compile(_WORD.pattern + r"\Z")
 _PREFIX = 3  # the words table's prefix length (`prefix='3'`), to which a last word is cut
 _ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
+_TRIED, _YIELD = 32, 2  # a phrase whose first 32 files or more gave under a result in 2: `then`
 
 
 class IndexLost(CacheError):
@@ -216,7 +217,6 @@ class IndexReader:
         """
         keys, accented = list(keys), list(accented)
         phrases = {key: p for key in keys if (p := self._phrase(key)) is not None}
-        heads = _grams([head for _, head in phrases.values() if head]) or ""
         parts = [grams] if (grams := _grams([k for k in keys if k not in phrases] + accented)) \
             else []
         for key in keys + accented:
@@ -224,10 +224,14 @@ class IndexReader:
                 parts.append(expr)
         if not parts and not phrases:
             return None
-        return Match(" AND ".join(parts), " AND ".join(words for words, _ in phrases.values()),
-                     heads)
+        then = None
+        if any(p.head or p.whole for p in phrases.values()):
+            heads = _grams([p.head for p in phrases.values() if p.head])
+            then = Match(" AND ".join(parts + ([heads] if heads else [])),
+                         " AND ".join(p.whole or p.words for p in phrases.values()))
+        return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
 
-    def _phrase(self, key: str) -> tuple[str, str] | None:
+    def _phrase(self, key: str) -> _Phrase | None:
         """The FTS5 phrase of `key`'s words, or those of each word its first may end; or None.
 
         A word is what the words table takes for one (`ascii`: cut at ASCII punctuation and
@@ -239,8 +243,7 @@ class IndexReader:
         a list of (SQLite reads that one list only as far as asked, where a longer prefix has it
         read and merge the whole list of every word it begins), or left out when shorter (too
         many words begin it to ask). None when fewer than two words are left (one word narrows
-        little), or for a lone surrogate. Beside the phrase, the key's start up to the first
-        character of its second word when the phrase leaves its first word out (`Match.head`).
+        little), or for a lone surrogate. Beside the phrase, what it leaves out, for `Match.then`.
         """
         cut = _SEPARATORS.search(key)
         if cut is None or utf8(key) is None:
@@ -249,17 +252,28 @@ class IndexReader:
         if len(_WORD.findall(rest)) < (2 if not first else 1):
             return None
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
+        whole = rest  # with its last word whole
         if star and (last := _LAST_WORD.search(rest)):
             short = len(last.group()) < _PREFIX
             rest, star = (rest[:last.start()], "") if short else (rest[:last.start() + _PREFIX],
                                                                   star)
+            if len(last.group()) <= _PREFIX:
+                whole = ""
+        else:
+            whole = ""
         after = len(_WORD.findall(rest))
         longer = self._ending(first) if first and after else None
-        if longer is None:
-            return (_quoted(rest) + star, key[:cut.end() + 1] if first else "") \
-                if after >= 2 else None
-        return "(" + " OR ".join(_quoted(f"{word} {rest}") + star
-                                 for word in (first, *longer)) + ")", ""
+        if longer is None and after < 2:
+            return None
+
+        def phrase(words: str) -> str:
+            if longer is None:
+                return _quoted(words) + star
+            return "(" + " OR ".join(_quoted(f"{word} {words}") + star
+                                     for word in (first, *longer)) + ")"
+
+        return _Phrase(phrase(rest), key[:cut.end() + 1] if first and longer is None else "",
+                       phrase(whole) if whole else "")
 
     def _ending(self, word: str) -> list[str] | None:
         """The words of the index longer than `word` that end with it; None if too many."""
@@ -371,15 +385,30 @@ place among the search's queries. A key not there may be in any part."""
 class Match(NamedTuple):
     """An FTS5 MATCH of the trigrams (`grams`) and one of the words (`words`), "" for none.
 
-    `head`: the trigrams of a first word the phrase left out, asked only once the phrase alone
-    proves to name most parts (`Named.everywhere`): `bucket https docs` read every file of the
-    AWS documentation holding `https docs`, where asking `bucket`'s trigrams from the start
-    made a phrase such as `e is not` cost twice as much.
+    `then`: what a phrase is asked as once it proves to name many parts that do not hold it
+    (`Named.tighten`): with the trigrams of a first word it left out (`bucket https docs`
+    named every file of the AWS documentation holding `https docs`), and with its last word
+    whole as the prefix, not its first three characters (`for these` named 2,323 parts, where
+    `"for these"*` names 75). Both cost more to ask, so not from the start: with the
+    trigrams, `e is not` took twice as long; and a prefix beyond three characters has SQLite
+    merge the whole list of every word it begins for each question.
     """
 
     grams: str
     words: str
-    head: str = ""
+    then: Match | None = None
+
+
+class _Phrase(NamedTuple):
+    """A phrase's words (`Match.words`), and what it leaves out (see `Match.then`).
+
+    `head`: the key up to its second word's first character, when its first word is left
+    out; `whole`: the phrase with its last word whole, when that was cut to `_PREFIX`.
+    """
+
+    words: str
+    head: str
+    whole: str
 
 
 def _grams(keys: Iterable[str]) -> str | None:
@@ -641,18 +670,21 @@ class Named:
     def everywhere(self) -> bool:
         """Whether the key names every position, unasked.
 
-        A phrase that has named more than `_DENSE` of the positions asked about, and that left
-        out a first word, is asked with that word's trigrams from then on instead.
+        A phrase that has named more than `_DENSE` of the positions asked about is asked as
+        `Match.then` from there on, when it has one.
         """
         if self.expr is None:
             return True
         if self.dense or not self.seen[1] or self.rate() <= _DENSE:
             return False
-        if not self.expr.head:
-            return True
-        grams = " AND ".join(expr for expr in (self.expr.grams, self.expr.head) if expr)
-        self.expr, self.whole, self.seen = Match(grams, self.expr.words), None, [0, 0]
-        return False
+        return not self.tighten()
+
+    def tighten(self) -> bool:
+        """Ask `Match.then` from now on; False when there is none."""
+        if self.expr is None or self.expr.then is None:
+            return False
+        self.expr, self.whole, self.seen = self.expr.then, None, [0, 0]
+        return True
 
     def order(self, lo: int) -> tuple[bool, float]:
         """Keys known without a question first, then the sparsest."""
@@ -770,14 +802,22 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
     chunk of fixed size walks on to its end, and each question costs as much as walking
     thousands of parts. A page that needs more (most of the files named do not hold the
     query) asks twice as many each time. Once the phrase names more than `_DENSE` of the
-    positions asked about, every file is read from then on, unasked; or, when it left out a
-    first word, the rest is asked a chunk at a time with that word's trigrams: where it ends.
+    positions asked about, every file is read from then on, unasked, unless it has a
+    `Match.then`: that is asked from there instead. So it is once the phrase's first files
+    read (`_TRIED`) give under one result in `_YIELD`, if it asks no more trigrams (those,
+    asked a chunk at a time, cost `e is not` more than reading the files it names: only a
+    phrase in most files asks them). Asked ahead while it is words alone; with trigrams, a
+    chunk at a time by the caller, from where this returns.
     """
-    owners, most = view.owners, 0
+    owners, most, read, before = view.owners, 0, 0, room()
     while lo < stop:
         if key.everywhere():
             yield from _every_file(view, lo, stop)
             return stop
+        then = key.expr.then  # type: ignore[union-attr]
+        if read >= _TRIED and (before - room()) * _YIELD < read and then is not None and \
+                then.grams == key.expr.grams and key.tighten():  # type: ignore[union-attr]
+            most = read = 0
         if key.expr.grams:  # type: ignore[union-attr]
             return lo
         most = max(room() * 3 // 2 + 1, 2 * most)
@@ -787,6 +827,7 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
         for pos in sorted(found):
             if owners[pos] not in files:
                 files.add(owners[pos])
+                read += 1
                 yield pos, spots
         lo = hi
     return lo
