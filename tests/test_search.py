@@ -638,11 +638,13 @@ def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
     search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
     searcher.index.begin()
-    assert searcher.index.expression(["a beta gamma"], 203) == (
-        "", '"beta gam"*', ('"a b"', '"beta gamma"*', None))
-    assert searcher.index.expression(["ta beta gamma"], 203) == (
-        "", '("ta beta gam"* OR "data beta gam"* OR "beta beta gam"*)',
-        ("", '("ta beta gamma"* OR "data beta gamma"* OR "beta beta gamma"*)', None))
+    match = searcher.index.expression(["a beta gamma"], 203)
+    assert match.grams == "" and match.words == '"beta gam"*' and match.then is not None
+    assert match.then.words == '"beta gamma"*' and '"a b"' in match.then.grams.split(" AND ")
+    match = searcher.index.expression(["ta beta gamma"], 203)
+    assert match.words == '("ta beta gam"* OR "data beta gam"* OR "beta beta gam"*)'
+    assert match.then is not None and match.then.words == (
+        '("ta beta gamma"* OR "data beta gamma"* OR "beta beta gamma"*)')
     searcher.index.end()
     got = [r["path"] for r in all_pages(cache, queries=["a beta gamma"])]
     assert got == [f"{NS}/a.md", f"{NS}/b.md", f"{NS}/z.md"]
@@ -662,13 +664,30 @@ def test_a_phrase_whose_files_mostly_lack_it_is_asked_with_its_last_word_whole(
     search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
     searcher.index.begin()
-    assert searcher.index.expression(["beta gamma"], 1000) == (
-        "", '("beta gam"*)', ("", '("beta gamma"*)', None))
+    match = searcher.index.expression(["beta gamma"], 1000)
+    assert match.words == '("beta gam"*)' and match.then is not None
+    assert match.then.words == '("beta gamma"*)'
     searcher.index.end()
     got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["beta gamma"])]
     assert got == reference(cache, ["beta gamma"]) == [
         (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
     assert searcher.scanned < 100  # where the 201 files holding `beta gam` were read
+
+
+def test_a_phrase_in_most_files_is_asked_with_its_trigrams_which_tell_separators_apart(
+        tmp_path: Path) -> None:
+    # The words table takes `https://docs` for the phrase `https docs`: once the phrase proves
+    # to name most files, its trigrams (`s d`) are asked with it, and the files holding only
+    # `https://docs` are not read past the first ones.
+    files = {f"f{i:03d}.md": f"see https://docs.example/{i}\n" for i in range(300)}
+    files["f100.md"] = "see https docs here\n"
+    files["f250.md"] = "https docs\n"
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    searcher = search_mod.searcher(cache)
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["https docs"])]
+    assert got == reference(cache, ["https docs"]) == [(f"{NS}/f100.md", 1), (f"{NS}/f250.md", 1)]
+    assert searcher.scanned < 100  # where every file was read
 
 
 def test_a_phrase_alone_is_asked_for_the_matches_its_page_needs(

@@ -225,9 +225,9 @@ class IndexReader:
         if not parts and not phrases:
             return None
         then = None
-        if any(p.head or p.whole for p in phrases.values()):
-            heads = _grams([p.head for p in phrases.values() if p.head])
-            then = Match(" AND ".join(parts + ([heads] if heads else [])),
+        if phrases:  # with the trigrams of each phrase's key, and its last word whole
+            more = _grams(list(phrases))
+            then = Match(" AND ".join(parts + ([more] if more else [])),
                          " AND ".join(p.whole or p.words for p in phrases.values()))
         return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
 
@@ -272,8 +272,7 @@ class IndexReader:
             return "(" + " OR ".join(_quoted(f"{word} {words}") + star
                                      for word in (first, *longer)) + ")"
 
-        return _Phrase(phrase(rest), key[:cut.end() + 1] if first and longer is None else "",
-                       phrase(whole) if whole else "")
+        return _Phrase(phrase(rest), phrase(whole) if whole else "")
 
     def _ending(self, word: str) -> list[str] | None:
         """The words of the index longer than `word` that end with it; None if too many."""
@@ -386,12 +385,14 @@ class Match(NamedTuple):
     """An FTS5 MATCH of the trigrams (`grams`) and one of the words (`words`), "" for none.
 
     `then`: what a phrase is asked as once it proves to name many parts that do not hold it
-    (`Named.tighten`): with the trigrams of a first word it left out (`bucket https docs`
-    named every file of the AWS documentation holding `https docs`), and with its last word
-    whole as the prefix, not its first three characters (`for these` named 2,323 parts, where
-    `"for these"*` names 75). Both cost more to ask, so not from the start: with the
-    trigrams, `e is not` took twice as long; and a prefix beyond three characters has SQLite
-    merge the whole list of every word it begins for each question.
+    (`Named.tighten`): with its last word whole as the prefix, not its first three characters
+    (`for these` named 2,323 parts of the AWS documentation, where `"for these"*` names 75),
+    and with its key's trigrams, which hold a first word the phrase left out and the separators
+    the words table does not tell apart (`https docs` named 5,782 parts holding
+    `https://docs`; with its trigrams, 23). Both cost more to ask, so not from the start: a
+    prefix past three characters has SQLite read and merge the whole list of every word it
+    begins for each question, and the trigrams, asked a chunk at a time, made `e is not`
+    take twice as long.
     """
 
     grams: str
@@ -400,14 +401,12 @@ class Match(NamedTuple):
 
 
 class _Phrase(NamedTuple):
-    """A phrase's words (`Match.words`), and what it leaves out (see `Match.then`).
+    """A phrase's words (`Match.words`), and with its last word whole (for `Match.then`).
 
-    `head`: the key up to its second word's first character, when its first word is left
-    out; `whole`: the phrase with its last word whole, when that was cut to `_PREFIX`.
+    `whole` is "" unless the last word was cut to `_PREFIX`.
     """
 
     words: str
-    head: str
     whole: str
 
 
@@ -679,11 +678,16 @@ class Named:
             return False
         return not self.tighten()
 
-    def tighten(self) -> bool:
-        """Ask `Match.then` from now on; False when there is none."""
-        if self.expr is None or self.expr.then is None:
+    def tighten(self, words_only: bool = False) -> bool:
+        """Ask `Match.then` from now on, or only its words; False when that asks nothing new.
+
+        Its words alone keep the rest of it for later.
+        """
+        expr = self.expr
+        if expr is None or expr.then is None or words_only and expr.then.words == expr.words:
             return False
-        self.expr, self.whole, self.seen = self.expr.then, None, [0, 0]
+        self.expr = Match(expr.grams, expr.then.words, expr.then) if words_only else expr.then
+        self.whole, self.seen = None, [0, 0]
         return True
 
     def order(self, lo: int) -> tuple[bool, float]:
@@ -803,20 +807,17 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
     thousands of parts. A page that needs more (most of the files named do not hold the
     query) asks twice as many each time. Once the phrase names more than `_DENSE` of the
     positions asked about, every file is read from then on, unasked, unless it has a
-    `Match.then`: that is asked from there instead. So it is once the phrase's first files
-    read (`_TRIED`) give under one result in `_YIELD`, if it asks no more trigrams (those,
-    asked a chunk at a time, cost `e is not` more than reading the files it names: only a
-    phrase in most files asks them). Asked ahead while it is words alone; with trigrams, a
-    chunk at a time by the caller, from where this returns.
+    `Match.then`: that is asked from there instead, a chunk at a time by the caller, from
+    where this returns. Its words alone are asked (ahead, as before) once the phrase's first
+    files read (`_TRIED`) give under one result in `_YIELD`: its trigrams, asked a chunk at a
+    time, cost `e is not` more than reading the files it names.
     """
     owners, most, read, before = view.owners, 0, 0, room()
     while lo < stop:
         if key.everywhere():
             yield from _every_file(view, lo, stop)
             return stop
-        then = key.expr.then  # type: ignore[union-attr]
-        if read >= _TRIED and (before - room()) * _YIELD < read and then is not None and \
-                then.grams == key.expr.grams and key.tighten():  # type: ignore[union-attr]
+        if read >= _TRIED and (before - room()) * _YIELD < read and key.tighten(words_only=True):
             most = read = 0
         if key.expr.grams:  # type: ignore[union-attr]
             return lo
