@@ -818,7 +818,7 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
             yield from _every_file(view, lo, stop)
             return stop
         if read >= _TRIED and (before - room()) * _YIELD < read and key.tighten(words_only=True):
-            most = read = 0
+            most, read, before = 0, 0, room()
         if key.expr.grams:  # type: ignore[union-attr]
             return lo
         most = max(room() * 3 // 2 + 1, 2 * most)
