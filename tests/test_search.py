@@ -674,6 +674,30 @@ def test_a_phrase_whose_files_mostly_lack_it_is_asked_with_its_last_word_whole(
     assert searcher.scanned < 100  # where the 201 files holding `beta gam` were read
 
 
+def test_a_last_word_whole_that_names_as_many_parts_is_asked_once(tmp_path: Path) -> None:
+    # A fifth of the files hold `beta-gamut`, which the words table takes for the phrase `beta
+    # gamut`: the files read give few results, so the phrase is asked with its last word whole,
+    # which names as many parts at a higher cost (SQLite merges that word's whole list for
+    # each question); after that one question it is asked by its first three characters again.
+    files = {f"f{i:04d}.md": "alpha beta-gamut\n" if i % 5 == 0 else "alpha delta\n"
+             for i in range(1000)}
+    for i in (3, 501, 998):
+        files[f"f{i:04d}.md"] = "alpha beta gamut\n"
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    sql_of_next_search(cache, queries=["nothing-like-it"])  # the view is loaded
+    searcher = search_mod.searcher(cache)
+    assert searcher.index.conn is not None
+    statements: list[str] = []
+    searcher.index.conn.set_trace_callback(statements.append)
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["beta gamut"])]
+    assert got == reference(cache, ["beta gamut"]) == [
+        (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
+    asked = [s.split("MATCH '")[1].split("'")[0] for s in statements
+             if "FROM words WHERE words MATCH" in s]
+    assert asked.count('("beta gamut"*)') == 1 and asked[-1] == '("beta gam"*)', asked
+
+
 def test_a_phrase_in_most_files_is_asked_with_its_trigrams_which_tell_separators_apart(
         tmp_path: Path) -> None:
     # The words table takes `https://docs` for the phrase `https docs`: once the phrase proves
