@@ -651,17 +651,22 @@ def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
     assert searcher.scanned < 100  # the first files the phrase named, then z.md
 
 
+def fifth_and_three(tmp_path: Path, fifth: str, three: str) -> Cache:
+    """1,000 indexed files: a fifth hold `fifth`, files 3, 501 and 998 `three`, the rest neither."""
+    files = {f"f{i:04d}.md": f"alpha {fifth}\n" if i % 5 == 0 else "alpha delta\n"
+             for i in range(1000)}
+    files.update({f"f{i:04d}.md": f"alpha {three}\n" for i in (3, 501, 998)})
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    return cache
+
+
 def test_a_phrase_whose_files_mostly_lack_it_is_asked_with_its_last_word_whole(
         tmp_path: Path) -> None:
     # `beta gamma` is asked as `"beta gam"*`, the prefix the words table keeps a list of, and a
     # fifth of the files hold `beta gamut`: once the first files read give under a result in
-    # two, the rest is asked as `"beta gamma"*`, so those files are not read past them.
-    files = {f"f{i:04d}.md": "alpha beta gamut\n" if i % 5 == 0 else "alpha delta\n"
-             for i in range(1000)}
-    for i in (3, 501, 998):
-        files[f"f{i:04d}.md"] = "alpha beta gamma\n"
-    cache = make_cache(tmp_path, files)
-    search_index.refresh_index(cache)
+    # four, the rest is asked as `"beta gamma"*`, so those files are not read past them.
+    cache = fifth_and_three(tmp_path, "beta gamut", "beta gamma")
     searcher = search_mod.searcher(cache)
     searcher.index.begin()
     match = searcher.index.expression(["beta gamma"], 1000)
@@ -679,12 +684,7 @@ def test_a_last_word_whole_that_names_as_many_parts_is_asked_once(tmp_path: Path
     # gamut`: the files read give few results, so the phrase is asked with its last word whole,
     # which names as many parts at a higher cost (SQLite merges that word's whole list for
     # each question); after that one question it is asked by its first three characters again.
-    files = {f"f{i:04d}.md": "alpha beta-gamut\n" if i % 5 == 0 else "alpha delta\n"
-             for i in range(1000)}
-    for i in (3, 501, 998):
-        files[f"f{i:04d}.md"] = "alpha beta gamut\n"
-    cache = make_cache(tmp_path, files)
-    search_index.refresh_index(cache)
+    cache = fifth_and_three(tmp_path, "beta-gamut", "beta gamut")
     sql_of_next_search(cache, queries=["nothing-like-it"])  # the view is loaded
     searcher = search_mod.searcher(cache)
     assert searcher.index.conn is not None
