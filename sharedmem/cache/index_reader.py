@@ -253,15 +253,13 @@ class IndexReader:
         if len(_WORD.findall(rest)) < (2 if not first else 1):
             return None
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
-        whole = rest  # with its last word whole
+        whole = ""  # with its last word whole, when that is cut
         if star and (last := _LAST_WORD.search(rest)):
+            if len(last.group()) > _PREFIX:
+                whole = rest
             short = len(last.group()) < _PREFIX
             rest, star = (rest[:last.start()], "") if short else (rest[:last.start() + _PREFIX],
                                                                   star)
-            if len(last.group()) <= _PREFIX:
-                whole = ""
-        else:
-            whole = ""
         after = len(_WORD.findall(rest))
         longer = self._ending(first) if first and after else None
         if longer is None and after < 2:
@@ -662,6 +660,8 @@ class Named:
         self.asked: dict[int, set[int]] = {}  # chunk start -> the positions named in it
         self.whole: list[int] | None = None  # every position named, when the ids are scattered
         self.seen = [0, 0]  # positions named, positions asked about: how dense the key is
+        # the words and rate of a phrase before its last word was made whole, until asked
+        self.untried: tuple[str, float] | None = None
 
     def rate(self) -> float:
         """The share of positions named so far (a half until asked): sparse keys go first."""
@@ -680,18 +680,10 @@ class Named:
         expr = self.expr
         if expr is None or expr.then is None or words_only and expr.then.words == expr.words:
             return False
+        self.untried = (expr.words, self.rate()) if words_only else None
         self.expr = Match(expr.grams, expr.then.words, expr.then) if words_only else expr.then
         self.whole, self.seen = None, [0, 0]
         return True
-
-    def loosen(self, words: str) -> None:
-        """Ask the phrase as `words` again, and `Match.then` with them.
-
-        For when the words it was asked as since `tighten` named about as many parts, at the
-        cost of a question each.
-        """
-        assert self.expr is not None and self.expr.then is not None
-        self.expr = Match(self.expr.grams, words, self.expr.then._replace(words=words))
 
     def order(self, lo: int) -> tuple[bool, float]:
         """Keys known without a question first, then the sparsest."""
@@ -721,7 +713,9 @@ class Named:
 
         The end is that of the file of the last of them, or `stop` when they are fewer: every
         position named in between is there, and no file is cut. Only for a view `in_order`
-        (position order is id order) and a phrase alone (`words`, no `grams`).
+        (position order is id order) and a phrase alone (`words`, no `grams`). The first
+        question after `tighten` made its last word whole goes back to the words before, unless
+        it names under `_KEPT` as many parts as they did.
         """
         assert self.expr is not None
         view, owners = self.view, self.view.owners
@@ -734,6 +728,12 @@ class Named:
             if view.ids[hi - 1] > ids[-1]:
                 ids.extend(view.index.between(self.expr, ids[-1] + 1, view.ids[hi - 1]))
         found = view.positions(ids) or set()
+        if self.untried is not None:  # its last word whole: kept if it names under `_KEPT`
+            words, rate = self.untried
+            if len(found) > _KEPT * rate * (hi - lo):
+                self.expr = Match(self.expr.grams, words, self.expr.then._replace(words=words)
+                                  if self.expr.then else None)
+            self.untried = None
         self.seen[0] += len(found)
         self.seen[1] += hi - lo
         return found, hi
@@ -820,12 +820,10 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
     each question, 3.5-4.3 ms for `default` at 100,000 files where it begins no other word.
     """
     owners, most, read, before = view.owners, 0, 0, room()
-    loose: tuple[str, float] | None = None  # the words and rate before they were made whole
     while lo < stop:
-        if read >= _TRIED and (before - room()) * _YIELD < read:
-            words, rate = key.expr.words, key.rate()  # type: ignore[union-attr]
-            if key.tighten(words_only=not key.everywhere()):
-                most, read, before, loose = 0, 0, room(), (words, rate)
+        if read >= _TRIED and (before - room()) * _YIELD < read and \
+                key.tighten(words_only=not key.everywhere()):
+            most, read, before = 0, 0, room()
         if key.everywhere():
             yield from _every_file(view, lo, stop)
             return stop
@@ -833,9 +831,6 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
             return lo
         most = max(room() * 3 // 2 + 1, 2 * most)
         found, hi = key.ahead(lo, stop, most)
-        if loose is not None and len(found) > _KEPT * loose[1] * (hi - lo):
-            key.loosen(loose[0])
-        loose = None
         spots: Spots = {0: found}
         files: set[int] = set()
         for pos in sorted(found):

@@ -183,8 +183,7 @@ class Searcher:
         the index names each query in some part of it, however common each query alone is.
         """
         everything = page.query.match_mode == "all"
-        named = [Named(view, [normalize(q)], everything, self._accented(page.query, q))
-                 for q in matcher.queries]
+        named = _named(view, page.query, everything)
         last_path, last_line = (after[0], after[1]) if after else ("", 0)
         every = set(range(len(matcher.needles)))
         walk = walk_named(view, spans, named, len(named) if everything else 1, last_path,
@@ -215,8 +214,7 @@ class Searcher:
         """
         count = len(matcher.needles)
         every = set(range(count))
-        named = [Named(view, [normalize(q)], False, self._accented(page.query, q))
-                 for q in matcher.queries]
+        named = _named(view, page.query, False)
         first, start, skip = (-after[0], after[1], after[2]) if after else (count, "", 0)
         held: dict[int, int] = {}  # file (owner) -> how many queries it holds, once read
         last: list[Any] | None = None  # the key of the last result on the page
@@ -237,11 +235,6 @@ class Searcher:
                         return page.results, last
                     last = [-group, relpath, number]
         return page.results, None
-
-    @staticmethod
-    def _accented(query: Query, key: str) -> set[str]:
-        """The accented words a query not `normalized` also narrows by: see `accented_words`."""
-        return set() if query.normalized else accented_words(key)
 
     def _read(self, view: View, disk: CacheFiles, matcher: Matcher, pos: int, relpath: str,
               spots: Spots | None, wanted: set[int], each: bool) -> tuple[
@@ -282,6 +275,15 @@ class Searcher:
             cut, spots.values() if wanted <= spots.keys() else None)
         return found, lines, _hits(data, [(lo, piece(lo, hi)) for lo, hi in ranges], matcher,
                                    lines)
+
+
+def _named(view: View, query: Query, dense: bool) -> list[Named]:
+    """What the index names for each query: by its folded text, and by its accented words too.
+
+    Those only when the query is not `normalized` (see `folding.accented_words`).
+    """
+    return [Named(view, [normalize(q)], dense, () if query.normalized else accented_words(q))
+            for q in query.queries]
 
 
 def _held(read: Callable[[int, int], bytes], cut: Cut, spots: Spots, matcher: Matcher,
