@@ -6,7 +6,12 @@ import random
 import re
 import unicodedata
 
-from sharedmem.cache.folding import FOLDED_BLANKS, normalize
+from sharedmem.cache.folding import (
+    FOLDED_BLANKS,
+    capital_stretches,
+    capital_trigrams,
+    normalize,
+)
 
 
 def definition(text: str) -> str:
@@ -60,3 +65,26 @@ def test_text_of_ascii_and_accents_folds_as_its_definition() -> None:
     for _ in range(20000):
         text = "".join(rng.choice(pool) for _ in range(rng.randint(1, 8)))
         assert normalize(text) == definition(text), repr(text)
+
+
+def test_every_trigram_of_a_query_holding_a_capital_is_in_the_stretches_of_its_text() -> None:
+    # Any piece of a text, as a query: each of its trigrams holding an ASCII capital is within
+    # one stretch kept for the text, wherever the piece starts and ends.
+    rng = random.Random(11)
+    pool = ["a", "b", "A", "B", "Z", " ", "-", "\t", "é", "É", "日", "\n", "ab", "AB", "aB"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 40)))
+        stretches = capital_stretches(text)
+        for _ in range(10):
+            lo = rng.randint(0, len(text))
+            query = text[lo:rng.randint(lo, len(text))]
+            for gram in capital_trigrams(query):
+                assert any(gram in s for s in stretches), (text, query, gram)
+
+
+def test_capital_trigrams_and_stretches() -> None:
+    assert capital_trigrams("Version e") == ["Ver"]
+    assert capital_trigrams("see The end") == ["e T", " Th", "The"]
+    assert capital_trigrams("É and é") == []  # only ASCII capitals: the index keeps no others
+    assert capital_stretches("see The end, Or IT") == {"e The", ", Or IT"}
+    assert capital_stretches("no capitals") == set()

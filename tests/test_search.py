@@ -956,7 +956,7 @@ def test_a_short_key_in_most_files_is_not_looked_up_and_its_terms_not_all_read(
         ("f000.md", 1), ("f001.md", 1), ("f002.md", 1)] and searcher.scanned <= 4
     searcher.index.begin()
     assert searcher.index.expression(["q"], 201) is None
-    assert searcher.index.expression(["zj"], 201) == ('("zj\n")', "", None)
+    assert searcher.index.expression(["zj"], 201) == ('("zj\n")', "", None, False)
     searcher.index.end()
 
 
@@ -1002,6 +1002,36 @@ def test_a_query_that_keeps_its_accents_reads_only_the_files_holding_them(
         assert searcher.scanned == read, query
     got = tools.search(cache, ["decision de"], normalized=True, max_results=200)["results"]
     assert len(got) == 101
+
+
+def test_a_case_sensitive_query_reads_only_the_files_holding_its_capitals(
+        tmp_path: Path) -> None:
+    # A quarter of the files hold `version e` and `the project`; a few hold them with capitals.
+    # The folded text cannot tell them apart, but the text kept around each capital can: a
+    # case-sensitive query reads only the files holding its own, while ignoring case still
+    # finds them all.
+    files = {f"a{i:03d}.md": f"the project of version e{i}\n" if i % 4 == 0 else f"note {i}\n"
+             for i in range(600)}
+    files["b1.md"] = "Version e7 of it\n"
+    files["b2.md"] = "see The project\n"
+    files["b3.md"] = "VERSION E\n"
+    files["b4.md"] = "a (Version) e\n"
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    searcher = search_mod.searcher(cache)
+    for query, paths, read in [("Version e", ["b1.md"], 1), ("VERSION", ["b3.md"], 1),
+                               ("ERSION E", ["b3.md"], 1), ("(Version)", ["b4.md"], 1),
+                               ("n) e", ["b4.md"], 1)]:
+        got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=[query])]
+        assert got == reference(cache, [query]) == [(f"{NS}/{p}", 1) for p in paths], query
+        assert searcher.scanned == read, query
+    # A phrase is asked with its capitals once the files its words name prove to lack it,
+    # though they are too few for its trigrams to be asked for that alone.
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["The project"])]
+    assert got == reference(cache, ["The project"]) == [(f"{NS}/b2.md", 1)]
+    assert searcher.scanned < 100
+    assert len(all_pages(cache, queries=["version e"], case_sensitive=False)) == 152
 
 
 def test_a_cache_named_by_a_relative_path_uses_its_index(

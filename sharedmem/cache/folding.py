@@ -1,7 +1,8 @@
 """The folding of a `normalized` search: case, accents, Unicode forms and runs of blanks.
 
 The search index holds each file's text folded this way, and a `normalized` query is folded the
-same before it is compared with a file's folded lines.
+same before it is compared with a file's folded lines. Beside it, the index keeps what the fold
+loses that an exact query can still narrow by: accented words and the text around capitals.
 """
 
 from __future__ import annotations
@@ -68,6 +69,28 @@ def accented_words(text: str) -> set[str]:
         return set()
     return {word for word in folded.split()
             if not word.isascii() and not unicodedata.is_normalized("NFD", word)}
+
+
+# Runs of ASCII capitals, those at most four characters apart in one.
+_CAPITALS = re.compile(r"[A-Z](?:.{0,4}[A-Z])*", re.DOTALL)
+_CAPITAL = re.compile(r"[A-Z]")
+
+
+def capital_stretches(text: str) -> set[str]:
+    """Each run of ASCII capitals in `text` with the two characters either side, as written.
+
+    So every trigram of `text` that holds an ASCII capital is in one of them. The search index,
+    which is case-folded, keeps them beside a part's folded text, so a case-sensitive query
+    narrows by its capitals too (`Version` to the parts holding `Version`, not every part
+    holding `version`): it asks its own such trigrams (`capital_trigrams`).
+    """
+    return {text[max(m.start() - 2, 0):m.end() + 2] for m in _CAPITALS.finditer(text)}
+
+
+def capital_trigrams(query: str) -> list[str]:
+    """The trigrams of `query` that hold an ASCII capital: any text holding it holds them."""
+    return list(dict.fromkeys(query[i:i + 3] for i in range(len(query) - 2)
+                              if _CAPITAL.search(query, i, i + 3)))
 
 
 def unicode_fold(text: str) -> str:

@@ -204,8 +204,8 @@ class IndexReader:
         """Ids of the parts `match` names."""
         return self._ids(match, ())
 
-    def expression(self, keys: Iterable[str], files: int,
-                   accented: Iterable[str] = ()) -> Match | None:
+    def expression(self, keys: Iterable[str], files: int, accented: Iterable[str] = (),
+                   capitals: Iterable[str] = ()) -> Match | None:
         """What names the parts that may hold every key; None when no key narrows them.
 
         A key of two words or more is the phrase of its words (`_phrase`); another of three
@@ -214,12 +214,15 @@ class IndexReader:
         many of them to narrow). All of them go in one MATCH per table, so SQLite intersects
         them: a few parts can hold all of several common words. The `accented` words of a query
         not `normalized` (`folding.accented_words`) are asked as trigrams alone, as the index
-        keeps them beside the folded text, not among its words.
+        keeps them beside the folded text, not among its words; so are the trigrams holding a
+        capital of a case-sensitive one (`folding.capital_trigrams`), but a phrase's only in
+        its `Match.then`: a phrase asked with trigrams is asked a chunk at a time, where its
+        words alone are asked only as far as its page needs (`_ahead`).
         """
-        keys, accented = list(keys), list(accented)
+        keys, accented, capitals = list(keys), list(accented), list(capitals)
         phrases = {key: p for key in keys if (p := self._phrase(key)) is not None}
-        parts = [grams] if (grams := _grams([k for k in keys if k not in phrases] + accented)) \
-            else []
+        plain = [k for k in keys if k not in phrases] + accented
+        parts = [grams] if (grams := _grams(plain, [] if phrases else capitals)) else []
         for key in keys + accented:
             if 0 < len(key) < 3 and (expr := self._short(key, files)) is not None:
                 parts.append(expr)
@@ -227,9 +230,10 @@ class IndexReader:
             return None
         then = None
         if phrases:  # with the trigrams of each phrase's key, and its last word whole
-            more = _grams(list(phrases))
+            more = _grams(list(phrases), capitals)
             then = Match(" AND ".join(parts + ([more] if more else [])),
-                         " AND ".join(p.whole or p.words for p in phrases.values()))
+                         " AND ".join(p.whole or p.words for p in phrases.values()),
+                         cased=bool(capitals))
         return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
 
     def _phrase(self, key: str) -> _Phrase | None:
@@ -388,15 +392,17 @@ class Match(NamedTuple):
     (`for these` named 2,323 parts of the AWS documentation, where `"for these"*` names 75),
     and with its key's trigrams, which hold a first word the phrase left out and the separators
     the words table does not tell apart (`https docs` named 5,782 parts holding
-    `https://docs`; with its trigrams, 23). Both cost more to ask, so not from the start: a
-    prefix past three characters has SQLite read and merge the whole list of every word it
-    begins for each question, and the trigrams, asked a chunk at a time, made `e is not`
-    take twice as long.
+    `https://docs`; with its trigrams, 23), and those of a case-sensitive key that hold a
+    capital (`The project` named 945 parts of prose where 27 hold it). These cost more to
+    ask, so not from the start: a prefix past three characters has SQLite read and merge the
+    whole list of every word it begins for each question, and the trigrams, asked a chunk at
+    a time, made `e is not` take twice as long.
     """
 
     grams: str
     words: str
     then: Match | None = None
+    cased: bool = False  # `then` holds a case-sensitive key's capitals: asked on yield alone
 
 
 class _Phrase(NamedTuple):
@@ -409,24 +415,29 @@ class _Phrase(NamedTuple):
     whole: str
 
 
-def _grams(keys: Iterable[str]) -> str | None:
-    """The FTS5 MATCH of every key's trigrams ANDed; None when no key has three characters.
+def _grams(keys: Iterable[str], capitals: list[str] | None = None) -> str | None:
+    """The FTS5 MATCH of every key's trigrams and the `capitals`; None when there are none.
 
     Every trigram of a key, so those across the words of a phrase narrow it too (each is in
     fewer files than the words alone), and at most `_MAX_GRAMS` of them, spread along a long
-    key. Also None for a lone surrogate, which SQLite cannot take.
+    key; as many of the trigrams holding a capital. Also None for a lone surrogate, which
+    SQLite cannot take.
     """
-    grams: set[str] = set()
+    grams = set(_spread(capitals or []))
     for key in keys:
-        own = list(dict.fromkeys(key[i:i + 3] for i in range(len(key) - 2)))
-        if len(own) > _MAX_GRAMS:
-            step = (len(own) - 1) / (_MAX_GRAMS - 1)
-            own = [own[round(i * step)] for i in range(_MAX_GRAMS)]
-        grams.update(own)
+        grams.update(_spread(list(dict.fromkeys(key[i:i + 3] for i in range(len(key) - 2)))))
     if not grams:
         return None
     expr = " AND ".join(_quoted(g) for g in sorted(grams))
     return expr if utf8(expr) is not None else None
+
+
+def _spread(grams: list[str]) -> list[str]:
+    """At most `_MAX_GRAMS` of `grams`, spread along them."""
+    if len(grams) <= _MAX_GRAMS:
+        return grams
+    step = (len(grams) - 1) / (_MAX_GRAMS - 1)
+    return [grams[round(i * step)] for i in range(_MAX_GRAMS)]
 
 
 def _past(prefix: str) -> str | None:
@@ -652,10 +663,11 @@ class Named:
     """
 
     def __init__(self, view: View, keys: list[str], dense: bool = False,
-                 accented: Iterable[str] = ()) -> None:
+                 accented: Iterable[str] = (), capitals: Iterable[str] = ()) -> None:
         self.view = view
         usable = view.index.conn is not None and len(view.stale) < len(view)
-        self.expr = view.index.expression(keys, len(view), accented) if usable else None
+        self.expr = view.index.expression(keys, len(view), accented, capitals) if usable \
+            else None
         self.keys, self.dense = keys, dense
         self.asked: dict[int, set[int]] = {}  # chunk start -> the positions named in it
         self.whole: list[int] | None = None  # every position named, when the ids are scattered
@@ -675,10 +687,14 @@ class Named:
     def tighten(self, words_only: bool) -> bool:
         """Ask `Match.then` from now on, or only its words; False when that asks nothing new.
 
-        Its words alone keep the rest of it for later.
+        Its words alone keep the rest of it for later; not when it holds capitals, which tell
+        a phrase's parts apart where the folded words cannot.
         """
         expr = self.expr
-        if expr is None or expr.then is None or words_only and expr.then.words == expr.words:
+        if expr is None or expr.then is None:
+            return False
+        words_only &= not expr.then.cased
+        if words_only and expr.then.words == expr.words:
             return False
         self.untried = (expr.words, self.rate()) if words_only else None
         self.expr = Match(expr.grams, expr.then.words, expr.then) if words_only else expr.then
@@ -812,7 +828,8 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
     positions asked about, every file is read from then on, unasked. Once the files read
     (`_TRIED` or more) give under one result in `_YIELD`, the phrase is asked as its
     `Match.then`: its words alone, asked ahead as before, or, when it names more than
-    `_DENSE`, all of it, a chunk at a time by the caller from where this returns (asked
+    `_DENSE` or holds capitals (`Match.cased`), all of it, a chunk at a time by the caller
+    from where this returns (asked
     a chunk at a time, its trigrams cost `e is not` more than reading the files it names,
     and a phrase in most files whose files give results is read faster file by file). Its
     words alone are kept only if the first question names under `_KEPT` of the parts the

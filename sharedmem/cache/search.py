@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, NamedTuple
 
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
-from sharedmem.cache.folding import accented_words, normalize
+from sharedmem.cache.folding import accented_words, capital_trigrams, normalize
 from sharedmem.cache.index_reader import (
     Cut,
     IndexLost,
@@ -278,11 +278,13 @@ class Searcher:
 
 
 def _named(view: View, query: Query, dense: bool) -> list[Named]:
-    """What the index names for each query: by its folded text, and by its accented words too.
+    """What the index names for each query: by its folded text, its accented words, its capitals.
 
-    Those only when the query is not `normalized` (see `folding.accented_words`).
+    The accented words only when the query is not `normalized` (`folding.accented_words`),
+    the capitals only when it is case-sensitive too (`folding.capital_trigrams`).
     """
-    return [Named(view, [normalize(q)], dense, () if query.normalized else accented_words(q))
+    return [Named(view, [normalize(q)], dense, () if query.normalized else accented_words(q),
+                  capital_trigrams(q) if query.case_sensitive and not query.normalized else ())
             for q in query.queries]
 
 

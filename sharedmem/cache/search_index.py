@@ -2,18 +2,19 @@
 
 The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
 holds two SQLite FTS5 tables of each file's normalized text (`folding.normalize`): its trigrams
-(which any substring's narrow to) and its words with their places (which a phrase's narrow to,
-word by word; a word is a run of anything but ASCII punctuation and blanks, FTS5's `ascii`
-tokenizer, so Python cuts a query alike); and every word it holds, spelt backwards (`ends`:
-the words that end with a phrase's first word). The FTS5 tables are contentless: no copy of
-the text, so a changed or deleted file's old entries stay until the index is built again,
-once they are more than a `_STALE` share of all (they only name parts a search then reads and
-finds wanting). Beside them: each file's path, sha256 and namespace, the `files` mark of the
-manifest it covers whole, and the files' ids in path order (so a new searcher loads its view
-in one read, not by sorting every path). `refresh_index` keeps it current: run by the `index`
-command, which a sync that changed the cache starts detached (`refresh_in_background`) and
-which waits for that sync to end; search.py reads it. An index that cannot be read (damaged,
-or a link or folder in its place) is deleted and built again: it is derived data.
+(which any substring's narrow to; with those of what the fold loses, `_grams_text`) and its
+words with their places (which a phrase's narrow to, word by word; a word is a run of anything
+but ASCII punctuation and blanks, FTS5's `ascii` tokenizer, so Python cuts a query alike); and
+every word it holds, spelt backwards (`ends`: the words that end with a phrase's first word).
+The FTS5 tables are contentless: no copy of the text, so a changed or deleted file's old entries
+stay until the index is built again, once they are more than a `_STALE` share of all (they only
+name parts a search then reads and finds wanting). Beside them: each file's path, sha256 and
+namespace, the `files` mark of the manifest it covers whole, and the files' ids in path order
+(so a new searcher loads its view in one read, not by sorting every path). `refresh_index` keeps
+it current: run by the `index` command, which a sync that changed the cache starts detached
+(`refresh_in_background`) and which waits for that sync to end; search.py reads it. An index
+that cannot be read (damaged, or a link or folder in its place) is deleted and built again: it
+is derived data.
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ from itertools import pairwise
 from pathlib import Path
 
 from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache
-from sharedmem.cache.folding import accented_words, normalize
+from sharedmem.cache.folding import accented_words, capital_stretches, normalize
 from sharedmem.cache.layout import CacheFiles
 from sharedmem.cache.manifest_store import CachedFile
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "10"
+INDEX_VERSION = "11"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
@@ -459,8 +460,7 @@ class _Writer:
                                                       len(texts), cut, row_id))
         rows = list(enumerate(texts, first))
         self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", (
-            (row, text + " ".join(accented) + TEXT_END if (accented := accented_words(raw))
-             else text) for (row, text), raw in zip(rows, raws, strict=True)))
+            (row, _grams_text(text, raw)) for (row, text), raw in zip(rows, raws, strict=True)))
         self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)", rows)
         for text in texts:  # the words as the `ascii` tokenizer cuts them: at ASCII separators
             self.words.update(text.encode("utf-8", "surrogatepass").translate(_CUT).split())
@@ -482,6 +482,16 @@ class _Writer:
                 "SELECT coalesce(max(first + parts), 1) FROM files").fetchone()[0]
         self.next += parts
         return self.next - parts
+
+
+def _grams_text(text: str, raw: str) -> str:
+    """A part's folded text, then its accented words and the text around its capitals.
+
+    As `raw` has them (`folding.accented_words`, `folding.capital_stretches`), one per line:
+    what an exact query can narrow by that the folded text has lost.
+    """
+    more = "\n".join([*accented_words(raw), *capital_stretches(raw)])
+    return text + more + TEXT_END if more else text
 
 
 def segments(data: bytes) -> list[int]:
