@@ -956,7 +956,7 @@ def test_a_short_key_in_most_files_is_not_looked_up_and_its_terms_not_all_read(
         ("f000.md", 1), ("f001.md", 1), ("f002.md", 1)] and searcher.scanned <= 4
     searcher.index.begin()
     assert searcher.index.expression(["q"], 201) is None
-    assert searcher.index.expression(["zj"], 201) == ('("zj\n")', "", None, False)
+    assert searcher.index.expression(["zj"], 201) == ('("zj\n")', "", None, "")
     searcher.index.end()
 
 

@@ -216,8 +216,8 @@ class IndexReader:
         not `normalized` (`folding.accented_words`) are asked as trigrams alone, as the index
         keeps them beside the folded text, not among its words; so are the trigrams holding a
         capital of a case-sensitive one (`folding.capital_trigrams`), but a phrase's only in
-        its `Match.then`: a phrase asked with trigrams is asked a chunk at a time, where its
-        words alone are asked only as far as its page needs (`_ahead`).
+        its `Match.then`, as its `sieve`: a phrase asked with trigrams is asked a chunk at a
+        time, where its words alone are asked only as far as its page needs (`_ahead`).
         """
         keys, accented, capitals = list(keys), list(accented), list(capitals)
         phrases = {key: p for key in keys if (p := self._phrase(key)) is not None}
@@ -233,7 +233,7 @@ class IndexReader:
             more = _grams(list(phrases), capitals)
             then = Match(" AND ".join(parts + ([more] if more else [])),
                          " AND ".join(p.whole or p.words for p in phrases.values()),
-                         cased=bool(capitals))
+                         sieve=_grams([], capitals) or "")
         return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
 
     def _phrase(self, key: str) -> _Phrase | None:
@@ -402,7 +402,7 @@ class Match(NamedTuple):
     grams: str
     words: str
     then: Match | None = None
-    cased: bool = False  # `then` holds a case-sensitive key's capitals: asked on yield alone
+    sieve: str = ""  # of the parts each question of `words` names, those these trigrams name
 
 
 class _Phrase(NamedTuple):
@@ -685,19 +685,17 @@ class Named:
             self.rate() > _DENSE
 
     def tighten(self, words_only: bool) -> bool:
-        """Ask `Match.then` from now on, or only its words; False when that asks nothing new.
+        """Ask `Match.then` from now on, or only its words and sieve; False when nothing is new.
 
-        Its words alone keep the rest of it for later; not when it holds capitals, which tell
-        a phrase's parts apart where the folded words cannot.
+        Its words and sieve alone keep the rest of it for later.
         """
         expr = self.expr
-        if expr is None or expr.then is None:
+        if expr is None or (then := expr.then) is None or words_only and \
+                (then.words, then.sieve) == (expr.words, expr.sieve):
             return False
-        words_only &= not expr.then.cased
-        if words_only and expr.then.words == expr.words:
-            return False
-        self.untried = (expr.words, self.rate()) if words_only else None
-        self.expr = Match(expr.grams, expr.then.words, expr.then) if words_only else expr.then
+        self.untried = (expr.words, self.rate()) if words_only and then.words != expr.words \
+            else None
+        self.expr = Match(expr.grams, then.words, then, then.sieve) if words_only else then
         self.whole, self.seen = None, [0, 0]
         return True
 
@@ -729,9 +727,10 @@ class Named:
 
         The end is that of the file of the last of them, or `stop` when they are fewer: every
         position named in between is there, and no file is cut. Only for a view `in_order`
-        (position order is id order) and a phrase alone (`words`, no `grams`). The first
-        question after `tighten` made its last word whole goes back to the words before, unless
-        it names under `_KEPT` as many parts as they did.
+        (position order is id order) and a phrase alone (`words`, no `grams`). Of them, only the
+        parts its `sieve` names are kept, asked over the same ids. The first question after
+        `tighten` made its last word whole goes back to the words before, unless it names under
+        `_KEPT` as many parts as they did.
         """
         assert self.expr is not None
         view, owners = self.view, self.view.owners
@@ -747,9 +746,12 @@ class Named:
         if self.untried is not None:  # its last word whole: kept if it names under `_KEPT`
             words, rate = self.untried
             if len(found) > _KEPT * rate * (hi - lo):
-                self.expr = Match(self.expr.grams, words, self.expr.then._replace(words=words)
-                                  if self.expr.then else None)
+                self.expr = self.expr._replace(words=words, then=self.expr.then._replace(
+                    words=words) if self.expr.then else None)
             self.untried = None
+        if self.expr.sieve and ids:
+            found &= view.positions(view.index.between(Match(self.expr.sieve, ""), ids[0],
+                                                       ids[-1])) or set()
         self.seen[0] += len(found)
         self.seen[1] += hi - lo
         return found, hi
@@ -827,9 +829,8 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
     query) asks twice as many each time. Once the phrase names more than `_DENSE` of the
     positions asked about, every file is read from then on, unasked. Once the files read
     (`_TRIED` or more) give under one result in `_YIELD`, the phrase is asked as its
-    `Match.then`: its words alone, asked ahead as before, or, when it names more than
-    `_DENSE` or holds capitals (`Match.cased`), all of it, a chunk at a time by the caller
-    from where this returns (asked
+    `Match.then`: its words and sieve alone, asked ahead as before, or, when it names more
+    than `_DENSE`, all of it, a chunk at a time by the caller from where this returns (asked
     a chunk at a time, its trigrams cost `e is not` more than reading the files it names,
     and a phrase in most files whose files give results is read faster file by file). Its
     words alone are kept only if the first question names under `_KEPT` of the parts the
