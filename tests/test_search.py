@@ -93,6 +93,13 @@ def reference(cache: Cache, queries: list[str], mode: str = "any", case_sensitiv
     return [(p, n) for _, p, n in sorted(keyed)]
 
 
+def indexed(cache: Cache) -> tuple[Cache, search_mod.Searcher]:
+    """`cache` with its index built, and a new searcher of it (which counts the files read)."""
+    search_index.refresh_index(cache)
+    search_mod._SEARCHERS.clear()
+    return cache, search_mod.searcher(cache)
+
+
 def all_pages(cache: Cache, **args: object) -> list[dict]:
     out, cursor, pages = [], None, 0
     while True:
@@ -862,10 +869,7 @@ def test_a_page_that_fills_in_the_first_chunk_asks_the_index_about_no_other(
 def test_a_dense_word_costs_the_index_one_chunk_not_a_walk_of_every_file(tmp_path: Path) -> None:
     # The word is in every file: the page fills within the first files, so the index is asked
     # about the first chunk of positions only, not about all 10,000 files.
-    cache = make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\n" for i in range(10000)})
-    search_index.refresh_index(cache)
-    search_mod._SEARCHERS.clear()
-    searcher = search_mod.searcher(cache)
+    cache, searcher = indexed(make_cache(tmp_path, {f"f{i:04d}.md": f"alpha {i}\n" for i in range(10000)}))
     tools.search(cache, ["nothing-like-it"])  # the view is loaded
     assert searcher.index.conn is not None
     steps = [0]
@@ -913,10 +917,7 @@ def test_short_queries_find_what_a_full_scan_finds(tmp_path: Path, query: str,
 
 
 def test_a_short_rare_query_reads_only_the_files_the_index_names(tmp_path: Path) -> None:
-    cache = make_cache(tmp_path, SHORT_FILES)
-    search_index.refresh_index(cache)
-    search_mod._SEARCHERS.clear()
-    searcher = search_mod.searcher(cache)
+    cache, searcher = indexed(make_cache(tmp_path, SHORT_FILES))
     got = tools.search(cache, ["猫"])["results"]
     assert [r["path"] for r in got] == [f"{NS}/f.md"]
     assert searcher.scanned == 1
@@ -930,10 +931,8 @@ def test_a_short_query_that_begins_too_many_trigrams_is_scanned(tmp_path: Path) 
     # More than _SHORT_TERMS trigrams begin with the key: the MATCH would cost more than it
     # saves, so every file is read, and the results are still a full scan's.
     words = " ".join(f"x{chr(0x4e00 + i)}{chr(0x4e00 + i)}" for i in range(600))
-    cache = make_cache(tmp_path, {"big.md": words + "\n", "small.md": "x\n", "none.md": "y\n"})
-    search_index.refresh_index(cache)
-    search_mod._SEARCHERS.clear()
-    searcher = search_mod.searcher(cache)
+    cache, searcher = indexed(make_cache(tmp_path, {"big.md": words + "\n", "small.md": "x\n",
+                                                    "none.md": "y\n"}))
     got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["x"])]
     assert got == reference(cache, ["x"])
     assert searcher.scanned == 3
@@ -947,10 +946,7 @@ def test_a_short_key_in_most_files_is_not_looked_up_and_its_terms_not_all_read(
     words = " ".join(f"q{chr(0x41 + i)}x" for i in range(40))
     files = {f"f{i:03d}.md": f"{words} {i}\n" for i in range(200)}
     files["rare.md"] = "zj\n"
-    cache = make_cache(tmp_path, files)
-    search_index.refresh_index(cache)
-    search_mod._SEARCHERS.clear()
-    searcher = search_mod.searcher(cache)
+    cache, searcher = indexed(make_cache(tmp_path, files))
     got = tools.search(cache, ["q"], max_results=3)["results"]
     assert [(r["path"][-7:], r["line_number"]) for r in got] == [
         ("f000.md", 1), ("f001.md", 1), ("f002.md", 1)] and searcher.scanned <= 4
@@ -968,10 +964,7 @@ def test_a_short_key_whose_trigrams_add_up_past_the_dense_share_is_still_looked_
     files = {f"a{i:03d}.md": f"plain line {i}\n" for i in range(180)}
     files.update({f"z{i:02d}.md": " ".join(f"- {c}x" for c in "abcdefghij") + "\n"
                   for i in range(20)})
-    cache = make_cache(tmp_path, files)
-    search_index.refresh_index(cache)
-    search_mod._SEARCHERS.clear()
-    searcher = search_mod.searcher(cache)
+    cache, searcher = indexed(make_cache(tmp_path, files))
     got = tools.search(cache, ["- "], max_results=50)["results"]
     assert [(r["path"], r["line_number"]) for r in got] == reference(cache, ["- "])
     assert len(got) == 20 and searcher.scanned == 20
@@ -986,10 +979,7 @@ def test_a_query_that_keeps_its_accents_reads_only_the_files_holding_them(
     files["b1.md"] = "voilà un Résumé\n"
     files["b2.md"] = "la décision de Zoë\n"
     files["b3.md"] = "une DÉCISION\n"
-    cache = make_cache(tmp_path, files)
-    search_index.refresh_index(cache)
-    search_mod._SEARCHERS.clear()
-    searcher = search_mod.searcher(cache)
+    cache, searcher = indexed(make_cache(tmp_path, files))
     for query, fold, paths, read in [
             ("à", {}, ["b1.md"], 1), ("résumé", {"case_sensitive": False}, ["b1.md"], 1),
             ("Résumé", {}, ["b1.md"], 1), ("décision de", {}, ["b2.md"], 1),
@@ -1016,10 +1006,7 @@ def test_a_case_sensitive_query_reads_only_the_files_holding_its_capitals(
     files["b2.md"] = "see The project\n"
     files["b3.md"] = "VERSION E\n"
     files["b4.md"] = "a (Version) e\n"
-    cache = make_cache(tmp_path, files)
-    search_index.refresh_index(cache)
-    search_mod._SEARCHERS.clear()
-    searcher = search_mod.searcher(cache)
+    cache, searcher = indexed(make_cache(tmp_path, files))
     for query, paths, read in [("Version e", ["b1.md"], 1), ("VERSION", ["b3.md"], 1),
                                ("ERSION E", ["b3.md"], 1), ("(Version)", ["b4.md"], 1),
                                ("n) e", ["b4.md"], 1)]:
