@@ -658,6 +658,28 @@ def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
     assert searcher.scanned < 100  # the first files the phrase named, then z.md
 
 
+def test_a_phrase_of_one_word_after_its_first_asks_more_words_ending_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # More words end with `alpha` than a longer phrase asks; left out, it would leave one word,
+    # no phrase at all. So up to `_ENDINGS_ALONE` of them are asked: only the files holding the
+    # two words side by side are read, not every file holding both, and past that many every
+    # file holding both is read again.
+    monkeypatch.setattr(index_reader, "_ENDINGS", 2)
+    monkeypatch.setattr(index_reader, "_ENDINGS_ALONE", 4)
+    files = {f"c{i:03d}.md": f"{'xyz'[i % 3]}alpha gamma\ndata beta\n" for i in range(200)}
+    files.update({"a.md": "xalpha beta\n", "b.md": "alpha beta\n"})
+    cache, searcher = indexed(make_cache(tmp_path, files))
+    searcher.index.begin()
+    assert searcher.index.expression(["alpha beta"], 202).words == (
+        '("alpha bet"* OR "xalpha bet"* OR "yalpha bet"* OR "zalpha bet"*)')
+    searcher.index.end()
+    for alone, read in ((4, 2), (2, 202)):
+        monkeypatch.setattr(index_reader, "_ENDINGS_ALONE", alone)
+        got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["alpha beta"])]
+        assert got == reference(cache, ["alpha beta"]) == [(f"{NS}/a.md", 1), (f"{NS}/b.md", 1)]
+        assert searcher.scanned == read, alone
+
+
 def fifth_and_three(tmp_path: Path, fifth: str, three: str) -> Cache:
     """1,000 indexed files: a fifth hold `fifth`, files 3, 501 and 998 `three`, the rest neither."""
     files = {f"f{i:04d}.md": f"alpha {fifth}\n" if i % 5 == 0 else "alpha delta\n"

@@ -47,6 +47,7 @@ _SEPARATORS = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # ASCII, n
 _WORD = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # what FTS5's `ascii` keeps
 _LAST_WORD = re.compile(_WORD.pattern + r"\Z")
 _PREFIX = 3  # the words table's prefix length (`prefix='3'`), to which a last word is cut
+_ENDINGS_ALONE = 32  # as many, for a phrase of one whole word after its first
 _ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
 _TRIED, _YIELD = 32, 4  # a phrase whose first 32 files or more gave under a result in 4: `then`
 _KEPT = 0.5  # its last word whole kept only if it names under half as many parts
@@ -242,7 +243,10 @@ class IndexReader:
         A word is what the words table takes for one (`ascii`: cut at ASCII punctuation and
         blanks), so the key's words are its text cut at those alike. Its first word may be the
         end of a longer one in the text: the phrase is asked with each word of the index that
-        ends with it (`_ending`), or, when those are too many, from its second word on. Its
+        ends with it (`_ending`), or, when those are more than `_ENDINGS`, from its second word
+        on; when that would leave one word whole (no phrase at all), up to `_ENDINGS_ALONE` of
+        them are asked, and its last word is not asked whole later (each of them merges that
+        word's list again). Its
         last word may be the start of a longer one: unless the key ends in a separator, it is
         asked as a prefix of its first `_PREFIX` characters, the length the words table keeps
         a list of (SQLite reads that one list only as far as asked, where a longer prefix has it
@@ -257,7 +261,7 @@ class IndexReader:
         if len(_WORD.findall(rest)) < (2 if not first else 1):
             return None
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
-        whole = ""  # with its last word whole, when that is cut
+        whole, short = "", False  # with its last word whole, when that is cut
         if star and (last := _LAST_WORD.search(rest)):
             if len(last.group()) > _PREFIX:
                 whole = rest
@@ -265,9 +269,12 @@ class IndexReader:
             rest, star = (rest[:last.start()], "") if short else (rest[:last.start() + _PREFIX],
                                                                   star)
         after = len(_WORD.findall(rest))
-        longer = self._ending(first) if first and after else None
+        longer = self._ending(first, _ENDINGS_ALONE if after == 1 and not short else _ENDINGS) \
+            if first and after else None
         if longer is None and after < 2:
             return None
+        if longer is not None and len(longer) > _ENDINGS:
+            whole = ""
 
         def phrase(words: str) -> str:
             if longer is None:
@@ -277,14 +284,14 @@ class IndexReader:
 
         return _Phrase(phrase(rest), phrase(whole) if whole else "")
 
-    def _ending(self, word: str) -> list[str] | None:
-        """The words of the index longer than `word` that end with it; None if too many."""
+    def _ending(self, word: str, most: int) -> list[str] | None:
+        """The words of the index longer than `word` that end with it; None if over `most`."""
         backwards = word[::-1]
         query, args = "SELECT word FROM ends WHERE word > ?", (backwards,)
         if (past := _past(backwards)) is not None:
             query, args = query + " AND word < ?", (backwards, past)
-        found = self.rows(f"{query} LIMIT {_ENDINGS + 1}", args)
-        if len(found) > _ENDINGS:
+        found = self.rows(f"{query} LIMIT {most + 1}", args)
+        if len(found) > most:
             return None
         if not all(type(w) is str for (w,) in found):
             raise self.damaged()
