@@ -246,13 +246,13 @@ class IndexReader:
         ends with it (`_ending`), or, when those are more than `_ENDINGS`, from its second word
         on; when that would leave one word whole (no phrase at all), up to `_ENDINGS_ALONE` of
         them are asked, and its last word is not asked whole later (each of them merges that
-        word's list again). Its
-        last word may be the start of a longer one: unless the key ends in a separator, it is
-        asked as a prefix of its first `_PREFIX` characters, the length the words table keeps
-        a list of (SQLite reads that one list only as far as asked, where a longer prefix has it
-        read and merge the whole list of every word it begins), or left out when shorter (too
-        many words begin it to ask). None when fewer than two words are left (one word narrows
-        little), or for a lone surrogate. Beside the phrase, what it leaves out, for `Match.then`.
+        word's list again). Its last word may be the start of a longer one: unless the key ends
+        in a separator, it is asked as a prefix of its first `_PREFIX` characters, the length
+        the words table keeps a list of (SQLite reads that one list only as far as asked, where
+        a longer prefix has it read and merge the whole list of every word it begins), or left
+        out when shorter (too many words begin it to ask). None when fewer than two words are
+        left (one word narrows little), or for a lone surrogate. Beside the phrase, what it
+        leaves out, for `Match.then`.
         """
         cut = _SEPARATORS.search(key)
         if cut is None or utf8(key) is None:
@@ -261,7 +261,7 @@ class IndexReader:
         if len(_WORD.findall(rest)) < (2 if not first else 1):
             return None
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
-        whole, short = "", False  # with its last word whole, when that is cut
+        whole, short = "", False  # with its last word whole when cut; a short one left out
         if star and (last := _LAST_WORD.search(rest)):
             if len(last.group()) > _PREFIX:
                 whole = rest
