@@ -223,7 +223,7 @@ class IndexReader:
         keys, accented, capitals = list(keys), list(accented), list(capitals)
         phrases = {key: p for key in keys if (p := self._phrase(key)) is not None}
         plain = [k for k in keys if k not in phrases] + accented
-        parts = [grams] if (grams := _grams(plain, [] if phrases else capitals)) else []
+        parts = [grams] if (grams := _grams(plain, () if phrases else capitals)) else []
         for key in keys + accented:
             if 0 < len(key) < 3 and (expr := self._short(key, files)) is not None:
                 parts.append(expr)
@@ -422,7 +422,7 @@ class _Phrase(NamedTuple):
     whole: str
 
 
-def _grams(keys: Iterable[str], capitals: list[str] | None = None) -> str | None:
+def _grams(keys: Iterable[str], capitals: Iterable[str] = ()) -> str | None:
     """The FTS5 MATCH of every key's trigrams and the `capitals`; None when there are none.
 
     Every trigram of a key, so those across the words of a phrase narrow it too (each is in
@@ -430,7 +430,7 @@ def _grams(keys: Iterable[str], capitals: list[str] | None = None) -> str | None
     key; as many of the trigrams holding a capital. Also None for a lone surrogate, which
     SQLite cannot take.
     """
-    grams = set(_spread(capitals or []))
+    grams = set(_spread(list(capitals)))
     for key in keys:
         grams.update(_spread(list(dict.fromkeys(key[i:i + 3] for i in range(len(key) - 2)))))
     if not grams:

@@ -101,8 +101,7 @@ class Matcher:
         found = set()
         for i in wanted:
             form = self.in_bytes[i]
-            if form is not None and (form.search(self._bytes(data)) is not None
-                                     if isinstance(form, re.Pattern) else form in self._bytes(data)):
+            if form is not None and _find(self._bytes(data), form) >= 0:
                 found.add(i)
             elif self._in_others(i) and self.needles[i] in self.others(data)[0]:
                 found.add(i)
@@ -127,20 +126,21 @@ def _numbers(hay: Any, needle: Any, newline: Any) -> set[int]:
 
     Neither ever spans a line break.
     """
-    if isinstance(needle, re.Pattern):
-        def find(at: int) -> int:
-            found = needle.search(hay, at)
-            return -1 if found is None else found.start()
-    else:
-        def find(at: int) -> int:
-            return hay.find(needle, at)
     lines: set[int] = set()
-    pos, line, counted = find(0), 1, 0
+    pos, line, counted = _find(hay, needle), 1, 0
     while pos >= 0:
         line += hay.count(newline, counted, pos)
         lines.add(line)
         counted = hay.find(newline, pos)
         if counted < 0:
             break
-        pos = find(counted)
+        pos = _find(hay, needle, counted)
     return lines
+
+
+def _find(hay: Any, needle: Any, at: int = 0) -> int:
+    """Where `needle` (a string, or a bytes pattern) first is in `hay` from `at`; -1 if not."""
+    if isinstance(needle, re.Pattern):
+        found = needle.search(hay, at)
+        return -1 if found is None else found.start()
+    return hay.find(needle, at)
