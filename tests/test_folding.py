@@ -8,6 +8,8 @@ import unicodedata
 
 from sharedmem.cache.folding import (
     FOLDED_BLANKS,
+    accented_keys,
+    accented_words,
     capital_stretches,
     capital_trigrams,
     normalize,
@@ -80,6 +82,33 @@ def test_every_trigram_of_a_query_holding_a_capital_is_in_the_stretches_of_its_t
             query = text[lo:rng.randint(lo, len(text))]
             for gram in capital_trigrams(query):
                 assert any(gram in s for s in stretches), (text, query, gram)
+
+
+def test_every_accented_key_of_a_query_is_in_the_lines_of_accented_words_of_its_text() -> None:
+    # Any piece of a text, as is or in another case, as a query: each of its accented keys is
+    # within a line of the accented words the index keeps for the text, line breaks included.
+    rng = random.Random(12)
+    pool = ["é", "É", "e\u0301", "à", "한", "ß", "İ", "a", "B", " ", "  ", "\t", "\xa0", "\x1c",
+            ":", "-", "\n", "ab", "더 많은"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 30)))
+        lines = [f"\n{word}\n" for word in accented_words(text)]
+        for _ in range(10):
+            lo = rng.randint(0, len(text))
+            query = text[lo:rng.randint(lo, len(text))]
+            query = rng.choice([query, query.upper(), query.swapcase()])
+            if query.casefold() not in text.casefold():
+                continue
+            for key in accented_keys(query):
+                assert any(key in line for line in lines), (text, query, key)
+
+
+def test_accented_keys() -> None:
+    assert accented_keys("더 많은 정보 https") == {"더\n", "\n많은\n", "\n정보\n"}
+    assert accented_keys("é") == {"é"}
+    assert accented_keys(" É\t") == {"\né\n"}
+    assert accented_keys("café au lait") == {"café\n"}
+    assert accented_keys("plain words") == set()
 
 
 def test_capital_trigrams_and_stretches() -> None:

@@ -1016,6 +1016,20 @@ def test_a_query_that_keeps_its_accents_reads_only_the_files_holding_them(
     assert len(got) == 101
 
 
+def test_an_accented_word_between_blanks_is_asked_as_a_whole_word(tmp_path: Path) -> None:
+    # Every file holds ` e ` and `été`. An accented word of the query with a blank on a side is
+    # the whole word there in any text holding it, so ` é ` names only the files holding `é` as
+    # a word, where every trigram beginning with `é` named them all.
+    files = {f"a{i:03d}.md": f"un été e chaud {i}\n" for i in range(200)}
+    files["b1.md"] = "voilà é fini\n"
+    cache, searcher = indexed(make_cache(tmp_path, files))
+    for query, fold in [(" é ", {}), ("à é f", {}), (" É ", {"case_sensitive": False})]:
+        got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=[query], **fold)]
+        assert got == reference(cache, [query], case_sensitive=fold == {}) == [
+            (f"{NS}/b1.md", 1)], query
+        assert searcher.scanned == 1, query
+
+
 def test_a_case_sensitive_query_reads_only_the_files_holding_its_capitals(
         tmp_path: Path) -> None:
     # A quarter of the files hold `version e` and `the project`; a few hold them with capitals.

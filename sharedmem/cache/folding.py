@@ -71,6 +71,24 @@ def accented_words(text: str) -> set[str]:
             if not word.isascii() and not unicodedata.is_normalized("NFD", word)}
 
 
+def accented_keys(query: str) -> set[str]:
+    """A query's accented words, each with a line break on a side where a blank bounds it.
+
+    The index keeps each accented word of a part on a line of its own, and a word of the query
+    with a blank on one side has that blank in any text holding the query, so it is the whole
+    word there on that side: ` é ` is asked as the one trigram of a line holding `é` alone, not
+    as every trigram beginning with `é`.
+    """
+    accented = accented_words(query)
+    if not accented:
+        return set()
+    folded = query.casefold()
+    words = folded.split()
+    before, after = folded[:1].isspace(), folded[-1:].isspace()
+    return {("\n" if i or before else "") + word + ("\n" if i < len(words) - 1 or after else "")
+            for i, word in enumerate(words) if word in accented}
+
+
 # Runs of ASCII capitals, those at most four characters apart in one.
 _CAPITALS = re.compile(r"[A-Z](?:.{0,4}[A-Z])*", re.DOTALL)
 _CAPITAL = re.compile(r"[A-Z]")

@@ -214,7 +214,7 @@ class IndexReader:
         begins (`_short`; `files`, how many the index holds, tells it when the key is in too
         many of them to narrow). All of them go in one MATCH per table, so SQLite intersects
         them: a few parts can hold all of several common words. The `accented` words of a query
-        not `normalized` (`folding.accented_words`) are asked as trigrams alone, as the index
+        not `normalized` (`folding.accented_keys`) are asked as trigrams alone, as the index
         keeps them beside the folded text, not among its words; so are the trigrams holding a
         capital of a case-sensitive one (`folding.capital_trigrams`), but a phrase's only in
         its `Match.then`, as its `sieve`: a phrase asked with trigrams is asked a chunk at a

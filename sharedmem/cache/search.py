@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, NamedTuple
 
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
-from sharedmem.cache.folding import accented_words, capital_trigrams, normalize
+from sharedmem.cache.folding import accented_keys, capital_trigrams, normalize
 from sharedmem.cache.index_reader import (
     Cut,
     IndexLost,
@@ -283,7 +283,7 @@ def _named(view: View, query: Query, dense: bool) -> list[Named]:
     The accented words only when the query is not `normalized` (`folding.accented_words`),
     the capitals only when it is case-sensitive too (`folding.capital_trigrams`).
     """
-    return [Named(view, [normalize(q)], dense, () if query.normalized else accented_words(q),
+    return [Named(view, [normalize(q)], dense, () if query.normalized else accented_keys(q),
                   capital_trigrams(q) if query.case_sensitive and not query.normalized else ())
             for q in query.queries]
 
