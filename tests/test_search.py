@@ -727,6 +727,24 @@ def test_a_last_word_whole_that_names_as_many_parts_is_asked_once(tmp_path: Path
     assert asked.count('("beta gamut"*)') == 1 and asked[-1] == '("beta gam"*)', asked
 
 
+def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_its_separators(
+        tmp_path: Path) -> None:
+    # The words table takes `www.gnu` for the phrase `www gnu`, and a fifth of the files hold it:
+    # too few for its trigrams to be asked with it. Once the first files read give under a
+    # result in four, each later question of its words is sieved by its trigrams across a
+    # separator (`w g`), so the files holding only `www.gnu` are not read past the first ones.
+    cache = fifth_and_three(tmp_path, "www.gnu", "www gnu")
+    searcher = search_mod.searcher(cache)
+    searcher.index.begin()
+    match = searcher.index.expression(["www gnu"], 1000, capitals=["Www"])
+    assert match.then is not None and match.then.sieve == '"Www" AND "w g"'
+    searcher.index.end()
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["www gnu"])]
+    assert got == reference(cache, ["www gnu"]) == [
+        (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
+    assert searcher.scanned < 100  # where the 203 files holding both words were read
+
+
 def test_a_phrase_in_most_files_is_asked_with_its_trigrams_which_tell_separators_apart(
         tmp_path: Path) -> None:
     # The words table takes `https://docs` for the phrase `https docs`: once the phrase proves

@@ -217,8 +217,9 @@ class IndexReader:
         not `normalized` (`folding.accented_keys`) are asked as trigrams alone, as the index
         keeps them beside the folded text, not among its words; so are the trigrams holding a
         capital of a case-sensitive one (`folding.capital_trigrams`), but a phrase's only in
-        its `Match.then`, as its `sieve`: a phrase asked with trigrams is asked a chunk at a
-        time, where its words alone are asked only as far as its page needs (`_ahead`).
+        its `Match.then`, as its `sieve`, with its trigrams across a separator, which its words
+        cannot tell: a phrase asked with trigrams is asked a chunk at a time, where its words
+        alone are asked only as far as its page needs (`_ahead`).
         """
         keys, accented, capitals = list(keys), list(accented), list(capitals)
         phrases = {key: p for key in keys if (p := self._phrase(key)) is not None}
@@ -232,9 +233,10 @@ class IndexReader:
         then = None
         if phrases:  # with the trigrams of each phrase's key, and its last word whole
             more = _grams(list(phrases), capitals)
+            across = [gram for key in phrases for gram in _junctions(key)]
             then = Match(" AND ".join(parts + ([more] if more else [])),
                          " AND ".join(p.whole or p.words for p in phrases.values()),
-                         sieve=_grams([], capitals) or "")
+                         sieve=_grams([], capitals + across) or "")
         return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
 
     def _phrase(self, key: str) -> _Phrase | None:
@@ -437,6 +439,12 @@ def _grams(keys: Iterable[str], capitals: Iterable[str] = ()) -> str | None:
         return None
     expr = " AND ".join(_quoted(g) for g in sorted(grams))
     return expr if utf8(expr) is not None else None
+
+
+def _junctions(key: str) -> list[str]:
+    """The trigrams of `key` with a separator in the middle: what its phrase cannot tell."""
+    return list(dict.fromkeys(key[i:i + 3] for i in range(len(key) - 2)
+                              if _SEPARATORS.match(key, i + 1, i + 2)))
 
 
 def _spread(grams: list[str]) -> list[str]:
@@ -681,6 +689,7 @@ class Named:
         self.seen = [0, 0]  # positions named, positions asked about: how dense the key is
         # the words and rate of a phrase before its last word was made whole, until asked
         self.untried: tuple[str, float] | None = None
+        self.sifted = False  # whether the sieve once left under `_KEPT` of the parts named
 
     def rate(self) -> float:
         """The share of positions named so far (a half until asked): sparse keys go first."""
@@ -735,7 +744,8 @@ class Named:
         The end is that of the file of the last of them, or `stop` when they are fewer: every
         position named in between is there, and no file is cut. Only for a view `in_order`
         (position order is id order) and a phrase alone (`words`, no `grams`). Of them, only the
-        parts its `sieve` names are kept, asked over the same ids. The first question after
+        parts its `sieve` names are kept, asked over the same ids; the sieve is asked again only
+        if its first question left under `_KEPT` of them. The first question after
         `tighten` made its last word whole goes back to the words before, unless it names under
         `_KEPT` as many parts as they did.
         """
@@ -756,9 +766,15 @@ class Named:
                 self.expr = self.expr._replace(words=words, then=self.expr.then._replace(
                     words=words) if self.expr.then else None)
             self.untried = None
-        if self.expr.sieve and ids:
-            found &= view.positions(view.index.between(Match(self.expr.sieve, ""), ids[0],
-                                                       ids[-1])) or set()
+        if self.expr.sieve and found:
+            sieved = found & (view.positions(view.index.between(
+                Match(self.expr.sieve, ""), ids[0], ids[-1])) or set())
+            if self.sifted or len(sieved) < _KEPT * len(found):
+                found, self.sifted = sieved, True
+            else:  # and `then`'s too, so that `tighten` does not bring it back
+                then = self.expr.then
+                self.expr = self.expr._replace(sieve="", then=then._replace(sieve="")
+                                               if then else None)
         self.seen[0] += len(found)
         self.seen[1] += hi - lo
         return found, hi
