@@ -344,6 +344,20 @@ class IndexReader:
         """Ids from `lo` to `hi` of the parts `match` names: one seek into each list."""
         return self._ids(match, (lo, hi))
 
+    def among(self, grams: str, ids: array[int]) -> array[int]:
+        """Of `ids` (in order), those of the parts the trigrams `grams` name.
+
+        One question over their range, which SQLite filters by them, so that a sieve that
+        names most parts there costs no list of them here.
+        """
+        kept = ",".join(map(str, ids))
+        found = self.rows("SELECT group_concat(rowid) FROM (SELECT rowid FROM grams WHERE grams "
+                          f"MATCH ? AND rowid BETWEEN ? AND ? AND +rowid IN ({kept}))",
+                          (grams, ids[0], ids[-1]))[0][0]
+        if found is not None and not isinstance(found, str):
+            raise self.damaged()
+        return array("q", map(int, found.split(","))) if found else array("q")
+
     def first(self, words: str, lo: int, hi: int, most: int) -> array[int]:
         """The first `most` ids from `lo` to `hi` of the parts a phrase names, in order.
 
@@ -766,11 +780,10 @@ class Named:
                 self.expr = self.expr._replace(words=words, then=self.expr.then._replace(
                     words=words) if self.expr.then else None)
             self.untried = None
-        if self.expr.sieve and found:
-            sieved = found & (view.positions(view.index.between(
-                Match(self.expr.sieve, ""), ids[0], ids[-1])) or set())
-            if self.sifted or len(sieved) < _KEPT * len(found):
-                found, self.sifted = sieved, True
+        if self.expr.sieve and ids:
+            kept = view.index.among(self.expr.sieve, ids)
+            if self.sifted or len(kept) < _KEPT * len(ids):
+                found, self.sifted = view.positions(kept) or set(), True
             else:  # and `then`'s too, so that `tighten` does not bring it back
                 then = self.expr.then
                 self.expr = self.expr._replace(sieve="", then=then._replace(sieve="")
