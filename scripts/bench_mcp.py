@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the MCP server over a generated cache, each figure beside its reference."""
+"""Benchmark of the MCP server over a generated (or copied) cache, each figure beside its reference."""
 
 from __future__ import annotations
 
@@ -43,10 +43,15 @@ QUERIES = [  # (label, arguments, rg flags)
 ]
 
 
-def build(work: Path, files: int, seed: int, style: str = "prose") -> tuple[Path, dict[str, Any]]:
-    """Corpus -> cache (via Cache.apply) -> client.json; returns the config path and stats."""
+def build(work: Path, files: int, seed: int, style: str = "prose",
+          copy_of: str | None = None) -> tuple[Path, dict[str, Any]]:
+    """Corpus (generated, or a copy of `copy_of`) -> cache (via Cache.apply) -> client.json.
+
+    Returns the config path and the corpus's counts.
+    """
     src, root = work / "src", work / "cache"
-    stats = corpus.generate(src, files, seed, style)
+    stats = corpus.copy(Path(copy_of), src) if copy_of else corpus.generate(src, files, seed,
+                                                                            style)
     upserts = []
     for path in sorted(src.rglob("*.md")):
         text = path.read_text(encoding="utf-8")
@@ -133,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-mcp-"))
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    config, stats = build(work, args.files, args.seed, args.style)
+    config, stats = build(work, args.files, args.seed, args.style, args.corpus)
     built = time.perf_counter() - start
     compileall.compile_dir(str(REPO / "sharedmem"), quiet=1)
     start = time.perf_counter()
@@ -157,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
              for i in range(args.runs * 20)]
     rows.append(("read round trip p50", f"{pct(reads, 0.5) * 1e3:.2f} ms", "< 1 ms", "",
                  pct(reads, 0.5) < 0.001))
-    for label, arguments, flags in QUERIES:
+    for label, arguments, flags in QUERIES + searches(args.search):
         times = [session.timed_call("search", arguments) for _ in range(args.runs * 4)]
         rg = statistics.median(_rg(flags, arguments["queries"][0], work / "cache")
                                for _ in range(args.runs))
@@ -183,6 +188,27 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(r[4] for r in rows) else 1
 
 
+def searches(texts: list[str]) -> list[tuple[str, dict[str, Any], list[str]]]:
+    """`--search` shapes: each a JSON object of `search` arguments, labelled by itself.
+
+    `rg` is asked for the first query, ignoring case unless the search keeps it.
+    """
+    shapes = []
+    for text in texts:
+        try:
+            arguments = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"--search {text!r}: not JSON ({exc}); give an object such as "
+                             '\'{"queries": ["stale lock"]}\'') from None
+        if not isinstance(arguments, dict) or not isinstance(arguments.get("queries"), list) \
+                or not arguments["queries"] or not isinstance(arguments["queries"][0], str):
+            raise SystemExit(f"--search {text!r}: give a JSON object with a non-empty "
+                             '"queries" list of strings, as the search tool takes')
+        keeps_case = arguments.get("case_sensitive", True) and not arguments.get("normalized")
+        shapes.append((text, arguments, [] if keeps_case else ["-i"]))
+    return shapes
+
+
 def _rg(flags: list[str], query: str, root: Path) -> float:
     start = time.perf_counter()
     subprocess.run(["rg", "-F", "-n", *flags, "--", query, str(root)], stdout=subprocess.DEVNULL,
@@ -194,6 +220,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--files", type=int, default=10000, help="corpus size (default 10000)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--style", choices=corpus.STYLES, default="prose", help=corpus.STYLE_HELP)
+    parser.add_argument("--corpus", metavar="FOLDER", help="a folder of Markdown to copy as the "
+                        "corpus, paths kept, instead of generating one (--files is then ignored)")
+    parser.add_argument("--search", metavar="JSON", action="append", default=[],
+                        help="one more search shape to time, as the search tool's arguments "
+                        "(repeatable), e.g. '{\"queries\": [\"stale lock\"], "
+                        "\"case_sensitive\": false}'")
     parser.add_argument("--runs", type=int, default=11, help="repetitions per figure")
     parser.add_argument("--work", help="folder to build in (kept); default a temporary one")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")

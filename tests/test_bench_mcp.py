@@ -1,0 +1,46 @@
+"""scripts/bench_mcp.py's own search shapes, and its cache built from a copied folder."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import bench_mcp  # noqa: E402
+
+from sharedmem.cache.cache import Cache  # noqa: E402
+
+
+def test_a_search_shape_is_the_search_tools_arguments_labelled_by_itself() -> None:
+    exact = '{"queries": ["stale lock"]}'
+    folded = '{"queries": ["Décision"], "normalized": true}'
+    assert bench_mcp.searches([exact, folded]) == [
+        (exact, {"queries": ["stale lock"]}, []),
+        (folded, {"queries": ["Décision"], "normalized": True}, ["-i"])]
+
+
+@pytest.mark.parametrize("text, says", [
+    ("stale lock", "not JSON"), ('["stale lock"]', '"queries" list'),
+    ('{"queries": []}', '"queries" list'), ('{"query": "x"}', '"queries" list')])
+def test_a_search_shape_that_is_not_the_tools_arguments_is_refused(text: str,
+                                                                   says: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_mcp.searches([text])
+    assert f"--search {text!r}" in str(exc.value) and says in str(exc.value)
+
+
+def test_a_copied_folder_becomes_the_cache_with_its_paths(tmp_path: Path) -> None:
+    source = tmp_path / "notes"
+    (source / "deep").mkdir(parents=True)
+    (source / "a.md").write_text("alpha\n", encoding="utf-8")
+    (source / "deep" / "b.md").write_text("beta\n", encoding="utf-8")
+    (source / "c.txt").write_text("not markdown\n", encoding="utf-8")
+    config, stats = bench_mcp.build(tmp_path / "work", 10_000, 1, copy_of=str(source))
+    assert stats["files"] == 2
+    cache = json.loads(config.read_text(encoding="utf-8"))["cache"]
+    assert sorted(Cache(Path(cache)).load().files) == [
+        f"{bench_mcp.NAMESPACE}/a.md", f"{bench_mcp.NAMESPACE}/deep/b.md"]
