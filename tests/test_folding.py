@@ -10,8 +10,7 @@ from sharedmem.cache.folding import (
     FOLDED_BLANKS,
     accented_keys,
     accented_words,
-    capital_stretches,
-    capital_trigrams,
+    lower_ascii,
     normalize,
 )
 
@@ -69,19 +68,37 @@ def test_text_of_ascii_and_accents_folds_as_its_definition() -> None:
         assert normalize(text) == definition(text), repr(text)
 
 
-def test_every_trigram_of_a_query_holding_a_capital_is_in_the_stretches_of_its_text() -> None:
-    # Any piece of a text, as a query: each of its trigrams holding an ASCII capital is within
-    # one stretch kept for the text, wherever the piece starts and ends.
-    rng = random.Random(11)
-    pool = ["a", "b", "A", "B", "Z", " ", "-", "\t", "é", "É", "日", "\n", "ab", "AB", "aB"]
+def test_a_text_folded_keeping_its_case_is_the_text_normalized_but_for_its_capitals() -> None:
+    # The index keeps the trigrams of each text folded with its ASCII capitals; its words are
+    # that text with them lowered, which must be the text normalized, or a phrase would miss.
+    # (Every single character, alone and beside an ASCII letter, was checked so by hand.)
+    rng = random.Random(13)
+    pool = PIECES + ["É", "E\u0301", "\u212a", "Ａ", "ǅ", "ß", "ΣΑΣ", "DŽ"]
     for _ in range(3000):
-        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 40)))
-        stretches = capital_stretches(text)
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(1, 8)))
+        assert lower_ascii(normalize(text, keep_case=True)) == normalize(text), repr(text)
+
+
+def test_every_trigram_of_a_piece_of_a_text_folded_keeping_case_is_in_the_text_so_folded(
+        ) -> None:
+    # Any piece of a text, as a case-sensitive query: its trigrams folded keeping case are in
+    # the text's, so the index names every part holding it.
+    rng = random.Random(14)
+    pool = ["a", "A", "Z", " ", "É", "e\u0301", "E\u0301", "ß", "\u212a", "İ", "日", "\t", "ab"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 30)))
+        folded = normalize(text, keep_case=True)
         for _ in range(10):
             lo = rng.randint(0, len(text))
-            query = text[lo:rng.randint(lo, len(text))]
-            for gram in capital_trigrams(query):
-                assert any(gram in s for s in stretches), (text, query, gram)
+            piece = normalize(text[lo:rng.randint(lo, len(text))], keep_case=True)
+            for i in range(len(piece) - 2):
+                assert piece[i:i + 3] in folded, (text, piece)
+
+
+def test_keeping_case() -> None:
+    assert normalize("Version É  x", keep_case=True) == "Version E x"
+    assert normalize("E\u0301 \u212a ﬁ", keep_case=True) == "E K fi"
+    assert lower_ascii("ÀB ΣC") == "Àb Σc"
 
 
 def test_every_accented_key_of_a_query_is_in_the_lines_of_accented_words_of_its_text() -> None:
@@ -111,9 +128,3 @@ def test_accented_keys() -> None:
     assert accented_keys("plain words") == set()
 
 
-def test_capital_trigrams_and_stretches() -> None:
-    assert capital_trigrams("Version e") == ["Ver"]
-    assert capital_trigrams("see The end") == ["e T", " Th", "The"]
-    assert capital_trigrams("É and é") == []  # only ASCII capitals: the index keeps no others
-    assert capital_stretches("see The end, Or IT") == {"e The", ", Or IT"}
-    assert capital_stretches("no capitals") == set()

@@ -736,8 +736,10 @@ def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_it
     cache = fifth_and_three(tmp_path, "www.gnu", "www gnu")
     searcher = search_mod.searcher(cache)
     searcher.index.begin()
-    match = searcher.index.expression(["www gnu"], 1000, capitals=["Www"])
-    assert match.then is not None and match.then.sieve == '"Www" AND "w g"'
+    match = searcher.index.expression(["Www gnu"], 1000)
+    assert match.then is not None and match.then.sieve == '"Www" AND "gnu" AND "w g"'
+    match = searcher.index.expression(["www gnu"], 1000, any_case=True)
+    assert match.then is not None and match.then.sieve == '("w g" OR "w G" OR "W g" OR "W G")'
     searcher.index.end()
     got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["www gnu"])]
     assert got == reference(cache, ["www gnu"]) == [
@@ -1025,7 +1027,7 @@ def test_a_query_that_keeps_its_accents_reads_only_the_files_holding_them(
             ("Résumé", {}, ["b1.md"], 1), ("décision de", {}, ["b2.md"], 1),
             ("DÉCISION", {"case_sensitive": False}, ["b2.md", "b3.md"], 2),
             ("ë", {}, ["b2.md"], 1),
-            ("écisi", {}, ["b2.md"], 2)]:  # the index is case-folded: b3 is read too
+            ("écisi", {}, ["b2.md"], 1)]:  # the index keeps ASCII capitals: not b3
         got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=[query], **fold)]
         assert got == reference(cache, [query], case_sensitive=fold == {}) == [
             (f"{NS}/{path}", 1) for path in paths], query
@@ -1073,6 +1075,26 @@ def test_a_case_sensitive_query_reads_only_the_files_holding_its_capitals(
     assert got == reference(cache, ["The project"]) == [(f"{NS}/b2.md", 1)]
     assert searcher.scanned < 100
     assert len(all_pages(cache, queries=["version e"], case_sensitive=False)) == 152
+
+
+def test_a_lowercase_query_reads_only_the_files_holding_it_in_lowercase(tmp_path: Path) -> None:
+    # Every file holds `Developer Guide`; two hold `developer guide`. The index keeps the
+    # ASCII capitals of its trigrams: `developer` alone reads those two, where a case-folded
+    # index named every file, and the phrase, whose words name them all, is sieved by the
+    # starts of its words once its first files read prove to lack it.
+    files = {f"a{i:03d}.md": f"see the Developer Guide {i}\n" for i in range(300)}
+    files.update({"b1.md": "the developer guide\n", "b2.md": "developer guide\n"})
+    cache, searcher = indexed(make_cache(tmp_path, files))
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["developer"])]
+    assert got == reference(cache, ["developer"]) == [(f"{NS}/b1.md", 1), (f"{NS}/b2.md", 1)]
+    assert searcher.scanned == 2
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["developer guide"])]
+    assert got == reference(cache, ["developer guide"]) == [(f"{NS}/b1.md", 1),
+                                                            (f"{NS}/b2.md", 1)]
+    assert searcher.scanned < 100
+    assert len(all_pages(cache, queries=["developer guide"], case_sensitive=False)) == 302
+    assert len(all_pages(cache, queries=["DEVELOPER"], normalized=True)) == 302
+    assert len(all_pages(cache, queries=["d"], case_sensitive=False)) == 302
 
 
 def test_a_cache_named_by_a_relative_path_uses_its_index(

@@ -2,7 +2,7 @@
 
 The search index holds each file's text folded this way, and a `normalized` query is folded the
 same before it is compared with a file's folded lines. Beside it, the index keeps what the fold
-loses that an exact query can still narrow by: accented words and the text around capitals.
+loses that an exact query can still narrow by: its accented words.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ _PAST_ACCENTS = re.compile(f"[^\\x00-\\x7f{_ACCENTS}]")
 FOLDED_BLANKS = "\t\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\u1680\u2028\u2029"
 _TO_SPACE = str.maketrans(dict.fromkeys(FOLDED_BLANKS, " "))
 _SPACE_RUN = re.compile("  +")
+_ASCII_LOWER = str.maketrans({chr(c): chr(c + 32) for c in range(ord("A"), ord("Z") + 1)})
+_NOT_CAPITALS = re.compile("[^A-Z]+")
 
 
-def normalize(text: str) -> str:
+def normalize(text: str, keep_case: bool = False) -> str:
     """NFKC, casefold, drop accents, collapse blanks: so `decision` finds `Décision`.
 
     The carriage return of a CRLF line goes first, so a line folds alike with either ending.
@@ -31,19 +33,29 @@ def normalize(text: str) -> str:
     ASCII is only lowered (the Unicode steps leave it as it is). In a text mostly ASCII, only
     the lines holding other characters take the Unicode steps, each line on its own: a line
     break never combines with a neighbour, so that is the same as folding the whole text.
+    With `keep_case`, ASCII capitals stay as they are (those NFKC makes too): the search
+    index's trigrams keep them, and `lower_ascii` of that text is the text normalized.
     """
     if "\r" in text:
         text = text.replace("\r\n", "\n")
     if text.isascii():
-        text = text.lower()
+        text = text if keep_case else text.lower()
     elif (len(text.encode("utf-8", "surrogatepass")) - len(text)) * 8 > len(text):
-        text = unicode_fold(text)  # much of it is not ASCII: at once
+        text = unicode_fold(text, keep_case)  # much of it is not ASCII: at once
     else:
         lines = text.split("\n")
         for i, line in enumerate(lines):
-            lines[i] = line.lower() if line.isascii() else unicode_fold(line)
+            if not line.isascii():
+                lines[i] = unicode_fold(line, keep_case)
+            elif not keep_case:
+                lines[i] = line.lower()
         text = "\n".join(lines)
     return squeeze_blanks(text)
+
+
+def lower_ascii(text: str) -> str:
+    """`text` with its ASCII capitals lowered, and nothing else changed."""
+    return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
 
 
 def squeeze_blanks(text: str) -> str:
@@ -89,39 +101,24 @@ def accented_keys(query: str) -> set[str]:
             for i, word in enumerate(words) if word in accented}
 
 
-# Runs of ASCII capitals, those at most four characters apart in one.
-_CAPITALS = re.compile(r"[A-Z](?:.{0,4}[A-Z])*", re.DOTALL)
-_CAPITAL = re.compile(r"[A-Z]")
-
-
-def capital_stretches(text: str) -> set[str]:
-    """Each run of ASCII capitals in `text` with the two characters either side, as written.
-
-    So every trigram of `text` that holds an ASCII capital is in one of them. The search index,
-    which is case-folded, keeps them beside a part's folded text, so a case-sensitive query
-    narrows by its capitals too (`Version` to the parts holding `Version`, not every part
-    holding `version`): it asks its own such trigrams (`capital_trigrams`).
-    """
-    return {text[max(m.start() - 2, 0):m.end() + 2] for m in _CAPITALS.finditer(text)}
-
-
-def capital_trigrams(query: str) -> list[str]:
-    """The trigrams of `query` that hold an ASCII capital: any text holding it holds them."""
-    return list(dict.fromkeys(query[i:i + 3] for i in range(len(query) - 2)
-                              if _CAPITAL.search(query, i, i + 3)))
-
-
-def unicode_fold(text: str) -> str:
+def unicode_fold(text: str, keep_case: bool = False) -> str:
     """The Unicode steps alone: NFKC, casefold, then NFD with the combining marks taken out.
 
     `normalize` but for its blanks, and for the carriage return of a CRLF line. A text whose
     canonical decomposition is ASCII and accents (`_ACCENTS`) folds to that ASCII lowered: each
-    step of the three leaves such a text as the accents on ASCII, lowered.
+    step of the three leaves such a text as the accents on ASCII, lowered. With `keep_case`,
+    casefold leaves ASCII capitals as they are.
     """
     decomposed = unicodedata.normalize("NFD", text)
     if _PAST_ACCENTS.search(decomposed) is None:
-        return decomposed.encode("ascii", "ignore").decode("ascii").lower()
-    text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text).casefold())
+        ascii_text = decomposed.encode("ascii", "ignore").decode("ascii")
+        return ascii_text if keep_case else ascii_text.lower()
+    if keep_case:  # decomposed first, so that `É` keeps its capital as `E + U+0301` does
+        text = _NOT_CAPITALS.sub(lambda run: run.group().casefold(),
+                                 unicodedata.normalize("NFKD", text))
+    else:
+        text = unicodedata.normalize("NFKC", text).casefold()
+    text = unicodedata.normalize("NFD", text)
     if not text.isascii():
         for mark in {c for c in _MARKED.findall(text) if unicodedata.combining(c)}:
             text = text.replace(mark, "")

@@ -16,10 +16,11 @@ import stat
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Iterable, Iterator
-from itertools import islice, pairwise
+from itertools import islice, pairwise, product
 from typing import Any, NamedTuple
 
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
+from sharedmem.cache.folding import lower_ascii
 from sharedmem.cache.matching import utf8
 from sharedmem.cache.search_index import (
     READ_ERRORS,
@@ -46,6 +47,7 @@ _SHORT_ASKED = 64  # nor one of more whose trigrams' files add up past `_DENSE` 
 _SEPARATORS = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # ASCII, not a letter or digit
 _WORD = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # what FTS5's `ascii` keeps
 _LAST_WORD = re.compile(_WORD.pattern + r"\Z")
+_CAPITAL = re.compile("[A-Z]")
 _PREFIX = 3  # the words table's prefix length (`prefix='3'`), to which a last word is cut
 _ENDINGS_ALONE = 32  # as many, for a phrase of one whole word after its first
 _ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
@@ -206,37 +208,39 @@ class IndexReader:
         return self._ids(match, ())
 
     def expression(self, keys: Iterable[str], files: int, accented: Iterable[str] = (),
-                   capitals: Iterable[str] = ()) -> Match | None:
+                   any_case: bool = False) -> Match | None:
         """What names the parts that may hold every key; None when no key narrows them.
 
         A key of two words or more is the phrase of its words (`_phrase`); another of three
         characters or more is its trigrams (`_grams`); a shorter one is any of the trigrams it
         begins (`_short`; `files`, how many the index holds, tells it when the key is in too
         many of them to narrow). All of them go in one MATCH per table, so SQLite intersects
-        them: a few parts can hold all of several common words. The `accented` words of a query
-        not `normalized` (`folding.accented_keys`) are asked as trigrams alone, as the index
-        keeps them beside the folded text, not among its words; so are the trigrams holding a
-        capital of a case-sensitive one (`folding.capital_trigrams`), but a phrase's only in
-        its `Match.then`, as its `sieve`, with its trigrams across a separator, which its words
-        cannot tell: a phrase asked with trigrams is asked a chunk at a time, where its words
+        them: a few parts can hold all of several common words. The trigrams keep ASCII case:
+        a key is asked as written, or, `any_case` (a search ignoring case or `normalized`, whose
+        key is folded), each trigram as any of its spellings in ASCII capitals and small
+        letters. The `accented` words of a query not `normalized` (`folding.accented_keys`) are
+        asked as trigrams alone, as the index keeps them beside the folded text, casefolded,
+        not among its words. A phrase's trigrams are asked only in its `Match.then`, and those
+        holding an ASCII capital or a separator in the middle, which its words cannot tell, in
+        its `sieve`: a phrase asked with trigrams is asked a chunk at a time, where its words
         alone are asked only as far as its page needs (`_ahead`).
         """
-        keys, accented, capitals = list(keys), list(accented), list(capitals)
-        phrases = {key: p for key in keys if (p := self._phrase(key)) is not None}
-        plain = [k for k in keys if k not in phrases] + accented
-        parts = [grams] if (grams := _grams(plain, () if phrases else capitals)) else []
-        for key in keys + accented:
-            if 0 < len(key) < 3 and (expr := self._short(key, files)) is not None:
+        keys, accented = list(keys), list(accented)
+        phrases = {key: p for key in keys if (p := self._phrase(lower_ascii(key))) is not None}
+        parts = [grams for grams in (_grams([k for k in keys if k not in phrases], any_case),
+                                     _grams(accented)) if grams]
+        for key, folded in [(key, any_case) for key in keys] + [(key, False) for key in accented]:
+            if 0 < len(key) < 3 and (expr := self._short(key, files, folded)) is not None:
                 parts.append(expr)
         if not parts and not phrases:
             return None
         then = None
         if phrases:  # with the trigrams of each phrase's key, and its last word whole
-            more = _grams(list(phrases), capitals)
-            across = [gram for key in phrases for gram in _junctions(key)]
+            more = _grams(list(phrases), any_case)
             then = Match(" AND ".join(parts + ([more] if more else [])),
                          " AND ".join(p.whole or p.words for p in phrases.values()),
-                         sieve=_grams([], capitals + across) or "")
+                         sieve=_grams(list(phrases), any_case, _sifts if not any_case
+                                      else _across) or "")
         return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
 
     def _phrase(self, key: str) -> _Phrase | None:
@@ -299,8 +303,11 @@ class IndexReader:
             raise self.damaged()
         return [w[::-1] for (w,) in found]
 
-    def _short(self, key: str, files: int) -> str | None:
+    def _short(self, key: str, files: int, any_case: bool = False) -> str | None:
         """Any trigram of the index that `key` (one or two characters) begins; None if too many.
+
+        With `any_case`, any trigram one of its spellings in ASCII capitals and small letters
+        begins.
 
         The index's terms from `key` on are read in order up to the first the key cannot begin
         (`fts5vocab`, which reads each term's list to count its files), and no further once
@@ -319,22 +326,23 @@ class IndexReader:
             self.rows("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING "
                       "fts5vocab(main, grams, 'row')")
             self._vocab = True
-        query, args = "SELECT term, doc FROM temp.vocab WHERE term >= ?", (key,)
-        if (past := _past(key)) is not None:
-            query, args = query + " AND term < ?", (key, past)
         terms: list[str] = []
         named = widest = 0  # the files the terms name between them (an upper bound), and one
         try:
-            for term, docs in self.conn.execute(query, args):
-                if not isinstance(term, str) or not isinstance(docs, int):
-                    raise self.damaged()
-                if not term.startswith(key):
-                    break
-                terms.append(term)
-                named, widest = named + docs, max(widest, docs)
-                if len(terms) > _SHORT_TERMS or widest > _DENSE * files or named > files or (
-                        named > _DENSE * files and len(terms) > _SHORT_ASKED):
-                    return None
+            for begun in _spellings(key) if any_case else [key]:
+                query, args = "SELECT term, doc FROM temp.vocab WHERE term >= ?", (begun,)
+                if (past := _past(begun)) is not None:
+                    query, args = query + " AND term < ?", (begun, past)
+                for term, docs in self.conn.execute(query, args):
+                    if not isinstance(term, str) or not isinstance(docs, int):
+                        raise self.damaged()
+                    if not term.startswith(begun):
+                        break
+                    terms.append(term)
+                    named, widest = named + docs, max(widest, docs)
+                    if len(terms) > _SHORT_TERMS or widest > _DENSE * files or named > files or (
+                            named > _DENSE * files and len(terms) > _SHORT_ASKED):
+                        return None
         except READ_ERRORS as exc:
             self._unreadable(exc)
             raise IndexLost from None
@@ -438,27 +446,52 @@ class _Phrase(NamedTuple):
     whole: str
 
 
-def _grams(keys: Iterable[str], capitals: Iterable[str] = ()) -> str | None:
-    """The FTS5 MATCH of every key's trigrams and the `capitals`; None when there are none.
+def _grams(keys: Iterable[str], any_case: bool = False,
+           kept: Callable[[str, int], bool] | None = None) -> str | None:
+    """The FTS5 MATCH of every key's trigrams (those `kept`, by key and place); None if none.
 
     Every trigram of a key, so those across the words of a phrase narrow it too (each is in
     fewer files than the words alone), and at most `_MAX_GRAMS` of them, spread along a long
-    key; as many of the trigrams holding a capital. Also None for a lone surrogate, which
-    SQLite cannot take.
+    key; with `any_case`, each as any of its spellings (`_spellings`). Also None for a lone
+    surrogate, which SQLite cannot take.
     """
-    grams = set(_spread(list(capitals)))
+    grams: set[str] = set()
     for key in keys:
-        grams.update(_spread(list(dict.fromkeys(key[i:i + 3] for i in range(len(key) - 2)))))
+        found = dict.fromkeys(key[i:i + 3] for i in range(len(key) - 2)
+                              if kept is None or kept(key, i))
+        grams.update(_spread(list(found)))
     if not grams:
         return None
-    expr = " AND ".join(_quoted(g) for g in sorted(grams))
+    expr = " AND ".join("(" + " OR ".join(map(_quoted, _spellings(gram))) + ")" if any_case
+                        else _quoted(gram) for gram in sorted(grams))
     return expr if utf8(expr) is not None else None
 
 
-def _junctions(key: str) -> list[str]:
-    """The trigrams of `key` with a separator in the middle: what its phrase cannot tell."""
-    return list(dict.fromkeys(key[i:i + 3] for i in range(len(key) - 2)
-                              if _SEPARATORS.match(key, i + 1, i + 2)))
+def _spellings(text: str) -> list[str]:
+    """`text` with each ASCII letter a capital or a small letter, every way.
+
+    The index's trigrams keep ASCII case, so a search ignoring it asks each.
+    """
+    return ["".join(chars) for chars in product(*(
+        (c, c.upper()) if "a" <= c <= "z" else (c, c.lower()) if "A" <= c <= "Z" else (c,)
+        for c in text))]
+
+
+def _sifts(key: str, at: int) -> bool:
+    """Whether a phrase's trigram tells what its words cannot: a separator, or case.
+
+    A capital, and the start of a word, which the text may hold capitalized where the key
+    does not (`Developer Guide` for `developer guide`).
+    """
+    return _CAPITAL.search(key, at, at + 3) is not None or \
+        _SEPARATORS.match(key, at + 1, at + 2) is not None or \
+        (at == 0 or _SEPARATORS.match(key, at - 1, at) is not None) and \
+        _SEPARATORS.match(key, at, at + 1) is None
+
+
+def _across(key: str, at: int) -> bool:
+    """Whether a phrase's trigram has a separator in the middle, which its words cannot tell."""
+    return _SEPARATORS.match(key, at + 1, at + 2) is not None
 
 
 def _spread(grams: list[str]) -> list[str]:
@@ -692,10 +725,10 @@ class Named:
     """
 
     def __init__(self, view: View, keys: list[str], dense: bool = False,
-                 accented: Iterable[str] = (), capitals: Iterable[str] = ()) -> None:
+                 accented: Iterable[str] = (), any_case: bool = False) -> None:
         self.view = view
         usable = view.index.conn is not None and len(view.stale) < len(view)
-        self.expr = view.index.expression(keys, len(view), accented, capitals) if usable \
+        self.expr = view.index.expression(keys, len(view), accented, any_case) if usable \
             else None
         self.keys, self.dense = keys, dense
         self.asked: dict[int, set[int]] = {}  # chunk start -> the positions named in it

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, NamedTuple
 
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
-from sharedmem.cache.folding import accented_keys, capital_trigrams, normalize
+from sharedmem.cache.folding import accented_keys, normalize
 from sharedmem.cache.index_reader import (
     Cut,
     IndexLost,
@@ -278,13 +278,15 @@ class Searcher:
 
 
 def _named(view: View, query: Query, dense: bool) -> list[Named]:
-    """What the index names for each query: by its folded text, its accented words, its capitals.
+    """What the index names for each query: by its folded text, its accented words.
 
-    The accented words only when the query is not `normalized` (`folding.accented_words`),
-    the capitals only when it is case-sensitive too (`folding.capital_trigrams`).
+    Its folded text keeps its ASCII capitals when the query is case-sensitive and not
+    `normalized`, as the index's trigrams do; otherwise it is asked in any case. The accented
+    words only when the query is not `normalized` (`folding.accented_keys`).
     """
-    return [Named(view, [normalize(q)], dense, () if query.normalized else accented_keys(q),
-                  capital_trigrams(q) if query.case_sensitive and not query.normalized else ())
+    keep = query.case_sensitive and not query.normalized
+    return [Named(view, [normalize(q, keep_case=keep)], dense,
+                  () if query.normalized else accented_keys(q), any_case=not keep)
             for q in query.queries]
 
 

@@ -1,11 +1,12 @@
 """The search index's upkeep: its format, and the writers that keep it in line with the cache.
 
 The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
-holds two SQLite FTS5 tables of each file's normalized text (`folding.normalize`): its trigrams
-(which any substring's narrow to; with those of what the fold loses, `_grams_text`) and its
-words with their places (which a phrase's narrow to, word by word; a word is a run of anything
-but ASCII punctuation and blanks, FTS5's `ascii` tokenizer, so Python cuts a query alike); and
-every word it holds, spelt backwards (`ends`: the words that end with a phrase's first word).
+holds two SQLite FTS5 tables of each file's normalized text (`folding.normalize`): its trigrams,
+ASCII capitals kept (which any substring's narrow to; with those of what the fold loses,
+`_grams_text`), and its words with their places (which a phrase's narrow to, word by word; a
+word is a run of anything but ASCII punctuation and blanks, FTS5's `ascii` tokenizer, so Python
+cuts a query alike); and every word it holds, spelt backwards (`ends`: the words that end with a
+phrase's first word).
 The FTS5 tables are contentless: no copy of the text, so a changed or deleted file's old entries
 stay until the index is built again, once they are more than a `_STALE` share of all (they only
 name parts a search then reads and finds wanting). Beside them: each file's path, sha256 and
@@ -33,14 +34,14 @@ from itertools import pairwise
 from pathlib import Path
 
 from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache
-from sharedmem.cache.folding import accented_words, capital_stretches, normalize
+from sharedmem.cache.folding import accented_words, lower_ascii, normalize
 from sharedmem.cache.layout import CacheFiles
 from sharedmem.cache.manifest_store import CachedFile
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "11"
+INDEX_VERSION = "12"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
@@ -441,7 +442,8 @@ class _Writer:
             return False
         bounds = segments(data)
         raws = [data[lo:hi].decode("utf-8", "replace") for lo, hi in pairwise(bounds)]
-        texts = [normalize(raw) + TEXT_END for raw in raws]
+        cased = [normalize(raw, keep_case=True) + TEXT_END for raw in raws]
+        texts = [lower_ascii(text) for text in cased]  # as `normalize` folds them
         old = self.conn.execute("SELECT first, parts FROM files WHERE id=?",
                                 (row_id,)).fetchone() if row_id is not None else None
         # The rows it had while they are enough (the file keeps its place in path order), else
@@ -458,10 +460,11 @@ class _Writer:
             self.conn.execute("UPDATE files SET sha256=?, namespace=?, first=?, parts=?, "
                               "bounds=? WHERE id=?", (digest, meta.namespace, first,
                                                       len(texts), cut, row_id))
-        rows = list(enumerate(texts, first))
         self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", (
-            (row, _grams_text(text, raw)) for (row, text), raw in zip(rows, raws, strict=True)))
-        self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)", rows)
+            (row, _grams_text(text, raw)) for row, text, raw in zip(
+                range(first, first + len(raws)), cased, raws, strict=True)))
+        self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)",
+                              enumerate(texts, first))
         for text in texts:  # the words as the `ascii` tokenizer cuts them: at ASCII separators
             self.words.update(text.encode("utf-8", "surrogatepass").translate(_CUT).split())
         if len(self.words) > _WORDS_HELD:
@@ -485,12 +488,12 @@ class _Writer:
 
 
 def _grams_text(text: str, raw: str) -> str:
-    """A part's folded text, then its accented words and the text around its capitals.
+    """A part's folded text (its ASCII capitals kept), then its accented words, one per line.
 
-    As `raw` has them (`folding.accented_words`, `folding.capital_stretches`), one per line:
-    what an exact query can narrow by that the folded text has lost.
+    As `raw` has them (`folding.accented_words`): what an exact query can narrow by that the
+    folded text has lost.
     """
-    more = "\n".join([*accented_words(raw), *capital_stretches(raw)])
+    more = "\n".join(accented_words(raw))
     return text + more + TEXT_END if more else text
 
 
