@@ -690,22 +690,36 @@ def fifth_and_three(tmp_path: Path, fifth: str, three: str) -> Cache:
     return cache
 
 
+def asked(cache: Cache, key: str, any_case: bool = False) -> index_reader.Match:
+    """What the index is asked for `key` among 1,000 files (`IndexReader.expression`)."""
+    searcher = search_mod.searcher(cache)
+    searcher.index.begin()
+    try:
+        match = searcher.index.expression([key], 1000, any_case=any_case)
+    finally:
+        searcher.index.end()
+    assert match is not None
+    return match
+
+
+def read_for_the_three(cache: Cache, query: str) -> int:
+    """How many files a search reads to find `query` in the three `fifth_and_three` holds."""
+    searcher = search_mod.searcher(cache)
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=[query])]
+    assert got == reference(cache, [query]) == [(f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
+    return searcher.scanned
+
+
 def test_a_phrase_whose_files_mostly_lack_it_is_asked_with_its_last_word_whole(
         tmp_path: Path) -> None:
     # `beta gamma` is asked as `"beta gam"*`, the prefix the words table keeps a list of, and a
     # fifth of the files hold `beta gamut`: once the first files read give under a result in
     # four, the rest is asked as `"beta gamma"*`, so those files are not read past them.
     cache = fifth_and_three(tmp_path, "beta gamut", "beta gamma")
-    searcher = search_mod.searcher(cache)
-    searcher.index.begin()
-    match = searcher.index.expression(["beta gamma"], 1000)
+    match = asked(cache, "beta gamma")
     assert match.words == '("beta gam"*)' and match.then is not None
     assert match.then.words == '("beta gamma"*)'
-    searcher.index.end()
-    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["beta gamma"])]
-    assert got == reference(cache, ["beta gamma"]) == [
-        (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
-    assert searcher.scanned < 100  # where the 201 files holding `beta gam` were read
+    assert read_for_the_three(cache, "beta gamma") < 100  # where all 203 holding `beta gam` were
 
 
 def test_a_last_word_whole_that_names_as_many_parts_is_asked_once(tmp_path: Path) -> None:
@@ -719,9 +733,7 @@ def test_a_last_word_whole_that_names_as_many_parts_is_asked_once(tmp_path: Path
     assert searcher.index.conn is not None
     statements: list[str] = []
     searcher.index.conn.set_trace_callback(statements.append)
-    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["beta gamut"])]
-    assert got == reference(cache, ["beta gamut"]) == [
-        (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
+    read_for_the_three(cache, "beta gamut")
     asked = [s.split("MATCH '")[1].split("'")[0] for s in statements
              if "FROM words WHERE words MATCH" in s]
     assert asked.count('("beta gamut"*)') == 1 and asked[-1] == '("beta gam"*)', asked
@@ -734,17 +746,10 @@ def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_it
     # result in four, each later question of its words is sieved by its trigrams across a
     # separator (`w g`), so the files holding only `www.gnu` are not read past the first ones.
     cache = fifth_and_three(tmp_path, "www.gnu", "www gnu")
-    searcher = search_mod.searcher(cache)
-    searcher.index.begin()
-    match = searcher.index.expression(["Www gnu"], 1000)
-    assert match.then is not None and match.then.sieve == '"Www" AND "gnu" AND "w g"'
-    match = searcher.index.expression(["www gnu"], 1000, any_case=True)
-    assert match.then is not None and match.then.sieve == '("w g" OR "w G" OR "W g" OR "W G")'
-    searcher.index.end()
-    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["www gnu"])]
-    assert got == reference(cache, ["www gnu"]) == [
-        (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
-    assert searcher.scanned < 100  # where the 203 files holding both words were read
+    sieves = [match.then.sieve if match.then else None
+              for match in (asked(cache, "Www gnu"), asked(cache, "www gnu", any_case=True))]
+    assert sieves == ['"Www" AND "gnu" AND "w g"', '("w g" OR "w G" OR "W g" OR "W G")']
+    assert read_for_the_three(cache, "www gnu") < 100  # where all 203 holding both words were
 
 
 def test_a_phrase_in_most_files_is_asked_with_its_trigrams_which_tell_separators_apart(
