@@ -21,7 +21,6 @@ _PAST_ACCENTS = re.compile(f"[^\\x00-\\x7f{_ACCENTS}]")
 FOLDED_BLANKS = "\t\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\u1680\u2028\u2029"
 _TO_SPACE = str.maketrans(dict.fromkeys(FOLDED_BLANKS, " "))
 _SPACE_RUN = re.compile("  +")
-_ASCII_LOWER = str.maketrans({chr(c): chr(c + 32) for c in range(ord("A"), ord("Z") + 1)})
 _NOT_CAPITALS = re.compile("[^A-Z]+")
 
 
@@ -54,8 +53,14 @@ def normalize(text: str, keep_case: bool = False) -> str:
 
 
 def lower_ascii(text: str) -> str:
-    """`text` with its ASCII capitals lowered, and nothing else changed."""
-    return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
+    """`text` with its ASCII capitals lowered, and nothing else changed.
+
+    Through its UTF-8 bytes, whose `lower` touches ASCII alone: `str.translate` took thirty
+    times as long.
+    """
+    if text.isascii():
+        return text.lower()
+    return text.encode("utf-8", "surrogatepass").lower().decode("utf-8", "surrogatepass")
 
 
 def squeeze_blanks(text: str) -> str:
