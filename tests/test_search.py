@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import cache_of, flip_schema_byte, garbage, run_cli
 
-from sharedmem.cache import index_reader, search_index
+from sharedmem.cache import index_reader, index_view, search_index
 from sharedmem.cache import search as search_mod
 from sharedmem.cache.cache import Cache, NamespaceInfo
 from sharedmem.cache.folding import normalize
@@ -498,7 +498,7 @@ def test_generated_corpus_every_shape_equals_a_full_scan(
     added = {p.replace("/f", "/new"): t for p, t in added.items()}
     gone = list(files)[10:12]
     cases = generated_queries(rng, [*files.values(), *changed.values(), *added.values()], 45)
-    monkeypatch.setattr(index_reader, "_CHUNK", 2)  # the index is asked a chunk at a time
+    monkeypatch.setattr(index_view, "_CHUNK", 2)  # the index is asked a chunk at a time
     search_index.refresh_index(cache)
     check_cases(cache, cases, "covering")
     assert search_mod.searcher(cache)._view.manifest is None  # the manifest was not parsed
@@ -528,7 +528,7 @@ def test_any_over_ids_out_of_path_order_equals_a_full_scan(
     cache.apply([(p, sha256_text(t), t) for p, t in new.items()], [], {NS: info})
     search_index.refresh_index(cache)
     assert search_index.index_mark(cache) is not None
-    monkeypatch.setattr(index_reader, "_CHUNK", 8)
+    monkeypatch.setattr(index_view, "_CHUNK", 8)
     for queries in (["alpha", "beta"], ["beta", "gamma", "alpha"]):
         got = all_pages(cache, queries=queries, max_results=3)
         assert [(r["path"], r["line_number"]) for r in got] == reference(cache, queries)
@@ -773,7 +773,7 @@ def test_a_phrase_alone_is_asked_for_the_matches_its_page_needs(
     # Its words are in every file, so asking the whole index, or a chunk past where the page
     # fills, would have SQLite read their places in files the page never needs: it is asked
     # once, for half again as many matches as the page takes.
-    monkeypatch.setattr(index_reader, "_CHUNK", 64)
+    monkeypatch.setattr(index_view, "_CHUNK", 64)
     cache = make_cache(tmp_path, {f"f{i:04d}.md": f"beta gamma alpha {i}\n" + (
         "" if i % 100 else "alpha beta\n") for i in range(3000)})
     search_index.refresh_index(cache)

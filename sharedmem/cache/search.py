@@ -17,16 +17,8 @@ from typing import Any, BinaryIO, NamedTuple
 
 from sharedmem.cache.cache import Cache, Manifest, NamespaceInfo
 from sharedmem.cache.folding import accented_keys, normalize
-from sharedmem.cache.index_reader import (
-    Cut,
-    IndexLost,
-    IndexReader,
-    Named,
-    Spots,
-    View,
-    regions,
-    walk_named,
-)
+from sharedmem.cache.index_reader import Cut, IndexLost, IndexReader, regions
+from sharedmem.cache.index_view import Named, Spots, View, walk_named
 from sharedmem.cache.layout import CacheFiles
 from sharedmem.cache.matching import Matcher
 from sharedmem.cache.search_index import (
