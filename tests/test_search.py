@@ -1055,6 +1055,22 @@ def test_an_accented_word_between_blanks_is_asked_as_a_whole_word(tmp_path: Path
         assert searcher.scanned == 1, query
 
 
+def test_a_short_accented_word_is_asked_only_when_no_longer_one_is(tmp_path: Path) -> None:
+    # `많` after a line break begins a trigram for each accented word the index keeps that
+    # begins with it: any of them is a long question, which narrows little beside `정보` as a
+    # whole word. Alone it is asked.
+    files = {f"a{i:03d}.md": f"정보 많{chr(0xAC00 + i)}\n" for i in range(50)}
+    cache, searcher = indexed(make_cache(tmp_path, files))
+    searcher.index.begin()
+    alone = searcher.index.expression(["xyz"], 50, accented=["\n많"])
+    beside = searcher.index.expression(["xyz"], 50, accented=["정보\n", "\n많"])
+    searcher.index.end()
+    assert alone is not None and alone.grams.count(" OR ") == 49
+    assert beside is not None and beside.grams == '"xyz" AND "정보\n"'
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["정보 많"])]
+    assert got == reference(cache, ["정보 많"]) and len(got) == 50
+
+
 def test_a_case_sensitive_query_reads_only_the_files_holding_its_capitals(
         tmp_path: Path) -> None:
     # A quarter of the files hold `version e` and `the project`; a few hold them with capitals.

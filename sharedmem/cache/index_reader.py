@@ -210,8 +210,10 @@ class IndexReader:
         key is folded), each trigram as any of its spellings in ASCII capitals and small
         letters. The `accented` words of a query not `normalized` (`folding.accented_keys`) are
         asked as trigrams alone, as the index keeps them beside the folded text, casefolded,
-        not among its words. A phrase's trigrams are asked only in its `Match.then`, and those
-        holding an ASCII capital or a separator in the middle, which its words cannot tell, in
+        not among its words; one of one or two characters only when no longer one is asked (it
+        is any of hundreds of trigrams, and narrows little past a longer one). A phrase's
+        trigrams are asked only in its `Match.then`, and those holding an ASCII capital,
+        beginning a word or with a separator in the middle, which its words cannot tell, in
         its `sieve`: a phrase asked with trigrams is asked a chunk at a time, where its words
         alone are asked only as far as its page needs (`_ahead`).
         """
@@ -219,6 +221,8 @@ class IndexReader:
         phrases = {key: p for key in keys if (p := self._phrase(lower_ascii(key))) is not None}
         parts = [grams for grams in (_grams([k for k in keys if k not in phrases], any_case),
                                      _grams(accented)) if grams]
+        if any(len(key) >= 3 for key in accented):  # a short one adds little, at a cost
+            accented = [key for key in accented if len(key) >= 3]
         for key, folded in [(key, any_case) for key in keys] + [(key, False) for key in accented]:
             if 0 < len(key) < 3 and (expr := self._short(key, files, folded)) is not None:
                 parts.append(expr)
