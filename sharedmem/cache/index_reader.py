@@ -221,10 +221,11 @@ class IndexReader:
         phrases = {key: p for key in keys if (p := self._phrase(lower_ascii(key))) is not None}
         parts = [grams for grams in (_grams([k for k in keys if k not in phrases], any_case),
                                      _grams(accented)) if grams]
-        if any(len(key) >= 3 for key in accented):  # a short one adds little, at a cost
-            accented = [key for key in accented if len(key) >= 3]
-        for key, folded in [(key, any_case) for key in keys] + [(key, False) for key in accented]:
-            if 0 < len(key) < 3 and (expr := self._short(key, files, folded)) is not None:
+        short = [(key, any_case) for key in keys if 0 < len(key) < 3]
+        if all(len(key) < 3 for key in accented):  # beside a longer one, little for its cost
+            short += [(key, False) for key in accented if key]
+        for key, folded in short:
+            if (expr := self._short(key, files, folded)) is not None:
                 parts.append(expr)
         if not parts and not phrases:
             return None
@@ -466,21 +467,20 @@ def _spellings(text: str) -> list[str]:
         for c in text))]
 
 
+def _across(key: str, at: int) -> bool:
+    """Whether a phrase's trigram has a separator in the middle, which its words cannot tell."""
+    return _SEPARATORS.match(key, at + 1, at + 2) is not None
+
+
 def _sifts(key: str, at: int) -> bool:
     """Whether a phrase's trigram tells what its words cannot: a separator, or case.
 
     A capital, and the start of a word, which the text may hold capitalized where the key
     does not (`Developer Guide` for `developer guide`).
     """
-    return _CAPITAL.search(key, at, at + 3) is not None or \
-        _SEPARATORS.match(key, at + 1, at + 2) is not None or \
+    return _CAPITAL.search(key, at, at + 3) is not None or _across(key, at) or \
         (at == 0 or _SEPARATORS.match(key, at - 1, at) is not None) and \
         _SEPARATORS.match(key, at, at + 1) is None
-
-
-def _across(key: str, at: int) -> bool:
-    """Whether a phrase's trigram has a separator in the middle, which its words cannot tell."""
-    return _SEPARATORS.match(key, at + 1, at + 2) is not None
 
 
 def _spread(grams: list[str]) -> list[str]:

@@ -6,16 +6,15 @@ ASCII capitals kept (which any substring's narrow to; with those of what the fol
 `_grams_text`), and its words with their places (which a phrase's narrow to, word by word; a
 word is a run of anything but ASCII punctuation and blanks, FTS5's `ascii` tokenizer, so Python
 cuts a query alike); and every word it holds, spelt backwards (`ends`: the words that end with a
-phrase's first word).
-The FTS5 tables are contentless: no copy of the text, so a changed or deleted file's old entries
-stay until the index is built again, once they are more than a `_STALE` share of all (they only
-name parts a search then reads and finds wanting). Beside them: each file's path, sha256 and
-namespace, the `files` mark of the manifest it covers whole, and the files' ids in path order
-(so a new searcher loads its view in one read, not by sorting every path). `refresh_index` keeps
-it current: run by the `index` command, which a sync that changed the cache starts detached
-(`refresh_in_background`) and which waits for that sync to end; search.py reads it. An index
-that cannot be read (damaged, or a link or folder in its place) is deleted and built again: it
-is derived data.
+phrase's first word). The FTS5 tables are contentless: no copy of the text, so a changed or
+deleted file's old entries stay until the index is built again, once they are more than a
+`_STALE` share of all (they only name parts a search then reads and finds wanting). Beside them:
+each file's path, sha256 and namespace, the `files` mark of the manifest it covers whole, and the
+files' ids in path order (so a new searcher loads its view in one read, not by sorting every
+path). `refresh_index` keeps it current: run by the `index` command, which a sync that changed
+the cache starts detached (`refresh_in_background`) and which waits for that sync to end;
+search.py reads it. An index that cannot be read (damaged, or a link or folder in its place) is
+deleted and built again: it is derived data.
 """
 
 from __future__ import annotations
