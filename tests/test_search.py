@@ -722,21 +722,84 @@ def test_a_phrase_whose_files_mostly_lack_it_is_asked_with_its_last_word_whole(
     assert read_for_the_three(cache, "beta gamma") < 100  # where all 203 holding `beta gam` were
 
 
-def test_a_last_word_whole_that_names_as_many_parts_is_asked_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", ["beta gamut", "Beta Gamut"])
+def test_a_last_word_whole_that_names_as_many_parts_is_asked_once(
+        tmp_path: Path, case: str) -> None:
     # A fifth of the files hold `beta-gamut`, which the words table takes for the phrase `beta
     # gamut`: the files read give few results, so the phrase is asked with its last word whole,
-    # which names as many parts at a higher cost (SQLite merges that word's whole list for
-    # each question); after that one question it is asked by its first three characters again.
-    cache = fifth_and_three(tmp_path, "beta-gamut", "beta gamut")
+    # in its case, which names as many parts at a higher cost (SQLite merges that word's whole
+    # list for each question); after that one question it is asked by its first three
+    # characters again.
+    cache = fifth_and_three(tmp_path, case.replace(" ", "-"), case)
     sql_of_next_search(cache, queries=["nothing-like-it"])  # the view is loaded
     searcher = search_mod.searcher(cache)
     assert searcher.index.conn is not None
     statements: list[str] = []
     searcher.index.conn.set_trace_callback(statements.append)
-    read_for_the_three(cache, "beta gamut")
+    read_for_the_three(cache, case)
     asked = [s.split("MATCH '")[1].split("'")[0] for s in statements
-             if "FROM words WHERE words MATCH" in s]
-    assert asked.count('("beta gamut"*)') == 1 and asked[-1] == '("beta gam"*)', asked
+             if re.search("FROM (words|cased) WHERE (words|cased) MATCH", s)]
+    whole = '("beta gamut"*)' if case == "beta gamut" else '("＾Beta ＾Gamut"*)'
+    assert asked.count(whole) == 1 and asked[-1] == '("beta gam"*)', asked
+
+
+def test_a_lowercase_phrase_whose_words_every_file_holds_is_asked_in_its_case(
+        tmp_path: Path) -> None:
+    # A fifth of the files hold `For more information`, and `for more` and `information` in
+    # lowercase too: the phrase's words, trigrams and word starts are all there. Once the
+    # first files read prove to lack it, it is asked of the words in their case (`cased`),
+    # whole, and with its trigrams across a separator alone.
+    cache = fifth_and_three(tmp_path, "For more information, for more", "for more information")
+    match = asked(cache, "for more information")
+    assert match.then is not None and match.then.table == "cased"
+    assert (match.then.words, match.then.grams) == ('("for more information"*)',
+                                                    '"e i" AND "r m"')
+    assert read_for_the_three(cache, "for more information") < 100  # where it read 203
+    assert len(all_pages(cache, queries=["For more information"])) == 200
+    assert len(all_pages(cache, queries=["for more information"], case_sensitive=False)) == 203
+
+
+def test_a_phrase_is_asked_in_its_case_only_where_that_costs_little(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its words in their case are not asked ignoring case, nor when its last word, a prefix of
+    # three characters or fewer, would have SQLite merge the lists of every word it begins
+    # (this table keeps no list of prefixes), nor when too many words end with its first.
+    monkeypatch.setattr(index_reader, "_ENDINGS", 1)
+    cache = fifth_and_three(tmp_path, "For more information", "for more information")
+    assert asked(cache, "for more information", any_case=True).then.table == "words"
+    assert asked(cache, "For more inf").then.table == "words"
+    assert asked(cache, "For more inf ").then.words == '("＾For more inf ")'
+    assert asked(cache, "a more info").then.table == "words"  # `alpha`, `delta` end with `a`
+    assert asked(cache, "ha more info").then.words == (
+        '("ha more info"* OR "alpha more info"*)')
+
+
+@pytest.mark.parametrize("segment", [8192, 24], ids=["whole files", "in parts"])
+def test_phrases_in_their_case_find_what_a_full_scan_finds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, segment: int) -> None:
+    # Words whose case differs from the query's, where the first word of the text may end
+    # with the query's first, in its case or not (`Therefor`, `xFor`), and its last begin with
+    # its last (`infoRmation`): each phrase soon asked in its case, the results a scan's.
+    monkeypatch.setattr(search_index, "SEGMENT_BYTES", segment)
+    monkeypatch.setattr(index_view, "_TRIED", 2)
+    monkeypatch.setattr(index_reader, "_ENDINGS", 3)
+    rng = random.Random(17)
+    firsts = ["for", "For", "FOR", "therefor", "TherEfor", "xFor", "fOr", "befor", "Befor"]
+    seconds, lasts = ["more", "More", "MORE", "moRe"], ["info", "Info", "infoRmation", "INFO",
+                                                       "infoX", "ínfo"]
+    files = {f"f{i:03d}.md": "\n".join(
+        rng.choice(firsts) + rng.choice([" ", "-", ". ", "\n"]) + rng.choice(seconds) +
+        rng.choice([" ", "_", "  "]) + rng.choice(lasts) + rng.choice(["", "s", " end"])
+        for _ in range(rng.randint(1, 5))) + "\n" for i in range(120)}
+    cache, _ = indexed(make_cache(tmp_path, files))
+    asked_cased = 0
+    for _ in range(40):
+        query = rng.choice(firsts + ["or", "Or"]) + rng.choice([" ", " ", "-"]) + rng.choice(
+            seconds) + " " + rng.choice(lasts + ["infoR", "Inf"]) + rng.choice(["", " "])
+        got, statements = sql_of_next_search(cache, queries=[query], max_results=3)
+        assert got == reference(cache, [query]), query
+        asked_cased += any("FROM cased WHERE" in s for s in statements)
+    assert asked_cased > 10
 
 
 def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_its_separators(
@@ -999,7 +1062,7 @@ def test_a_short_key_in_most_files_is_not_looked_up_and_its_terms_not_all_read(
         ("f000.md", 1), ("f001.md", 1), ("f002.md", 1)] and searcher.scanned <= 4
     searcher.index.begin()
     assert searcher.index.expression(["q"], 201) is None
-    assert searcher.index.expression(["zj"], 201) == ('("zj\n")', "", None, "")
+    assert searcher.index.expression(["zj"], 201) == index_reader.Match('("zj\n")', "")
     searcher.index.end()
 
 

@@ -19,7 +19,7 @@ from itertools import product
 from typing import Any, NamedTuple
 
 from sharedmem.cache.cache import Cache
-from sharedmem.cache.folding import lower_ascii
+from sharedmem.cache.folding import CAPITAL_MARK, lower_ascii, mark_capitals
 from sharedmem.cache.matching import utf8
 from sharedmem.cache.search_index import (
     READ_ERRORS,
@@ -215,7 +215,9 @@ class IndexReader:
         trigrams are asked only in its `Match.then`, and those holding an ASCII capital,
         beginning a word or with a separator in the middle, which its words cannot tell, in
         its `sieve`: a phrase asked with trigrams is asked a chunk at a time, where its words
-        alone are asked only as far as its page needs (`_ahead`).
+        alone are asked only as far as its page needs (`_ahead`). A case-sensitive phrase's
+        `then` asks its words in their case (`_cased`) where that costs little, and of its
+        trigrams only those across a separator: the case is then told word by word.
         """
         keys, accented = list(keys), list(accented)
         phrases = {key: p for key in keys if (p := self._phrase(lower_ascii(key))) is not None}
@@ -231,11 +233,15 @@ class IndexReader:
             return None
         then = None
         if phrases:  # with the trigrams of each phrase's key, and its last word whole
-            more = _grams(list(phrases), any_case)
-            then = Match(" AND ".join(parts + ([more] if more else [])),
-                         " AND ".join(p.whole or p.words for p in phrases.values()),
-                         sieve=_grams(list(phrases), any_case, _sifts if not any_case
-                                      else _across) or "")
+            cased = [] if any_case else [self._cased(key) for key in phrases]
+            if cased and all(cased):  # its case asked, its separators still to tell
+                more, words, table = _grams(phrases, kept=_across), " AND ".join(cased), "cased"
+            else:
+                more, table = _grams(phrases, any_case), "words"
+                words = " AND ".join(p.whole or p.words for p in phrases.values())
+            then = Match(" AND ".join(parts + ([more] if more else [])), words,
+                         sieve=_grams(phrases, any_case, _sifts if not any_case
+                                      else _across) or "", table=table)
         return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
 
     def _phrase(self, key: str) -> _Phrase | None:
@@ -285,12 +291,47 @@ class IndexReader:
 
         return _Phrase(phrase(rest), phrase(whole) if whole else "")
 
-    def _ending(self, word: str, most: int) -> list[str] | None:
-        """The words of the index longer than `word` that end with it; None if over `most`."""
-        backwards = word[::-1]
+    def _cased(self, key: str) -> str | None:
+        """The FTS5 phrase of `key`'s words in its case (the `cased` table), or None.
+
+        Every word as a whole: the words table's folded ones cannot tell `for more` from `For
+        more`, which it may hold in every part where `for` and `more` are also in lowercase.
+        None unless that costs about what its folded phrase's last word whole does: its first
+        word must be asked (`_ending`, at most `_ENDINGS` longer words ending with it), and its
+        last be longer than `_PREFIX` characters, as the prefix it may be (this table keeps no
+        list of prefixes: SQLite merges the lists of every word it begins, for each question).
+        """
+        key = mark_capitals(key)
+        cut = _SEPARATORS.search(key)
+        if cut is None or utf8(key) is None:
+            return None
+        first, rest = key[:cut.start()], key[cut.end():]
+        words = _WORD.findall(rest)
+        star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
+        if len(words) < (2 if not first else 1) or star and \
+                len(words[-1].replace(CAPITAL_MARK, "")) <= _PREFIX:
+            return None
+        if not first:
+            return _quoted(rest) + star
+        longer = self._ending(first, _ENDINGS, cased=True)
+        if longer is None:
+            return None
+        return "(" + " OR ".join(_quoted(f"{word} {rest}") + star
+                                 for word in (first, *longer)) + ")"
+
+    def _ending(self, word: str, most: int, cased: bool = False) -> list[str] | None:
+        """The words of the index longer than `word` that end with it; None if over `most`.
+
+        Of its folded words, or `cased`, of its marked ones (`folding.mark_capitals`) those that
+        end with it in its case: not where it has a small letter the word has a capital.
+        """
+        backwards = lower_ascii(word)[::-1]
         query, args = "SELECT word FROM ends WHERE word > ?", (backwards,)
         if (past := _past(backwards)) is not None:
             query, args = query + " AND word < ?", (backwards, past)
+        query += f" AND substr(word, {len(backwards) + 1}, 1) <> ?" if cased else \
+            " AND instr(word, ?) = 0"
+        args += (CAPITAL_MARK,)
         found = self.rows(f"{query} LIMIT {most + 1}", args)
         if len(found) > most:
             return None
@@ -361,22 +402,23 @@ class IndexReader:
             raise self.damaged()
         return array("q", map(int, found.split(","))) if found else array("q")
 
-    def first(self, words: str, lo: int, hi: int, most: int) -> array[int]:
+    def first(self, match: Match, lo: int, hi: int, most: int) -> array[int]:
         """The first `most` ids from `lo` to `hi` of the parts a phrase names, in order.
 
         SQLite walks the words' places only as far as the last of them.
         """
-        found = self.rows("SELECT group_concat(rowid) FROM (SELECT rowid FROM words WHERE "
-                          "words MATCH ? AND rowid BETWEEN ? AND ? ORDER BY rowid LIMIT ?)",
-                          (words, lo, hi, most))[0][0]
+        table = match.table
+        found = self.rows(f"SELECT group_concat(rowid) FROM (SELECT rowid FROM {table} WHERE "
+                          f"{table} MATCH ? AND rowid BETWEEN ? AND ? ORDER BY rowid LIMIT ?)",
+                          (match.words, lo, hi, most))[0][0]
         if found is not None and not isinstance(found, str):
             raise self.damaged()
         return array("q", map(int, found.split(","))) if found else array("q")
 
     def _ids(self, match: Match, bounds: tuple[int, int] | tuple[()]) -> array[int]:
         where = " AND rowid BETWEEN ? AND ?" if bounds else ""
-        asked = [(table, expr) for table, expr in (("grams", match.grams), ("words", match.words))
-                 if expr]
+        asked = [(table, expr) for table, expr in (("grams", match.grams),
+                                                   (match.table, match.words)) if expr]
         sql = " INTERSECT ".join(f"SELECT rowid FROM {table} WHERE {table} MATCH ?{where}"
                                  for table, _ in asked)
         args = tuple(value for _, expr in asked for value in (expr, *bounds))
@@ -413,17 +455,19 @@ class Match(NamedTuple):
     (`for these` named 2,323 parts of the AWS documentation, where `"for these"*` names 75),
     and with its key's trigrams, which hold a first word the phrase left out and the separators
     the words table does not tell apart (`https docs` named 5,782 parts holding
-    `https://docs`; with its trigrams, 23), and those of a case-sensitive key that hold a
-    capital (`The project` named 945 parts of prose where 27 hold it). These cost more to
-    ask, so not from the start: a prefix past three characters has SQLite read and merge the
-    whole list of every word it begins for each question, and the trigrams, asked a chunk at
-    a time, made `e is not` take twice as long.
+    `https://docs`; with its trigrams, 23), or a case-sensitive key's words in its case, of
+    `table` `cased` (`for more information` named 5,939 parts of the AWS documentation that
+    hold `For more information`; in its case, 96). These cost more to ask, so not from the
+    start: a prefix past three characters has SQLite read and merge the whole list of every
+    word it begins for each question, and the trigrams, asked a chunk at a time, made `e is
+    not` take twice as long.
     """
 
     grams: str
     words: str
     then: Match | None = None
     sieve: str = ""  # of the parts each question of `words` names, those these trigrams name
+    table: str = "words"  # the table `words` is asked of: `cased`, for a key's words in its case
 
 
 class _Phrase(NamedTuple):

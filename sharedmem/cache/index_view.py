@@ -252,8 +252,9 @@ class Named:
         self.asked: dict[int, set[int]] = {}  # chunk start -> the positions named in it
         self.whole: list[int] | None = None  # every position named, when the ids are scattered
         self.seen = [0, 0]  # positions named, positions asked about: how dense the key is
-        # the words and rate of a phrase before its last word was made whole, until asked
-        self.untried: tuple[str, float] | None = None
+        # a phrase as asked before its last word was made whole (or its case asked), and its
+        # rate, until asked
+        self.untried: tuple[Match, float] | None = None
         self.sifted = False  # whether the sieve once left under `_KEPT` of the parts named
 
     def rate(self) -> float:
@@ -274,9 +275,10 @@ class Named:
         if expr is None or (then := expr.then) is None or words_only and \
                 (then.words, then.sieve) == (expr.words, expr.sieve):
             return False
-        self.untried = (expr.words, self.rate()) if words_only and then.words != expr.words \
+        self.untried = (expr, self.rate()) if words_only and then.words != expr.words \
             else None
-        self.expr = Match(expr.grams, then.words, then, then.sieve) if words_only else then
+        self.expr = Match(expr.grams, then.words, then, then.sieve, then.table) if words_only \
+            else then
         self.whole, self.seen = None, [0, 0]
         return True
 
@@ -316,7 +318,7 @@ class Named:
         """
         assert self.expr is not None
         view, owners = self.view, self.view.owners
-        ids = view.index.first(self.expr.words, view.ids[lo], view.ids[stop - 1], most)
+        ids = view.index.first(self.expr, view.ids[lo], view.ids[stop - 1], most)
         hi = stop
         if len(ids) == most:  # up to the last id named, then to the end of its file
             hi = bisect_right(view.ids, ids[-1], lo, stop)
@@ -326,10 +328,12 @@ class Named:
                 ids.extend(view.index.between(self.expr, ids[-1] + 1, view.ids[hi - 1]))
         found = view.positions(ids) or set()
         if self.untried is not None:  # its last word whole: kept if it names under `_KEPT`
-            words, rate = self.untried
+            before, rate = self.untried
             if len(found) > _KEPT * rate * (hi - lo):
-                self.expr = self.expr._replace(words=words, then=self.expr.then._replace(
-                    words=words) if self.expr.then else None)
+                words, table = before.words, before.table
+                self.expr = self.expr._replace(words=words, table=table, then=self.expr.then.
+                                               _replace(words=words, table=table)
+                                               if self.expr.then else None)
             self.untried = None
         if self.expr.sieve and ids:
             kept = view.index.among(self.expr.sieve, ids)

@@ -1,20 +1,22 @@
 """The search index's upkeep: its format, and the writers that keep it in line with the cache.
 
 The cache's Markdown files stay the source of truth. The index (`<cache>/.sharedmem/index/`)
-holds two SQLite FTS5 tables of each file's normalized text (`folding.normalize`): its trigrams,
-ASCII capitals kept (which any substring's narrow to; with those of what the fold loses,
-`_grams_text`), and its words with their places (which a phrase's narrow to, word by word; a
+holds three SQLite FTS5 tables of each file's normalized text (`folding.normalize`): its
+trigrams, ASCII capitals kept (which any substring's narrow to; with those of what the fold
+loses, `_grams_text`), its words with their places (which a phrase's narrow to, word by word; a
 word is a run of anything but ASCII punctuation and blanks, FTS5's `ascii` tokenizer, so Python
-cuts a query alike); and every word it holds, spelt backwards (`ends`: the words that end with a
-phrase's first word). The FTS5 tables are contentless: no copy of the text, so a changed or
-deleted file's old entries stay until the index is built again, once they are more than a
-`_STALE` share of all (they only name parts a search then reads and finds wanting). Beside them:
-each file's path, sha256 and namespace, the `files` mark of the manifest it covers whole, and the
-files' ids in path order (so a new searcher loads its view in one read, not by sorting every
-path). `refresh_index` keeps it current: run by the `index` command, which a sync that changed
-the cache starts detached (`refresh_in_background`) and which waits for that sync to end;
-search.py reads it. An index that cannot be read (damaged, or a link or folder in its place) is
-deleted and built again: it is derived data.
+cuts a query alike), and those words in their case (`cased`: each ASCII capital marked,
+`folding.mark_capitals`, as that tokenizer folds ASCII case); and every word it holds, spelt
+backwards (`ends`: the words that end with a phrase's first word). The FTS5 tables are
+contentless: no copy of the text, so a changed or deleted file's old entries stay until the
+index is built again, once they are more than a `_STALE` share of all (they only name parts a
+search then reads and finds wanting). Beside them: each file's path, sha256 and namespace, the
+`files` mark of the manifest it covers whole, and the files' ids in path order (so a new
+searcher loads its view in one read, not by sorting every path). `refresh_index` keeps it
+current: run by the `index` command, which a sync that changed the cache starts detached
+(`refresh_in_background`) and which waits for that sync to end; search.py reads it. An index
+that cannot be read (damaged, or a link or folder in its place) is deleted and built again: it
+is derived data.
 """
 
 from __future__ import annotations
@@ -33,14 +35,14 @@ from itertools import pairwise
 from pathlib import Path
 
 from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache
-from sharedmem.cache.folding import accented_words, lower_ascii, normalize
+from sharedmem.cache.folding import accented_words, lower_ascii, mark_capitals, normalize
 from sharedmem.cache.layout import CacheFiles
 from sharedmem.cache.manifest_store import CachedFile
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "12"
+INDEX_VERSION = "13"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
@@ -215,14 +217,14 @@ def index_version() -> str:
     return f"{INDEX_VERSION}/{unicodedata.unidata_version}/{SEGMENT_BYTES}"
 
 
-# A file's parts, each indexed on its own: `grams` and `words` rows `first` to
+# A file's parts, each indexed on its own: `grams`, `words` and `cased` rows `first` to
 # `first + parts - 1`; `bounds`, for a file of two parts or more, where each part begins and the
 # file's end (`segments`, int64 in this machine's order), so a search reads just the parts the
 # index names without reading the file to cut it. The segments, in path order then part
 # order, and where each segment row stands in that order and whose file it is, as three arrays
 # of int64 in `orders`: a search loads its view with one read instead of sorting every path.
 # Valid only while meta's `order` names it and starts with meta's generation.
-_TABLES = {"meta", "files", "grams", "words", "ends", "orders"}  # as this version makes them
+_TABLES = {"meta", "files", "grams", "words", "cased", "ends", "orders"}  # as this version has
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT NOT NULL,"
@@ -232,6 +234,7 @@ _SCHEMA = (
     " detail=none, content='', columnsize=0)",
     "CREATE VIRTUAL TABLE words USING fts5(body, tokenize='ascii', prefix='3', content='',"
     " columnsize=0)",
+    "CREATE VIRTUAL TABLE cased USING fts5(body, tokenize='ascii', content='', columnsize=0)",
     "CREATE TABLE ends(word TEXT PRIMARY KEY) WITHOUT ROWID",
     "CREATE TABLE orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL, positions BLOB NOT NULL,"
     " owners BLOB NOT NULL)",
@@ -331,7 +334,7 @@ class _Writer:
                 # Written mostly anew, each table is in many segments, every one of which each
                 # question reads: merged into one, questions cost less and the index is smaller
                 # (docs/BENCHMARKS.md); VACUUM frees the pages the old segments held.
-                for table in ("grams", "words"):
+                for table in ("grams", "words", "cased"):
                     conn.execute(f"INSERT INTO {table}({table}) VALUES('optimize')")
                 conn.execute("VACUUM")
             elif writer.emptied:
@@ -464,7 +467,9 @@ class _Writer:
                 range(first, first + len(raws)), cased, raws, strict=True)))
         self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)",
                               enumerate(texts, first))
-        for text in texts:  # the words as the `ascii` tokenizer cuts them: at ASCII separators
+        self.conn.executemany("INSERT INTO cased(rowid, body) VALUES (?, ?)",
+                              ((row, mark_capitals(text)) for row, text in enumerate(cased, first)))
+        for text in cased:  # the words as the `ascii` tokenizer cuts them: at ASCII separators
             self.words.update(text.encode("utf-8", "surrogatepass").translate(_CUT).split())
         if len(self.words) > _WORDS_HELD:
             self.store_words()
@@ -472,9 +477,20 @@ class _Writer:
         return True
 
     def store_words(self) -> None:
-        """Add the words seen to `ends`, each spelt backwards; words no file holds may stay."""
+        """Add the words seen to `ends`, each spelt backwards; words no file holds may stay.
+
+        Each as the `words` table holds it, folded, and one with a capital also as `cased`
+        does, marked (`folding.mark_capitals`).
+        """
+        def spellings(word: bytes) -> Iterator[tuple[str]]:
+            text = word.decode("utf-8", "surrogatepass")
+            folded = lower_ascii(text)
+            yield (folded[::-1],)
+            if folded != text:
+                yield (lower_ascii(mark_capitals(text))[::-1],)
+
         self.conn.executemany("INSERT OR IGNORE INTO ends(word) VALUES (?)",
-                              ((w.decode("utf-8", "surrogatepass")[::-1],) for w in self.words))
+                              (row for word in self.words for row in spellings(word)))
         self.words.clear()
 
     def rows_for(self, parts: int) -> int:
