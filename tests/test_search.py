@@ -759,6 +759,23 @@ def test_a_lowercase_phrase_whose_words_every_file_holds_is_asked_in_its_case(
     assert len(all_pages(cache, queries=["for more information"], case_sensitive=False)) == 203
 
 
+def test_a_phrase_in_its_case_is_asked_alone_for_its_next_matches(tmp_path: Path) -> None:
+    # Half the files hold `For more information`: the folded phrase names most parts, which
+    # once had its trigrams asked with it a chunk at a time. In its case it goes on alone, for
+    # its next matches, sieved by its trigrams across a separator.
+    files = {f"f{i:04d}.md": "alpha For more information, for more\n" if i % 2 else
+             "alpha delta\n" for i in range(600)}
+    files.update({f"f{i:04d}.md": "alpha for more information\n" for i in (3, 301, 598)})
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    got, statements = sql_of_next_search(cache, queries=["for more information"])
+    assert got == reference(cache, ["for more information"]) == [
+        (f"{NS}/f{i:04d}.md", 1) for i in (3, 301, 598)]
+    in_case = [s for s in statements if "FROM cased WHERE" in s]
+    assert in_case and not any("FROM grams" in s for s in in_case), in_case
+    assert any('MATCH \'"e i" AND "r m"\'' in s for s in statements)  # the sieve
+
+
 def test_a_phrase_is_asked_in_its_case_only_where_that_costs_little(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Its words in their case are not asked ignoring case, nor when its last word, a prefix of

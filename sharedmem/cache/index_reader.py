@@ -240,8 +240,8 @@ class IndexReader:
                 more, table = _grams(phrases, any_case), "words"
                 words = " AND ".join(p.whole or p.words for p in phrases.values())
             then = Match(" AND ".join(parts + ([more] if more else [])), words,
-                         sieve=_grams(phrases, any_case, _sifts if not any_case
-                                      else _across) or "", table=table)
+                         sieve=_grams(phrases, any_case, _sifts if table == "words" and
+                                      not any_case else _across) or "", table=table)
         return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
 
     def _phrase(self, key: str) -> _Phrase | None:

@@ -269,9 +269,12 @@ class Named:
     def tighten(self, words_only: bool) -> bool:
         """Ask `Match.then` from now on, or only its words and sieve; False when nothing is new.
 
-        Its words and sieve alone keep the rest of it for later.
+        Its words and sieve alone keep the rest of it for later. Words in their case (`cased`)
+        go on alone: its sieve holds the trigrams across a separator, all its rest would add,
+        and each question of them merges the lists of the words its last word begins.
         """
         expr = self.expr
+        words_only |= expr is not None and expr.then is not None and expr.then.table == "cased"
         if expr is None or (then := expr.then) is None or words_only and \
                 (then.words, then.sieve) == (expr.words, expr.sieve):
             return False
