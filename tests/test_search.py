@@ -759,6 +759,17 @@ def test_a_lowercase_phrase_whose_words_every_file_holds_is_asked_in_its_case(
     assert len(all_pages(cache, queries=["for more information"], case_sensitive=False)) == 203
 
 
+def test_a_lowercase_phrase_with_a_short_last_word_is_asked_in_its_case_before_it(
+        tmp_path: Path) -> None:
+    # A fifth of the files hold `For more in`, and `for`, `more` and `in` in lowercase apart.
+    # `in`, the prefix it may be, would merge the lists of every word it begins: the words
+    # before it are asked in their case, and its trigrams sieve them.
+    cache = fifth_and_three(tmp_path, "For more in it, more for them", "for more in")
+    then = asked(cache, "for more in").then
+    assert (then.table, then.words) == ("cased", '("for more ")')
+    assert read_for_the_three(cache, "for more in") < 100  # where it read 203
+
+
 def test_a_phrase_in_its_case_is_asked_alone_for_its_next_matches(tmp_path: Path) -> None:
     # Half the files hold `For more information`: the folded phrase names most parts, which
     # once had its trigrams asked with it a chunk at a time. In its case it goes on alone, for
@@ -778,14 +789,17 @@ def test_a_phrase_in_its_case_is_asked_alone_for_its_next_matches(tmp_path: Path
 
 def test_a_phrase_is_asked_in_its_case_only_where_that_costs_little(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Its words in their case are not asked ignoring case, nor when its last word, a prefix of
-    # three characters or fewer, would have SQLite merge the lists of every word it begins
-    # (this table keeps no list of prefixes), nor when too many words end with its first.
+    # Its words in their case are not asked ignoring case, nor when too many words end with
+    # its first. A last word of three characters or fewer, as the prefix it may be, would have
+    # SQLite merge the lists of every word it begins (this table keeps no list of prefixes):
+    # the words before it are asked, and its trigrams sieve them; unless that leaves one word.
     monkeypatch.setattr(index_reader, "_ENDINGS", 1)
     cache = fifth_and_three(tmp_path, "For more information", "for more information")
     assert asked(cache, "for more information", any_case=True).then.table == "words"
-    assert asked(cache, "For more inf").then.table == "words"
+    then = asked(cache, "For more inf").then
+    assert (then.words, then.sieve) == ('("＾For more ")', '" in" AND "e i" AND "inf" AND "r m"')
     assert asked(cache, "For more inf ").then.words == '("＾For more inf ")'
+    assert asked(cache, "For inf").then.table == "words"
     assert asked(cache, "a more info").then.table == "words"  # `alpha`, `delta` end with `a`
     assert asked(cache, "ha more info").then.words == (
         '("ha more info"* OR "alpha more info"*)')

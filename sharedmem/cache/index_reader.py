@@ -40,6 +40,7 @@ _SEPARATORS = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # ASCII, n
 _WORD = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # what FTS5's `ascii` keeps
 _LAST_WORD = re.compile(_WORD.pattern + r"\Z")
 _CAPITAL = re.compile("[A-Z]")
+_LETTER = re.compile("[A-Za-z]")
 _PREFIX = 3  # the words table's prefix length (`prefix='3'`), to which a last word is cut
 _ENDINGS_ALONE = 32  # as many, for a phrase of one whole word after its first
 _ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
@@ -234,14 +235,15 @@ class IndexReader:
         then = None
         if phrases:  # with the trigrams of each phrase's key, and its last word whole
             cased = [] if any_case else [self._cased(key) for key in phrases]
-            if cased and all(cased):  # its case asked, its separators still to tell
-                more, words, table = _grams(phrases, kept=_across), " AND ".join(cased), "cased"
+            if cased and all(cased):  # its case asked; its separators, a short last word to tell
+                more, words, table = _grams(phrases, kept=_told), " AND ".join(cased), "cased"
             else:
                 more, table = _grams(phrases, any_case), "words"
                 words = " AND ".join(p.whole or p.words for p in phrases.values())
             then = Match(" AND ".join(parts + ([more] if more else [])), words,
                          sieve=_grams(phrases, any_case, _sifts if table == "words" and
-                                      not any_case else _across) or "", table=table)
+                                      not any_case else _told if table == "cased" else _across)
+                         or "", table=table)
         return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
 
     def _phrase(self, key: str) -> _Phrase | None:
@@ -296,11 +298,13 @@ class IndexReader:
 
         Every word as a whole: the words table's folded ones cannot tell `for more` from `For
         more`, which it may hold in every part where `for` and `more` are also in lowercase.
-        None unless that costs about what its folded phrase's last word whole does: its first
-        word must be asked (`_ending`, at most `_ENDINGS` longer words ending with it), and its
-        last be longer than `_PREFIX` characters, as the prefix it may be (this table keeps no
-        list of prefixes: SQLite merges the lists of every word it begins, for each question).
+        Its last word is the prefix it may be, unless it is `_PREFIX` characters or fewer
+        (`_short_last`): it is then left to the sieve (`_told`). None when that leaves fewer
+        than two words, when more than `_ENDINGS` words end with its first (`_ending`: each
+        would be a phrase of its own), or when it holds no ASCII letter.
         """
+        if not _LETTER.search(key):  # no case to tell
+            return None
         key = mark_capitals(key)
         cut = _SEPARATORS.search(key)
         if cut is None or utf8(key) is None:
@@ -308,8 +312,10 @@ class IndexReader:
         first, rest = key[:cut.start()], key[cut.end():]
         words = _WORD.findall(rest)
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
-        if len(words) < (2 if not first else 1) or star and \
-                len(words[-1].replace(CAPITAL_MARK, "")) <= _PREFIX:
+        if star and _short_last(key):  # the words before it, whole; it is left to the sieve
+            rest, star = rest[:list(_WORD.finditer(rest))[-1].start()], ""
+            words = words[:-1]
+        if len(words) < (2 if not first else 1):
             return None
         if not first:
             return _quoted(rest) + star
@@ -509,6 +515,25 @@ def _spellings(text: str) -> list[str]:
     return ["".join(chars) for chars in product(*(
         (c, c.upper()) if "a" <= c <= "z" else (c, c.lower()) if "A" <= c <= "Z" else (c,)
         for c in text))]
+
+
+def _short_last(key: str) -> bool:
+    """Whether the key's last word, not ended by a separator, is `_PREFIX` characters or fewer.
+
+    `cased` keeps no list of prefixes: asked as one, SQLite would merge the lists of every word
+    it begins (`com` begins hundreds), for each question.
+    """
+    last = _LAST_WORD.search(key)
+    return last is not None and len(last.group().replace(CAPITAL_MARK, "")) <= _PREFIX
+
+
+def _told(key: str, at: int) -> bool:
+    """Whether a trigram of a phrase asked in its case tells what its words there cannot.
+
+    A separator in the middle, or a piece of a short last word, which is not asked.
+    """
+    last = _LAST_WORD.search(key) if _short_last(key) else None
+    return _across(key, at) or last is not None and at + 3 > last.start()
 
 
 def _across(key: str, at: int) -> bool:
