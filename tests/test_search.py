@@ -805,6 +805,19 @@ def test_a_phrase_is_asked_in_its_case_only_where_that_costs_little(
         '("ha more info"* OR "alpha more info"*)')
 
 
+def test_a_short_last_word_is_found_from_the_end_of_a_key_of_any_length() -> None:
+    # Asked at every trigram of a key, so only its end is searched; the same as its definition.
+    def definition(key: str) -> int | None:
+        last = re.search(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+\Z", key)
+        return last.start() if last and len(last.group().replace("＾", "")) <= 3 else None
+
+    rng = random.Random(18)
+    pieces = ["a", "ab", "abc", "abcd", "＾A", "x＾B", " ", "-", "é", "word ", "abcdefg"]
+    keys = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))) for _ in range(3000)]
+    for key in [*keys, "word " * 200 + "in", "x abcdefg", "x ＾I＾N＾F"]:
+        assert index_reader._short_last(key) == definition(key), key
+
+
 @pytest.mark.parametrize("segment", [8192, 24], ids=["whole files", "in parts"])
 def test_phrases_in_their_case_find_what_a_full_scan_finds(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, segment: int) -> None:

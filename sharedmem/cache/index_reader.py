@@ -236,14 +236,14 @@ class IndexReader:
         if phrases:  # with the trigrams of each phrase's key, and its last word whole
             cased = [] if any_case else [self._cased(key) for key in phrases]
             if cased and all(cased):  # its case asked; its separators, a short last word to tell
-                more, words, table = _grams(phrases, kept=_told), " AND ".join(cased), "cased"
+                words, table = " AND ".join(cased), "cased"
+                more = sieve = _grams(phrases, kept=_told)
             else:
                 more, table = _grams(phrases, any_case), "words"
                 words = " AND ".join(p.whole or p.words for p in phrases.values())
+                sieve = _grams(phrases, any_case, _across if any_case else _sifts)
             then = Match(" AND ".join(parts + ([more] if more else [])), words,
-                         sieve=_grams(phrases, any_case, _sifts if table == "words" and
-                                      not any_case else _told if table == "cased" else _across)
-                         or "", table=table)
+                         sieve=sieve or "", table=table)
         return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
 
     def _phrase(self, key: str) -> _Phrase | None:
@@ -309,13 +309,11 @@ class IndexReader:
         cut = _SEPARATORS.search(key)
         if cut is None or utf8(key) is None:
             return None
-        first, rest = key[:cut.start()], key[cut.end():]
-        words = _WORD.findall(rest)
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
-        if star and _short_last(key):  # the words before it, whole; it is left to the sieve
-            rest, star = rest[:list(_WORD.finditer(rest))[-1].start()], ""
-            words = words[:-1]
-        if len(words) < (2 if not first else 1):
+        if (last := _short_last(key)) is not None:  # the words before it; it is left to the sieve
+            key, star = key[:last], ""
+        first, rest = key[:cut.start()], key[cut.end():]
+        if len(_WORD.findall(rest)) < (2 if not first else 1):
             return None
         if not first:
             return _quoted(rest) + star
@@ -517,14 +515,20 @@ def _spellings(text: str) -> list[str]:
         for c in text))]
 
 
-def _short_last(key: str) -> bool:
-    """Whether the key's last word, not ended by a separator, is `_PREFIX` characters or fewer.
+def _short_last(key: str) -> int | None:
+    """Where the key's last word begins, if it is `_PREFIX` characters or fewer; else None.
 
-    `cased` keeps no list of prefixes: asked as one, SQLite would merge the lists of every word
-    it begins (`com` begins hundreds), for each question.
+    None too when the key ends in a separator. `cased` keeps no list of prefixes: asked as one,
+    SQLite would merge the lists of every word it begins (`com` begins hundreds), for each
+    question. Only the key's last `2 * _PREFIX + 1` characters are searched, so that asking at
+    every trigram of a long key costs no more than at a short one: a word in all of them holds
+    more than `_PREFIX` characters however many capitals are marked (a mark is never last, nor
+    beside another).
     """
-    last = _LAST_WORD.search(key)
-    return last is not None and len(last.group().replace(CAPITAL_MARK, "")) <= _PREFIX
+    last = _LAST_WORD.search(key, max(len(key) - 2 * _PREFIX - 1, 0))
+    if last is None or len(last.group().replace(CAPITAL_MARK, "")) > _PREFIX:
+        return None
+    return last.start()
 
 
 def _told(key: str, at: int) -> bool:
@@ -532,8 +536,8 @@ def _told(key: str, at: int) -> bool:
 
     A separator in the middle, or a piece of a short last word, which is not asked.
     """
-    last = _LAST_WORD.search(key) if _short_last(key) else None
-    return _across(key, at) or last is not None and at + 3 > last.start()
+    last = _short_last(key)
+    return _across(key, at) or last is not None and at + 3 > last
 
 
 def _across(key: str, at: int) -> bool:

@@ -274,9 +274,10 @@ class Named:
         and each question of them merges the lists of the words its last word begins.
         """
         expr = self.expr
-        words_only |= expr is not None and expr.then is not None and expr.then.table == "cased"
-        if expr is None or (then := expr.then) is None or words_only and \
-                (then.words, then.sieve) == (expr.words, expr.sieve):
+        if expr is None or (then := expr.then) is None:
+            return False
+        words_only |= then.table == "cased"
+        if words_only and (then.words, then.sieve) == (expr.words, expr.sieve):
             return False
         self.untried = (expr, self.rate()) if words_only and then.words != expr.words \
             else None
