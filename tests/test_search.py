@@ -792,17 +792,118 @@ def test_a_phrase_is_asked_in_its_case_only_where_that_costs_little(
     # Its words in their case are not asked ignoring case, nor when too many words end with
     # its first. A last word of three characters or fewer, as the prefix it may be, would have
     # SQLite merge the lists of every word it begins (this table keeps no list of prefixes):
-    # the words before it are asked, and its trigrams sieve them; unless that leaves one word.
+    # the words before it are asked, and its trigrams sieve them; unless that leaves one word
+    # and the words it begins fill more than `_MERGED` pages.
     monkeypatch.setattr(index_reader, "_ENDINGS", 1)
     cache = fifth_and_three(tmp_path, "For more information", "for more information")
     assert asked(cache, "for more information", any_case=True).then.table == "words"
     then = asked(cache, "For more inf").then
     assert (then.words, then.sieve) == ('("＾For more ")', '" in" AND "e i" AND "inf" AND "r m"')
     assert asked(cache, "For more inf ").then.words == '("＾For more inf ")'
+    monkeypatch.setattr(index_reader, "_MERGED", 0)
     assert asked(cache, "For inf").then.table == "words"
     assert asked(cache, "a more info").then.table == "words"  # `alpha`, `delta` end with `a`
     assert asked(cache, "ha more info").then.words == (
         '("ha more info"* OR "alpha more info"*)')
+
+
+def test_two_words_whose_last_is_short_are_asked_in_their_case_when_its_words_are_few(
+        tmp_path: Path) -> None:
+    # A fifth of the files hold `This is`, and `this` and `is` apart: the folded words cannot
+    # ask `is`, the prefix it may be, and its trigrams are in every one of them. The words it
+    # begins fill a page or two, so the two words are asked in their case, `is` as a prefix,
+    # and each longer word ending with `this` alone (as a phrase, each would merge those words'
+    # lists again): only the three files that hold `this is` are read.
+    cache = fifth_and_three(tmp_path, "This is it, and this one is", "xthis isle")
+    match = asked(cache, "this is")
+    assert (match.table, match.words, match.grams, match.then) == (
+        "cased", '("this is"* OR "xthis")', "", None)
+    assert match.sieve == '" is" AND "s i"'  # the trigrams across its separator and of `is`
+    assert read_for_the_three(cache, "this is") == 3  # where it read all 203 holding both
+
+
+def test_two_words_whose_last_is_short_are_a_phrase_ignoring_case_when_its_words_are_few(
+        tmp_path: Path) -> None:
+    # Ignoring case, the same: the folded words are asked, `is` as the prefix it may be, where
+    # the trigrams of `this is` in any case were asked of every file holding both words.
+    cache = fifth_and_three(tmp_path, "this one, is it", "This isle")
+    assert asked(cache, "this is", any_case=True).words == '("this is"*)'
+    searcher = search_mod.searcher(cache)
+    got = [(r["path"], r["line_number"])
+           for r in all_pages(cache, queries=["this is"], case_sensitive=False)]
+    assert got == reference(cache, ["this is"], case_sensitive=False) == [
+        (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
+    assert searcher.scanned == 3  # where it read all 203 holding both
+
+
+def test_a_short_last_word_whose_words_fill_many_pages_is_not_asked_as_a_prefix(
+        tmp_path: Path) -> None:
+    # `is` fills over `_MERGED` pages of the words, folded or in their case: merged for each
+    # question, it costs more than reading the files its trigrams name. `it`, in few of them,
+    # is asked.
+    files = {f"f{i:03d}.md": "this alpha " + "is " * 600 + "\n" for i in range(300)}
+    files.update({f"g{i}.md": "this is it\n" for i in range(3)})
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    for any_case in (False, True):
+        match = asked(cache, "this is", any_case=any_case)
+        assert (match.table, match.words) == ("words", ""), any_case
+        assert asked(cache, "this it", any_case=any_case).words == '("this it"*)'
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["this is"])]
+    assert got == reference(cache, ["this is"]) == [(f"{NS}/g{i}.md", 1) for i in range(3)]
+
+
+@pytest.mark.parametrize("any_case", [False, True])
+def test_two_words_whose_first_ends_common_words_are_not_asked_with_them_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
+    # `xthis` ends with `this`: asked alone beside the phrase `this is`, it names every part
+    # holding it, a fifth of the files, each then read. Past `_ENDED` such parts the two words
+    # are not asked as a phrase; their trigrams are.
+    cache = fifth_and_three(tmp_path, "xthis one", "this is")
+    assert asked(cache, "this is", any_case=any_case).words == ""
+    monkeypatch.setattr(index_reader, "_ENDED", 200)
+    match = asked(cache, "this is", any_case=any_case)
+    assert (match.words, match.table) == ('("this is"* OR "xthis")',
+                                          "words" if any_case else "cased")
+
+
+@pytest.mark.parametrize("any_case", [False, True])
+def test_two_words_whose_first_is_rare_are_asked_by_their_trigrams(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
+    # `this` is in three files: the trigrams of `this is` name about as few, and cost no merge
+    # of the words `is` begins. In more than `_RARE` parts, the two words are asked.
+    cache = fifth_and_three(tmp_path, "alpha is one", "this is")
+    match = asked(cache, "this is", any_case=any_case)
+    assert match.words == "" and "his" in match.grams.replace('"', " ").split()
+    monkeypatch.setattr(index_reader, "_RARE", 2)
+    assert asked(cache, "this is", any_case=any_case).words == '("this is"*)'
+
+
+def test_two_words_whose_last_is_short_find_what_a_full_scan_finds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The text's words may end with the query's first and begin with its last, in its case or
+    # not, apart or side by side; more words may end with the first than are asked.
+    monkeypatch.setattr(index_reader, "_ENDINGS_ALONE", 2)
+    monkeypatch.setattr(index_reader, "_RARE", 20)  # each first word is in more files
+    rng = random.Random(19)
+    firsts = ["this", "This", "xthis", "aThis", "THIS", "thisx", "ythis", "zthis"]
+    lasts = ["is", "Is", "isle", "iS", "i", "IS", "island", "it"]
+    files = {f"f{i:03d}.md": "\n".join(
+        rng.choice(firsts) + rng.choice([" ", "-", "_", ". ", "\n", " and "]) +
+        rng.choice(lasts) + rng.choice(["", "s", " end"])
+        for _ in range(rng.randint(1, 4))) + "\n" for i in range(150)}
+    cache, _ = indexed(make_cache(tmp_path, files))
+    alone = {True: 0, False: 0}
+    for _ in range(60):
+        query = rng.choice(firsts) + rng.choice([" ", " ", "-"]) + rng.choice(
+            ["is", "Is", "i", "IS", "isl", "it"]) + rng.choice(["", "", " "])
+        case = rng.choice([True, True, False])
+        got, statements = sql_of_next_search(cache, queries=[query], max_results=3,
+                                             case_sensitive=case)
+        assert got == reference(cache, [query], case_sensitive=case), (query, case)
+        alone[case] += any(re.search(r"MATCH '\(\"[^\" ]+ [^\" ]{1,5}\"\*", s)
+                           for s in statements)  # its last word asked
+    assert min(alone.values()) > 5, alone
 
 
 def test_a_short_last_word_is_found_from_the_end_of_a_key_of_any_length() -> None:
@@ -847,11 +948,13 @@ def test_phrases_in_their_case_find_what_a_full_scan_finds(
 
 
 def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_its_separators(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The words table takes `www.gnu` for the phrase `www gnu`, and a fifth of the files hold it:
     # too few for its trigrams to be asked with it. Once the first files read give under a
     # result in four, each later question of its words is sieved by its trigrams across a
     # separator (`w g`), so the files holding only `www.gnu` are not read past the first ones.
+    # (In its case, `gnu` would be asked as a prefix merging more pages than allowed.)
+    monkeypatch.setattr(index_reader, "_MERGED", 0)
     cache = fifth_and_three(tmp_path, "www.gnu", "www gnu")
     sieves = [match.then.sieve if match.then else None
               for match in (asked(cache, "Www gnu"), asked(cache, "www gnu", any_case=True))]

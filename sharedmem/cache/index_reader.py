@@ -43,6 +43,9 @@ _CAPITAL = re.compile("[A-Z]")
 _LETTER = re.compile("[A-Za-z]")
 _PREFIX = 3  # the words table's prefix length (`prefix='3'`), to which a last word is cut
 _ENDINGS_ALONE = 32  # as many, for a phrase of one whole word after its first
+_MERGED = 24  # pages the words a short last word begins may fill, for it to be asked as a prefix
+_RARE = 128  # parts a short last word's lead is in, at most, for its trigrams to be asked
+_ENDED = 32  # parts the words ending with that lead may name, to be asked alone beside it
 _ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
 
 
@@ -218,11 +221,23 @@ class IndexReader:
         its `sieve`: a phrase asked with trigrams is asked a chunk at a time, where its words
         alone are asked only as far as its page needs (`_ahead`). A case-sensitive phrase's
         `then` asks its words in their case (`_cased`) where that costs little, and of its
-        trigrams only those across a separator: the case is then told word by word.
+        trigrams only those across a separator: the case is then told word by word. One whose
+        short last word is asked as a prefix (`_Phrase.merged`), or that has no folded phrase,
+        is asked in its case from the start, if at all: each question merges the same lists
+        in either table, and in its case names fewer parts.
         """
         keys, accented = list(keys), list(accented)
         phrases = {key: p for key in keys if (p := self._phrase(lower_ascii(key))) is not None}
-        parts = [grams for grams in (_grams([k for k in keys if k not in phrases], any_case),
+        cased = {} if any_case or accented else {key: c for key in keys if (
+            key not in phrases or phrases[key].merged) and (c := self._cased(key)) is not None}
+        if phrases.keys() - cased.keys():  # one table for the words of them all
+            cased = {}
+        # A phrase merging a short last word's words is asked alone (not with trigrams a chunk
+        # at a time, each chunk merging them again), and in its case when case counts.
+        phrases = {key: p for key, p in phrases.items() if key not in cased and not (
+            p.merged and (accented or not any_case))}
+        parts = [grams for grams in (_grams([k for k in keys if k not in phrases and
+                                             k not in cased], any_case),
                                      _grams(accented)) if grams]
         short = [(key, any_case) for key in keys if 0 < len(key) < 3]
         if all(len(key) < 3 for key in accented):  # beside a longer one, little for its cost
@@ -230,13 +245,16 @@ class IndexReader:
         for key, folded in short:
             if (expr := self._short(key, files, folded)) is not None:
                 parts.append(expr)
-        if not parts and not phrases:
+        if not parts and not phrases and not cased:
             return None
+        if cased:  # asked in its case from the start, sieved as `then` would be
+            return Match(" AND ".join(parts), " AND ".join(cased.values()),
+                         sieve=_grams(cased, kept=_told) or "", table="cased")
         then = None
         if phrases:  # with the trigrams of each phrase's key, and its last word whole
-            cased = [] if any_case else [self._cased(key) for key in phrases]
-            if cased and all(cased):  # its case asked; its separators, a short last word to tell
-                words, table = " AND ".join(cased), "cased"
+            in_case = [] if any_case else [self._cased(key) for key in phrases]
+            if in_case and all(in_case):  # its case asked; its separators, a short last word
+                words, table = " AND ".join(in_case), "cased"
                 more = sieve = _grams(phrases, kept=_told)
             else:
                 more, table = _grams(phrases, any_case), "words"
@@ -259,9 +277,13 @@ class IndexReader:
         in a separator, it is asked as a prefix of its first `_PREFIX` characters, the length
         the words table keeps a list of (SQLite reads that one list only as far as asked, where
         a longer prefix has it read and merge the whole list of every word it begins), or left
-        out when shorter (too many words begin it to ask). None when fewer than two words are
-        left (one word narrows little), or for a lone surrogate. Beside the phrase, what it
-        leaves out, for `Match.then`.
+        out when shorter (too many words begin it to ask). When leaving it out would leave one
+        word, it is asked whole as a prefix if the words it begins fill few pages
+        (`_merges_little`) and the word before it is common (`_worth_merging`); each longer
+        word ending with the first is then asked alone, not as a phrase merging those words
+        again. None when fewer than two words are left (one word narrows little), or for a lone
+        surrogate. Beside the phrase, what it leaves out, for `Match.then`, and whether it
+        merges a short last word's words.
         """
         cut = _SEPARATORS.search(key)
         if cut is None or utf8(key) is None:
@@ -270,17 +292,22 @@ class IndexReader:
         if len(_WORD.findall(rest)) < (2 if not first else 1):
             return None
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
-        whole, short = "", False  # with its last word whole when cut; a short one left out
+        whole, short, merged = "", False, False  # its last word whole when cut; a short one
         if star and (last := _LAST_WORD.search(rest)):
             if len(last.group()) > _PREFIX:
                 whole = rest
             short = len(last.group()) < _PREFIX
-            rest, star = (rest[:last.start()], "") if short else (rest[:last.start() + _PREFIX],
-                                                                  star)
+            if short and len(_WORD.findall(rest, 0, last.start())) < (2 if not first else 1) \
+                    and self._merges_little("words", last.group()):
+                short, merged = False, True  # asked as the prefix it may be: one word is no phrase
+            if not merged:
+                rest, star = (rest[:last.start()], "") if short else (
+                    rest[:last.start() + _PREFIX], star)
         after = len(_WORD.findall(rest))
         longer = self._ending(first, _ENDINGS_ALONE if after == 1 and not short else _ENDINGS) \
             if first and after else None
-        if longer is None and after < 2:
+        if longer is None and after < 2 or merged and not self._worth_merging(
+                "words", first or _WORD.findall(rest)[0], longer or []):
             return None
         if longer is not None and len(longer) > _ENDINGS:
             whole = ""
@@ -288,10 +315,13 @@ class IndexReader:
         def phrase(words: str) -> str:
             if longer is None:
                 return _quoted(words) + star
+            if merged:  # the longer words alone, not each a phrase merging those words again
+                return "(" + " OR ".join([_quoted(f"{first} {words}") + star,
+                                          *map(_quoted, longer)]) + ")"
             return "(" + " OR ".join(_quoted(f"{word} {words}") + star
                                      for word in (first, *longer)) + ")"
 
-        return _Phrase(phrase(rest), phrase(whole) if whole else "")
+        return _Phrase(phrase(rest), phrase(whole) if whole else "", merged)
 
     def _cased(self, key: str) -> str | None:
         """The FTS5 phrase of `key`'s words in its case (the `cased` table), or None.
@@ -299,9 +329,11 @@ class IndexReader:
         Every word as a whole: the words table's folded ones cannot tell `for more` from `For
         more`, which it may hold in every part where `for` and `more` are also in lowercase.
         Its last word is the prefix it may be, unless it is `_PREFIX` characters or fewer
-        (`_short_last`): it is then left to the sieve (`_told`). None when that leaves fewer
-        than two words, when more than `_ENDINGS` words end with its first (`_ending`: each
-        would be a phrase of its own), or when it holds no ASCII letter.
+        (`_short_last`): it is then left to the sieve (`_told`), unless that leaves one word,
+        as `_phrase` keeps it (`_merges_little`, `_worth_merging`). None when fewer than two
+        words are left, when more than `_ENDINGS` words end with its first (`_ending`: each
+        would be a phrase of its own; `_ENDINGS_ALONE` beside a short last word, each alone),
+        or when it holds no ASCII letter.
         """
         if not _LETTER.search(key):  # no case to tell
             return None
@@ -310,18 +342,84 @@ class IndexReader:
         if cut is None or utf8(key) is None:
             return None
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
-        if (last := _short_last(key)) is not None:  # the words before it; it is left to the sieve
-            key, star = key[:last], ""
+        last, alone = _short_last(key), False  # a short last word asked, alone after the first
+        if last is not None:
+            alone = len(_WORD.findall(key, cut.end(), last)) < (2 if not cut.start() else 1) \
+                and self._merges_little("cased", key[last:])
+            if not alone:
+                key, star = key[:last], ""  # the words before it; it is left to the sieve
         first, rest = key[:cut.start()], key[cut.end():]
         if len(_WORD.findall(rest)) < (2 if not first else 1):
             return None
+        longer = self._ending(first, _ENDINGS_ALONE if alone else _ENDINGS, cased=True) \
+            if first else []
+        if longer is None or alone and not self._worth_merging(
+                "cased", first or _WORD.findall(rest)[0], longer):
+            return None
         if not first:
             return _quoted(rest) + star
-        longer = self._ending(first, _ENDINGS, cased=True)
-        if longer is None:
-            return None
+        if alone:  # the longer words alone, not each a phrase merging that prefix again
+            return "(" + " OR ".join([_quoted(f"{first} {rest}") + star,
+                                      *map(_quoted, longer)]) + ")"
         return "(" + " OR ".join(_quoted(f"{word} {rest}") + star
                                  for word in (first, *longer)) + ")"
+
+    def _merges_little(self, table: str, word: str) -> bool:
+        """Whether the words of `table` that begin with `word` fill at most `_MERGED` pages.
+
+        Asked as a prefix of fewer characters than a list of prefixes is kept for (`cased` keeps
+        none), `word` has SQLite read and merge the list of every word it begins, for each
+        question. FTS5 keeps in the table's `_idx`, for each segment, the first word of each
+        page that begins one (as `0` and the word's UTF-8, in small letters; its page number
+        doubled): the words that begin with `word` lie from the last such page at or before it
+        to the first past them all (which may begin with the end of their list), or to the
+        segment's last page (its last row in the table's `_data`, whose id is the segment's
+        shifted left 37 bits and the page's). False, as if they filled too many, for an answer
+        of the wrong kind.
+        """
+        word = lower_ascii(word)  # as the tables' tokenizer keeps it
+        past = _past(word)
+        if past is None or self.conn is None:
+            return False
+        try:
+            found = self.conn.execute(
+                f"WITH RECURSIVE segments(segment) AS (SELECT min(segid) FROM {table}_idx UNION "
+                f"ALL SELECT (SELECT min(segid) FROM {table}_idx WHERE segid > segment) FROM "
+                "segments WHERE segment IS NOT NULL) SELECT "
+                f"(SELECT pgno >> 1 FROM {table}_idx WHERE segid = segment AND term <= ? "
+                "ORDER BY term DESC LIMIT 1), "
+                f"coalesce((SELECT pgno >> 1 FROM {table}_idx WHERE segid = segment AND "
+                "term >= ? ORDER BY term LIMIT 1), (SELECT max(rowid) - (segment << 37) FROM "
+                f"{table}_data WHERE rowid BETWEEN segment << 37 AND (segment << 37) + "
+                "2147483647)) FROM segments WHERE segment IS NOT NULL",
+                (b"0" + word.encode(), b"0" + past.encode())).fetchall()
+        except sqlite3.Error:
+            return False
+        pages = 0
+        for first, end in found:
+            if type(end) is not int or first is not None and type(first) is not int:
+                return False
+            pages += end - (first or 1) + 1
+        return pages <= _MERGED
+
+    def _worth_merging(self, table: str, lead: str, longer: list[str]) -> bool:
+        """Whether a phrase of `lead` and a short last word is asked, that word as a prefix.
+
+        Not when the words `longer` that end with `lead`, asked alone beside it, name more than
+        `_ENDED` parts: each of those is read (`made` and `code`, for `de la`, name thousands).
+        Nor when `lead` and they name at most `_RARE`: the key's trigrams, which cost no merge,
+        name few parts too (`temporárias de`).
+        """
+        return self._rare(table, longer, _ENDED) and not self._rare(table, [lead, *longer],
+                                                                    _RARE)
+
+    def _rare(self, table: str, words: list[str], most: int) -> bool:
+        """Whether `words` are in at most `most` parts of `table` between them."""
+        if not words:
+            return True
+        named = self.rows(f"SELECT rowid FROM {table} WHERE {table} MATCH ? LIMIT ?",
+                          (" OR ".join(map(_quoted, words)), most + 1))
+        return len(named) <= most
 
     def _ending(self, word: str, most: int, cased: bool = False) -> list[str] | None:
         """The words of the index longer than `word` that end with it; None if over `most`.
@@ -482,6 +580,7 @@ class _Phrase(NamedTuple):
 
     words: str
     whole: str
+    merged: bool  # its short last word asked as a prefix, merging the words it begins
 
 
 def _grams(keys: Iterable[str], any_case: bool = False,
