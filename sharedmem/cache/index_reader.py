@@ -43,7 +43,7 @@ _CAPITAL = re.compile("[A-Z]")
 _LETTER = re.compile("[A-Za-z]")
 _PREFIX = 3  # the words table's prefix length (`prefix='3'`), to which a last word is cut
 _ENDINGS_ALONE = 32  # as many, for a phrase of one whole word after its first
-_MERGED = 24  # pages the words a short last word begins may fill, for it to be asked as a prefix
+_MERGED = 32  # pages the words a short last word begins may fill, for it to be asked as a prefix
 _RARE = 128  # parts a short last word's lead is in, at most, for its trigrams to be asked
 _ENDED = 32  # parts the words ending with that lead may name, to be asked alone beside it
 _ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
