@@ -953,7 +953,7 @@ def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_it
     # too few for its trigrams to be asked with it. Once the first files read give under a
     # result in four, each later question of its words is sieved by its trigrams across a
     # separator (`w g`), so the files holding only `www.gnu` are not read past the first ones.
-    # (In its case, `gnu` would be asked as a prefix merging more pages than allowed.)
+    # (With no pages allowed for a prefix, `gnu` alone after `Www` is not asked in its case.)
     monkeypatch.setattr(index_reader, "_MERGED", 0)
     cache = fifth_and_three(tmp_path, "www.gnu", "www gnu")
     sieves = [match.then.sieve if match.then else None
