@@ -787,6 +787,33 @@ def test_a_phrase_in_its_case_is_asked_alone_for_its_next_matches(tmp_path: Path
     assert any('MATCH \'"e i" AND "r m"\'' in s for s in statements)  # the sieve
 
 
+@pytest.mark.parametrize("added", [False, True], ids=["built whole", "a file added since"])
+def test_a_phrase_in_most_files_is_asked_as_its_then_whether_or_not_rows_are_in_path_order(
+        tmp_path: Path, added: bool) -> None:
+    # Half the files hold `For more information`. With a file added since the build, whose
+    # rows stand past all others, the phrase is asked a chunk at a time, not for its next
+    # matches: once its first chunk proves it to name most parts, it is asked as its `then`
+    # there too, where every file was read.
+    files = {f"f{i:04d}.md": "alpha For more information, for more\n" if i % 2 else
+             "alpha delta\n" for i in range(3000)}
+    files.update({f"f{i:04d}.md": "alpha for more information\n" for i in (3, 1501, 2998)})
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    if added:
+        info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+        cache.apply([(f"{NS}/a.md", sha256_text("alpha\n"), "alpha\n")], [], {NS: info})
+        search_index.refresh_index(cache)
+    searcher = search_mod.searcher(cache)
+    got = [(r["path"], r["line_number"])
+           for r in all_pages(cache, queries=["for more information"])]
+    assert got == reference(cache, ["for more information"]) == [
+        (f"{NS}/f{i:04d}.md", 1) for i in (3, 1501, 2998)]
+    assert searcher.index.begin() is not None
+    assert searcher._view is not None and searcher._view.in_order() is not added
+    searcher.index.end()
+    assert searcher.scanned < 600  # where it read all 1,500 holding the words
+
+
 def test_a_phrase_is_asked_in_its_case_only_where_that_costs_little(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Its words in their case are not asked ignoring case, nor when too many words end with

@@ -292,10 +292,14 @@ class Named:
         return not known, self.rate()
 
     def within(self, lo: int, hi: int) -> set[int] | None:
-        """Positions in [lo, hi) whose part may hold the keys; None when it may be any of them."""
+        """Positions in [lo, hi) whose part may hold the keys; None when it may be any of them.
+
+        A phrase that proves to name more than `DENSE` of the positions asked about is asked
+        as its `Match.then` from then on, as `_ahead` does, before every file is read.
+        """
         if lo in self.asked:
             return self.asked[lo]
-        if self.everywhere():
+        if self.everywhere() and not (self.expr is not None and self.tighten(False)):
             return None
         view = self.view
         stale = view.stale[bisect_left(view.stale, lo):bisect_left(view.stale, hi)]
