@@ -221,21 +221,19 @@ class IndexReader:
         its `sieve`: a phrase asked with trigrams is asked a chunk at a time, where its words
         alone are asked only as far as its page needs (`_ahead`). A case-sensitive phrase's
         `then` asks its words in their case (`_cased`) where that costs little, and of its
-        trigrams only those across a separator: the case is then told word by word. One whose
-        short last word is asked as a prefix (`_Phrase.merged`), or that has no folded phrase,
-        is asked in its case from the start, if at all: each question merges the same lists
-        in either table, and in its case names fewer parts.
+        trigrams only those across a separator: the case is then told word by word. One with
+        no folded phrase (a short last word is merged in `words` only ignoring case) is asked in
+        its case from the start, if at all: each question merges the same lists in either
+        table, and in its case names fewer parts.
         """
         keys, accented = list(keys), list(accented)
-        phrases = {key: p for key in keys if (p := self._phrase(lower_ascii(key))) is not None}
-        cased = {} if any_case or accented else {key: c for key in keys if (
-            key not in phrases or phrases[key].merged) and (c := self._cased(key)) is not None}
-        if phrases.keys() - cased.keys():  # one table for the words of them all
-            cased = {}
-        # A phrase merging a short last word's words is asked alone (not with trigrams a chunk
-        # at a time, each chunk merging them again), and in its case when case counts.
-        phrases = {key: p for key, p in phrases.items() if key not in cased and not (
-            p.merged and (accented or not any_case))}
+        # A short last word's words are merged only for a phrase asked alone (not with trigrams
+        # a chunk at a time, each chunk merging them again), and in its case when case counts.
+        merge = any_case and not accented
+        phrases = {key: p for key in keys
+                   if (p := self._phrase(lower_ascii(key), merge)) is not None}
+        cased = {} if any_case or accented or phrases else {
+            key: c for key in keys if (c := self._cased(key)) is not None}
         parts = [grams for grams in (_grams([k for k in keys if k not in phrases and
                                              k not in cased], any_case),
                                      _grams(accented)) if grams]
@@ -264,7 +262,7 @@ class IndexReader:
                          sieve=sieve or "", table=table)
         return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
 
-    def _phrase(self, key: str) -> _Phrase | None:
+    def _phrase(self, key: str, merge: bool) -> _Phrase | None:
         """The FTS5 phrase of `key`'s words, or those of each word its first may end; or None.
 
         A word is what the words table takes for one (`ascii`: cut at ASCII punctuation and
@@ -277,13 +275,12 @@ class IndexReader:
         in a separator, it is asked as a prefix of its first `_PREFIX` characters, the length
         the words table keeps a list of (SQLite reads that one list only as far as asked, where
         a longer prefix has it read and merge the whole list of every word it begins), or left
-        out when shorter (too many words begin it to ask). When leaving it out would leave one
-        word, it is asked whole as a prefix if the words it begins fill few pages
-        (`_merges_little`) and the word before it is common (`_worth_merging`); each longer
-        word ending with the first is then asked alone, not as a phrase merging those words
-        again. None when fewer than two words are left (one word narrows little), or for a lone
-        surrogate. Beside the phrase, what it leaves out, for `Match.then`, and whether it
-        merges a short last word's words.
+        out when shorter (too many words begin it to ask). With `merge`, when leaving it out
+        would leave one word, it is asked whole as a prefix if the words it begins fill few
+        pages (`_merges_little`) and the word before it is common (`_worth_merging`); each
+        longer word ending with the first is then asked alone (`_either`). None when fewer than
+        two words are left (one word narrows little), or for a lone surrogate. Beside the
+        phrase, what it leaves out, for `Match.then`.
         """
         cut = _SEPARATORS.search(key)
         if cut is None or utf8(key) is None:
@@ -297,8 +294,8 @@ class IndexReader:
             if len(last.group()) > _PREFIX:
                 whole = rest
             short = len(last.group()) < _PREFIX
-            if short and len(_WORD.findall(rest, 0, last.start())) < (2 if not first else 1) \
-                    and self._merges_little("words", last.group()):
+            if merge and short and len(_WORD.findall(rest, 0, last.start())) < (
+                    2 if not first else 1) and self._merges_little("words", last.group()):
                 short, merged = False, True  # asked as the prefix it may be: one word is no phrase
             if not merged:
                 rest, star = (rest[:last.start()], "") if short else (
@@ -313,15 +310,10 @@ class IndexReader:
             whole = ""
 
         def phrase(words: str) -> str:
-            if longer is None:
-                return _quoted(words) + star
-            if merged:  # the longer words alone, not each a phrase merging those words again
-                return "(" + " OR ".join([_quoted(f"{first} {words}") + star,
-                                          *map(_quoted, longer)]) + ")"
-            return "(" + " OR ".join(_quoted(f"{word} {words}") + star
-                                     for word in (first, *longer)) + ")"
+            return _quoted(words) + star if longer is None else \
+                _either(first, longer, words, star, merged)
 
-        return _Phrase(phrase(rest), phrase(whole) if whole else "", merged)
+        return _Phrase(phrase(rest), phrase(whole) if whole else "")
 
     def _cased(self, key: str) -> str | None:
         """The FTS5 phrase of `key`'s words in its case (the `cased` table), or None.
@@ -356,13 +348,7 @@ class IndexReader:
         if longer is None or alone and not self._worth_merging(
                 "cased", first or _WORD.findall(rest)[0], longer):
             return None
-        if not first:
-            return _quoted(rest) + star
-        if alone:  # the longer words alone, not each a phrase merging that prefix again
-            return "(" + " OR ".join([_quoted(f"{first} {rest}") + star,
-                                      *map(_quoted, longer)]) + ")"
-        return "(" + " OR ".join(_quoted(f"{word} {rest}") + star
-                                 for word in (first, *longer)) + ")"
+        return _either(first, longer, rest, star, alone) if first else _quoted(rest) + star
 
     def _merges_little(self, table: str, word: str) -> bool:
         """Whether the words of `table` that begin with `word` fill at most `_MERGED` pages.
@@ -580,7 +566,17 @@ class _Phrase(NamedTuple):
 
     words: str
     whole: str
-    merged: bool  # its short last word asked as a prefix, merging the words it begins
+
+
+def _either(first: str, longer: list[str], rest: str, star: str, alone: bool) -> str:
+    """The phrase of `first` and `rest`, or of each of the `longer` words ending with `first`.
+
+    `alone`: each longer word asked by itself beside the phrase, not as a phrase of its own,
+    which would merge again the words a short last word begins.
+    """
+    if alone:
+        return "(" + " OR ".join([_quoted(f"{first} {rest}") + star, *map(_quoted, longer)]) + ")"
+    return "(" + " OR ".join(_quoted(f"{word} {rest}") + star for word in (first, *longer)) + ")"
 
 
 def _grams(keys: Iterable[str], any_case: bool = False,

@@ -299,7 +299,7 @@ class Named:
         """
         if lo in self.asked:
             return self.asked[lo]
-        if self.everywhere() and not (self.expr is not None and self.tighten(False)):
+        if self.everywhere() and not self.tighten(False):
             return None
         view = self.view
         stale = view.stale[bisect_left(view.stale, lo):bisect_left(view.stale, hi)]
