@@ -66,6 +66,22 @@ def build(work: Path, files: int, seed: int, style: str = "prose",
     return config, stats
 
 
+def add_later(cache: Cache, count: int) -> int:
+    """Add `count` files spread through path order, as a sync after the index's build does.
+
+    Each is a copy of a file, beside it, so the searches find in them what they find there.
+    """
+    files = sorted(cache.load().files)
+    picked = {files[i * len(files) // count] for i in range(min(count, len(files)))}
+    info = NamespaceInfo(NAMESPACE, "bench", "notes", "markdown", 2, "2026-01-02T00:00:00Z")
+    upserts = []
+    for relpath in sorted(picked):
+        text = (cache.root / relpath).read_text(encoding="utf-8")
+        upserts.append((relpath.removesuffix(".md") + "-later.md", sha256_text(text), text))
+    cache.apply(upserts, [], {NAMESPACE: info})
+    return len(upserts)
+
+
 def server_command(config: Path) -> list[str]:
     """The launcher when cli.py wires `mcp`, else the module entry point."""
     cli = REPO / "sharedmem" / "cli.py"
@@ -146,6 +162,11 @@ def run(args: argparse.Namespace) -> int:
     indexed = time.perf_counter() - start
     print(f"corpus: {stats['files']} files, {stats['bytes'] / 1e6:.1f} MB; cache built in "
           f"{built:.1f}s, index built in {indexed:.1f}s")
+    if args.later:
+        added = add_later(Cache(work / "cache"), args.later)
+        refresh_index(Cache(work / "cache"))
+        print(f"then {added} files added by a later sync, their rows out of path order, as an "
+              "installed client's index has them (--later 0: the index as built whole)")
     rows: list[tuple[str, str, str, str, bool]] = []
     cmd = server_command(config)
     init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -226,6 +247,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one more search shape to time, as the search tool's arguments "
                         "(repeatable), e.g. '{\"queries\": [\"stale lock\"], "
                         "\"case_sensitive\": false}'")
+    parser.add_argument("--later", type=int, default=50, metavar="N",
+                        help="files a later sync adds once the index is built, spread through "
+                        "the cache, as on an installed client (default 50; 0: the index as "
+                        "built whole)")
     parser.add_argument("--runs", type=int, default=11, help="repetitions per figure")
     parser.add_argument("--work", help="folder to build in (kept); default a temporary one")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")

@@ -119,6 +119,24 @@ def _sync(work: Path, config: Path, *extra: str) -> dict[str, float]:
     return out
 
 
+def _later(work: Path, config: Path, count: int) -> int:
+    """The first machine publishes `count` new files spread through its folders; the reader
+    syncs them in, its index kept current as an installed client's is."""
+    src = work / "sources" / "machine0"
+    files = sorted(src.rglob("*.md"))
+    picked = sorted({files[i * len(files) // count] for i in range(min(count, len(files)))})
+    for path in picked:  # beside a file, with its text: the searches find there what it has
+        shutil.copyfile(path, path.with_name(path.stem + "-later.md"))
+    publisher = work / "publishers" / "machine0" / "client.json"
+    proc = subprocess.run([sys.executable, str(LAUNCHER), "sync", "--config", str(publisher)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"publishing the later files failed: {proc.stderr[-800:]}")
+    shutil.rmtree(publisher.parent / "cache")
+    _sync(work, config)
+    return len(picked)
+
+
 def _rsync(server: Sshd, tree: Path, dest: Path) -> float:
     ssh = (f"ssh -p {server.port} -i {server.free_key} -o IdentitiesOnly=yes -o BatchMode=yes "
            f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={server.known_hosts} "
@@ -245,6 +263,10 @@ def run(args: argparse.Namespace) -> int:
                 for _ in range(3):
                     nochanges.append(_sync(work, config))
                     rsync_nochanges.append(_rsync(server, work / "sources", dest))
+            if args.later and not args.no_index:
+                added = _later(work, config, args.later)
+                print(f"searches after a later sync adding {added} files, their rows out of "
+                      "path order, as on an installed client", file=sys.stderr)
             rows, mcp = _search(config, args.searches)
         finally:
             server.stop()
@@ -333,3 +355,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-index", action="store_true",
                         help="a client with no search index (a plain first `sync`; by default "
                         "as installed: the first pull is `sync --index`, later syncs keep it)")
+    parser.add_argument("--later", type=int, default=100, metavar="N",
+                        help="before the searches, a later sync brings N new files spread "
+                        "through the first machine's folders, as an installed client's index "
+                        "has them (default 100; 0: search the index as the first pull built it)")

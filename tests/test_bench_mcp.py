@@ -1,8 +1,10 @@
-"""scripts/bench_mcp.py's own search shapes, and its cache built from a copied folder."""
+"""scripts/bench_mcp.py's own search shapes, its cache built from a copied folder, and the files a
+later sync adds."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from conftest import REPO
 sys.path.insert(0, str(REPO / "scripts"))
 import bench_mcp  # noqa: E402
 
+from sharedmem.cache import search_index  # noqa: E402
 from sharedmem.cache.cache import Cache  # noqa: E402
 
 
@@ -44,3 +47,23 @@ def test_a_copied_folder_becomes_the_cache_with_its_paths(tmp_path: Path) -> Non
     cache = json.loads(config.read_text(encoding="utf-8"))["cache"]
     assert sorted(Cache(Path(cache)).load().files) == [
         f"{bench_mcp.NAMESPACE}/a.md", f"{bench_mcp.NAMESPACE}/deep/b.md"]
+
+
+def test_files_added_later_stand_spread_through_path_order_out_of_the_index_rows_order(
+        tmp_path: Path) -> None:
+    config, _ = bench_mcp.build(tmp_path / "work", 40, 1)
+    cache = Cache(Path(json.loads(config.read_text(encoding="utf-8"))["cache"]))
+    search_index.refresh_index(cache)
+    before = sorted(cache.load().files)
+    assert bench_mcp.add_later(cache, 4) == 4
+    search_index.refresh_index(cache)
+    after = sorted(cache.load().files)
+    added = [after.index(p) for p in sorted(set(after) - set(before))]
+    assert len(added) == 4 and all(p.endswith("-later.md") for p in set(after) - set(before))
+    assert added[0] < len(after) // 4 and added[-1] > len(after) // 2  # spread, not together
+    for path in set(after) - set(before):
+        twin = path.removesuffix("-later.md") + ".md"
+        assert (cache.root / path).read_bytes() == (cache.root / twin).read_bytes()
+    ids = [row[0] for row in sqlite3.connect(search_index.index_path(cache)).execute(
+        "SELECT first FROM files ORDER BY path")]
+    assert ids != sorted(ids)  # the new files' rows stand past the others'

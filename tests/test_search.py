@@ -529,7 +529,7 @@ def test_any_over_ids_out_of_path_order_equals_a_full_scan(
     search_index.refresh_index(cache)
     assert search_index.index_mark(cache) is not None
     monkeypatch.setattr(index_view, "_CHUNK", 8)
-    for queries in (["alpha", "beta"], ["beta", "gamma", "alpha"]):
+    for queries in (["alpha", "beta"], ["beta", "gamma", "alpha"], ["alpha beta"]):
         got = all_pages(cache, queries=queries, max_results=3)
         assert [(r["path"], r["line_number"]) for r in got] == reference(cache, queries)
 
@@ -787,13 +787,14 @@ def test_a_phrase_in_its_case_is_asked_alone_for_its_next_matches(tmp_path: Path
     assert any('MATCH \'"e i" AND "r m"\'' in s for s in statements)  # the sieve
 
 
-@pytest.mark.parametrize("added", [False, True], ids=["built whole", "a file added since"])
+@pytest.mark.parametrize("added", [0, 1, 500], ids=["built whole", "a file added since",
+                                                   "files scattered"])
 def test_a_phrase_in_most_files_is_asked_as_its_then_whether_or_not_rows_are_in_path_order(
-        tmp_path: Path, added: bool) -> None:
-    # Half the files hold `For more information`. With a file added since the build, whose
-    # rows stand past all others, the phrase is asked a chunk at a time, not for its next
-    # matches: once its first chunk proves it to name most parts, it is asked as its `then`
-    # there too, where every file was read.
+        tmp_path: Path, added: int) -> None:
+    # Half the files hold `For more information`. It is asked for its next matches while the
+    # rows stand in path order but for a few files added since the build (their rows past all
+    # others); with more than an eighth of them out of it, a chunk at a time. Either way, once
+    # the phrase proves to name most parts it is asked as its `then`, where every file was read.
     files = {f"f{i:04d}.md": "alpha For more information, for more\n" if i % 2 else
              "alpha delta\n" for i in range(3000)}
     files.update({f"f{i:04d}.md": "alpha for more information\n" for i in (3, 1501, 2998)})
@@ -801,7 +802,8 @@ def test_a_phrase_in_most_files_is_asked_as_its_then_whether_or_not_rows_are_in_
     search_index.refresh_index(cache)
     if added:
         info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
-        cache.apply([(f"{NS}/a.md", sha256_text("alpha\n"), "alpha\n")], [], {NS: info})
+        cache.apply([(f"{NS}/f{i * 6:04d}a.md", sha256_text("alpha\n"), "alpha\n")
+                     for i in range(added)], [], {NS: info})
         search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
     got = [(r["path"], r["line_number"])
@@ -809,7 +811,9 @@ def test_a_phrase_in_most_files_is_asked_as_its_then_whether_or_not_rows_are_in_
     assert got == reference(cache, ["for more information"]) == [
         (f"{NS}/f{i:04d}.md", 1) for i in (3, 1501, 2998)]
     assert searcher.index.begin() is not None
-    assert searcher._view is not None and searcher._view.in_order() is not added
+    assert searcher._view is not None
+    order = searcher._view.order()
+    assert (order[1] if order else None) == {0: [], 1: [1], 500: None}[added]
     searcher.index.end()
     assert searcher.scanned < 600  # where it read all 1,500 holding the words
 
@@ -1005,15 +1009,22 @@ def test_a_phrase_in_most_files_is_asked_with_its_trigrams_which_tell_separators
     assert searcher.scanned < 100  # where every file was read
 
 
+@pytest.mark.parametrize("added", [False, True], ids=["built whole", "a file added since"])
 def test_a_phrase_alone_is_asked_for_the_matches_its_page_needs(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, added: bool) -> None:
     # Its words are in every file, so asking the whole index, or a chunk past where the page
     # fills, would have SQLite read their places in files the page never needs: it is asked
-    # once, for half again as many matches as the page takes.
+    # once, for half again as many matches as the page takes. A file added since the build
+    # (its row past all others) is named unasked where it stands in path order.
     monkeypatch.setattr(index_view, "_CHUNK", 64)
     cache = make_cache(tmp_path, {f"f{i:04d}.md": f"beta gamma alpha {i}\n" + (
         "" if i % 100 else "alpha beta\n") for i in range(3000)})
     search_index.refresh_index(cache)
+    if added:
+        info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+        cache.apply([(f"{NS}/f0150a.md", sha256_text("alpha beta\n"), "alpha beta\n")], [],
+                    {NS: info})
+        search_index.refresh_index(cache)
     sql_of_next_search(cache, queries=["nothing-like-it"])  # the view is loaded
     searcher = search_mod.searcher(cache)
     assert searcher.index.conn is not None
@@ -1022,7 +1033,9 @@ def test_a_phrase_alone_is_asked_for_the_matches_its_page_needs(
     page = tools.search(cache, ["alpha beta"], max_results=5)["results"]
     got = [(r["path"], r["line_number"]) for r in page]
     assert got == reference(cache, ["alpha beta"])[:5]
-    assert got == [(f"{NS}/f{i:04d}.md", 2) for i in range(0, 500, 100)]
+    assert got == [(f"{NS}/f{i:04d}.md", 2) for i in range(0, 500, 100)] if not added else [
+        (f"{NS}/f0000.md", 2), (f"{NS}/f0100.md", 2), (f"{NS}/f0150a.md", 1),
+        (f"{NS}/f0200.md", 2), (f"{NS}/f0300.md", 2)]
     asked = [s for s in statements if "FROM words WHERE words MATCH" in s]
     assert len(asked) == 1 and asked[0].endswith("ORDER BY rowid LIMIT 8)"), asked
 
@@ -1033,7 +1046,7 @@ def test_a_phrase_asked_for_its_next_matches_never_cuts_a_file(
     # Files of many parts hold the phrase in several of them: a question for the next matches
     # ends inside a file, which is then asked to its end, so each file is read once and every
     # line of it found, page after page; a file added since the build (out of path order)
-    # turns the walk back to chunks.
+    # too.
     monkeypatch.setattr(search_index, "SEGMENT_BYTES", 40)
     files = {f"f{i:02d}.md": "".join(f"line {n} alpha beta\n" if n % 3 == i % 3 else
                                      f"line {n} beta\n" for n in range(30))

@@ -12,7 +12,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Iterable, Iterator
-from itertools import islice, pairwise
+from itertools import compress, islice, pairwise
+from operator import gt
 from typing import Any
 
 from sharedmem.cache.cache import Manifest, NamespaceInfo
@@ -24,6 +25,7 @@ _SCATTERED = 8  # more than 1/8 of a chunk's ids far from path order: the index 
 _FEW = 128  # candidates under 1/128 of a chunk are verified by reading, other keys unasked
 _WHOLE = 4096  # a key that names at most about this many files is asked of the whole index
 _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`View.run`)
+_PAST = 1 << 62  # past every id
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
 _TRIED, _YIELD = 32, 4  # a phrase whose first 32 files or more gave under a result in 4: `then`
 _KEPT = 0.5  # its last word whole kept only if it names under half as many parts
@@ -52,7 +54,7 @@ class View:
         self.stale = [pos for pos, i in enumerate(ids) if i < 0] if paths is not None else []
         self.where = where if where is not None else inverse(ids)
         self.runs: dict[tuple[int, int], tuple[int, int, list[int]] | None] = {}  # `run`
-        self._in_order: bool | None = None  # `in_order`
+        self._order: tuple[array[int], list[int]] | bool | None = None  # `order`
         # file id -> (sha256, namespace, first, parts, bounds) of the files `named` gave last,
         # asked with their paths, for `origin` and `cut`.
         self.batch: dict[Any, tuple[Any, ...]] = {}
@@ -207,12 +209,38 @@ class View:
         self.runs[lo, hi] = found
         return found
 
-    def in_order(self) -> bool:
-        """Whether every position's id is past the one before: an index built in path order."""
-        if self._in_order is None:
+    def order(self) -> tuple[array[int], list[int]] | None:
+        """The ids in path order at each position, and the positions out of it (strays).
+
+        An index built whole stands in path order. A file a sync adds, or grows, takes rows
+        past all others: out of it, unless it is last. A position is in order when its id is
+        below every later position's. The first array holds at each position the highest such
+        id up to it: it never falls, so the rows of the positions in order from `lo` to `hi`
+        are those between its values there. None when more than 1/`_SCATTERED` of the
+        positions stray, or the index does not vouch for some of them (`stale`).
+        """
+        if self._order is None:
+            self._order = False
+            if self.stale:
+                return None
             ids = self.ids.tolist()
-            self._in_order = not self.stale and ids == sorted(ids)
-        return self._in_order
+            # Where the id falls, a run of rising ids ends: its ids past the least id after it
+            # stray. Each fall is a stray's.
+            falls = [] if ids == sorted(ids) else list(
+                compress(range(1, len(ids)), map(gt, ids, islice(ids, 1, None))))
+            if len(falls) * _SCATTERED > len(ids):
+                return None
+            runs, least = [], _PAST
+            for lo, hi in reversed(list(pairwise([0, *falls, len(ids)] if ids else []))):
+                runs.append(range(bisect_right(ids, least, lo, hi), hi))
+                least = min(least, ids[lo])
+            strays = [pos for run in reversed(runs) for pos in run]
+            if len(strays) * _SCATTERED <= len(ids):
+                floor = array("q", self.ids)
+                for pos in strays:
+                    floor[pos] = floor[pos - 1] if pos else 0
+                self._order = (floor, strays)
+        return self._order or None
 
     def positions(self, ids: array[int] | None) -> set[int] | None:
         """Positions of these ids that the index vouches for, and every stale position."""
@@ -317,23 +345,28 @@ class Named:
         """The positions from `lo` named by the phrase's first `most` parts, and where they end.
 
         The end is that of the file of the last of them, or `stop` when they are fewer: every
-        position named in between is there, and no file is cut. Only for a view `in_order`
-        (position order is id order) and a phrase alone (`words`, no `grams`). Of them, only the
-        parts its `sieve` names are kept, asked over the same ids; the sieve is asked again only
-        if its first question left under `_KEPT` of them. The first question after
-        `tighten` made its last word whole goes back to the words before, unless it names under
-        `_KEPT` as many parts as they did.
+        position named in between is there, and no file is cut. Only for a view in `order`
+        and a phrase alone (`words`, no `grams`); positions out of order are named unasked, as
+        a chunk names them. Of them, only the parts its `sieve` names are kept, asked over the
+        same ids; the sieve is asked again only if its first question left under `_KEPT` of
+        them. The first question after `tighten` made its last word whole goes back to the
+        words before, unless it names under `_KEPT` as many parts as they did.
         """
         assert self.expr is not None
         view, owners = self.view, self.view.owners
-        ids = view.index.first(self.expr, view.ids[lo], view.ids[stop - 1], most)
+        floor, strays = view.order() or (view.ids, [])
+        start = floor[lo - 1] + 1 if lo else 0
+        ids = view.index.first(self.expr, start, floor[stop - 1], most)
         hi = stop
         if len(ids) == most:  # up to the last id named, then to the end of its file
-            hi = bisect_right(view.ids, ids[-1], lo, stop)
+            hi = bisect_right(floor, ids[-1], lo, stop)
             while hi < stop and owners[hi] == owners[hi - 1]:
                 hi += 1
-            if view.ids[hi - 1] > ids[-1]:
-                ids.extend(view.index.between(self.expr, ids[-1] + 1, view.ids[hi - 1]))
+            if floor[hi - 1] > ids[-1]:
+                ids.extend(view.index.between(self.expr, ids[-1] + 1, floor[hi - 1]))
+        if strays:  # ids out of order in that span name positions outside [lo, hi)
+            where, top = view.where, len(view.where)
+            ids = array("q", (i for i in ids if i < top and lo <= where[i] < hi))
         found = view.positions(ids) or set()
         if self.untried is not None:  # its last word whole: kept if it names under `_KEPT`
             before, rate = self.untried
@@ -351,6 +384,7 @@ class Named:
                 then = self.expr.then
                 self.expr = self.expr._replace(sieve="", then=then._replace(sieve="")
                                                if then else None)
+        found.update(strays[bisect_left(strays, lo):bisect_left(strays, hi)])
         self.seen[0] += len(found)
         self.seen[1] += hi - lo
         return found, hi
@@ -401,7 +435,7 @@ def walk_named(view: View, spans: list[range], named: list[Named], group: int,
     """
     key = named[0]
     paced = room if len(named) == 1 and key.expr is not None and key.expr.words and \
-        not key.expr.grams and view.in_order() else None
+        not key.expr.grams and view.order() else None
     for span in spans:
         lo = min(max(view.find(start, span.start) if start else span.start, span.start),
                  span.stop)
