@@ -534,6 +534,32 @@ def test_any_over_ids_out_of_path_order_equals_a_full_scan(
         assert [(r["path"], r["line_number"]) for r in got] == reference(cache, queries)
 
 
+@pytest.mark.parametrize("query", ["alpha beta", "alpha"], ids=["a phrase alone", "a word"])
+def test_files_added_since_the_build_are_asked_apart_not_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, query: str) -> None:
+    # Their rows stand past all others, out of path order: asked apart, all in one range of
+    # rows, only those named are read, where each was read (a chunk's rows far from the
+    # others', or a phrase's next matches).
+    monkeypatch.setattr(index_view, "_CHUNK", 64)
+    cache = make_cache(tmp_path, {f"f{i:03d}.md": "alpha beta\n" if i in (7, 300) else
+                                  "gamma delta\n" for i in range(400)})
+    search_index.refresh_index(cache)
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    added = {f"{NS}/f{i * 10:03d}a.md": "gamma delta epsilon\n" for i in range(40)}
+    added[f"{NS}/f150a.md"] = "alpha beta\n"
+    cache.apply([(p, sha256_text(t), t) for p, t in added.items()], [], {NS: info})
+    search_index.refresh_index(cache)
+    searcher = search_mod.searcher(cache)
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=[query])]
+    assert got == reference(cache, [query]) == [
+        (f"{NS}/{name}", 1) for name in ("f007.md", "f150a.md", "f300.md")]
+    assert searcher.index.begin() is not None
+    order = searcher._view.order() if searcher._view else None
+    searcher.index.end()
+    assert order is not None and len(order[1]) == 40
+    assert searcher.scanned == 3  # where the 40 added were read too
+
+
 def test_a_stale_index_starts_no_rebuild_a_missing_one_does(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {"a.md": "alpha\n"})
     search_index.refresh_index(cache)
@@ -1015,7 +1041,7 @@ def test_a_phrase_alone_is_asked_for_the_matches_its_page_needs(
     # Its words are in every file, so asking the whole index, or a chunk past where the page
     # fills, would have SQLite read their places in files the page never needs: it is asked
     # once, for half again as many matches as the page takes. A file added since the build
-    # (its row past all others) is named unasked where it stands in path order.
+    # (its row past all others) is asked apart, with every such row in one range.
     monkeypatch.setattr(index_view, "_CHUNK", 64)
     cache = make_cache(tmp_path, {f"f{i:04d}.md": f"beta gamma alpha {i}\n" + (
         "" if i % 100 else "alpha beta\n") for i in range(3000)})
@@ -1037,7 +1063,10 @@ def test_a_phrase_alone_is_asked_for_the_matches_its_page_needs(
         (f"{NS}/f0000.md", 2), (f"{NS}/f0100.md", 2), (f"{NS}/f0150a.md", 1),
         (f"{NS}/f0200.md", 2), (f"{NS}/f0300.md", 2)]
     asked = [s for s in statements if "FROM words WHERE words MATCH" in s]
-    assert len(asked) == 1 and asked[0].endswith("ORDER BY rowid LIMIT 8)"), asked
+    assert asked[0].endswith("ORDER BY rowid LIMIT 8)"), asked
+    assert asked[1:] == (["SELECT group_concat(rowid) FROM (SELECT rowid FROM words WHERE words "
+                          "MATCH '(\"alpha bet\"*)' AND rowid BETWEEN 3001 AND 3001)"]
+                         if added else []), asked
 
 
 @pytest.mark.parametrize("results", [1, 2, 3, 7])

@@ -347,3 +347,38 @@ def test_changed_files_leave_old_entries_until_over_a_quarter_then_it_is_built_a
     assert "stale" not in meta
     assert [r["path"] for r in tools.search(cache, ["gamma"])["results"]] == [
         f"{NS}/f2.md", f"{NS}/f3.md"]
+
+
+def test_files_added_out_of_path_order_past_an_eighth_then_it_is_built_anew(
+        tmp_path: Path) -> None:
+    # A file added takes rows past all others: out of path order unless its path is last.
+    cache = cache_of_ns(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(16)})
+    search_index.refresh_index(cache)
+
+    def add(paths: list[str]) -> tuple[dict[str, str], list[int]]:
+        cache.apply([(f"{NS}/{p}", sha256_text("beta\n"), "beta\n") for p in paths], [],
+                    {NS: INFO})
+        search_index.refresh_index(cache)
+        conn = sqlite3.connect(search_index.index_path(cache))
+        try:
+            return dict(conn.execute("SELECT key, value FROM meta").fetchall()), [
+                first for (first,) in conn.execute("SELECT first FROM files ORDER BY path")]
+        finally:
+            conn.close()
+
+    meta, rows = add(["f00a.md", "f05a.md", "z.md"])  # the last in path order is in it
+    assert meta["strays"] == "2" and rows != sorted(rows)
+    meta, rows = add(["f10a.md"])  # 3 of 20 parts: more than an eighth
+    assert meta["strays"] == "3"
+    meta, rows = add(["f12a.md"])  # the next refresh builds it anew
+    assert meta["strays"] == "0" and rows == sorted(rows)
+    assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [
+        f"{NS}/{p}" for p in ("f00a.md", "f05a.md", "f10a.md", "f12a.md", "z.md")]
+
+
+@pytest.mark.parametrize("ids, out", [
+    ([], []), ([1, 2, 5], []), ([1, 9, 2, 3], [1]), ([9, 10, 1, 2], [0, 1]),
+    ([1, 7, 8, 2, 9, 3, 4], [1, 2, 4]), ([3, 1, 2], [0])])
+def test_the_positions_out_of_path_order_are_those_past_a_later_one(
+        ids: list[int], out: list[int]) -> None:
+    assert search_index.strays(ids) == out

@@ -12,20 +12,18 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Iterable, Iterator
-from itertools import compress, islice, pairwise
-from operator import gt
+from itertools import islice, pairwise
 from typing import Any
 
 from sharedmem.cache.cache import Manifest, NamespaceInfo
 from sharedmem.cache.index_reader import DENSE, Cut, IndexReader, Match
-from sharedmem.cache.search_index import inverse
+from sharedmem.cache.search_index import STRAYS, inverse, strays
 
 _CHUNK = 1024  # positions a walk first asks the index about; each next chunk doubles
 _SCATTERED = 8  # more than 1/8 of a chunk's ids far from path order: the index asked whole
 _FEW = 128  # candidates under 1/128 of a chunk are verified by reading, other keys unasked
 _WHOLE = 4096  # a key that names at most about this many files is asked of the whole index
 _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`View.run`)
-_PAST = 1 << 62  # past every id
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
 _TRIED, _YIELD = 32, 4  # a phrase whose first 32 files or more gave under a result in 4: `then`
 _KEPT = 0.5  # its last word whole kept only if it names under half as many parts
@@ -210,37 +208,27 @@ class View:
         return found
 
     def order(self) -> tuple[array[int], list[int]] | None:
-        """The ids in path order at each position, and the positions out of it (strays).
+        """The ids in path order at each position, and the positions out of it (`strays`).
 
-        An index built whole stands in path order. A file a sync adds, or grows, takes rows
-        past all others: out of it, unless it is last. A position is in order when its id is
-        below every later position's. The first array holds at each position the highest such
-        id up to it: it never falls, so the rows of the positions in order from `lo` to `hi`
-        are those between its values there. None when more than 1/`_SCATTERED` of the
-        positions stray, or the index does not vouch for some of them (`stale`).
+        The first array holds at each position the highest id in order up to it: it never
+        falls, so the rows of the positions in order from `lo` to `hi` are those between its
+        values there. None when the index does not vouch for some positions (`stale`), or more
+        than 1/`STRAYS` of them stray (the next refresh builds it anew).
         """
         if self._order is None:
             self._order = False
-            if self.stale:
-                return None
-            ids = self.ids.tolist()
-            # Where the id falls, a run of rising ids ends: its ids past the least id after it
-            # stray. Each fall is a stray's.
-            falls = [] if ids == sorted(ids) else list(
-                compress(range(1, len(ids)), map(gt, ids, islice(ids, 1, None))))
-            if len(falls) * _SCATTERED > len(ids):
-                return None
-            runs, least = [], _PAST
-            for lo, hi in reversed(list(pairwise([0, *falls, len(ids)] if ids else []))):
-                runs.append(range(bisect_right(ids, least, lo, hi), hi))
-                least = min(least, ids[lo])
-            strays = [pos for run in reversed(runs) for pos in run]
-            if len(strays) * _SCATTERED <= len(ids):
+            found = strays(self.ids.tolist()) if not self.stale else None
+            if found is not None and len(found) * STRAYS <= len(self.ids):
                 floor = array("q", self.ids)
-                for pos in strays:
+                for pos in found:
                     floor[pos] = floor[pos - 1] if pos else 0
-                self._order = (floor, strays)
+                self._order = (floor, found)
         return self._order or None
+
+    def at(self, ids: Iterable[int], lo: int, hi: int) -> set[int]:
+        """Positions in [lo, hi) of these ids."""
+        where, top = self.where, len(self.where)
+        return {pos for i in ids if i < top and lo <= (pos := where[i]) < hi}
 
     def positions(self, ids: array[int] | None) -> set[int] | None:
         """Positions of these ids that the index vouches for, and every stale position."""
@@ -262,12 +250,12 @@ class Named:
     as much as reading several files, so a key that named few positions in its first chunk is asked
     once for the whole index instead; not a phrase, though: its words may be in every file, and
     SQLite reads their places in each file asked about, so asking about all of them costs a walk
-    of the whole index where the page may fill halfway. Ids that stand far from path order
-    (files added since the index was built whole) are simply named: verifying a few files costs
-    less than asking for them. A key the index cannot narrow names every position; so does one
-    that names more than `DENSE` of the positions asked about, from then on, unless it is
-    `dense`: one of several keys every file must hold (`all`), where even common keys can meet
-    in few files.
+    of the whole index where the page may fill halfway. Positions out of path order (files
+    added or grown since the index was built, `View.order`) are asked apart, all of them in one
+    range of rows: named unasked, each would be a file read. A key the index cannot narrow
+    names every position; so does one that names more than `DENSE` of the positions asked
+    about, from then on, unless it is `dense`: one of several keys every file must hold
+    (`all`), where even common keys can meet in few files.
     """
 
     def __init__(self, view: View, keys: list[str], dense: bool = False,
@@ -284,6 +272,8 @@ class Named:
         # rate, until asked
         self.untried: tuple[Match, float] | None = None
         self.sifted = False  # whether the sieve once left under `_KEPT` of the parts named
+        # the strays the key names, for the form of it asked (`_strays`)
+        self.strayed: tuple[tuple[str, str, str], list[int]] | None = None
 
     def rate(self) -> float:
         """The share of positions named so far (a half until asked): sparse keys go first."""
@@ -346,15 +336,17 @@ class Named:
 
         The end is that of the file of the last of them, or `stop` when they are fewer: every
         position named in between is there, and no file is cut. Only for a view in `order`
-        and a phrase alone (`words`, no `grams`); positions out of order are named unasked, as
-        a chunk names them. Of them, only the parts its `sieve` names are kept, asked over the
+        and a phrase alone (`words`, no `grams`); positions out of it are asked apart
+        (`_strays`). Of them, only the parts its `sieve` names are kept, asked over the
         same ids; the sieve is asked again only if its first question left under `_KEPT` of
         them. The first question after `tighten` made its last word whole goes back to the
         words before, unless it names under `_KEPT` as many parts as they did.
         """
         assert self.expr is not None
         view, owners = self.view, self.view.owners
-        floor, strays = view.order() or (view.ids, [])
+        order = view.order()
+        assert order is not None
+        floor = order[0]
         start = floor[lo - 1] + 1 if lo else 0
         ids = view.index.first(self.expr, start, floor[stop - 1], most)
         hi = stop
@@ -364,10 +356,7 @@ class Named:
                 hi += 1
             if floor[hi - 1] > ids[-1]:
                 ids.extend(view.index.between(self.expr, ids[-1] + 1, floor[hi - 1]))
-        if strays:  # ids out of order in that span name positions outside [lo, hi)
-            where, top = view.where, len(view.where)
-            ids = array("q", (i for i in ids if i < top and lo <= where[i] < hi))
-        found = view.positions(ids) or set()
+        found = view.at(ids, lo, hi)
         if self.untried is not None:  # its last word whole: kept if it names under `_KEPT`
             before, rate = self.untried
             if len(found) > _KEPT * rate * (hi - lo):
@@ -379,19 +368,28 @@ class Named:
         if self.expr.sieve and ids:
             kept = view.index.among(self.expr.sieve, ids)
             if self.sifted or len(kept) < _KEPT * len(ids):
-                found, self.sifted = view.positions(kept) or set(), True
+                found, self.sifted = view.at(kept, lo, hi), True
             else:  # and `then`'s too, so that `tighten` does not bring it back
                 then = self.expr.then
                 self.expr = self.expr._replace(sieve="", then=then._replace(sieve="")
                                                if then else None)
-        found.update(strays[bisect_left(strays, lo):bisect_left(strays, hi)])
+        found.update(self._strays(lo, hi))
         self.seen[0] += len(found)
         self.seen[1] += hi - lo
         return found, hi
 
     def _asked(self, lo: int, hi: int) -> set[int]:
-        """Ask the index for the chunk's ids in one range; stray ids are named unasked."""
+        """Ask the index for the chunk's ids in one range, and its strays apart.
+
+        In a view not in `order`, ids far from the chunk's main run are named unasked, or,
+        when they are many, the whole index is asked once.
+        """
         view = self.view
+        order = view.order()
+        if order is not None:
+            floor = order[0]
+            ids = view.index.between(self.expr, floor[lo - 1] + 1 if lo else 0, floor[hi - 1])
+            return view.at(ids, lo, hi) | self._strays(lo, hi)
         run = view.run(lo, hi)
         if run is None:
             return set()
@@ -402,6 +400,26 @@ class Named:
         found = {where[i] for i in view.index.between(self.expr, first, end) if i < top}
         found.update(where[i] for i in stray if i < top)
         return {pos for pos in found if lo <= pos < hi}
+
+    def _strays(self, lo: int, hi: int) -> set[int]:
+        """The strays in [lo, hi) the key names (`View.order`).
+
+        All of them are asked at once, for each form of the key: their rows, past those of the
+        build, make one short range, where each stray named unasked would be a file read.
+        """
+        view, expr = self.view, self.expr
+        order = view.order()
+        assert expr is not None and order is not None
+        strays = order[1]
+        if not strays:
+            return set()
+        key = (expr.grams, expr.words, expr.table)
+        if self.strayed is None or self.strayed[0] != key:
+            ids = [view.ids[pos] for pos in strays]
+            named = view.at(view.index.between(expr, min(ids), max(ids)), 0, len(view))
+            self.strayed = (key, sorted(named.intersection(strays)))
+        found = self.strayed[1]
+        return set(found[bisect_left(found, lo):bisect_left(found, hi)])
 
     def _from_whole(self, lo: int, hi: int) -> set[int]:
         """The chunk's positions among all the index names, asked of it once for every chunk."""

@@ -10,7 +10,9 @@ cuts a query alike), and those words in their case (`cased`: each ASCII capital 
 backwards (`ends`: the words that end with a phrase's first word). The FTS5 tables are
 contentless: no copy of the text, so a changed or deleted file's old entries stay until the
 index is built again, once they are more than a `_STALE` share of all (they only name parts a
-search then reads and finds wanting). Beside them: each file's path, sha256 and namespace, the
+search then reads and finds wanting). It is built again too once more than 1/`STRAYS` of the
+parts stand out of path order (`strays`: a file added or grown takes rows past all others,
+and a search asks those apart). Beside them: each file's path, sha256 and namespace, the
 `files` mark of the manifest it covers whole, and the files' ids in path order (so a new
 searcher loads its view in one read, not by sorting every path). `refresh_index` keeps it
 current: run by the `index` command, which a sync that changed the cache starts detached
@@ -30,8 +32,10 @@ import stat
 import time
 import unicodedata
 from array import array
+from bisect import bisect_right
 from collections.abc import Iterator, Mapping
-from itertools import pairwise
+from itertools import compress, islice, pairwise
+from operator import gt
 from pathlib import Path
 
 from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache
@@ -49,6 +53,8 @@ WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to f
 BACKGROUND_WAIT = 600.0  # and `index --background`, which no one waits for
 SEGMENT_BYTES = 8192  # a file is indexed in parts of about this much (`segments`)
 _STALE = 0.25  # old entries (parts changed or deleted since the build) over live ones: rebuild
+_PAST = 1 << 62  # past every row
+STRAYS = 8  # more than 1/8 of the parts out of path order (`strays`): rebuild
 _WORDS_HELD = 100_000  # words an update holds before it adds them to `ends`
 # ASCII but letters and digits to a blank: what FTS5's `ascii` tokenizer cuts words at.
 _CUT = bytes(c if c >= 128 or chr(c).isalnum() else 32 for c in range(256))
@@ -393,7 +399,8 @@ class _Writer:
         self.conn.execute("DELETE FROM orders")
         self.conn.execute("INSERT INTO orders(key, ids, positions, owners) VALUES (?, ?, ?, ?)",
                           (key, ids.tobytes(), inverse(ids).tobytes(), owners.tobytes()))
-        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('order', ?)", (key,))
+        self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                              [("order", key), ("strays", str(len(strays(ids.tolist()))))])
 
     def reconcile(self, cache: Cache) -> dict[str, int]:
         """Compare every indexed file with the manifest; re-read only those that differ."""
@@ -417,9 +424,13 @@ class _Writer:
         return self.finish(mark, complete and mark == cache.files_mark())
 
     def stale(self) -> bool:
-        """Whether the old entries of parts changed or deleted are too many: build it anew."""
+        """Whether it is worn enough to build anew: parts out of path order, or old entries.
+
+        Old entries are those of parts changed or deleted since the build.
+        """
         live = self.conn.execute("SELECT coalesce(sum(parts), 0) FROM files").fetchone()[0]
-        return int(self.meta("stale") or 0) > _STALE * live
+        return int(self.meta("stale") or 0) > _STALE * live or \
+            int(self.meta("strays") or 0) * STRAYS > live
 
     def drop(self, row_id: int, keep: bool = False) -> None:
         """Count a file's entries as old (they stay, naming parts that no longer hold them)."""
@@ -559,6 +570,23 @@ def inverse(ids: array[int]) -> array[int]:
             where[row_id] = pos
     return where
 
+
+
+def strays(ids: list[int]) -> list[int]:
+    """The positions whose id is past a later position's: parts out of path order.
+
+    A build puts every part in path order; a file a sync adds, or grows, takes rows past all
+    others. Where the id falls, a run of rising ids ends: its ids past the least id after it
+    stray (each fall is a stray's).
+    """
+    if ids == sorted(ids):
+        return []
+    falls = compress(range(1, len(ids)), map(gt, ids, islice(ids, 1, None)))
+    runs, least = [], _PAST
+    for lo, hi in reversed(list(pairwise([0, *falls, len(ids)]))):
+        runs.append(range(bisect_right(ids, least, lo, hi), hi))
+        least = min(least, ids[lo])
+    return [pos for run in reversed(runs) for pos in run]
 
 
 def read_cached(disk: CacheFiles, relpath: str) -> bytes | None:
