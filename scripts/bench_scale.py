@@ -120,8 +120,11 @@ def _sync(work: Path, config: Path, *extra: str) -> dict[str, float]:
 
 
 def _later(work: Path, config: Path, count: int) -> int:
-    """The first machine publishes `count` new files spread through its folders; the reader
-    syncs them in, its index kept current as an installed client's is."""
+    """A later sync: `count` new files the first machine publishes, which the reader pulls.
+
+    They are spread through that machine's folders; the reader's index is kept current by
+    its sync, as an installed client's is, so their rows stand out of path order.
+    """
     src = work / "sources" / "machine0"
     files = sorted(src.rglob("*.md"))
     picked = sorted({files[i * len(files) // count] for i in range(min(count, len(files)))})

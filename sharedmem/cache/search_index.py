@@ -571,7 +571,6 @@ def inverse(ids: array[int]) -> array[int]:
     return where
 
 
-
 def strays(ids: list[int]) -> list[int]:
     """The positions whose id is past a later position's: parts out of path order.
 
