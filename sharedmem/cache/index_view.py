@@ -230,17 +230,6 @@ class View:
         where, top = self.where, len(self.where)
         return {pos for i in ids if i < top and lo <= (pos := where[i]) < hi}
 
-    def positions(self, ids: array[int] | None) -> set[int] | None:
-        """Positions of these ids that the index vouches for, and every stale position."""
-        if ids is None:
-            return None
-        where, top = self.where, len(self.where)
-        found = {where[i] for i in ids if i < top}
-        found.discard(-1)
-        found.update(self.stale)
-        return found
-
-
 class Named:
     """The positions the index names for some keys (ANDed), asked a chunk of positions at a time.
 
@@ -396,10 +385,7 @@ class Named:
         first, end, stray = run
         if len(stray) * _SCATTERED > hi - lo:  # scattered ids: ask once for the whole index
             return self._from_whole(lo, hi)
-        where, top = view.where, len(view.where)
-        found = {where[i] for i in view.index.between(self.expr, first, end) if i < top}
-        found.update(where[i] for i in stray if i < top)
-        return {pos for pos in found if lo <= pos < hi}
+        return view.at(view.index.between(self.expr, first, end), lo, hi) | view.at(stray, lo, hi)
 
     def _strays(self, lo: int, hi: int) -> set[int]:
         """The strays in [lo, hi) the key names (`View.order`).
@@ -425,7 +411,7 @@ class Named:
         """The chunk's positions among all the index names, asked of it once for every chunk."""
         if self.whole is None:
             named = self.view.index.matching(self.expr)
-            self.whole = sorted(self.view.positions(named) or ())
+            self.whole = sorted(self.view.at(named, 0, len(self.view)))
         return set(self.whole[bisect_left(self.whole, lo):bisect_left(self.whole, hi)])
 
 
