@@ -615,18 +615,18 @@ def test_a_phrase_of_words_every_file_holds_reads_only_the_files_holding_it(
 
 @pytest.mark.parametrize(("query", "words"), [
     ("lpha", ""), ("alpha ", ""), (", beta", ""), ("alpha beta", '("alpha bet"*)'),
-    ("pha beta.", '("pha beta." OR "alpha beta.")'),
-    ("a, beta gamma", '("a beta gam"* OR "alpha beta gam"* OR "gamma beta gam"* OR '
-                      '"beta beta gam"*)'),
-    ("a, beta gamma.", '("a beta gamma." OR "alpha beta gamma." OR "gamma beta gamma." OR '
-                       '"beta beta gamma.")'),
-    ("-gamma beta", '"gamma bet"*')])
+    ("pha beta.", '("pha beta ." OR "alpha beta .")'),
+    ("a, beta gamma", '("a , beta gam"* OR "alpha , beta gam"* OR "gamma , beta gam"* OR '
+                      '"beta , beta gam"*)'),
+    ("a, beta gamma.", '("a , beta gamma ." OR "alpha , beta gamma ." OR '
+                       '"gamma , beta gamma ." OR "beta , beta gamma .")'),
+    ("-gamma beta", '"- gamma bet"*')])
 def test_a_phrase_is_asked_with_each_word_its_first_may_end(tmp_path: Path, query: str,
                                                             words: str) -> None:
-    # Its words from the first ASCII separator on, the last a prefix of its first three
-    # characters unless a separator ends the key, and the first as itself and as each longer
-    # word of the index that ends with it (`ends`, in its order: the words spelt backwards).
-    # One word alone asks no phrase.
+    # Its words from the first ASCII separator on, each punctuation character a word of its
+    # own, the last a prefix of its first three characters unless a separator ends the key, and
+    # the first as itself and as each longer word of the index that ends with it (`ends`, in
+    # its order: the words spelt backwards). One word alone asks no phrase.
     cache = make_cache(tmp_path, {"a.md": "alpha beta gamma\n"})
     search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
@@ -637,9 +637,9 @@ def test_a_phrase_is_asked_with_each_word_its_first_may_end(tmp_path: Path, quer
 
 
 @pytest.mark.parametrize(("query", "words"), [
-    ("alpha beta g", '("alpha beta ")'), ("alpha beta ga", '("alpha beta ")'),
+    ("alpha beta g", '("alpha beta")'), ("alpha beta ga", '("alpha beta")'),
     ("alpha beta gam", '("alpha beta gam"*)'), ("alpha beta gamm", '("alpha beta gam"*)'),
-    ("alpha beta gamma", '("alpha beta gam"*)'), ("alpha beta gamma ", '("alpha beta gamma ")'),
+    ("alpha beta gamma", '("alpha beta gam"*)'), ("alpha beta gamma ", '("alpha beta gamma")'),
     ("alpha beta gaïa", '("alpha beta gaï"*)')])
 def test_a_last_word_is_asked_as_its_first_three_characters_or_left_out(
         tmp_path: Path, query: str, words: str) -> None:
@@ -751,12 +751,12 @@ def test_a_phrase_whose_files_mostly_lack_it_is_asked_with_its_last_word_whole(
 @pytest.mark.parametrize("case", ["beta gamut", "Beta Gamut"])
 def test_a_last_word_whole_that_names_as_many_parts_is_asked_once(
         tmp_path: Path, case: str) -> None:
-    # A fifth of the files hold `beta-gamut`, which the words table takes for the phrase `beta
-    # gamut`: the files read give few results, so the phrase is asked with its last word whole,
-    # in its case, which names as many parts at a higher cost (SQLite merges that word's whole
-    # list for each question); after that one question it is asked by its first three
-    # characters again.
-    cache = fifth_and_three(tmp_path, case.replace(" ", "-"), case)
+    # A fifth of the files hold `beta  gamut`, which the words table takes for the phrase `beta
+    # gamut` (its blanks collapsed): the files read give few results, so the phrase is asked
+    # with its last word whole, in its case, which names as many parts at a higher cost (SQLite
+    # merges that word's whole list for each question); after that one question it is asked by
+    # its first three characters again.
+    cache = fifth_and_three(tmp_path, case.replace(" ", "  "), case)
     sql_of_next_search(cache, queries=["nothing-like-it"])  # the view is loaded
     searcher = search_mod.searcher(cache)
     assert searcher.index.conn is not None
@@ -792,7 +792,7 @@ def test_a_lowercase_phrase_with_a_short_last_word_is_asked_in_its_case_before_i
     # before it are asked in their case, and its trigrams sieve them.
     cache = fifth_and_three(tmp_path, "For more in it, more for them", "for more in")
     then = asked(cache, "for more in").then
-    assert (then.table, then.words) == ("cased", '("for more ")')
+    assert (then.table, then.words) == ("cased", '("for more")')
     assert read_for_the_three(cache, "for more in") < 100  # where it read 203
 
 
@@ -855,8 +855,8 @@ def test_a_phrase_is_asked_in_its_case_only_where_that_costs_little(
     cache = fifth_and_three(tmp_path, "For more information", "for more information")
     assert asked(cache, "for more information", any_case=True).then.table == "words"
     then = asked(cache, "For more inf").then
-    assert (then.words, then.sieve) == ('("＾For more ")', '" in" AND "e i" AND "inf" AND "r m"')
-    assert asked(cache, "For more inf ").then.words == '("＾For more inf ")'
+    assert (then.words, then.sieve) == ('("＾For more")', '" in" AND "e i" AND "inf" AND "r m"')
+    assert asked(cache, "For more inf ").then.words == '("＾For more inf")'
     monkeypatch.setattr(index_reader, "_MERGED", 0)
     assert asked(cache, "For inf").then.table == "words"
     assert asked(cache, "a more info").then.table == "words"  # `alpha`, `delta` end with `a`
@@ -1004,34 +1004,50 @@ def test_phrases_in_their_case_find_what_a_full_scan_finds(
     assert asked_cased > 10
 
 
+@pytest.mark.parametrize(("fifth", "three"), [("information, see", "information see"),
+                                               ("amazon.com", "amazon com"),
+                                               ("amazon com", "amazon.com")])
+def test_a_phrase_s_punctuation_is_words_of_its_own(tmp_path: Path, fifth: str,
+                                                     three: str) -> None:
+    # Each ASCII punctuation character is a word of the words tables, so a phrase tells
+    # `information see` from `information, see` from its first question: only the three files
+    # holding it are read, where the first 32 or more holding the other were.
+    cache = fifth_and_three(tmp_path, fifth, three)
+    assert read_for_the_three(cache, three) == 3
+    assert f'"{search_index.punctuation_apart(three)}"*' in asked(cache, three).words
+
+
 def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_its_separators(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The words table takes `www.gnu` for the phrase `www gnu`, and a fifth of the files hold it:
-    # too few for its trigrams to be asked with it. Once the first files read give under a
-    # result in four, each later question of its words is sieved by its trigrams across a
-    # separator (`w g`), so the files holding only `www.gnu` are not read past the first ones.
-    # (With no pages allowed for a prefix, `gnu` alone after `Www` is not asked in its case.)
+    # The words table takes `www. gnu` for the phrase `www.gnu` (a blank beside punctuation is
+    # no word), and a fifth of the files hold it: too few for its trigrams to be asked with it.
+    # Once the first files read give under a result in four, each later question of its words
+    # is sieved by its trigrams across a separator (`w.g`), so the files holding only `www. gnu`
+    # are not read past the first ones. (With no pages allowed for a prefix, `gnu` alone after
+    # `Www.` is not asked in its case.)
     monkeypatch.setattr(index_reader, "_MERGED", 0)
-    cache = fifth_and_three(tmp_path, "www.gnu", "www gnu")
+    cache = fifth_and_three(tmp_path, "www. gnu", "www.gnu")
     sieves = [match.then.sieve if match.then else None
-              for match in (asked(cache, "Www gnu"), asked(cache, "www gnu", any_case=True))]
-    assert sieves == ['"Www" AND "gnu" AND "w g"', '("w g" OR "w G" OR "W g" OR "W G")']
-    assert read_for_the_three(cache, "www gnu") < 100  # where all 203 holding both words were
+              for match in (asked(cache, "Www.gnu"), asked(cache, "www.gnu", any_case=True))]
+    assert sieves == ['"Www" AND "gnu" AND "w.g"', '("w.g" OR "w.G" OR "W.g" OR "W.G")']
+    assert read_for_the_three(cache, "www.gnu") < 100  # where all 203 holding its words were
 
 
 def test_a_phrase_in_most_files_is_asked_with_its_trigrams_which_tell_separators_apart(
         tmp_path: Path) -> None:
-    # The words table takes `https://docs` for the phrase `https docs`: once the phrase proves
-    # to name most files, its trigrams (`s d`) are asked with it, and the files holding only
-    # `https://docs` are not read past the first ones.
-    files = {f"f{i:03d}.md": f"see https://docs.example/{i}\n" for i in range(300)}
-    files["f100.md"] = "see https docs here\n"
-    files["f250.md"] = "https docs\n"
+    # The words table takes `https:// docs` for the phrase `https://docs` (a blank beside
+    # punctuation is no word): once the phrase proves to name most files, its trigrams (`//d`)
+    # are asked with it, and the files holding only `https:// docs` are not read past the
+    # first ones.
+    files = {f"f{i:03d}.md": f"see https:// docs.example/{i}\n" for i in range(300)}
+    files["f100.md"] = "see https://docs here\n"
+    files["f250.md"] = "https://docs\n"
     cache = make_cache(tmp_path, files)
     search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
-    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["https docs"])]
-    assert got == reference(cache, ["https docs"]) == [(f"{NS}/f100.md", 1), (f"{NS}/f250.md", 1)]
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["https://docs"])]
+    assert got == reference(cache, ["https://docs"]) == [(f"{NS}/f100.md", 1),
+                                                          (f"{NS}/f250.md", 1)]
     assert searcher.scanned < 100  # where every file was read
 
 

@@ -17,6 +17,7 @@ from conftest import LAUNCHER, cache_of, flip_schema_byte, garbage, index_covers
 from sharedmem.cache import search as search_mod
 from sharedmem.cache import search_index
 from sharedmem.cache.cache import Cache, NamespaceInfo
+from sharedmem.cache.folding import normalize
 from sharedmem.hashing import sha256_text
 from sharedmem.mcp import tools
 
@@ -321,6 +322,23 @@ def test_the_index_is_under_half_again_the_text_it_indexes(tmp_path: Path) -> No
         encoding="utf-8") for p in src.rglob("*.md")})
     search_index.refresh_index(cache)
     assert index_bytes(cache) <= 1.5 * text_bytes(cache)
+
+
+def test_the_words_tables_hold_each_punctuation_character_as_a_word_of_its_own(
+        tmp_path: Path) -> None:
+    # As `punctuation_apart` cuts a text for a phrase: words at blanks and at ASCII punctuation,
+    # each such character a word; other characters (not ASCII) stay in words (the text folded).
+    text = "See: https://docs.Example/x_y?a=1&b=2, (or 'a.b') — naïve{x}[y] ~/z\\q\n"
+    cache = cache_of_ns(tmp_path / "cache", {"a.md": text})
+    search_index.refresh_index(cache)
+    conn = sqlite3.connect(search_index.index_path(cache))
+    conn.execute("CREATE VIRTUAL TABLE temp.vocab USING fts5vocab(main, words, 'row')")
+    held = {term for (term,) in conn.execute("SELECT term FROM temp.vocab")}
+    conn.close()
+    expected = set(search_index.punctuation_apart(normalize(text)).split())
+    assert held == expected
+    assert {"/", "_", "?", "=", "&", ",", "(", "'", ".", ")", "{", "}", "[", "]", "~", "\\",
+            "example", "naive", "—"} <= held
 
 
 def test_changed_files_leave_old_entries_until_over_a_quarter_then_it_is_built_anew(

@@ -28,6 +28,7 @@ from sharedmem.cache.search_index import (
     index_path,
     is_busy,
     is_planted,
+    punctuation_apart,
     read_only_uri,
 )
 from sharedmem.core import CacheError
@@ -265,21 +266,22 @@ class IndexReader:
     def _phrase(self, key: str, merge: bool) -> _Phrase | None:
         """The FTS5 phrase of `key`'s words, or those of each word its first may end; or None.
 
-        A word is what the words table takes for one (`ascii`: cut at ASCII punctuation and
-        blanks), so the key's words are its text cut at those alike. Its first word may be the
-        end of a longer one in the text: the phrase is asked with each word of the index that
-        ends with it (`_ending`), or, when those are more than `_ENDINGS`, from its second word
-        on; when that would leave one word whole (no phrase at all), up to `_ENDINGS_ALONE` of
-        them are asked, and its last word is not asked whole later (each of them merges that
-        word's list again). Its last word may be the start of a longer one: unless the key ends
-        in a separator, it is asked as a prefix of its first `_PREFIX` characters, the length
-        the words table keeps a list of (SQLite reads that one list only as far as asked, where
-        a longer prefix has it read and merge the whole list of every word it begins), or left
-        out when shorter (too many words begin it to ask). With `merge`, when leaving it out
-        would leave one word, it is asked whole as a prefix if the words it begins fill few
-        pages (`_merges_little`) and the word before it is common (`_worth_merging`); each
-        longer word ending with the first is then asked alone (`_either`). None when fewer than
-        two words are left (one word narrows little), or for a lone surrogate. Beside the
+        A word is what the words tables take for one (`punctuation_apart`: cut at blanks, each
+        ASCII punctuation character a word of its own), so the key's words are its text cut alike;
+        the separators between its words are in the phrase, their punctuation as words. Its first
+        word may be the end of a longer one in the text: the phrase is asked with each word of the
+        index that ends with it (`_ending`), or, when those are more than `_ENDINGS`, from its
+        second word on; when that would leave one word whole (no phrase at all), up to
+        `_ENDINGS_ALONE` of them are asked, and its last word is not asked whole later (each of
+        them merges that word's list again). Its last word may be the start of a longer one:
+        unless the key ends in a separator, it is asked as a prefix of its first `_PREFIX`
+        characters, the length the words table keeps a list of (SQLite reads that one list only as
+        far as asked, where a longer prefix has it read and merge the whole list of every word it
+        begins), or left out when shorter (too many words begin it to ask). With `merge`, when
+        leaving it out would leave one word, it is asked whole as a prefix if the words it begins
+        fill few pages (`_merges_little`) and the word before it is common (`_worth_merging`);
+        each longer word ending with the first is then asked alone (`_either`). None when fewer
+        than two words are left (one word narrows little), or for a lone surrogate. Beside the
         phrase, what it leaves out, for `Match.then`.
         """
         cut = _SEPARATORS.search(key)
@@ -310,8 +312,8 @@ class IndexReader:
             whole = ""
 
         def phrase(words: str) -> str:
-            return _quoted(words) + star if longer is None else \
-                _either(first, longer, words, star, merged)
+            return _words(cut.group() + words) + star if longer is None else \
+                _either(first, longer, cut.group() + words, star, merged)
 
         return _Phrase(phrase(rest), phrase(whole) if whole else "")
 
@@ -348,7 +350,8 @@ class IndexReader:
         if longer is None or alone and not self._worth_merging(
                 "cased", first or _WORD.findall(rest)[0], longer):
             return None
-        return _either(first, longer, rest, star, alone) if first else _quoted(rest) + star
+        return _either(first, longer, cut.group() + rest, star, alone) if first else \
+            _words(cut.group() + rest) + star
 
     def _merges_little(self, table: str, word: str) -> bool:
         """Whether the words of `table` that begin with `word` fill at most `_MERGED` pages.
@@ -541,9 +544,9 @@ class Match(NamedTuple):
     `then`: what a phrase is asked as once it proves to name many parts that do not hold it
     (`Named.tighten`): with its last word whole as the prefix, not its first three characters
     (`for these` named 2,323 parts of the AWS documentation, where `"for these"*` names 75),
-    and with its key's trigrams, which hold a first word the phrase left out and the separators
-    the words table does not tell apart (`https docs` named 5,782 parts holding
-    `https://docs`; with its trigrams, 23), or a case-sensitive key's words in its case, of
+    and with its key's trigrams, which hold a first word the phrase left out and the blanks
+    beside punctuation the words tables do not tell apart (`https:// docs` from
+    `https://docs`), or a case-sensitive key's words in its case, of
     `table` `cased` (`for more information` named 5,939 parts of the AWS documentation that
     hold `For more information`; in its case, 96). These cost more to ask, so not from the
     start: a prefix past three characters has SQLite read and merge the whole list of every
@@ -575,8 +578,8 @@ def _either(first: str, longer: list[str], rest: str, star: str, alone: bool) ->
     which would merge again the words a short last word begins.
     """
     if alone:
-        return "(" + " OR ".join([_quoted(f"{first} {rest}") + star, *map(_quoted, longer)]) + ")"
-    return "(" + " OR ".join(_quoted(f"{word} {rest}") + star for word in (first, *longer)) + ")"
+        return "(" + " OR ".join([_words(first + rest) + star, *map(_quoted, longer)]) + ")"
+    return "(" + " OR ".join(_words(word + rest) + star for word in (first, *longer)) + ")"
 
 
 def _grams(keys: Iterable[str], any_case: bool = False,
@@ -665,6 +668,14 @@ def _past(prefix: str) -> str | None:
     if after > 0x10FFFF:
         return None
     return prefix[:-1] + chr(0xE000 if 0xD800 <= after < 0xE000 else after)  # no surrogates
+
+
+def _words(text: str) -> str:
+    """A phrase of the words tables, as they cut a text (`punctuation_apart`).
+
+    Its words one space apart: a folded key holds no other blank but the line break.
+    """
+    return _quoted(" ".join(punctuation_apart(text).split()))
 
 
 def _quoted(term: str) -> str:

@@ -27,6 +27,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import sqlite3
 import stat
 import time
@@ -46,7 +47,7 @@ from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "13"
+INDEX_VERSION = "14"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
@@ -56,8 +57,14 @@ _STALE = 0.25  # old entries (parts changed or deleted since the build) over liv
 _PAST = 1 << 62  # past every row
 STRAYS = 8  # more than 1/8 of the parts out of path order (`strays`): rebuild
 _WORDS_HELD = 100_000  # words an update holds before it adds them to `ends`
-# ASCII but letters and digits to a blank: what FTS5's `ascii` tokenizer cuts words at.
+# ASCII but letters and digits to a blank: the words `ends` holds (the words tables' but punctuation).
 _CUT = bytes(c if c >= 128 or chr(c).isalnum() else 32 for c in range(256))
+# ASCII punctuation: each character a word of its own in the words tables (`punctuation_apart`),
+# whose tokenizer keeps it in words, so that a phrase tells `information see` from
+# `information, see`.
+_PUNCTUATION = "".join(chr(c) for c in range(33, 127) if not chr(c).isalnum())
+_ONE_EACH = re.compile(f"([{re.escape(_PUNCTUATION)}])")
+_WORDS_TOKENIZER = "'ascii tokenchars ''" + _PUNCTUATION.replace("'", "''''") + "'''"
 _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP
 # Each indexed text ends with two line breaks more, so every string of one or two characters it
 # holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
@@ -238,9 +245,10 @@ _SCHEMA = (
     " parts INTEGER NOT NULL, bounds BLOB)",
     "CREATE VIRTUAL TABLE grams USING fts5(body, tokenize='trigram case_sensitive 1',"
     " detail=none, content='', columnsize=0)",
-    "CREATE VIRTUAL TABLE words USING fts5(body, tokenize='ascii', prefix='3', content='',"
+    f"CREATE VIRTUAL TABLE words USING fts5(body, tokenize={_WORDS_TOKENIZER}, prefix='3',"
+    " content='', columnsize=0)",
+    f"CREATE VIRTUAL TABLE cased USING fts5(body, tokenize={_WORDS_TOKENIZER}, content='',"
     " columnsize=0)",
-    "CREATE VIRTUAL TABLE cased USING fts5(body, tokenize='ascii', content='', columnsize=0)",
     "CREATE TABLE ends(word TEXT PRIMARY KEY) WITHOUT ROWID",
     "CREATE TABLE orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL, positions BLOB NOT NULL,"
     " owners BLOB NOT NULL)",
@@ -456,30 +464,30 @@ class _Writer:
         bounds = segments(data)
         raws = [data[lo:hi].decode("utf-8", "replace") for lo, hi in pairwise(bounds)]
         cased = [normalize(raw, keep_case=True) + TEXT_END for raw in raws]
-        texts = [lower_ascii(text) for text in cased]  # as `normalize` folds them
+        apart = [punctuation_apart(text) for text in cased]
         old = self.conn.execute("SELECT first, parts FROM files WHERE id=?",
                                 (row_id,)).fetchone() if row_id is not None else None
         # The rows it had while they are enough (the file keeps its place in path order), else
         # rows past all others.
-        first = old[0] if old is not None and old[1] >= len(texts) else self.rows_for(len(texts))
-        cut = array("q", bounds).tobytes() if len(texts) > 1 else None
+        first = old[0] if old is not None and old[1] >= len(raws) else self.rows_for(len(raws))
+        cut = array("q", bounds).tobytes() if len(raws) > 1 else None
         digest = bytes.fromhex(meta.sha256)  # the hexdigest of `data`, as checked above
         if row_id is None:
             row_id = self.conn.execute(
                 "INSERT INTO files(path, sha256, namespace, first, parts, bounds) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (relpath, digest, meta.namespace, first, len(texts), cut)).lastrowid
+                (relpath, digest, meta.namespace, first, len(raws), cut)).lastrowid
         else:
             self.conn.execute("UPDATE files SET sha256=?, namespace=?, first=?, parts=?, "
                               "bounds=? WHERE id=?", (digest, meta.namespace, first,
-                                                      len(texts), cut, row_id))
+                                                      len(raws), cut, row_id))
         self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", (
             (row, _grams_text(text, raw)) for row, text, raw in zip(
                 range(first, first + len(raws)), cased, raws, strict=True)))
         self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)",
-                              enumerate(texts, first))
+                              ((row, lower_ascii(text)) for row, text in enumerate(apart, first)))
         self.conn.executemany("INSERT INTO cased(rowid, body) VALUES (?, ?)",
-                              ((row, mark_capitals(text)) for row, text in enumerate(cased, first)))
+                              ((row, mark_capitals(text)) for row, text in enumerate(apart, first)))
         for text in cased:  # the words as the `ascii` tokenizer cuts them: at ASCII separators
             self.words.update(text.encode("utf-8", "surrogatepass").translate(_CUT).split())
         if len(self.words) > _WORDS_HELD:
@@ -521,6 +529,15 @@ def _grams_text(text: str, raw: str) -> str:
     """
     more = "\n".join(accented_words(raw))
     return text + more + TEXT_END if more else text
+
+
+def punctuation_apart(text: str) -> str:
+    """`text` with a space either side of each ASCII punctuation character: a word of its own.
+
+    As the words tables hold a text, and a phrase asked of them: their tokenizer keeps those
+    characters in words, and cuts at blanks alone.
+    """
+    return " ".join(_ONE_EACH.split(text))
 
 
 def segments(data: bytes) -> list[int]:
