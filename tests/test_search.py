@@ -626,7 +626,8 @@ def test_a_phrase_is_asked_with_each_word_its_first_may_end(tmp_path: Path, quer
     # Its words from the first ASCII separator on, each punctuation character a word of its
     # own, the last a prefix of its first three characters unless a separator ends the key, and
     # the first as itself and as each longer word of the index that ends with it (`ends`, in
-    # its order: the words spelt backwards). One word alone asks no phrase.
+    # its order: the words spelt backwards). One word alone asks no phrase (in its case, not
+    # even beside punctuation).
     cache = make_cache(tmp_path, {"a.md": "alpha beta gamma\n"})
     search_index.refresh_index(cache)
     searcher = search_mod.searcher(cache)
@@ -1015,6 +1016,21 @@ def test_a_phrase_s_punctuation_is_words_of_its_own(tmp_path: Path, fifth: str,
     cache = fifth_and_three(tmp_path, fifth, three)
     assert read_for_the_three(cache, three) == 3
     assert f'"{search_index.punctuation_apart(three)}"*' in asked(cache, three).words
+
+
+def test_one_word_beside_punctuation_is_a_phrase_ignoring_case(tmp_path: Path) -> None:
+    # `"beta":` is four words of the words tables, `beta` whole: a fifth of the files hold
+    # `"beta", "gamma":`, every trigram of the key, and none of them is read. In its case, or
+    # beside a word in most parts, its trigrams are asked as before.
+    cache = fifth_and_three(tmp_path, '"Beta", "gamma":', '"beta":')
+    assert asked(cache, '"beta":', any_case=True).words == '""" beta "" :"'
+    assert asked(cache, '"beta":').words == asked(cache, '"alpha":', any_case=True).words == ""
+    searcher = search_mod.searcher(cache)
+    got = [(r["path"], r["line_number"])
+           for r in all_pages(cache, queries=['"BETA":'], case_sensitive=False)]
+    assert got == reference(cache, ['"BETA":'], case_sensitive=False) == [
+        (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
+    assert searcher.scanned == 3  # where the 200 holding its trigrams were read
 
 
 def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_its_separators(
