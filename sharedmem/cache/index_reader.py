@@ -64,7 +64,7 @@ class IndexReader:
         self.cache, self.path = cache, index_path(cache)
         self.conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None  # the file this connection reads
-        self._vocab = False  # the connection's view of the index's terms is made (`_short`)
+        self._vocab = False  # the connection's views of the index's terms are made (`_terms`)
         self.read_only: str | None = None  # what the last `begin` met on a read-only cache
 
     def begin(self) -> dict[str, str] | None:
