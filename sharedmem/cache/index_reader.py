@@ -306,13 +306,12 @@ class IndexReader:
             if not merged:
                 rest, star = (rest[:last.start()], "") if short else (
                     rest[:last.start() + _PREFIX], star)
-        after = len(_WORD.findall(rest))
+        after, left = len(_WORD.findall(rest)), cut.group() + rest
         longer = self._ending(first, _ENDINGS_ALONE if after == 1 and not short else _ENDINGS) \
-            if first and count(cut.group() + rest) else None
-        if short:  # a short last word left out: no phrase rests on punctuation
-            count = _count_words
-        if longer is None and (count(cut.group() + rest) < 2 or not _WORD.search(rest)) or \
-                merged and not self._worth_merging(
+            if first and count(left) else None
+        # the words asked without the first; beside a short last word left out, no punctuation
+        alone = after if short else count(left)
+        if longer is None and (alone < 2 or not after) or merged and not self._worth_merging(
                 "words", first or _WORD.findall(rest)[0], longer or []):
             return None
         if (longer is not None) + after < 2 and self._dense(  # one word beside punctuation

@@ -230,6 +230,7 @@ class View:
         where, top = self.where, len(self.where)
         return {pos for i in ids if i < top and lo <= (pos := where[i]) < hi}
 
+
 class Named:
     """The positions the index names for some keys (ANDed), asked a chunk of positions at a time.
 
