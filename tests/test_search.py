@@ -916,9 +916,12 @@ def test_two_words_whose_first_ends_common_words_are_not_asked_with_them_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
     # `xthis` ends with `this`: asked alone beside the phrase `this is`, it names every part
     # holding it, a fifth of the files, each then read. Past `_ENDED` such parts the two words
-    # are not asked as a phrase; their trigrams are.
+    # are not asked as a phrase; their trigrams are, and ignoring case, beside them, the words
+    # that may end where `this` does (not a phrase: no places walked).
     cache = fifth_and_three(tmp_path, "xthis one", "this is")
-    assert asked(cache, "this is", any_case=any_case).words == ""
+    match = asked(cache, "this is", any_case=any_case)
+    assert (match.words, match.phrase) == ('("this" OR "xthis")', False) if any_case else \
+        match.words == ""
     monkeypatch.setattr(index_reader, "_ENDED", 200)
     match = asked(cache, "this is", any_case=any_case)
     assert (match.words, match.table) == ('("this is"* OR "xthis")',
@@ -929,10 +932,12 @@ def test_two_words_whose_first_ends_common_words_are_not_asked_with_them_alone(
 def test_two_words_whose_first_is_rare_are_asked_by_their_trigrams(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
     # `this` is in three files: the trigrams of `this is` name about as few, and cost no merge
-    # of the words `is` begins. In more than `_RARE` parts, the two words are asked.
+    # of the words `is` begins (ignoring case, `this` is asked beside them, not as a phrase).
+    # In more than `_RARE` parts, the two words are asked.
     cache = fifth_and_three(tmp_path, "alpha is one", "this is")
     match = asked(cache, "this is", any_case=any_case)
-    assert match.words == "" and "his" in match.grams.replace('"', " ").split()
+    assert (match.words, match.phrase) == ('("this")', False) if any_case else match.words == ""
+    assert "his" in match.grams.replace('"', " ").split()
     monkeypatch.setattr(index_reader, "_RARE", 2)
     assert asked(cache, "this is", any_case=any_case).words == '("this is"*)'
 
@@ -1031,6 +1036,29 @@ def test_one_word_beside_punctuation_is_a_phrase_ignoring_case(tmp_path: Path) -
     assert got == reference(cache, ['"BETA":'], case_sensitive=False) == [
         (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
     assert searcher.scanned == 3  # where the 200 holding its trigrams were read
+
+
+@pytest.mark.parametrize("three", ["enter a", "datacenter a"])
+def test_a_word_before_a_short_last_word_is_asked_with_the_words_ending_with_it_ignoring_case(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, three: str) -> None:
+    # `enter a` leaves out its last word, too short to ask (no pages allowed for its prefix),
+    # and one word is no phrase; a fifth of the files hold `entering user a`, every trigram of
+    # the key. Ignoring case, the words that may end where `enter` does (`enter` itself and
+    # those ending with it) are asked beside the trigrams, and name only the three. In its
+    # case, the trigrams keep the case and name few; beside a word in most files, the words
+    # would narrow little.
+    monkeypatch.setattr(index_reader, "_MERGED", 0)
+    cache = fifth_and_three(tmp_path, "entering user a", three)
+    longer = ' OR "datacenter"' if three.startswith("data") else ""
+    match = asked(cache, "Enter a", any_case=True)
+    assert (match.words, match.phrase) == (f'("enter"{longer})', False)
+    assert asked(cache, "enter a").words == asked(cache, "alpha e", any_case=True).words == ""
+    searcher = search_mod.searcher(cache)
+    got = [(r["path"], r["line_number"])
+           for r in all_pages(cache, queries=["ENTER A"], case_sensitive=False)]
+    assert got == reference(cache, ["ENTER A"], case_sensitive=False) == [
+        (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
+    assert searcher.scanned == 3  # where the 203 holding its trigrams were read
 
 
 def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_its_separators(

@@ -207,25 +207,26 @@ class IndexReader:
         """What names the parts that may hold every key; None when no key narrows them.
 
         A key of two words or more is the phrase of its words (`_phrase`); another of three
-        characters or more is its trigrams (`_grams`); a shorter one is any of the trigrams it
-        begins (`_short`; `files`, how many the index holds, tells it when the key is in too
-        many of them to narrow). All of them go in one MATCH per table, so SQLite intersects
-        them: a few parts can hold all of several common words. The trigrams keep ASCII case:
-        a key is asked as written, or, `any_case` (a search ignoring case or `normalized`, whose
-        key is folded), each trigram as any of its spellings in ASCII capitals and small
-        letters. The `accented` words of a query not `normalized` (`folding.accented_keys`) are
-        asked as trigrams alone, as the index keeps them beside the folded text, casefolded,
-        not among its words; one of one or two characters only when no longer one is asked (it
-        is any of hundreds of trigrams, and narrows little past a longer one). A phrase's
-        trigrams are asked only in its `Match.then`, and those holding an ASCII capital,
-        beginning a word or with a separator in the middle, which its words cannot tell, in
-        its `sieve`: a phrase asked with trigrams is asked a chunk at a time, where its words
-        alone are asked only as far as its page needs (`_ahead`). A case-sensitive phrase's
-        `then` asks its words in their case (`_cased`) where that costs little, and of its
-        trigrams only those across a separator: the case is then told word by word. One with
-        no folded phrase (a short last word is merged in `words` only ignoring case) is asked in
-        its case from the start, if at all: each question merges the same lists in either
-        table, and in its case names fewer parts.
+        characters or more is its trigrams (`_grams`), and ignoring case, for a word and a short
+        last word (no phrase), the words that may end where its first does (`_lone`); a shorter
+        one is any of the trigrams it begins (`_short`; `files`, how many the index holds, tells
+        it when the key is in too many of them to narrow). All of them go in one MATCH per
+        table, so SQLite intersects them: a few parts can hold all of several common words. The
+        trigrams keep ASCII case: a key is asked as written, or, `any_case` (a search ignoring
+        case or `normalized`, whose key is folded), each trigram as any of its spellings in
+        ASCII capitals and small letters. The `accented` words of a query not `normalized`
+        (`folding.accented_keys`) are asked as trigrams alone, as the index keeps them beside
+        the folded text, casefolded, not among its words; one of one or two characters only when
+        no longer one is asked (it is any of hundreds of trigrams, and narrows little past a
+        longer one). A phrase's trigrams are asked only in its `Match.then`, and those holding
+        an ASCII capital, beginning a word or with a separator in the middle, which its words
+        cannot tell, in its `sieve`: a phrase asked with trigrams is asked a chunk at a time,
+        where its words alone are asked only as far as its page needs (`_ahead`). A
+        case-sensitive phrase's `then` asks its words in their case (`_cased`) where that costs
+        little, and of its trigrams only those across a separator: the case is then told word by
+        word. One with no folded phrase (a short last word is merged in `words` only ignoring
+        case) is asked in its case from the start, if at all: each question merges the same
+        lists in either table, and in its case names fewer parts.
         """
         keys, accented = list(keys), list(accented)
         # A short last word's words are merged only for a phrase asked alone (not with trigrams
@@ -233,6 +234,8 @@ class IndexReader:
         merge = any_case and not accented
         phrases = {key: p for key in keys
                    if (p := self._phrase(lower_ascii(key), merge, files)) is not None}
+        lone = [w for key in keys if merge and key not in phrases
+                and (w := self._lone(lower_ascii(key), files)) is not None]
         cased = {} if any_case or accented or phrases else {
             key: c for key in keys if (c := self._cased(key)) is not None}
         parts = [grams for grams in (_grams([k for k in keys if k not in phrases and
@@ -257,11 +260,12 @@ class IndexReader:
                 more = sieve = _grams(phrases, kept=_told)
             else:
                 more, table = _grams(phrases, any_case), "words"
-                words = " AND ".join(p.whole or p.words for p in phrases.values())
+                words = " AND ".join([p.whole or p.words for p in phrases.values()] + lone)
                 sieve = _grams(phrases, any_case, _across if any_case else _sifts)
             then = Match(" AND ".join(parts + ([more] if more else [])), words,
                          sieve=sieve or "", table=table)
-        return Match(" AND ".join(parts), " AND ".join(p.words for p in phrases.values()), then)
+        return Match(" AND ".join(parts), " AND ".join(
+            [p.words for p in phrases.values()] + lone), then, phrase=bool(phrases) or not lone)
 
     def _phrase(self, key: str, merge: bool, files: int) -> _Phrase | None:
         """The FTS5 phrase of `key`'s words, or those of each word its first may end; or None.
@@ -325,6 +329,28 @@ class IndexReader:
                 _either(first, longer, cut.group() + words, star, merged)
 
         return _Phrase(phrase(rest), phrase(whole) if whole else "")
+
+    def _lone(self, key: str, files: int) -> str | None:
+        """For a key of a word, blanks and a short last word: the words its first may be; or None.
+
+        That last word (under `_PREFIX` characters) is left out of a phrase, which leaves one
+        word: no phrase (`_phrase`). Ignoring case, the key's trigrams name every part holding
+        its pieces anywhere (`enter` of `entered`, `r a` of `for a`); the first word whole, or
+        one of at most `_ENDINGS_ALONE` words ending with it, asked beside them, names only the
+        parts that may hold the key. None when more words end with it, or when they are in
+        more than `DENSE` of the `files` parts between them: they would narrow little for the
+        cost of reading their lists. Only ignoring case, as a phrase's punctuation is: in its
+        case the trigrams name about as few parts.
+        """
+        cut, last = _SEPARATORS.search(key), _LAST_WORD.search(key)
+        if cut is None or not cut.start() or last is None or last.start() != cut.end() or \
+                len(last.group()) >= _PREFIX or _count(cut.group()) or utf8(key) is None:
+            return None
+        first = key[:cut.start()]
+        longer = self._ending(first, _ENDINGS_ALONE)
+        if longer is None or self._dense([first, *longer], files):
+            return None
+        return _either(first, longer, "", "", True)
 
     def _cased(self, key: str) -> str | None:
         """The FTS5 phrase of `key`'s words in its case (the `cased` table), or None.
@@ -586,6 +612,7 @@ class Match(NamedTuple):
     then: Match | None = None
     sieve: str = ""  # of the parts each question of `words` names, those these trigrams name
     table: str = "words"  # the table `words` is asked of: `cased`, for a key's words in its case
+    phrase: bool = True  # `words` holds a phrase (whose places SQLite walks), not words alone
 
 
 class _Phrase(NamedTuple):

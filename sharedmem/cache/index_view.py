@@ -237,15 +237,15 @@ class Named:
     A walk in path order that fills its page within its first files asks only about those; one
     through every file asks in a few chunks that double in size, on a grid fixed from the span's
     start, so a later group's walk reuses what an earlier one asked. Each question costs about
-    as much as reading several files, so a key that named few positions in its first chunk is asked
-    once for the whole index instead; not a phrase, though: its words may be in every file, and
-    SQLite reads their places in each file asked about, so asking about all of them costs a walk
-    of the whole index where the page may fill halfway. Positions out of path order (files
-    added or grown since the index was built, `View.order`) are asked apart, all of them in one
-    range of rows: named unasked, each would be a file read. A key the index cannot narrow
-    names every position; so does one that names more than `DENSE` of the positions asked
-    about, from then on, unless it is `dense`: one of several keys every file must hold
-    (`all`), where even common keys can meet in few files.
+    as much as reading several files, so a key that named few positions in its first chunk is
+    asked once for the whole index instead; not a phrase (`Match.phrase`), though: its words may
+    be in every file, and SQLite reads their places in each file asked about, so asking about
+    all of them costs a walk of the whole index where the page may fill halfway. Positions out
+    of path order (files added or grown since the index was built, `View.order`) are asked
+    apart, all of them in one range of rows: named unasked, each would be a file read. A key the
+    index cannot narrow names every position; so does one that names more than `DENSE` of the
+    positions asked about, from then on, unless it is `dense`: one of several keys every file
+    must hold (`all`), where even common keys can meet in few files.
     """
 
     def __init__(self, view: View, keys: list[str], dense: bool = False,
@@ -312,7 +312,8 @@ class Named:
         view = self.view
         stale = view.stale[bisect_left(view.stale, lo):bisect_left(view.stale, hi)]
         assert self.expr is not None
-        sparse = bool(self.seen[1]) and self.rate() * len(view) <= _WHOLE and not self.expr.words
+        sparse = bool(self.seen[1]) and self.rate() * len(view) <= _WHOLE and not (
+            self.expr.words and self.expr.phrase)
         found = self._from_whole(lo, hi) if self.whole is not None or sparse else \
             self._asked(lo, hi)
         found.update(stale)
