@@ -689,8 +689,8 @@ def test_a_phrase_of_one_word_after_its_first_asks_more_words_ending_with_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # More words end with `alpha` than a longer phrase asks; left out, it would leave one word,
     # no phrase at all. So up to `_ENDINGS_ALONE` of them are asked: only the files holding the
-    # two words side by side are read, not every file holding both, and past that many every
-    # file holding both is read again.
+    # two words side by side are read, not every file holding both. Past that many, the
+    # trigrams are asked, and the phrases only once the first files read prove to lack it.
     monkeypatch.setattr(index_reader, "_ENDINGS", 2)
     monkeypatch.setattr(index_reader, "_ENDINGS_ALONE", 4)
     files = {f"c{i:03d}.md": f"{'xyz'[i % 3]}alpha gamma\ndata beta\n" for i in range(200)}
@@ -700,7 +700,7 @@ def test_a_phrase_of_one_word_after_its_first_asks_more_words_ending_with_it(
     assert searcher.index.expression(["alpha beta"], 202).words == (
         '("alpha bet"* OR "xalpha bet"* OR "yalpha bet"* OR "zalpha bet"*)')
     searcher.index.end()
-    for alone, read in ((4, 2), (2, 202)):
+    for alone, read in ((4, 2), (2, 32)):
         monkeypatch.setattr(index_reader, "_ENDINGS_ALONE", alone)
         got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["alpha beta"])]
         assert got == reference(cache, ["alpha beta"]) == [(f"{NS}/a.md", 1), (f"{NS}/b.md", 1)]
@@ -1059,6 +1059,33 @@ def test_a_word_before_a_short_last_word_is_asked_with_the_words_ending_with_it_
     assert got == reference(cache, ["ENTER A"], case_sensitive=False) == [
         (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
     assert searcher.scanned == 3  # where the 203 holding its trigrams were read
+
+
+@pytest.mark.parametrize("any_case", [False, True])
+def test_a_first_word_that_ends_many_words_is_asked_as_their_phrases_once_its_files_lack_it(
+        tmp_path: Path, any_case: bool) -> None:
+    # 52 words end with `beta`, too many for the phrases of `beta gamma` to be asked from the
+    # start: its trigrams are, and they are in the fifth of the files holding `beta glow gamut
+    # mamma`. Once the first 32 files taken give one result, the rest is asked as the phrase of
+    # each of those words: the three holding `qqbeta gamma` are the only files read past them.
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    files = {f"f{i:04d}.md": "alpha beta glow gamut mamma\n" if i % 5 == 0 else
+             f"alpha delta {letters[i % 26] * (1 + i % 40 // 26)}beta\n" for i in range(1000)}
+    files.update({f"f{i:04d}.md": "alpha qqbeta gamma\n" for i in (3, 501, 998)})
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    match = asked(cache, "beta gamma", any_case=any_case)
+    assert match.words == "" and match.then is not None
+    longer = {w for text in files.values() for w in text.split() if w.endswith("beta")} - {"beta"}
+    assert 32 < len(longer) <= 128
+    assert (match.then.grams, match.then.words.count(" gam\"*")) == ("", len(longer) + 1)
+    searcher = search_mod.searcher(cache)
+    query = "BETA GAMMA" if any_case else "beta gamma"
+    got = [(r["path"], r["line_number"])
+           for r in all_pages(cache, queries=[query], case_sensitive=not any_case)]
+    assert got == reference(cache, [query], case_sensitive=not any_case) == [
+        (f"{NS}/f{i:04d}.md", 1) for i in (3, 501, 998)]
+    assert searcher.scanned < 40  # where the 203 holding its trigrams were read
 
 
 def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_its_separators(

@@ -9,6 +9,7 @@ with it. The index only ever narrows: each part it names is verified against the
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sqlite3
@@ -44,6 +45,8 @@ _CAPITAL = re.compile("[A-Z]")
 _LETTER = re.compile("[A-Za-z]")
 _PREFIX = 3  # the words table's prefix length (`prefix='3'`), to which a last word is cut
 _ENDINGS_ALONE = 32  # as many, for a phrase of one whole word after its first
+_ENDINGS_LATER = 128  # more, asked only once the trigrams' files prove to mostly lack the key
+_LATER_PAGES = 8  # pages the first word's list may fill for those: each question walks it
 _MERGED = 32  # pages the words a short last word begins may fill, for it to be asked as a prefix
 _RARE = 128  # parts a short last word's lead is in, at most, for its trigrams to be asked
 _ENDED = 32  # parts the words ending with that lead may name, to be asked alone beside it
@@ -226,7 +229,9 @@ class IndexReader:
         little, and of its trigrams only those across a separator: the case is then told word by
         word. One with no folded phrase (a short last word is merged in `words` only ignoring
         case) is asked in its case from the start, if at all: each question merges the same
-        lists in either table, and in its case names fewer parts.
+        lists in either table, and in its case names fewer parts. A key asked by its trigrams
+        because its first word ends too many words for a phrase from the start is asked as the
+        phrase of each (`_Phrase.later`) in its `then`, once its files prove to lack it.
         """
         keys, accented = list(keys), list(accented)
         # A short last word's words are merged only for a phrase asked alone (not with trigrams
@@ -234,6 +239,7 @@ class IndexReader:
         merge = any_case and not accented
         phrases = {key: p for key in keys
                    if (p := self._phrase(lower_ascii(key), merge, files)) is not None}
+        later = {key: phrases.pop(key) for key, p in list(phrases.items()) if p.later}
         lone = [w for key in keys if merge and key not in phrases
                 and (w := self._lone(lower_ascii(key), files)) is not None]
         cased = {} if any_case or accented or phrases else {
@@ -252,7 +258,7 @@ class IndexReader:
         if cased:  # asked in its case from the start, sieved as `then` would be
             return Match(" AND ".join(parts), " AND ".join(cased.values()),
                          sieve=_grams(cased, kept=_told) or "", table="cased")
-        then = None
+        then = Match("", " AND ".join([p.words for p in later.values()] + lone)) if later else None
         if phrases:  # with the trigrams of each phrase's key, and its last word whole
             in_case = [] if any_case else [self._cased(key) for key in phrases]
             if in_case and all(in_case):  # its case asked; its separators, a short last word
@@ -271,24 +277,28 @@ class IndexReader:
         """The FTS5 phrase of `key`'s words, or those of each word its first may end; or None.
 
         A word is what the words tables take for one (`punctuation_apart`: cut at blanks, each
-        ASCII punctuation character a word of its own), so the key's words are its text cut alike;
-        the separators between its words are in the phrase, their punctuation as words. Its first
-        word may be the end of a longer one in the text: the phrase is asked with each word of the
-        index that ends with it (`_ending`), or, when those are more than `_ENDINGS`, from its
-        second word on; when that would leave one word whole (no phrase at all), up to
-        `_ENDINGS_ALONE` of them are asked, and its last word is not asked whole later (each of
-        them merges that word's list again). Its last word may be the start of a longer one:
-        unless the key ends in a separator, it is asked as a prefix of its first `_PREFIX`
-        characters, the length the words table keeps a list of (SQLite reads that one list only as
-        far as asked, where a longer prefix has it read and merge the whole list of every word it
-        begins), or left out when shorter (too many words begin it to ask). With `merge`, when
-        leaving it out would leave one word, it is asked whole as a prefix if the words it begins
-        fill few pages (`_merges_little`) and the word before it is common (`_worth_merging`);
-        each longer word ending with the first is then asked alone (`_either`). None when fewer
-        than two words are left (one word narrows little), or for a lone surrogate; with `merge`,
-        punctuation counts among them, but one word beside it is asked only while in at most
-        `DENSE` of the `files` parts (`_count`). Beside the phrase, what it leaves out, for
-        `Match.then`.
+        ASCII punctuation character a word of its own), so the key's words are its text cut
+        alike; the separators between its words are in the phrase, their punctuation as words.
+        Its first word may be the end of a longer one in the text: the phrase is asked with each
+        word of the index that ends with it (`_ending`), or, when those are more than
+        `_ENDINGS`, from its second word on; when that would leave one word whole (no phrase at
+        all), up to `_ENDINGS_ALONE` of them are asked, and its last word is not asked whole
+        later (each of them merges that word's list again). Where that would leave no phrase, up
+        to `_ENDINGS_LATER` of them make one asked only in `Match.then` (`_Phrase.later`), while
+        the first word's own list fills at most `_LATER_PAGES` pages (`_pages`: each question
+        walks it). From the start, each would merge the list of its last word again, and where
+        the key's trigrams already name few parts (`group named`) that costs more than it saves.
+        Its last word may be the start of a longer one: unless the key ends in a separator, it
+        is asked as a prefix of its first `_PREFIX` characters, the length the words table keeps
+        a list of (SQLite reads that one list only as far as asked, where a longer prefix has it
+        read and merge the whole list of every word it begins), or left out when shorter (too
+        many words begin it to ask). With `merge`, when leaving it out would leave one word, it
+        is asked whole as a prefix if the words it begins fill few pages (`_merges_little`) and
+        the word before it is common (`_worth_merging`); each longer word ending with the first
+        is then asked alone (`_either`). None when fewer than two words are left (one word
+        narrows little), or for a lone surrogate; with `merge`, punctuation counts among them,
+        but one word beside it is asked only while in at most `DENSE` of the `files` parts
+        (`_count`). Beside the phrase, what it leaves out, for `Match.then`.
         """
         cut = _SEPARATORS.search(key)
         if cut is None or utf8(key) is None:
@@ -311,10 +321,15 @@ class IndexReader:
                 rest, star = (rest[:last.start()], "") if short else (
                     rest[:last.start() + _PREFIX], star)
         after, left = len(_WORD.findall(rest)), cut.group() + rest
-        longer = self._ending(first, _ENDINGS_ALONE if after == 1 and not short else _ENDINGS) \
-            if first and count(left) else None
+        longer = self._ending(first, _ENDINGS_LATER) if first and count(left) else None
         # the words asked without the first; beside a short last word left out, no punctuation
         alone = after if short else count(left)
+        # more words end with the first than are asked from the start: asked later, if at all
+        later = longer is not None and len(longer) > (
+            _ENDINGS_ALONE if after == 1 and not short else _ENDINGS)
+        if later and (short or merged or alone >= 2 and after or
+                      self._pages("words", first) > _LATER_PAGES):
+            longer, later = None, False
         if longer is None and (alone < 2 or not after) or merged and not self._worth_merging(
                 "words", first or _WORD.findall(rest)[0], longer or []):
             return None
@@ -328,7 +343,7 @@ class IndexReader:
             return _words(cut.group() + words) + star if longer is None else \
                 _either(first, longer, cut.group() + words, star, merged)
 
-        return _Phrase(phrase(rest), phrase(whole) if whole else "")
+        return _Phrase(phrase(rest), phrase(whole) if whole else "", later)
 
     def _lone(self, key: str, files: int) -> str | None:
         """For a key of a word, blanks and a short last word: the words its first may be; or None.
@@ -393,18 +408,24 @@ class IndexReader:
 
         Asked as a prefix of fewer characters than a list of prefixes is kept for (`cased` keeps
         none), `word` has SQLite read and merge the list of every word it begins, for each
-        question. FTS5 keeps in the table's `_idx`, for each segment, the first word of each
-        page that begins one (as `0` and the word's UTF-8, in small letters; its page number
-        doubled): the words that begin with `word` lie from the last such page at or before it
-        to the first past them all (which may begin with the end of their list), or to the
-        segment's last page (its last row in the table's `_data`, whose id is the segment's
-        shifted left 37 bits and the page's). False, as if they filled too many, for an answer
-        of the wrong kind.
+        question.
+        """
+        return self._pages(table, word, begun=True) <= _MERGED
+
+    def _pages(self, table: str, word: str, begun: bool = False) -> float:
+        """How many pages of `table` the list of `word` fills, or those of every word it begins.
+
+        FTS5 keeps in the table's `_idx`, for each segment, the first word of each page that
+        begins one (as `0` and the word's UTF-8, in small letters; its page number doubled):
+        the words lie from the last such page at or before the first of them to the first past
+        them all (which may begin with the end of their list), or to the segment's last page
+        (its last row in the table's `_data`, whose id is the segment's shifted left 37 bits
+        and the page's). Infinite, as if they filled too many, for an answer of the wrong kind.
         """
         word = lower_ascii(word)  # as the tables' tokenizer keeps it
-        past = _past(word)
+        past = _past(word) if begun else word + "\x01"  # no word holds U+0001: just past it
         if past is None or self.conn is None:
-            return False
+            return math.inf
         try:
             found = self.conn.execute(
                 f"WITH RECURSIVE segments(segment) AS (SELECT min(segid) FROM {table}_idx UNION "
@@ -418,13 +439,13 @@ class IndexReader:
                 "2147483647)) FROM segments WHERE segment IS NOT NULL",
                 (b"0" + word.encode(), b"0" + past.encode())).fetchall()
         except sqlite3.Error:
-            return False
+            return math.inf
         pages = 0
         for first, end in found:
             if type(end) is not int or first is not None and type(first) is not int:
-                return False
+                return math.inf
             pages += end - (first or 1) + 1
-        return pages <= _MERGED
+        return pages
 
     def _worth_merging(self, table: str, lead: str, longer: list[str]) -> bool:
         """Whether a phrase of `lead` and a short last word is asked, that word as a prefix.
@@ -594,8 +615,11 @@ def regions(cut: Cut, named: Iterable[set[int]] | None) -> list[tuple[int, int]]
 class Match(NamedTuple):
     """An FTS5 MATCH of the trigrams (`grams`) and one of the words (`words`), "" for none.
 
-    `then`: what a phrase is asked as once it proves to name many parts that do not hold it
-    (`Named.tighten`): with its last word whole as the prefix, not its first three characters
+    `then`: what a key is asked as once it proves to name many parts that do not hold it
+    (`Named.tighten`). For a key asked by its trigrams, the phrases of its first word's many
+    endings (`_Phrase.later`), alone: they name the parts holding the key (`value set`, whose
+    first word ends 104 words: 4 parts of the documentation, where its trigrams name 308
+    files). For a phrase: with its last word whole as the prefix, not its first three characters
     (`for these` named 2,323 parts of the AWS documentation, where `"for these"*` names 75),
     and with its key's trigrams, which hold a first word the phrase left out and the blanks
     beside punctuation the words tables do not tell apart (`https:// docs` from
@@ -623,6 +647,7 @@ class _Phrase(NamedTuple):
 
     words: str
     whole: str
+    later: bool = False  # asked only in `Match.then`, alone: see `_phrase`
 
 
 def _either(first: str, longer: list[str], rest: str, star: str, alone: bool) -> str:

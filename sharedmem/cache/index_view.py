@@ -25,7 +25,7 @@ _FEW = 128  # candidates under 1/128 of a chunk are verified by reading, other k
 _WHOLE = 4096  # a key that names at most about this many files is asked of the whole index
 _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`View.run`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
-_TRIED, _YIELD = 32, 4  # a phrase whose first 32 files or more gave under a result in 4: `then`
+_TRIED, _YIELD = 32, 4  # a key whose first 32 files or more gave under a result in 4: `then`
 _KEPT = 0.5  # its last word whole kept only if it names under half as many parts
 
 Spots = dict[int, set[int]]
@@ -437,24 +437,41 @@ def walk_named(view: View, spans: list[range], named: list[Named], group: int,
     """Files in the spans, in order from the path `start` on, named for >= `group` keys.
 
     Each as a position of it named, and the positions each key named (None: any part). A
-    phrase alone, with `room` (the results its page still takes), is asked `_ahead`.
+    phrase alone, with `room` (the results its page still takes), is asked `_ahead`. A lone key
+    with more to ask (`Match.then`) is asked as that from the next file on once the files read
+    (`_TRIED` or more) give under one result in `_YIELD`, as `_ahead` does: the rest of the
+    chunk is asked again.
     """
     key = named[0]
-    paced = room if len(named) == 1 and key.expr is not None and key.expr.words and \
-        not key.expr.grams and view.order() else None
+    alone = room if len(named) == 1 and key.expr is not None and view.order() else None
+    watched = room if len(named) == 1 and key.expr is not None and key.expr.then else None
+    read, before = 0, room() if watched else 0
     for span in spans:
         lo = min(max(view.find(start, span.start) if start else span.start, span.start),
                  span.stop)
-        if paced is not None and not key.expr.grams:  # type: ignore[union-attr]
-            lo = yield from _ahead(view, key, lo, span.stop, paced)
         for first, end in _chunks(view, span):
-            if end <= lo:
-                continue
-            allowed = _at_least(named, group, first, end)
-            if allowed is None:
-                yield from _every_file(view, max(lo, first), end)
-            else:
-                yield from (item for item in allowed if item[0] >= lo)
+            asked = first  # the chunk, or what is left of it once `then` is asked
+            while lo < end:
+                if alone and key.expr.words and not key.expr.grams:  # type: ignore[union-attr]
+                    lo = asked = yield from _ahead(view, key, lo, span.stop, alone)
+                    continue
+                allowed = _at_least(named, group, asked, end)
+                if allowed is None:
+                    yield from _every_file(view, max(lo, first), end)
+                    break
+                for pos, spots in allowed:
+                    if pos < lo:
+                        continue
+                    if watched and read >= _TRIED and (before - watched()) * _YIELD < read \
+                            and key.tighten(False):
+                        read, before, lo = 0, watched(), pos
+                        break
+                    read += 1
+                    yield pos, spots
+                else:
+                    break
+                asked = lo
+            lo = max(lo, end)
 
 
 def _ahead(view: View, key: Named, lo: int, stop: int,
