@@ -443,35 +443,65 @@ def walk_named(view: View, spans: list[range], named: list[Named], group: int,
     chunk is asked again.
     """
     key = named[0]
-    alone = room if len(named) == 1 and key.expr is not None and view.order() else None
-    watched = room if len(named) == 1 and key.expr is not None and key.expr.then else None
-    read, before = 0, room() if watched else 0
+    alone = room if len(named) == 1 and key.expr is not None else None
+    paced = alone if view.order() else None
+    watch = _Yield(alone) if alone and key.expr.then else None  # type: ignore[union-attr]
     for span in spans:
         lo = min(max(view.find(start, span.start) if start else span.start, span.start),
                  span.stop)
         for first, end in _chunks(view, span):
             asked = first  # the chunk, or what is left of it once `then` is asked
             while lo < end:
-                if alone and key.expr.words and not key.expr.grams:  # type: ignore[union-attr]
-                    lo = asked = yield from _ahead(view, key, lo, span.stop, alone)
-                    continue
-                allowed = _at_least(named, group, asked, end)
-                if allowed is None:
-                    yield from _every_file(view, max(lo, first), end)
-                    break
-                for pos, spots in allowed:
-                    if pos < lo:
-                        continue
-                    if watched and read >= _TRIED and (before - watched()) * _YIELD < read \
-                            and key.tighten(False):
-                        read, before, lo = 0, watched(), pos
-                        break
-                    read += 1
-                    yield pos, spots
+                if paced and key.expr.words and not key.expr.grams:  # type: ignore[union-attr]
+                    lo = asked = yield from _ahead(view, key, lo, span.stop, paced)
                 else:
-                    break
-                asked = lo
-            lo = max(lo, end)
+                    lo = asked = yield from _chunk(named, group, asked, end, lo, watch)
+
+
+def _chunk(named: list[Named], group: int, first: int, end: int, lo: int,
+           watch: _Yield | None) -> Generator[tuple[int, Spots | None], None, int]:
+    """The files from `lo` named for >= `group` keys in positions `first` to `end`; where it ends.
+
+    It ends early, at the next file, once the files taken prove to mostly lack the key and it
+    is asked as its `Match.then` from then on (`watch`).
+    """
+    allowed = _at_least(named, group, first, end)
+    if allowed is None:
+        yield from _every_file(named[0].view, max(lo, first), end)
+        return end
+    for pos, spots in allowed:
+        if pos < lo:
+            continue
+        if watch is not None:
+            if watch.poor() and named[0].tighten(False):
+                watch.reset()
+                return pos
+            watch.took()
+        yield pos, spots
+    return end
+
+
+class _Yield:
+    """The files a walk took since it last asked anew, and the results they gave its page.
+
+    Once `_TRIED` or more give under one result in `_YIELD`, the key is worth asking as its
+    `Match.then`. Files are taken a batch ahead of the results (`View.named`), so this tells
+    sooner than the files read would.
+    """
+
+    def __init__(self, room: Callable[[], int]) -> None:
+        self.room = room
+        self.taken, self.before = 0, room()
+
+    def took(self) -> None:
+        self.taken += 1
+
+    def poor(self) -> bool:
+        """Whether the files taken prove to mostly lack the key."""
+        return self.taken >= _TRIED and (self.before - self.room()) * _YIELD < self.taken
+
+    def reset(self) -> None:
+        self.taken, self.before = 0, self.room()
 
 
 def _ahead(view: View, key: Named, lo: int, stop: int,
@@ -493,11 +523,11 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
     phrase named before: SQLite merges the list of every word a whole last word begins for
     each question, 3.5-4.3 ms for `default` at 100,000 files where it begins no other word.
     """
-    owners, most, read, before = view.owners, 0, 0, room()
+    owners, most, watch = view.owners, 0, _Yield(room)
     while lo < stop:
-        if read >= _TRIED and (before - room()) * _YIELD < read and \
-                key.tighten(words_only=not key.everywhere()):
-            most, read, before = 0, 0, room()
+        if watch.poor() and key.tighten(words_only=not key.everywhere()):
+            most = 0
+            watch.reset()
         if key.everywhere():
             yield from _every_file(view, lo, stop)
             return stop
@@ -510,7 +540,7 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
         for pos in sorted(found):
             if owners[pos] not in files:
                 files.add(owners[pos])
-                read += 1
+                watch.took()
                 yield pos, spots
         lo = hi
     return lo
