@@ -1057,11 +1057,12 @@ def test_a_word_before_a_short_last_word_is_asked_with_the_words_ending_with_it_
 
 @pytest.mark.parametrize("any_case", [False, True])
 def test_a_first_word_that_ends_many_words_is_asked_as_their_phrases_once_its_files_lack_it(
-        tmp_path: Path, any_case: bool) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
     # 52 words end with `beta`, too many for the phrases of `beta gamma` to be asked from the
     # start: its trigrams are, and they are in the fifth of the files holding `beta glow gamut
     # mamma`. Once the first 32 files taken give one result, the rest is asked as the phrase of
     # each of those words: the three holding `qqbeta gamma` are the only files read past them.
+    # Not where the list of `beta` fills more pages than allowed: each question would walk it.
     letters = "abcdefghijklmnopqrstuvwxyz"
     files = {f"f{i:04d}.md": "alpha beta glow gamut mamma\n" if i % 5 == 0 else
              f"alpha delta {letters[i % 26] * (1 + i % 40 // 26)}beta\n" for i in range(1000)}
@@ -1076,6 +1077,8 @@ def test_a_first_word_that_ends_many_words_is_asked_as_their_phrases_once_its_fi
     query = "BETA GAMMA" if any_case else "beta gamma"
     # where the 203 holding its trigrams were read
     assert read_for_the_three(cache, query, case_sensitive=not any_case) < 40
+    monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)
+    assert asked(cache, "beta gamma", any_case=any_case).then is None
 
 
 def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_its_separators(
