@@ -488,7 +488,7 @@ class _Writer:
                               ((row, lower_ascii(text)) for row, text in enumerate(apart, first)))
         self.conn.executemany("INSERT INTO cased(rowid, body) VALUES (?, ?)",
                               ((row, mark_capitals(text)) for row, text in enumerate(apart, first)))
-        for text in cased:  # the words as the `ascii` tokenizer cuts them: at ASCII separators
+        for text in cased:  # the words `ends` holds: cut at ASCII separators, punctuation too
             self.words.update(text.encode("utf-8", "surrogatepass").translate(_CUT).split())
         if len(self.words) > _WORDS_HELD:
             self.store_words()
