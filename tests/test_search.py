@@ -665,6 +665,7 @@ def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
     # alone proves to name most files: the files holding the rest of the phrase after another
     # word are not read from then on, and one holding the whole key is still found.
     monkeypatch.setattr(index_reader, "_ENDINGS", 2)  # alpha, gamma and beta end with `a`
+    monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)  # nor their phrases asked later
     files = {f"c{i:03d}.md": "gamma\nbeta gamma\n" for i in range(200)}
     files.update({"a.md": "alpha beta gamma\n", "b.md": "data beta gamma\n",
                   "z.md": "a beta gamma\n"})
@@ -1079,6 +1080,35 @@ def test_a_first_word_that_ends_many_words_is_asked_as_their_phrases_once_its_fi
     assert read_for_the_three(cache, query, case_sensitive=not any_case) < 40
     monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)
     assert asked(cache, "beta gamma", any_case=any_case).then is None
+
+
+@pytest.mark.parametrize("any_case", [False, True])
+def test_a_phrase_after_a_first_word_that_ends_many_words_asks_their_phrases_once_files_lack_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
+    # 17 words end with `beta`, too many for the phrases of `beta gamma the` to be asked from the
+    # start: the phrase starts after it, and `gamma the` is in every file, `beta` and the rest
+    # of the key's trigrams in a fifth of them. Once the first files taken give no result, the
+    # phrase of each of those words is asked, where the trigrams were: the three holding
+    # `qqbeta gamma the` are the only files read past them. Not where the words are in more
+    # parts, between them, than `_LATER_SHARE` times the index holds: each phrase walks them.
+    letters = "abcdefghijklmnopqrst"
+    files = {f"f{i:04d}.md": "alpha beta glow gamma the\n" if i % 5 == 0 else
+             f"alpha gamma the delta {letters[i % 20]}beta\n" for i in range(1000)}
+    files.update({f"f{i:04d}.md": "alpha qqbeta gamma the\n" for i in (3, 501, 998)})
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    match = asked(cache, "beta gamma the", any_case=any_case)
+    assert match.words == '"gamma the"*' and match.then is not None
+    longer = {w for text in files.values() for w in text.split() if w.endswith("beta")} - {"beta"}
+    assert 8 < len(longer) <= 128
+    assert match.then.words.count(' gamma the"*') == len(match.then.costly) == len(longer) + 1
+    assert match.then.grams == ""
+    assert match.then.then is not None and "bet" in match.then.then.grams
+    query = "BETA GAMMA THE" if any_case else "beta gamma the"
+    # where the 200 holding its trigrams were read
+    assert read_for_the_three(cache, query, case_sensitive=not any_case) < 100
+    monkeypatch.setattr(index_reader, "_LATER_SHARE", 0)
+    assert read_for_the_three(cache, query, case_sensitive=not any_case) > 200
 
 
 def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_its_separators(

@@ -46,6 +46,8 @@ _LETTER = re.compile("[A-Za-z]")
 _PREFIX = 3  # the words table's prefix length (`prefix='3'`), to which a last word is cut
 _ENDINGS_ALONE = 32  # as many, for a phrase of one whole word after its first
 _ENDINGS_LATER = 128  # more, asked only once the trigrams' files prove to mostly lack the key
+_LATER_WORDS = 3  # words after the first, at most, in each of those phrases beside a phrase
+_LATER_SHARE = 2  # the parts they may be in, added up, to the parts of the index
 _LATER_PAGES = 8  # pages the first word's list may fill for those: each question walks it
 _MERGED = 32  # pages the words a short last word begins may fill, for it to be asked as a prefix
 _RARE = 128  # parts a short last word's lead is in, at most, for its trigrams to be asked
@@ -231,7 +233,10 @@ class IndexReader:
         case) is asked in its case from the start, if at all: each question merges the same
         lists in either table, and in its case names fewer parts. A key asked by its trigrams
         because its first word ends too many words for a phrase from the start is asked as the
-        phrase of each (`_Phrase.later`) in its `then`, once its files prove to lack it.
+        phrase of each (`_Phrase.later`) in its `then`, once its files prove to lack it; so is a
+        phrase that starts after its first word for that reason (`_Phrase.ends`), without its
+        trigrams, while those words are in few parts between them (`Match.costly`), and else as
+        before (their `then`).
         """
         keys, accented = list(keys), list(accented)
         # A short last word's words are merged only for a phrase asked alone (not with trigrams
@@ -270,6 +275,11 @@ class IndexReader:
                 sieve = _grams(phrases, any_case, _across if any_case else _sifts)
             then = Match(" AND ".join(parts + ([more] if more else [])), words,
                          sieve=sieve or "", table=table)
+            if table == "words" and any(p.ends for p in phrases.values()):
+                kept = _grams([k for k, p in phrases.items() if not p.ends], any_case)
+                then = Match(" AND ".join(parts + ([kept] if kept else [])), " AND ".join(
+                    [p.ends or p.whole or p.words for p in phrases.values()] + lone), then,
+                    sieve or "", costly=tuple(w for p in phrases.values() for w in p.ending))
         return Match(" AND ".join(parts), " AND ".join(
             [p.words for p in phrases.values()] + lone), then, phrase=bool(phrases) or not lone)
 
@@ -288,6 +298,11 @@ class IndexReader:
         the first word's own list fills at most `_LATER_PAGES` pages (`_pages`: each question
         walks it). From the start, each would merge the list of its last word again, and where
         the key's trigrams already name few parts (`group named`) that costs more than it saves.
+        Where the phrase starts after its first word, the phrase of each of those words, for up
+        to `_LATER_WORDS` after it, is kept for `Match.then` (`_Phrase.ends`): `file in the`
+        names most parts from `in` on, and so do its trigrams, where the phrases of `file` and
+        the 122 words ending with it name 63 of the documentation's 12,078. Longer, each phrase
+        walks the places of more words, most of them punctuation in every part.
         Its last word may be the start of a longer one: unless the key ends in a separator, it
         is asked as a prefix of its first `_PREFIX` characters, the length the words table keeps
         a list of (SQLite reads that one list only as far as asked, where a longer prefix has it
@@ -327,8 +342,13 @@ class IndexReader:
         # more words end with the first than are asked from the start: asked later, if at all
         later = longer is not None and len(longer) > (
             _ENDINGS_ALONE if after == 1 and not short else _ENDINGS)
-        if later and (short or merged or alone >= 2 and after or
-                      self._pages("words", first) > _LATER_PAGES):
+        ends, ending = "", ()  # the phrase of each and their words, for `then`
+        if later and not (short or merged) and alone >= 2 and after:  # starts after the first
+            if alone <= _LATER_WORDS and self._pages("words", first) <= _LATER_PAGES:
+                ends, ending = _either(first, longer, cut.group() + rest, star, False), \
+                    (first, *longer)
+            longer, later = None, False
+        elif later and (short or merged or self._pages("words", first) > _LATER_PAGES):
             longer, later = None, False
         if longer is None and (alone < 2 or not after) or merged and not self._worth_merging(
                 "words", first or _WORD.findall(rest)[0], longer or []):
@@ -343,7 +363,7 @@ class IndexReader:
             return _words(cut.group() + words) + star if longer is None else \
                 _either(first, longer, cut.group() + words, star, merged)
 
-        return _Phrase(phrase(rest), phrase(whole) if whole else "", later)
+        return _Phrase(phrase(rest), phrase(whole) if whole else "", later, ends, ending)
 
     def _lone(self, key: str, files: int) -> str | None:
         """For a key of a word, blanks and a short last word: the words its first may be; or None.
@@ -536,18 +556,36 @@ class IndexReader:
                           f"fts5vocab(main, {table}, 'row')")
             self._vocab = True
 
-    def _dense(self, words: list[str], files: int) -> bool:
-        """Whether `words` are in more than `DENSE` of the `files` parts between them.
+    def _dense(self, words: list[str], files: int, share: float = DENSE) -> bool:
+        """Whether `words` are in more than `share` of the `files` parts between them.
 
         Counted by `fts5vocab`, which reads each word's list: 0.5 ms for a word in 5,000 parts,
-        where asking for them took 2.4.
+        where asking for them took 2.4. Read one word at a time, and no further than that share.
         """
+        if self.conn is None:
+            raise IndexLost
         self._terms()
-        found = self.rows(f"SELECT sum(doc) FROM temp.word_vocab WHERE term IN "
-                          f"({', '.join('?' * len(words))})", tuple(words))[0][0]
-        if found is not None and type(found) is not int:
-            raise self.damaged()
-        return (found or 0) > DENSE * files
+        found = 0
+        try:
+            for (docs,) in self.conn.execute("SELECT doc FROM temp.word_vocab WHERE term IN "
+                                             f"({', '.join('?' * len(words))})", tuple(words)):
+                if type(docs) is not int:
+                    raise self.damaged()
+                found += docs
+                if found > share * files:
+                    return True
+        except READ_ERRORS as exc:
+            self._unreadable(exc)
+            raise IndexLost from None
+        return False
+
+    def walkable(self, match: Match, files: int) -> bool:
+        """Whether the words `match.costly` are in at most `_LATER_SHARE` times the `files` parts.
+
+        Counted only once a search needs them: on generated prose, whose every word is in most
+        parts, the phrases of `e` and the 23 words ending with it took 12 ms to name 76 parts.
+        """
+        return not self._dense(list(match.costly), files, _LATER_SHARE)
 
     def between(self, match: Match, lo: int, hi: int) -> array[int]:
         """Ids from `lo` to `hi` of the parts `match` names: one seek into each list."""
@@ -628,7 +666,10 @@ class Match(NamedTuple):
     hold `For more information`; in its case, 96). These cost more to ask, so not from the
     start: a prefix past three characters has SQLite read and merge the whole list of every
     word it begins for each question, and the trigrams, asked a chunk at a time, made `e is
-    not` take twice as long.
+    not` take twice as long. For a phrase that starts after its first word (`_Phrase.ends`),
+    first the phrase of each word that one may be, without trigrams, but only while those
+    words (`costly`) are in few parts between them, counted when first needed
+    (`IndexReader.walkable`): each phrase walks their lists again. Else, its own `then`.
     """
 
     grams: str
@@ -637,6 +678,7 @@ class Match(NamedTuple):
     sieve: str = ""  # of the parts each question of `words` names, those these trigrams name
     table: str = "words"  # the table `words` is asked of: `cased`, for a key's words in its case
     phrase: bool = True  # `words` holds a phrase (whose places SQLite walks), not words alone
+    costly: tuple[str, ...] = ()  # asked only while these are in few parts, else `then`
 
 
 class _Phrase(NamedTuple):
@@ -648,6 +690,8 @@ class _Phrase(NamedTuple):
     words: str
     whole: str
     later: bool = False  # asked only in `Match.then`, alone: see `_phrase`
+    ends: str = ""  # where it starts after its first word, the phrase of each word that may be
+    ending: tuple[str, ...] = ()  # and those words
 
 
 def _either(first: str, longer: list[str], rest: str, star: str, alone: bool) -> str:

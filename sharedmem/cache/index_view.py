@@ -279,11 +279,18 @@ class Named:
 
         Its words and sieve alone keep the rest of it for later. Words in their case (`cased`)
         go on alone: its sieve holds the trigrams across a separator, all its rest would add,
-        and each question of them merges the lists of the words its last word begins.
+        and each question of them merges the lists of the words its last word begins. A `then`
+        whose words are too many to walk (`Match.costly`) gives way to its own.
         """
         expr = self.expr
         if expr is None or (then := expr.then) is None:
             return False
+        if then.costly:  # counted once: kept, or its own `then` instead
+            then = then._replace(costly=(), then=None) if self.view.index.walkable(
+                then, len(self.view)) else then.then
+            self.expr = expr = expr._replace(then=then)
+            if then is None:
+                return False
         words_only |= then.table == "cased"
         if words_only and (then.words, then.sieve) == (expr.words, expr.sieve):
             return False
