@@ -1179,6 +1179,24 @@ def test_a_phrase_alone_is_asked_for_the_matches_its_page_needs(
                          if added else []), asked
 
 
+def test_a_phrase_dense_in_a_cluster_of_files_is_read_file_by_file_only_while_they_hold_it(
+        tmp_path: Path) -> None:
+    # `"beta gam"*` names files 100-199 together, so it seems to be in most parts and every file
+    # is read from there on, unasked. Past the 40 holding `beta gamma`, the files read give no
+    # result: it is asked again from there, and only the two files holding it past them are
+    # read, where every file to the end of the index was.
+    files = {f"f{i:04d}.md": "alpha delta\n" for i in range(1000)}
+    files.update({f"f{i:04d}.md": "alpha beta gamma\n" if i < 140 else "alpha beta gamut\n"
+                  for i in range(100, 200)})
+    files.update({f"f{i:04d}.md": "alpha beta gamma\n" for i in (501, 998)})
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    searcher = search_mod.searcher(cache)
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["beta gamma"])]
+    assert got == reference(cache, ["beta gamma"]) and len(got) == 42
+    assert searcher.scanned < 300  # where 900 were
+
+
 @pytest.mark.parametrize("results", [1, 2, 3, 7])
 def test_a_phrase_asked_for_its_next_matches_never_cuts_a_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, results: int) -> None:

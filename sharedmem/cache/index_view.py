@@ -301,6 +301,10 @@ class Named:
         self.whole, self.seen = None, [0, 0]
         return True
 
+    def recount(self) -> None:
+        """Judge anew how dense the key is: what it named so far was a cluster of its files."""
+        self.seen = [0, 0]
+
     def order(self, lo: int) -> tuple[bool, float]:
         """Keys known without a question first, then the sparsest."""
         known = lo in self.asked or self.whole is not None or self.everywhere()
@@ -535,9 +539,12 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
         if watch.poor() and key.tighten(words_only=not key.everywhere()):
             most = 0
             watch.reset()
+        elif watch.poor() and key.everywhere():  # the files read lack it: it named a cluster
+            key.recount()
+            watch.reset()
         if key.everywhere():
-            yield from _every_file(view, lo, stop)
-            return stop
+            lo = yield from _every_file(view, lo, stop, watch)
+            continue
         if key.expr.grams:  # type: ignore[union-attr]
             return lo
         most = max(room() * 3 // 2 + 1, 2 * most)
@@ -553,10 +560,21 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
     return lo
 
 
-def _every_file(view: View, lo: int, hi: int) -> Iterator[tuple[int, Spots | None]]:
-    """Each file from position `lo` (a file's first) to `hi`, any part of it possibly named."""
+def _every_file(view: View, lo: int, hi: int, watch: _Yield | None = None
+                ) -> Generator[tuple[int, Spots | None], None, int]:
+    """Each file from position `lo` (a file's first) to `hi`, any part of it possibly named.
+
+    With `watch`, only until the files taken prove to mostly lack the key; where it ended.
+    """
     owners = view.owners
-    return ((p, None) for p in range(lo, hi) if p == lo or owners[p] != owners[p - 1])
+    for p in range(lo, hi):
+        if p == lo or owners[p] != owners[p - 1]:
+            if watch is not None:
+                if watch.poor():
+                    return p
+                watch.took()
+            yield p, None
+    return hi
 
 
 def _at_least(named: list[Named], group: int, lo: int,
