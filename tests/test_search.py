@@ -1056,23 +1056,32 @@ def test_a_word_before_a_short_last_word_is_asked_with_the_words_ending_with_it_
     assert read_for_the_three(cache, "ENTER A", case_sensitive=False) == 3
 
 
+def beta_endings(tmp_path: Path, fifth: str, rest: str, count: int,
+                 three: str) -> tuple[Cache, set[str]]:
+    """1,000 indexed files: a fifth hold `fifth`, the others `rest` and one of `count` words
+    ending with `beta`, files 3, 501 and 998 `three`; and the words longer than `beta` ending
+    with it."""
+    words = ["abcdefghijklmnopqrstuvwxyz"[k % 26] * (1 + k // 26) + "beta" for k in range(count)]
+    files = {f"f{i:04d}.md": f"alpha {fifth}\n" if i % 5 == 0 else
+             f"alpha {rest} {words[i % count]}\n" for i in range(1000)}
+    files.update({f"f{i:04d}.md": f"alpha {three}\n" for i in (3, 501, 998)})
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    return cache, {w for text in files.values() for w in text.split() if w.endswith("beta")} - {
+        "beta"}
+
+
 @pytest.mark.parametrize("any_case", [False, True])
 def test_a_first_word_that_ends_many_words_is_asked_as_their_phrases_once_its_files_lack_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
-    # 52 words end with `beta`, too many for the phrases of `beta gamma` to be asked from the
+    # 51 words end with `beta`, too many for the phrases of `beta gamma` to be asked from the
     # start: its trigrams are, and they are in the fifth of the files holding `beta glow gamut
     # mamma`. Once the first 32 files taken give one result, the rest is asked as the phrase of
     # each of those words: the three holding `qqbeta gamma` are the only files read past them.
     # Not where the list of `beta` fills more pages than allowed: each question would walk it.
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    files = {f"f{i:04d}.md": "alpha beta glow gamut mamma\n" if i % 5 == 0 else
-             f"alpha delta {letters[i % 26] * (1 + i % 40 // 26)}beta\n" for i in range(1000)}
-    files.update({f"f{i:04d}.md": "alpha qqbeta gamma\n" for i in (3, 501, 998)})
-    cache = make_cache(tmp_path, files)
-    search_index.refresh_index(cache)
+    cache, longer = beta_endings(tmp_path, "beta glow gamut mamma", "delta", 51, "qqbeta gamma")
     match = asked(cache, "beta gamma", any_case=any_case)
     assert match.words == "" and match.then is not None
-    longer = {w for text in files.values() for w in text.split() if w.endswith("beta")} - {"beta"}
     assert 32 < len(longer) <= 128
     assert (match.then.grams, match.then.words.count(" gam\"*")) == ("", len(longer) + 1)
     query = "BETA GAMMA" if any_case else "beta gamma"
@@ -1091,15 +1100,10 @@ def test_a_phrase_after_a_first_word_that_ends_many_words_asks_their_phrases_onc
     # phrase of each of those words is asked, where the trigrams were: the three holding
     # `qqbeta gamma the` are the only files read past them. Not where the words are in more
     # parts, between them, than `_LATER_SHARE` times the index holds: each phrase walks them.
-    letters = "abcdefghijklmnopqrst"
-    files = {f"f{i:04d}.md": "alpha beta glow gamma the\n" if i % 5 == 0 else
-             f"alpha gamma the delta {letters[i % 20]}beta\n" for i in range(1000)}
-    files.update({f"f{i:04d}.md": "alpha qqbeta gamma the\n" for i in (3, 501, 998)})
-    cache = make_cache(tmp_path, files)
-    search_index.refresh_index(cache)
+    cache, longer = beta_endings(tmp_path, "beta glow gamma the", "gamma the delta", 16,
+                                 "qqbeta gamma the")
     match = asked(cache, "beta gamma the", any_case=any_case)
     assert match.words == '"gamma the"*' and match.then is not None
-    longer = {w for text in files.values() for w in text.split() if w.endswith("beta")} - {"beta"}
     assert 8 < len(longer) <= 128
     assert match.then.words.count(' gamma the"*') == len(match.then.costly) == len(longer) + 1
     assert match.then.grams == ""
