@@ -1092,6 +1092,24 @@ def test_a_first_word_that_ends_many_words_is_asked_as_their_phrases_once_its_fi
 
 
 @pytest.mark.parametrize("any_case", [False, True])
+def test_a_word_between_one_that_ends_many_words_and_a_short_one_asks_their_phrases_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
+    # `beta gamma a`: the short last word is left out, which leaves the phrase of `beta` and
+    # `gamma`, and 51 words end with `beta`. The phrase of each is asked once the trigrams'
+    # files prove to lack the key, as for two words: the three holding `qqbeta gamma a` are the
+    # only files read past the first, where the fifth holding every trigram were read.
+    cache, longer = beta_endings(tmp_path, "beta glow gamma a", "delta", 51, "qqbeta gamma a")
+    match = asked(cache, "beta gamma a", any_case=any_case)
+    assert match.words == "" and match.then is not None
+    assert (match.then.grams, match.then.words.count(' gamma"')) == ("", len(longer) + 1)
+    query = "BETA GAMMA A" if any_case else "beta gamma a"
+    # where the 203 holding its trigrams were read
+    assert read_for_the_three(cache, query, case_sensitive=not any_case) < 40
+    monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)
+    assert asked(cache, "beta gamma a", any_case=any_case).then is None
+
+
+@pytest.mark.parametrize("any_case", [False, True])
 def test_a_phrase_after_a_first_word_that_ends_many_words_asks_their_phrases_once_files_lack_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
     # 17 words end with `beta`, too many for the phrases of `beta gamma the` to be asked from the

@@ -348,7 +348,8 @@ class IndexReader:
                 ends, ending = _either(first, longer, cut.group() + rest, star, False), \
                     (first, *longer)
             longer, later = None, False
-        elif later and (short or merged or self._pages("words", first) > _LATER_PAGES):
+        elif later and (short and after != 1 or merged or
+                        self._pages("words", first) > _LATER_PAGES):
             longer, later = None, False
         if longer is None and (alone < 2 or not after) or merged and not self._worth_merging(
                 "words", first or _WORD.findall(rest)[0], longer or []):
