@@ -1072,41 +1072,27 @@ def beta_endings(tmp_path: Path, fifth: str, rest: str, count: int,
 
 
 @pytest.mark.parametrize("any_case", [False, True])
+@pytest.mark.parametrize(("key", "fifth", "each"), [
+    ("beta gamma", "beta glow gamut mamma", ' gam"*'), ("beta gamma a", "beta glow gamma a", ' gamma"')])
 def test_a_first_word_that_ends_many_words_is_asked_as_their_phrases_once_its_files_lack_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool, key: str, fifth: str,
+        each: str) -> None:
     # 51 words end with `beta`, too many for the phrases of `beta gamma` to be asked from the
-    # start: its trigrams are, and they are in the fifth of the files holding `beta glow gamut
-    # mamma`. Once the first 32 files taken give one result, the rest is asked as the phrase of
-    # each of those words: the three holding `qqbeta gamma` are the only files read past them.
-    # Not where the list of `beta` fills more pages than allowed: each question would walk it.
-    cache, longer = beta_endings(tmp_path, "beta glow gamut mamma", "delta", 51, "qqbeta gamma")
-    match = asked(cache, "beta gamma", any_case=any_case)
+    # start: its trigrams are, and they are in the fifth of the files holding `fifth`. Once the
+    # first 32 files taken give one result, the rest is asked as the phrase of each of those
+    # words: the three holding `qqbeta` and the key are the only files read past them. So with
+    # a short last word, which a phrase leaves out (`beta gamma a`). Not where the list of
+    # `beta` fills more pages than allowed: each question would walk it.
+    cache, longer = beta_endings(tmp_path, fifth, "delta", 51, "qq" + key)
+    match = asked(cache, key, any_case=any_case)
     assert match.words == "" and match.then is not None
     assert 32 < len(longer) <= 128
-    assert (match.then.grams, match.then.words.count(" gam\"*")) == ("", len(longer) + 1)
-    query = "BETA GAMMA" if any_case else "beta gamma"
+    assert (match.then.grams, match.then.words.count(each)) == ("", len(longer) + 1)
     # where the 203 holding its trigrams were read
-    assert read_for_the_three(cache, query, case_sensitive=not any_case) < 40
+    assert read_for_the_three(cache, key.upper() if any_case else key,
+                              case_sensitive=not any_case) < 40
     monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)
-    assert asked(cache, "beta gamma", any_case=any_case).then is None
-
-
-@pytest.mark.parametrize("any_case", [False, True])
-def test_a_word_between_one_that_ends_many_words_and_a_short_one_asks_their_phrases_later(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
-    # `beta gamma a`: the short last word is left out, which leaves the phrase of `beta` and
-    # `gamma`, and 51 words end with `beta`. The phrase of each is asked once the trigrams'
-    # files prove to lack the key, as for two words: the three holding `qqbeta gamma a` are the
-    # only files read past the first, where the fifth holding every trigram were read.
-    cache, longer = beta_endings(tmp_path, "beta glow gamma a", "delta", 51, "qqbeta gamma a")
-    match = asked(cache, "beta gamma a", any_case=any_case)
-    assert match.words == "" and match.then is not None
-    assert (match.then.grams, match.then.words.count(' gamma"')) == ("", len(longer) + 1)
-    query = "BETA GAMMA A" if any_case else "beta gamma a"
-    # where the 203 holding its trigrams were read
-    assert read_for_the_three(cache, query, case_sensitive=not any_case) < 40
-    monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)
-    assert asked(cache, "beta gamma a", any_case=any_case).then is None
+    assert asked(cache, key, any_case=any_case).then is None
 
 
 @pytest.mark.parametrize("any_case", [False, True])
