@@ -1112,6 +1112,10 @@ def test_a_phrase_after_a_first_word_that_ends_many_words_asks_their_phrases_onc
     assert match.then.words.count(' gamma the"*') == len(match.then.costly) == len(longer) + 1
     assert match.then.grams == ""
     assert match.then.then is not None and "bet" in match.then.then.grams
+    # Each phrase walks the places of its punctuation too, in any case: at most four words.
+    for longer_key, costly in (("beta gamma, the", True), ("beta gamma, the, abc", False)):
+        then = asked(cache, longer_key, any_case=any_case).then
+        assert then is not None and bool(then.costly) is costly
     query = "BETA GAMMA THE" if any_case else "beta gamma the"
     # where the 200 holding its trigrams were read
     assert read_for_the_three(cache, query, case_sensitive=not any_case) < 100

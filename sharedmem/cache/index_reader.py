@@ -46,7 +46,7 @@ _LETTER = re.compile("[A-Za-z]")
 _PREFIX = 3  # the words table's prefix length (`prefix='3'`), to which a last word is cut
 _ENDINGS_ALONE = 32  # as many, for a phrase of one whole word after its first
 _ENDINGS_LATER = 128  # more, asked only once the trigrams' files prove to mostly lack the key
-_LATER_WORDS = 3  # words after the first, at most, in each of those phrases beside a phrase
+_LATER_WORDS = 4  # words after the first, punctuation too, in each of those phrases, at most
 _LATER_SHARE = 2  # the parts they may be in, added up, to the parts of the index
 _LATER_PAGES = 8  # pages the first word's list may fill for those: each question walks it
 _MERGED = 32  # pages the words a short last word begins may fill, for it to be asked as a prefix
@@ -299,10 +299,11 @@ class IndexReader:
         walks it). From the start, each would merge the list of its last word again, and where
         the key's trigrams already name few parts (`group named`) that costs more than it saves.
         Where the phrase starts after its first word, the phrase of each of those words, for up
-        to `_LATER_WORDS` after it, is kept for `Match.then` (`_Phrase.ends`): `file in the`
-        names most parts from `in` on, and so do its trigrams, where the phrases of `file` and
-        the 122 words ending with it name 63 of the documentation's 12,078. Longer, each phrase
-        walks the places of more words, most of them punctuation in every part.
+        to `_LATER_WORDS` words after it (its punctuation among them, in any case: each phrase
+        walks their places), is kept for `Match.then` (`_Phrase.ends`): `file in the` names
+        most parts from `in` on, and so do its trigrams, where the phrases of `file` and the
+        122 words ending with it name 63 of the documentation's 12,078. Longer, each phrase
+        walks the places of more words, often punctuation in every part.
         Its last word may be the start of a longer one: unless the key ends in a separator, it
         is asked as a prefix of its first `_PREFIX` characters, the length the words table keeps
         a list of (SQLite reads that one list only as far as asked, where a longer prefix has it
@@ -344,7 +345,7 @@ class IndexReader:
             _ENDINGS_ALONE if after == 1 and not short else _ENDINGS)
         ends, ending = "", ()  # the phrase of each and their words, for `then`
         if later and not (short or merged) and alone >= 2 and after:  # starts after the first
-            if alone <= _LATER_WORDS and self._pages("words", first) <= _LATER_PAGES:
+            if _count(left) <= _LATER_WORDS and self._pages("words", first) <= _LATER_PAGES:
                 ends, ending = _either(first, longer, cut.group() + rest, star, False), \
                     (first, *longer)
             longer, later = None, False
