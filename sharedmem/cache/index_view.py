@@ -524,7 +524,9 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
     chunk of fixed size walks on to its end, and each question costs as much as walking
     thousands of parts. A page that needs more (most of the files named do not hold the
     query) asks twice as many each time. Once the phrase names more than `DENSE` of the
-    positions asked about, every file is read from then on, unasked. Once the files read
+    positions asked about, every file is read from then on, unasked, while they give results:
+    a phrase may name a cluster of files together (a folder of one service's pages), and past
+    it is asked again, its density judged anew (`Named.recount`). Once the files read
     (`_TRIED` or more) give under one result in `_YIELD`, the phrase is asked as its
     `Match.then`: its words and sieve alone, asked ahead as before, or, when it names more
     than `DENSE`, all of it, a chunk at a time by the caller from where this returns (asked
