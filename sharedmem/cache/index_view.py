@@ -538,12 +538,13 @@ def _ahead(view: View, key: Named, lo: int, stop: int,
     """
     owners, most, watch = view.owners, 0, _Yield(room)
     while lo < stop:
-        if watch.poor() and key.tighten(words_only=not key.everywhere()):
-            most = 0
-            watch.reset()
-        elif watch.poor() and key.everywhere():  # the files read lack it: it named a cluster
-            key.recount()
-            watch.reset()
+        if watch.poor():
+            if key.tighten(words_only=not key.everywhere()):
+                most = 0
+                watch.reset()
+            elif key.everywhere():  # the files read lack it: it named a cluster of them
+                key.recount()
+                watch.reset()
         if key.everywhere():
             lo = yield from _every_file(view, lo, stop, watch)
             continue
