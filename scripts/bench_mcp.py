@@ -7,6 +7,7 @@ import argparse
 import compileall
 import json
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -80,6 +81,17 @@ def add_later(cache: Cache, count: int) -> int:
         upserts.append((relpath.removesuffix(".md") + "-later.md", sha256_text(text), text))
     cache.apply(upserts, [], {NAMESPACE: info})
     return len(upserts)
+
+
+def strays(cache: Cache) -> int:
+    """Parts the index holds out of path order, as its last refresh counted them."""
+    from sharedmem.cache.search_index import index_path
+    conn = sqlite3.connect(index_path(cache))
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key='strays'").fetchone()
+    finally:
+        conn.close()
+    return int(row[0]) if row else 0
 
 
 def server_command(config: Path) -> list[str]:
@@ -165,8 +177,10 @@ def run(args: argparse.Namespace) -> int:
     if args.later:
         added = add_later(Cache(work / "cache"), args.later)
         refresh_index(Cache(work / "cache"))
-        print(f"then {added} files added by a later sync, their rows out of path order, as an "
-              "installed client's index has them (--later 0: the index as built whole)")
+        out = strays(Cache(work / "cache"))
+        print(f"then {added} files added by a later sync, as an installed client's index has "
+              f"them: {out} part{'' if out == 1 else 's'} out of path order, the rest in rows "
+              "the build left free (--later 0: the index as built whole)")
     rows: list[tuple[str, str, str, str, bool]] = []
     cmd = server_command(config)
     init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",

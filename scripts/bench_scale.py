@@ -123,7 +123,8 @@ def _later(work: Path, config: Path, count: int) -> int:
     """A later sync: `count` new files the first machine publishes, which the reader pulls.
 
     They are spread through that machine's folders; the reader's index is kept current by
-    its sync, as an installed client's is, so their rows stand out of path order.
+    its sync, as an installed client's is: each takes the rows the build left free beside its
+    neighbour's, where they are enough, else rows past all others, out of path order.
     """
     src = work / "sources" / "machine0"
     files = sorted(src.rglob("*.md"))
@@ -268,8 +269,8 @@ def run(args: argparse.Namespace) -> int:
                     rsync_nochanges.append(_rsync(server, work / "sources", dest))
             if args.later and not args.no_index:
                 added = _later(work, config, args.later)
-                print(f"searches after a later sync adding {added} files, their rows out of "
-                      "path order, as on an installed client", file=sys.stderr)
+                print(f"searches after a later sync adding {added} files, kept in the index "
+                      "by the sync, as on an installed client", file=sys.stderr)
             rows, mcp = _search(config, args.searches)
         finally:
             server.stop()

@@ -514,12 +514,15 @@ def test_generated_corpus_every_shape_equals_a_full_scan(
     check_cases(cache, cases, "missing")
 
 
-@pytest.mark.parametrize("added", [3, 40], ids=["a few strays", "scattered"])
+@pytest.mark.parametrize("added, slack", [(3, 0), (40, 0), (40, 2)],
+                         ids=["a few strays", "scattered", "in the rows left free"])
 def test_any_over_ids_out_of_path_order_equals_a_full_scan(
-        tmp_path: Path, added: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Files added after the index was built whole get the next ids, so their ids stand far
-    # from their neighbours' in path order: a chunk names a few such files unasked, and asks
-    # the whole index once when they are many.
+        tmp_path: Path, added: int, slack: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Files added after the index was built whole with no rows left free (`_SLACK`) get the
+    # next ids, so their ids stand far from their neighbours' in path order: a chunk names a
+    # few such files unasked, and asks the whole index once when they are many. With rows
+    # left free, they take those beside their neighbours'.
+    monkeypatch.setattr(search_index, "_SLACK", slack)
     texts = ["alpha\n", "beta\n", "alpha beta\n", "gamma\n"]
     cache = make_cache(tmp_path, {f"f{i:02d}.md": texts[i % 4] for i in range(40)})
     search_index.refresh_index(cache)
@@ -535,12 +538,35 @@ def test_any_over_ids_out_of_path_order_equals_a_full_scan(
 
 
 @pytest.mark.parametrize("query", ["alpha beta", "alpha"], ids=["a phrase alone", "a word"])
+def test_a_few_files_out_of_path_order_are_read_not_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, query: str) -> None:
+    # A question of the rows past the build's costs SQLite about what one of a whole chunk
+    # does (it looks up each word), where a few files cost little to read: up to
+    # `_STRAYS_READ` of them are read, unasked.
+    monkeypatch.setattr(search_index, "_SLACK", 0)
+    cache = make_cache(tmp_path, {f"f{i:03d}.md": "alpha beta\n" if i in (7, 300) else
+                                  "gamma delta\n" for i in range(400)})
+    search_index.refresh_index(cache)
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-03T00:00:00Z")
+    added = {f"{NS}/f{i:03d}a.md": "gamma delta epsilon\n" for i in (100, 200)}
+    added[f"{NS}/f150a.md"] = "alpha beta\n"
+    cache.apply([(p, sha256_text(t), t) for p, t in added.items()], [], {NS: info})
+    search_index.refresh_index(cache)
+    got, statements = sql_of_next_search(cache, queries=[query])
+    assert got == reference(cache, [query]) == [
+        (f"{NS}/{name}", 1) for name in ("f007.md", "f150a.md", "f300.md")]
+    assert not [s for s in statements if "BETWEEN 401 AND" in s]  # rows 401-403 unasked
+    assert search_mod.searcher(cache).scanned == 5  # the three named, and the two others
+
+
+@pytest.mark.parametrize("query", ["alpha beta", "alpha"], ids=["a phrase alone", "a word"])
 def test_files_added_since_the_build_are_asked_apart_not_read(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, query: str) -> None:
-    # Their rows stand past all others, out of path order: asked apart, all in one range of
-    # rows, only those named are read, where each was read (a chunk's rows far from the
-    # others', or a phrase's next matches).
+    # With no rows left free, their rows stand past all others, out of path order: asked
+    # apart, all in one range of rows, only those named are read, where each was read (a
+    # chunk's rows far from the others', or a phrase's next matches).
     monkeypatch.setattr(index_view, "_CHUNK", 64)
+    monkeypatch.setattr(search_index, "_SLACK", 0)
     cache = make_cache(tmp_path, {f"f{i:03d}.md": "alpha beta\n" if i in (7, 300) else
                                   "gamma delta\n" for i in range(400)})
     search_index.refresh_index(cache)
@@ -820,11 +846,13 @@ def test_a_phrase_in_its_case_is_asked_alone_for_its_next_matches(tmp_path: Path
 @pytest.mark.parametrize("added", [0, 1, 500], ids=["built whole", "a file added since",
                                                    "files scattered"])
 def test_a_phrase_in_most_files_is_asked_as_its_then_whether_or_not_rows_are_in_path_order(
-        tmp_path: Path, added: int) -> None:
+        tmp_path: Path, added: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # Half the files hold `For more information`. It is asked for its next matches while the
-    # rows stand in path order but for a few files added since the build (their rows past all
-    # others); with more than an eighth of them out of it, a chunk at a time. Either way, once
-    # the phrase proves to name most parts it is asked as its `then`, where every file was read.
+    # rows stand in path order but for a few files added since the build (with no rows left
+    # free, their rows past all others); with more than an eighth of them out of it, a chunk at
+    # a time. Either way, once the phrase proves to name most parts it is asked as its `then`,
+    # where every file was read.
+    monkeypatch.setattr(search_index, "_SLACK", 0)
     files = {f"f{i:04d}.md": "alpha For more information, for more\n" if i % 2 else
              "alpha delta\n" for i in range(3000)}
     files.update({f"f{i:04d}.md": "alpha for more information\n" for i in (3, 1501, 2998)})
@@ -1163,8 +1191,11 @@ def test_a_phrase_alone_is_asked_for_the_matches_its_page_needs(
     # Its words are in every file, so asking the whole index, or a chunk past where the page
     # fills, would have SQLite read their places in files the page never needs: it is asked
     # once, for half again as many matches as the page takes. A file added since the build
-    # (its row past all others) is asked apart, with every such row in one range.
+    # (its row past all others, none left free) is asked apart, with every such row in one
+    # range, once they are too many to read.
     monkeypatch.setattr(index_view, "_CHUNK", 64)
+    monkeypatch.setattr(index_view, "_STRAYS_READ", 0)
+    monkeypatch.setattr(search_index, "_SLACK", 0)
     cache = make_cache(tmp_path, {f"f{i:04d}.md": f"beta gamma alpha {i}\n" + (
         "" if i % 100 else "alpha beta\n") for i in range(3000)})
     search_index.refresh_index(cache)

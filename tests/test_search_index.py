@@ -9,6 +9,7 @@ import sys
 import time
 import unicodedata
 from array import array
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -367,9 +368,70 @@ def test_changed_files_leave_old_entries_until_over_a_quarter_then_it_is_built_a
         f"{NS}/f2.md", f"{NS}/f3.md"]
 
 
-def test_files_added_out_of_path_order_past_an_eighth_then_it_is_built_anew(
+def rows_after(cache: Cache, added: dict[str, str], gone: list[str] = ()) -> tuple[
+        dict[str, str], dict[str, tuple[int, int]]]:
+    """Apply a sync's changes and refresh: the index's meta, and each file's rows by path."""
+    cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in added.items()],
+                [f"{NS}/{p}" for p in gone], {NS: INFO})
+    search_index.refresh_index(cache)
+    conn = sqlite3.connect(search_index.index_path(cache))
+    try:
+        return dict(conn.execute("SELECT key, value FROM meta").fetchall()), {
+            path.removeprefix(f"{NS}/"): (first, parts) for path, first, parts in
+            conn.execute("SELECT path, first, parts FROM files")}
+    finally:
+        conn.close()
+
+
+def test_files_added_or_grown_take_the_free_rows_beside_their_neighbours(
         tmp_path: Path) -> None:
-    # A file added takes rows past all others: out of path order unless its path is last.
+    # A build leaves two rows free after each file's: a file added between two others takes
+    # them while they are enough, and stays in path order; past them, rows past all others.
+    cache = cache_of_ns(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(40)})
+    search_index.refresh_index(cache)
+    meta, rows = rows_after(cache, {})
+    assert [rows[f"f{i:02d}.md"] for i in range(40)] == [(1 + 3 * i, 1) for i in range(40)]
+    meta, rows = rows_after(cache, {"f00a.md": "beta\n", "f03a.md": "beta\n",
+                                    "f03b.md": "beta\n", "z.md": "beta\n"})
+    assert meta["strays"] == "0"
+    assert (rows["f00a.md"], rows["f03a.md"], rows["f03b.md"]) == ((2, 1), (11, 1), (12, 1))
+    meta, rows = rows_after(cache, {"f03c.md": "beta\n"})  # no row left after f03b's
+    assert meta["strays"] == "1" and rows["f03c.md"][0] > rows["z.md"][0]
+    # f06 grown to two parts, then three, f05 gone: the rows after f04's, f05's among them
+    meta, rows = rows_after(cache, {"f06.md": "gamma\n" * 1500}, ["f05.md"])
+    assert rows["f06.md"] == (14, 2) and meta["strays"] == "1"
+    meta, rows = rows_after(cache, {"f06.md": "gamma\n" * 3000})
+    assert rows["f06.md"] == (14, 3) and meta["strays"] == "1"
+    meta, rows = rows_after(cache, {"f06.md": "gamma\n" * 12000})  # 9 parts: past f07's row
+    assert rows["f06.md"] == (max(first for first, _ in rows.values()), 9)
+    assert meta["strays"] == "10"
+    assert [r["path"] for r in tools.search(cache, ["beta"])["results"]] == [
+        f"{NS}/{p}" for p in ("f00a.md", "f03a.md", "f03b.md", "f03c.md", "z.md")]
+    assert [r["path"] for r in tools.search(cache, ["gamma"], max_results=1)["results"]] == [
+        f"{NS}/f06.md"]
+
+
+def test_a_file_added_never_takes_rows_another_file_holds(tmp_path: Path) -> None:
+    # f10b (three parts) finds too few rows between f10's and f11's: past all others. f10a,
+    # between f10 and f10b, would find the rows from f10's to f10b's enough, but f11 holds one
+    # of them: past all others too.
+    cache = cache_of_ns(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(40)})
+    search_index.refresh_index(cache)
+    meta, rows = rows_after(cache, {"f10b.md": "gamma\n" * 3000})
+    assert rows["f10b.md"] == (119, 3)
+    meta, rows = rows_after(cache, {"f10a.md": "gamma\n" * 3000})
+    assert rows["f10a.md"] == (122, 3) and rows["f11.md"] == (34, 1)
+    spans = sorted((first, first + parts) for first, parts in rows.values())
+    assert all(end <= start for (_, end), (start, _) in pairwise(spans))
+    assert [r["path"] for r in tools.search(cache, ["alpha 11"])["results"]] == [
+        f"{NS}/f11.md"]
+
+
+def test_files_added_out_of_path_order_past_an_eighth_then_it_is_built_anew(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With no rows left free after each file's, a file added takes rows past all others: out
+    # of path order unless its path is last.
+    monkeypatch.setattr(search_index, "_SLACK", 0)
     cache = cache_of_ns(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(16)})
     search_index.refresh_index(cache)
 

@@ -27,6 +27,7 @@ _RUNS_KEPT = 1024  # chunks whose runs of ids a view keeps (`View.run`)
 _BATCH = 500  # paths asked of the index in one query (under SQLite's old 999-parameter cap)
 _TRIED, _YIELD = 32, 4  # a key whose first 32 files or more gave under a result in 4: `then`
 _KEPT = 0.5  # its last word whole kept only if it names under half as many parts
+_STRAYS_READ = 8  # positions out of path order this few are read unasked (`Named._strays`)
 
 Spots = dict[int, set[int]]
 """Of a chunk of positions, those the index named for each key asked about them, by the key's
@@ -241,11 +242,13 @@ class Named:
     asked once for the whole index instead; not a phrase (`Match.phrase`), though: its words may
     be in every file, and SQLite reads their places in each file asked about, so asking about
     all of them costs a walk of the whole index where the page may fill halfway. Positions out
-    of path order (files added or grown since the index was built, `View.order`) are asked
-    apart, all of them in one range of rows: named unasked, each would be a file read. A key the
-    index cannot narrow names every position; so does one that names more than `DENSE` of the
-    positions asked about, from then on, unless it is `dense`: one of several keys every file
-    must hold (`all`), where even common keys can meet in few files.
+    of path order (files added or grown since the index was built that found no rows free
+    beside their neighbours', `View.order`) are asked apart, all of them in one range of rows:
+    named unasked, each would be a file read; unless they are so few that reading them costs
+    less than the question (`_STRAYS_READ`). A key the index cannot narrow names every
+    position; so does one that names more than `DENSE` of the positions asked about, from then
+    on, unless it is `dense`: one of several keys every file must hold (`all`), where even
+    common keys can meet in few files.
     """
 
     def __init__(self, view: View, keys: list[str], dense: bool = False,
@@ -404,14 +407,16 @@ class Named:
         """The strays in [lo, hi) the key names (`View.order`).
 
         All of them are asked at once, for each form of the key: their rows, past those of the
-        build, make one short range, where each stray named unasked would be a file read.
+        build, make one short range, where each stray named unasked would be a file read. A few
+        are named unasked: SQLite looks up each of the key's words for that short range as for
+        a chunk's, which costs more than reading them (`_STRAYS_READ`).
         """
         view, expr = self.view, self.expr
         order = view.order()
         assert expr is not None and order is not None
         strays = order[1]
-        if not strays:
-            return set()
+        if len(strays) <= _STRAYS_READ:
+            return set(strays[bisect_left(strays, lo):bisect_left(strays, hi)])
         key = (expr.grams, expr.words, expr.table)
         if self.strayed is None or self.strayed[0] != key:
             ids = [view.ids[pos] for pos in strays]

@@ -11,14 +11,14 @@ backwards (`ends`: the words that end with a phrase's first word). The FTS5 tabl
 contentless: no copy of the text, so a changed or deleted file's old entries stay until the
 index is built again, once they are more than a `_STALE` share of all (they only name parts a
 search then reads and finds wanting). It is built again too once more than 1/`STRAYS` of the
-parts stand out of path order (`strays`: a file added or grown takes rows past all others,
-and a search asks those apart). Beside them: each file's path, sha256 and namespace, the
-`files` mark of the manifest it covers whole, and the files' ids in path order (so a new
-searcher loads its view in one read, not by sorting every path). `refresh_index` keeps it
-current: run by the `index` command, which a sync that changed the cache starts detached
-(`refresh_in_background`) and which waits for that sync to end; search.py reads it. An index
-that cannot be read (damaged, or a link or folder in its place) is deleted and built again: it
-is derived data.
+parts stand out of path order (`strays`: a file added or grown takes the rows a build left
+free beside its neighbour's, `_Rows`, else rows past all others, which a search asks apart).
+Beside them: each file's path, sha256 and namespace, the `files` mark of the manifest it
+covers whole, and the files' ids in path order (so a new searcher loads its view in one read,
+not by sorting every path). `refresh_index` keeps it current: run by the `index` command,
+which a sync that changed the cache starts detached (`refresh_in_background`) and which waits
+for that sync to end; search.py reads it. An index that cannot be read (damaged, or a link or
+folder in its place) is deleted and built again: it is derived data.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import stat
 import time
 import unicodedata
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator, Mapping
 from itertools import compress, islice, pairwise
 from operator import gt
@@ -56,6 +56,7 @@ SEGMENT_BYTES = 8192  # a file is indexed in parts of about this much (`segments
 _STALE = 0.25  # old entries (parts changed or deleted since the build) over live ones: rebuild
 _PAST = 1 << 62  # past every row
 STRAYS = 8  # more than 1/8 of the parts out of path order (`strays`): rebuild
+_SLACK = 2  # rows left free after each file's, for files added beside it later (`_Rows`)
 _WORDS_HELD = 100_000  # words an update holds before it adds them to `ends`
 # ASCII but letters and digits to a blank: the words `ends` holds (the words tables' but punctuation).
 _CUT = bytes(c if c >= 128 or chr(c).isalnum() else 32 for c in range(256))
@@ -326,7 +327,7 @@ class _Writer:
         self.conn, self.disk = conn, disk
         self.changed = 0
         self.emptied = False  # an index of another version was emptied: VACUUM after
-        self.next = 0  # the first `grams` row no file has (`rows_for`), once asked
+        self.rows: _Rows | None = None  # where files hold rows, once a file needs new ones
         self.words: set[bytes] = set()  # words of the texts put, for `ends` (`store_words`)
 
     @classmethod
@@ -468,8 +469,12 @@ class _Writer:
         old = self.conn.execute("SELECT first, parts FROM files WHERE id=?",
                                 (row_id,)).fetchone() if row_id is not None else None
         # The rows it had while they are enough (the file keeps its place in path order), else
-        # rows past all others.
-        first = old[0] if old is not None and old[1] >= len(raws) else self.rows_for(len(raws))
+        # free rows beside its neighbour's, or past all others (`_Rows`).
+        if old is not None and old[1] >= len(raws):
+            first = old[0]
+        else:
+            self.rows = self.rows or _Rows(self.conn)
+            first = self.rows.place(relpath, len(raws))
         cut = array("q", bounds).tobytes() if len(raws) > 1 else None
         digest = bytes.fromhex(meta.sha256)  # the hexdigest of `data`, as checked above
         if row_id is None:
@@ -512,13 +517,50 @@ class _Writer:
                               (row for word in self.words for row in spellings(word)))
         self.words.clear()
 
-    def rows_for(self, parts: int) -> int:
-        """The first of `parts` new `grams` rows, past every file's (none freed is reused)."""
-        if self.next == 0:
-            self.next = self.conn.execute(
-                "SELECT coalesce(max(first + parts), 1) FROM files").fetchone()[0]
-        self.next += parts
-        return self.next - parts
+
+class _Rows:
+    """Which rows each file holds, so that a file added or grown takes rows in path order.
+
+    A build leaves `_SLACK` rows free after each file's. A file added later, or grown past its
+    rows, takes the first free rows after those of the file before it in path order, when they
+    are enough and below the next file's; else rows past all others, where searches ask it
+    apart (`strays`). Rows a deleted file held may be taken again: its old entries only name
+    parts a search then reads and finds wanting, as a changed file's do. A build, which puts
+    every file after the one before in path order, holds none of this.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        held = sorted(conn.execute("SELECT path, first, first + parts FROM files"))
+        self.building = not held  # each file placed is the last in path order
+        self.paths = [path for path, _, _ in held]  # in path order
+        self.spans = {path: (first, end) for path, first, end in held}
+        self.starts = sorted(span for span in self.spans.values())  # in row order
+        self.top = max((end for _, _, end in held), default=1)  # rows past all start here
+
+    def place(self, relpath: str, parts: int) -> int:
+        """The first of `parts` rows for the file, which gives up any it held."""
+        if self.building:
+            self.top += parts + _SLACK
+            return self.top - parts - _SLACK
+        if relpath in self.spans:
+            self.paths.pop(bisect_left(self.paths, relpath))
+            self.starts.remove(self.spans.pop(relpath))
+        at = bisect_left(self.paths, relpath)
+        first = self.spans[self.paths[at - 1]][1] if at else 1
+        if at == len(self.paths) or not self._free(first, first + parts) or \
+                first + parts > self.spans[self.paths[at]][0]:
+            first = self.top
+            self.top = first + parts + _SLACK
+        self.paths.insert(at, relpath)
+        self.spans[relpath] = (first, first + parts)
+        insort(self.starts, (first, first + parts))
+        return first
+
+    def _free(self, lo: int, hi: int) -> bool:
+        """Whether no file holds a row from `lo` to `hi` - 1."""
+        at = bisect_left(self.starts, (lo,))
+        return not (at < len(self.starts) and self.starts[at][0] < hi or
+                    at and self.starts[at - 1][1] > lo)
 
 
 def _grams_text(text: str, raw: str) -> str:
@@ -592,8 +634,9 @@ def strays(ids: list[int]) -> list[int]:
     """The positions whose id is past a later position's: parts out of path order.
 
     A build puts every part in path order; a file a sync adds, or grows, takes rows past all
-    others. Where the id falls, a run of rising ids ends: its ids past the least id after it
-    stray (each fall is a stray's).
+    others when those left free beside its neighbour's are too few (`_Rows`). Where the id
+    falls, a run of rising ids ends: its ids past the least id after it stray (each fall is a
+    stray's).
     """
     if ids == sorted(ids):
         return []
