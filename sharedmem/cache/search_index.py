@@ -33,7 +33,7 @@ import stat
 import time
 import unicodedata
 from array import array
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping
 from itertools import compress, islice, pairwise
 from operator import gt
@@ -327,7 +327,6 @@ class _Writer:
         self.conn, self.disk = conn, disk
         self.changed = 0
         self.emptied = False  # an index of another version was emptied: VACUUM after
-        self.rows: _Rows | None = None  # where files hold rows, once a file needs new ones
         self.words: set[bytes] = set()  # words of the texts put, for `ends` (`store_words`)
 
     @classmethod
@@ -416,20 +415,25 @@ class _Writer:
         mark = cache.files_mark()
         files = _files_of(cache)
         manifest = files or {}
-        indexed = {p: (i, s) for i, p, s in self.conn.execute(
-            "SELECT id, path, lower(hex(sha256)) FROM files")}
-        for relpath, (row_id, sha) in indexed.items():
+        indexed = {p: (i, s, first, parts) for i, p, s, first, parts in self.conn.execute(
+            "SELECT id, path, lower(hex(sha256)), first, parts FROM files")}
+        gone = []
+        for relpath, (row_id, sha, _, _) in indexed.items():
             meta = manifest.get(relpath)
             if meta is None:
                 self.drop(row_id)
+                gone.append(relpath)
             elif meta.sha256 != sha:
                 self.drop(row_id, keep=True)
+        for relpath in gone:  # their rows free for the files put
+            del indexed[relpath]
+        rows = _Rows(indexed)
         complete = files is not None
         for relpath, meta in manifest.items():  # streamed in path order, not held
             old = indexed.get(relpath)
             if old is not None and old[1] == meta.sha256:
                 continue
-            complete &= self.put(relpath, meta, old[0] if old else None)
+            complete &= self.put(relpath, meta, old[0] if old else None, rows)
         return self.finish(mark, complete and mark == cache.files_mark())
 
     def stale(self) -> bool:
@@ -450,7 +454,7 @@ class _Writer:
             self.conn.execute("DELETE FROM files WHERE id=?", (row_id,))
             self.changed += 1
 
-    def put(self, relpath: str, meta: CachedFile, row_id: int | None) -> bool:
+    def put(self, relpath: str, meta: CachedFile, row_id: int | None, rows: _Rows) -> bool:
         """Index the file as the manifest describes it; False when its bytes do not match.
 
         Such a file (a sync is rewriting it, or a link stands there) is left unindexed, so
@@ -470,11 +474,8 @@ class _Writer:
                                 (row_id,)).fetchone() if row_id is not None else None
         # The rows it had while they are enough (the file keeps its place in path order), else
         # free rows beside its neighbour's, or past all others (`_Rows`).
-        if old is not None and old[1] >= len(raws):
-            first = old[0]
-        else:
-            self.rows = self.rows or _Rows(self.conn)
-            first = self.rows.place(relpath, len(raws))
+        first = old[0] if old is not None and old[1] >= len(raws) else \
+            rows.place(relpath, len(raws))
         cut = array("q", bounds).tobytes() if len(raws) > 1 else None
         digest = bytes.fromhex(meta.sha256)  # the hexdigest of `data`, as checked above
         if row_id is None:
@@ -525,42 +526,67 @@ class _Rows:
     rows, takes the first free rows after those of the file before it in path order, when they
     are enough and below the next file's; else rows past all others, where searches ask it
     apart (`strays`). Rows a deleted file held may be taken again: its old entries only name
-    parts a search then reads and finds wanting, as a changed file's do. A build, which puts
-    every file after the one before in path order, holds none of this.
+    parts a search then reads and finds wanting, as a changed file's do.
+    The files indexed when the refresh began are the caller's (`held`, not copied: 100,000
+    paths), sorted only once a file needs rows; a build, which puts each file after the one
+    before in path order, sorts nothing.
     """
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        held = sorted(conn.execute("SELECT path, first, first + parts FROM files"))
-        self.building = not held  # each file placed is the last in path order
-        self.paths = [path for path, _, _ in held]  # in path order
-        self.spans = {path: (first, end) for path, first, end in held}
-        self.starts = sorted(span for span in self.spans.values())  # in row order
-        self.top = max((end for _, _, end in held), default=1)  # rows past all start here
+    def __init__(self, held: Mapping[str, tuple[int, str, int, int]]) -> None:
+        self.held = held  # path -> id, sha256, first row, parts
+        self.building = not held
+        self.top = max((first + parts for _, _, first, parts in held.values()), default=1)
+        self.given: dict[str, tuple[int, int]] = {}  # path -> rows placed since, first and end
+        self.paths: list[str] = []  # every path, in path order, once sorted
+        self.firsts, self.ends = array("q"), array("q")  # every file's rows, in row order
 
     def place(self, relpath: str, parts: int) -> int:
         """The first of `parts` rows for the file, which gives up any it held."""
         if self.building:
             self.top += parts + _SLACK
             return self.top - parts - _SLACK
-        if relpath in self.spans:
+        if not self.paths:
+            self.paths = sorted(self.held)
+            spans = [(first, first + n) for _, _, first, n in self.held.values()]
+            # spans never overlap: in order of their starts, their ends rise too
+            self.firsts = array("q", sorted(first for first, _ in spans))
+            self.ends = array("q", sorted(end for _, end in spans))
+        if (span := self._span(relpath)) is not None:
             self.paths.pop(bisect_left(self.paths, relpath))
-            self.starts.remove(self.spans.pop(relpath))
+            at = bisect_left(self.firsts, span[0])
+            while self.ends[at] != span[1]:  # after files of no part at the same row
+                at += 1
+            del self.firsts[at], self.ends[at]
         at = bisect_left(self.paths, relpath)
-        first = self.spans[self.paths[at - 1]][1] if at else 1
+        first = self._end(self.paths[at - 1]) if at else 1
         if at == len(self.paths) or not self._free(first, first + parts) or \
-                first + parts > self.spans[self.paths[at]][0]:
+                first + parts > self._first(self.paths[at]):
             first = self.top
             self.top = first + parts + _SLACK
         self.paths.insert(at, relpath)
-        self.spans[relpath] = (first, first + parts)
-        insort(self.starts, (first, first + parts))
+        self.given[relpath] = (first, first + parts)
+        at = bisect_left(self.firsts, first)
+        self.firsts.insert(at, first)
+        self.ends.insert(at, first + parts)
         return first
+
+    def _span(self, relpath: str) -> tuple[int, int] | None:
+        if relpath in self.given:
+            return self.given[relpath]
+        held = self.held.get(relpath)
+        return (held[2], held[2] + held[3]) if held is not None else None
+
+    def _first(self, relpath: str) -> int:
+        return self._span(relpath)[0]  # type: ignore[index]
+
+    def _end(self, relpath: str) -> int:
+        return self._span(relpath)[1]  # type: ignore[index]
 
     def _free(self, lo: int, hi: int) -> bool:
         """Whether no file holds a row from `lo` to `hi` - 1."""
-        at = bisect_left(self.starts, (lo,))
-        return not (at < len(self.starts) and self.starts[at][0] < hi or
-                    at and self.starts[at - 1][1] > lo)
+        at = bisect_left(self.firsts, lo)
+        return not (at < len(self.firsts) and self.firsts[at] < hi or
+                    at and self.ends[at - 1] > lo)
 
 
 def _grams_text(text: str, raw: str) -> str:
