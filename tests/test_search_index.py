@@ -411,6 +411,21 @@ def test_files_added_or_grown_take_the_free_rows_beside_their_neighbours(
         f"{NS}/f06.md"]
 
 
+def test_files_added_one_after_another_at_a_folders_end_take_the_rows_left_free_there(
+        tmp_path: Path) -> None:
+    # Notes named by their date are added after a folder's last file: a build leaves 16 rows
+    # more there, so 18 such files (one part each) stay in path order, and the 19th does not.
+    cache = cache_of_ns(tmp_path, {**{f"a/n{i:02d}.md": f"alpha {i}\n" for i in range(1, 6)},
+                                   **{f"b/m{i:02d}.md": f"beta {i}\n" for i in range(1, 4)}})
+    search_index.refresh_index(cache)
+    meta, rows = rows_after(cache, {})
+    assert rows["a/n05.md"] == (13, 1) and rows["b/m01.md"] == (32, 1)
+    meta, rows = rows_after(cache, {f"a/n{i:02d}.md": "gamma\n" for i in range(6, 24)})
+    assert meta["strays"] == "0" and rows["a/n23.md"] == (31, 1)
+    meta, rows = rows_after(cache, {"a/n24.md": "gamma\n"})
+    assert meta["strays"] == "1"
+
+
 def test_a_file_added_never_takes_rows_another_file_holds(tmp_path: Path) -> None:
     # f10b (three parts) finds too few rows between f10's and f11's: past all others. f10a,
     # between f10 and f10b, would find the rows from f10's to f10b's enough, but f11 holds one

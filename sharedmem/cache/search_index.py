@@ -57,6 +57,7 @@ _STALE = 0.25  # old entries (parts changed or deleted since the build) over liv
 _PAST = 1 << 62  # past every row
 STRAYS = 8  # more than 1/8 of the parts out of path order (`strays`): rebuild
 _SLACK = 2  # rows left free after each file's, for files added beside it later (`_Rows`)
+_FOLDER_SLACK = 16  # and more after a folder's last file's, where files named by date go
 _WORDS_HELD = 100_000  # words an update holds before it adds them to `ends`
 # ASCII but letters and digits to a blank: the words `ends` holds (the words tables' but punctuation).
 _CUT = bytes(c if c >= 128 or chr(c).isalnum() else 32 for c in range(256))
@@ -522,14 +523,15 @@ class _Writer:
 class _Rows:
     """Which rows each file holds, so that a file added or grown takes rows in path order.
 
-    A build leaves `_SLACK` rows free after each file's. A file added later, or grown past its
-    rows, takes the first free rows after those of the file before it in path order, when they
-    are enough and below the next file's; else rows past all others, where searches ask it
-    apart (`strays`). Rows a deleted file held may be taken again: its old entries only name
-    parts a search then reads and finds wanting, as a changed file's do.
-    The files indexed when the refresh began are the caller's (`held`, not copied: 100,000
-    paths), sorted only once a file needs rows; a build, which puts each file after the one
-    before in path order, sorts nothing.
+    A build leaves `_SLACK` rows free after each file's, and `_FOLDER_SLACK` more after a
+    folder's last file's, where notes named by their date are added one after another (Codex's
+    `rollout_summaries`). A file added later, or grown past its rows, takes the first free
+    rows after those of the file before it in path order, when they are enough and below the
+    next file's; else rows past all others, where searches ask it apart (`strays`). Rows a
+    deleted file held may be taken again: its old entries only name parts a search then reads
+    and finds wanting, as a changed file's do. The files indexed when the refresh began are
+    the caller's (`held`, not copied: 100,000 paths), sorted only once a file needs rows; a
+    build, which puts each file after the one before in path order, sorts nothing.
     """
 
     def __init__(self, held: Mapping[str, tuple[int, str, int, int]]) -> None:
@@ -539,10 +541,15 @@ class _Rows:
         self.given: dict[str, tuple[int, int]] = {}  # path -> rows placed since, first and end
         self.paths: list[str] = []  # every path, in path order, once sorted
         self.firsts, self.ends = array("q"), array("q")  # every file's rows, in row order
+        self.folder: str | None = None  # the folder of the file a build placed last
 
     def place(self, relpath: str, parts: int) -> int:
         """The first of `parts` rows for the file, which gives up any it held."""
         if self.building:
+            folder = relpath.rpartition("/")[0]
+            if folder != self.folder and self.folder is not None:
+                self.top += _FOLDER_SLACK
+            self.folder = folder
             self.top += parts + _SLACK
             return self.top - parts - _SLACK
         if not self.paths:
