@@ -558,16 +558,17 @@ class _Rows:
             # spans never overlap: in order of their starts, their ends rise too
             self.firsts = array("q", sorted(first for first, _ in spans))
             self.ends = array("q", sorted(end for _, end in spans))
-        if (span := self._span(relpath)) is not None:
+        if relpath in self.given or relpath in self.held:
+            lo, hi = self._span(relpath)
             self.paths.pop(bisect_left(self.paths, relpath))
-            at = bisect_left(self.firsts, span[0])
-            while self.ends[at] != span[1]:  # after files of no part at the same row
+            at = bisect_left(self.firsts, lo)
+            while self.ends[at] != hi:  # past files of no part at the same row
                 at += 1
             del self.firsts[at], self.ends[at]
         at = bisect_left(self.paths, relpath)
-        first = self._end(self.paths[at - 1]) if at else 1
+        first = self._span(self.paths[at - 1])[1] if at else 1
         if at == len(self.paths) or not self._free(first, first + parts) or \
-                first + parts > self._first(self.paths[at]):
+                first + parts > self._span(self.paths[at])[0]:
             first = self.top
             self.top = first + parts + _SLACK
         self.paths.insert(at, relpath)
@@ -577,17 +578,12 @@ class _Rows:
         self.ends.insert(at, first + parts)
         return first
 
-    def _span(self, relpath: str) -> tuple[int, int] | None:
+    def _span(self, relpath: str) -> tuple[int, int]:
+        """The file's rows, first and end: those placed since the refresh began, else its own."""
         if relpath in self.given:
             return self.given[relpath]
-        held = self.held.get(relpath)
-        return (held[2], held[2] + held[3]) if held is not None else None
-
-    def _first(self, relpath: str) -> int:
-        return self._span(relpath)[0]  # type: ignore[index]
-
-    def _end(self, relpath: str) -> int:
-        return self._span(relpath)[1]  # type: ignore[index]
+        _, _, first, parts = self.held[relpath]
+        return first, first + parts
 
     def _free(self, lo: int, hi: int) -> bool:
         """Whether no file holds a row from `lo` to `hi` - 1."""
