@@ -368,7 +368,7 @@ def test_changed_files_leave_old_entries_until_over_a_quarter_then_it_is_built_a
         f"{NS}/f2.md", f"{NS}/f3.md"]
 
 
-def rows_after(cache: Cache, added: dict[str, str], gone: list[str] = ()) -> tuple[
+def rows_after(cache: Cache, added: dict[str, str], gone: tuple[str, ...] = ()) -> tuple[
         dict[str, str], dict[str, tuple[int, int]]]:
     """Apply a sync's changes and refresh: the index's meta, and each file's rows by path."""
     cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in added.items()],
@@ -398,7 +398,7 @@ def test_files_added_or_grown_take_the_free_rows_beside_their_neighbours(
     meta, rows = rows_after(cache, {"f03c.md": "beta\n"})  # no row left after f03b's
     assert meta["strays"] == "1" and rows["f03c.md"][0] > rows["z.md"][0]
     # f06 grown to two parts, then three, f05 gone: the rows after f04's, f05's among them
-    meta, rows = rows_after(cache, {"f06.md": "gamma\n" * 1500}, ["f05.md"])
+    meta, rows = rows_after(cache, {"f06.md": "gamma\n" * 1500}, ("f05.md",))
     assert rows["f06.md"] == (14, 2) and meta["strays"] == "1"
     meta, rows = rows_after(cache, {"f06.md": "gamma\n" * 3000})
     assert rows["f06.md"] == (14, 3) and meta["strays"] == "1"
