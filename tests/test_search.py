@@ -1294,6 +1294,34 @@ def test_a_search_loads_the_path_order_the_index_stored(tmp_path: Path) -> None:
     assert [s for s in statements if "FROM orders" in s]
 
 
+def test_the_stored_order_holds_32_bit_integers_or_none_when_a_value_does_not_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Half what a new searcher reads of 64-bit ones. Rows past 2**31 (here past 127, with
+    # 8-bit integers) store no order: each new searcher sorts the paths, and finds the same.
+    files = {f"m{i:02d}.md": f"alpha {i}\n" for i in range(60)}
+    cache = make_cache(tmp_path, files)
+    search_index.refresh_index(cache)
+    conn = sqlite3.connect(search_index.index_path(cache))
+    try:
+        ids, positions, owners = conn.execute("SELECT ids, positions, owners FROM orders").fetchone()
+        last = conn.execute("SELECT max(first + parts) FROM files").fetchone()[0]
+    finally:
+        conn.close()
+    assert (len(ids), len(owners), len(positions)) == (4 * 60, 4 * 60, 4 * last)
+    for module in (search_index, index_reader):
+        monkeypatch.setattr(module, "ORDER_TYPE", "b")
+    cache = make_cache(tmp_path / "small", files)
+    search_index.refresh_index(cache)
+    conn = sqlite3.connect(search_index.index_path(cache))
+    try:
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (0,)
+    finally:
+        conn.close()
+    got, statements = sql_of_next_search(cache, queries=["alpha"], max_results=4)
+    assert got == reference(cache, ["alpha"])
+    assert [s for s in statements if "ORDER BY path" in s]
+
+
 def test_each_result_s_provenance_comes_with_its_path_not_a_query_each(tmp_path: Path) -> None:
     cache = make_cache(tmp_path, {f"m{i:02d}.md": f"alpha {i}\n" for i in range(30)})
     search_index.refresh_index(cache)

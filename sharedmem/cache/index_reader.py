@@ -23,6 +23,7 @@ from sharedmem.cache.cache import Cache
 from sharedmem.cache.folding import CAPITAL_MARK, lower_ascii, mark_capitals
 from sharedmem.cache.matching import utf8
 from sharedmem.cache.search_index import (
+    ORDER_TYPE,
     READ_ERRORS,
     TEXT_END,
     delete_damaged,
@@ -189,8 +190,9 @@ class IndexReader:
         key = meta.get("order", "")
         if key.split("/")[0] == meta.get("generation"):
             rows = self.rows("SELECT ids, owners, positions FROM orders WHERE key=?", (key,))
-            if rows and all(isinstance(v, bytes) and len(v) % 8 == 0 for v in rows[0]):
-                ids, owners, where = array("q"), array("q"), array("q")
+            width = array(ORDER_TYPE).itemsize
+            if rows and all(isinstance(v, bytes) and len(v) % width == 0 for v in rows[0]):
+                ids, owners, where = array(ORDER_TYPE), array(ORDER_TYPE), array(ORDER_TYPE)
                 for values, blob in zip((ids, owners, where), rows[0], strict=True):
                     values.frombytes(blob)
                 if len(owners) == len(ids) and len(where) >= len(ids):  # as it is stored

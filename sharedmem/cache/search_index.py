@@ -47,7 +47,7 @@ from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "14"
+INDEX_VERSION = "15"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
@@ -56,6 +56,7 @@ SEGMENT_BYTES = 8192  # a file is indexed in parts of about this much (`segments
 _STALE = 0.25  # old entries (parts changed or deleted since the build) over live ones: rebuild
 _PAST = 1 << 62  # past every row
 STRAYS = 8  # more than 1/8 of the parts out of path order (`strays`): rebuild
+ORDER_TYPE = "i"  # `orders` holds 32-bit integers: half what a new searcher reads of 64
 _SLACK = 2  # rows left free after each file's, for files added beside it later (`_Rows`)
 _FOLDER_SLACK = 16  # and more after a folder's last file's, where files named by date go
 _WORDS_HELD = 100_000  # words an update holds before it adds them to `ends`
@@ -237,8 +238,9 @@ def index_version() -> str:
 # file's end (`segments`, int64 in this machine's order), so a search reads just the parts the
 # index names without reading the file to cut it. The segments, in path order then part
 # order, and where each segment row stands in that order and whose file it is, as three arrays
-# of int64 in `orders`: a search loads its view with one read instead of sorting every path.
-# Valid only while meta's `order` names it and starts with meta's generation.
+# of `ORDER_TYPE` in `orders`: a search loads its view with one read instead of sorting every
+# path. Valid only while meta's `order` names it and starts with meta's generation; none is
+# stored when a value does not fit.
 _TABLES = {"meta", "files", "grams", "words", "cased", "ends", "orders"}  # as this version has
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -406,8 +408,13 @@ class _Writer:
             owners.extend([file_id] * parts)
         key = f"{generation}/{os.urandom(8).hex()}"
         self.conn.execute("DELETE FROM orders")
-        self.conn.execute("INSERT INTO orders(key, ids, positions, owners) VALUES (?, ?, ?, ?)",
-                          (key, ids.tobytes(), inverse(ids).tobytes(), owners.tobytes()))
+        try:
+            stored = [array(ORDER_TYPE, values).tobytes() for values in (ids, inverse(ids), owners)]
+        except OverflowError:  # rows or files past 2**31: each new searcher sorts the paths
+            stored = []
+        if stored:
+            self.conn.execute("INSERT INTO orders(key, ids, positions, owners) "
+                              "VALUES (?, ?, ?, ?)", (key, *stored))
         self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                               [("order", key), ("strays", str(len(strays(ids.tolist()))))])
 
