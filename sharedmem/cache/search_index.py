@@ -478,12 +478,7 @@ class _Writer:
         raws = [data[lo:hi].decode("utf-8", "replace") for lo, hi in pairwise(bounds)]
         cased = [normalize(raw, keep_case=True) + TEXT_END for raw in raws]
         apart = [punctuation_apart(text) for text in cased]
-        old = self.conn.execute("SELECT first, parts FROM files WHERE id=?",
-                                (row_id,)).fetchone() if row_id is not None else None
-        # The rows it had while they are enough (the file keeps its place in path order), else
-        # free rows beside its neighbour's, or past all others (`_Rows`).
-        first = old[0] if old is not None and old[1] >= len(raws) else \
-            rows.place(relpath, len(raws))
+        first = rows.place(relpath, len(raws))
         cut = array("q", bounds).tobytes() if len(raws) > 1 else None
         digest = bytes.fromhex(meta.sha256)  # the hexdigest of `data`, as checked above
         if row_id is None:
@@ -551,7 +546,14 @@ class _Rows:
         self.folder: str | None = None  # the folder of the file a build placed last
 
     def place(self, relpath: str, parts: int) -> int:
-        """The first of `parts` rows for the file, which gives up any it held."""
+        """The first of `parts` rows for the file, which gives up any it held.
+
+        Those it held while they are enough: it keeps its place in path order.
+        """
+        if relpath in self.held and relpath not in self.given:
+            _, _, first, held = self.held[relpath]
+            if held >= parts:
+                return first
         if self.building:
             folder = relpath.rpartition("/")[0]
             if folder != self.folder and self.folder is not None:
