@@ -691,7 +691,8 @@ def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
     # alone proves to name most files: the files holding the rest of the phrase after another
     # word are not read from then on, and one holding the whole key is still found.
     monkeypatch.setattr(index_reader, "_ENDINGS", 2)  # alpha, gamma and beta end with `a`
-    monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)  # nor their phrases asked later
+    monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)  # nor their phrases asked later,
+    monkeypatch.setattr(index_reader, "_LATER_RARE", 0)  # z.md holding the phrase of `a`
     files = {f"c{i:03d}.md": "gamma\nbeta gamma\n" for i in range(200)}
     files.update({"a.md": "alpha beta gamma\n", "b.md": "data beta gamma\n",
                   "z.md": "a beta gamma\n"})
@@ -1109,8 +1110,8 @@ def test_a_first_word_that_ends_many_words_is_asked_as_their_phrases_once_its_fi
     # start: its trigrams are, and they are in the fifth of the files holding `fifth`. Once the
     # first 32 files taken give one result, the rest is asked as the phrase of each of those
     # words: the three holding `qqbeta` and the key are the only files read past them. So with
-    # a short last word, which a phrase leaves out (`beta gamma a`). Not where the list of
-    # `beta` fills more pages than allowed: each question would walk it.
+    # a short last word, which a phrase leaves out (`beta gamma a`). So too where the list of
+    # `beta` fills more pages than allowed, as the phrase of `beta` itself is in no file.
     cache, longer = beta_endings(tmp_path, fifth, "delta", 51, "qq" + key)
     match = asked(cache, key, any_case=any_case)
     assert match.words == "" and match.then is not None
@@ -1120,7 +1121,28 @@ def test_a_first_word_that_ends_many_words_is_asked_as_their_phrases_once_its_fi
     assert read_for_the_three(cache, key.upper() if any_case else key,
                               case_sensitive=not any_case) < 40
     monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)
-    assert asked(cache, key, any_case=any_case).then is None
+    assert asked(cache, key, any_case=any_case).then == match.then
+
+
+def test_a_first_word_whose_list_is_long_asks_their_phrases_only_where_its_own_is_rare(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the list of `beta` fills more pages than allowed, each question of the phrases of
+    # the 51 words ending with it walks that list as far as its page needs: they are asked
+    # where the phrase of `beta` itself is in few parts (`beta gamma`: none), as one question
+    # then reaches its end, and not where it is in more (`beta glow`: 200 files), nor beside
+    # punctuation (`beta gamma, a`), which asking that phrase walks in every part.
+    monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)
+    monkeypatch.setattr(index_reader, "_LATER_RARE", 100)
+    cache, longer = beta_endings(tmp_path, "beta glow gamut mamma", "delta", 51,
+                                 "qqbeta gamma")
+    then = asked(cache, "beta gamma").then
+    assert then is not None and then.words.count(' gam"*') == len(longer) + 1
+    assert read_for_the_three(cache, "beta gamma") < 40
+    assert asked(cache, "beta gamma a").then is not None
+    assert asked(cache, "beta glow").then is None
+    assert asked(cache, "beta gamma, a").then is None
+    monkeypatch.setattr(index_reader, "_LATER_RARE", 200)
+    assert asked(cache, "beta glow").then is not None
 
 
 @pytest.mark.parametrize("any_case", [False, True])

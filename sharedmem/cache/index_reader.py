@@ -50,6 +50,7 @@ _ENDINGS_LATER = 128  # more, asked only once the trigrams' files prove to mostl
 _LATER_WORDS = 4  # words after the first, punctuation too, in each of those phrases, at most
 _LATER_SHARE = 2  # the parts they may be in, added up, to the parts of the index
 _LATER_PAGES = 8  # pages the first word's list may fill for those: each question walks it
+_LATER_RARE = 128  # or parts the phrase of the first word itself may be in, past that
 _MERGED = 32  # pages the words a short last word begins may fill, for it to be asked as a prefix
 _RARE = 128  # parts a short last word's lead is in, at most, for its trigrams to be asked
 _ENDED = 32  # parts the words ending with that lead may name, to be asked alone beside it
@@ -297,15 +298,16 @@ class IndexReader:
         all), up to `_ENDINGS_ALONE` of them are asked, and its last word is not asked whole
         later (each of them merges that word's list again). Where that would leave no phrase, up
         to `_ENDINGS_LATER` of them make one asked only in `Match.then` (`_Phrase.later`), while
-        the first word's own list fills at most `_LATER_PAGES` pages (`_pages`: each question
-        walks it). From the start, each would merge the list of its last word again, and where
-        the key's trigrams already name few parts (`group named`) that costs more than it saves.
+        they cost little to walk (`_walks_little`). From the start, each would merge the list
+        of its last word again, and where the key's trigrams already name few parts (`group
+        named`) that costs more than it saves.
         Where the phrase starts after its first word, the phrase of each of those words, for up
         to `_LATER_WORDS` words after it (its punctuation among them, in any case: each phrase
         walks their places), is kept for `Match.then` (`_Phrase.ends`): `file in the` names
         most parts from `in` on, and so do its trigrams, where the phrases of `file` and the
         122 words ending with it name 63 of the documentation's 12,078. Longer, each phrase
-        walks the places of more words, often punctuation in every part.
+        walks the places of more words, often punctuation in every part; and each walks the
+        first word's list, so only while it fills at most `_LATER_PAGES` pages (`_pages`).
         Its last word may be the start of a longer one: unless the key ends in a separator, it
         is asked as a prefix of its first `_PREFIX` characters, the length the words table keeps
         a list of (SQLite reads that one list only as far as asked, where a longer prefix has it
@@ -352,7 +354,7 @@ class IndexReader:
                     (first, *longer)
             longer, later = None, False
         elif later and (short and after != 1 or merged or
-                        self._pages("words", first) > _LATER_PAGES):
+                        not self._walks_little(first, left, star)):
             longer, later = None, False
         if longer is None and (alone < 2 or not after) or merged and not self._worth_merging(
                 "words", first or _WORD.findall(rest)[0], longer or []):
@@ -426,6 +428,23 @@ class IndexReader:
             return None
         return _either(first, longer, cut.group() + rest, star, alone) if first else \
             _words(cut.group() + rest) + star
+
+    def _walks_little(self, first: str, left: str, star: str) -> bool:
+        """Whether the phrases of `first`, and of each word ending with it, then `left` cost little.
+
+        Each question of them walks the list of `first` as far as its page needs: little where
+        that list fills at most `_LATER_PAGES` pages, or where the phrase of `first` itself is
+        in at most `_LATER_RARE` parts, so that they name few and one question reaches the end
+        (`of tables`: `of` fills 15 pages of the documentation's words; the phrases of it and
+        of the 47 words ending with it name 7 parts, where its trigrams named 249 files). Not
+        for `left` holding punctuation, whose places may be in every part: asking the phrase
+        to count its parts took up to 3.5 ms.
+        """
+        if self._pages("words", first) <= _LATER_PAGES:
+            return True
+        return _count(left) == _count_words(left) and len(self.rows(
+            "SELECT rowid FROM words WHERE words MATCH ? LIMIT ?",
+            (_words(first + left) + star, _LATER_RARE + 1))) <= _LATER_RARE
 
     def _merges_little(self, table: str, word: str) -> bool:
         """Whether the words of `table` that begin with `word` fill at most `_MERGED` pages.
