@@ -1130,7 +1130,8 @@ def test_a_first_word_whose_list_is_long_asks_their_phrases_only_where_its_own_i
     # the 51 words ending with it walks that list as far as its page needs: they are asked
     # where the phrase of `beta` itself is in few parts (`beta gamma`: none), as one question
     # then reaches its end, and not where it is in more (`beta glow`: 200 files), nor beside
-    # punctuation (`beta gamma, a`), which asking that phrase walks in every part.
+    # punctuation (`beta gamma, a`), which asking that phrase walks in every part. It is
+    # counted among the first `_LATER_ROWS` rows only.
     monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)
     monkeypatch.setattr(index_reader, "_LATER_RARE", 100)
     cache, longer = beta_endings(tmp_path, "beta glow gamut mamma", "delta", 51,
@@ -1141,6 +1142,9 @@ def test_a_first_word_whose_list_is_long_asks_their_phrases_only_where_its_own_i
     assert asked(cache, "beta gamma a").then is not None
     assert asked(cache, "beta glow").then is None
     assert asked(cache, "beta gamma, a").then is None
+    monkeypatch.setattr(index_reader, "_LATER_ROWS", 600)  # rows of the first 200 or so files
+    assert asked(cache, "beta glow").then is not None  # 40 of the 200 there
+    monkeypatch.setattr(index_reader, "_LATER_ROWS", 1 << 16)
     monkeypatch.setattr(index_reader, "_LATER_RARE", 200)
     assert asked(cache, "beta glow").then is not None
 
