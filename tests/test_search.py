@@ -948,12 +948,11 @@ def test_two_words_whose_first_ends_common_words_are_not_asked_with_them_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
     # `xthis` ends with `this`: asked alone beside the phrase `this is`, it names every part
     # holding it, a fifth of the files, each then read. Past `_ENDED` such parts the two words
-    # are not asked as a phrase; their trigrams are, and ignoring case, beside them, the words
-    # that may end where `this` does (not a phrase: no places walked).
+    # are not asked as a phrase; their trigrams are, and beside them the words that may end
+    # where `this` does (not a phrase: no places walked).
     cache = fifth_and_three(tmp_path, "xthis one", "this is")
     match = asked(cache, "this is", any_case=any_case)
-    assert (match.words, match.phrase) == ('("this" OR "xthis")', False) if any_case else \
-        match.words == ""
+    assert (match.words, match.phrase) == ('("this" OR "xthis")', False)
     monkeypatch.setattr(index_reader, "_ENDED", 200)
     match = asked(cache, "this is", any_case=any_case)
     assert (match.words, match.table) == ('("this is"* OR "xthis")',
@@ -964,11 +963,11 @@ def test_two_words_whose_first_ends_common_words_are_not_asked_with_them_alone(
 def test_two_words_whose_first_is_rare_are_asked_by_their_trigrams(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
     # `this` is in three files: the trigrams of `this is` name about as few, and cost no merge
-    # of the words `is` begins (ignoring case, `this` is asked beside them, not as a phrase).
-    # In more than `_RARE` parts, the two words are asked.
+    # of the words `is` begins (`this` is asked beside them, not as a phrase). In more than
+    # `_RARE` parts, the two words are asked.
     cache = fifth_and_three(tmp_path, "alpha is one", "this is")
     match = asked(cache, "this is", any_case=any_case)
-    assert (match.words, match.phrase) == ('("this")', False) if any_case else match.words == ""
+    assert (match.words, match.phrase) == ('("this")', False)
     assert "his" in match.grams.replace('"', " ").split()
     monkeypatch.setattr(index_reader, "_RARE", 2)
     assert asked(cache, "this is", any_case=any_case).words == '("this is"*)'
@@ -1067,22 +1066,24 @@ def test_one_word_beside_punctuation_is_a_phrase_ignoring_case(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("three", ["enter a", "datacenter a"])
-def test_a_word_before_a_short_last_word_is_asked_with_the_words_ending_with_it_ignoring_case(
+def test_a_word_before_a_short_last_word_is_asked_with_the_words_ending_with_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, three: str) -> None:
     # `enter a` leaves out its last word, too short to ask (no pages allowed for its prefix),
     # and one word is no phrase; a fifth of the files hold `entering user a`, every trigram of
-    # the key. Ignoring case, the words that may end where `enter` does (`enter` itself and
-    # those ending with it) are asked beside the trigrams, and name only the three. In its
-    # case, the trigrams keep the case and name few; beside a word in most files, the words
+    # the key. The words that may end where `enter` does (`enter` itself and those ending with
+    # it) are asked beside the trigrams, in any case or its own (the words are folded: they
+    # narrow, the file tells), and name only the three. Beside a word in most files, the words
     # would narrow little.
     monkeypatch.setattr(index_reader, "_MERGED", 0)
     cache = fifth_and_three(tmp_path, "entering user a", three)
     longer = ' OR "datacenter"' if three.startswith("data") else ""
-    match = asked(cache, "Enter a", any_case=True)
-    assert (match.words, match.phrase) == (f'("enter"{longer})', False)
-    assert asked(cache, "enter a").words == asked(cache, "alpha e", any_case=True).words == ""
+    for key, any_case in (("Enter a", True), ("enter a", False)):
+        match = asked(cache, key, any_case=any_case)
+        assert (match.words, match.phrase) == (f'("enter"{longer})', False)
+    assert asked(cache, "alpha e", any_case=True).words == ""
     # where the 203 holding its trigrams were read
     assert read_for_the_three(cache, "ENTER A", case_sensitive=False) == 3
+    assert read_for_the_three(cache, three) == 3
 
 
 def beta_endings(tmp_path: Path, fifth: str, rest: str, count: int,

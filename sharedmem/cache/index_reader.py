@@ -216,8 +216,9 @@ class IndexReader:
         """What names the parts that may hold every key; None when no key narrows them.
 
         A key of two words or more is the phrase of its words (`_phrase`); another of three
-        characters or more is its trigrams (`_grams`), and ignoring case, for a word and a short
-        last word (no phrase), the words that may end where its first does (`_lone`); a shorter
+        characters or more is its trigrams (`_grams`), and for a word and a short last word (no
+        phrase, not even in its case), the words that may end where its first does (`_lone`,
+        not beside `accented` words); a shorter
         one is any of the trigrams it begins (`_short`; `files`, how many the index holds, tells
         it when the key is in too many of them to narrow). All of them go in one MATCH per
         table, so SQLite intersects them: a few parts can hold all of several common words. The
@@ -249,10 +250,10 @@ class IndexReader:
         phrases = {key: p for key in keys
                    if (p := self._phrase(lower_ascii(key), merge, files)) is not None}
         later = {key: phrases.pop(key) for key, p in list(phrases.items()) if p.later}
-        lone = [w for key in keys if merge and key not in phrases
-                and (w := self._lone(lower_ascii(key), files)) is not None]
         cased = {} if any_case or accented or phrases else {
             key: c for key in keys if (c := self._cased(key)) is not None}
+        lone = [w for key in keys if not accented and key not in phrases and key not in cased
+                and (w := self._lone(lower_ascii(key), files)) is not None]
         parts = [grams for grams in (_grams([k for k in keys if k not in phrases and
                                              k not in cased], any_case),
                                      _grams(accented)) if grams]
@@ -376,13 +377,13 @@ class IndexReader:
         """For a key of a word, blanks and a short last word: the words its first may be; or None.
 
         That last word (under `_PREFIX` characters) is left out of a phrase, which leaves one
-        word: no phrase (`_phrase`). Ignoring case, the key's trigrams name every part holding
-        its pieces anywhere (`enter` of `entered`, `r a` of `for a`); the first word whole, or
-        one of at most `_ENDINGS_ALONE` words ending with it, asked beside them, names only the
-        parts that may hold the key. None when more words end with it, or when they are in
-        more than `DENSE` of the `files` parts between them: they would narrow little for the
-        cost of reading their lists. Only ignoring case, as a phrase's punctuation is: in its
-        case the trigrams name about as few parts.
+        word: no phrase (`_phrase`), and in its case none either where that word begins too
+        many (`_cased`). The key's trigrams name every part holding its pieces anywhere
+        (`enter` of `entered`, `r a` of `for a`); the first word whole, or one of at most
+        `_ENDINGS_ALONE` words ending with it, asked beside them, names only the parts that may
+        hold the key, in any case (the words are folded: a case-sensitive key's file tells).
+        None when more words end with it, or when they are in more than `DENSE` of the `files`
+        parts between them: they would narrow little for the cost of reading their lists.
         """
         cut, last = _SEPARATORS.search(key), _LAST_WORD.search(key)
         if cut is None or not cut.start() or last is None or last.start() != cut.end() or \
