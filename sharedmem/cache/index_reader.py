@@ -440,7 +440,7 @@ class IndexReader:
         (`of tables`: `of` fills 15 pages of the documentation's words; the phrases of it and
         of the 47 words ending with it name 7 parts, where its trigrams named 249 files). That
         phrase is counted among the first `_LATER_ROWS` rows only: where it is rare, the
-        question walks its places in every part it covers, up to 1.7 ms over the 41,756 rows
+        question walks its places in every part it covers, up to 1.7 ms over the 41,758 rows
         of the documentation's index, 9 ms over eight copies of it. Not for `left` holding
         punctuation, whose places may be in every part: counting took up to 3.5 ms.
         """
