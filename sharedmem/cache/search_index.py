@@ -539,7 +539,7 @@ class _Rows:
     def __init__(self, held: Mapping[str, tuple[int, str, int, int]]) -> None:
         self.held = held  # path -> id, sha256, first row, parts
         self.building = not held
-        self.top = max((first + parts for _, _, first, parts in held.values()), default=1)
+        self.top = 1  # past every row held or placed: counted once rows are sought
         self.given: dict[str, tuple[int, int]] = {}  # path -> rows placed since, first and end
         self.paths: list[str] = []  # every path, in path order, once sorted
         self.firsts, self.ends = array("q"), array("q")  # every file's rows, in row order
@@ -550,7 +550,7 @@ class _Rows:
 
         Those it held while they are enough: it keeps its place in path order.
         """
-        if relpath in self.held and relpath not in self.given:
+        if relpath in self.held:
             _, _, first, held = self.held[relpath]
             if held >= parts:
                 return first
@@ -567,7 +567,8 @@ class _Rows:
             # spans never overlap: in order of their starts, their ends rise too
             self.firsts = array("q", sorted(first for first, _ in spans))
             self.ends = array("q", sorted(end for _, end in spans))
-        if relpath in self.given or relpath in self.held:
+            self.top = self.ends[-1]
+        if relpath in self.held:
             lo, hi = self._span(relpath)
             self.paths.pop(bisect_left(self.paths, relpath))
             at = bisect_left(self.firsts, lo)
