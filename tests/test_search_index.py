@@ -290,28 +290,55 @@ def test_refresh_re_reads_only_the_files_that_changed(tmp_path: Path) -> None:
     assert search_mod.searcher(cache)._view.manifest is None
 
 
+def segment_pages(cache: Cache) -> dict[str, list[int]]:
+    """Each table's segments, as the leaf pages each holds, largest first."""
+    conn = sqlite3.connect(search_index.index_path(cache))
+    try:
+        return {table: sorted((conn.execute(
+            f"SELECT count(*) FROM {table}_data WHERE id BETWEEN ? AND ?",
+            (segid << 37, (segid << 37) + (1 << 31) - 1)).fetchone()[0] for (segid,) in
+            conn.execute(f"SELECT DISTINCT segid FROM {table}_idx")), reverse=True)
+            for table in ("grams", "words", "cased")}
+    finally:
+        conn.close()
+
+
 def test_a_refresh_that_writes_a_quarter_or_more_merges_each_table_into_one_segment(
         tmp_path: Path) -> None:
     # Every segment is read by each question: a refresh that wrote much merges them (and
-    # frees their pages), one that wrote little leaves them to FTS5's own merging.
+    # frees their pages).
     cache = cache_of_ns(tmp_path, {f"f{i:02d}.md": f"alpha {i}\n" for i in range(40)})
     search_index.refresh_index(cache)
-
-    def segments_after(count: int, text: str) -> list[int]:
-        cache.apply([(f"{NS}/f{i:02d}.md", sha256_text(text + str(i)), text + str(i))
-                     for i in range(count)], [], {NS: INFO})
-        search_index.refresh_index(cache)
-        conn = sqlite3.connect(search_index.index_path(cache))
-        try:
-            return [conn.execute(f"SELECT count(DISTINCT segid) FROM {table}_idx").fetchone()[0]
-                    for table in ("grams", "words", "cased")]
-        finally:
-            conn.close()
-
-    assert segments_after(2, "beta ") == [2, 2, 2]  # 2 of 40: a segment more each
-    assert segments_after(10, "gamma ") == [1, 1, 1]  # a quarter: merged
+    cache.apply([(f"{NS}/f{i:02d}.md", sha256_text(f"gamma {i}"), f"gamma {i}")
+                 for i in range(10)], [], {NS: INFO})
+    assert search_index.refresh_index(cache) == {"changed": 10, "files": 40}  # a quarter
+    assert [len(pages) for pages in segment_pages(cache).values()] == [1, 1, 1]
     assert [r["path"] for r in tools.search(cache, ["gamma 7"])["results"]] == [f"{NS}/f07.md"]
     assert [r["path"] for r in tools.search(cache, ["alpha 12"])["results"]] == [f"{NS}/f12.md"]
+
+
+def test_small_refreshes_leave_their_segments_until_they_hold_a_sixteenth_of_a_table(
+        tmp_path: Path) -> None:
+    # A refresh of few files adds a segment, which FTS5 merges only with others of its size:
+    # merged with the build's once the small ones hold over a sixteenth of the table's pages.
+    def text(i: int, words: int) -> str:
+        return " ".join(f"w{(i * 7919 + j * 104729) % 99991:05d}" for j in range(words)) + "\n"
+
+    cache = cache_of_ns(tmp_path, {f"f{i:03d}.md": text(i, 600) for i in range(120)})
+    search_index.refresh_index(cache)
+    counts = []
+    for i in range(1, 9):  # each file grown to two parts: about 1/60 of the pages each time
+        body = text(1000 + i, 1600)
+        cache.apply([(f"{NS}/f{i:03d}.md", sha256_text(body), body)], [], {NS: INFO})
+        assert search_index.refresh_index(cache) == {"changed": 1, "files": 120}
+        pages = segment_pages(cache)
+        for sizes in pages.values():  # never over a sixteenth beside the largest
+            assert 16 * (sum(sizes) - sizes[0]) <= sum(sizes)
+        counts.append(len(pages["grams"]))
+    assert max(counts) > 1  # left to FTS5 until then
+    assert 1 in counts[counts.index(max(counts)):]  # then merged into one
+    word = text(1008, 1600).split()[1500]
+    assert [r["path"] for r in tools.search(cache, [word])["results"]] == [f"{NS}/f008.md"]
 
 
 def test_the_index_is_under_half_again_the_text_it_indexes(tmp_path: Path) -> None:

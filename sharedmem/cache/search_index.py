@@ -54,6 +54,7 @@ WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to f
 BACKGROUND_WAIT = 600.0  # and `index --background`, which no one waits for
 SEGMENT_BYTES = 8192  # a file is indexed in parts of about this much (`segments`)
 _STALE = 0.25  # old entries (parts changed or deleted since the build) over live ones: rebuild
+_SCATTERED = 16  # a table whose segments but its largest hold over 1/16 of its pages: merged
 _PAST = 1 << 62  # past every row
 STRAYS = 8  # more than 1/8 of the parts out of path order (`strays`): rebuild
 ORDER_TYPE = "i"  # `orders` holds 32-bit integers: half what a new searcher reads of 64
@@ -347,15 +348,15 @@ class _Writer:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
-            if 4 * done["changed"] >= max(done["files"], 1):
-                # Written mostly anew, each table is in many segments, every one of which each
-                # question reads: merged into one, questions cost less and the index is smaller
-                # (docs/BENCHMARKS.md); VACUUM frees the pages the old segments held.
-                for table in ("grams", "words", "cased"):
+            # Each question reads every segment of a table: merged into one, questions cost
+            # less (docs/BENCHMARKS.md). Written mostly anew, every table is, and VACUUM frees
+            # the pages the old segments held; else a table whose small segments have grown.
+            rewritten = 4 * done["changed"] >= max(done["files"], 1)
+            for table in ("grams", "words", "cased"):
+                if rewritten or _scattered(conn, table):
                     conn.execute(f"INSERT INTO {table}({table}) VALUES('optimize')")
+            if rewritten or writer.emptied:  # emptied: the old version's pages
                 conn.execute("VACUUM")
-            elif writer.emptied:
-                conn.execute("VACUUM")  # the old version's pages, which nothing else frees
             # A big write leaves a WAL as large as itself; searches read the file, not the WAL.
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             return done
@@ -600,6 +601,24 @@ class _Rows:
         at = bisect_left(self.firsts, lo)
         return not (at < len(self.firsts) and self.firsts[at] < hi or
                     at and self.ends[at - 1] > lo)
+
+
+def _scattered(conn: sqlite3.Connection, table: str) -> bool:
+    """Whether the segments of `table` but its largest hold over 1/`_SCATTERED` of its pages.
+
+    A refresh that changes few files adds a segment, which FTS5 merges only with others of its
+    size, so they pile up beside the build's: merged whole once they hold that share, each
+    question reads one segment again, for a rewrite of the table each time about a sixteenth
+    of it has been written anew. A segment's leaves are the rows of `_data` from its id
+    shifted left 37 bits, numbered from 1; `_idx` names every segment.
+    """
+    sizes = [pages for (pages,) in conn.execute(
+        f"WITH RECURSIVE segments(segment) AS (SELECT min(segid) FROM {table}_idx UNION ALL "
+        f"SELECT (SELECT min(segid) FROM {table}_idx WHERE segid > segment) FROM segments "
+        f"WHERE segment IS NOT NULL) SELECT (SELECT max(rowid) - (segment << 37) FROM "
+        f"{table}_data WHERE rowid BETWEEN segment << 37 AND (segment << 37) + 2147483647) "
+        "FROM segments WHERE segment IS NOT NULL") if type(pages) is int]
+    return _SCATTERED * (sum(sizes) - max(sizes, default=0)) > sum(sizes)
 
 
 def _grams_text(text: str, raw: str) -> str:
