@@ -27,6 +27,7 @@ from sharedmem.cache.cache import Cache, NamespaceInfo  # noqa: E402
 from sharedmem.hashing import sha256_text  # noqa: E402
 
 NAMESPACE = "machines/bench/notes"
+LATER = NamespaceInfo(NAMESPACE, "bench", "notes", "markdown", 2, "2026-01-02T00:00:00Z")  # later syncs
 QUERIES = [  # (label, arguments, rg flags)
     ("common word", {"queries": ["session"]}, []),
     ("rare identifier", {"queries": ["RareIdent0007"]}, []),
@@ -74,13 +75,41 @@ def add_later(cache: Cache, count: int) -> int:
     """
     files = sorted(cache.load().files)
     picked = {files[i * len(files) // count] for i in range(min(count, len(files)))}
-    info = NamespaceInfo(NAMESPACE, "bench", "notes", "markdown", 2, "2026-01-02T00:00:00Z")
     upserts = []
     for relpath in sorted(picked):
         text = (cache.root / relpath).read_text(encoding="utf-8")
         upserts.append((relpath.removesuffix(".md") + "-later.md", sha256_text(text), text))
-    cache.apply(upserts, [], {NAMESPACE: info})
+    cache.apply(upserts, [], {NAMESPACE: LATER})
     return len(upserts)
+
+
+def change_some(cache: Cache, round_: int) -> int:
+    """Change 1% of the files (at least one), spread through path order, as a later sync does.
+
+    Each keeps its text and gains a line, so searches find in it what they found; each round
+    picks other files, as a client's memory changes here and there over weeks.
+    """
+    files = sorted(cache.load().files)
+    count = max(1, len(files) // 100)
+    picked = sorted({files[(i * len(files) // count + 37 * round_) % len(files)]
+                     for i in range(count)})
+    upserts = []
+    for relpath in picked:
+        text = (cache.root / relpath).read_text(encoding="utf-8") + f"\nChanged by sync {round_}.\n"
+        upserts.append((relpath, sha256_text(text), text))
+    cache.apply(upserts, [], {NAMESPACE: LATER})
+    return len(upserts)
+
+
+def segments(cache: Cache) -> list[int]:
+    """How many FTS5 segments each table of the index is in (grams, words, cased)."""
+    from sharedmem.cache.search_index import index_path
+    conn = sqlite3.connect(index_path(cache))
+    try:
+        return [conn.execute(f"SELECT count(DISTINCT segid) FROM {table}_idx").fetchone()[0]
+                for table in ("grams", "words", "cased")]
+    finally:
+        conn.close()
 
 
 def strays(cache: Cache) -> int:
@@ -181,6 +210,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"then {added} files added by a later sync, as an installed client's index has "
               f"them: {out} part{'' if out == 1 else 's'} out of path order, the rest in rows "
               "the build left free (--later 0: the index as built whole)")
+    if args.syncs:
+        for round_ in range(1, args.syncs + 1):
+            change_some(Cache(work / "cache"), round_)
+            refresh_index(Cache(work / "cache"))
+        print(f"then {args.syncs} syncs each changing 1% of the files, as a client's index has "
+              f"them after weeks: its tables in {segments(Cache(work / 'cache'))} segments "
+              "(--syncs 0: none)")
     rows: list[tuple[str, str, str, str, bool]] = []
     cmd = server_command(config)
     init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -265,6 +301,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="files a later sync adds once the index is built, spread through "
                         "the cache, as on an installed client (default 50; 0: the index as "
                         "built whole)")
+    parser.add_argument("--syncs", type=int, default=0, metavar="N",
+                        help="syncs that then each change 1%% of the files, spread through the "
+                        "cache, each followed by its index refresh: a client's index after "
+                        "weeks of use (default 0)")
     parser.add_argument("--runs", type=int, default=11, help="repetitions per figure")
     parser.add_argument("--work", help="folder to build in (kept); default a temporary one")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")

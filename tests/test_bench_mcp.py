@@ -68,3 +68,26 @@ def test_files_added_later_stand_spread_through_path_order_their_strays_counted(
         "SELECT first, parts FROM files ORDER BY path").fetchall()
     ids = [row for first, parts in rows for row in range(first, first + parts)]
     assert bench_mcp.strays(cache) == len(search_index.strays(ids))  # what the bench prints
+
+
+def test_syncs_that_change_some_files_change_one_percent_each_time_others_each_round(
+        tmp_path: Path) -> None:
+    config, _ = bench_mcp.build(tmp_path / "work", 300, 1)
+    cache = Cache(Path(json.loads(config.read_text(encoding="utf-8"))["cache"]))
+    search_index.refresh_index(cache)
+    before = {path: (cache.root / path).read_text(encoding="utf-8") for path in cache.load().files}
+    changed = []
+    for round_ in (1, 2):
+        assert bench_mcp.change_some(cache, round_) == 3
+        after = {path: (cache.root / path).read_text(encoding="utf-8")
+                 for path in cache.load().files}
+        assert after.keys() == before.keys()
+        changed.append(sorted(p for p in after if after[p] != before[p]))
+        for path in changed[-1]:  # each keeps its text and gains a line
+            assert after[path] == before[path] + f"\nChanged by sync {round_}.\n"
+        before = after
+        search_index.refresh_index(cache)
+    order = sorted(before)
+    assert all(len(paths) == 3 for paths in changed) and set(changed[0]).isdisjoint(changed[1])
+    assert order.index(changed[0][-1]) - order.index(changed[0][0]) > len(order) // 2  # spread
+    assert all(count >= 1 for count in bench_mcp.segments(cache))
