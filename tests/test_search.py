@@ -1150,6 +1150,42 @@ def test_a_first_word_whose_list_is_long_asks_their_phrases_only_where_its_own_i
     assert asked(cache, "beta glow").then is not None
 
 
+def test_a_words_pages_are_counted_alike_once_small_refreshes_add_segments(
+        tmp_path: Path) -> None:
+    # How many pages a word's list fills decides how it is asked (`_LATER_PAGES`, `_MERGED`).
+    # FTS5 tells where in each segment a word may lie to a page or two, so each segment a
+    # small refresh adds counted one or two more pages for every word, and a key's question
+    # changed with them (`file in the` read 1,141 files of the documentation for 117). Of the
+    # segments but the largest, only the pages a list fills whole count.
+    cache = make_cache(tmp_path, {f"f{i:04d}.md": " ".join(
+        f"w{(i * 7919 + j * 104729) % 99991}" for j in range(40)) + " beta gamma" * 12 + "\n"
+        for i in range(1000)})
+    search_index.refresh_index(cache)
+
+    def pages() -> tuple[float, ...]:
+        searcher = search_mod.searcher(cache)
+        searcher.index.begin()
+        try:
+            return tuple(searcher.index._pages("words", word, begun)
+                         for word, begun in (("beta", False), ("gam", True), ("w1", True)))
+        finally:
+            searcher.index.end()
+
+    built = pages()
+    assert built[0] >= 4 and built[2] >= 8  # `beta` fills pages, and the words `w1` begins
+    info = NamespaceInfo(NS, "lab", "notes", "markdown", 2, "2026-01-02T00:00:00Z")
+    for i in range(3):
+        text = f"alpha changed {i} " + "beta gamma " * 12 + "\n"
+        cache.apply([(f"{NS}/f{i * 300:04d}.md", sha256_text(text), text)], [], {NS: info})
+        search_index.refresh_index(cache)
+    conn = sqlite3.connect(search_index.index_path(cache))
+    try:
+        assert conn.execute("SELECT count(DISTINCT segid) FROM words_idx").fetchone()[0] > 2
+    finally:
+        conn.close()
+    assert pages() == built
+
+
 @pytest.mark.parametrize("any_case", [False, True])
 def test_a_phrase_after_a_first_word_that_ends_many_words_asks_their_phrases_once_files_lack_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:

@@ -437,7 +437,7 @@ class IndexReader:
         Each question of them walks the list of `first` as far as its page needs: little where
         that list fills at most `_LATER_PAGES` pages, or where the phrase of `first` itself is
         in at most `_LATER_RARE` parts, so that they name few and one question reaches the end
-        (`of tables`: `of` fills 15 pages of the documentation's words; the phrases of it and
+        (`of tables`: `of` fills 12 pages of the documentation's words; the phrases of it and
         of the 47 words ending with it name 7 parts, where its trigrams named 249 files). That
         phrase is counted among the first `_LATER_ROWS` rows only: where it is rare, the
         question walks its places in every part it covers, up to 1.7 ms over the 41,758 rows
@@ -467,7 +467,10 @@ class IndexReader:
         the words lie from the last such page at or before the first of them to the first past
         them all (which may begin with the end of their list), or to the segment's last page
         (its last row in the table's `_data`, whose id is the segment's shifted left 37 bits
-        and the page's). Infinite, as if they filled too many, for an answer of the wrong kind.
+        and the page's). So counted, a word in no part of a segment takes one or two of its
+        pages: of a segment but the largest (the ones later refreshes add, `_scattered`),
+        only the pages between, which its list fills whole, count. Infinite, as if they filled
+        too many, for an answer of the wrong kind.
         """
         word = lower_ascii(word)  # as the tables' tokenizer keeps it
         past = _past(word) if begun else word + "\x01"  # no word holds U+0001: just past it
@@ -477,22 +480,21 @@ class IndexReader:
             found = self.conn.execute(
                 f"WITH RECURSIVE segments(segment) AS (SELECT min(segid) FROM {table}_idx UNION "
                 f"ALL SELECT (SELECT min(segid) FROM {table}_idx WHERE segid > segment) FROM "
-                "segments WHERE segment IS NOT NULL) SELECT "
-                f"(SELECT pgno >> 1 FROM {table}_idx WHERE segid = segment AND term <= ? "
-                "ORDER BY term DESC LIMIT 1), "
-                f"coalesce((SELECT pgno >> 1 FROM {table}_idx WHERE segid = segment AND "
-                "term >= ? ORDER BY term LIMIT 1), (SELECT max(rowid) - (segment << 37) FROM "
-                f"{table}_data WHERE rowid BETWEEN segment << 37 AND (segment << 37) + "
-                "2147483647)) FROM segments WHERE segment IS NOT NULL",
-                (b"0" + word.encode(), b"0" + past.encode())).fetchall()
+                "segments WHERE segment IS NOT NULL), last(segment, page) AS (SELECT segment, "
+                f"(SELECT max(rowid) - (segment << 37) FROM {table}_data WHERE rowid BETWEEN "
+                "segment << 37 AND (segment << 37) + 2147483647) FROM segments WHERE segment IS "
+                f"NOT NULL) SELECT (SELECT pgno >> 1 FROM {table}_idx WHERE segid = segment AND "
+                f"term <= ? ORDER BY term DESC LIMIT 1), coalesce((SELECT pgno >> 1 FROM "
+                f"{table}_idx WHERE segid = segment AND term >= ? ORDER BY term LIMIT 1), page), "
+                "page FROM last", (b"0" + word.encode(), b"0" + past.encode())).fetchall()
         except sqlite3.Error:
             return math.inf
-        pages = 0
-        for first, end in found:
-            if type(end) is not int or first is not None and type(first) is not int:
-                return math.inf
-            pages += end - (first or 1) + 1
-        return pages
+        if not all(type(end) is int and type(size) is int and (first is None or type(first) is
+                                                              int) for first, end, size in found):
+            return math.inf
+        largest = max(range(len(found)), key=lambda k: found[k][2], default=None)
+        return sum(end - (first or 1) + 1 if k == largest else max(0, end - (first or 1) - 1)
+                   for k, (first, end, _) in enumerate(found))
 
     def _worth_merging(self, table: str, lead: str, longer: list[str]) -> bool:
         """Whether a phrase of `lead` and a short last word is asked, that word as a prefix.
