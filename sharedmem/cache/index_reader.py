@@ -30,6 +30,7 @@ from sharedmem.cache.search_index import (
     index_path,
     is_busy,
     is_planted,
+    last_pages,
     punctuation_apart,
     read_only_uri,
 )
@@ -466,8 +467,7 @@ class IndexReader:
         begins one (as `0` and the word's UTF-8, in small letters; its page number doubled):
         the words lie from the last such page at or before the first of them to the first past
         them all (which may begin with the end of their list), or to the segment's last page
-        (its last row in the table's `_data`, whose id is the segment's shifted left 37 bits
-        and the page's). So counted, a word in no part of a segment takes one or two of its
+        (`last_pages`). So counted, a word in no part of a segment takes one or two of its
         pages: of a segment but the largest (the ones later refreshes add, `_scattered`),
         only the pages between, which its list fills whole, count. Infinite, as if they filled
         too many, for an answer of the wrong kind.
@@ -478,15 +478,10 @@ class IndexReader:
             return math.inf
         try:
             found = self.conn.execute(
-                f"WITH RECURSIVE segments(segment) AS (SELECT min(segid) FROM {table}_idx UNION "
-                f"ALL SELECT (SELECT min(segid) FROM {table}_idx WHERE segid > segment) FROM "
-                "segments WHERE segment IS NOT NULL), last(segment, page) AS (SELECT segment, "
-                f"(SELECT max(rowid) - (segment << 37) FROM {table}_data WHERE rowid BETWEEN "
-                "segment << 37 AND (segment << 37) + 2147483647) FROM segments WHERE segment IS "
-                f"NOT NULL) SELECT (SELECT pgno >> 1 FROM {table}_idx WHERE segid = segment AND "
-                f"term <= ? ORDER BY term DESC LIMIT 1), coalesce((SELECT pgno >> 1 FROM "
-                f"{table}_idx WHERE segid = segment AND term >= ? ORDER BY term LIMIT 1), page), "
-                "page FROM last", (b"0" + word.encode(), b"0" + past.encode())).fetchall()
+                last_pages(table) + f"SELECT (SELECT pgno >> 1 FROM {table}_idx WHERE segid = "
+                "segment AND term <= ? ORDER BY term DESC LIMIT 1), coalesce((SELECT pgno >> 1 "
+                f"FROM {table}_idx WHERE segid = segment AND term >= ? ORDER BY term LIMIT 1), "
+                "page), page FROM last", (b"0" + word.encode(), b"0" + past.encode())).fetchall()
         except sqlite3.Error:
             return math.inf
         if not all(type(end) is int and type(size) is int and (first is None or type(first) is

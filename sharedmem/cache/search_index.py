@@ -603,21 +603,29 @@ class _Rows:
                     at and self.ends[at - 1] > lo)
 
 
+def last_pages(table: str) -> str:
+    """SQL that names each FTS5 segment of `table` and its last leaf page: `last(segment, page)`.
+
+    `_idx` names every segment; its leaves are the rows of `_data` from its id shifted left 37
+    bits, numbered from 1. The start of a query, for the tables' own names only.
+    """
+    return (f"WITH RECURSIVE segments(segment) AS (SELECT min(segid) FROM {table}_idx UNION ALL "
+            f"SELECT (SELECT min(segid) FROM {table}_idx WHERE segid > segment) FROM segments "
+            "WHERE segment IS NOT NULL), last(segment, page) AS (SELECT segment, (SELECT "
+            f"max(rowid) - (segment << 37) FROM {table}_data WHERE rowid BETWEEN segment << 37 "
+            "AND (segment << 37) + 2147483647) FROM segments WHERE segment IS NOT NULL) ")
+
+
 def _scattered(conn: sqlite3.Connection, table: str) -> bool:
     """Whether the segments of `table` but its largest hold over 1/`_SCATTERED` of its pages.
 
     A refresh that changes few files adds a segment, which FTS5 merges only with others of its
     size, so they pile up beside the build's: merged whole once they hold that share, each
     question reads one segment again, for a rewrite of the table each time about a sixteenth
-    of it has been written anew. A segment's leaves are the rows of `_data` from its id
-    shifted left 37 bits, numbered from 1; `_idx` names every segment.
+    of it has been written anew.
     """
-    sizes = [pages for (pages,) in conn.execute(
-        f"WITH RECURSIVE segments(segment) AS (SELECT min(segid) FROM {table}_idx UNION ALL "
-        f"SELECT (SELECT min(segid) FROM {table}_idx WHERE segid > segment) FROM segments "
-        f"WHERE segment IS NOT NULL) SELECT (SELECT max(rowid) - (segment << 37) FROM "
-        f"{table}_data WHERE rowid BETWEEN segment << 37 AND (segment << 37) + 2147483647) "
-        "FROM segments WHERE segment IS NOT NULL") if type(pages) is int]
+    sizes = [pages for (pages,) in conn.execute(last_pages(table) + "SELECT page FROM last")
+             if type(pages) is int]
     return _SCATTERED * (sum(sizes) - max(sizes, default=0)) > sum(sizes)
 
 
