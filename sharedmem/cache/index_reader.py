@@ -484,8 +484,8 @@ class IndexReader:
                 "page), page FROM last", (b"0" + word.encode(), b"0" + past.encode())).fetchall()
         except sqlite3.Error:
             return math.inf
-        if not all(type(end) is int and type(size) is int and (first is None or type(first) is
-                                                              int) for first, end, size in found):
+        if not all(type(end) is type(size) is int and type(first or 0) is int
+                   for first, end, size in found):
             return math.inf
         largest = max(range(len(found)), key=lambda k: found[k][2], default=None)
         return sum(end - (first or 1) + 1 if k == largest else max(0, end - (first or 1) - 1)
