@@ -341,6 +341,35 @@ def test_small_refreshes_leave_their_segments_until_they_hold_a_sixteenth_of_a_t
     assert [r["path"] for r in tools.search(cache, [word])["results"]] == [f"{NS}/f008.md"]
 
 
+def test_a_refresh_writes_its_rows_in_one_segment_though_a_file_goes_past_all_others(
+        tmp_path: Path) -> None:
+    # FTS5 starts a segment whenever a row comes below the one written before it: a file added
+    # past all others between two changed in place would cut the refresh's rows in three.
+    def text(i: int, words: int) -> str:
+        return " ".join(f"w{(i * 7919 + j * 104729) % 99991:05d}" for j in range(words)) + "\n"
+
+    cache = cache_of_ns(tmp_path, {f"f{i:03d}.md": text(i, 600) for i in range(200)})
+    search_index.refresh_index(cache)
+    before = segment_pages(cache)
+    # f100a.md: three parts, more than the two rows left free after f100.md's
+    changed = {"f005.md": text(1005, 600) + "zeta\n", "f150.md": text(1150, 600) + "zeta\n",
+               "f100a.md": "\n".join([text(1100, 600)] * 6) + "zeta\n"}
+    cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in changed.items()], [], {NS: INFO})
+    assert search_index.refresh_index(cache) == {"changed": 3, "files": 201}
+    conn = sqlite3.connect(search_index.index_path(cache))
+    rows = {path.rpartition("/")[2]: first
+            for path, first in conn.execute("SELECT path, first FROM files")}
+    conn.close()
+    assert rows["f005.md"] < rows["f150.md"] < rows["f100a.md"]  # in path order: 005, 100a, 150
+    after = segment_pages(cache)
+    # (`grams`: the trigrams of these few digits fill so few pages that three files more hold
+    # a sixteenth of them, and the table is merged whole)
+    for table in ("words", "cased"):
+        assert len(after[table]) == len(before[table]) + 1
+    assert [r["path"] for r in tools.search(cache, ["zeta"])["results"]] == [
+        f"{NS}/f005.md", f"{NS}/f100a.md", f"{NS}/f150.md"]
+
+
 def test_the_index_is_under_half_again_the_text_it_indexes(tmp_path: Path) -> None:
     # It keeps no copy of the text: its tables hold which parts hold each trigram, and where
     # each word stands in them, folded and in its case.

@@ -36,7 +36,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping
 from itertools import compress, islice, pairwise
-from operator import gt
+from operator import gt, itemgetter
 from pathlib import Path
 
 from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache
@@ -61,6 +61,7 @@ ORDER_TYPE = "i"  # `orders` holds 32-bit integers: half what a new searcher rea
 _SLACK = 2  # rows left free after each file's, for files added beside it later (`_Rows`)
 _FOLDER_SLACK = 16  # and more after a folder's last file's, where files named by date go
 _WORDS_HELD = 100_000  # words an update holds before it adds them to `ends`
+_ROWS_HELD = 1 << 20  # bytes of files read an update holds before it writes them, in row order
 # ASCII but letters and digits to a blank: the words `ends` holds (the words tables' but punctuation).
 _CUT = bytes(c if c >= 128 or chr(c).isalnum() else 32 for c in range(256))
 # ASCII punctuation: each character a word of its own in the words tables (`punctuation_apart`),
@@ -332,6 +333,9 @@ class _Writer:
         self.changed = 0
         self.emptied = False  # an index of another version was emptied: VACUUM after
         self.words: set[bytes] = set()  # words of the texts put, for `ends` (`store_words`)
+        # each file's first row and texts (raw, normalized, apart), held for `store_rows`
+        self.rows: list[tuple[int, list[str], list[str], list[str]]] = []
+        self.held = 0  # bytes of the files they were read from
 
     @classmethod
     def run(cls, path: Path, cache: Cache) -> dict[str, int]:
@@ -387,6 +391,7 @@ class _Writer:
 
     def finish(self, mark: str | None, complete: bool) -> dict[str, int]:
         """Record the generation and which manifest the index now covers whole, if any."""
+        self.store_rows()
         self.store_words()
         generation = int(self.meta("generation") or 0) + (1 if self.changed else 0)
         self.conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
@@ -491,19 +496,36 @@ class _Writer:
             self.conn.execute("UPDATE files SET sha256=?, namespace=?, first=?, parts=?, "
                               "bounds=? WHERE id=?", (digest, meta.namespace, first,
                                                       len(raws), cut, row_id))
-        self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", (
-            (row, _grams_text(text, raw)) for row, text, raw in zip(
-                range(first, first + len(raws)), cased, raws, strict=True)))
-        self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)",
-                              ((row, lower_ascii(text)) for row, text in enumerate(apart, first)))
-        self.conn.executemany("INSERT INTO cased(rowid, body) VALUES (?, ?)",
-                              ((row, mark_capitals(text)) for row, text in enumerate(apart, first)))
+        self.rows.append((first, raws, cased, apart))
+        self.held += len(data)
+        if self.held > _ROWS_HELD:
+            self.store_rows()
         for text in cased:  # the words `ends` holds: cut at ASCII separators, punctuation too
             self.words.update(text.encode("utf-8", "surrogatepass").translate(_CUT).split())
         if len(self.words) > _WORDS_HELD:
             self.store_words()
         self.changed += 1
         return True
+
+    def store_rows(self) -> None:
+        """Write the texts held to the FTS5 tables in row order.
+
+        FTS5 writes what it holds as a new segment whenever a row comes below the one before
+        it, and every question reads every segment: a file placed past all others between
+        files placed in path order would cut a refresh's rows in two segments or more.
+        """
+        self.rows.sort(key=itemgetter(0))
+        self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", (
+            (row, _grams_text(text, raw)) for first, raws, cased, _ in self.rows
+            for row, text, raw in zip(range(first, first + len(raws)), cased, raws, strict=True)))
+        self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)", (
+            (row, lower_ascii(text)) for first, _, _, apart in self.rows
+            for row, text in enumerate(apart, first)))
+        self.conn.executemany("INSERT INTO cased(rowid, body) VALUES (?, ?)", (
+            (row, mark_capitals(text)) for first, _, _, apart in self.rows
+            for row, text in enumerate(apart, first)))
+        self.rows.clear()
+        self.held = 0
 
     def store_words(self) -> None:
         """Add the words seen to `ends`, each spelt backwards; words no file holds may stay.
