@@ -28,6 +28,7 @@ sys.path.insert(0, str(HERE))
 import bench_index  # noqa: E402
 import corpus  # noqa: E402
 from bench_mcp import Session, pct  # noqa: E402
+from bench_sync import settle  # noqa: E402
 from loopback_sshd import LAUNCHER, Sshd, start_sshd  # noqa: E402
 
 SEARCHES = [  # (label, arguments, rg flags): every query shape issue 15 names
@@ -81,9 +82,19 @@ def _build(work: Path, files: int, machines: int) -> tuple[Path, dict[str, int]]
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"publishing {name} failed: {proc.stderr[-800:]}")
-        shutil.rmtree(config.parent / "cache")  # only the store is kept
         print(f"published {name}: {stats['files']} files", file=sys.stderr)
     return store, totals
+
+
+def _drop_publishers(work: Path) -> None:
+    """Delete the publishers' caches (each holds what the store held when it synced).
+
+    Only once the first pulls are timed: a file system that discards the blocks it frees (ext4
+    `discard`) created files up to ten times slower just after deleting as many, so the first
+    pull would pay for the deletion, and `rsync -a` after it would not.
+    """
+    for cache in (work / "publishers").glob("*/cache"):
+        shutil.rmtree(cache)
 
 
 def _reader(work: Path, server: Sshd, store: Path, run: int) -> Path:
@@ -101,6 +112,7 @@ def _reader(work: Path, server: Sshd, store: Path, run: int) -> Path:
 
 def _sync(work: Path, config: Path, *extra: str) -> dict[str, float]:
     """One timed sync with the peak RSS of the client and of its serve."""
+    settle()
     wall, started = time.time(), time.perf_counter()
     proc = subprocess.run([sys.executable, str(work / "rss.py"), str(config.parent / "client.rss"),
                            sys.executable, "-S", str(LAUNCHER), "sync", "--config",
@@ -145,6 +157,7 @@ def _rsync(server: Sshd, tree: Path, dest: Path) -> float:
     ssh = (f"ssh -p {server.port} -i {server.free_key} -o IdentitiesOnly=yes -o BatchMode=yes "
            f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={server.known_hosts} "
            "-o GlobalKnownHostsFile=/dev/null -o LogLevel=ERROR")
+    settle()
     started = time.perf_counter()
     proc = subprocess.run(["rsync", "-a", "--exclude", ".sharedmem", "-e", ssh, f"{tree}/",
                            f"{server.user}@127.0.0.1:{dest}/"], capture_output=True, text=True)
@@ -267,6 +280,7 @@ def run(args: argparse.Namespace) -> int:
                 for _ in range(3):
                     nochanges.append(_sync(work, config))
                     rsync_nochanges.append(_rsync(server, work / "sources", dest))
+            _drop_publishers(work)
             if args.later and not args.no_index:
                 added = _later(work, config, args.later)
                 print(f"searches after a later sync adding {added} files, kept in the index "

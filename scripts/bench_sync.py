@@ -73,7 +73,7 @@ def corpus_limits(stats: dict[str, int]) -> tuple[dict[str, int], tuple[str, ...
                          for arg in ("--limit", f"{name}={value}"))
 
 
-def _settle() -> None:
+def settle() -> None:
     """Let the disk write out what earlier phases left, so each timed phase starts alike.
 
     Whichever tool ran before would otherwise leave its writes to slow the next one.
@@ -140,7 +140,7 @@ def _ours(work: Path, server: Sshd, source: Path, run: int,
     for phase in PHASES:
         if phase == "changed1pct":
             _change(source, 1.0, run)
-        _settle()
+        settle()
         wall, started = time.time(), time.perf_counter()
         proc = subprocess.run([sys.executable, "-S", str(launcher or LAUNCHER), "sync",
                                "--config", str(cfg), "--json",
@@ -172,7 +172,7 @@ def _rsync(work: Path, server: Sshd, source: Path, run: int) -> dict[str, dict[s
     for phase in PHASES:
         if phase == "changed1pct":
             _change(source, 1.0, run + 1000)
-        _settle()
+        settle()
         started = time.perf_counter()
         proc = subprocess.run(["rsync", "-a", "--stats", "-e", _ssh_e(server), f"{source}/",
                                f"{server.user}@127.0.0.1:{dest}/"], capture_output=True, text=True)

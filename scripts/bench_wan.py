@@ -92,7 +92,7 @@ def _ours(work: Path, server: Sshd, source: Path, run: int, proxy: str, sockets:
         for phase in PHASES:
             if phase == "changed1pct":
                 bench_sync._change(source, 1.0, run)
-            bench_sync._settle()
+            bench_sync.settle()
             wall, started = time.time(), time.monotonic()
             proc = subprocess.run([sys.executable, "-S", str(LAUNCHER), "sync", "--config",
                                    str(cfg), "--json", *bench_index.sync_args(phase, index)],
@@ -121,7 +121,7 @@ def _rsync(work: Path, server: Sshd, source: Path, run: int, compress: bool, pro
     for phase in PHASES:
         if phase == "changed1pct":
             bench_sync._change(source, 1.0, run + (2000 if compress else 1000))
-        bench_sync._settle()
+        bench_sync.settle()
         started = time.monotonic()
         proc = subprocess.run(["rsync", "-az" if compress else "-a", "--stats", "-e", ssh,
                                f"{source}/", f"{server.user}@127.0.0.1:{dest}/"],
