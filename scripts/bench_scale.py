@@ -89,9 +89,9 @@ def _build(work: Path, files: int, machines: int) -> tuple[Path, dict[str, int]]
 def _drop_publishers(work: Path) -> None:
     """Delete the publishers' caches (each holds what the store held when it synced).
 
-    Only once the first pulls are timed: a file system that discards the blocks it frees (ext4
-    `discard`) created files up to ten times slower just after deleting as many, so the first
-    pull would pay for the deletion, and `rsync -a` after it would not.
+    Only once everything is timed, for a folder kept: a file system that discards the blocks
+    it frees (ext4 `discard`) created files up to ten times slower just after deleting as
+    many, so a first pull would pay for the deletion, and `rsync -a` after it would not.
     """
     for cache in (work / "publishers").glob("*/cache"):
         shutil.rmtree(cache)
@@ -148,7 +148,6 @@ def _later(work: Path, config: Path, count: int) -> int:
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"publishing the later files failed: {proc.stderr[-800:]}")
-    shutil.rmtree(publisher.parent / "cache")
     _sync(work, config)
     return len(picked)
 
@@ -280,7 +279,6 @@ def run(args: argparse.Namespace) -> int:
                 for _ in range(3):
                     nochanges.append(_sync(work, config))
                     rsync_nochanges.append(_rsync(server, work / "sources", dest))
-            _drop_publishers(work)
             if args.later and not args.no_index:
                 added = _later(work, config, args.later)
                 print(f"searches after a later sync adding {added} files, kept in the index "
@@ -351,6 +349,7 @@ def run(args: argparse.Namespace) -> int:
         return 0 if all(f[3] for f in figures) else 1
     finally:
         if args.keep:
+            _drop_publishers(work)
             print(f"kept {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
