@@ -303,6 +303,11 @@ def segment_pages(cache: Cache) -> dict[str, list[int]]:
         conn.close()
 
 
+def numbered_words(seed: int, words: int) -> str:
+    """A line of `words` numbered words, spread so that each table fills many pages."""
+    return " ".join(f"w{(seed * 7919 + j * 104729) % 99991:05d}" for j in range(words)) + "\n"
+
+
 def test_a_refresh_that_writes_a_quarter_or_more_merges_each_table_into_one_segment(
         tmp_path: Path) -> None:
     # Every segment is read by each question: a refresh that wrote much merges them (and
@@ -321,14 +326,11 @@ def test_small_refreshes_leave_their_segments_until_they_hold_a_sixteenth_of_a_t
         tmp_path: Path) -> None:
     # A refresh of few files adds a segment, which FTS5 merges only with others of its size:
     # merged with the build's once the small ones hold over a sixteenth of the table's pages.
-    def text(i: int, words: int) -> str:
-        return " ".join(f"w{(i * 7919 + j * 104729) % 99991:05d}" for j in range(words)) + "\n"
-
-    cache = cache_of_ns(tmp_path, {f"f{i:03d}.md": text(i, 600) for i in range(120)})
+    cache = cache_of_ns(tmp_path, {f"f{i:03d}.md": numbered_words(i, 600) for i in range(120)})
     search_index.refresh_index(cache)
     counts = []
     for i in range(1, 9):  # each file grown to two parts: about 1/60 of the pages each time
-        body = text(1000 + i, 1600)
+        body = numbered_words(1000 + i, 1600)
         cache.apply([(f"{NS}/f{i:03d}.md", sha256_text(body), body)], [], {NS: INFO})
         assert search_index.refresh_index(cache) == {"changed": 1, "files": 120}
         pages = segment_pages(cache)
@@ -337,7 +339,7 @@ def test_small_refreshes_leave_their_segments_until_they_hold_a_sixteenth_of_a_t
         counts.append(len(pages["grams"]))
     assert max(counts) > 1  # left to FTS5 until then
     assert 1 in counts[counts.index(max(counts)):]  # then merged into one
-    word = text(1008, 1600).split()[1500]
+    word = numbered_words(1008, 1600).split()[1500]
     assert [r["path"] for r in tools.search(cache, [word])["results"]] == [f"{NS}/f008.md"]
 
 
@@ -345,15 +347,13 @@ def test_a_refresh_writes_its_rows_in_one_segment_though_a_file_goes_past_all_ot
         tmp_path: Path) -> None:
     # FTS5 starts a segment whenever a row comes below the one written before it: a file added
     # past all others between two changed in place would cut the refresh's rows in three.
-    def text(i: int, words: int) -> str:
-        return " ".join(f"w{(i * 7919 + j * 104729) % 99991:05d}" for j in range(words)) + "\n"
-
-    cache = cache_of_ns(tmp_path, {f"f{i:03d}.md": text(i, 600) for i in range(200)})
+    cache = cache_of_ns(tmp_path, {f"f{i:03d}.md": numbered_words(i, 600) for i in range(200)})
     search_index.refresh_index(cache)
     before = segment_pages(cache)
     # f100a.md: three parts, more than the two rows left free after f100.md's
-    changed = {"f005.md": text(1005, 600) + "zeta\n", "f150.md": text(1150, 600) + "zeta\n",
-               "f100a.md": "\n".join([text(1100, 600)] * 6) + "zeta\n"}
+    changed = {"f005.md": numbered_words(1005, 600) + "zeta\n",
+               "f150.md": numbered_words(1150, 600) + "zeta\n",
+               "f100a.md": "\n".join([numbered_words(1100, 600)] * 6) + "zeta\n"}
     cache.apply([(f"{NS}/{p}", sha256_text(t), t) for p, t in changed.items()], [], {NS: INFO})
     assert search_index.refresh_index(cache) == {"changed": 3, "files": 201}
     conn = sqlite3.connect(search_index.index_path(cache))
