@@ -518,12 +518,10 @@ class _Writer:
         self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", (
             (row, _grams_text(text, raw)) for first, raws, cased, _ in self.rows
             for row, text, raw in zip(range(first, first + len(raws)), cased, raws, strict=True)))
-        self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)", (
-            (row, lower_ascii(text)) for first, _, _, apart in self.rows
-            for row, text in enumerate(apart, first)))
-        self.conn.executemany("INSERT INTO cased(rowid, body) VALUES (?, ?)", (
-            (row, mark_capitals(text)) for first, _, _, apart in self.rows
-            for row, text in enumerate(apart, first)))
+        for table, spell in (("words", lower_ascii), ("cased", mark_capitals)):
+            self.conn.executemany(f"INSERT INTO {table}(rowid, body) VALUES (?, ?)", (
+                (row, spell(text)) for first, _, _, apart in self.rows
+                for row, text in enumerate(apart, first)))
         self.rows.clear()
         self.held = 0
 
