@@ -735,6 +735,27 @@ def test_a_phrase_of_one_word_after_its_first_asks_more_words_ending_with_it(
         assert searcher.scanned == read, alone
 
 
+def test_the_one_rare_word_after_a_first_that_ends_too_many_words_is_asked_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # More words end with `to` than are asked (`into`, `onto`, `pluto`): no phrase, in its case
+    # or not, and the key's trigrams are in every file (`into sums`, `resupply`). `supply` is
+    # in few parts, so only the files holding a word it begins are read. A key holding a
+    # capital, case counting, is left to its trigrams, which keep its case.
+    monkeypatch.setattr(index_reader, "_ENDINGS", 2)
+    monkeypatch.setattr(index_reader, "_ENDINGS_LATER", 2)
+    files = {f"c{i:03d}.md": "go into sums to resupply pluto\n" for i in range(200)}
+    files.update({"a.md": "up to supply\n", "b.md": "onto supplying\n", "d.md": "to\nsupply\n"})
+    cache, searcher = indexed(make_cache(tmp_path, files))
+    searcher.index.begin()
+    assert searcher.index.expression(["to supply"], 203).words == '"supply"*'
+    assert searcher.index.expression(["to Supply"], 203).words == ""
+    assert searcher.index.expression(["to supply"], 203, any_case=True).words == '"supply"*'
+    searcher.index.end()
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["to supply"])]
+    assert got == reference(cache, ["to supply"]) == [(f"{NS}/a.md", 1), (f"{NS}/b.md", 1)]
+    assert searcher.scanned == 3  # a.md, b.md and d.md, whose two words are lines apart
+
+
 def fifth_and_three(tmp_path: Path, fifth: str, three: str) -> Cache:
     """1,000 indexed files: a fifth hold `fifth`, files 3, 501 and 998 `three`, the rest neither."""
     files = {f"f{i:04d}.md": f"alpha {fifth}\n" if i % 5 == 0 else "alpha delta\n"

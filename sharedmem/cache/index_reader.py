@@ -56,6 +56,8 @@ _LATER_ROWS = 65536  # counted among the rows below this one: that question walk
 _MERGED = 32  # pages the words a short last word begins may fill, for it to be asked as a prefix
 _RARE = 128  # parts a short last word's lead is in, at most, for its trigrams to be asked
 _ENDED = 32  # parts the words ending with that lead may name, to be asked alone beside it
+_ONE_PAGES = 2  # pages a key's one word after a first ending too many words may fill, alone
+_ONE_SHARE = 1 / 16  # and parts that word may be in, at most, for it to be asked alone
 _ENDINGS = 8  # words ending with a phrase's first that are asked; more: the phrase starts after it
 
 
@@ -248,8 +250,8 @@ class IndexReader:
         # A short last word's words are merged only for a phrase asked alone (not with trigrams
         # a chunk at a time, each chunk merging them again), and in its case when case counts.
         merge = any_case and not accented
-        phrases = {key: p for key in keys
-                   if (p := self._phrase(lower_ascii(key), merge, files)) is not None}
+        phrases = {key: p for key in keys if (p := self._phrase(
+            lower_ascii(key), merge, files, any_case or not _CAPITAL.search(key))) is not None}
         later = {key: phrases.pop(key) for key, p in list(phrases.items()) if p.later}
         cased = {} if any_case or accented or phrases else {
             key: c for key in keys if (c := self._cased(key)) is not None}
@@ -289,7 +291,8 @@ class IndexReader:
         return Match(" AND ".join(parts), " AND ".join(
             [p.words for p in phrases.values()] + lone), then, phrase=bool(phrases) or not lone)
 
-    def _phrase(self, key: str, merge: bool, files: int) -> _Phrase | None:
+    def _phrase(self, key: str, merge: bool, files: int, word_alone: bool = True
+                ) -> _Phrase | None:
         """The FTS5 phrase of `key`'s words, or those of each word its first may end; or None.
 
         A word is what the words tables take for one (`punctuation_apart`: cut at blanks, each
@@ -319,7 +322,13 @@ class IndexReader:
         is asked whole as a prefix if the words it begins fill few pages (`_merges_little`) and
         the word before it is common (`_worth_merging`); each longer word ending with the first
         is then asked alone (`_either`). None when fewer than two words are left (one word
-        narrows little), or for a lone surrogate; with `merge`, punctuation counts among them,
+        narrows little), but for the one word after a first that ends too many words: its
+        trigrams name every part holding its pieces apart (`to supply`: 1,457 of 10,000 man
+        pages, where `supply` is in 91 parts), so it is asked alone, whole, as the prefix it
+        may be, while its list fills at most `_ONE_PAGES` pages and it is in at most
+        `_ONE_SHARE` of the `files` parts; not with `word_alone` False (a key in its case
+        holding an ASCII capital, whose trigrams in its case name fewer parts than the word
+        folded). None for a lone surrogate too; with `merge`, punctuation counts among them,
         but one word beside it is asked only while in at most `DENSE` of the `files` parts
         (`_count`). Beside the phrase, what it leaves out, for `Match.then`.
         """
@@ -359,11 +368,17 @@ class IndexReader:
         elif later and (short and after != 1 or merged or
                         not self._walks_little(first, left, star)):
             longer, later = None, False
-        if longer is None and (alone < 2 or not after) or merged and not self._worth_merging(
-                "words", first or _WORD.findall(rest)[0], longer or []):
+        one = word_alone and longer is None and alone == after == 1 and not (short or merged)
+        if longer is None and (alone < 2 and not one or not after) or merged and not \
+                self._worth_merging("words", first or _WORD.findall(rest)[0], longer or []):
             return None
+        if one:  # a rare word alone, whole: the few words it begins cost little to merge
+            if self._pages("words", _WORD.findall(whole or rest)[0]) > _ONE_PAGES:
+                return None
+            rest, whole = whole or rest, ""
         if (longer is not None) + after < 2 and self._dense(  # one word beside punctuation
-                [first, *longer] if longer is not None else _WORD.findall(whole or rest), files):
+                [first, *longer] if longer is not None else _WORD.findall(whole or rest), files,
+                _ONE_SHARE if one else DENSE):
             return None  # (its last word as the key has it, not cut to `_PREFIX`)
         if longer is not None and len(longer) > _ENDINGS:
             whole = ""
