@@ -8,15 +8,19 @@ which real notes hold and the redactor's screens stop at. The `notes` style adds
 notes hold besides prose (front matter, links, `key: value` lines, code); the `docs` style
 gathers the documentation this machine has (Markdown, reStructuredText and text files under
 /usr/share/doc, global npm packages, Python's library), real text the project has not seen,
-each written as a `.md` file; `copy` takes a folder of real Markdown as the corpus instead.
+each written as a `.md` file; the `man` style takes this machine's manual pages (roff turned
+to text: many of their lines hold a word or two, and many are in other languages); `copy` takes
+a folder of real Markdown as the corpus instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
+import re
 import sys
 import sysconfig
 import unicodedata
@@ -34,10 +38,18 @@ ACCENTED = ("décision", "café", "résumé", "naïve", "façade", "Zürich", "j
 FOREIGN = ("日本語のメモ", "Привет мир", "Ελληνικά", "مرحبا", "한국어 메모", "ไทย")
 PHRASE = "rotate the signing key"
 COMMON = "session"
-STYLES = ("prose", "notes", "docs")
+STYLES = ("prose", "notes", "docs", "man")
 DOCS = ("/usr/share/doc", "/usr/local/lib/node_modules", "/usr/lib/node_modules",
         sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"])
 DOC_SUFFIXES = (".md", ".rst", ".txt")
+MANUALS = "/usr/share/man"
+# roff: font, character and spacing escapes (`_unescaped`); macros whose arguments are text, and
+# those that only break the text
+_ROFF_ESCAPE = re.compile(r"\\(f(\[[^]]*\]|\(..|.)|\(..|\[[^]]*\]|\*(\(..|\[[^]]*\]|.)"
+                          r"|s[-+]?\d+|[hv]'[^']*'|[&e|^ c-])")
+_ROFF_TEXT = {"B", "I", "BR", "IR", "RB", "BI", "IB", "RI", "SM", "TP", "IP", "TH", "Nm", "Nd",
+              "Fl", "Ar", "It", "Dt"}
+_ROFF_BREAK = {"PP", "LP", "P", "br", "sp", "Pp"}
 
 
 def _line(rng: random.Random, rare: list[str]) -> str:
@@ -91,6 +103,8 @@ def generate(root: Path, files: int = 10000, seed: int = 1,
         raise SystemExit(f"--style {style!r}: use one of {', '.join(STYLES)}")
     if style == "docs":
         return docs(Path(root), files)
+    if style == "man":
+        return manuals(Path(root), files)
     rng = random.Random(seed)
     extra = random.Random(seed + 1_000_003) if style == "notes" else None
     root = Path(root)
@@ -158,6 +172,65 @@ def docs(root: Path, files: int) -> dict[str, int]:
     return {**tally.counts(), "style": "docs"}
 
 
+def manuals(root: Path, files: int, top: str = MANUALS) -> dict[str, int]:
+    """Up to `files` of this machine's manual pages under `top`, each as Markdown under `root`.
+
+    Evenly spread over the sorted list of all of them (each language's folder among the
+    English ones), so the same machine gives the same corpus. roff turned to text (`_page`); pages
+    that are not UTF-8 (gzipped or not), over 1 MiB, or under 200 bytes once turned are left out.
+    """
+    pages = sorted(p for p in Path(top).rglob("*") if p.is_file() and not p.is_symlink())
+    tally = _Tally()
+    for path in pages[::max(1, len(pages) // files)] if files else []:
+        if tally.files >= files or path.stat().st_size > 1 << 20:
+            continue
+        try:
+            data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+            text = _page(data.decode("utf-8"))
+        except (OSError, EOFError, UnicodeDecodeError):
+            continue
+        if len(text) < 200:
+            continue
+        relative = path.relative_to(top)
+        name = relative.name.removesuffix(".gz").replace(".", "-")
+        tally.write(root / relative.parent / f"{name}.md", relative.parent, text.encode())
+    if not tally.files:
+        raise SystemExit(f"--style man: no manual pages found under {top}")
+    return {**tally.counts(), "style": "man"}
+
+
+def _page(roff: str) -> str:
+    """A manual page's roff as Markdown-like text: headings kept, other macros' words kept alone.
+
+    Comments and unknown macros are dropped, as are roff's escapes (fonts, special characters).
+    """
+    lines = []
+    for line in roff.splitlines():
+        if line.startswith((".\\\"", "'\\\"")):
+            continue
+        if line.startswith((".", "'")):
+            macro, _, words = line[1:].partition(" ")
+            words = words.strip().replace('"', "")
+            if macro in ("SH", "Sh"):
+                line = "## " + words
+            elif macro in ("SS", "Ss"):
+                line = "### " + words
+            elif macro in _ROFF_BREAK:
+                line = ""
+            elif macro in _ROFF_TEXT:
+                line = words
+            else:
+                continue
+        lines.append(_ROFF_ESCAPE.sub(_unescaped, line))
+    return "\n".join(lines).strip() + "\n"
+
+
+def _unescaped(escape: re.Match[str]) -> str:
+    """What a roff escape prints as text: a hyphen, a backslash, a space, a dash; else nothing."""
+    return {"\\-": "-", "\\e": "\\", "\\ ": " ", "\\(em": "-", "\\(en": "-"}.get(
+        escape.group(), "")
+
+
 class _Tally:
     """The files a corpus was made of, written as they are taken, and their counts."""
 
@@ -182,7 +255,8 @@ class _Tally:
 
 STYLE_HELP = ("prose (default: 60 words, no ':', '=' or '_'), notes (front matter, links, "
               "key: value lines and code as well, which the redactor's screens stop at) or docs "
-              "(this machine's documentation, up to --files files: real text never seen here)")
+              "(this machine's documentation, up to --files files: real text never seen here) "
+              "or man (this machine's manual pages, roff as text: short lines, many languages)")
 COPY_HELP = ("a folder of Markdown to copy as the corpus, paths kept, instead of generating "
              "one (--files is then ignored); the 1%% phase appends to the copy")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import shutil
 import subprocess
@@ -48,6 +49,35 @@ def test_the_notes_style_holds_what_notes_hold_besides_prose(tmp_path: Path) -> 
     assert corpus.describe(stats).endswith(", notes style")
     with pytest.raises(SystemExit, match="--style 'poetry': use one of prose, notes"):
         corpus.generate(tmp_path / "x", files=1, style="poetry")
+
+
+def test_the_man_style_turns_manual_pages_into_text_and_leaves_the_rest(tmp_path: Path) -> None:
+    pages = tmp_path / "man"
+    (pages / "man1").mkdir(parents=True)
+    (pages / "fr" / "man1").mkdir(parents=True)
+    body = "".join(f"Line {i} of the \\fBpage\\fR, with \\-\\-flags\\(em and more.\n"
+                   for i in range(8))
+    roff = f'.TH FOO 1\n.\\" a comment\n.SH NAME\nfoo \\- do things\n.B \\-\\-all\n.PP\n{body}.zz x\n'
+    (pages / "man1" / "foo.1.gz").write_bytes(gzip.compress(roff.encode()))
+    (pages / "fr" / "man1" / "bar.1").write_text(".SS Détails\n" + body.replace("page", "pagé"),
+                                                 encoding="utf-8")
+    (pages / "man1" / "tiny.1").write_text(".SH NAME\ntiny\n", encoding="utf-8")
+    (pages / "man1" / "latin.1").write_bytes(("caf\xe9 " * 100).encode("latin-1"))
+    (pages / "man1" / "broken.1.gz").write_bytes(b"not gzip" * 100)
+    stats = corpus.manuals(tmp_path / "c", 10, top=str(pages))
+    out = tmp_path / "c"
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.md")) == [
+        "fr/man1/bar-1.md", "man1/foo-1.md"]
+    foo = (out / "man1" / "foo-1.md").read_text(encoding="utf-8")
+    assert foo.startswith("FOO 1\n## NAME\nfoo - do things\n--all\n\nLine 0 of the page, with "
+                          "--flags- and more.\n") and "comment" not in foo and "zz" not in foo
+    assert (out / "fr" / "man1" / "bar-1.md").read_text(encoding="utf-8").startswith(
+        "### Détails\nLine 0 of the pagé")
+    assert stats == {"files": 2, "bytes": sum(p.stat().st_size for p in out.rglob("*.md")),
+                     "lines": 22, "folders": 2, "style": "man"}
+    assert corpus.manuals(tmp_path / "d", 1, top=str(pages))["files"] == 1
+    with pytest.raises(SystemExit, match="--style man: no manual pages found under"):
+        corpus.manuals(tmp_path / "e", 5, top=str(tmp_path / "none"))
 
 
 def test_a_copy_keeps_the_markdown_and_its_paths_and_leaves_the_rest(tmp_path: Path) -> None:
