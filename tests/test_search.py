@@ -756,6 +756,26 @@ def test_the_one_rare_word_after_a_first_that_ends_too_many_words_is_asked_alone
     assert searcher.scanned == 3  # a.md, b.md and d.md, whose two words are lines apart
 
 
+def test_a_short_last_word_is_merged_where_a_first_that_ends_too_many_words_is_left_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # More words end with `is` than are asked (`this`, `his`, `axis`): the phrase starts at
+    # `used`, and `by`, too short for its three characters' list, would be left out, leaving
+    # one word. Ignoring case it is asked as the prefix it may be, the words it begins being
+    # few: the files holding `used` and `by` apart are not read.
+    monkeypatch.setattr(index_reader, "_ENDINGS_LATER", 2)
+    files = {f"c{i:03d}.md": "this is used here\nand by his way\n" for i in range(200)}
+    files.update({"a.md": "it is used by all\n", "b.md": "axis used byte\n", "d.md": "is used\nby\n"})
+    cache, searcher = indexed(make_cache(tmp_path, files))
+    searcher.index.begin()
+    assert searcher.index.expression(["is used by"], 203, any_case=True).words == '"used by"*'
+    searcher.index.end()
+    got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["is used by"],
+                                                           case_sensitive=False)]
+    assert got == reference(cache, ["is used by"], case_sensitive=False) == [
+        (f"{NS}/a.md", 1), (f"{NS}/b.md", 1)]
+    assert searcher.scanned == 3  # a.md, b.md and d.md, whose two words are lines apart
+
+
 def fifth_and_three(tmp_path: Path, fifth: str, three: str) -> Cache:
     """1,000 indexed files: a fifth hold `fifth`, files 3, 501 and 998 `three`, the rest neither."""
     files = {f"f{i:04d}.md": f"alpha {fifth}\n" if i % 5 == 0 else "alpha delta\n"
