@@ -319,9 +319,8 @@ class IndexReader:
         a list of (SQLite reads that one list only as far as asked, where a longer prefix has it
         read and merge the whole list of every word it begins), or left out when shorter (too
         many words begin it to ask). With `merge`, when leaving it out would leave one word (the
-        first not counted where more than `_ENDINGS_LATER` words end with it: the phrase then
-        starts after it; `is used by` `normalized` over 10,000 man pages 14.5 ms where its
-        trigrams took 63), it
+        first not counted where more than `_ENDINGS_LATER` words end with it, as the phrase
+        then starts after it: `is used by`), it
         is asked whole as a prefix if the words it begins fill few pages (`_merges_little`) and
         the word before it is common (`_worth_merging`); each longer word ending with the first
         is then asked alone (`_either`). None when fewer than two words are left (one word
@@ -344,20 +343,20 @@ class IndexReader:
         if count(cut.group() + rest) < (2 if not first else 1) or not (first or _WORD.search(rest)):
             return None
         star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
+        ended = self._ending(first, _ENDINGS_LATER) if first else None  # None: none, or too many
         whole, short, merged = "", False, False  # its last word whole when cut; a short one
         if star and (last := _LAST_WORD.search(rest)):
             if len(last.group()) > _PREFIX:
                 whole = rest
             short = len(last.group()) < _PREFIX
             if merge and short and len(_WORD.findall(rest, 0, last.start())) < (
-                    2 if not first or self._ending(first, _ENDINGS_LATER) is None else 1) \
-                    and self._merges_little("words", last.group()):
+                    2 if ended is None else 1) and self._merges_little("words", last.group()):
                 short, merged = False, True  # asked as the prefix it may be: one word is no phrase
             if not merged:
                 rest, star = (rest[:last.start()], "") if short else (
                     rest[:last.start() + _PREFIX], star)
         after, left = len(_WORD.findall(rest)), cut.group() + rest
-        longer = self._ending(first, _ENDINGS_LATER) if first and count(left) else None
+        longer = ended if count(left) else None
         # the words asked without the first; beside a short last word left out, no punctuation
         alone = after if short else count(left)
         # more words end with the first than are asked from the start: asked later, if at all
