@@ -377,12 +377,12 @@ class IndexReader:
                                     _WORD.findall(rest)[0], longer or []):
             return None
         if one:  # a rare word alone, whole: the few words it begins cost little to merge
-            if self._pages("words", _WORD.findall(whole or rest)[0]) > _ONE_PAGES:
-                return None
             rest, whole = whole or rest, ""
-        if (longer is not None) + after < 2 and self._dense(  # one word beside punctuation
-                [first, *longer] if longer is not None else _WORD.findall(whole or rest), files,
-                _ONE_SHARE if one else DENSE):
+            word = _WORD.findall(rest)[0]
+            if self._pages("words", word) > _ONE_PAGES or self._dense([word], files, _ONE_SHARE):
+                return None
+        elif (longer is not None) + after < 2 and self._dense(  # one word beside punctuation
+                [first, *longer] if longer is not None else _WORD.findall(whole or rest), files):
             return None  # (its last word as the key has it, not cut to `_PREFIX`)
         if longer is not None and len(longer) > _ENDINGS:
             whole = ""
