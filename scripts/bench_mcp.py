@@ -102,12 +102,12 @@ def change_some(cache: Cache, round_: int) -> int:
 
 
 def segments(cache: Cache) -> list[int]:
-    """How many FTS5 segments each table of the index is in (grams, words, cased)."""
+    """How many FTS5 segments each table of the index is in (grams, words, pairs)."""
     from sharedmem.cache.search_index import index_path
     conn = sqlite3.connect(index_path(cache))
     try:
         return [conn.execute(f"SELECT count(DISTINCT segid) FROM {table}_idx").fetchone()[0]
-                for table in ("grams", "words", "cased")]
+                for table in ("grams", "words", "pairs")]
     finally:
         conn.close()
 

@@ -7,12 +7,10 @@ import re
 import unicodedata
 
 from sharedmem.cache.folding import (
-    CAPITAL_MARK,
     FOLDED_BLANKS,
     accented_keys,
     accented_words,
     lower_ascii,
-    mark_capitals,
     normalize,
 )
 
@@ -97,27 +95,6 @@ def test_every_trigram_of_a_piece_of_a_text_folded_keeping_case_is_in_the_text_s
                 assert piece[i:i + 3] in folded, (text, piece)
 
 
-def test_a_piece_of_a_text_folded_keeping_case_and_marked_is_in_the_text_so_marked() -> None:
-    # A case-sensitive query's words in their case are asked of the index's `cased` words: a
-    # piece of a text, folded and marked, must be a piece of the text so folded and marked
-    # (the mark is no separator, so its words are then the text's, or their ends).
-    rng = random.Random(15)
-    pool = ["a", "A", "Z", "For", " ", "É", "e\u0301", "E\u0301", "ß", "\u212a", "İ", "日", "\t",
-            "ab", "-", "ﬁ", "Ａ", "\u1100\u1161\u11a8"]
-    for _ in range(3000):
-        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 30)))
-        marked = mark_capitals(normalize(text, keep_case=True))
-        for _ in range(10):
-            lo = rng.randint(0, len(text))
-            piece = text[lo:rng.randint(lo, len(text))]
-            assert mark_capitals(normalize(piece, keep_case=True)) in marked, (text, piece)
-
-
-def test_marking_capitals() -> None:
-    assert mark_capitals("For JSON, iPhone é") == "＾For ＾J＾S＾O＾N, i＾Phone é"
-    assert normalize(CAPITAL_MARK, keep_case=True) == normalize(CAPITAL_MARK) == "^"
-
-
 def test_keeping_case() -> None:
     assert normalize("Version É  x", keep_case=True) == "Version E x"
     assert normalize("E\u0301 \u212a ﬁ", keep_case=True) == "E K fi"
@@ -149,5 +126,3 @@ def test_accented_keys() -> None:
     assert accented_keys(" É\t") == {"\né\n"}
     assert accented_keys("café au lait") == {"café\n"}
     assert accented_keys("plain words") == set()
-
-

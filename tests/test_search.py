@@ -687,9 +687,10 @@ def test_a_last_word_is_asked_as_its_first_three_characters_or_left_out(
 
 def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Its trigrams, up to the second word's first character, are asked instead once the phrase
-    # alone proves to name most files: the files holding the rest of the phrase after another
-    # word are not read from then on, and one holding the whole key is still found.
+    # Its pairs (`search_index.pairs_text`), then its trigrams, up to the second word's first
+    # character, are asked instead once the phrase alone proves to name most files: the files
+    # holding the rest of the phrase after another word are not read from then on, and one
+    # holding the whole key is still found.
     monkeypatch.setattr(index_reader, "_ENDINGS", 2)  # alpha, gamma and beta end with `a`
     monkeypatch.setattr(index_reader, "_LATER_PAGES", 0)  # nor their phrases asked later,
     monkeypatch.setattr(index_reader, "_LATER_RARE", 0)  # z.md holding the phrase of `a`
@@ -702,10 +703,14 @@ def test_a_first_word_that_too_many_words_end_with_is_left_out_of_the_phrase(
     searcher.index.begin()
     match = searcher.index.expression(["a beta gamma"], 203)
     assert match.grams == "" and match.words == '"beta gam"*' and match.then is not None
-    assert match.then.words == '"beta gamma"*' and '"a b"' in match.then.grams.split(" AND ")
+    # its pairs first (`a` the end of a word before `beta`), then its trigrams
+    assert (match.then.words, match.then.pairs) == ("", '"be\x1ea"* AND "ga\x1eateb"')
+    assert match.then.then is not None and match.then.then.words == '"beta gamma"*'
+    assert '"a b"' in match.then.then.grams.split(" AND ")
     match = searcher.index.expression(["ta beta gamma"], 203)
     assert match.words == '("ta beta gam"* OR "data beta gam"* OR "beta beta gam"*)'
-    assert match.then is not None and match.then.words == (
+    assert match.then is not None and match.then.pairs == '"be\x1eat"* AND "ga\x1eateb"'
+    assert match.then.then is not None and match.then.then.words == (
         '("ta beta gamma"* OR "data beta gamma"* OR "beta beta gamma"*)')
     searcher.index.end()
     got = [r["path"] for r in all_pages(cache, queries=["a beta gamma"])]
@@ -717,8 +722,9 @@ def test_a_phrase_of_one_word_after_its_first_asks_more_words_ending_with_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # More words end with `alpha` than a longer phrase asks; left out, it would leave one word,
     # no phrase at all. So up to `_ENDINGS_ALONE` of them are asked: only the files holding the
-    # two words side by side are read, not every file holding both. Past that many, the
-    # trigrams are asked, and the phrases only once the first files read prove to lack it.
+    # two words side by side are read, not every file holding both. Past that many, its pairs
+    # (`search_index.pairs_text`) are asked: in its case, from the start, where they name as
+    # few; ignoring case, once the first files read by its trigrams prove to lack it.
     monkeypatch.setattr(index_reader, "_ENDINGS", 2)
     monkeypatch.setattr(index_reader, "_ENDINGS_ALONE", 4)
     files = {f"c{i:03d}.md": f"{'xyz'[i % 3]}alpha gamma\ndata beta\n" for i in range(200)}
@@ -728,11 +734,13 @@ def test_a_phrase_of_one_word_after_its_first_asks_more_words_ending_with_it(
     assert searcher.index.expression(["alpha beta"], 202).words == (
         '("alpha bet"* OR "xalpha bet"* OR "yalpha bet"* OR "zalpha bet"*)')
     searcher.index.end()
-    for alone, read in ((4, 2), (2, 32)):
+    for alone, case, read in ((4, True, 2), (2, True, 2), (2, False, 32)):
         monkeypatch.setattr(index_reader, "_ENDINGS_ALONE", alone)
-        got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["alpha beta"])]
-        assert got == reference(cache, ["alpha beta"]) == [(f"{NS}/a.md", 1), (f"{NS}/b.md", 1)]
-        assert searcher.scanned == read, alone
+        got = [(r["path"], r["line_number"]) for r in all_pages(
+            cache, queries=["alpha beta"], case_sensitive=case)]
+        assert got == reference(cache, ["alpha beta"], case_sensitive=case) == [
+            (f"{NS}/a.md", 1), (f"{NS}/b.md", 1)]
+        assert searcher.scanned == read, (alone, case)
 
 
 def test_the_one_rare_word_after_a_first_that_ends_too_many_words_is_asked_alone(
@@ -812,12 +820,16 @@ def test_a_phrase_whose_files_mostly_lack_it_is_asked_with_its_last_word_whole(
         tmp_path: Path) -> None:
     # `beta gamma` is asked as `"beta gam"*`, the prefix the words table keeps a list of, and a
     # fifth of the files hold `beta gamut`: once the first files read give under a result in
-    # four, the rest is asked as `"beta gamma"*`, so those files are not read past them.
+    # four, the rest is asked as `"beta gamma"*`, so those files are not read past them. In its
+    # case, its pairs first (`search_index.pairs_text`), which tell its case but not `gamut`.
     cache = fifth_and_three(tmp_path, "beta gamut", "beta gamma")
     match = asked(cache, "beta gamma")
     assert match.words == '("beta gam"*)' and match.then is not None
-    assert match.then.words == '("beta gamma"*)'
-    assert read_for_the_three(cache, "beta gamma") < 100  # where all 203 holding `beta gam` were
+    assert match.then.pairs == '"ga\x1eateb"' and match.then.then is not None
+    assert match.then.then.words == '("beta gamma"*)'
+    assert asked(cache, "beta gamma", any_case=True).then.words == '("beta gamma"*)'
+    assert read_for_the_three(cache, "beta gamma", False) < 100  # where all 203 holding
+    assert read_for_the_three(cache, "beta gamma") < 160  # `beta gam` were, its pairs read too
 
 
 @pytest.mark.parametrize("case", ["beta gamut", "Beta Gamut"])
@@ -825,9 +837,9 @@ def test_a_last_word_whole_that_names_as_many_parts_is_asked_once(
         tmp_path: Path, case: str) -> None:
     # A fifth of the files hold `beta  gamut`, which the words table takes for the phrase `beta
     # gamut` (its blanks collapsed): the files read give few results, so the phrase is asked
-    # with its last word whole, in its case, which names as many parts at a higher cost (SQLite
-    # merges that word's whole list for each question); after that one question it is asked by
-    # its first three characters again.
+    # with its last word whole (after its pairs in its case, which name them too), which names
+    # as many parts at a higher cost (SQLite merges that word's whole list for each question):
+    # after that one question it is asked as before.
     cache = fifth_and_three(tmp_path, case.replace(" ", "  "), case)
     sql_of_next_search(cache, queries=["nothing-like-it"])  # the view is loaded
     searcher = search_mod.searcher(cache)
@@ -836,43 +848,46 @@ def test_a_last_word_whole_that_names_as_many_parts_is_asked_once(
     searcher.index.conn.set_trace_callback(statements.append)
     read_for_the_three(cache, case)
     asked = [s.split("MATCH '")[1].split("'")[0] for s in statements
-             if re.search("FROM (words|cased) WHERE (words|cased) MATCH", s)]
-    whole = '("beta gamut"*)' if case == "beta gamut" else '("＾Beta ＾Gamut"*)'
-    assert asked.count(whole) == 1 and asked[-1] == '("beta gam"*)', asked
+             if re.search("FROM (words|pairs) WHERE (words|pairs) MATCH", s)]
+    assert asked.count('("beta gamut"*)') == 1 and asked[0] == '("beta gam"*)', asked
 
 
 def test_a_lowercase_phrase_whose_words_every_file_holds_is_asked_in_its_case(
         tmp_path: Path) -> None:
-    # A fifth of the files hold `For more information`, and `for more` and `information` in
+    # A fifth of the files hold `For more information`, and `more for` and `information` in
     # lowercase too: the phrase's words, trigrams and word starts are all there. Once the
-    # first files read prove to lack it, it is asked of the words in their case (`cased`),
-    # whole, and with its trigrams across a separator alone.
-    cache = fifth_and_three(tmp_path, "For more information, for more", "for more information")
+    # first files read prove to lack it, it is asked of its pairs in their case (`pairs`: the
+    # first three characters of a word and the last four of the one before), alone.
+    cache = fifth_and_three(tmp_path, "For more information, more for information",
+                            "for more information")
     match = asked(cache, "for more information")
-    assert match.then is not None and match.then.table == "cased"
-    assert (match.then.words, match.then.grams) == ('("for more information"*)',
-                                                    '"e i" AND "r m"')
+    assert match.then is not None and (match.then.words, match.then.grams) == ("", "")
+    assert match.then.pairs == '"mo\x1erof"* AND "in\x1eerom"'
     assert read_for_the_three(cache, "for more information") < 100  # where it read 203
     assert len(all_pages(cache, queries=["For more information"])) == 200
     assert len(all_pages(cache, queries=["for more information"], case_sensitive=False)) == 203
 
 
-def test_a_lowercase_phrase_with_a_short_last_word_is_asked_in_its_case_before_it(
-        tmp_path: Path) -> None:
+def test_a_lowercase_phrase_with_a_short_last_word_is_asked_in_its_case(tmp_path: Path) -> None:
     # A fifth of the files hold `For more in`, and `for`, `more` and `in` in lowercase apart.
-    # `in`, the prefix it may be, would merge the lists of every word it begins: the words
-    # before it are asked in their case, and its trigrams sieve them.
+    # Its pairs hold only the first two characters of a word after another, so that `in`, the
+    # prefix it may be, is asked as theirs; a last word of one character is not: the phrase
+    # is asked beside the pairs before it.
     cache = fifth_and_three(tmp_path, "For more in it, more for them", "for more in")
     then = asked(cache, "for more in").then
-    assert (then.table, then.words) == ("cased", '("for more")')
+    assert (then.pairs, then.words) == ('"mo\x1erof"* AND "in\x1eerom"', "")
+    then = asked(cache, "for more i").then
+    assert (then.pairs, then.words) == ('"mo\x1erof"*', '("for more")')
     assert read_for_the_three(cache, "for more in") < 100  # where it read 203
+    assert read_for_the_three(cache, "for more i") < 100
 
 
 def test_a_phrase_in_its_case_is_asked_alone_for_its_next_matches(tmp_path: Path) -> None:
     # Half the files hold `For more information`: the folded phrase names most parts, which
-    # once had its trigrams asked with it a chunk at a time. In its case it goes on alone, for
-    # its next matches, sieved by its trigrams across a separator.
-    files = {f"f{i:04d}.md": "alpha For more information, for more\n" if i % 2 else
+    # once had its trigrams asked with it a chunk at a time. Its pairs in their case go on
+    # alone, for its next matches, sieved by its trigrams across a separator (the pairs tell
+    # its case and where its words start).
+    files = {f"f{i:04d}.md": "alpha For more information, more for\n" if i % 2 else
              "alpha delta\n" for i in range(600)}
     files.update({f"f{i:04d}.md": "alpha for more information\n" for i in (3, 301, 598)})
     cache = make_cache(tmp_path, files)
@@ -880,9 +895,9 @@ def test_a_phrase_in_its_case_is_asked_alone_for_its_next_matches(tmp_path: Path
     got, statements = sql_of_next_search(cache, queries=["for more information"])
     assert got == reference(cache, ["for more information"]) == [
         (f"{NS}/f{i:04d}.md", 1) for i in (3, 301, 598)]
-    in_case = [s for s in statements if "FROM cased WHERE" in s]
+    in_case = [s for s in statements if "FROM pairs WHERE" in s]
     assert in_case and not any("FROM grams" in s for s in in_case), in_case
-    assert any('MATCH \'"e i" AND "r m"\'' in s for s in statements)  # the sieve
+    assert any('MATCH \'"e i" AND "r m"\'' in s for s in statements)  # across separators
 
 
 @pytest.mark.parametrize("added", [0, 1, 500], ids=["built whole", "a file added since",
@@ -895,7 +910,7 @@ def test_a_phrase_in_most_files_is_asked_as_its_then_whether_or_not_rows_are_in_
     # a time. Either way, once the phrase proves to name most parts it is asked as its `then`,
     # where every file was read.
     monkeypatch.setattr(search_index, "_SLACK", 0)
-    files = {f"f{i:04d}.md": "alpha For more information, for more\n" if i % 2 else
+    files = {f"f{i:04d}.md": "alpha For more information, more for\n" if i % 2 else
              "alpha delta\n" for i in range(3000)}
     files.update({f"f{i:04d}.md": "alpha for more information\n" for i in (3, 1501, 2998)})
     cache = make_cache(tmp_path, files)
@@ -918,38 +933,34 @@ def test_a_phrase_in_most_files_is_asked_as_its_then_whether_or_not_rows_are_in_
     assert searcher.scanned < 600  # where it read all 1,500 holding the words
 
 
-def test_a_phrase_is_asked_in_its_case_only_where_that_costs_little(
+def test_a_phrase_in_its_case_is_asked_by_its_pairs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Its words in their case are not asked ignoring case, nor when too many words end with
-    # its first. A last word of three characters or fewer, as the prefix it may be, would have
-    # SQLite merge the lists of every word it begins (this table keeps no list of prefixes):
-    # the words before it are asked, and its trigrams sieve them; unless that leaves one word
-    # and the words it begins fill more than `_MERGED` pages.
-    monkeypatch.setattr(index_reader, "_ENDINGS", 1)
+    # Each two words of a key one after the other, in its case (`pairs`): the first two
+    # characters of the second and the last four of the first, spelt backwards. A first word
+    # of fewer characters, which may end a longer word, is a prefix, unless the key starts with
+    # a separator; a last word of one character, which may begin many, is left out. Not asked
+    # ignoring case, where the folded words tell as much, nor where a prefix's pairs fill more
+    # than `_MERGED` pages: each question merges their lists.
     cache = fifth_and_three(tmp_path, "For more information", "for more information")
-    assert asked(cache, "for more information", any_case=True).then.table == "words"
+    assert asked(cache, "for more information", any_case=True).then.pairs == ""
     then = asked(cache, "For more inf").then
-    assert (then.words, then.sieve) == ('("＾For more")', '" in" AND "e i" AND "inf" AND "r m"')
-    assert asked(cache, "For more inf ").then.words == '("＾For more inf")'
+    assert (then.words, then.pairs) == ("", '"mo\x1ero\x06"* AND "in\x1eerom"')
+    assert asked(cache, " For more i").then.pairs == '"mo\x1ero\x06"'
+    assert asked(cache, "ha more info").then.pairs == '"mo\x1eah"* AND "in\x1eerom"'
     monkeypatch.setattr(index_reader, "_MERGED", 0)
-    assert asked(cache, "For inf").then.table == "words"
-    assert asked(cache, "a more info").then.table == "words"  # `alpha`, `delta` end with `a`
-    assert asked(cache, "ha more info").then.words == (
-        '("ha more info"* OR "alpha more info"*)')
+    assert asked(cache, "For inf").then.pairs == ""
+    assert asked(cache, "ha more info").then.pairs == '"in\x1eerom"'
 
 
-def test_two_words_whose_last_is_short_are_asked_in_their_case_when_its_words_are_few(
+def test_two_words_whose_last_is_short_are_asked_by_their_pair_in_their_case(
         tmp_path: Path) -> None:
     # A fifth of the files hold `This is`, and `this` and `is` apart: the folded words cannot
-    # ask `is`, the prefix it may be, and its trigrams are in every one of them. The words it
-    # begins fill a page or two, so the two words are asked in their case, `is` as a prefix,
-    # and each longer word ending with `this` alone (as a phrase, each would merge those words'
-    # lists again): only the three files that hold `this is` are read.
+    # ask `is`, the prefix it may be, and its trigrams are in every one of them. Its pair in its
+    # case is asked: only the three files that hold `this is` are read.
     cache = fifth_and_three(tmp_path, "This is it, and this one is", "xthis isle")
     match = asked(cache, "this is")
-    assert (match.table, match.words, match.grams, match.then) == (
-        "cased", '("this is"* OR "xthis")', "", None)
-    assert match.sieve == '" is" AND "s i"'  # the trigrams across its separator and of `is`
+    assert (match.pairs, match.words, match.grams, match.then) == ('"is\x1esiht"', "", "", None)
+    assert match.sieve == '"s i"'  # the trigrams across its separator
     assert read_for_the_three(cache, "this is") == 3  # where it read all 203 holding both
 
 
@@ -969,49 +980,46 @@ def test_two_words_whose_last_is_short_are_a_phrase_ignoring_case_when_its_words
 
 def test_a_short_last_word_whose_words_fill_many_pages_is_not_asked_as_a_prefix(
         tmp_path: Path) -> None:
-    # `is` fills over `_MERGED` pages of the words, folded or in their case: merged for each
-    # question, it costs more than reading the files its trigrams name. `it`, in few of them,
-    # is asked.
+    # `is` fills over `_MERGED` pages of the words: merged for each question, it costs more than
+    # reading the files its trigrams name. `it`, in few of them, is asked. In its case, the pair
+    # of `this` and the first two characters of `is` is asked (`pairs` keeps no longer).
     files = {f"f{i:03d}.md": "this alpha " + "is " * 600 + "\n" for i in range(300)}
     files.update({f"g{i}.md": "this is it\n" for i in range(3)})
     cache = make_cache(tmp_path, files)
     search_index.refresh_index(cache)
     for any_case in (False, True):
         match = asked(cache, "this is", any_case=any_case)
-        assert (match.table, match.words) == ("words", ""), any_case
-        assert asked(cache, "this it", any_case=any_case).words == '("this it"*)'
+        assert (match.words, match.pairs) == ("", "" if any_case else '"is\x1esiht"')
+        assert asked(cache, "this it", any_case=True).words == '("this it"*)'
     got = [(r["path"], r["line_number"]) for r in all_pages(cache, queries=["this is"])]
     assert got == reference(cache, ["this is"]) == [(f"{NS}/g{i}.md", 1) for i in range(3)]
 
 
-@pytest.mark.parametrize("any_case", [False, True])
 def test_two_words_whose_first_ends_common_words_are_not_asked_with_them_alone(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `xthis` ends with `this`: asked alone beside the phrase `this is`, it names every part
     # holding it, a fifth of the files, each then read. Past `_ENDED` such parts the two words
     # are not asked as a phrase; their trigrams are, and beside them the words that may end
-    # where `this` does (not a phrase: no places walked).
+    # where `this` does (not a phrase: no places walked). In its case, its pair is asked.
     cache = fifth_and_three(tmp_path, "xthis one", "this is")
-    match = asked(cache, "this is", any_case=any_case)
+    match = asked(cache, "this is", any_case=True)
     assert (match.words, match.phrase) == ('("this" OR "xthis")', False)
+    assert asked(cache, "this is").pairs == '"is\x1esiht"'
     monkeypatch.setattr(index_reader, "_ENDED", 200)
-    match = asked(cache, "this is", any_case=any_case)
-    assert (match.words, match.table) == ('("this is"* OR "xthis")',
-                                          "words" if any_case else "cased")
+    assert asked(cache, "this is", any_case=True).words == '("this is"* OR "xthis")'
 
 
-@pytest.mark.parametrize("any_case", [False, True])
 def test_two_words_whose_first_is_rare_are_asked_by_their_trigrams(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
-    # `this` is in three files: the trigrams of `this is` name about as few, and cost no merge
-    # of the words `is` begins (`this` is asked beside them, not as a phrase). In more than
-    # `_RARE` parts, the two words are asked.
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `this` is in three files: ignoring case, the trigrams of `this is` name about as few, and
+    # cost no merge of the words `is` begins (`this` is asked beside them, not as a phrase). In
+    # more than `_RARE` parts, the two words are asked.
     cache = fifth_and_three(tmp_path, "alpha is one", "this is")
-    match = asked(cache, "this is", any_case=any_case)
+    match = asked(cache, "this is", any_case=True)
     assert (match.words, match.phrase) == ('("this")', False)
     assert "his" in match.grams.replace('"', " ").split()
     monkeypatch.setattr(index_reader, "_RARE", 2)
-    assert asked(cache, "this is", any_case=any_case).words == '("this is"*)'
+    assert asked(cache, "this is", any_case=True).words == '("this is"*)'
 
 
 def test_two_words_whose_last_is_short_find_what_a_full_scan_finds(
@@ -1036,21 +1044,21 @@ def test_two_words_whose_last_is_short_find_what_a_full_scan_finds(
         got, statements = sql_of_next_search(cache, queries=[query], max_results=3,
                                              case_sensitive=case)
         assert got == reference(cache, [query], case_sensitive=case), (query, case)
-        alone[case] += any(re.search(r"MATCH '\(\"[^\" ]+ [^\" ]{1,5}\"\*", s)
-                           for s in statements)  # its last word asked
+        alone[case] += any("FROM pairs WHERE" in s if case else re.search(
+            r"MATCH '\(\"[^\" ]+ [^\" ]{1,5}\"\*", s) for s in statements)  # its last word asked
     assert min(alone.values()) > 5, alone
 
 
-def test_a_short_last_word_is_found_from_the_end_of_a_key_of_any_length() -> None:
+def test_a_last_word_of_one_character_is_found_from_the_end_of_a_key_of_any_length() -> None:
     # Asked at every trigram of a key, so only its end is searched; the same as its definition.
     def definition(key: str) -> int | None:
         last = re.search(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+\Z", key)
-        return last.start() if last and len(last.group().replace("＾", "")) <= 3 else None
+        return last.start() if last and len(last.group()) == 1 else None
 
     rng = random.Random(18)
-    pieces = ["a", "ab", "abc", "abcd", "＾A", "x＾B", " ", "-", "é", "word ", "abcdefg"]
+    pieces = ["a", "ab", "abc", "A", "xB", " ", "-", "é", "word ", "abcdefg"]
     keys = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))) for _ in range(3000)]
-    for key in [*keys, "word " * 200 + "in", "x abcdefg", "x ＾I＾N＾F"]:
+    for key in [*keys, "word " * 200 + "i", "x abcdefg", "x I"]:
         assert index_reader._short_last(key) == definition(key), key
 
 
@@ -1078,7 +1086,7 @@ def test_phrases_in_their_case_find_what_a_full_scan_finds(
             seconds) + " " + rng.choice(lasts + ["infoR", "Inf"]) + rng.choice(["", " "])
         got, statements = sql_of_next_search(cache, queries=[query], max_results=3)
         assert got == reference(cache, [query]), query
-        asked_cased += any("FROM cased WHERE" in s for s in statements)
+        asked_cased += any("FROM pairs WHERE" in s for s in statements)
     assert asked_cased > 10
 
 
@@ -1150,15 +1158,21 @@ def test_a_first_word_that_ends_many_words_is_asked_as_their_phrases_once_its_fi
         each: str) -> None:
     # 51 words end with `beta`, too many for the phrases of `beta gamma` to be asked from the
     # start: its trigrams are, and they are in the fifth of the files holding `fifth`. Once the
-    # first 32 files taken give one result, the rest is asked as the phrase of each of those
-    # words: the three holding `qqbeta` and the key are the only files read past them. So with
+    # first 32 files taken give one result, the rest is asked as its pairs, and after them as
+    # the phrase of each of those words: the three holding `qqbeta` and the key are the only
+    # files read past them. So with
     # a short last word, which a phrase leaves out (`beta gamma a`). So too where the list of
     # `beta` fills more pages than allowed, as the phrase of `beta` itself is in no file.
     cache, longer = beta_endings(tmp_path, fifth, "delta", 51, "qq" + key)
     match = asked(cache, key, any_case=any_case)
-    assert match.words == "" and match.then is not None
-    assert 32 < len(longer) <= 128
-    assert (match.then.grams, match.then.words.count(each)) == ("", len(longer) + 1)
+    if any_case:  # its pairs first (`beta` and the first two characters of `gamma`)
+        assert match.words == "" and match.then is not None
+        assert match.then.pairs == '("ga\x1eateb" OR "ga\x1fateb")'
+        later = match.then.then
+        assert later is not None and 32 < len(longer) <= 128
+        assert (later.grams, later.words.count(each)) == ("", len(longer) + 1)
+    else:  # in its case, from the start
+        assert (match.words, match.pairs, match.then) == ("", '"ga\x1eateb"', None)
     # where the 203 holding its trigrams were read
     assert read_for_the_three(cache, key.upper() if any_case else key,
                               case_sensitive=not any_case) < 40
@@ -1178,17 +1192,21 @@ def test_a_first_word_whose_list_is_long_asks_their_phrases_only_where_its_own_i
     monkeypatch.setattr(index_reader, "_LATER_RARE", 100)
     cache, longer = beta_endings(tmp_path, "beta glow gamut mamma", "delta", 51,
                                  "qqbeta gamma")
-    then = asked(cache, "beta gamma").then
+    def later(key: str) -> index_reader.Match | None:  # after its pairs
+        then = asked(cache, key, any_case=True).then
+        return then.then if then is not None and then.pairs else then
+
+    then = later("beta gamma")
     assert then is not None and then.words.count(' gam"*') == len(longer) + 1
     assert read_for_the_three(cache, "beta gamma") < 40
-    assert asked(cache, "beta gamma a").then is not None
-    assert asked(cache, "beta glow").then is None
-    assert asked(cache, "beta gamma, a").then is None
+    assert later("beta gamma a") is not None
+    assert later("beta glow") is None
+    assert later("beta gamma, a") is None
     monkeypatch.setattr(index_reader, "_LATER_ROWS", 600)  # rows of the first 200 or so files
-    assert asked(cache, "beta glow").then is not None  # 40 of the 200 there
+    assert later("beta glow") is not None  # 40 of the 200 there
     monkeypatch.setattr(index_reader, "_LATER_ROWS", 1 << 16)
     monkeypatch.setattr(index_reader, "_LATER_RARE", 200)
-    assert asked(cache, "beta glow").then is not None
+    assert later("beta glow") is not None
 
 
 def test_a_words_pages_are_counted_alike_once_small_refreshes_add_segments(
@@ -1228,31 +1246,25 @@ def test_a_words_pages_are_counted_alike_once_small_refreshes_add_segments(
 
 
 @pytest.mark.parametrize("any_case", [False, True])
-def test_a_phrase_after_a_first_word_that_ends_many_words_asks_their_phrases_once_files_lack_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, any_case: bool) -> None:
+def test_a_phrase_after_a_first_word_that_ends_many_words_asks_its_pairs_once_files_lack_it(
+        tmp_path: Path, any_case: bool) -> None:
     # 17 words end with `beta`, too many for the phrases of `beta gamma the` to be asked from the
     # start: the phrase starts after it, and `gamma the` is in every file, `beta` and the rest
-    # of the key's trigrams in a fifth of them. Once the first files taken give no result, the
-    # phrase of each of those words is asked, where the trigrams were: the three holding
-    # `qqbeta gamma the` are the only files read past them. Not where the words are in more
-    # parts, between them, than `_LATER_SHARE` times the index holds: each phrase walks them.
+    # of the key's trigrams in a fifth of them. Once the first files taken give no result, its
+    # pairs are asked (`beta` and `ga`, `gamma` and `th`), where the trigrams were: the three
+    # holding `qqbeta gamma the` are the only files read past them.
     cache, longer = beta_endings(tmp_path, "beta glow gamma the", "gamma the delta", 16,
                                  "qqbeta gamma the")
     match = asked(cache, "beta gamma the", any_case=any_case)
-    assert match.words == '"gamma the"*' and match.then is not None
-    assert 8 < len(longer) <= 128
-    assert match.then.words.count(' gamma the"*') == len(match.then.costly) == len(longer) + 1
+    assert match.words == '"gamma the"*' and match.then is not None and 8 < len(longer)
+    pairs = ("ga\x1eateb", "th\x1eamma")
+    assert match.then.pairs == " AND ".join(
+        f'("{p}" OR "{p.replace(chr(30), chr(31))}")' if any_case else f'"{p}"' for p in pairs)
     assert match.then.grams == ""
     assert match.then.then is not None and "bet" in match.then.then.grams
-    # Each phrase walks the places of its punctuation too, in any case: at most four words.
-    for longer_key, costly in (("beta gamma, the", True), ("beta gamma, the, abc", False)):
-        then = asked(cache, longer_key, any_case=any_case).then
-        assert then is not None and bool(then.costly) is costly
     query = "BETA GAMMA THE" if any_case else "beta gamma the"
     # where the 200 holding its trigrams were read
     assert read_for_the_three(cache, query, case_sensitive=not any_case) < 100
-    monkeypatch.setattr(index_reader, "_LATER_SHARE", 0)
-    assert read_for_the_three(cache, query, case_sensitive=not any_case) > 200
 
 
 def test_a_phrase_whose_files_mostly_lack_it_is_sieved_by_the_trigrams_across_its_separators(
@@ -1809,3 +1821,43 @@ def test_each_query_is_looked_for_in_the_parts_named_for_it(
                             max_results=2)
             assert [(r["path"], r["line_number"]) for r in got] == reference(
                 cache, queries, mode, case), (queries, case)
+
+
+def test_pairs_find_what_a_full_scan_finds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Keys cut anywhere from lines of words in any case, punctuation, control characters,
+    # accents and blanks between them, or made of the end of a word and two words many files
+    # hold; first words that end many (few are asked), so that phrases start after them and
+    # their pairs are asked, in their case or not.
+    monkeypatch.setattr(index_reader, "_ENDINGS", 1)
+    monkeypatch.setattr(index_reader, "_ENDINGS_LATER", 1)
+    monkeypatch.setattr(index_reader, "_ENDINGS_ALONE", 1)
+    monkeypatch.setattr(index_view, "_TRIED", 1)
+    rng = random.Random(23)
+    words = ["to", "To", "TO", "in", "In", "the", "The", "file", "File", "profile", "ProFile",
+             "is", "this", "used", "by", "byte", "a", "A", "more", "More", "for", "For", "café",
+             "Café", "x", "ß", "ﬁle", "e", "of", "Off", "note", "user"]
+    blanks = [" ", " ", " ", "  ", "\t", "-", ". ", ", ", "\x01", "\u00a0", " (", ") "]
+    files = {f"f{i:03d}.md": "\n".join(
+        rng.choice(words) + "".join(rng.choice(blanks) + rng.choice(words)
+                                    for _ in range(rng.randint(1, 8)))
+        for _ in range(rng.randint(1, 6))) + "\n" for i in range(120)}
+    lines = [line for text in files.values() for line in text.splitlines()]
+    # where the phrases after a first word are, and not the keys: their pairs are asked
+    files.update({f"g{i:03d}.md": "q in the q to the q more for q is used q the file\n"
+                  for i in range(200)})
+    cache, _ = indexed(make_cache(tmp_path, files))
+    asked_pairs = {True: 0, False: 0}
+    for _ in range(150):
+        line = rng.choice(lines)
+        lo = rng.randint(0, len(line) - 2)
+        query = line[lo:rng.randint(lo + 2, len(line))] if rng.random() < 0.5 else \
+            rng.choice(["e", "le", "o", "E", "s"]) + " " + rng.choice(
+                ["in the", "to the", "more for", "is used", "the file", "The File"])
+        if not query.strip():
+            continue
+        case = rng.choice([True, True, False])
+        got, statements = sql_of_next_search(cache, queries=[query], max_results=50,
+                                             case_sensitive=case)
+        assert got == reference(cache, [query], case_sensitive=case), (query, case)
+        asked_pairs[case] += any("FROM pairs WHERE" in s for s in statements)
+    assert min(asked_pairs.values()) > 5, asked_pairs

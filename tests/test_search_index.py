@@ -298,7 +298,7 @@ def segment_pages(cache: Cache) -> dict[str, list[int]]:
             f"SELECT count(*) FROM {table}_data WHERE id BETWEEN ? AND ?",
             (segid << 37, (segid << 37) + (1 << 31) - 1)).fetchone()[0] for (segid,) in
             conn.execute(f"SELECT DISTINCT segid FROM {table}_idx")), reverse=True)
-            for table in ("grams", "words", "cased")}
+            for table in ("grams", "words", "pairs")}
     finally:
         conn.close()
 
@@ -364,7 +364,7 @@ def test_a_refresh_writes_its_rows_in_one_segment_though_a_file_goes_past_all_ot
     after = segment_pages(cache)
     # (`grams`: the trigrams of these few digits fill so few pages that three files more hold
     # a sixteenth of them, and the table is merged whole)
-    for table in ("words", "cased"):
+    for table in ("words", "pairs"):
         assert len(after[table]) == len(before[table]) + 1
     assert [r["path"] for r in tools.search(cache, ["zeta"])["results"]] == [
         f"{NS}/f005.md", f"{NS}/f100a.md", f"{NS}/f150.md"]
@@ -372,7 +372,7 @@ def test_a_refresh_writes_its_rows_in_one_segment_though_a_file_goes_past_all_ot
 
 def test_the_index_is_under_half_again_the_text_it_indexes(tmp_path: Path) -> None:
     # It keeps no copy of the text: its tables hold which parts hold each trigram, and where
-    # each word stands in them, folded and in its case.
+    # each word stands in them, folded, and each pair of words, in its case.
     src = tmp_path / "src"
     corpus.generate(src, files=150, seed=7)
     cache = cache_of_ns(tmp_path / "cache", {p.relative_to(src).as_posix(): p.read_text(
@@ -533,3 +533,14 @@ def test_files_added_out_of_path_order_past_an_eighth_then_it_is_built_anew(
 def test_the_positions_out_of_path_order_are_those_past_a_later_one(
         ids: list[int], out: list[int]) -> None:
     assert search_index.strays(ids) == out
+
+
+def test_the_pairs_of_a_text_are_its_words_two_by_two_in_their_case_and_folded() -> None:
+    # The first two characters of a word, then the last four of the word before it spelt
+    # backwards; cut at blanks and ASCII punctuation, so a key's pairs are the text's wherever
+    # it starts or ends. Each ASCII capital is a control character the tokenizer keeps, and a
+    # pair holding one is there again folded: a search ignoring case asks either.
+    assert search_index.pairs_text("Use the file.in\nxNét") == " ".join([
+        "th\x1ees\x16", "fi\x1eeht", "in\x1eelif", "x\x0f\x1eni", "th\x1fesu", "xn\x1fni"])
+    assert search_index.pairs_text("solo\n") == " "
+    assert search_index.in_case("AaZ é") == "\x01a\x1b é"

@@ -22,11 +22,6 @@ FOLDED_BLANKS = "\t\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\u1680\u2028\u2029"
 _TO_SPACE = str.maketrans(dict.fromkeys(FOLDED_BLANKS, " "))
 _SPACE_RUN = re.compile("  +")
 _NOT_CAPITALS = re.compile("[^A-Z]+")
-# Put before each ASCII capital in the text of the index's `cased` words: a character FTS5's
-# `ascii` tokenizer keeps in a word and does not fold (it is not ASCII), and that no folded
-# text holds (NFKC makes it `^`).
-CAPITAL_MARK = "\uff3e"
-_BEFORE_CAPITAL = re.compile("(?=[A-Z])")
 
 
 def normalize(text: str, keep_case: bool = False) -> str:
@@ -66,15 +61,6 @@ def lower_ascii(text: str) -> str:
     if text.isascii():
         return text.lower()
     return text.encode("utf-8", "surrogatepass").lower().decode("utf-8", "surrogatepass")
-
-
-def mark_capitals(text: str) -> str:
-    """`text` with `CAPITAL_MARK` before each ASCII capital: its words keep their case.
-
-    The `ascii` tokenizer folds ASCII case, so a word so marked is a word of its own, and `For`
-    is not `for` (which the folded words cannot tell apart).
-    """
-    return _BEFORE_CAPITAL.sub(CAPITAL_MARK, text)
 
 
 def squeeze_blanks(text: str) -> str:

@@ -16,21 +16,25 @@ import sqlite3
 import stat
 from array import array
 from collections.abc import Callable, Iterable
-from itertools import product
+from itertools import pairwise, product
 from typing import Any, NamedTuple
 
 from sharedmem.cache.cache import Cache
-from sharedmem.cache.folding import CAPITAL_MARK, lower_ascii, mark_capitals
+from sharedmem.cache.folding import lower_ascii
 from sharedmem.cache.matching import utf8
 from sharedmem.cache.search_index import (
+    FOLDED,
     ORDER_TYPE,
+    PAIRED,
     READ_ERRORS,
     TEXT_END,
     delete_damaged,
+    in_case,
     index_path,
     is_busy,
     is_planted,
     last_pages,
+    pair_words,
     punctuation_apart,
     read_only_uri,
 )
@@ -44,12 +48,9 @@ _SEPARATORS = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # ASCII, n
 _WORD = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")  # what FTS5's `ascii` keeps
 _LAST_WORD = re.compile(_WORD.pattern + r"\Z")
 _CAPITAL = re.compile("[A-Z]")
-_LETTER = re.compile("[A-Za-z]")
 _PREFIX = 3  # the words table's prefix length (`prefix='3'`), to which a last word is cut
 _ENDINGS_ALONE = 32  # as many, for a phrase of one whole word after its first
 _ENDINGS_LATER = 128  # more, asked only once the trigrams' files prove to mostly lack the key
-_LATER_WORDS = 4  # words after the first, punctuation too, in each of those phrases, at most
-_LATER_SHARE = 2  # the parts they may be in, added up, to the parts of the index
 _LATER_PAGES = 8  # pages the first word's list may fill for those: each question walks it
 _LATER_RARE = 128  # or parts the phrase of the first word itself may be in, past that
 _LATER_ROWS = 65536  # counted among the rows below this one: that question walks its places
@@ -234,17 +235,16 @@ class IndexReader:
         longer one). A phrase's trigrams are asked only in its `Match.then`, and those holding
         an ASCII capital, beginning a word or with a separator in the middle, which its words
         cannot tell, in its `sieve`: a phrase asked with trigrams is asked a chunk at a time,
-        where its words alone are asked only as far as its page needs (`_ahead`). A
-        case-sensitive phrase's `then` asks its words in their case (`_cased`) where that costs
-        little, and of its trigrams only those across a separator: the case is then told word by
-        word. One with no folded phrase (a short last word is merged in `words` only ignoring
-        case) is asked in its case from the start, if at all: each question merges the same
-        lists in either table, and in its case names fewer parts. A key asked by its trigrams
-        because its first word ends too many words for a phrase from the start is asked as the
-        phrase of each (`_Phrase.later`) in its `then`, once its files prove to lack it; so is a
-        phrase that starts after its first word for that reason (`_Phrase.ends`), without its
-        trigrams, while those words are in few parts between them (`Match.costly`), and else as
-        before (their `then`).
+        where its words alone are asked only as far as its page needs (`_ahead`). A key's word
+        pairs (`_paired`) tell what its folded words cannot, case and a first word that ends
+        too many words: a case-sensitive key with no folded phrase (a short last word is merged
+        in `words` only ignoring case) is asked by its pairs from the start, if at all; a
+        case-sensitive phrase, or one that starts after its first word (`_Phrase.after`), asks
+        them in its `then`, alone (beside the phrase where a last word of one character is not
+        among them), before its last word whole and its trigrams. A key asked by its trigrams
+        because its first word ends too many words for a phrase from the start is asked by its
+        pairs in its `then`, once its files prove to lack it, and after them as the phrase of
+        each word its first may end (`_Phrase.later`).
         """
         keys, accented = list(keys), list(accented)
         # A short last word's words are merged only for a phrase asked alone (not with trigrams
@@ -253,12 +253,12 @@ class IndexReader:
         phrases = {key: p for key in keys if (p := self._phrase(
             lower_ascii(key), merge, files, any_case or not _CAPITAL.search(key))) is not None}
         later = {key: phrases.pop(key) for key, p in list(phrases.items()) if p.later}
-        cased = {} if any_case or accented or phrases else {
-            key: c for key in keys if (c := self._cased(key)) is not None}
-        lone = [w for key in keys if not accented and key not in phrases and key not in cased
+        paired = {} if any_case or accented or phrases else {
+            key: c for key in keys if (c := self._paired(key, False)) is not None}
+        lone = [w for key in keys if not accented and key not in phrases and key not in paired
                 and (w := self._lone(lower_ascii(key), files)) is not None]
         parts = [grams for grams in (_grams([k for k in keys if k not in phrases and
-                                             k not in cased], any_case),
+                                             k not in paired], any_case),
                                      _grams(accented)) if grams]
         short = [(key, any_case) for key in keys if 0 < len(key) < 3]
         if all(len(key) < 3 for key in accented):  # beside a longer one, little for its cost
@@ -266,28 +266,33 @@ class IndexReader:
         for key, folded in short:
             if (expr := self._short(key, files, folded)) is not None:
                 parts.append(expr)
-        if not parts and not phrases and not cased:
+        if not parts and not phrases and not paired:
             return None
-        if cased:  # asked in its case from the start, sieved as `then` would be
-            return Match(" AND ".join(parts), " AND ".join(cased.values()),
-                         sieve=_grams(cased, kept=_told) or "", table="cased")
-        then = Match("", " AND ".join([p.words for p in later.values()] + lone)) if later else None
+        if paired:  # asked in its case from the start, sieved as `then` would be
+            return Match(" AND ".join(parts), "", sieve=_grams(paired, kept=_told) or "",
+                         pairs=" AND ".join(paired.values()), phrase=False)
+        then = None
+        if later:
+            then = Match("", " AND ".join([p.words for p in later.values()] + lone))
+            pairs = [self._paired(key, any_case) for key in later]
+            if all(pairs):  # their pairs before: each question costs little
+                then = Match("", " AND ".join(lone), then, pairs=" AND ".join(filter(None, pairs)),
+                             phrase=bool(lone))
         if phrases:  # with the trigrams of each phrase's key, and its last word whole
-            in_case = [] if any_case else [self._cased(key) for key in phrases]
-            if in_case and all(in_case):  # its case asked; its separators, a short last word
-                words, table = " AND ".join(in_case), "cased"
-                more = sieve = _grams(phrases, kept=_told)
-            else:
-                more, table = _grams(phrases, any_case), "words"
-                words = " AND ".join([p.whole or p.words for p in phrases.values()] + lone)
-                sieve = _grams(phrases, any_case, _across if any_case else _sifts)
-            then = Match(" AND ".join(parts + ([more] if more else [])), words,
-                         sieve=sieve or "", table=table)
-            if table == "words" and any(p.ends for p in phrases.values()):
-                kept = _grams([k for k, p in phrases.items() if not p.ends], any_case)
-                then = Match(" AND ".join(parts + ([kept] if kept else [])), " AND ".join(
-                    [p.ends or p.whole or p.words for p in phrases.values()] + lone), then,
-                    sieve or "", costly=tuple(w for p in phrases.values() for w in p.ending))
+            more = _grams(phrases, any_case)
+            sieve = _grams(phrases, any_case, _across if any_case else _sifts) or ""
+            then = Match(" AND ".join(parts + ([more] if more else [])), " AND ".join(
+                [p.whole or p.words for p in phrases.values()] + lone), sieve=sieve)
+            after = any(p.after for p in phrases.values())
+            # their pairs, where they tell what the words cannot: a first word that ends many
+            # words, or case; before the rest, as each question of them costs little
+            pairs = [self._paired(key, any_case) for key in phrases] \
+                if not accented and (after or not any_case) else []
+            if pairs and all(pairs):  # beside the words, where a short last word's pair
+                short = [p.words for k, p in phrases.items() if _short_last(k) is not None]
+                told = sieve if any_case else _grams(phrases, kept=_told) or ""  # case, starts
+                then = Match(" AND ".join(parts), " AND ".join(short + lone), then, told,
+                             " AND ".join(filter(None, pairs)), phrase=bool(short or lone))
         return Match(" AND ".join(parts), " AND ".join(
             [p.words for p in phrases.values()] + lone), then, phrase=bool(phrases) or not lone)
 
@@ -307,13 +312,9 @@ class IndexReader:
         they cost little to walk (`_walks_little`). From the start, each would merge the list
         of its last word again, and where the key's trigrams already name few parts (`group
         named`) that costs more than it saves.
-        Where the phrase starts after its first word, the phrase of each of those words, for up
-        to `_LATER_WORDS` words after it (its punctuation among them, in any case: each phrase
-        walks their places), is kept for `Match.then` (`_Phrase.ends`): `file in the` names
-        most parts from `in` on, and so do its trigrams, where the phrases of `file` and the
-        122 words ending with it name 63 of the documentation's 12,078. Longer, each phrase
-        walks the places of more words, often punctuation in every part; and each walks the
-        first word's list, so only while it fills at most `_LATER_PAGES` pages (`_pages`).
+        Where the phrase starts after its first word (`_Phrase.after`), its word pairs tell
+        the first (`expression`): `file in the` names most parts from `in` on, and so do its
+        trigrams, where its pairs name 110 of the documentation's 41,906 rows.
         Its last word may be the start of a longer one: unless the key ends in a separator, it
         is asked as a prefix of its first `_PREFIX` characters, the length the words table keeps
         a list of (SQLite reads that one list only as far as asked, where a longer prefix has it
@@ -350,7 +351,7 @@ class IndexReader:
                 whole = rest
             short = len(last.group()) < _PREFIX
             if merge and short and len(_WORD.findall(rest, 0, last.start())) < (
-                    2 if ended is None else 1) and self._merges_little("words", last.group()):
+                    2 if ended is None else 1) and self._merges_little(last.group()):
                 short, merged = False, True  # asked as the prefix it may be: one word is no phrase
             if not merged:
                 rest, star = (rest[:last.start()], "") if short else (
@@ -362,18 +363,14 @@ class IndexReader:
         # more words end with the first than are asked from the start: asked later, if at all
         later = longer is not None and len(longer) > (
             _ENDINGS_ALONE if after == 1 and not short else _ENDINGS)
-        ends, ending = "", ()  # the phrase of each and their words, for `then`
         if later and not (short or merged) and alone >= 2 and after:  # starts after the first
-            if _count(left) <= _LATER_WORDS and self._pages("words", first) <= _LATER_PAGES:
-                ends, ending = _either(first, longer, cut.group() + rest, star, False), \
-                    (first, *longer)
             longer, later = None, False
         elif later and (short and after != 1 or merged or
                         not self._walks_little(first, left, star)):
             longer, later = None, False
         one = word_alone and longer is None and alone == after == 1 and not (short or merged)
         if longer is None and (alone < 2 and not one or not after) or merged and not \
-                self._worth_merging("words", first if longer is not None else
+                self._worth_merging(first if longer is not None else
                                     _WORD.findall(rest)[0], longer or []):
             return None
         if one:  # a rare word alone, whole: the few words it begins cost little to merge
@@ -391,14 +388,15 @@ class IndexReader:
             return _words(cut.group() + words) + star if longer is None else \
                 _either(first, longer, cut.group() + words, star, merged)
 
-        return _Phrase(phrase(rest), phrase(whole) if whole else "", later, ends, ending)
+        return _Phrase(phrase(rest), phrase(whole) if whole else "", later,
+                       bool(first) and longer is None)
 
     def _lone(self, key: str, files: int) -> str | None:
         """For a key of a word, blanks and a short last word: the words its first may be; or None.
 
         That last word (under `_PREFIX` characters) is left out of a phrase, which leaves one
-        word: no phrase (`_phrase`), and in its case none either where that word begins too
-        many (`_cased`). The key's trigrams name every part holding its pieces anywhere
+        word: no phrase (`_phrase`), and in its case no pairs either where it is one
+        character (`_paired`). The key's trigrams name every part holding its pieces anywhere
         (`enter` of `entered`, `r a` of `for a`); the first word whole, or one of at most
         `_ENDINGS_ALONE` words ending with it, asked beside them, names only the parts that may
         hold the key, in any case (the words are folded: a case-sensitive key's file tells).
@@ -415,41 +413,35 @@ class IndexReader:
             return None
         return _either(first, longer, "", "", True)
 
-    def _cased(self, key: str) -> str | None:
-        """The FTS5 phrase of `key`'s words in its case (the `cased` table), or None.
+    def _paired(self, key: str, any_case: bool) -> str | None:
+        """The word pairs of `key` (the `pairs` table, `search_index.pairs_text`), ANDed; or None.
 
-        Every word as a whole: the words table's folded ones cannot tell `for more` from `For
-        more`, which it may hold in every part where `for` and `more` are also in lowercase.
-        Its last word is the prefix it may be, unless it is `_PREFIX` characters or fewer
-        (`_short_last`): it is then left to the sieve (`_told`), unless that leaves one word,
-        as `_phrase` keeps it (`_merges_little`, `_worth_merging`). None when fewer than two
-        words are left, when more than `_ENDINGS` words end with its first (`_ending`: each
-        would be a phrase of its own; `_ENDINGS_ALONE` beside a short last word, each alone),
-        or when it holds no ASCII letter.
+        Every part holding the key holds each pair of its words one after the other: the first
+        two characters of the second, the last four of the first. The key's first word may be
+        the end of a longer one, so its four are the prefix they may be, unless the key starts
+        with a separator or that word is four characters or more; its last word may be the
+        start of a longer one, so the pair ending with it is left out when it is one character
+        and the key does not end with a separator. In its case, or, `any_case`, either way it
+        may be kept (`FOLDED`). A prefix whose pairs fill more than `_MERGED` pages is left out:
+        each question merges their lists. None when no pair is left, or for a lone surrogate.
         """
-        if not _LETTER.search(key):  # no case to tell
+        words = pair_words(key)
+        if len(words) < 2 or utf8(key) is None:
             return None
-        key = mark_capitals(key)
-        cut = _SEPARATORS.search(key)
-        if cut is None or utf8(key) is None:
-            return None
-        star = "" if _SEPARATORS.fullmatch(key[-1]) else "*"
-        last, alone = _short_last(key), False  # a short last word asked, alone after the first
-        if last is not None:
-            alone = len(_WORD.findall(key, cut.end(), last)) < (2 if not cut.start() else 1) \
-                and self._merges_little("cased", key[last:])
-            if not alone:
-                key, star = key[:last], ""  # the words before it; it is left to the sieve
-        first, rest = key[:cut.start()], key[cut.end():]
-        if len(_WORD.findall(rest)) < (2 if not first else 1):
-            return None
-        longer = self._ending(first, _ENDINGS_ALONE if alone else _ENDINGS, cased=True) \
-            if first else []
-        if longer is None or alone and not self._worth_merging(
-                "cased", first or _WORD.findall(rest)[0], longer):
-            return None
-        return _either(first, longer, cut.group() + rest, star, alone) if first else \
-            _words(cut.group() + rest) + star
+        whole_first = len(words[0]) >= 4 or _SEPARATORS.match(key) is not None
+        whole_last = len(words[-1]) >= 2 or _SEPARATORS.fullmatch(key[-1]) is not None
+        asked = []
+        for at, (first, second) in enumerate(pairwise(words)):
+            if at + 2 == len(words) and not whole_last:
+                continue
+            pair = f"{second[:2]}{PAIRED}{first[:-5:-1]}"
+            star = "" if at or whole_first else "*"
+            if star and self._pages("pairs", in_case(pair), begun=True) > _MERGED:
+                continue
+            asked.append("(" + " OR ".join(_quoted(p) + star for p in (
+                pair, pair.replace(PAIRED, FOLDED))) + ")" if any_case
+                else _quoted(in_case(pair)) + star)
+        return " AND ".join(asked) or None
 
     def _walks_little(self, first: str, left: str, star: str) -> bool:
         """Whether the phrases of `first`, and of each word ending with it, then `left` cost little.
@@ -470,14 +462,14 @@ class IndexReader:
             "SELECT rowid FROM words WHERE words MATCH ? AND rowid < ? LIMIT ?",
             (_words(first + left) + star, _LATER_ROWS, _LATER_RARE + 1))) <= _LATER_RARE
 
-    def _merges_little(self, table: str, word: str) -> bool:
-        """Whether the words of `table` that begin with `word` fill at most `_MERGED` pages.
+    def _merges_little(self, word: str) -> bool:
+        """Whether the folded words that begin with `word` fill at most `_MERGED` pages.
 
-        Asked as a prefix of fewer characters than a list of prefixes is kept for (`cased` keeps
-        none), `word` has SQLite read and merge the list of every word it begins, for each
+        Asked as a prefix of fewer characters than a list of prefixes is kept for (`pairs`
+        keeps none), `word` has SQLite read and merge the list of every word it begins, for each
         question.
         """
-        return self._pages(table, word, begun=True) <= _MERGED
+        return self._pages("words", word, begun=True) <= _MERGED
 
     def _pages(self, table: str, word: str, begun: bool = False) -> float:
         """How many pages of `table` the list of `word` fills, or those of every word it begins.
@@ -510,7 +502,7 @@ class IndexReader:
         return sum(end - (first or 1) + 1 if k == largest else max(0, end - (first or 1) - 1)
                    for k, (first, end, _) in enumerate(found))
 
-    def _worth_merging(self, table: str, lead: str, longer: list[str]) -> bool:
+    def _worth_merging(self, lead: str, longer: list[str]) -> bool:
         """Whether a phrase of `lead` and a short last word is asked, that word as a prefix.
 
         Not when the words `longer` that end with `lead`, asked alone beside it, name more than
@@ -518,30 +510,22 @@ class IndexReader:
         Nor when `lead` and they name at most `_RARE`: the key's trigrams, which cost no merge,
         name few parts too (`temporárias de`).
         """
-        return self._rare(table, longer, _ENDED) and not self._rare(table, [lead, *longer],
-                                                                    _RARE)
+        return self._rare(longer, _ENDED) and not self._rare([lead, *longer], _RARE)
 
-    def _rare(self, table: str, words: list[str], most: int) -> bool:
-        """Whether `words` are in at most `most` parts of `table` between them."""
+    def _rare(self, words: list[str], most: int) -> bool:
+        """Whether the folded `words` are in at most `most` parts between them."""
         if not words:
             return True
-        named = self.rows(f"SELECT rowid FROM {table} WHERE {table} MATCH ? LIMIT ?",
+        named = self.rows("SELECT rowid FROM words WHERE words MATCH ? LIMIT ?",
                           (" OR ".join(map(_quoted, words)), most + 1))
         return len(named) <= most
 
-    def _ending(self, word: str, most: int, cased: bool = False) -> list[str] | None:
-        """The words of the index longer than `word` that end with it; None if over `most`.
-
-        Of its folded words, or `cased`, of its marked ones (`folding.mark_capitals`) those that
-        end with it in its case: not where it has a small letter the word has a capital.
-        """
+    def _ending(self, word: str, most: int) -> list[str] | None:
+        """The words of the index longer than `word` that end with it; None if over `most`."""
         backwards = lower_ascii(word)[::-1]
         query, args = "SELECT word FROM ends WHERE word > ?", (backwards,)
         if (past := _past(backwards)) is not None:
             query, args = query + " AND word < ?", (backwards, past)
-        query += f" AND substr(word, {len(backwards) + 1}, 1) <> ?" if cased else \
-            " AND instr(word, ?) = 0"
-        args += (CAPITAL_MARK,)
         found = self.rows(f"{query} LIMIT {most + 1}", args)
         if len(found) > most:
             return None
@@ -622,14 +606,6 @@ class IndexReader:
             raise IndexLost from None
         return False
 
-    def walkable(self, match: Match, files: int) -> bool:
-        """Whether the words `match.costly` are in at most `_LATER_SHARE` times the `files` parts.
-
-        Counted only once a search needs them: on generated prose, whose every word is in most
-        parts, the phrases of `e` and the 23 words ending with it took 12 ms to name 76 parts.
-        """
-        return not self._dense(list(match.costly), files, _LATER_SHARE)
-
     def between(self, match: Match, lo: int, hi: int) -> array[int]:
         """Ids from `lo` to `hi` of the parts `match` names: one seek into each list."""
         return self._ids(match, (lo, hi))
@@ -651,20 +627,24 @@ class IndexReader:
     def first(self, match: Match, lo: int, hi: int, most: int) -> array[int]:
         """The first `most` ids from `lo` to `hi` of the parts a phrase names, in order.
 
-        SQLite walks the words' places only as far as the last of them.
+        SQLite walks the words' places only as far as the last of them; its pairs, asked over
+        the same ids, are only looked up there.
         """
-        table = match.table
+        table, expr = ("words", match.words) if match.words else ("pairs", match.pairs)
+        paired = " AND +rowid IN (SELECT rowid FROM pairs WHERE pairs MATCH ? AND rowid " \
+            "BETWEEN ? AND ?)" if match.words and match.pairs else ""
+        args = (match.pairs, lo, hi) if paired else ()
         found = self.rows(f"SELECT group_concat(rowid) FROM (SELECT rowid FROM {table} WHERE "
-                          f"{table} MATCH ? AND rowid BETWEEN ? AND ? ORDER BY rowid LIMIT ?)",
-                          (match.words, lo, hi, most))[0][0]
+                          f"{table} MATCH ? AND rowid BETWEEN ? AND ?{paired} ORDER BY rowid "
+                          "LIMIT ?)", (expr, lo, hi, *args, most))[0][0]
         if found is not None and not isinstance(found, str):
             raise self.damaged()
         return array("q", map(int, found.split(","))) if found else array("q")
 
     def _ids(self, match: Match, bounds: tuple[int, int] | tuple[()]) -> array[int]:
         where = " AND rowid BETWEEN ? AND ?" if bounds else ""
-        asked = [(table, expr) for table, expr in (("grams", match.grams),
-                                                   (match.table, match.words)) if expr]
+        asked = [(table, expr) for table, expr in (("grams", match.grams), ("words", match.words),
+                                                   ("pairs", match.pairs)) if expr]
         sql = " INTERSECT ".join(f"SELECT rowid FROM {table} WHERE {table} MATCH ?{where}"
                                  for table, _ in asked)
         args = tuple(value for _, expr in asked for value in (expr, *bounds))
@@ -694,34 +674,30 @@ def regions(cut: Cut, named: Iterable[set[int]] | None) -> list[tuple[int, int]]
 
 
 class Match(NamedTuple):
-    """An FTS5 MATCH of the trigrams (`grams`) and one of the words (`words`), "" for none.
+    """FTS5 MATCHes of the trigrams (`grams`), the words (`words`) and the word pairs (`pairs`).
 
-    `then`: what a key is asked as once it proves to name many parts that do not hold it
-    (`Named.tighten`). For a key asked by its trigrams, the phrases of its first word's many
-    endings (`_Phrase.later`), alone: they name the parts holding the key (`value set`, whose
-    first word ends 104 words: 4 parts of the documentation, where its trigrams name 308
-    files). For a phrase: with its last word whole as the prefix, not its first three characters
-    (`for these` named 2,323 parts of the AWS documentation, where `"for these"*` names 75),
-    and with its key's trigrams, which hold a first word the phrase left out and the blanks
-    beside punctuation the words tables do not tell apart (`https:// docs` from
-    `https://docs`), or a case-sensitive key's words in its case, of
-    `table` `cased` (`for more information` named 5,939 parts of the AWS documentation that
-    hold `For more information`; in its case, 96). These cost more to ask, so not from the
-    start: a prefix past three characters has SQLite read and merge the whole list of every
-    word it begins for each question, and the trigrams, asked a chunk at a time, made `e is
-    not` take twice as long. For a phrase that starts after its first word (`_Phrase.ends`),
-    first the phrase of each word that one may be, without trigrams, but only while those
-    words (`costly`) are in few parts between them, counted when first needed
-    (`IndexReader.walkable`): each phrase walks their lists again. Else, its own `then`.
+    "" for none; the parts every one names. `then`: what a key is asked as once it proves to
+    name many parts that do not hold it (`Named.tighten`). For a key asked by its trigrams, its
+    pairs, then the phrases of its first word's many endings (`_Phrase.later`), alone: they
+    name the parts holding the key (`value set`, whose first word ends 104 words: 4 parts of
+    the documentation, where its trigrams name 308 files). For a phrase in its case, or one
+    that starts after its first word, its pairs first (`for more information` named 5,939
+    parts of the AWS documentation that hold `For more information`; its pairs in their case,
+    125). Then with its last word whole as the prefix, not its first three characters (`for
+    these` named 2,323 parts of the AWS documentation, where `"for these"*` names 75), and with
+    its key's trigrams, which hold a first word the phrase left out and the blanks beside
+    punctuation the words tables do not tell apart (`https:// docs` from `https://docs`).
+    These cost more to ask, so not from the start: a prefix past three characters has SQLite
+    read and merge the whole list of every word it begins for each question, and the
+    trigrams, asked a chunk at a time, made `e is not` take twice as long.
     """
 
     grams: str
     words: str
     then: Match | None = None
     sieve: str = ""  # of the parts each question of `words` names, those these trigrams name
-    table: str = "words"  # the table `words` is asked of: `cased`, for a key's words in its case
+    pairs: str = ""  # of the `pairs` table: the pairs of a key's words (`_paired`)
     phrase: bool = True  # `words` holds a phrase (whose places SQLite walks), not words alone
-    costly: tuple[str, ...] = ()  # asked only while these are in few parts, else `then`
 
 
 class _Phrase(NamedTuple):
@@ -733,8 +709,7 @@ class _Phrase(NamedTuple):
     words: str
     whole: str
     later: bool = False  # asked only in `Match.then`, alone: see `_phrase`
-    ends: str = ""  # where it starts after its first word, the phrase of each word that may be
-    ending: tuple[str, ...] = ()  # and those words
+    after: bool = False  # it starts after the key's first word, which ends too many words
 
 
 def _either(first: str, longer: list[str], rest: str, star: str, alone: bool) -> str:
@@ -780,25 +755,16 @@ def _spellings(text: str) -> list[str]:
 
 
 def _short_last(key: str) -> int | None:
-    """Where the key's last word begins, if it is `_PREFIX` characters or fewer; else None.
-
-    None too when the key ends in a separator. `cased` keeps no list of prefixes: asked as one,
-    SQLite would merge the lists of every word it begins (`com` begins hundreds), for each
-    question. Only the key's last `2 * _PREFIX + 1` characters are searched, so that asking at
-    every trigram of a long key costs no more than at a short one: a word in all of them holds
-    more than `_PREFIX` characters however many capitals are marked (a mark is never last, nor
-    beside another).
-    """
-    last = _LAST_WORD.search(key, max(len(key) - 2 * _PREFIX - 1, 0))
-    if last is None or len(last.group().replace(CAPITAL_MARK, "")) > _PREFIX:
-        return None
-    return last.start()
+    """Where the key's last word begins, if it is one character: its pair is not asked."""
+    last = _LAST_WORD.search(key, max(len(key) - 2, 0))
+    return last.start() if last is not None and len(last.group()) == 1 else None
 
 
 def _told(key: str, at: int) -> bool:
-    """Whether a trigram of a phrase asked in its case tells what its words there cannot.
+    """Whether a trigram of a key asked by its pairs tells what they cannot.
 
-    A separator in the middle, or a piece of a short last word, which is not asked.
+    A separator in the middle, or a piece of a last word of one character, whose pair is not
+    asked.
     """
     last = _short_last(key)
     return _across(key, at) or last is not None and at + 3 > last

@@ -280,26 +280,20 @@ class Named:
     def tighten(self, words_only: bool) -> bool:
         """Ask `Match.then` from now on, or only its words and sieve; False when nothing is new.
 
-        Its words and sieve alone keep the rest of it for later. Words in their case (`cased`)
-        go on alone: its sieve holds the trigrams across a separator, all its rest would add,
-        and each question of them merges the lists of the words its last word begins. A `then`
-        whose words are too many to walk (`Match.costly`) gives way to its own.
+        Its words and sieve alone keep the rest of it for later. A `then` of pairs
+        (`Match.pairs`) is asked whole: its trigrams are those asked before it, and its own
+        `then` comes next.
         """
         expr = self.expr
         if expr is None or (then := expr.then) is None:
             return False
-        if then.costly:  # counted once: kept, or its own `then` instead
-            then = then._replace(costly=(), then=None) if self.view.index.walkable(
-                then, len(self.view)) else then.then
-            self.expr = expr = expr._replace(then=then)
-            if then is None:
-                return False
-        words_only |= then.table == "cased"
+        words_only &= not then.pairs  # asked whole: its trigrams are those asked before
         if words_only and (then.words, then.sieve) == (expr.words, expr.sieve):
             return False
         self.untried = (expr, self.rate()) if words_only and then.words != expr.words \
             else None
-        self.expr = Match(expr.grams, then.words, then, then.sieve, then.table) if words_only \
+        self.expr = Match(expr.grams, then.words, then, then.sieve, then.pairs,
+                          bool(then.words)) if words_only \
             else then
         self.whole, self.seen = None, [0, 0]
         return True
@@ -365,9 +359,9 @@ class Named:
         if self.untried is not None:  # its last word whole: kept if it names under `_KEPT`
             before, rate = self.untried
             if len(found) > _KEPT * rate * (hi - lo):
-                words, table = before.words, before.table
-                self.expr = self.expr._replace(words=words, table=table, then=self.expr.then.
-                                               _replace(words=words, table=table)
+                words, pairs = before.words, before.pairs
+                self.expr = self.expr._replace(words=words, pairs=pairs, then=self.expr.then.
+                                               _replace(words=words, pairs=pairs)
                                                if self.expr.then else None)
             self.untried = None
         if self.expr.sieve and ids:
@@ -417,7 +411,7 @@ class Named:
         strays = order[1]
         if len(strays) <= _STRAYS_READ:
             return set(strays[bisect_left(strays, lo):bisect_left(strays, hi)])
-        key = (expr.grams, expr.words, expr.table)
+        key = (expr.grams, expr.words, expr.pairs)
         if self.strayed is None or self.strayed[0] != key:
             ids = [view.ids[pos] for pos in strays]
             named = view.at(view.index.between(expr, min(ids), max(ids)), 0, len(view))
@@ -468,7 +462,8 @@ def walk_named(view: View, spans: list[range], named: list[Named], group: int,
         for first, end in _chunks(view, span):
             asked = first  # the chunk, or what is left of it once `then` is asked
             while lo < end:
-                if paced and key.expr.words and not key.expr.grams:  # type: ignore[union-attr]
+                if paced and (key.expr.words or key.expr.pairs) and not \
+                        key.expr.grams:  # type: ignore[union-attr]
                     lo = asked = yield from _ahead(view, key, lo, span.stop, paced)
                 else:
                     lo = asked = yield from _chunk(named, group, asked, end, lo, watch)

@@ -5,10 +5,11 @@ holds three SQLite FTS5 tables of each file's normalized text (`folding.normaliz
 trigrams, ASCII capitals kept (which any substring's narrow to; with those of what the fold
 loses, `_grams_text`), its words with their places (which a phrase's narrow to, word by word; a
 word is a run of anything but ASCII punctuation and blanks, FTS5's `ascii` tokenizer, so Python
-cuts a query alike), and those words in their case (`cased`: each ASCII capital marked,
-`folding.mark_capitals`, as that tokenizer folds ASCII case); and every word it holds, spelt
-backwards (`ends`: the words that end with a phrase's first word). The FTS5 tables are
-contentless: no copy of the text, so a changed or deleted file's old entries stay until the
+cuts a query alike), and those words two by two in their case, without places (`pairs`:
+the first two characters of a word after the last four of the one before, `pairs_text`, which
+a phrase whose first word ends too many words, or in its case, narrows to); and every word it
+holds, spelt backwards (`ends`: the words that end with a phrase's first word). The FTS5 tables
+are contentless: no copy of the text, so a changed or deleted file's old entries stay until the
 index is built again, once they are more than a `_STALE` share of all (they only name parts a
 search then reads and finds wanting). It is built again too once more than 1/`STRAYS` of the
 parts stand out of path order (`strays`: a file added or grown takes the rows a build left
@@ -40,14 +41,14 @@ from operator import gt, itemgetter
 from pathlib import Path
 
 from sharedmem.cache.cache import INDEX_DIR, META_DIR, Cache
-from sharedmem.cache.folding import accented_words, lower_ascii, mark_capitals, normalize
+from sharedmem.cache.folding import accented_words, lower_ascii, normalize
 from sharedmem.cache.layout import CacheFiles
 from sharedmem.cache.manifest_store import CachedFile
 from sharedmem.core import CacheError, SharedMemoryError
 from sharedmem.files import try_lock
 from sharedmem.program import LAUNCHER
 
-INDEX_VERSION = "15"
+INDEX_VERSION = "16"
 INDEX_FILE = "search.sqlite3"
 LOCK_FILE = "index.lock"  # in the cache's metadata folder, beside the index's own folder
 WRITER_WAIT = 60.0  # seconds `index` waits for another writer of the index to finish
@@ -74,6 +75,13 @@ _DETACHED = 0x00000008 | 0x00000200  # Windows: DETACHED_PROCESS | CREATE_NEW_PR
 # Each indexed text ends with two line breaks more, so every string of one or two characters it
 # holds begins one of its trigrams: a short key is looked up as the trigrams it begins.
 TEXT_END = "\n\n"
+# Word pairs (`pairs_text`): ASCII control characters, which no word of a pair holds
+# (`pair_words` cuts at them): each pair's middle, as kept or folded, and each ASCII capital in
+# a pair as kept.
+PAIRED, FOLDED = "\x1e", "\x1f"
+_CONTROL_CAPITALS = bytes(c for c in range(1, 30) if c != 10)[:26]
+_CAPITALS = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", _CONTROL_CAPITALS)
+_PAIRS_TOKENIZER = "'ascii tokenchars ''" + (_CONTROL_CAPITALS + b"\x1e\x1f").decode() + "'''"
 
 
 def index_path(cache: Cache) -> Path:
@@ -235,7 +243,7 @@ def index_version() -> str:
     return f"{INDEX_VERSION}/{unicodedata.unidata_version}/{SEGMENT_BYTES}"
 
 
-# A file's parts, each indexed on its own: `grams`, `words` and `cased` rows `first` to
+# A file's parts, each indexed on its own: `grams`, `words` and `pairs` rows `first` to
 # `first + parts - 1`; `bounds`, for a file of two parts or more, where each part begins and the
 # file's end (`segments`, int64 in this machine's order), so a search reads just the parts the
 # index names without reading the file to cut it. The segments, in path order then part
@@ -243,7 +251,7 @@ def index_version() -> str:
 # of `ORDER_TYPE` in `orders`: a search loads its view with one read instead of sorting every
 # path. Valid only while meta's `order` names it and starts with meta's generation; none is
 # stored when a value does not fit.
-_TABLES = {"meta", "files", "grams", "words", "cased", "ends", "orders"}  # as this version has
+_TABLES = {"meta", "files", "grams", "words", "pairs", "ends", "orders"}  # as this version has
 _SCHEMA = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE files(id INTEGER PRIMARY KEY, path TEXT NOT NULL,"
@@ -253,8 +261,8 @@ _SCHEMA = (
     " detail=none, content='', columnsize=0)",
     f"CREATE VIRTUAL TABLE words USING fts5(body, tokenize={_WORDS_TOKENIZER}, prefix='3',"
     " content='', columnsize=0)",
-    f"CREATE VIRTUAL TABLE cased USING fts5(body, tokenize={_WORDS_TOKENIZER}, content='',"
-    " columnsize=0)",
+    f"CREATE VIRTUAL TABLE pairs USING fts5(body, tokenize={_PAIRS_TOKENIZER}, detail=none,"
+    " content='', columnsize=0)",
     "CREATE TABLE ends(word TEXT PRIMARY KEY) WITHOUT ROWID",
     "CREATE TABLE orders(key TEXT PRIMARY KEY, ids BLOB NOT NULL, positions BLOB NOT NULL,"
     " owners BLOB NOT NULL)",
@@ -356,7 +364,7 @@ class _Writer:
             # less (docs/BENCHMARKS.md). Written mostly anew, every table is, and VACUUM frees
             # the pages the old segments held; else a table whose small segments have grown.
             rewritten = 4 * done["changed"] >= max(done["files"], 1)
-            for table in ("grams", "words", "cased"):
+            for table in ("grams", "words", "pairs"):
                 if rewritten or _scattered(conn, table):
                     conn.execute(f"INSERT INTO {table}({table}) VALUES('optimize')")
             if rewritten or writer.emptied:  # emptied: the old version's pages
@@ -518,28 +526,22 @@ class _Writer:
         self.conn.executemany("INSERT INTO grams(rowid, body) VALUES (?, ?)", (
             (row, _grams_text(text, raw)) for first, raws, cased, _ in self.rows
             for row, text, raw in zip(range(first, first + len(raws)), cased, raws, strict=True)))
-        for table, spell in (("words", lower_ascii), ("cased", mark_capitals)):
-            self.conn.executemany(f"INSERT INTO {table}(rowid, body) VALUES (?, ?)", (
-                (row, spell(text)) for first, _, _, apart in self.rows
-                for row, text in enumerate(apart, first)))
+        self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)", (
+            (row, lower_ascii(text)) for first, _, _, apart in self.rows
+            for row, text in enumerate(apart, first)))
+        self.conn.executemany("INSERT INTO pairs(rowid, body) VALUES (?, ?)", (
+            (row, pairs_text(text)) for first, _, cased, _ in self.rows
+            for row, text in enumerate(cased, first)))
         self.rows.clear()
         self.held = 0
 
     def store_words(self) -> None:
         """Add the words seen to `ends`, each spelt backwards; words no file holds may stay.
 
-        Each as the `words` table holds it, folded, and one with a capital also as `cased`
-        does, marked (`folding.mark_capitals`).
+        Each as the `words` table holds it, folded.
         """
-        def spellings(word: bytes) -> Iterator[tuple[str]]:
-            text = word.decode("utf-8", "surrogatepass")
-            folded = lower_ascii(text)
-            yield (folded[::-1],)
-            if folded != text:
-                yield (lower_ascii(mark_capitals(text))[::-1],)
-
-        self.conn.executemany("INSERT OR IGNORE INTO ends(word) VALUES (?)",
-                              (row for word in self.words for row in spellings(word)))
+        self.conn.executemany("INSERT OR IGNORE INTO ends(word) VALUES (?)", (
+            (lower_ascii(word.decode("utf-8", "surrogatepass"))[::-1],) for word in self.words))
         self.words.clear()
 
 
@@ -666,6 +668,39 @@ def punctuation_apart(text: str) -> str:
     characters in words, and cuts at blanks alone.
     """
     return " ".join(_ONE_EACH.split(text))
+
+
+def pairs_text(text: str) -> str:
+    """The word pairs of a part's text (normalized in its case), as the `pairs` table holds them.
+
+    Its words are cut as `ends` has them (`pair_words`). For each two one after the other,
+    the first two characters of the second, `PAIRED`, then the last four of the first spelt
+    backwards: a phrase whose first word may be the end of a longer one asks a prefix, and
+    one whose last word may begin a longer one asks it whole from two characters on. Its
+    ASCII capitals as control characters (`in_case`), as the `ascii` tokenizer folds ASCII case;
+    and each pair holding one again folded, with `FOLDED` in the middle: a search ignoring case
+    asks either. Two words on lines of their own make a pair too, which no key asks (cut at the
+    line breaks, the pairs took longer to make).
+    """
+    words = pair_words(text)
+    pairs = [f"{second[:2]}{PAIRED}{first[:-5:-1]}" for first, second in pairwise(words)]
+    cased = lower_ascii(" ".join([pair for pair in pairs if not pair.islower()]))
+    return in_case(" ".join(pairs)) + " " + cased.replace(PAIRED, FOLDED)
+
+
+def pair_words(text: str) -> list[str]:
+    """The words of `text` cut at ASCII separators, punctuation too, as the pairs have them."""
+    return text.encode("utf-8", "surrogatepass").translate(_CUT).decode(
+        "utf-8", "surrogatepass").split()
+
+
+def in_case(text: str) -> str:
+    """`text` with each ASCII capital a control character: as `pairs` keeps a pair's case.
+
+    Through its UTF-8 bytes: `str.translate` of a text not ASCII took twenty times as long.
+    """
+    return text.encode("utf-8", "surrogatepass").translate(_CAPITALS).decode(
+        "utf-8", "surrogatepass")
 
 
 def segments(data: bytes) -> list[int]:
