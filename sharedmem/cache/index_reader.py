@@ -34,6 +34,7 @@ from sharedmem.cache.search_index import (
     is_busy,
     is_planted,
     last_pages,
+    pair_token,
     pair_words,
     punctuation_apart,
     read_only_uri,
@@ -434,7 +435,7 @@ class IndexReader:
         for at, (first, second) in enumerate(pairwise(words)):
             if at + 2 == len(words) and not whole_last:
                 continue
-            pair = f"{second[:2]}{PAIRED}{first[:-5:-1]}"
+            pair = pair_token(first, second)
             star = "" if at or whole_first else "*"
             if star and self._pages("pairs", in_case(pair), begun=True) > _MERGED:
                 continue

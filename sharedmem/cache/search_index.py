@@ -340,7 +340,7 @@ class _Writer:
         self.conn, self.disk = conn, disk
         self.changed = 0
         self.emptied = False  # an index of another version was emptied: VACUUM after
-        self.words: set[bytes] = set()  # words of the texts put, for `ends` (`store_words`)
+        self.words: set[str] = set()  # words of the texts stored, for `ends` (`store_words`)
         # each file's first row and texts (raw, normalized, apart), held for `store_rows`
         self.rows: list[tuple[int, list[str], list[str], list[str]]] = []
         self.held = 0  # bytes of the files they were read from
@@ -508,10 +508,6 @@ class _Writer:
         self.held += len(data)
         if self.held > _ROWS_HELD:
             self.store_rows()
-        for text in cased:  # the words `ends` holds: cut at ASCII separators, punctuation too
-            self.words.update(text.encode("utf-8", "surrogatepass").translate(_CUT).split())
-        if len(self.words) > _WORDS_HELD:
-            self.store_words()
         self.changed += 1
         return True
 
@@ -529,11 +525,17 @@ class _Writer:
         self.conn.executemany("INSERT INTO words(rowid, body) VALUES (?, ?)", (
             (row, lower_ascii(text)) for first, _, _, apart in self.rows
             for row, text in enumerate(apart, first)))
-        self.conn.executemany("INSERT INTO pairs(rowid, body) VALUES (?, ?)", (
-            (row, pairs_text(text)) for first, _, cased, _ in self.rows
-            for row, text in enumerate(cased, first)))
+        pairs = []
+        for first, _, cased, _ in self.rows:
+            for row, text in enumerate(cased, first):
+                words = pair_words(text)  # the words `ends` holds too
+                self.words.update(words)
+                pairs.append((row, pairs_text(words)))
+        self.conn.executemany("INSERT INTO pairs(rowid, body) VALUES (?, ?)", pairs)
         self.rows.clear()
         self.held = 0
+        if len(self.words) > _WORDS_HELD:
+            self.store_words()
 
     def store_words(self) -> None:
         """Add the words seen to `ends`, each spelt backwards; words no file holds may stay.
@@ -541,7 +543,7 @@ class _Writer:
         Each as the `words` table holds it, folded.
         """
         self.conn.executemany("INSERT OR IGNORE INTO ends(word) VALUES (?)", (
-            (lower_ascii(word.decode("utf-8", "surrogatepass"))[::-1],) for word in self.words))
+            (lower_ascii(word)[::-1],) for word in self.words))
         self.words.clear()
 
 
@@ -670,26 +672,35 @@ def punctuation_apart(text: str) -> str:
     return " ".join(_ONE_EACH.split(text))
 
 
-def pairs_text(text: str) -> str:
-    """The word pairs of a part's text (normalized in its case), as the `pairs` table holds them.
+def pairs_text(words: list[str]) -> str:
+    """The word pairs of a part's words (`pair_words`), as the `pairs` table holds them.
 
-    Its words are cut as `ends` has them (`pair_words`). For each two one after the other,
-    the first two characters of the second, `PAIRED`, then the last four of the first spelt
-    backwards: a phrase whose first word may be the end of a longer one asks a prefix, and
-    one whose last word may begin a longer one asks it whole from two characters on. Its
-    ASCII capitals as control characters (`in_case`), as the `ascii` tokenizer folds ASCII case;
-    and each pair holding one again folded, with `FOLDED` in the middle: a search ignoring case
-    asks either. Two words on lines of their own make a pair too, which no key asks (cut at the
-    line breaks, the pairs took longer to make).
+    Each two one after the other as `pair_token` makes it: a phrase whose first word may be the
+    end of a longer one asks a prefix, and one whose last word may begin a longer one asks it
+    whole from two characters on. Its ASCII capitals as control characters (`in_case`), as the
+    `ascii` tokenizer folds ASCII case; and each pair holding one again folded, with `FOLDED`
+    in the middle: a search ignoring case asks either. Two words on lines of their own make a
+    pair too, which no key asks (cut at the line breaks, the pairs took longer to make).
     """
-    words = pair_words(text)
-    pairs = [f"{second[:2]}{PAIRED}{first[:-5:-1]}" for first, second in pairwise(words)]
+    pairs = list(map(pair_token, words, words[1:]))
     cased = lower_ascii(" ".join([pair for pair in pairs if not pair.islower()]))
     return in_case(" ".join(pairs)) + " " + cased.replace(PAIRED, FOLDED)
 
 
+def pair_token(first: str, second: str) -> str:
+    """Two words side by side as a pair, before `in_case`.
+
+    The first two characters of the second, `PAIRED`, then the last four of the first spelt
+    backwards.
+    """
+    return f"{second[:2]}{PAIRED}{first[:-5:-1]}"
+
+
 def pair_words(text: str) -> list[str]:
-    """The words of `text` cut at ASCII separators, punctuation too, as the pairs have them."""
+    """The words of `text` cut at ASCII separators, punctuation too: those `ends` holds.
+
+    As the pairs have them, a key's as a text's.
+    """
     return text.encode("utf-8", "surrogatepass").translate(_CUT).decode(
         "utf-8", "surrogatepass").split()
 
